@@ -1,0 +1,37 @@
+"""feeder: keep the GPU busy. A one-process, multi-threaded replacement for
+``torch.utils.data.DataLoader`` in image training loops.
+
+    from feeder import Feeder, ImageFolder, ops
+
+    with Feeder(ImageFolder("data/train"), batch_size=256,
+                transforms=[ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()],
+                device="cuda") as feeder:
+        for images, labels in feeder:
+            ...
+"""
+
+from . import ops
+from ._feeder import Feeder
+from ._rng import SampleRNG
+from ._stats import QueueStats, StageStats, Stats
+from .errors import DecodeError, FeederError, SampleError, StageError, TransformError
+from .sources import FileList, ImageFolder, Source
+
+__all__ = [
+    "DecodeError",
+    "Feeder",
+    "FeederError",
+    "FileList",
+    "ImageFolder",
+    "QueueStats",
+    "SampleError",
+    "SampleRNG",
+    "Source",
+    "StageError",
+    "StageStats",
+    "Stats",
+    "TransformError",
+    "ops",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,158 @@
+"""Augment stage: run the transform chain and write the result into the
+sample's slot of the batch buffer.
+
+The chain is split once, at construction, into a *head* (applied normally), a
+*writer* (the last size-changing transform, given the buffer slot as ``out=``)
+and an in-place *tail* (flips) applied to the slot itself, so the usual
+``RandomResizedCrop + RandomHorizontalFlip`` costs no copy at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._rng import SampleRNG
+from ._stage import Counters, MapStage
+from .errors import TransformError
+from .ops import SampleContext, Transform
+
+if TYPE_CHECKING:
+    from ._sampler import Task
+
+_VARIABLE = object()  # the output size depends on the input
+
+
+class _Callable(Transform):
+    """Adapts a plain ``fn(img, rng) -> img`` to the Transform interface."""
+
+    def __init__(self, fn: Callable[[np.ndarray, SampleRNG], np.ndarray]) -> None:
+        self.fn = fn
+        size = getattr(fn, "output_size", None)
+        self.output_size = None if size is None else (int(size[0]), int(size[1]))
+        # An undeclared callable is assumed to keep the size; a wrong guess is
+        # reported at the buffer with the transform named.
+        self.preserves_size = size is None
+
+    def apply(self, img, rng, out=None, ctx=None):
+        result = self.fn(img, rng)
+        if not isinstance(result, np.ndarray):
+            raise TransformError(f"transform {self!r} returned {type(result).__name__}, not a numpy array")
+        return result
+
+    def __repr__(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+
+class Chain:
+    """The compiled transform list of a feeder.
+
+    Args:
+        transforms: Transforms or plain callables, applied in order.
+        image_size: (height, width) of the batch buffers; inferred from the
+            transforms when None.
+
+    Raises:
+        ValueError: the output size cannot be inferred, or contradicts ``image_size``.
+    """
+
+    def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None) -> None:
+        ts: list[Transform] = []
+        for t in transforms:
+            if isinstance(t, Transform):
+                ts.append(t)
+            elif callable(t):
+                ts.append(_Callable(t))
+            else:
+                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable")
+        self.transforms = ts
+        size: Any = None
+        for t in ts:
+            if t.output_size is not None:
+                size = t.output_size
+            elif not t.preserves_size:
+                size = _VARIABLE
+        if image_size is not None:
+            if isinstance(size, tuple) and size != tuple(image_size):
+                raise ValueError(f"image_size={tuple(image_size)} but the transforms produce {size}")
+            size = tuple(image_size)
+        if not isinstance(size, tuple):
+            raise ValueError(
+                "cannot tell the output image size from the transforms "
+                f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
+                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)")
+        self.image_size: tuple[int, int] = size
+        k = len(ts) - 1
+        while k >= 0 and ts[k].inplace:
+            k -= 1
+        self._head = list(enumerate(ts[:max(k, 0)]))
+        self._writer = (k, ts[k]) if k >= 0 else None
+        self._tail = [(i, ts[i]) for i in range(k + 1, len(ts))]
+        # Reduced-scale decode is driven by the first size-changing built-in
+        # transform, if nothing before it but size-preserving built-ins.
+        self._hinter: tuple[int, Transform] | None = None
+        for i, t in enumerate(ts):
+            if isinstance(t, _Callable):
+                break
+            if not t.preserves_size:
+                if type(t).decode_hint is not Transform.decode_hint:
+                    self._hinter = (i, t)
+                break
+        # The context (full-size dims) is only true for transforms that see the
+        # decoded image unchanged in size.
+        self._ctx_upto = next((i for i, t in enumerate(ts) if not t.preserves_size), len(ts))
+
+    @property
+    def hint(self) -> Callable[[int, int, int], tuple[int, int] | None] | None:
+        """``hint(height, width, key)`` for the decoder, or None when no transform gives one."""
+        if self._hinter is None:
+            return None
+        i, t = self._hinter
+
+        def hint(height: int, width: int, key: int) -> tuple[int, int] | None:
+            return t.decode_hint(height, width, SampleRNG(key, i))
+
+        return hint
+
+    def run(self, img: np.ndarray, key: int, source_size: tuple[int, int], out: np.ndarray) -> None:
+        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8)."""
+        ctx = SampleContext(source_size)
+        upto = self._ctx_upto
+        for i, t in self._head:
+            img = t.apply(img, SampleRNG(key, i), None, ctx if i <= upto else None)
+        if self._writer is not None:
+            i, t = self._writer
+            result = t.apply(img, SampleRNG(key, i), out, ctx if i <= upto else None)
+            if result is not out:
+                self._store(result, out, t)
+        else:
+            self._store(img, out, None)
+        for i, t in self._tail:
+            t.apply(out, SampleRNG(key, i), out, None)
+
+    @staticmethod
+    def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:
+        if img.shape != out.shape or img.dtype != out.dtype:
+            who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
+            raise TransformError(
+                f"{who} produced an image of shape {img.shape} and dtype {img.dtype}, but the "
+                f"batch buffer holds {out.shape} {out.dtype}; make the transforms end at "
+                f"image_size={out.shape[:2]}")
+        np.copyto(out, img)
+
+
+class Augmenter(MapStage):
+    """Applies the transforms; the result lands in the batch buffer slot."""
+
+    name = "augment"
+
+    def process(self, task: "Task", c: Counters) -> None:
+        batch = task.batch
+        buf = batch.buffer
+        img, task.image = task.image, None
+        self.run.chain.run(img, task.key, task.source_size, buf.images[task.slot])
+        buf.labels[task.slot] = task.label
+        if batch.finish_slot():
+            self.put(c, self.run.ready, batch)

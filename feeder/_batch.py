@@ -1,0 +1,238 @@
+"""Batch buffers: a fixed pool of preallocated (pinned on CUDA) arrays, and the
+collator that turns filled buffers into deliverable batches.
+
+Memory: the pool holds at most ``Config.num_buffers`` buffers of
+``batch_size * H * W * 3`` bytes each (plus 8 bytes a label). Decoded samples are
+written by the augment stage straight into their slot of a buffer, so there is
+no per-batch allocation and no collate copy on the normal path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from ._queue import Closed
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.1  # how often a waiter on the pool re-checks its stop condition
+
+
+class BatchBuffer:
+    """One preallocated batch: ``images`` [B,H,W,3] uint8 and ``labels`` [B] int64.
+
+    ``images_t``/``labels_t`` are torch views of the same memory (pinned when
+    the target device is CUDA); ``images``/``labels`` are numpy views of it.
+    """
+
+    __slots__ = ("images_t", "labels_t", "images", "labels", "serial", "__weakref__")
+
+    def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int) -> None:
+        self.images_t = torch.empty((batch_size, height, width, 3), dtype=torch.uint8, pin_memory=pin)
+        self.labels_t = torch.empty((batch_size,), dtype=torch.int64, pin_memory=pin)
+        self.images = self.images_t.numpy()
+        self.labels = self.labels_t.numpy()
+        self.serial = serial
+
+
+class BufferPool:
+    """A bounded pool of :class:`BatchBuffer`, allocated on first use.
+
+    A buffer is *free* (in the pool), *owned* by a pass while it is filled and
+    collated, or *lent* to the training loop (a CPU uint8 batch is a view of its
+    buffer, returned when the last view is garbage-collected).
+
+    Args:
+        capacity: Most buffers allocated in normal operation.
+        batch_size, height, width: Buffer geometry.
+        pin: Allocate page-locked memory (for asynchronous copies to CUDA).
+    """
+
+    def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool) -> None:
+        self.capacity = capacity
+        self._geometry = (batch_size, height, width, pin)
+        self._free: list[BatchBuffer] = []
+        self._allocated = 0
+        self._lent: set[int] = set()
+        self._free_ids: set[int] = set()
+        self._cond = threading.Condition()
+        self._warned = False
+
+    @property
+    def allocated(self) -> int:
+        return self._allocated
+
+    def _new(self) -> BatchBuffer:
+        self._allocated += 1
+        return BatchBuffer(*self._geometry, serial=self._allocated)
+
+    def acquire(self, stopped: Callable[[], bool]) -> BatchBuffer:
+        """Take a free buffer, blocking until one is released.
+
+        Raises:
+            Closed: ``stopped()`` became true while waiting.
+        """
+        with self._cond:
+            while True:
+                if stopped():
+                    raise Closed("buffer pool")
+                if self._free:
+                    buf = self._free.pop()
+                    self._free_ids.discard(buf.serial)
+                    return buf
+                if self._allocated < self.capacity:
+                    return self._new()
+                if len(self._lent) >= self._allocated:
+                    # Every buffer is a batch the training loop still holds. Waiting
+                    # would deadlock (it is waiting on us), so grow, and say why once.
+                    if not self._warned:
+                        self._warned = True
+                        log.warning(
+                            "the training loop holds %d uint8 batches that are views of feeder "
+                            "buffers; allocating more. Clone batches you keep past the next step.",
+                            len(self._lent))
+                    return self._new()
+                self._cond.wait(_POLL_S)
+
+    def lend(self, buf: BatchBuffer) -> None:
+        with self._cond:
+            self._lent.add(buf.serial)
+
+    def release(self, buf: BatchBuffer) -> None:
+        """Return ``buf`` to the pool. Called from any thread, finalizers included."""
+        with self._cond:
+            self._lent.discard(buf.serial)
+            if buf.serial in self._free_ids:
+                # A second release would hand one buffer to two batches at once.
+                log.error("batch buffer %d released twice; ignored", buf.serial)
+                return
+            self._free_ids.add(buf.serial)
+            self._free.append(buf)
+            self._cond.notify()
+
+
+class Batch:
+    """A batch being filled: the buffer, how many slots were dispatched, what failed."""
+
+    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error")
+
+    def __init__(self, index: int, buffer: BatchBuffer, size: int) -> None:
+        self.index = index
+        self.buffer = buffer
+        self.size = size
+        self._remaining = size
+        self._lock = threading.Lock()
+        self.holes: list[int] = []  # slots whose sample was skipped
+        self.error: BaseException | None = None  # first failure under on_error="raise"
+
+    def finish_slot(self) -> bool:
+        """Count one slot as done (filled or failed); true for the call that completes the batch."""
+        with self._lock:
+            self._remaining -= 1
+            return self._remaining == 0
+
+    def compact(self) -> int:
+        """Move the good samples to the front of the buffer, in slot order; return their count."""
+        if not self.holes:
+            return self.size
+        holes = set(self.holes)
+        images, labels = self.buffer.images, self.buffer.labels
+        n = 0
+        for slot in range(self.size):
+            if slot in holes:
+                continue
+            if slot != n:
+                images[n] = images[slot]
+                labels[n] = labels[slot]
+            n += 1
+        return n
+
+
+Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
+
+
+class Collator:
+    """Turns completed batches into full output batches, in order when asked.
+
+    Full batches pass straight through (no copy). A batch with skipped samples
+    (or the short last batch) is held as the *open* batch and topped up from
+    the next such batch, so output batches keep ``batch_size`` and every
+    surviving sample is delivered exactly once. With ``ordered`` the input is
+    re-sequenced by batch index first, which makes the result independent of
+    thread timing.
+    """
+
+    def __init__(self, batch_size: int, ordered: bool, drop_last: bool,
+                 release: Callable[[BatchBuffer], None]) -> None:
+        self.batch_size = batch_size
+        self.ordered = ordered
+        self.drop_last = drop_last
+        self._release = release
+        self._pending: dict[int, Batch] = {}
+        self._next = 0
+        self._open: Batch | None = None
+        self._fill = 0
+
+    def add(self, batch: Batch) -> Iterator[Output]:
+        """Feed a completed batch; yield what can be delivered now.
+
+        Raises:
+            BaseException: the batch's recorded error, when it is next in line.
+        """
+        if not self.ordered:
+            yield from self._take(batch)
+            return
+        self._pending[batch.index] = batch
+        while self._next in self._pending:
+            yield from self._take(self._pending.pop(self._next))
+            self._next += 1
+
+    def finish(self) -> Iterator[Output]:
+        """End of pass: deliver (or drop, with ``drop_last``) the open partial batch."""
+        if self._pending:
+            raise RuntimeError(f"batches {sorted(self._pending)} completed but never sequenced")
+        if self._open is not None:
+            batch, fill = self._open, self._fill
+            self._open = None
+            if self.drop_last or fill == 0:
+                self._release(batch.buffer)
+            else:
+                yield batch.buffer, fill
+
+    def _take(self, batch: Batch) -> Iterator[Output]:
+        if batch.error is not None:
+            self._release(batch.buffer)
+            raise batch.error
+        good = batch.compact()
+        B = self.batch_size
+        if good == B:
+            yield batch.buffer, B
+            return
+        if good == 0:
+            self._release(batch.buffer)
+            return
+        if self._open is None:
+            self._open, self._fill = batch, good
+            return
+        # Top the open batch up from this one; what is left becomes the open batch.
+        dst, src = self._open.buffer, batch.buffer
+        k = min(B - self._fill, good)
+        dst.images[self._fill:self._fill + k] = src.images[:k]
+        dst.labels[self._fill:self._fill + k] = src.labels[:k]
+        self._fill += k
+        rest = good - k
+        if self._fill == B:
+            yield dst, B
+            self._open = None
+        if rest:
+            src.images[:rest] = src.images[k:good]
+            src.labels[:rest] = src.labels[k:good]
+            # The open batch was just delivered (it was full), so this one takes its place.
+            self._open, self._fill = batch, rest
+        else:
+            self._release(src)

@@ -1,0 +1,167 @@
+"""Decode stage: read a sample's bytes and decode them to uint8 HWC RGB.
+
+JPEGs go through simplejpeg (libjpeg-turbo), everything else through
+``cv2.imdecode``; both release the GIL while they work, which is what lets a
+pool of threads use every core. Grayscale, RGBA, CMYK and 16-bit inputs all
+become 3-channel uint8.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import cv2
+import numpy as np
+import simplejpeg
+
+from ._rng import sample_key
+from ._stage import Counters, MapStage
+from .errors import DecodeError
+
+if TYPE_CHECKING:
+    from ._sampler import Task
+
+# Default ceiling on decoded pixels (width * height): a decompression bomb is
+# rejected from its header before any pixel memory is allocated. 2**28 pixels
+# is 768 MiB of RGB, far beyond any training image.
+DEFAULT_MAX_PIXELS = 1 << 28
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+Hint = Callable[[int, int, int], "tuple[int, int] | None"]
+
+
+def _header_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(height, width) from a PNG, BMP, GIF or WebP header, or None when not one of those."""
+    head = bytes(data[:32])
+    try:
+        if head.startswith(_PNG_MAGIC) and head[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", head[16:24])
+            return h, w
+        if head[:2] == b"BM" and len(head) >= 26:
+            w, h = struct.unpack("<ii", head[18:26])
+            return abs(h), abs(w)
+        if head[:6] in (b"GIF87a", b"GIF89a"):
+            w, h = struct.unpack("<HH", head[6:10])
+            return h, w
+        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+            chunk = head[12:16]
+            if chunk == b"VP8X":
+                w = int.from_bytes(head[24:27], "little") + 1
+                h = int.from_bytes(head[27:30], "little") + 1
+                return h, w
+            if chunk == b"VP8L":
+                bits = int.from_bytes(head[21:25], "little")
+                return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+            if chunk == b"VP8 ":
+                w, h = struct.unpack("<HH", head[26:30])
+                return h & 0x3FFF, w & 0x3FFF
+    except struct.error:
+        return None
+    return None
+
+
+def _check_pixels(h: int, w: int, max_pixels: int) -> None:
+    if h <= 0 or w <= 0:
+        raise DecodeError(f"header gives an empty image ({w}x{h})")
+    if h * w > max_pixels:
+        raise DecodeError(
+            f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
+            f"(possible decompression bomb); raise max_pixels to accept it")
+
+
+def _to_rgb8(img: np.ndarray) -> np.ndarray:
+    """Any cv2.imdecode result (gray, BGR, BGRA; 8/16-bit or float) to uint8 RGB."""
+    if img.dtype == np.uint16:
+        img = cv2.convertScaleAbs(img, alpha=1.0 / 257.0)  # rounds 0..65535 to 0..255
+    elif img.dtype != np.uint8:
+        img = cv2.convertScaleAbs(np.clip(img.astype(np.float32), 0.0, 1.0), alpha=255.0)
+    if img.ndim == 2:
+        return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+    channels = img.shape[2]
+    if channels == 3:
+        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+    if channels == 4:
+        return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
+    if channels in (1, 2):
+        return cv2.cvtColor(np.ascontiguousarray(img[:, :, 0]), cv2.COLOR_GRAY2RGB)
+    raise DecodeError(f"unsupported channel count {channels}")
+
+
+def _cv2_decode(data: bytes | memoryview, flags: int) -> np.ndarray:
+    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    if img is None:
+        raise DecodeError("not a decodable image (unknown format, or corrupt data)")
+    return img
+
+
+def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 hint: Hint | None = None, key: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+    """Decode encoded image bytes to a contiguous uint8 [H, W, 3] RGB array.
+
+    Args:
+        data: The encoded file contents.
+        max_pixels: Largest accepted ``width * height``, checked from the header.
+        hint: ``hint(height, width, key) -> (min_height, min_width) | None``: the
+            smallest decoded size the transforms need. A JPEG that is at least
+            twice that size is decoded at a reduced DCT scale that still covers it.
+        key: Passed to ``hint`` (the sample's random key).
+
+    Returns:
+        The image, and the (height, width) of the full-size image.
+
+    Raises:
+        DecodeError: empty, corrupt, truncated, unsupported or oversized input.
+    """
+    if len(data) == 0:
+        raise DecodeError("empty file (0 bytes)")
+    if bytes(data[:3]) == _JPEG_MAGIC:
+        try:
+            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError as exc:
+            raise DecodeError(f"corrupt JPEG header: {exc}") from exc
+        _check_pixels(h, w, max_pixels)
+        if colorspace in ("CMYK", "YCCK"):
+            # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
+            # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
+            return _to_rgb8(_cv2_decode(data, cv2.IMREAD_COLOR)), (h, w)
+        min_h = min_w = 0
+        if hint is not None:
+            need = hint(h, w, key)
+            # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1
+            # are slower than a full decode in libjpeg-turbo, so they are not used.
+            if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
+                min_h, min_w = need
+        try:
+            img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w)
+        except ValueError as exc:
+            raise DecodeError(f"corrupt JPEG: {exc}") from exc
+        return img, (h, w)
+    size = _header_size(data)
+    if size is not None:
+        _check_pixels(size[0], size[1], max_pixels)
+    img = _to_rgb8(_cv2_decode(data, cv2.IMREAD_UNCHANGED))
+    if size is None:
+        _check_pixels(img.shape[0], img.shape[1], max_pixels)
+    return img, (img.shape[0], img.shape[1])
+
+
+class Decoder(MapStage):
+    """Reads each sample from the source and decodes it; hands it to the augment stage."""
+
+    name = "decode"
+
+    def process(self, task: "Task", c: Counters) -> None:
+        run = self.run
+        try:
+            data, label = run.source.read(task.index)
+        except Exception as exc:
+            run.sample_failed("read", task, exc, c)
+            return
+        task.label = label
+        task.key = key = sample_key(run.seed, run.epoch, task.index)
+        task.image, task.source_size = decode_image(data, run.max_pixels, run.hint, key)
+        self.put(c, self.outbox, task)

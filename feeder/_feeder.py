@@ -1,0 +1,312 @@
+"""The public :class:`Feeder`: configuration, passes, the consumer's side, shutdown."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._augment import Chain
+from ._batch import BufferPool
+from ._config import DEFAULTS, Config
+from ._pipeline import Pass
+from ._queue import END, Closed
+from ._sampler import num_batches, shard_size
+from ._stats import Stats, StatsBook
+from ._threads import LibraryThreads
+from ._transfer import Delivery, Failure
+from .errors import FeederError
+from .sources import Source
+
+log = logging.getLogger(__name__)
+
+# close() waits at most this long for threads (a transform stuck in user code
+# cannot be interrupted; its thread is a daemon and exits when the call returns).
+_CLOSE_TIMEOUT_S = 1.0
+
+_live_engines: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    for engine in list(_live_engines):
+        engine.close(timeout=0.5)
+
+
+atexit.register(_close_all_at_exit)
+
+
+class _Engine:
+    """Everything that runs. Held by the Feeder; its threads never refer to the Feeder,
+    so an unclosed Feeder can be garbage-collected and its finalizer stop them."""
+
+    def __init__(self, config: Config, source: Any, chain: Chain) -> None:
+        self.config = config
+        self.source = source
+        self.chain = chain
+        h, w = chain.image_size
+        self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
+                               pin=config.device.type == "cuda")
+        self.book = StatsBook({"sampler": 1, "decode": config.decode_threads,
+                               "augment": config.augment_threads, "transfer": 1})
+        self.lock = threading.Lock()
+        self.current: Pass | None = None
+        self.passes: list[Pass] = []  # passes whose threads may still be alive
+        self.closed = False
+        self._limits_held = False
+        _live_engines.add(self)
+
+    def start_pass(self, seed: int, epoch: int, rank: int, world_size: int) -> Pass:
+        with self.lock:
+            if self.closed:
+                raise FeederError("the feeder is closed")
+            if self.current is not None:
+                self.current.stop()  # abandon the previous pass: no stale batch survives
+            self.passes = [p for p in self.passes if not p.finished.is_set()]
+            if not self._limits_held:
+                LibraryThreads.acquire()
+                self._limits_held = True
+            self.book.start()
+            run = Pass(self.config, self.source, self.chain, self.pool, self.book,
+                       seed, epoch, rank, world_size)
+            self.current = run
+            self.passes.append(run)
+            run.start()
+            return run
+
+    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
+        """Stop every pass and wait up to ``timeout`` seconds for their threads."""
+        with self.lock:
+            first = not self.closed
+            self.closed = True
+            passes = list(self.passes)
+            for run in passes:
+                run.stop()
+            self.current = None
+        deadline = time.monotonic() + timeout
+        for run in passes:
+            if not run.join(max(0.0, deadline - time.monotonic())):
+                stuck = [t.name for t in run.threads() if t.is_alive()]
+                log.warning("feeder closed with threads still busy in user code: %s "
+                            "(daemon threads; they exit when that call returns)", ", ".join(stuck))
+        with self.lock:
+            if self._limits_held:
+                LibraryThreads.release()
+                self._limits_held = False
+        if first:
+            log.debug("feeder closed")
+
+
+class Feeder:
+    """Feeds batches of images to a training loop from one process, with thread pools.
+
+    Iterate it in the training loop: each pass yields ``(images, labels)`` with
+    ``images`` a ``[B, 3, H, W]`` tensor on ``device`` (uint8 in channels_last
+    layout by default) and ``labels`` an int64 ``[B]`` tensor on ``device``.
+
+    Args:
+        source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
+            object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``.
+        batch_size: Samples per batch.
+        transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
+            or plain callables ``fn(img, rng) -> img``.
+        decode_threads: Threads reading and decoding, or ``"auto"``.
+        augment_threads: Threads running the transforms, or ``"auto"``.
+        queue_size: Finished batches buffered ahead of the training loop.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
+            ``device`` after the copy, so only uint8 crosses the bus.
+        normalize: ``(mean, std)``, three values each on the [0, 1] scale (as
+            torchvision's ``Normalize`` after ``ToTensor``); implies float32
+            unless ``dtype`` is given.
+        shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch).
+        seed: Base seed of the order and of every transform's randomness; by
+            default drawn from torch's default generator (so ``torch.manual_seed``
+            makes runs repeatable, as with DataLoader).
+        drop_last: Drop the last batch when it would be smaller than ``batch_size``.
+        ordered: True: batches and their contents depend only on the seed and
+            epoch, not on thread counts or timing. False: batches in completion
+            order (each sample still exactly once per epoch).
+        on_error: ``"raise"``: a failing sample raises :class:`~feeder.SampleError`
+            from ``next()``. ``"skip"``: it is dropped, counted and logged once,
+            and later samples fill its place.
+        max_skipped: With ``on_error="skip"``, raise once more than this many
+            samples were skipped (None: no limit).
+        rank, world_size: This process's shard (disjoint, equal-size shards per
+            epoch). Default: from ``torch.distributed`` when it is initialized.
+        image_size: (height, width) of the output, when the transforms do not
+            fix it themselves.
+        max_pixels: Largest decoded ``width * height`` accepted; larger images
+            are rejected from their header (decompression bombs).
+
+    Memory: ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
+    bytes (pinned when ``device`` is CUDA), plus at most
+    ``4 * (decode_threads + augment_threads)`` decoded images in flight.
+
+    Not thread-safe for iteration from several threads at once; ``close()`` may
+    be called from any thread.
+    """
+
+    def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (), *,
+                 decode_threads: int | str = DEFAULTS["decode_threads"],
+                 augment_threads: int | str = DEFAULTS["augment_threads"],
+                 queue_size: int = DEFAULTS["queue_size"],
+                 device: str | torch.device = DEFAULTS["device"],
+                 dtype: torch.dtype | None = DEFAULTS["dtype"],
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = DEFAULTS["normalize"],
+                 shuffle: bool = DEFAULTS["shuffle"], seed: int | None = None,
+                 drop_last: bool = DEFAULTS["drop_last"], ordered: bool = DEFAULTS["ordered"],
+                 on_error: str = DEFAULTS["on_error"], max_skipped: int | None = DEFAULTS["max_skipped"],
+                 rank: int | None = None, world_size: int | None = None,
+                 image_size: tuple[int, int] | None = None,
+                 max_pixels: int = DEFAULTS["max_pixels"]) -> None:
+        if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
+            raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
+                            f"got {type(source).__name__}")
+        self.config = Config.build(
+            batch_size=batch_size, decode_threads=decode_threads, augment_threads=augment_threads,
+            queue_size=queue_size, device=device, dtype=dtype, normalize=normalize, shuffle=shuffle,
+            drop_last=drop_last, ordered=ordered, on_error=on_error, max_skipped=max_skipped,
+            max_pixels=max_pixels)
+        self.source = source
+        self.chain = Chain(list(transforms), image_size)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        self.seed = seed
+        self.rank, self.world_size = _shard(rank, world_size)
+        self._next_epoch = 0
+        self._engine = _Engine(self.config, source, self.chain)
+        self._finalizer = weakref.finalize(self, self._engine.close)
+        log.debug("feeder built: %s", self.config)
+
+    # -- shape of an epoch --------------------------------------------------
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) of the images in every batch."""
+        return self.chain.image_size
+
+    @property
+    def num_buffers(self) -> int:
+        """Batch buffers the pool holds (the memory bound; see the class docstring)."""
+        return self.config.num_buffers
+
+    def __len__(self) -> int:
+        """Batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
+        n = shard_size(len(self.source), self.world_size)
+        return num_batches(n, self.config.batch_size, self.config.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next pass: its order and randomness depend on (seed, epoch) alone.
+        Without a call, each pass uses the previous pass's epoch + 1, starting at 0."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._next_epoch = epoch
+
+    # -- iteration ---------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Start a new pass (stopping any unfinished one) and return its iterator."""
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size)
+        return _PassIterator(self, run)
+
+    # -- lifecycle -----------------------------------------------------------
+    def close(self) -> None:
+        """Stop all threads; returns within about a second. Safe to repeat, from any thread."""
+        self._engine.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def __enter__(self) -> "Feeder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stats(self) -> Stats:
+        """A snapshot of where the pipeline's time went (prints as a table)."""
+        engine = self._engine
+        run = engine.current
+        live_stages = run.stages if run is not None and not run.finished.is_set() else ()
+        live_channels = run.channels if run is not None else ()
+        return engine.book.snapshot(live_stages, live_channels, engine.pool.allocated)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Feeder({self.source!r}, batch_size={c.batch_size}, image_size={self.image_size}, "
+                f"decode_threads={c.decode_threads}, augment_threads={c.augment_threads}, "
+                f"device={str(c.device)!r})")
+
+
+class _PassIterator:
+    """The consumer's side of one pass."""
+
+    def __init__(self, feeder: Feeder, run: Pass) -> None:
+        self._feeder = feeder  # keeps the feeder alive while a pass is iterated
+        self._run = run
+        self._book = run.book
+        self._cuda = run.device.type == "cuda"
+
+    def __iter__(self) -> "_PassIterator":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        run = self._run
+        t0 = time.perf_counter()
+        try:
+            item = run.output.get()
+        except Closed:
+            if run.error is not None:
+                raise run.error from run.error.__cause__
+            raise StopIteration from None
+        except BaseException:
+            # KeyboardInterrupt (or anything else) while waiting: stop the pass
+            # so no thread keeps working for a loop that has gone.
+            run.stop()
+            raise
+        finally:
+            self._book.consumer_wait_s += time.perf_counter() - t0
+        if item is END:
+            raise StopIteration
+        if isinstance(item, Failure):
+            run.stop()
+            raise item.error from item.error.__cause__
+        assert isinstance(item, Delivery)
+        images, labels = item.images, item.labels
+        if self._cuda:
+            stream = torch.cuda.current_stream(run.device)
+            stream.wait_event(item.event)
+            # See _transfer.py: keep the caching allocator from reusing these
+            # blocks while the consumer's stream may still read them.
+            images.record_stream(stream)
+            labels.record_stream(stream)
+        self._book.batches += 1
+        self._book.samples += images.shape[0]
+        return images, labels
+
+    def __len__(self) -> int:
+        return len(self._feeder)
+
+
+def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None and world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError(f"give both rank and world_size, or neither (got rank={rank}, "
+                         f"world_size={world_size})")
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
+            and 0 <= rank < world_size):
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size

@@ -1,0 +1,169 @@
+"""One pass over the data: the stages wired by bounded channels, and its lifecycle.
+
+::
+
+    sampler ─▶ [decode] ─▶ decode pool ─▶ [augment] ─▶ augment pool ─▶ [collate] ─▶ transfer ─▶ [output] ─▶ next()
+       │ takes a free buffer per batch                     writes into the buffer slot       │ returns buffers
+       └──────────────────────────────── BufferPool ◀──────────────────────────────────────────┘
+
+Each ``Feeder.__iter__`` starts a new :class:`Pass` with fresh threads and
+channels, so an abandoned pass (an early ``break``) can never leak a stale
+batch into the next one. A pass owns the buffers it took until it delivers or
+releases them; whatever it still owns when its last thread exits goes back to
+the pool then, when no thread can write into it any more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from ._augment import Augmenter, Chain
+from ._batch import BatchBuffer, BufferPool
+from ._decode import Decoder
+from ._queue import Channel
+from ._sampler import Sampler, Task
+from ._stage import Counters, Stage
+from ._stats import StatsBook
+from ._transfer import Transfer
+from .errors import FeederError, SampleError
+from .sources import describe
+
+if TYPE_CHECKING:
+    from ._config import Config
+
+log = logging.getLogger(__name__)
+
+
+class Pass:
+    """The threads, channels and buffers of one pass over one epoch."""
+
+    def __init__(self, config: "Config", source, chain: Chain, pool: BufferPool, book: StatsBook,
+                 seed: int, epoch: int, rank: int, world_size: int) -> None:
+        self.config = config
+        self.source = source
+        self.chain = chain
+        self.hint = chain.hint
+        self.pool = pool
+        self.book = book
+        self.seed = seed
+        self.epoch = epoch
+        self.rank = rank
+        self.world_size = world_size
+        self.device = config.device
+        self.max_pixels = config.max_pixels
+        self.error: BaseException | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._owned: dict[int, BatchBuffer] = {}
+        self._live_threads = 0
+        self.finished = threading.Event()  # set when the last thread has exited
+
+        self.tasks = Channel("decode", config.decode_queue)
+        self.decoded = Channel("augment", config.augment_queue)
+        self.ready = Channel("collate", config.num_buffers + 1)
+        self.output = Channel("output", config.queue_size)
+        self.channels = (self.tasks, self.decoded, self.ready, self.output)
+        self.stages: tuple[Stage, ...] = (
+            Sampler(self, 1, None, self.tasks),
+            Decoder(self, config.decode_threads, self.tasks, self.decoded),
+            Augmenter(self, config.augment_threads, self.decoded, self.ready),
+            Transfer(self, 1, self.ready, self.output),
+        )
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        log.debug("pass epoch=%d starting", self.epoch)
+        for stage in self.stages:
+            stage.start()
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        """Close every channel: each thread leaves at its next queue operation. Safe to repeat."""
+        self._stopped = True
+        for ch in self.channels:
+            ch.close()
+
+    def fail(self, error: BaseException) -> None:
+        """A stage broke outside any sample: remember the first error and stop."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self.stop()
+
+    def thread_started(self) -> None:
+        with self._lock:
+            self._live_threads += 1
+
+    def thread_exited(self, stage: Stage, c: Counters) -> None:
+        self.book.fold_thread(stage.name, c)
+        with self._lock:
+            self._live_threads -= 1
+            last = self._live_threads == 0
+            owned = list(self._owned.values()) if last else []
+            if last:
+                self._owned.clear()
+        if last:
+            # No thread of this pass can touch these buffers any more.
+            for buf in owned:
+                self.pool.release(buf)
+            for ch in self.channels[:-1]:
+                self.book.fold_channel(ch)
+            log.debug("pass epoch=%d: all threads exited", self.epoch)
+            self.finished.set()
+
+    def join(self, timeout: float) -> bool:
+        return self.finished.wait(timeout)
+
+    def threads(self) -> list[threading.Thread]:
+        return [t for s in self.stages for t in s.threads]
+
+    # -- buffers -----------------------------------------------------------
+    def own(self, buf: BatchBuffer) -> None:
+        with self._lock:
+            self._owned[buf.serial] = buf
+
+    def release(self, buf: BatchBuffer) -> None:
+        """The pass is done with ``buf``: back to the pool."""
+        with self._lock:
+            self._owned.pop(buf.serial, None)
+        self.pool.release(buf)
+
+    def lend(self, buf: BatchBuffer) -> None:
+        """``buf`` now belongs to the training loop (a view of it was handed out)."""
+        with self._lock:
+            self._owned.pop(buf.serial, None)
+        self.pool.lend(buf)
+
+    # -- per-sample failures -----------------------------------------------
+    def sample_failed(self, stage: str, task: Task, exc: Exception, c: Counters) -> None:
+        """Record that ``task`` failed in ``stage``; the slot is done either way."""
+        path = describe(self.source, task.index)
+        err = SampleError(stage, task.index, path, exc)
+        task.image = None
+        batch = task.batch
+        cfg = self.config
+        skip = cfg.on_error == "skip"
+        if skip:
+            count = self.book.skipped(path, err)
+            if cfg.max_skipped is not None and count > cfg.max_skipped:
+                skip = False
+                budget = FeederError(f"more than max_skipped={cfg.max_skipped} samples skipped; "
+                                     f"last: {err}")
+                budget.__cause__ = err
+                err = budget  # type: ignore[assignment]
+        if skip:
+            batch.holes.append(task.slot)
+        else:
+            with batch._lock:
+                # Keep the error of the lowest slot: the same one for any timing.
+                prev = batch.error
+                if prev is None or task.slot < getattr(prev, "_slot", 1 << 62):
+                    err._slot = task.slot  # type: ignore[attr-defined]
+                    batch.error = err
+        if batch.finish_slot():
+            stage_obj = self.stages[1] if stage in ("read", "decode") else self.stages[2]
+            stage_obj.put(c, self.ready, batch)

@@ -1,0 +1,87 @@
+"""Sampler stage: each epoch's order, this rank's shard, and batch boundaries.
+
+The order is a pure function of (seed, epoch, rank, world_size, dataset
+length): a PCG64 permutation when shuffling, else the identity. Shards are
+disjoint and of equal size, ``len // world_size`` each (the remainder is left
+out for that epoch, as ``DistributedSampler(drop_last=True)`` does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._batch import Batch
+from ._queue import END
+from ._stage import Counters, Stage
+
+if TYPE_CHECKING:
+    from ._pipeline import Pass
+
+
+def shard_size(length: int, world_size: int) -> int:
+    return length // world_size if world_size > 1 else length
+
+
+def epoch_indices(length: int, shuffle: bool, seed: int, epoch: int,
+                  rank: int = 0, world_size: int = 1) -> np.ndarray:
+    """The sample indices this rank reads in ``epoch``, in order."""
+    if shuffle:
+        order = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(length)
+    else:
+        order = np.arange(length)
+    if world_size > 1:
+        n = shard_size(length, world_size)
+        order = order[rank:n * world_size:world_size]
+    return order
+
+
+def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
+    return samples // batch_size if drop_last else -(-samples // batch_size)
+
+
+class Task:
+    """One sample on its way through the stages (one object, reused by every stage)."""
+
+    __slots__ = ("batch", "slot", "index", "label", "key", "image", "source_size")
+
+    def __init__(self, batch: Batch, slot: int, index: int) -> None:
+        self.batch = batch
+        self.slot = slot
+        self.index = index
+        self.label = -1
+        self.key = 0
+        self.image = None
+        self.source_size = (0, 0)
+
+
+class Sampler(Stage):
+    """Takes a free buffer per batch and dispatches the batch's samples to the decoders."""
+
+    name = "sampler"
+
+    def work(self, c: Counters) -> None:
+        run: "Pass" = self.run
+        cfg = run.config
+        B = cfg.batch_size
+        order = epoch_indices(len(run.source), cfg.shuffle, run.seed, run.epoch, run.rank, run.world_size)
+        # Under on_error="skip" the would-be-dropped tail is dispatched too: its
+        # samples refill the places of skipped ones (the collator still drops
+        # whatever is left short at the end).
+        total = num_batches(len(order), B, cfg.drop_last and cfg.on_error != "skip")
+        order = order[:total * B].tolist()
+        stopped = run.stopped
+        for b in range(total):
+            c.begin_wait(2)  # waiting for a free buffer: downstream is behind
+            try:
+                buf = run.pool.acquire(stopped)
+            finally:
+                c.end_wait()
+            run.own(buf)
+            indices = order[b * B:(b + 1) * B]
+            batch = Batch(b, buf, len(indices))
+            for slot, index in enumerate(indices):
+                self.put(c, self.outbox, Task(batch, slot, index))
+            c.items += 1
+        self.put(c, self.outbox, END)

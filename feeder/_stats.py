@@ -1,0 +1,206 @@
+"""Where the pipeline's time goes: per-stage and per-queue counters, cheap to keep.
+
+Each stage thread times only its queue waits (two clock reads per wait); busy
+time is what is left of its lifetime. ``Feeder.stats()`` folds them into a
+:class:`Stats`, which prints as a table.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("feeder")
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage, summed over its threads and over every pass so far.
+
+    Attributes:
+        name: Stage name.
+        threads: Threads per pass.
+        items: Items handled (samples; batches for the sampler and transfer).
+        busy_s: Thread-seconds spent working.
+        wait_input_s: Thread-seconds waiting for input (upstream too slow).
+        wait_output_s: Thread-seconds blocked on a full output queue or a free
+            buffer (downstream too slow).
+    """
+
+    name: str
+    threads: int
+    items: int
+    busy_s: float
+    wait_input_s: float
+    wait_output_s: float
+
+    @property
+    def utilization(self) -> float:
+        """Fraction of thread time spent working."""
+        total = self.busy_s + self.wait_input_s + self.wait_output_s
+        return self.busy_s / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue (named after the stage it feeds).
+
+    Attributes:
+        name: Queue name.
+        capacity: Maximum items.
+        depth: Items in it now.
+        mean_depth: Mean depth seen right after each put.
+        max_depth: Deepest it has been.
+    """
+
+    name: str
+    capacity: int
+    depth: int
+    mean_depth: float
+    max_depth: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of a feeder's counters since it was built.
+
+    Attributes:
+        stages: Per-stage counters, in pipeline order.
+        queues: Per-queue counters, in pipeline order.
+        samples: Samples delivered to the training loop.
+        batches: Batches delivered.
+        skipped: Samples skipped under ``on_error="skip"``.
+        consumer_wait_s: Seconds the training loop waited inside ``next()``:
+            the time the model was starved of data.
+        elapsed_s: Seconds since the first pass started.
+        buffers: Batch buffers allocated.
+    """
+
+    stages: tuple[StageStats, ...]
+    queues: tuple[QueueStats, ...]
+    samples: int
+    batches: int
+    skipped: int
+    consumer_wait_s: float
+    elapsed_s: float
+    buffers: int
+    skipped_paths: tuple[str, ...] = field(default=(), repr=False)
+
+    def stage(self, name: str) -> StageStats:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def starvation(self) -> float:
+        """Fraction of the elapsed time the training loop waited for data."""
+        return self.consumer_wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """The stage with the highest utilization: where more threads (or less work) helps."""
+        work = [s for s in self.stages if s.name in ("decode", "augment", "transfer")]
+        if not work:
+            return "none"
+        return max(work, key=lambda s: s.utilization).name
+
+    def __str__(self) -> str:
+        rate = self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        lines = [
+            f"feeder: {self.samples} samples in {self.batches} batches, {self.elapsed_s:.2f} s "
+            f"({rate:.0f} samples/s); skipped {self.skipped}; buffers {self.buffers}",
+            f"training loop waited {self.consumer_wait_s:.2f} s for data "
+            f"({100 * self.starvation:.1f}% of elapsed); busiest stage: {self.bottleneck}",
+            "",
+            f"{'stage':<10}{'threads':>8}{'items':>10}{'busy s':>10}{'wait in s':>11}"
+            f"{'wait out s':>12}{'util':>7}",
+        ]
+        for s in self.stages:
+            lines.append(f"{s.name:<10}{s.threads:>8}{s.items:>10}{s.busy_s:>10.2f}"
+                         f"{s.wait_input_s:>11.2f}{s.wait_output_s:>12.2f}{100 * s.utilization:>6.0f}%")
+        lines += ["", f"{'queue':<10}{'capacity':>9}{'depth':>7}{'mean':>8}{'max':>6}"]
+        for q in self.queues:
+            lines.append(f"{q.name:<10}{q.capacity:>9}{q.depth:>7}{q.mean_depth:>8.1f}{q.max_depth:>6}")
+        return "\n".join(lines)
+
+
+class StatsBook:
+    """Feeder-wide accumulator: passes fold their finished counters into it."""
+
+    def __init__(self, stage_threads: dict[str, int]) -> None:
+        self._lock = threading.Lock()
+        self._stage_threads = stage_threads
+        self._stages = {name: [0, 0.0, 0.0, 0.0] for name in stage_threads}
+        self._queues: dict[str, list] = {}
+        self.samples = 0
+        self.batches = 0
+        self.consumer_wait_s = 0.0
+        self.started: float | None = None
+        self._skipped: list[str] = []
+        self._skipped_set: set[str] = set()
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def fold_thread(self, stage: str, c) -> None:
+        with self._lock:
+            t = self._stages[stage]
+            t[0] += c.items
+            t[1] += c.busy_s()
+            t[2] += c.wait_in_s
+            t[3] += c.wait_out_s
+
+    def fold_channel(self, ch) -> None:
+        with self._lock:
+            q = self._queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])
+            q[0] = ch.maxsize
+            q[1] += ch.puts
+            q[2] += ch._depth_sum
+            q[3] = max(q[3], ch.max_depth)
+
+    def skipped(self, path: str, error: BaseException) -> int:
+        """Count a skipped sample; log its path the first time. Returns the count so far."""
+        with self._lock:
+            self._skipped.append(path)
+            first = path not in self._skipped_set
+            self._skipped_set.add(path)
+            n = len(self._skipped)
+        if first:
+            log.warning("skipped %s: %s", path, error)
+        return n
+
+    @property
+    def skipped_count(self) -> int:
+        return len(self._skipped)
+
+    def snapshot(self, live_stages=(), live_channels=(), buffers: int = 0) -> Stats:
+        with self._lock:
+            totals = {k: list(v) for k, v in self._stages.items()}
+            queues = {k: list(v) for k, v in self._queues.items()}
+            skipped = tuple(self._skipped)
+        for stage in live_stages:
+            t = totals[stage.name]
+            for c in stage.counters:
+                if c.ended is None:  # finished threads are already folded
+                    t[0] += c.items
+                    t[1] += c.busy_s()
+                    t[2] += c.wait_in_s
+                    t[3] += c.wait_out_s
+        depths = {}
+        for ch in live_channels:
+            q = queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])
+            q[1] += ch.puts
+            q[2] += ch._depth_sum
+            q[3] = max(q[3], ch.max_depth)
+            depths[ch.name] = ch.depth()
+        stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3])
+                       for name, t in totals.items())
+        qs = tuple(QueueStats(name, q[0], depths.get(name, 0), q[2] / q[1] if q[1] else 0.0, q[3])
+                   for name, q in queues.items())
+        elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
+        return Stats(stages, qs, self.samples, self.batches, len(skipped), self.consumer_wait_s,
+                     elapsed, buffers, skipped)

@@ -1,0 +1,56 @@
+"""Thread counts, and keeping library thread pools from oversubscribing the cores."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import cv2
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_threads(cores: int) -> tuple[int, int]:
+    """Default (decode, augment) thread counts for ``cores`` cores.
+
+    Decoding costs several times more than the crop+resize, so it gets a thread
+    per core; augmentation gets half as many. Both pools share the cores (their
+    work releases the GIL), and a few more threads than cores hides file I/O.
+    """
+    return max(2, cores), max(1, cores // 2)
+
+
+class LibraryThreads:
+    """While any feeder runs, OpenCV's own thread pool is limited to one thread.
+
+    Every worker thread calls into OpenCV; letting each call fan out over all
+    cores again would oversubscribe them N-fold. OpenCV's setting is process
+    wide, so it is restored when the last running feeder closes.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _saved: int | None = None
+
+    @classmethod
+    def acquire(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                cls._saved = cv2.getNumThreads()
+                cv2.setNumThreads(1)
+            cls._users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            if cls._users == 0:
+                return
+            cls._users -= 1
+            if cls._users == 0 and cls._saved is not None:
+                cv2.setNumThreads(cls._saved)

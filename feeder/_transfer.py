@@ -1,0 +1,150 @@
+"""Transfer stage: sequence finished buffers into batches and hand them to the
+training loop, copied to the device on a side CUDA stream when the target is CUDA.
+
+CUDA reasoning, in one place:
+
+* The copy runs on a dedicated stream from page-locked (pinned) memory with
+  ``non_blocking=True``, so it overlaps the model's kernels on the consumer's
+  stream. Conversion to ``dtype`` and normalization run on the same side
+  stream, after the copy, so only uint8 crosses the bus.
+* An event is recorded on the side stream after that work. The consumer's
+  ``next()`` makes *its* current stream wait on the event before the batch is
+  returned, so no kernel of the training step can read the batch early.
+* The pinned source buffer goes back to the pool only after the event has
+  completed (``event.synchronize()`` in this thread): reusing it earlier would
+  let the decoders overwrite memory the DMA engine is still reading.
+* The device tensors are allocated by PyTorch's caching allocator on the side
+  stream. When the training loop drops them, the allocator would hand that
+  memory to the next allocation on the side stream at once, although kernels
+  queued on the consumer's stream may still be reading it. ``record_stream``
+  on the consumer's stream (done in ``next()``) makes the allocator wait for
+  that stream's queued work before reusing the block.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._batch import BatchBuffer, Collator
+from ._queue import END
+from ._stage import Counters, Stage
+from .errors import FeederError
+
+if TYPE_CHECKING:
+    from ._pipeline import Pass
+
+
+class Delivery:
+    """A batch ready for the consumer; ``event`` is set for CUDA batches."""
+
+    __slots__ = ("images", "labels", "event")
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, event) -> None:
+        self.images = images
+        self.labels = labels
+        self.event = event
+
+
+class Failure:
+    """An error travelling in-band to the consumer."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Converter:
+    """uint8 [B,3,H,W] -> ``dtype``, scaled to [0, 1] and optionally normalized.
+
+    ``(x / 255 - mean) / std`` is computed as ``x * scale + shift`` with per-channel
+    constants, so it is one multiply and one add over the batch.
+    """
+
+    def __init__(self, dtype: torch.dtype | None, normalize, device: torch.device) -> None:
+        self.dtype = dtype
+        self.scale = self.shift = None
+        if dtype is None or not dtype.is_floating_point:
+            return
+        if normalize is None:
+            mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+        else:
+            mean, std = normalize
+        mean_t = torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)
+        std_t = torch.tensor(std, dtype=torch.float64).view(1, 3, 1, 1)
+        self.scale = (1.0 / (255.0 * std_t)).to(device=device, dtype=dtype)
+        self.shift = (-mean_t / std_t).to(device=device, dtype=dtype)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.dtype is None:
+            return images
+        out = images.to(self.dtype)  # keeps the channels_last strides
+        if self.scale is not None:
+            out.mul_(self.scale).add_(self.shift)
+        return out
+
+
+class Transfer(Stage):
+    """Collates finished buffers (in order when asked) and delivers them."""
+
+    name = "transfer"
+
+    def work(self, c: Counters) -> None:
+        run: "Pass" = self.run
+        cfg = run.config
+        device = run.device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.set_device(device)
+            self.stream = torch.cuda.Stream(device)
+        self.convert = Converter(cfg.dtype, cfg.normalize, device)
+        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, run.release)
+        while True:
+            batch = self.get(c)
+            if batch is END:
+                for buf, n in collator.finish():
+                    self.deliver(buf, n, c)
+                self.put(c, self.outbox, END)
+                return
+            try:
+                for buf, n in collator.add(batch):
+                    self.deliver(buf, n, c)
+            except FeederError as err:
+                self.put(c, self.outbox, Failure(err))
+                return
+
+    def deliver(self, buf: BatchBuffer, n: int, c: Counters) -> None:
+        run = self.run
+        c.items += 1
+        if self.cuda:
+            self._deliver_cuda(buf, n, c)
+            return
+        labels = torch.from_numpy(buf.labels[:n].copy())
+        if self.convert.dtype is None:
+            # Hand out a view of the buffer; it returns to the pool when the
+            # training loop's last reference to the batch is gone.
+            view = buf.images[:n]
+            images = torch.from_numpy(view).permute(0, 3, 1, 2)
+            run.lend(buf)
+            weakref.finalize(view, run.pool.release, buf)
+        else:
+            images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
+            run.release(buf)
+        self.put(c, self.outbox, Delivery(images, labels, None))
+
+    def _deliver_cuda(self, buf: BatchBuffer, n: int, c: Counters) -> None:
+        device = self.run.device
+        with torch.cuda.stream(self.stream):
+            images = buf.images_t[:n].to(device, non_blocking=True)
+            labels = buf.labels_t[:n].to(device, non_blocking=True)
+            images = self.convert(images.permute(0, 3, 1, 2))
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        try:
+            self.put(c, self.outbox, Delivery(images, labels, event))
+        finally:
+            event.synchronize()  # the copy has finished reading the pinned buffer
+            self.run.release(buf)

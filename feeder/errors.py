@@ -1,0 +1,54 @@
+"""The exceptions feeder raises.
+
+Every failure inside the pipeline reaches the training loop from ``next()`` as
+a :class:`FeederError`. Failures tied to one sample are :class:`SampleError`:
+they name the stage, the sample index and the sample's path, and chain the
+original exception as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class FeederError(RuntimeError):
+    """Base class of the errors raised from a feeder's iterator."""
+
+
+class StageError(FeederError):
+    """A stage failed outside any one sample (a bug, or the source itself broke).
+
+    Attributes:
+        stage: Name of the stage (``"sampler"``, ``"decode"``, ``"augment"``, ``"transfer"``).
+    """
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(f"feeder stage {stage!r} failed: {message}")
+        self.stage = stage
+
+
+class SampleError(FeederError):
+    """Processing one sample failed.
+
+    Attributes:
+        stage: The stage that failed (``"read"``, ``"decode"`` or ``"augment"``).
+        index: The sample's index in the source.
+        path: The sample's path or description, as the source describes it.
+    """
+
+    def __init__(self, stage: str, index: int, path: str, cause: BaseException) -> None:
+        detail = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"feeder stage {stage!r} failed on sample {index} ({path}): {detail}")
+        self.stage = stage
+        self.index = index
+        self.path = path
+        self.__cause__ = cause
+
+    def __reduce__(self):  # keep the exception picklable (pytest-xdist, multiprocessing)
+        return (self.__class__, (self.stage, self.index, self.path, self.__cause__))
+
+
+class DecodeError(ValueError):
+    """Encoded bytes could not be decoded into an image (corrupt, unsupported or too large)."""
+
+
+class TransformError(ValueError):
+    """A transform returned something that does not fit the batch buffer."""

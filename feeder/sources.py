@@ -1,0 +1,131 @@
+"""Where samples come from.
+
+A source is any object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``.
+It may also define ``describe(index) -> str`` (a path, a key) that error
+messages use to point at the bad sample. ``read`` is called from several
+decode threads at once, so it must be thread-safe; plain file reads are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
+
+# torchvision's accepted image extensions (datasets.folder.IMG_EXTENSIONS).
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@runtime_checkable
+class Source(Protocol):
+    """The interface the feeder reads samples through."""
+
+    def __len__(self) -> int: ...
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        """Return the encoded image bytes and the integer label of sample ``index``."""
+        ...
+
+
+def describe(source: object, index: int) -> str:
+    """How error messages name sample ``index`` of ``source``."""
+    fn = getattr(source, "describe", None)
+    if fn is not None:
+        try:
+            return str(fn(index))
+        except Exception:  # describing must never mask the real error
+            pass
+    return f"{type(source).__name__}[{index}]"
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class FileList:
+    """Samples given as explicit lists of file paths and labels.
+
+    Args:
+        paths: Image file paths.
+        labels: One integer label per path; ``None`` labels every sample ``-1``.
+
+    Raises:
+        ValueError: the lists differ in length.
+    """
+
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None) -> None:
+        self.paths = [os.fspath(p) for p in paths]
+        if labels is None:
+            self.labels = [-1] * len(self.paths)
+        else:
+            self.labels = [int(x) for x in labels]
+            if len(self.labels) != len(self.paths):
+                raise ValueError(
+                    f"FileList: {len(self.paths)} paths but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        return _read_file(self.paths[index]), self.labels[index]
+
+    def describe(self, index: int) -> str:
+        return self.paths[index]
+
+    def __repr__(self) -> str:
+        return f"FileList({len(self)} files)"
+
+
+class ImageFolder(FileList):
+    """A ``root/<class>/**/<image>`` tree, with torchvision's conventions.
+
+    Classes are the sorted names of the sub-folders of ``root`` and their
+    indices are positions in that order; files are found recursively (links
+    followed) and kept when their extension (any case) is in ``extensions``.
+
+    Args:
+        root: The dataset folder.
+        extensions: Accepted file extensions, lower case with the dot.
+        allow_empty: Accept class folders without any image (otherwise an error).
+
+    Raises:
+        FileNotFoundError: ``root`` is missing, has no class folders, or a class
+            folder has no image and ``allow_empty`` is false.
+    """
+
+    def __init__(self, root: str | os.PathLike, extensions: Sequence[str] = IMG_EXTENSIONS,
+                 allow_empty: bool = False) -> None:
+        self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"ImageFolder: {self.root!r} is not a directory")
+        with os.scandir(self.root) as it:
+            self.classes = sorted(e.name for e in it if e.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(f"ImageFolder: no class folders in {self.root!r}")
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        exts = tuple(e.lower() for e in extensions)
+        paths: list[str] = []
+        labels: list[int] = []
+        empty = []
+        for cls in self.classes:
+            found = 0
+            for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(self.root, cls), followlinks=True)):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    if name.lower().endswith(exts):
+                        paths.append(os.path.join(dirpath, name))
+                        labels.append(self.class_to_idx[cls])
+                        found += 1
+            if not found:
+                empty.append(cls)
+        if empty and not allow_empty:
+            raise FileNotFoundError(
+                f"ImageFolder: no image in class folder(s) {', '.join(empty)} under {self.root!r} "
+                f"(accepted extensions: {', '.join(exts)}); pass allow_empty=True to accept them")
+        super().__init__(paths, labels)
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes)"

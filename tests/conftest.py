@@ -1,0 +1,143 @@
+"""Shared fixtures: small generated image sets, sources, transforms, and the
+thread-leak guard every test runs under."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+
+from feeder.synthetic import make_image
+
+JOIN_TIMEOUT_S = 30.0  # bound on any wait for a whole pass in a test
+
+
+def feeder_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("feeder-")]
+
+
+@pytest.fixture(autouse=True)
+def no_feeder_thread_leak():
+    """Fail any test that leaves a feeder thread alive (after a short grace to exit)."""
+    yield
+    deadline = time.monotonic() + 2.0
+    while feeder_threads() and time.monotonic() < deadline:
+        for t in feeder_threads():
+            t.join(timeout=0.05)
+    leaked = [t.name for t in feeder_threads()]
+    assert not leaked, f"feeder threads left running: {leaked}"
+
+
+def encode_jpeg(img: np.ndarray, quality: int = 90) -> bytes:
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=quality, colorspace="RGB")
+
+
+def encode_png(img: np.ndarray) -> bytes:
+    """PNG of an RGB, RGBA, gray or 16-bit image (cv2 wants BGR order)."""
+    if img.ndim == 3 and img.shape[2] == 3:
+        img = img[..., ::-1]
+    elif img.ndim == 3 and img.shape[2] == 4:
+        img = img[..., [2, 1, 0, 3]]
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(img))
+    assert ok
+    return buf.tobytes()
+
+
+class MemorySource:
+    """An in-memory source; labels default to the sample index (for exactly-once checks)."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int] | None = None, names: list[str] | None = None):
+        self.blobs = blobs
+        self.labels = list(range(len(blobs))) if labels is None else labels
+        self.names = names
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def read(self, index: int):
+        return self.blobs[index], self.labels[index]
+
+    def describe(self, index: int) -> str:
+        return self.names[index] if self.names else f"mem://{index}"
+
+
+SIZES = [(64, 80), (96, 72), (120, 150), (50, 50), (130, 90)]
+
+
+@pytest.fixture(scope="session")
+def jpeg_blobs() -> list[bytes]:
+    """60 small photograph-like JPEGs of several sizes."""
+    return [encode_jpeg(make_image(*SIZES[i % len(SIZES)], seed=i), 85 + i % 10) for i in range(60)]
+
+
+@pytest.fixture(scope="session")
+def mixed_blobs(jpeg_blobs) -> list[bytes]:
+    """JPEGs and PNGs mixed (every fourth is a PNG)."""
+    out = list(jpeg_blobs)
+    for i in range(0, len(out), 4):
+        out[i] = encode_png(make_image(*SIZES[i % len(SIZES)], seed=1000 + i))
+    return out
+
+
+@pytest.fixture
+def source(mixed_blobs) -> MemorySource:
+    return MemorySource(mixed_blobs)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory, jpeg_blobs) -> str:
+    """root/{cat,dog,emu}/... with JPEGs and PNGs, nested folders, mixed-case extensions."""
+    root = tmp_path_factory.mktemp("imagefolder")
+    layout = {"dog": 7, "cat": 5, "emu": 4}
+    k = 0
+    for cls, n in layout.items():
+        os.makedirs(root / cls / "sub", exist_ok=True)
+        for i in range(n):
+            if i % 3 == 2:
+                name = root / cls / "sub" / f"{i}.PNG"
+                data = encode_png(make_image(70, 60, seed=k))
+            else:
+                name = root / cls / f"{i}.jpg"
+                data = jpeg_blobs[k % len(jpeg_blobs)]
+            name.write_bytes(data)
+            k += 1
+        (root / cls / "notes.txt").write_text("not an image")
+    return str(root)
+
+
+def content_hash(img) -> str:
+    return hashlib.sha1(np.ascontiguousarray(img).tobytes()).hexdigest()
+
+
+def drain(iterable, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
+    """Iterate ``iterable`` in a helper thread; fail the test if it does not finish in time.
+
+    Returns (batches, error): batches as a list of (images, labels) numpy pairs.
+    """
+    out: list = []
+    err: list = []
+
+    def run():
+        try:
+            for i, (x, y) in enumerate(iterable):
+                out.append((x.cpu().numpy().copy(), y.cpu().numpy().copy()))
+                if limit is not None and i + 1 >= limit:
+                    break
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            err.append(exc)
+
+    t = threading.Thread(target=run, name="test-drain", daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"iteration did not finish within {timeout} s (hang)"
+    return out, (err[0] if err else None)
+
+
+def labels_of(batches) -> list[int]:
+    return [int(v) for _, y in batches for v in y]

@@ -1,0 +1,530 @@
+"""End-to-end behaviour of Feeder: options, exactly-once, determinism, epochs,
+errors, skipping, shutdown and stats."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MemorySource, drain, feeder_threads, labels_of
+from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
+
+AUG = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
+
+
+def make(source, **kw):
+    kw.setdefault("transforms", AUG)
+    kw.setdefault("seed", 7)
+    return Feeder(source, kw.pop("batch_size", 8), **kw)
+
+
+# -- shapes and basic contract ---------------------------------------------------
+
+def test_batches_shape_dtype_layout(source):
+    with make(source, batch_size=8, drop_last=True) as f:
+        batches, err = drain(f)
+        assert err is None
+        assert len(batches) == len(f) == 60 // 8
+        for x, y in batches:
+            assert x.shape == (8, 3, 32, 32) and x.dtype == np.uint8
+            assert y.shape == (8,) and y.dtype == np.int64
+        x, y = next(iter(f))
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert x.device.type == "cpu" and y.dtype == torch.int64
+
+
+def test_len_and_partial_last_batch(source):
+    with make(source, batch_size=16, drop_last=False) as f:
+        assert len(f) == 4
+        batches, err = drain(f)
+        assert err is None
+        assert [len(y) for _, y in batches] == [16, 16, 16, 12]
+    with make(source, batch_size=16, drop_last=True) as f:
+        assert len(f) == 3
+        assert [len(y) for _, y in drain(f)[0]] == [16, 16, 16]
+
+
+def test_batch_larger_than_dataset(source):
+    with make(source, batch_size=100, drop_last=False) as f:
+        assert len(f) == 1
+        batches, err = drain(f)
+        assert err is None and len(batches) == 1 and len(batches[0][1]) == 60
+    with make(source, batch_size=100, drop_last=True) as f:
+        assert len(f) == 0
+        batches, err = drain(f)
+        assert err is None and batches == []
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("threads", [(1, 1), (3, 2), (6, 4)])
+def test_exactly_once_per_epoch(source, ordered, threads):
+    with make(source, batch_size=7, drop_last=False, ordered=ordered,
+              decode_threads=threads[0], augment_threads=threads[1], queue_size=2) as f:
+        for _ in range(2):
+            batches, err = drain(f)
+            assert err is None
+            assert sorted(labels_of(batches)) == list(range(60))
+
+
+def test_identical_across_threads_and_queue_sizes(source):
+    results = []
+    for dt, at, q in [(1, 1, 1), (4, 3, 2), (8, 2, 6)]:
+        with make(source, batch_size=8, decode_threads=dt, augment_threads=at, queue_size=q) as f:
+            f.set_epoch(3)
+            batches, err = drain(f)
+            assert err is None
+            results.append(batches)
+    ref = results[0]
+    for other in results[1:]:
+        assert len(other) == len(ref)
+        for (xa, ya), (xb, yb) in zip(ref, other):
+            np.testing.assert_array_equal(ya, yb)
+            np.testing.assert_array_equal(xa, xb)
+
+
+def test_unordered_same_samples_same_pixels(source):
+    def by_label(batches):
+        return {int(l): x[i].tobytes() for x, y in batches for i, l in enumerate(y)}
+    with make(source, batch_size=8, ordered=True, drop_last=False) as f:
+        f.set_epoch(1)
+        a = by_label(drain(f)[0])
+    with make(source, batch_size=8, ordered=False, decode_threads=5, drop_last=False) as f:
+        f.set_epoch(1)
+        b = by_label(drain(f)[0])
+    assert a == b  # per-sample randomness does not depend on completion order
+
+
+def test_epochs_differ_and_set_epoch_is_reproducible(source):
+    with make(source, batch_size=60) as f:
+        f.set_epoch(0)
+        e0 = labels_of(drain(f)[0])
+        e1 = labels_of(drain(f)[0])  # no set_epoch: the next epoch (1)
+        f.set_epoch(0)
+        again = labels_of(drain(f)[0])
+        f.set_epoch(1)
+        e1_again = labels_of(drain(f)[0])
+    assert e0 != e1
+    assert e0 == again and e1 == e1_again
+
+
+def test_no_set_epoch_new_order_every_pass(source):
+    with make(source, batch_size=60) as f:
+        orders = [tuple(labels_of(drain(f)[0])) for _ in range(3)]
+    assert len(set(orders)) == 3
+
+
+def test_seed_changes_order_and_default_seed_follows_torch(source):
+    with make(source, batch_size=60, seed=1) as a, make(source, batch_size=60, seed=2) as b:
+        assert labels_of(drain(a)[0]) != labels_of(drain(b)[0])
+    torch.manual_seed(123)
+    s1 = Feeder(source, 4, AUG).seed
+    torch.manual_seed(123)
+    s2 = Feeder(source, 4, AUG).seed
+    assert s1 == s2
+
+
+def test_shuffle_false_is_sequential(source):
+    with make(source, batch_size=10, shuffle=False) as f:
+        assert labels_of(drain(f)[0]) == list(range(60))
+
+
+def test_rank_shards_disjoint_equal_and_covering(source):
+    world = 4
+    shards = []
+    for rank in range(world):
+        with make(source, batch_size=5, rank=rank, world_size=world, shuffle=True) as f:
+            f.set_epoch(2)
+            assert len(f) == 3
+            shards.append(labels_of(drain(f)[0]))
+    assert all(len(s) == 15 for s in shards)
+    flat = [x for s in shards for x in s]
+    assert sorted(flat) == list(range(60))  # 60 divisible by 4: disjoint and covering
+
+
+def test_rank_shards_remainder_dropped_equal_sizes(source):
+    shards = []
+    for rank in range(7):
+        with make(source, batch_size=4, rank=rank, world_size=7, drop_last=False) as f:
+            shards.append(labels_of(drain(f)[0]))
+    assert {len(s) for s in shards} == {60 // 7}
+    flat = [x for s in shards for x in s]
+    assert len(set(flat)) == len(flat) == (60 // 7) * 7
+
+
+def test_early_break_then_reiterate_has_no_stale_batches(source):
+    with make(source, batch_size=6, shuffle=False, queue_size=3) as f:
+        it = iter(f)
+        next(it)
+        next(it)  # pipeline is now full of this pass's batches
+        batches, err = drain(f)  # a fresh pass
+        assert err is None
+        assert labels_of(batches) == list(range(60))
+        with pytest.raises(StopIteration):
+            next(it)  # the abandoned pass is over
+
+
+def test_image_folder_end_to_end(image_folder):
+    src = ImageFolder(image_folder)
+    with Feeder(src, 4, [ops.Resize(40), ops.CenterCrop(32)], shuffle=False, seed=0) as f:
+        batches, err = drain(f)
+    assert err is None
+    assert labels_of(batches) == src.labels
+
+
+def test_filelist_source(image_folder):
+    src = ImageFolder(image_folder)
+    fl = FileList(src.paths, src.labels)
+    with Feeder(fl, 16, [ops.CenterCrop(24)], shuffle=False) as f:
+        batches, _ = drain(f)
+    assert labels_of(batches) == src.labels
+
+
+# -- device-side conversion ----------------------------------------------------
+
+def test_dtype_scales_to_unit_range(source):
+    with make(source, batch_size=8, shuffle=False) as raw, \
+         make(source, batch_size=8, shuffle=False, dtype=torch.float32) as flt:
+        x8 = next(iter(raw))[0].float()
+        xf = next(iter(flt))[0]
+    assert xf.dtype == torch.float32
+    assert xf.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(xf, x8 / 255.0)
+
+
+def test_normalize_matches_formula(source):
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    with make(source, batch_size=8, shuffle=False) as raw, \
+         make(source, batch_size=8, shuffle=False, normalize=(mean, std)) as nrm, \
+         make(source, batch_size=8, shuffle=False, normalize=(mean, std), dtype=torch.float16) as half:
+        x8 = next(iter(raw))[0].double()
+        xn = next(iter(nrm))[0]
+        xh = next(iter(half))[0]
+    expect = (x8 / 255.0 - torch.tensor(mean).view(1, 3, 1, 1).double()) / torch.tensor(std).view(1, 3, 1, 1).double()
+    assert xn.dtype == torch.float32 and xh.dtype == torch.float16
+    torch.testing.assert_close(xn.double(), expect, rtol=0, atol=1e-5)
+    torch.testing.assert_close(xh.double(), expect, rtol=0, atol=2e-2)
+
+
+def test_uint8_batches_own_their_memory_until_dropped(source):
+    """A uint8 CPU batch is a view of a pool buffer: kept batches must never be overwritten."""
+    with make(source, batch_size=4, queue_size=1, shuffle=False) as f:
+        kept = []
+        for x, y in f:
+            kept.append((x, x.clone(), y))  # hold every batch: the pool must grow, not reuse
+        for x, copy, _ in kept:
+            assert torch.equal(x, copy)
+        assert f.stats().buffers >= len(kept)
+
+
+# -- options validation ------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(batch_size=0), "batch_size"),
+    (dict(decode_threads=0), "decode_threads"),
+    (dict(augment_threads="many"), "augment_threads"),
+    (dict(queue_size=-1), "queue_size"),
+    (dict(device="tpu"), "device"),
+    (dict(on_error="ignore"), "on_error"),
+    (dict(normalize=((0.5, 0.5), (0.5, 0.5))), "normalize"),
+    (dict(normalize=((0.5,) * 3, (0.0, 1, 1))), "std"),
+    (dict(normalize=((0.5,) * 3, (1,) * 3), dtype=torch.int32), "floating"),
+    (dict(rank=1), "rank"),
+    (dict(rank=4, world_size=4), "rank"),
+    (dict(seed=-1), "seed"),
+    (dict(max_pixels=0), "max_pixels"),
+    (dict(max_skipped=-2), "max_skipped"),
+])
+def test_invalid_options_name_the_value(source, kw, match):
+    with pytest.raises(ValueError, match=match):
+        make(source, **kw)
+
+
+def test_cuda_device_without_cuda_is_a_clear_error(source):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        make(source, device="cuda")
+
+
+def test_source_must_have_read():
+    with pytest.raises(TypeError, match="read"):
+        Feeder([b"x"], 1, AUG)
+
+
+def test_output_size_must_be_known(source):
+    with pytest.raises(ValueError, match="image_size"):
+        Feeder(source, 4, [ops.Resize(40)])
+    with pytest.raises(ValueError, match="image_size"):
+        Feeder(source, 4, [ops.RandomResizedCrop(32)], image_size=(30, 30))
+    f = Feeder(source, 4, [ops.Resize((30, 20))])
+    assert f.image_size == (30, 20)
+    f.close()
+
+
+def test_threads_auto_resolves_to_ints(source):
+    with make(source) as f:
+        assert f.config.decode_threads >= 1 and f.config.augment_threads >= 1
+
+
+# -- user transforms and errors ----------------------------------------------------
+
+def test_plain_callable_transform_gets_deterministic_rng(source):
+    def brighten(img, rng):
+        return np.clip(img.astype(np.int16) + rng.integers(0, 40), 0, 255).astype(np.uint8)
+    outs = []
+    for dt in (1, 4):
+        with make(source, transforms=[brighten, ops.RandomResizedCrop(32)], decode_threads=dt,
+                  augment_threads=dt) as f:
+            outs.append(drain(f)[0])
+    for (xa, _), (xb, _) in zip(*outs):
+        np.testing.assert_array_equal(xa, xb)
+
+
+def test_transform_error_names_stage_index_path(source):
+    def bad(img, rng):
+        raise ZeroDivisionError("boom")
+    src = MemorySource(source.blobs, names=[f"/data/img{i}.jpg" for i in range(60)])
+    with make(src, transforms=[bad, ops.CenterCrop(16)]) as f:
+        _, err = drain(f)
+    assert isinstance(err, SampleError)
+    assert err.stage == "augment" and 0 <= err.index < 60
+    assert f"/data/img{err.index}.jpg" in str(err) and "augment" in str(err)
+    assert isinstance(err.__cause__, ZeroDivisionError)
+
+
+def test_wrong_size_from_transform_names_transform_and_sizes(source):
+    def shrink(img, rng):
+        return img[:10, :10]
+    shrink.output_size = None
+    with make(source, transforms=[ops.CenterCrop(32), shrink], shuffle=False) as f:
+        _, err = drain(f)
+    assert isinstance(err, SampleError) and isinstance(err.__cause__, TransformError)
+    msg = str(err)
+    assert "shrink" in msg and "(10, 10, 3)" in msg and "(32, 32, 3)" in msg
+
+
+def test_decode_error_raises_with_path(source):
+    blobs = list(source.blobs)
+    blobs[13] = b"\xff\xd8\xff" + b"garbage" * 10
+    src = MemorySource(blobs, names=[f"f{i}.jpg" for i in range(60)])
+    with make(src, batch_size=5, shuffle=False) as f:
+        batches, err = drain(f)
+    assert isinstance(err, SampleError) and err.stage == "decode" and err.index == 13
+    assert "f13.jpg" in str(err)
+    assert labels_of(batches) == list(range(10))  # ordered: batches before the bad one arrive
+
+
+def test_read_error_raises_with_stage_read(tmp_path, source):
+    paths = []
+    for i, blob in enumerate(source.blobs[:10]):
+        p = tmp_path / f"{i}.jpg"
+        p.write_bytes(blob)
+        paths.append(str(p))
+    paths[4] = str(tmp_path / "missing.jpg")
+    with make(FileList(paths, list(range(10))), batch_size=5) as f:
+        _, err = drain(f)
+    assert isinstance(err, SampleError) and err.stage == "read"
+    assert "missing.jpg" in str(err) and isinstance(err.__cause__, FileNotFoundError)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_skip_keeps_batch_size_and_delivers_the_rest_once(source, ordered, caplog):
+    blobs = list(source.blobs)
+    bad = {3, 17, 18, 40}
+    for i in bad:
+        blobs[i] = b"not an image"
+    src = MemorySource(blobs)
+    with make(src, batch_size=8, on_error="skip", drop_last=False, ordered=ordered,
+              decode_threads=3) as f:
+        batches, err = drain(f)
+        stats = f.stats()
+    assert err is None
+    sizes = [len(y) for _, y in batches]
+    assert sizes[:-1] == [8] * (len(sizes) - 1) and sizes[-1] == 56 % 8 or sizes[-1] == 8
+    assert sorted(labels_of(batches)) == sorted(set(range(60)) - bad)
+    assert stats.skipped == 4
+    assert sum(1 for r in caplog.records if "skipped" in r.getMessage()) == 4
+
+
+def test_skip_with_drop_last_all_full(source):
+    blobs = list(source.blobs)
+    blobs[5] = b""
+    with make(MemorySource(blobs), batch_size=8, on_error="skip", drop_last=True) as f:
+        batches, err = drain(f)
+    assert err is None
+    assert all(len(y) == 8 for _, y in batches) and len(batches) == 59 // 8
+    got = labels_of(batches)
+    assert 5 not in got and len(set(got)) == len(got)
+
+
+def test_skip_is_deterministic_when_ordered(source):
+    blobs = list(source.blobs)
+    for i in (2, 9, 33):
+        blobs[i] = b"junk"
+    runs = []
+    for dt in (1, 5):
+        with make(MemorySource(blobs), batch_size=8, on_error="skip", decode_threads=dt) as f:
+            runs.append([list(y) for _, y in drain(f)[0]])
+    assert runs[0] == runs[1]
+
+
+def test_max_skipped_budget(source):
+    blobs = [b"junk"] * 5 + list(source.blobs[5:])
+    with make(MemorySource(blobs), batch_size=8, on_error="skip", max_skipped=3, shuffle=False) as f:
+        _, err = drain(f)
+    assert isinstance(err, FeederError) and "max_skipped=3" in str(err)
+
+
+def test_source_len_broken_is_stage_error():
+    class Broken(MemorySource):
+        def __len__(self):
+            if threading.current_thread().name.startswith("feeder-"):
+                raise RuntimeError("len exploded")
+            return 10
+    with make(Broken([b""] * 10)) as f:
+        _, err = drain(f)
+    assert isinstance(err, FeederError) and "sampler" in str(err)
+    assert isinstance(err.__cause__, RuntimeError)
+
+
+# -- lifecycle -------------------------------------------------------------------------
+
+class Gate:
+    """A transform that blocks until released (forces every stage to back up)."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, img, rng):
+        self.entered.set()
+        self.release.wait(10)
+        return img
+
+
+def test_close_is_prompt_with_every_stage_blocked(source):
+    # A consumer that never reads: the output queue fills, the transfer thread
+    # blocks on it, the sampler blocks waiting for a free buffer, the pools idle.
+    f = make(source, batch_size=2, queue_size=1, decode_threads=4, augment_threads=2)
+    try:
+        it = iter(f)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            s = f.stats()
+            out = next(q for q in s.queues if q.name == "output")
+            if (out.depth == out.capacity and s.stage("transfer").wait_output_s > 0.2
+                    and s.stage("sampler").wait_output_s > 0.2):
+                break
+            time.sleep(0.01)  # polling a condition under a deadline, not waiting for threads to "run"
+        else:
+            pytest.fail(f"pipeline never backed up:\n{f.stats()}")
+        t0 = time.monotonic()
+        f.close()
+        assert time.monotonic() - t0 < 1.0
+        assert not feeder_threads()
+        f.close()  # idempotent
+        with pytest.raises(StopIteration):
+            next(it)
+    finally:
+        f.close()
+
+
+def test_close_from_another_thread_ends_iteration(source):
+    gate = Gate()
+    f = make(source, transforms=[gate, ops.CenterCrop(16)])
+    it = iter(f)
+    got = []
+    t = threading.Thread(target=lambda: got.append(_next_or_stop(it)), daemon=True)
+    t.start()
+    assert gate.entered.wait(10)
+    closer = threading.Thread(target=f.close)
+    closer.start()
+    gate.release.set()
+    closer.join(5)
+    t.join(5)
+    assert not closer.is_alive() and not t.is_alive()
+    assert got in (["stop"], ["batch"])
+    assert f.closed
+
+
+def _next_or_stop(it):
+    try:
+        next(it)
+        return "batch"
+    except StopIteration:
+        return "stop"
+
+
+def test_slow_transform_close_still_prompt(source):
+    gate = Gate()
+    f = make(source, transforms=[gate, ops.CenterCrop(16)], augment_threads=1)
+    iter(f)
+    assert gate.entered.wait(10)
+    t0 = time.monotonic()
+    f.close()
+    assert time.monotonic() - t0 < 1.5  # returns although a thread is stuck in user code
+    gate.release.set()  # the stuck thread finishes its call and exits (leak guard checks)
+
+
+def test_iterating_closed_feeder_raises(source):
+    f = make(source)
+    f.close()
+    with pytest.raises(FeederError, match="closed"):
+        iter(f)
+
+
+def test_garbage_collected_feeder_stops_threads(source):
+    f = make(source, batch_size=2, queue_size=1)
+    it = iter(f)
+    next(it)
+    assert feeder_threads()
+    ref = weakref.ref(f)
+    del f, it
+    gc.collect()
+    assert ref() is None
+    deadline = time.monotonic() + 5
+    while feeder_threads() and time.monotonic() < deadline:
+        for t in feeder_threads():
+            t.join(0.05)
+    assert not feeder_threads()
+
+
+def test_threads_are_named_after_stages(source):
+    with make(source, decode_threads=2, augment_threads=2) as f:
+        it = iter(f)
+        next(it)
+        names = {t.name for t in feeder_threads()}
+    assert {"feeder-sampler", "feeder-transfer", "feeder-decode-0", "feeder-decode-1",
+            "feeder-augment-0", "feeder-augment-1"} <= names or not names
+
+
+def test_opencv_threads_limited_while_running_and_restored(source):
+    import cv2
+    before = cv2.getNumThreads()
+    with make(source) as f:
+        iter(f)
+        assert cv2.getNumThreads() == 1
+    assert cv2.getNumThreads() == before
+
+
+# -- stats -----------------------------------------------------------------------------
+
+def test_stats_account_for_work(source):
+    with make(source, batch_size=8, drop_last=False) as f:
+        drain(f)
+        s = f.stats()
+    assert isinstance(s, Stats)
+    assert s.samples == 60 and s.batches == 8 and s.skipped == 0
+    assert s.stage("decode").items == 60 and s.stage("augment").items == 60
+    assert s.stage("transfer").items == 8 and s.stage("sampler").items == 8
+    assert s.stage("decode").busy_s > 0 and s.consumer_wait_s >= 0
+    assert {q.name for q in s.queues} == {"decode", "augment", "collate", "output"}
+    table = str(s)
+    for word in ("decode", "augment", "transfer", "waited", "queue"):
+        assert word in table
