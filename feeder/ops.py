@@ -169,7 +169,7 @@ class RandomResizedCrop(Transform):
             sh, sw = ctx.source_size
             top, left, h, w = self.params(sh, sw, rng)
             fy, fx = H / sh, W / sw
-            top, left = int(top * fy), int(left * fx)
+            top, left = min(H - 1, round(top * fy)), min(W - 1, round(left * fx))
             h, w = max(1, min(H - top, round(h * fy))), max(1, min(W - left, round(w * fx)))
         else:
             top, left, h, w = self.params(H, W, rng)

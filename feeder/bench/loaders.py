@@ -1,0 +1,253 @@
+"""The loaders under comparison, built the same way for every benchmark.
+
+All of them read the same ImageFolder, apply RandomResizedCrop(224) and a
+horizontal flip, and deliver uint8 batches of the same size:
+
+* ``dl-pil``: ``torch.utils.data.DataLoader`` over a Dataset doing what a
+  torchvision user's default pipeline does per sample (PIL open, convert RGB,
+  ``RandomResizedCrop`` with torchvision's parameters and PIL bilinear resize of
+  the crop box, flip, ``PILToTensor``), written here without torchvision.
+* ``dl-cv2``: DataLoader over a Dataset doing exactly the feeder's per-sample
+  work (``feeder._decode.decode_image`` with the same reduced-scale hint, the
+  same compiled transform chain writing into a preallocated array). Comparing it
+  with the feeder isolates the engine from the decoder.
+* ``feeder``: :class:`feeder.Feeder` itself.
+
+DataLoader settings are the fair ones for a CPU run: ``persistent_workers=False``
+(the default), ``pin_memory=False`` on CPU, default collate, and the worker count
+chosen by the benchmark from a grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import Feeder, ImageFolder, ops
+from .._augment import Chain
+from .._decode import decode_image
+from .._rng import sample_key
+
+CROP = 224  # RandomResizedCrop output side, as in ImageNet training
+
+LOADER_KINDS = ("dl-pil", "dl-cv2", "feeder")
+
+
+def transforms() -> list[ops.Transform]:
+    """The transform list every loader applies (feeder's ops)."""
+    return [ops.RandomResizedCrop(CROP), ops.RandomHorizontalFlip()]
+
+
+def full_decode_transforms() -> list[Any]:
+    """:func:`transforms` with reduced-scale JPEG decode switched off, same output.
+
+    The chain takes its decode hint from the first size-changing built-in
+    transform only when nothing but built-ins precede it (``Chain._hinter``); a
+    leading plain callable that returns its input keeps every output pixel the
+    same and leaves the decoder without a hint, so it decodes at full size.
+    """
+
+    def identity(img: np.ndarray, rng: Any) -> np.ndarray:
+        return img
+
+    return [identity, *transforms()]
+
+
+def has_pil() -> bool:
+    """Whether Pillow is importable (the ``dl-pil`` baseline needs it)."""
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class PILDataset(torch.utils.data.Dataset):
+    """The per-sample work of torchvision's ``ImageFolder`` + ``RandomResizedCrop(224)``
+    + ``RandomHorizontalFlip()`` + ``PILToTensor()``, without torchvision.
+
+    Random numbers come from torch's generator, as torchvision's transforms draw
+    them (DataLoader seeds each worker's generator differently).
+
+    Args:
+        root: ImageFolder root.
+        size: Crop output side in pixels.
+        scale, ratio: RandomResizedCrop's area and aspect ranges.
+    """
+
+    def __init__(self, root: str, size: int = CROP, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+        folder = ImageFolder(root)
+        self.paths = folder.paths
+        self.labels = folder.labels
+        self.size = size
+        self.scale = scale
+        self.ratio = ratio
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _params(self, height: int, width: int) -> tuple[int, int, int, int]:
+        # torchvision.transforms.RandomResizedCrop.get_params, line for line.
+        area = height * width
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        for _ in range(10):
+            target_area = area * torch.empty(1).uniform_(self.scale[0], self.scale[1]).item()
+            aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                i = torch.randint(0, height - h + 1, size=(1,)).item()
+                j = torch.randint(0, width - w + 1, size=(1,)).item()
+                return i, j, h, w
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            h, w = height, int(round(height * max(self.ratio)))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        with open(self.paths[index], "rb") as f:  # torchvision's pil_loader
+            img = Image.open(f)
+            img = img.convert("RGB")
+        width, height = img.size
+        i, j, h, w = self._params(height, width)
+        # F.resized_crop on a PIL image is crop + resize(BILINEAR); resizing the
+        # crop box directly gives the same pixels and skips the crop's copy.
+        img = img.resize((self.size, self.size), Image.BILINEAR, box=(j, i, j + w, i + h))
+        if torch.rand(1) < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        # PILToTensor: a CHW view of an HWC copy; default_collate stacks it.
+        return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1), self.labels[index]
+
+
+class FeederWorkDataset(torch.utils.data.Dataset):
+    """The feeder's own per-sample work as a map-style Dataset.
+
+    Reads through the same :class:`~feeder.ImageFolder`, decodes with
+    ``feeder._decode.decode_image`` (simplejpeg, with the same reduced-scale
+    hint), runs the same compiled :class:`~feeder._augment.Chain` into a fresh
+    [H, W, 3] array, and returns it as an HWC tensor: batches come out
+    ``[B, H, W, 3]`` and are viewed as ``[B, 3, H, W]``, the feeder's layout.
+
+    Args:
+        root: ImageFolder root.
+        transform_list: Transforms (default :func:`transforms`).
+        seed: Base of the per-sample keys, as the feeder's ``seed``.
+    """
+
+    def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0) -> None:
+        self.source = ImageFolder(root)
+        self.chain = Chain(transform_list if transform_list is not None else transforms(), None)
+        self.hint = self.chain.hint
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        data, label = self.source.read(index)
+        key = sample_key(self.seed, self.epoch, index)
+        img, source_size = decode_image(data, hint=self.hint, key=key)
+        h, w = self.chain.image_size
+        out = np.empty((h, w, 3), np.uint8)
+        self.chain.run(img, key, source_size, out)
+        return torch.from_numpy(out), label
+
+
+def _limit_cv2_threads(worker_id: int) -> None:
+    # Each worker process is one of num_workers; OpenCV fanning out over every
+    # core inside each of them would oversubscribe the machine (the feeder
+    # limits OpenCV to one thread for the same reason).
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+class Loader:
+    """One configured loader: iterate it for one epoch with :meth:`epoch`.
+
+    Args:
+        kind: ``"dl-pil"``, ``"dl-cv2"`` or ``"feeder"``.
+        root: ImageFolder root.
+        batch_size: Samples per batch.
+        workers: DataLoader ``num_workers`` (DataLoader kinds).
+        decode_threads, augment_threads, queue_size: Feeder settings (``"auto"`` allowed).
+        device: ``"cpu"`` or ``"cuda"``; DataLoader pins memory and copies
+            non-blocking on CUDA, as its documentation advises.
+        full_decode: Feeder only: switch reduced-scale JPEG decode off.
+        seed: Shuffle and augmentation seed.
+    """
+
+    def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
+                 decode_threads: int | str = "auto", augment_threads: int | str = "auto",
+                 queue_size: int = 4, device: str = "cpu", full_decode: bool = False,
+                 seed: int = 0) -> None:
+        if kind not in LOADER_KINDS:
+            raise ValueError(f"loader kind must be one of {LOADER_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.device = torch.device(device)
+        self._to_device = self.device.type == "cuda" and kind != "feeder"
+        self.feeder: Feeder | None = None
+        if kind == "feeder":
+            chain = full_decode_transforms() if full_decode else transforms()
+            self.feeder = Feeder(ImageFolder(root), batch_size, chain,
+                                 decode_threads=decode_threads, augment_threads=augment_threads,
+                                 queue_size=queue_size, device=device, shuffle=True, seed=seed)
+            self.loader: Iterable[Any] = self.feeder
+            return
+        dataset = PILDataset(root) if kind == "dl-pil" else FeederWorkDataset(root, seed=seed)
+        self.dataset = dataset
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+            pin_memory=self.device.type == "cuda", persistent_workers=False, drop_last=False,
+            generator=generator,
+            worker_init_fn=_limit_cv2_threads if kind == "dl-cv2" and workers > 0 else None)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield the batches of one epoch as ``([B, 3, H, W] uint8, [B] int64)`` on the device."""
+        if self.feeder is not None:
+            self.feeder.set_epoch(epoch)
+            yield from self.feeder
+            return
+        if isinstance(self.dataset, FeederWorkDataset):
+            # Workers fork at iter() with persistent_workers=False, so they see it.
+            self.dataset.epoch = epoch
+        hwc = self.kind == "dl-cv2"
+        for images, labels in self.loader:
+            if hwc:
+                images = images.permute(0, 3, 1, 2)  # the feeder's channels_last layout, no copy
+            if self._to_device:
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+            yield images, labels
+
+    def stats(self) -> dict[str, Any]:
+        """The feeder's stats as plain numbers (empty for DataLoader)."""
+        if self.feeder is None:
+            return {}
+        s = self.feeder.stats()
+        return {"consumer_wait_s": s.consumer_wait_s, "elapsed_s": s.elapsed_s,
+                "bottleneck": s.bottleneck, "buffers": s.buffers,
+                "decode_threads": self.feeder.config.decode_threads,
+                "augment_threads": self.feeder.config.augment_threads,
+                "stages": {st.name: {"busy_s": st.busy_s, "wait_input_s": st.wait_input_s,
+                                     "wait_output_s": st.wait_output_s, "items": st.items}
+                           for st in s.stages}}
+
+    def close(self) -> None:
+        """Stop the feeder's threads (DataLoader's workers stop at the end of each epoch)."""
+        if self.feeder is not None:
+            self.feeder.close()

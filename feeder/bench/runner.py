@@ -1,0 +1,125 @@
+"""The child side of a measurement: ``python -m feeder.bench.runner SPEC_JSON REPORT_PATH``.
+
+One process per measured run, so each loader starts cold and owns exactly the
+processes whose memory the parent sums. Every mode imports the same libraries
+(this module's imports), which is what makes the ``idle`` mode a fair memory
+baseline for the others.
+
+Modes (``spec["mode"]``):
+
+* ``idle``: import everything, then sleep ``idle_s`` seconds (memory baseline).
+* ``loader``: build a :class:`~feeder.bench.loaders.Loader` and run ``epochs``
+  epochs, the consumer optionally spending ``step_ms`` per batch (sleeping, as
+  a GPU step would leave the CPU free) or running a model step on CUDA.
+* ``ceiling``: the single-thread cost of the per-sample work (see :mod:`feeder.bench.ceiling`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import cv2  # noqa: F401 - imported in every mode, for the idle baseline
+import numpy as np  # noqa: F401
+import simplejpeg  # noqa: F401
+import torch
+
+from . import ceiling
+from .loaders import Loader, has_pil
+from .measure import cpu_seconds, now
+
+if has_pil():
+    import PIL.Image  # noqa: F401 - the dl-pil baseline's library, loaded in every mode
+
+log = logging.getLogger(__name__)
+
+
+def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
+    epochs = int(spec.get("epochs", 1))
+    step_ms = float(spec.get("step_ms", 0.0))
+    step = None
+    if spec.get("model"):
+        from .model import ModelStep
+
+        step = ModelStep(spec.get("device", "cpu"))
+    cpu0 = cpu_seconds()
+    t0 = now()
+    loader = Loader(spec["kind"], spec["root"], int(spec["batch_size"]),
+                    workers=int(spec.get("workers", 0)),
+                    decode_threads=spec.get("decode_threads", "auto"),
+                    augment_threads=spec.get("augment_threads", "auto"),
+                    queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
+                    full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)))
+    first_batch_s = None
+    images = 0
+    wait_s = 0.0
+    checksum = 0
+    try:
+        for epoch in range(epochs):
+            it = loader.epoch(epoch)
+            while True:
+                tw = now()
+                try:
+                    batch, labels = next(it)
+                except StopIteration:
+                    break
+                wait_s += now() - tw
+                if first_batch_s is None:
+                    first_batch_s = now() - t0
+                images += batch.shape[0]
+                # Touch one pixel per batch so no loader can hand out unfilled memory unnoticed.
+                checksum += int(labels[0]) + int(batch[0, 0, 0, 0])
+                if step is not None:
+                    step(batch, labels)
+                elif step_ms > 0:
+                    time.sleep(step_ms / 1000.0)
+        if step is not None:
+            step.synchronize()
+        wall_s = now() - t0
+        extra = loader.stats()
+    finally:
+        loader.close()
+    cpu_s = cpu_seconds() - cpu0
+    extra["consumer_wait_s"] = wait_s
+    extra["checksum"] = checksum
+    if step is not None:
+        extra["model_steps"] = step.steps
+    return {"images": images, "wall_s": wall_s, "cpu_s": cpu_s,
+            "first_batch_s": first_batch_s or 0.0, "extra": extra}
+
+
+def execute(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one measurement described by ``spec``; return its report (JSON-serialisable)."""
+    mode = spec.get("mode", "loader")
+    if mode == "idle":
+        t0 = now()
+        time.sleep(float(spec.get("idle_s", 1.0)))
+        return {"images": 0, "wall_s": now() - t0, "cpu_s": 0.0, "first_batch_s": 0.0, "extra": {}}
+    if mode == "ceiling":
+        c = ceiling.measure(spec["root"], limit=int(spec.get("limit", 500)),
+                            full_decode=bool(spec.get("full_decode", False)))
+        return {"images": c.images, "wall_s": c.total_s, "cpu_s": c.cpu_s, "first_batch_s": 0.0,
+                "extra": c.as_dict()}
+    if mode == "loader":
+        return _run_loader(spec)
+    raise ValueError(f"unknown runner mode {mode!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m feeder.bench.runner SPEC_JSON REPORT_PATH", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    torch.manual_seed(int(spec.get("seed", 0)))
+    report = execute(spec)
+    with open(argv[1], "w") as f:
+        json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

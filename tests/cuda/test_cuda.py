@@ -1,0 +1,148 @@
+"""The CUDA transfer stage: side stream, event ordering, pinned-buffer reuse,
+caching-allocator safety, and values identical to the CPU path.
+
+Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MemorySource, drain, labels_of
+from feeder import Feeder, ops
+from feeder import _transfer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of delay
+
+
+@pytest.fixture
+def big_source(jpeg_blobs):
+    return MemorySource(list(jpeg_blobs) * 4)  # 240 samples
+
+
+def make(source, **kw):
+    kw.setdefault("transforms", AUG)
+    kw.setdefault("seed", 11)
+    return Feeder(source, kw.pop("batch_size", 16), **kw)
+
+
+def test_batches_on_device_with_layout_and_pinned_buffers(big_source):
+    with make(big_source, device="cuda") as f:
+        x, y = next(iter(f))
+        assert x.is_cuda and y.is_cuda and x.dtype == torch.uint8 and y.dtype == torch.int64
+        assert x.shape == (16, 3, 48, 48) and x.is_contiguous(memory_format=torch.channels_last)
+        drain(f)
+        free = list(f._engine.pool._free)
+    assert free and all(b.images_t.is_pinned() and b.labels_t.is_pinned() for b in free)
+
+
+@pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)}, {"dtype": torch.float16,
+                                                                  "normalize": (MEAN, STD)}])
+def test_values_identical_to_cpu_path(big_source, kw):
+    with make(big_source, device="cpu", **kw) as cpu, make(big_source, device="cuda", **kw) as gpu:
+        cpu.set_epoch(2)
+        gpu.set_epoch(2)
+        a, err_a = drain(cpu)
+        b, err_b = drain(gpu)
+    assert err_a is None and err_b is None and len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        if xa.dtype == np.uint8:
+            np.testing.assert_array_equal(xa, xb)
+        else:  # float kernels may differ in the last bit (fused multiply-add)
+            np.testing.assert_allclose(xa.astype(np.float32), xb.astype(np.float32),
+                                       rtol=0, atol=1e-5 if xa.dtype == np.float32 else 1e-2)
+
+
+def test_copies_run_on_a_side_stream(big_source, tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+    with make(big_source, device="cuda", batch_size=32) as f:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for x, y in f:
+                (x.float() @ torch.ones(48, 48, device="cuda")).sum()
+            torch.cuda.synchronize()
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    copy_streams = {e["args"].get("stream") for e in events
+                    if "Memcpy HtoD" in e.get("name", "") and "args" in e}
+    consumer = torch.cuda.current_stream().cuda_stream
+    assert copy_streams, "no host-to-device copy found in the trace"
+    kernel_streams = {e["args"].get("stream") for e in events
+                      if e.get("cat") == "kernel" and "gemm" in e.get("name", "").lower()}
+    assert kernel_streams and not (copy_streams & kernel_streams), (copy_streams, kernel_streams, consumer)
+
+
+def test_consumer_stream_waits_for_the_batch_event(big_source, monkeypatch):
+    """The side stream is slowed down after the copy; a consumer that did not wait
+    on the event would read half-converted batches."""
+    original = _transfer.Converter.__call__
+
+    def slow_convert(self, images):
+        torch.cuda._sleep(SPIN)  # queued on the side stream (we are inside its context)
+        return original(self, images)
+
+    monkeypatch.setattr(_transfer.Converter, "__call__", slow_convert)
+    waits = []
+    real_wait = torch.cuda.Stream.wait_event
+    monkeypatch.setattr(torch.cuda.Stream, "wait_event",
+                        lambda self, ev: (waits.append(ev), real_wait(self, ev))[1])
+    with make(big_source, device="cpu", normalize=(MEAN, STD)) as cpu:
+        expect = [x.double().sum().item() for x, _ in drain(cpu)[0]]
+    consumer = torch.cuda.Stream()
+    got = []
+    with make(big_source, device="cuda", normalize=(MEAN, STD)) as gpu, torch.cuda.stream(consumer):
+        for x, _ in gpu:
+            got.append(x.double().sum())  # queued on `consumer` right away
+        torch.cuda.synchronize()
+    assert len(waits) == len(expect)
+    np.testing.assert_allclose([g.item() for g in got], expect, rtol=1e-6)
+
+
+def test_pinned_buffer_reused_only_after_its_copy_completed(big_source, monkeypatch):
+    with make(big_source, device="cuda", batch_size=8, queue_size=1) as f:
+        pool = f._engine.pool
+        states = []
+        real_release = pool.release
+
+        def checked_release(buf):
+            run = f._engine.current
+            stream = run.stages[3].stream if run is not None and hasattr(run.stages[3], "stream") else None
+            states.append(stream is None or stream.query())
+            real_release(buf)
+
+        monkeypatch.setattr(pool, "release", checked_release)
+        batches, err = drain(f)
+    assert err is None and batches
+    assert states and all(states)
+
+
+def test_caching_allocator_does_not_recycle_batches_still_in_use(big_source):
+    """Each batch is read by a delayed kernel on the consumer stream after the loop
+    dropped it; without record_stream the allocator would hand its memory to the
+    next batch's copy while that kernel is still queued."""
+    with make(big_source, device="cpu", shuffle=False) as cpu:
+        expect = [int(x.long().sum()) for x, _ in drain(cpu)[0]]
+    consumer = torch.cuda.Stream()
+    sums = []
+    with make(big_source, device="cuda", shuffle=False, queue_size=2) as gpu, torch.cuda.stream(consumer):
+        for x, _ in gpu:
+            torch.cuda._sleep(SPIN)  # the consumer stream lags behind the side stream
+            sums.append(x.long().sum())
+            del x
+        torch.cuda.synchronize()
+    assert [int(s) for s in sums] == expect
+
+
+def test_exactly_once_and_order_on_cuda(big_source):
+    with make(big_source, device="cuda", batch_size=10, shuffle=False, drop_last=False) as f:
+        batches, err = drain(f)
+    assert err is None and labels_of(batches) == list(range(240))

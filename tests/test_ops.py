@@ -1,0 +1,139 @@
+"""Transforms: torchvision semantics, determinism, writing into the buffer slot."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+import pytest
+
+from feeder import SampleRNG, ops
+from feeder._augment import Chain
+from feeder.ops import SampleContext
+from feeder.synthetic import make_image
+
+IMG = make_image(120, 200, 5)
+
+
+def test_random_resized_crop_params_obey_scale_and_ratio():
+    t = ops.RandomResizedCrop(32, scale=(0.2, 0.6), ratio=(0.5, 2.0))
+    for k in range(300):
+        top, left, h, w = t.params(120, 200, SampleRNG(k))
+        assert 0 <= top <= 120 - h and 0 <= left <= 200 - w
+        area = h * w / (120 * 200)
+        assert 0.2 * 0.9 <= area <= 0.6 * 1.1  # rounding of h and w
+        assert 0.5 * 0.85 <= w / h <= 2.0 * 1.15
+
+
+def test_random_resized_crop_fallback_is_central_crop():
+    # No crop of scale 0.9..1.0 with ratio 3..4 fits a square: torchvision falls back.
+    t = ops.RandomResizedCrop(16, scale=(0.9, 1.0), ratio=(3.0, 4.0))
+    assert t.params(100, 100, SampleRNG(1)) == (33, 0, 33, 100)
+
+
+def test_random_resized_crop_output_and_out_buffer():
+    t = ops.RandomResizedCrop((24, 40))
+    out = np.zeros((24, 40, 3), np.uint8)
+    r = t.apply(IMG, SampleRNG(3), out=out)
+    assert r is out and out.any()
+    np.testing.assert_array_equal(t(IMG, SampleRNG(3)), out)  # same rng stream, same result
+
+
+def test_reduced_scale_input_uses_the_same_crop():
+    t = ops.RandomResizedCrop(32, scale=(0.5, 0.5), ratio=(1.0, 1.0))
+    half = cv2.resize(IMG, (100, 60), interpolation=cv2.INTER_AREA)  # as a 1/2-scale decode
+    for k in range(8):
+        full_out = t(IMG, SampleRNG(k)).astype(int)
+        half_out = t.apply(half, SampleRNG(k), ctx=SampleContext((120, 200))).astype(int)
+        other = t(IMG, SampleRNG(k + 1000)).astype(int)  # another crop of the same image
+        # Same box of the same scene: close (sub-pixel sampling differs), and far
+        # closer than a different box.
+        err = np.abs(full_out - half_out).mean()
+        assert err < 10 and err < 0.5 * np.abs(full_out - other).mean()
+
+
+def test_decode_hint_keeps_crop_at_least_output_size():
+    t = ops.RandomResizedCrop(224)
+    for k in range(200):
+        need = t.decode_hint(1100, 1500, SampleRNG(k))
+        top, left, h, w = t.params(1100, 1500, SampleRNG(k))
+        assert need[0] <= 1100 and need[1] <= 1500
+        # At a scale s >= need/full the crop is still >= 224 px (or the full size is needed).
+        assert h * need[0] / 1100 >= 224 - 1 or need[0] == 1100
+        assert w * need[1] / 1500 >= 224 - 1 or need[1] == 1500
+
+
+def test_resize_shorter_side_and_exact():
+    assert ops.Resize(60)(IMG, SampleRNG(0)).shape == (60, 100, 3)
+    assert ops.Resize(60)(IMG.transpose(1, 0, 2), SampleRNG(0)).shape == (100, 60, 3)
+    assert ops.Resize((30, 50))(IMG, SampleRNG(0)).shape == (30, 50, 3)
+
+
+def test_center_crop_and_padding():
+    c = ops.CenterCrop(50)(IMG, SampleRNG(0))
+    np.testing.assert_array_equal(c, IMG[35:85, 75:125])
+    padded = ops.CenterCrop(150)(IMG, SampleRNG(0))
+    assert padded.shape == (150, 150, 3)
+    assert (padded[:15] == 0).all() and (padded[-15:] == 0).all()
+
+
+def test_flip_probability_and_inplace():
+    f = ops.RandomHorizontalFlip(0.5)
+    flips = sum(not np.array_equal(f(IMG, SampleRNG(k)), IMG) for k in range(400))
+    assert 150 < flips < 250
+    always = ops.RandomHorizontalFlip(1.0)
+    buf = IMG.copy()
+    always.apply(buf, SampleRNG(0), out=buf)
+    np.testing.assert_array_equal(buf, IMG[:, ::-1])
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: ops.RandomResizedCrop(0), lambda: ops.RandomResizedCrop(8, scale=(0.5, 0.1)),
+    lambda: ops.RandomResizedCrop(8, ratio=(0, 1)), lambda: ops.Resize(-1),
+    lambda: ops.CenterCrop((1, 2, 3)), lambda: ops.RandomHorizontalFlip(2.0),
+    lambda: ops.Resize(10, interpolation="magic"),
+])
+def test_invalid_arguments(bad):
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_chain_splits_writer_and_inplace_tail():
+    chain = Chain([ops.RandomResizedCrop(16), ops.RandomHorizontalFlip(1.0)], None)
+    out = np.zeros((16, 16, 3), np.uint8)
+    chain.run(IMG, 5, (120, 200), out)
+    expect = ops.RandomResizedCrop(16).apply(IMG, SampleRNG(5, 0), ctx=SampleContext((120, 200)))
+    np.testing.assert_array_equal(out, expect[:, ::-1])
+
+
+def test_chain_only_flips_needs_image_size_and_copies():
+    with pytest.raises(ValueError, match="image_size"):
+        Chain([ops.RandomHorizontalFlip()], None)
+    chain = Chain([ops.RandomHorizontalFlip(0.0)], (120, 200))
+    out = np.zeros_like(IMG)
+    chain.run(IMG, 1, (120, 200), out)
+    np.testing.assert_array_equal(out, IMG)
+
+
+def test_chain_hint_only_from_leading_builtin():
+    assert Chain([ops.RandomHorizontalFlip(), ops.RandomResizedCrop(8)], None).hint is not None
+    assert Chain([lambda i, r: i, ops.RandomResizedCrop(8)], None).hint is None
+    assert Chain([ops.CenterCrop(8)], None).hint is None
+
+
+def test_sample_rng_is_deterministic_and_in_range():
+    a, b = SampleRNG(42, 1), SampleRNG(42, 1)
+    assert [a.random() for _ in range(5)] == [b.random() for _ in range(5)]
+    assert SampleRNG(42, 1).random() != SampleRNG(42, 2).random()
+    r = SampleRNG(7)
+    xs = [r.random() for _ in range(2000)]
+    assert 0 <= min(xs) and max(xs) < 1 and abs(sum(xs) / 2000 - 0.5) < 0.03
+    ints = {r.integers(3, 7) for _ in range(500)}
+    assert ints == {3, 4, 5, 6}
+    assert 2.0 <= r.uniform(2, 3) < 3
+    assert 0.5 <= r.log_uniform(0.5, 2.0) <= 2.0
+    assert isinstance(r.numpy().integers(0, 10), (int, np.integer))
+    with pytest.raises(ValueError):
+        r.integers(5, 5)
+    assert math.isfinite(r.random())
