@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._decode import buffer_of
 from ._rng import SampleRNG
 from ._stage import Counters, MapStage
 from .errors import TransformError
@@ -153,6 +154,7 @@ class Augmenter(MapStage):
         buf = batch.buffer
         img, task.image = task.image, None
         self.run.chain.run(img, task.key, task.source_size, buf.images[task.slot])
+        self.run.decode_buffers.give(buffer_of(img))
         buf.labels[task.slot] = task.label
         if batch.finish_slot():
             self.put(c, self.run.ready, batch)

@@ -98,8 +98,36 @@ def _cv2_decode(data: bytes | memoryview, flags: int) -> np.ndarray:
     return img
 
 
+class DecodeBuffers:
+    """Reusable output memory for JPEG decoding.
+
+    A fresh half-megabyte array per image costs the allocator page faults on
+    every sample (measured: ~40 minor faults per image with threads, against
+    ~1 with reuse). Buffers are flat uint8 arrays that only grow; the number
+    alive is bounded by the samples in flight (each in-flight sample holds at
+    most one). ``list.pop``/``append`` are atomic under the GIL, so no lock.
+    """
+
+    def __init__(self) -> None:
+        self._free: list[np.ndarray] = []
+
+    def take(self, nbytes: int) -> np.ndarray:
+        try:
+            buf = self._free.pop()
+        except IndexError:
+            return np.empty(nbytes + nbytes // 4, np.uint8)
+        if buf.size < nbytes:
+            return np.empty(nbytes + nbytes // 4, np.uint8)
+        return buf
+
+    def give(self, buf: np.ndarray | None) -> None:
+        if buf is not None:
+            self._free.append(buf)
+
+
 def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 hint: Hint | None = None, key: int = 0) -> tuple[np.ndarray, tuple[int, int]]:
+                 hint: Hint | None = None, key: int = 0,
+                 buffers: DecodeBuffers | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode encoded image bytes to a contiguous uint8 [H, W, 3] RGB array.
 
     Args:
@@ -109,6 +137,9 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
             smallest decoded size the transforms need. A JPEG that is at least
             twice that size is decoded at a reduced DCT scale that still covers it.
         key: Passed to ``hint`` (the sample's random key).
+        buffers: Where JPEG output memory comes from. The returned image is then a
+            view of a pool buffer: give its ``.base`` back with ``buffers.give``
+            when done (see :func:`buffer_of`).
 
     Returns:
         The image, and the (height, width) of the full-size image.
@@ -135,9 +166,13 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
             # are slower than a full decode in libjpeg-turbo, so they are not used.
             if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
                 min_h, min_w = need
+        buf = None if buffers is None else buffers.take(h * w * 3)
         try:
-            img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w)
+            img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
+                                         buffer=buf)
         except ValueError as exc:
+            if buffers is not None:
+                buffers.give(buf)
             raise DecodeError(f"corrupt JPEG: {exc}") from exc
         return img, (h, w)
     size = _header_size(data)
@@ -147,6 +182,12 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
     if size is None:
         _check_pixels(img.shape[0], img.shape[1], max_pixels)
     return img, (img.shape[0], img.shape[1])
+
+
+def buffer_of(img: np.ndarray | None) -> np.ndarray | None:
+    """The pool buffer behind an image from :func:`decode_image`, if it has one."""
+    base = getattr(img, "base", None)
+    return base if isinstance(base, np.ndarray) and base.ndim == 1 else None
 
 
 class Decoder(MapStage):
@@ -163,5 +204,6 @@ class Decoder(MapStage):
             return
         task.label = label
         task.key = key = sample_key(run.seed, run.epoch, task.index)
-        task.image, task.source_size = decode_image(data, run.max_pixels, run.hint, key)
+        task.image, task.source_size = decode_image(data, run.max_pixels, run.hint, key,
+                                                    run.decode_buffers)
         self.put(c, self.outbox, task)

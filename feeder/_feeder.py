@@ -15,6 +15,7 @@ import torch
 from ._augment import Chain
 from ._batch import BufferPool
 from ._config import DEFAULTS, Config
+from ._decode import DecodeBuffers
 from ._pipeline import Pass
 from ._queue import END, Closed
 from ._sampler import num_batches, shard_size
@@ -52,6 +53,7 @@ class _Engine:
         h, w = chain.image_size
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda")
+        self.decode_buffers = DecodeBuffers()
         self.book = StatsBook({"sampler": 1, "decode": config.decode_threads,
                                "augment": config.augment_threads, "transfer": 1})
         self.lock = threading.Lock()
@@ -73,7 +75,7 @@ class _Engine:
                 self._limits_held = True
             self.book.start()
             run = Pass(self.config, self.source, self.chain, self.pool, self.book,
-                       seed, epoch, rank, world_size)
+                       self.decode_buffers, seed, epoch, rank, world_size)
             self.current = run
             self.passes.append(run)
             run.start()

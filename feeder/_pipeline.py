@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ._augment import Augmenter, Chain
 from ._batch import BatchBuffer, BufferPool
-from ._decode import Decoder
+from ._decode import DecodeBuffers, Decoder, buffer_of
 from ._queue import Channel
 from ._sampler import Sampler, Task
 from ._stage import Counters, Stage
@@ -40,7 +40,8 @@ class Pass:
     """The threads, channels and buffers of one pass over one epoch."""
 
     def __init__(self, config: "Config", source, chain: Chain, pool: BufferPool, book: StatsBook,
-                 seed: int, epoch: int, rank: int, world_size: int) -> None:
+                 decode_buffers: DecodeBuffers, seed: int, epoch: int, rank: int,
+                 world_size: int) -> None:
         self.config = config
         self.source = source
         self.chain = chain
@@ -53,6 +54,7 @@ class Pass:
         self.world_size = world_size
         self.device = config.device
         self.max_pixels = config.max_pixels
+        self.decode_buffers = decode_buffers
         self.error: BaseException | None = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -143,6 +145,7 @@ class Pass:
         """Record that ``task`` failed in ``stage``; the slot is done either way."""
         path = describe(self.source, task.index)
         err = SampleError(stage, task.index, path, exc)
+        self.decode_buffers.give(buffer_of(task.image))
         task.image = None
         batch = task.batch
         cfg = self.config
