@@ -106,20 +106,22 @@ class Chain:
         self._ctx_upto = next((i for i, t in enumerate(ts) if not t.preserves_size), len(ts))
 
     @property
-    def hint(self) -> Callable[[int, int, int], tuple[int, int] | None] | None:
-        """``hint(height, width, key)`` for the decoder, or None when no transform gives one."""
+    def hint(self) -> Callable[[int, int, Any], tuple[int, int] | None] | None:
+        """``hint(height, width, task)`` for the decoder, or None when no transform gives one.
+
+        It leaves ``task.ctx`` set, holding what the transform drew (its plan)."""
         if self._hinter is None:
             return None
         i, t = self._hinter
 
-        def hint(height: int, width: int, key: int) -> tuple[int, int] | None:
-            return t.decode_hint(height, width, SampleRNG(key, i))
+        def hint(height: int, width: int, task: Any) -> tuple[int, int] | None:
+            task.ctx = ctx = SampleContext((height, width))
+            return t.decode_hint(height, width, SampleRNG(task.key, i), ctx)
 
         return hint
 
-    def run(self, img: np.ndarray, key: int, source_size: tuple[int, int], out: np.ndarray) -> None:
+    def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
         """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8)."""
-        ctx = SampleContext(source_size)
         upto = self._ctx_upto
         for i, t in self._head:
             img = t.apply(img, SampleRNG(key, i), None, ctx if i <= upto else None)
@@ -153,7 +155,7 @@ class Augmenter(MapStage):
         batch = task.batch
         buf = batch.buffer
         img, task.image = task.image, None
-        self.run.chain.run(img, task.key, task.source_size, buf.images[task.slot])
+        self.run.chain.run(img, task.key, task.ctx, buf.images[task.slot])
         self.run.decode_buffers.give(buffer_of(img))
         buf.labels[task.slot] = task.label
         if batch.finish_slot():

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
 import simplejpeg
 
 from ._rng import sample_key
+from .ops import SampleContext
 from ._stage import Counters, MapStage
 from .errors import DecodeError
 
@@ -31,7 +32,7 @@ DEFAULT_MAX_PIXELS = 1 << 28
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-Hint = Callable[[int, int, int], "tuple[int, int] | None"]
+Hint = Callable[[int, int, Any], "tuple[int, int] | None"]
 
 
 def _header_size(data: bytes | memoryview) -> tuple[int, int] | None:
@@ -126,7 +127,7 @@ class DecodeBuffers:
 
 
 def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 hint: Hint | None = None, key: int = 0,
+                 hint: Hint | None = None, key: Any = 0,
                  buffers: DecodeBuffers | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode encoded image bytes to a contiguous uint8 [H, W, 3] RGB array.
 
@@ -136,7 +137,7 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
         hint: ``hint(height, width, key) -> (min_height, min_width) | None``: the
             smallest decoded size the transforms need. A JPEG that is at least
             twice that size is decoded at a reduced DCT scale that still covers it.
-        key: Passed to ``hint`` (the sample's random key).
+        key: Passed to ``hint`` as its third argument (the sample).
         buffers: Where JPEG output memory comes from. The returned image is then a
             view of a pool buffer: give its ``.base`` back with ``buffers.give``
             when done (see :func:`buffer_of`).
@@ -203,7 +204,9 @@ class Decoder(MapStage):
             run.sample_failed("read", task, exc, c)
             return
         task.label = label
-        task.key = key = sample_key(run.seed, run.epoch, task.index)
-        task.image, task.source_size = decode_image(data, run.max_pixels, run.hint, key,
-                                                    run.decode_buffers)
+        task.key = sample_key(run.seed, run.epoch, task.index)
+        task.ctx = None
+        task.image, size = decode_image(data, run.max_pixels, run.hint, task, run.decode_buffers)
+        if task.ctx is None:  # no hint was asked for (not a JPEG, or no hinting transform)
+            task.ctx = SampleContext(size)
         self.put(c, self.outbox, task)

@@ -77,8 +77,20 @@ class Pass:
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         log.debug("pass epoch=%d starting", self.epoch)
-        for stage in self.stages:
-            stage.start()
+        # Count every thread before starting any: a fast stage (the sampler of a
+        # tiny epoch) may exit before the next stage starts, and a count that
+        # touched zero would hand the pass's buffers back while still in use.
+        self._live_threads = sum(stage.num_threads for stage in self.stages)
+        try:
+            for stage in self.stages:
+                stage.start()
+        except BaseException:
+            # The OS refused a thread: stop what runs and stop counting the rest.
+            self.stop()
+            never = sum(1 for s in self.stages for t in s.threads if t.ident is None)
+            never += sum(s.num_threads - len(s.threads) for s in self.stages)
+            self._gone(never)
+            raise
 
     def stopped(self) -> bool:
         return self._stopped
@@ -96,14 +108,13 @@ class Pass:
                 self.error = error
         self.stop()
 
-    def thread_started(self) -> None:
-        with self._lock:
-            self._live_threads += 1
-
     def thread_exited(self, stage: Stage, c: Counters) -> None:
         self.book.fold_thread(stage.name, c)
+        self._gone(1)
+
+    def _gone(self, threads: int) -> None:
         with self._lock:
-            self._live_threads -= 1
+            self._live_threads -= threads
             last = self._live_threads == 0
             owned = list(self._owned.values()) if last else []
             if last:

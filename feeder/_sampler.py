@@ -44,7 +44,7 @@ def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
 class Task:
     """One sample on its way through the stages (one object, reused by every stage)."""
 
-    __slots__ = ("batch", "slot", "index", "label", "key", "image", "source_size")
+    __slots__ = ("batch", "slot", "index", "label", "key", "image", "ctx")
 
     def __init__(self, batch: Batch, slot: int, index: int) -> None:
         self.batch = batch
@@ -53,7 +53,7 @@ class Task:
         self.label = -1
         self.key = 0
         self.image = None
-        self.source_size = (0, 0)
+        self.ctx = None  # ops.SampleContext, set by the decoder
 
 
 class Sampler(Stage):

@@ -92,7 +92,6 @@ class Stage:
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
             self.threads.append(t)
-            self.run.thread_started()
             t.start()
 
     def _main(self, c: Counters) -> None:

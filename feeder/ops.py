@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-
 import cv2
 import numpy as np
 
@@ -54,16 +52,21 @@ def _interp(name: str, what: str) -> int:
                          f"got {name!r}") from None
 
 
-@dataclass(frozen=True)
 class SampleContext:
     """What a transform may know about the sample beyond its pixels.
 
     Attributes:
         source_size: (height, width) of the full-size image, before any
             reduced-scale decode.
+        plan: What the decode-hinting transform already drew for this sample in
+            ``decode_hint`` (so ``apply`` need not draw it again), or None.
     """
 
-    source_size: tuple[int, int]
+    __slots__ = ("source_size", "plan")
+
+    def __init__(self, source_size: tuple[int, int], plan: object = None) -> None:
+        self.source_size = source_size
+        self.plan = plan
 
 
 class Transform:
@@ -87,9 +90,11 @@ class Transform:
         """Transform ``img``; when ``out`` fits, write into it and return it."""
         raise NotImplementedError
 
-    def decode_hint(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int] | None:
+    def decode_hint(self, height: int, width: int, rng: SampleRNG,
+                    ctx: SampleContext | None = None) -> tuple[int, int] | None:
         """Smallest (height, width) of the decoded image this transform needs, given the
-        full size; ``rng`` is the same stream ``apply`` will get. None: the full size."""
+        full size; ``rng`` is the same stream ``apply`` will get, and ``ctx`` the one
+        ``apply`` will get (``ctx.plan`` may keep what was drawn). None: the full size."""
         return None
 
 
@@ -155,8 +160,11 @@ class RandomResizedCrop(Transform):
             w, h = width, height
         return (height - h) // 2, (width - w) // 2, h, w
 
-    def decode_hint(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int] | None:
-        _, _, h, w = self.params(height, width, rng)
+    def decode_hint(self, height, width, rng, ctx=None):
+        params = self.params(height, width, rng)
+        if ctx is not None:
+            ctx.plan = params
+        _, _, h, w = params
         oh, ow = self.output_size
         # Decoded at scale s the crop is (h*s, w*s); keep it at least the output size.
         return (min(height, -(-height * oh // h)), min(width, -(-width * ow // w)))
@@ -167,10 +175,12 @@ class RandomResizedCrop(Transform):
             # Decoded at reduced scale: draw on the full size (same crop as a full
             # decode would get), then map the box onto the decoded pixels.
             sh, sw = ctx.source_size
-            top, left, h, w = self.params(sh, sw, rng)
+            top, left, h, w = ctx.plan if ctx.plan is not None else self.params(sh, sw, rng)
             fy, fx = H / sh, W / sw
             top, left = min(H - 1, round(top * fy)), min(W - 1, round(left * fx))
             h, w = max(1, min(H - top, round(h * fy))), max(1, min(W - left, round(w * fx)))
+        elif ctx is not None and ctx.plan is not None:
+            top, left, h, w = ctx.plan
         else:
             top, left, h, w = self.params(H, W, rng)
         crop = img[top:top + h, left:left + w]
@@ -213,7 +223,7 @@ class Resize(Transform):
             return s, max(1, int(s * width / height))
         return max(1, int(s * height / width)), s
 
-    def decode_hint(self, height, width, rng):
+    def decode_hint(self, height, width, rng, ctx=None):
         return self.target(height, width)
 
     def apply(self, img, rng, out=None, ctx=None):

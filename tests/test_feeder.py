@@ -528,3 +528,35 @@ def test_stats_account_for_work(source):
     table = str(s)
     for word in ("decode", "augment", "transfer", "waited", "queue"):
         assert word in table
+
+
+def test_reduced_scale_decode_matches_full_decode_output():
+    """Large JPEGs are decoded at reduced DCT scale; the crops must be the same
+    ones a full decode would give (same boxes, close pixels)."""
+    from conftest import encode_jpeg
+    from feeder.synthetic import make_image
+    blobs = [encode_jpeg(make_image(600, 800, seed=i), 90) for i in range(6)]
+    src = MemorySource(blobs)
+    class FullDecodeRRC(ops.RandomResizedCrop):
+        def decode_hint(self, height, width, rng, ctx=None):
+            return None  # same crops, drawn in apply, from a full-size decode
+
+    rrc = ops.RandomResizedCrop(64, scale=(0.3, 1.0))
+    with Feeder(src, 6, [rrc], seed=3, shuffle=False) as fast, \
+         Feeder(src, 6, [FullDecodeRRC(64, scale=(0.3, 1.0))], seed=3, shuffle=False) as full:
+        (xa, _), = drain(fast)[0]
+        (xb, _), = drain(full)[0]
+    err = np.abs(xa.astype(int) - xb.astype(int)).mean(axis=(1, 2, 3))
+    assert (err < 12).all(), err
+
+
+def test_tiny_passes_never_release_a_buffer_twice(source, caplog):
+    """Regression: a sampler that finished before the other stages started made the
+    pass's live-thread count touch zero and hand its buffers back while in use."""
+    tiny = MemorySource(source.blobs[:3])
+    with make(tiny, batch_size=3, decode_threads=3, augment_threads=3) as f:
+        for _ in range(40):
+            batches, err = drain(f)
+            assert err is None and sorted(labels_of(batches)) == [0, 1, 2]
+            del batches
+    assert not [r for r in caplog.records if "released twice" in r.getMessage()]

@@ -102,7 +102,7 @@ def test_invalid_arguments(bad):
 def test_chain_splits_writer_and_inplace_tail():
     chain = Chain([ops.RandomResizedCrop(16), ops.RandomHorizontalFlip(1.0)], None)
     out = np.zeros((16, 16, 3), np.uint8)
-    chain.run(IMG, 5, (120, 200), out)
+    chain.run(IMG, 5, SampleContext((120, 200)), out)
     expect = ops.RandomResizedCrop(16).apply(IMG, SampleRNG(5, 0), ctx=SampleContext((120, 200)))
     np.testing.assert_array_equal(out, expect[:, ::-1])
 
@@ -112,7 +112,7 @@ def test_chain_only_flips_needs_image_size_and_copies():
         Chain([ops.RandomHorizontalFlip()], None)
     chain = Chain([ops.RandomHorizontalFlip(0.0)], (120, 200))
     out = np.zeros_like(IMG)
-    chain.run(IMG, 1, (120, 200), out)
+    chain.run(IMG, 1, SampleContext((120, 200)), out)
     np.testing.assert_array_equal(out, IMG)
 
 
