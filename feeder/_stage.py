@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ._queue import END, Channel, Closed
+from ._threads import limit_torch_threads
 from .errors import StageError
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class Stage:
 
     def _main(self, c: Counters) -> None:
         try:
+            limit_torch_threads()  # N workers each fanning out over all cores would oversubscribe
             self.work(c)
         except Closed:
             pass  # the pass is shutting down

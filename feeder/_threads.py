@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
 import cv2
+import torch
 
 
 def available_cores() -> int:
@@ -24,6 +26,20 @@ def auto_threads(cores: int) -> tuple[int, int]:
     work releases the GIL), and a few more threads than cores hides file I/O.
     """
     return max(2, cores), max(1, cores // 2)
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_threads_are_per_thread() -> bool:
+    # With the OpenMP backend (Linux and Windows wheels) set_num_threads sets the
+    # calling thread's OpenMP limit only; with PyTorch's native pool it is process
+    # wide and would throttle the training loop's own CPU work.
+    return "OpenMP" in torch.__config__.parallel_info()
+
+
+def limit_torch_threads() -> None:
+    """Make torch ops called from this worker thread single-threaded (where that is per thread)."""
+    if _torch_threads_are_per_thread():
+        torch.set_num_threads(1)
 
 
 class LibraryThreads:

@@ -560,3 +560,18 @@ def test_tiny_passes_never_release_a_buffer_twice(source, caplog):
             assert err is None and sorted(labels_of(batches)) == [0, 1, 2]
             del batches
     assert not [r for r in caplog.records if "released twice" in r.getMessage()]
+
+
+def test_worker_threads_use_one_torch_thread_and_leave_the_loop_alone(source):
+    seen = []
+
+    def probe(img, rng):
+        seen.append(torch.get_num_threads())
+        return img
+
+    before = torch.get_num_threads()
+    with make(source, transforms=[probe, ops.CenterCrop(16)]) as f:
+        drain(f)
+    assert torch.get_num_threads() == before
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert set(seen) == {1}
