@@ -20,12 +20,10 @@ import cv2
 import numpy as np
 
 from .. import ImageFolder
-from .._augment import Chain
-from .._decode import decode_image
 from .._rng import sample_key
 from .._threads import available_cores
 from . import report
-from .loaders import full_decode_transforms, transforms
+from .loaders import SampleWork, full_decode_transforms, transforms
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +91,8 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
     source = ImageFolder(root)
     n = min(limit, len(source))
     indices = np.linspace(0, len(source) - 1, n).astype(int).tolist()
-    chain = Chain(full_decode_transforms() if full_decode else transforms(), None)
-    hint = chain.hint
-    h, w = chain.image_size
+    work = SampleWork(full_decode_transforms() if full_decode else transforms())
+    h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     saved = cv2.getNumThreads()
     cv2.setNumThreads(1)
@@ -103,9 +100,7 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
         for i in indices:  # warm the page cache and the code paths
             source.read(i)
         for i in indices[:20]:
-            data, _ = source.read(i)
-            img, size = decode_image(data, hint=hint, key=i)
-            chain.run(img, i, size, out)
+            work(source.read(i)[0], i, out)
         read_s = decode_s = transform_s = 0.0
         clock = time.perf_counter
         cpu0 = time.thread_time()
@@ -115,9 +110,9 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
             data, _ = source.read(i)
             t1 = clock()
             key = sample_key(seed, 0, i)
-            img, size = decode_image(data, hint=hint, key=key)
+            img, ctx = work.decode(data, key)
             t2 = clock()
-            chain.run(img, key, size, out)
+            work.transform(img, key, ctx, out)
             t3 = clock()
             read_s += t1 - t0
             decode_s += t2 - t1

@@ -29,8 +29,9 @@ import torch
 
 from .. import Feeder, ImageFolder, ops
 from .._augment import Chain
-from .._decode import decode_image
+from .._decode import DEFAULT_MAX_PIXELS, DecodeBuffers, buffer_of, decode_image
 from .._rng import sample_key
+from ..ops import SampleContext
 
 CROP = 224  # RandomResizedCrop output side, as in ImageNet training
 
@@ -42,19 +43,22 @@ def transforms() -> list[ops.Transform]:
     return [ops.RandomResizedCrop(CROP), ops.RandomHorizontalFlip()]
 
 
-def full_decode_transforms() -> list[Any]:
-    """:func:`transforms` with reduced-scale JPEG decode switched off, same output.
+class _FullDecodeCrop(ops.RandomResizedCrop):
+    """RandomResizedCrop that gives the decoder no size hint: JPEGs decode at full size.
 
-    The chain takes its decode hint from the first size-changing built-in
-    transform only when nothing but built-ins precede it (``Chain._hinter``); a
-    leading plain callable that returns its input keeps every output pixel the
-    same and leaves the decoder without a hint, so it decodes at full size.
+    ``Chain`` only asks a transform for a hint when its class overrides
+    ``Transform.decode_hint``; restoring the base method turns the hint off while
+    the chain, its random streams (keyed by position) and the crop box stay the
+    same. (Prepending an identity callable also disables the hint, but shifts
+    every transform's stream index, so the crops would differ.)
     """
 
-    def identity(img: np.ndarray, rng: Any) -> np.ndarray:
-        return img
+    decode_hint = ops.Transform.decode_hint
 
-    return [identity, *transforms()]
+
+def full_decode_transforms() -> list[ops.Transform]:
+    """:func:`transforms` with reduced-scale JPEG decode switched off: same crops, full decode."""
+    return [_FullDecodeCrop(CROP), ops.RandomHorizontalFlip()]
 
 
 def has_pil() -> bool:
@@ -130,14 +134,62 @@ class PILDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1), self.labels[index]
 
 
+class _Sample:
+    """Stands in for the engine's ``Task`` in the decoder's calls: the chain's
+    hint reads ``key`` and leaves the sample's ``ctx`` (full size, drawn crop)."""
+
+    __slots__ = ("key", "ctx")
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.ctx: SampleContext | None = None
+
+
+class SampleWork:
+    """The feeder's per-sample work, outside the engine: decode with the chain's
+    reduced-scale hint into reused memory, then run the compiled chain into ``out``.
+
+    It makes the same calls as ``Decoder.process`` and ``Augmenter.process``
+    (feeder/_decode.py, feeder/_augment.py); when those change, this is the one
+    place in the benchmarks to follow them. Not thread-safe: one per thread or process.
+
+    Args:
+        transform_list: Transforms (default :func:`transforms`).
+        max_pixels: Decompression-bomb limit, as the feeder's.
+    """
+
+    def __init__(self, transform_list: list[Any] | None = None,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        self.chain = Chain(transform_list if transform_list is not None else transforms(), None)
+        self.hint = self.chain.hint
+        self.image_size = self.chain.image_size
+        self.max_pixels = max_pixels
+        self.buffers = DecodeBuffers()
+
+    def decode(self, data: bytes, key: int) -> tuple[np.ndarray, SampleContext]:
+        """Decode ``data``; returns the image and its context for :meth:`transform`."""
+        sample = _Sample(key)
+        img, size = decode_image(data, self.max_pixels, self.hint, sample, self.buffers)
+        return img, sample.ctx if sample.ctx is not None else SampleContext(size)
+
+    def transform(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
+        """Run the chain on a decoded image into ``out``; recycles the decode memory."""
+        self.chain.run(img, key, ctx, out)
+        self.buffers.give(buffer_of(img))
+
+    def __call__(self, data: bytes, key: int, out: np.ndarray) -> None:
+        img, ctx = self.decode(data, key)
+        self.transform(img, key, ctx, out)
+
+
 class FeederWorkDataset(torch.utils.data.Dataset):
     """The feeder's own per-sample work as a map-style Dataset.
 
-    Reads through the same :class:`~feeder.ImageFolder`, decodes with
-    ``feeder._decode.decode_image`` (simplejpeg, with the same reduced-scale
-    hint), runs the same compiled :class:`~feeder._augment.Chain` into a fresh
-    [H, W, 3] array, and returns it as an HWC tensor: batches come out
-    ``[B, H, W, 3]`` and are viewed as ``[B, 3, H, W]``, the feeder's layout.
+    Reads through the same :class:`~feeder.ImageFolder`, decodes and transforms
+    with :class:`SampleWork` (simplejpeg with the same reduced-scale hint and
+    decode-buffer reuse, the same compiled chain) into a fresh [H, W, 3] array,
+    and returns it as an HWC tensor: batches come out ``[B, H, W, 3]`` and are
+    viewed as ``[B, 3, H, W]``, the feeder's layout.
 
     Args:
         root: ImageFolder root.
@@ -147,8 +199,7 @@ class FeederWorkDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0) -> None:
         self.source = ImageFolder(root)
-        self.chain = Chain(transform_list if transform_list is not None else transforms(), None)
-        self.hint = self.chain.hint
+        self.work = SampleWork(transform_list)
         self.seed = seed
         self.epoch = 0
 
@@ -157,11 +208,11 @@ class FeederWorkDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.source.read(index)
-        key = sample_key(self.seed, self.epoch, index)
-        img, source_size = decode_image(data, hint=self.hint, key=key)
-        h, w = self.chain.image_size
+        h, w = self.work.image_size
+        # A fresh array per sample: default_collate copies it into the batch
+        # (DataLoader has no way to write into the batch in place).
         out = np.empty((h, w, 3), np.uint8)
-        self.chain.run(img, key, source_size, out)
+        self.work(data, sample_key(self.seed, self.epoch, index), out)
         return torch.from_numpy(out), label
 
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Regenerate every table and plot in bench/results/ (about 10-15 minutes on a
+# 2-core machine). Run it on a quiet machine: the figures are wall-clock.
+#
+#   bash bench/run_all.sh
+#
+# Environment:
+#   PYTHON              interpreter with feeder[bench] installed (default: .venv's,
+#                       set up by scripts/env.sh when missing)
+#   FEEDER_BENCH_DATA   scratch folder for the generated datasets
+#                       (default ${TMPDIR:-/tmp}/feeder-bench-data; reused when present)
+#   FEEDER_BENCH_OUT    results folder (default bench/results)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import feeder.bench, PIL, matplotlib" >/dev/null 2>&1; then
+    PYTHON=.venv/bin/python
+  else
+    PYTHON="$(FEEDER_EXTRAS="test,bench" bash scripts/env.sh)"
+  fi
+fi
+data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
+out="${FEEDER_BENCH_OUT:-bench/results}"
+bench() { "$PYTHON" -m feeder.bench "$@"; }
+
+mkdir -p "$out"
+rm -f "$out"/*.csv "$out"/*.json "$out"/*.png "$out"/*.txt
+
+# ImageNet-like: 2000 JPEGs, 300-600 px a side, quality 75-95. Large: 200 photos of ~1500x1100.
+bench make-data "$data/imagenet-like" --n-classes 20 --per-class 100 --seed 0 | tee "$out/data.txt"
+bench make-data "$data/large" --large --n-classes 4 --per-class 50 --seed 1 | tee -a "$out/data.txt"
+
+bench ceiling "$data/imagenet-like" --out "$out" --limit 500 --repeats 3 | tee "$out/ceiling.txt"
+bench compare "$data/imagenet-like" --out "$out" --epochs 1 --repeats 5 --batch-size 64 \
+  --workers-grid 0,1,2,3,4 --threads-grid 2x1,3x1,4x1,2x2,4x2 | tee "$out/compare.txt"
+bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 1,2 --queue 2,4 \
+  --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
+bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
+echo "results in $out" >&2

@@ -1,0 +1,123 @@
+"""The ``feeder-bench`` command line: one subcommand per benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+DEFAULT_OUT = "bench/results"
+
+
+def _ints(text: str) -> list[int]:
+    from .compare import parse_ints
+
+    return parse_ints(text)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _threads(text: str) -> list[tuple[int, int]]:
+    from .compare import parse_threads
+
+    return parse_threads(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="feeder-bench",
+        description="Benchmarks of feeder against torch DataLoader, and tuning sweeps.")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, out: bool = True) -> None:
+        p.add_argument("dir", help="ImageFolder dataset root (root/<class>/<image>)")
+        if out:
+            p.add_argument("--out", default=DEFAULT_OUT,
+                           help=f"folder for CSV/JSON/PNG results (default {DEFAULT_OUT})")
+            p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
+
+    p = sub.add_parser("make-data", help="write a deterministic ImageFolder of photo-like JPEGs")
+    common(p, out=False)
+    p.add_argument("--n-classes", type=int, default=10, help="class folders (default 10)")
+    p.add_argument("--per-class", type=int, default=100, help="images per class (default 100)")
+    p.add_argument("--large", action="store_true", help="large photos (~1500x1100) instead of 300-600 px")
+    p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
+    p.add_argument("--force", action="store_true", help="write even if DIR already holds files")
+
+    p = sub.add_parser("compare", help="feeder vs DataLoader (PIL and cv2) on the same work")
+    common(p)
+    p.add_argument("--epochs", type=int, default=1, help="epochs per measured run (default 1)")
+    p.add_argument("--repeats", type=int, default=5, help="alternating rounds of the finalists (default 5)")
+    p.add_argument("--scan-repeats", type=int, default=1,
+                   help="runs of each grid point when picking the best settings (default 1)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--workers-grid", type=_ints, default=[0, 1, 2, 3, 4],
+                   help="DataLoader num_workers to try (default 0,1,2,3,4)")
+    p.add_argument("--threads-grid", type=_threads, default=[(2, 1), (3, 1), (4, 1), (2, 2), (4, 2)],
+                   help="feeder DECODExAUGMENT points to try (default 2x1,3x1,4x1,2x2,4x2)")
+    p.add_argument("--queue-size", type=int, default=4, help="feeder queue_size (default 4)")
+    p.add_argument("--ceiling-images", type=int, default=300,
+                   help="images timed per round for the ceiling (default 300)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--model", action="store_true",
+                   help="the consumer runs a ResNet-style training step per batch (use with --device cuda)")
+
+    p = sub.add_parser("ceiling", help="single-thread cost of the per-sample work x cores")
+    common(p)
+    p.add_argument("--limit", type=int, default=500, help="images timed (default 500)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats, median kept (default 3)")
+    p.add_argument("--full-decode-too", action="store_true", help="also time with full-size decode")
+
+    p = sub.add_parser("sweep", help="grid over feeder threads and queue size, with starvation")
+    common(p)
+    p.add_argument("--decode", type=_ints, default=[1, 2, 3, 4], help="decode threads (default 1,2,3,4)")
+    p.add_argument("--augment", type=_ints, default=[1, 2], help="augment threads (default 1,2)")
+    p.add_argument("--queue", type=_ints, default=[4], help="queue sizes (default 4)")
+    p.add_argument("--step-ms", type=_floats, default=[0.0],
+                   help="simulated training step per batch, ms; several give one plot panel each "
+                        "(default 0)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per point (default 1)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per point, median kept (default 1)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+
+    p = sub.add_parser("scaled-decode", help="reduced-scale vs full JPEG decode on large photos")
+    common(p)
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="alternating rounds (default 3)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--ceiling-images", type=int, default=100,
+                   help="images timed for the single-thread cost (default 100)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``feeder-bench``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from . import report
+
+    report.set_quiet(args.quiet)
+    if args.command == "make-data":
+        from . import data as module
+    elif args.command == "compare":
+        from . import compare as module  # type: ignore[no-redef]
+    elif args.command == "ceiling":
+        from . import ceiling as module  # type: ignore[no-redef]
+    elif args.command == "sweep":
+        from . import sweep as module  # type: ignore[no-redef]
+    else:
+        from . import scaled as module  # type: ignore[no-redef]
+    return module.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

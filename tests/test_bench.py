@@ -1,0 +1,165 @@
+"""The benchmark suite runs end to end on a tiny dataset and writes sane files.
+
+Each subcommand runs in a subprocess (as users run it) with a timeout. Only the
+shape of the outputs is checked: speed figures are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("feeder.bench")
+
+TIMEOUT_S = 240  # generous for a loaded 2-core machine; a normal run takes seconds
+
+
+def bench(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "feeder.bench", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"feeder-bench {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def read_csv(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("bench")
+    data = str(base / "data")
+    bench("make-data", data, "--n-classes", "2", "--per-class", "12", "--seed", "3", cwd=str(base))
+    return {"base": str(base), "data": data}
+
+
+def test_make_data_is_an_image_folder(tiny):
+    from feeder import ImageFolder
+
+    folder = ImageFolder(tiny["data"])
+    assert len(folder) == 24 and folder.classes == ["class_00", "class_01"]
+
+
+def test_make_data_is_deterministic(tiny, tmp_path):
+    again = str(tmp_path / "again")
+    bench("make-data", again, "--n-classes", "2", "--per-class", "12", "--seed", "3", cwd=str(tmp_path))
+    for cls in ("class_00", "class_01"):
+        for name in sorted(os.listdir(os.path.join(tiny["data"], cls))):
+            with open(os.path.join(tiny["data"], cls, name), "rb") as a, \
+                    open(os.path.join(again, cls, name), "rb") as b:
+                assert a.read() == b.read()
+
+
+def test_ceiling(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    proc = bench("ceiling", tiny["data"], "--out", out, "--repeats", "1", "--limit", "10", cwd=tiny["base"])
+    assert "ceiling img/s" in proc.stdout
+    (row,) = read_csv(os.path.join(out, "ceiling.csv"))
+    assert int(row["images"]) == 10 and int(row["cores"]) >= 1
+    assert float(row["ceiling_images_per_s"]) > 0
+    assert float(row["decode_ms"]) > 0 and float(row["per_image_ms"]) >= float(row["decode_ms"])
+    doc = json.load(open(os.path.join(out, "ceiling.json")))
+    assert doc["machine"]["available_cores"] >= 1 and doc["machine"]["torch_version"]
+
+
+def test_compare(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
+                 "--threads-grid", "2x1", "--batch-size", "8", "--ceiling-images", "8", cwd=tiny["base"])
+    assert "feeder auto" in proc.stdout and "targets" in proc.stdout
+    rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
+    expected = {"idle baseline", "ceiling", "DataLoader+cv2", "feeder auto", "feeder best grid"}
+    try:
+        import PIL  # noqa: F401
+
+        expected.add("DataLoader+PIL")
+    except ImportError:
+        pass
+    assert expected <= set(rows)
+    for name in expected - {"idle baseline", "ceiling"}:
+        r = rows[name]
+        assert float(r["images_per_s"]) > 0, r
+        assert float(r["cpu_ms_per_image"]) > 0, r
+        assert 0 < float(r["first_batch_s"]) < TIMEOUT_S, r
+        assert float(r["images"]) == 24, r  # every sample, once, per epoch
+    if os.path.exists("/proc/self/smaps_rollup"):
+        assert float(rows["feeder auto"]["peak_pss_mib"]) > 10
+        assert float(rows["idle baseline"]["peak_pss_mib"]) > 10
+    scan = read_csv(os.path.join(out, "compare_scan.csv"))
+    assert sum(r["best"] == "*" for r in scan) == len({r["kind"] for r in scan})
+    ratios = read_csv(os.path.join(out, "compare_ratios.csv"))
+    assert {r["versus"] for r in ratios} >= {"DataLoader+cv2"}
+    assert all(float(r["throughput"]) > 0 for r in ratios)
+    doc = json.load(open(os.path.join(out, "compare.json")))
+    assert doc["meta"]["raw_rounds"] and doc["targets"]
+
+
+def test_sweep(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    proc = bench("sweep", tiny["data"], "--out", out, "--decode", "1,2", "--augment", "1",
+                 "--step-ms", "0,5", "--batch-size", "8", cwd=tiny["base"])
+    assert "auto" in proc.stdout
+    rows = read_csv(os.path.join(out, "sweep.csv"))
+    assert {float(r["step_ms"]) for r in rows} == {0.0, 5.0}
+    assert sum(r["auto"] == "auto" for r in rows) == 2  # the auto point, once per step
+    for r in rows:
+        assert float(r["images_per_s"]) > 0
+        assert 0.0 <= float(r["starvation"]) <= 1.0
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert os.path.getsize(os.path.join(out, "sweep.png")) > 1000
+
+
+def test_scaled_decode(tmp_path):
+    data = str(tmp_path / "large")
+    bench("make-data", data, "--large", "--n-classes", "1", "--per-class", "6", cwd=str(tmp_path))
+    out = str(tmp_path / "out")
+    proc = bench("scaled-decode", data, "--out", out, "--repeats", "1", "--batch-size", "4",
+                 "--ceiling-images", "4", cwd=str(tmp_path))
+    assert "full (forced)" in proc.stdout
+    rows = read_csv(os.path.join(out, "scaled_decode.csv"))
+    assert [r["row"] for r in rows] == ["scaled (default)", "full (forced)"]
+    assert all(float(r["images_per_s"]) > 0 for r in rows)
+    doc = json.load(open(os.path.join(out, "scaled_decode.json")))
+    diff = doc["meta"]["output_difference"]
+    # Same crop boxes: only the resampling path differs, so the mean difference is small.
+    assert diff["mean_abs_diff"] < 12 and diff["reduced_share"] > 0
+
+
+def test_full_decode_transforms_keep_the_crops():
+    """The full-decode variant disables the hint without changing any random stream."""
+    import numpy as np
+
+    import simplejpeg
+
+    from feeder.bench.loaders import SampleWork, full_decode_transforms, transforms
+    from feeder.synthetic import make_image
+
+    scaled, full = SampleWork(transforms()), SampleWork(full_decode_transforms())
+    assert scaled.hint is not None and full.hint is None
+    # Small enough that the hint never asks for a reduced scale: outputs must be equal.
+    data = simplejpeg.encode_jpeg(make_image(300, 400, seed=1), quality=90, colorspace="RGB")
+    a, b = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)
+    for key in range(5):
+        scaled(data, key, a)
+        full(data, key, b)
+        assert np.array_equal(a, b)
+
+
+def test_table_and_csv_without_matplotlib(tmp_path):
+    from feeder.bench import report
+
+    rows = [{"a": "x", "b": 1.5, "c": None}, {"a": "yy", "b": float("nan"), "c": [1, 2]}]
+    text = report.format_table(rows, [("a", "A", "{}"), ("b", "B", "{:.1f}"), ("c", "C", "{}")])
+    assert "1.5" in text and "-" in text
+    path = str(tmp_path / "t.csv")
+    report.write_csv(path, rows)
+    assert read_csv(path)[1]["c"] == "[1, 2]"
