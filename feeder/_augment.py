@@ -39,8 +39,13 @@ class _Callable(Transform):
 
     def apply(self, img, rng, out=None, ctx=None):
         result = self.fn(img, rng)
+        # Transforms hand uint8 [H, W, 3] RGB to each other; say who broke that
+        # here, not in whichever transform trips over it next.
         if not isinstance(result, np.ndarray):
             raise TransformError(f"transform {self!r} returned {type(result).__name__}, not a numpy array")
+        if result.dtype != np.uint8 or result.ndim != 3 or result.shape[2] != 3:
+            raise TransformError(f"transform {self!r} returned an array of shape {result.shape} and "
+                                 f"dtype {result.dtype}; transforms must return uint8 [H, W, 3] RGB")
         return result
 
     def __repr__(self) -> str:

@@ -13,7 +13,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 
 from ._queue import Closed

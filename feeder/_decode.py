@@ -8,6 +8,7 @@ become 3-channel uint8.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,10 +36,46 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 Hint = Callable[[int, int, Any], "tuple[int, int] | None"]
 
 
+_PNM_TOKEN = re.compile(rb"(?:\s|#[^\n]*\n)*(\d+)")
+
+
+def _pnm_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    head = bytes(data[:512])
+    pos, dims = 2, []
+    for _ in range(2):
+        m = _PNM_TOKEN.match(head, pos)
+        if m is None:
+            return None
+        dims.append(int(m.group(1)))
+        pos = m.end()
+    return dims[1], dims[0]
+
+
+def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    order = "<" if bytes(data[:2]) == b"II" else ">"
+    (ifd,) = struct.unpack(order + "I", bytes(data[4:8]))
+    (count,) = struct.unpack(order + "H", bytes(data[ifd:ifd + 2]))
+    size = {}
+    for k in range(min(count, 512)):
+        entry = bytes(data[ifd + 2 + 12 * k: ifd + 14 + 12 * k])
+        tag, kind = struct.unpack(order + "HH", entry[:4])
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
+            value = struct.unpack(order + ("H" if kind == 3 else "I"), entry[8:10] if kind == 3 else entry[8:12])[0]
+            size[tag] = value
+    if 256 in size and 257 in size:
+        return size[257], size[256]
+    return None
+
+
 def _header_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    """(height, width) from a PNG, BMP, GIF or WebP header, or None when not one of those."""
+    """(height, width) from a PNG, BMP, GIF, WebP, PNM or TIFF header, or None when
+    not one of those (or unreadable: the decoder then reports the corruption)."""
     head = bytes(data[:32])
     try:
+        if head[:1] == b"P" and head[1:2] in b"123456" and len(head) > 2 and head[2:3].isspace():
+            return _pnm_size(data)
+        if head[:4] in (b"II*\x00", b"MM\x00*"):
+            return _tiff_size(data)
         if head.startswith(_PNG_MAGIC) and head[12:16] == b"IHDR":
             w, h = struct.unpack(">II", head[16:24])
             return h, w
@@ -93,7 +130,10 @@ def _to_rgb8(img: np.ndarray) -> np.ndarray:
 
 
 def _cv2_decode(data: bytes | memoryview, flags: int) -> np.ndarray:
-    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    try:
+        img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), flags)
+    except cv2.error as exc:  # OpenCV raises for some inputs (its own size cap) instead of None
+        raise DecodeError(f"OpenCV could not decode it: {str(exc).strip().splitlines()[-1]}") from exc
     if img is None:
         raise DecodeError("not a decodable image (unknown format, or corrupt data)")
     return img

@@ -152,10 +152,13 @@ class Pass:
         self.pool.lend(buf)
 
     # -- per-sample failures -----------------------------------------------
+    def sample_error(self, stage: str, task: Task, exc: BaseException) -> SampleError:
+        return SampleError(stage, task.index, describe(self.source, task.index), exc)
+
     def sample_failed(self, stage: str, task: Task, exc: Exception, c: Counters) -> None:
         """Record that ``task`` failed in ``stage``; the slot is done either way."""
-        path = describe(self.source, task.index)
-        err = SampleError(stage, task.index, path, exc)
+        err = self.sample_error(stage, task, exc)
+        path = err.path
         self.decode_buffers.give(buffer_of(task.image))
         task.image = None
         batch = task.batch

@@ -155,6 +155,11 @@ class MapStage(Stage):
                 raise
             except Exception as exc:
                 failed(self.name, task, exc, c)
+            except BaseException as exc:
+                # SystemExit or KeyboardInterrupt raised by user code: never
+                # skippable, but the training loop still learns which sample.
+                self.run.fail(self.run.sample_error(self.name, task, exc))
+                return
             c.items += 1
 
     def process(self, task: Any, c: Counters) -> None:

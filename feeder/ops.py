@@ -101,7 +101,10 @@ class Transform:
 def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
                  out: np.ndarray | None) -> np.ndarray:
     h, w = size
-    if out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8:
+    # Only an input of the slot's own type can be resized into it: for anything
+    # else cv2 silently allocates a new array and leaves ``out`` stale.
+    if (out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8
+            and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3):
         cv2.resize(img, (w, h), dst=out, interpolation=interpolation)
         return out
     return cv2.resize(img, (w, h), interpolation=interpolation)
