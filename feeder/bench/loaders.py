@@ -13,9 +13,10 @@ horizontal flip, and deliver uint8 batches of the same size:
   with the feeder isolates the engine from the decoder.
 * ``feeder``: :class:`feeder.Feeder` itself.
 
-DataLoader settings are the fair ones for a CPU run: ``persistent_workers=False``
-(the default), ``pin_memory=False`` on CPU, default collate, and the worker count
-chosen by the benchmark from a grid.
+DataLoader settings are the fair ones for a CPU run: ``pin_memory=False`` on CPU,
+default collate, the worker count chosen by the benchmark from a grid, and
+``persistent_workers=True`` when a run has several epochs (its fastest setting:
+workers are not started again each epoch), ``False`` (the default) for one.
 """
 
 from __future__ import annotations
@@ -238,12 +239,14 @@ class Loader:
             non-blocking on CUDA, as its documentation advises.
         full_decode: Feeder only: switch reduced-scale JPEG decode off.
         seed: Shuffle and augmentation seed.
+        persistent_workers: DataLoader only: keep workers across epochs (then the
+            dataset's epoch attribute no longer reaches them: same speed, other crops).
     """
 
     def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
                  decode_threads: int | str = "auto", augment_threads: int | str = "auto",
                  queue_size: int = 4, device: str = "cpu", full_decode: bool = False,
-                 seed: int = 0) -> None:
+                 seed: int = 0, persistent_workers: bool = False) -> None:
         if kind not in LOADER_KINDS:
             raise ValueError(f"loader kind must be one of {LOADER_KINDS}, got {kind!r}")
         self.kind = kind
@@ -263,7 +266,8 @@ class Loader:
         generator.manual_seed(seed)
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
-            pin_memory=self.device.type == "cuda", persistent_workers=False, drop_last=False,
+            pin_memory=self.device.type == "cuda", drop_last=False,
+            persistent_workers=persistent_workers and workers > 0,
             generator=generator,
             worker_init_fn=_limit_cv2_threads if kind == "dl-cv2" and workers > 0 else None)
 

@@ -52,7 +52,8 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
                     decode_threads=spec.get("decode_threads", "auto"),
                     augment_threads=spec.get("augment_threads", "auto"),
                     queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
-                    full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)))
+                    full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)),
+                    persistent_workers=epochs > 1)
     first_batch_s = None
     images = 0
     wait_s = 0.0
