@@ -360,3 +360,22 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def consume_in_thread(f):
+    """Start next() on a fresh pass in a thread; returns (thread, result list)."""
+    it = iter(f)
+    result: list = []
+
+    def run():
+        try:
+            next(it)
+            result.append("batch")
+        except StopIteration:
+            result.append("stop")
+        except BaseException as exc:  # noqa: BLE001
+            result.append(exc)
+
+    t = threading.Thread(target=run, name="test-consumer", daemon=True)
+    t.start()
+    return t, result

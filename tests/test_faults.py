@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
+from faults_helpers import (SIDE, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, pixel_hash, reference_hash, thread_blocked_in, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
 from feeder import Feeder, FeederError, SampleError, TransformError, ops
@@ -342,25 +342,6 @@ class SlowSource(MemorySource):
         return super().read(index)
 
 
-def _consume_in_thread(f):
-    """Start next() on a fresh pass in a thread; returns (thread, result list)."""
-    it = iter(f)
-    result: list = []
-
-    def run():
-        try:
-            next(it)
-            result.append("batch")
-        except StopIteration:
-            result.append("stop")
-        except BaseException as exc:  # noqa: BLE001
-            result.append(exc)
-
-    t = threading.Thread(target=run, name="test-consumer", daemon=True)
-    t.start()
-    return t, result
-
-
 @pytest.mark.parametrize("where", ["transform", "source"])
 def test_close_prompt_while_threads_are_stuck_in_user_code(blobs, where):
     if where == "transform":
@@ -371,7 +352,7 @@ def test_close_prompt_while_threads_are_stuck_in_user_code(blobs, where):
         gate = source.gate
         f = make(source, [ops.CenterCrop(SIDE)], augment_threads=2, decode_threads=2)
     try:
-        consumer, result = _consume_in_thread(f)
+        consumer, result = consume_in_thread(f)
         assert gate.entered.wait(10)
         assert wait_until(lambda: thread_blocked_in(consumer, "__next__", "get"), 10)
         t0 = time.monotonic()
@@ -393,7 +374,7 @@ def test_slow_transform_does_not_stall_close_of_a_consumer_waiting(blobs):
     """A training loop blocked in next() behind a slow transform can be closed from another thread."""
     gate = SlowTransform()
     f = make(MemorySource(blobs), [gate, ops.CenterCrop(SIDE)], augment_threads=1)
-    consumer, result = _consume_in_thread(f)
+    consumer, result = consume_in_thread(f)
     try:
         assert gate.entered.wait(10)
         closer = threading.Thread(target=f.close, name="test-closer", daemon=True)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, Child, assert_exactly_once, delivered_hashes, distinct_jpegs,
+from faults_helpers import (SIDE, Child, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
                             reference_hash, stage_waiting, thread_blocked_in, wait_feeder_threads_within,
                             wait_no_feeder_threads, wait_until)
 from feeder import Feeder, FeederError, ops
@@ -173,20 +173,7 @@ def test_close_from_many_threads_at_once(blobs):
 def test_close_from_another_thread_wakes_the_waiting_consumer(blobs):
     gate = Gate()
     f = make(blobs, [gate, ops.CenterCrop(SIDE)], augment_threads=1)
-    it = iter(f)
-    outcome: list = []
-
-    def consume():
-        try:
-            next(it)
-            outcome.append("batch")
-        except StopIteration:
-            outcome.append("stop")
-        except BaseException as exc:  # noqa: BLE001
-            outcome.append(exc)
-
-    consumer = threading.Thread(target=consume, name="test-consumer", daemon=True)
-    consumer.start()
+    consumer, outcome = consume_in_thread(f)
     try:
         assert gate.entered.wait(10)
         assert wait_until(lambda: thread_blocked_in(consumer, "__next__", "get"), 10)
@@ -305,16 +292,22 @@ def _expect_killed_by_sigint(child: Child, rc: int) -> None:
     assert "KeyboardInterrupt" in child.stderr
 
 
-def test_sigint_while_waiting_in_next_propagates_promptly():
-    child = Child(SIGINT_BLOCKED)
+def _interrupt(script: str, ready: str) -> tuple[dict, float, int, Child]:
+    """Run ``script``; once it reports ``ready``, send SIGINT. Returns (report, sent, rc, child)."""
+    child = Child(script)
     try:
-        assert json.loads(child.expect_line(60)) == {"event": "waiting"}
+        assert json.loads(child.expect_line(60)) == {"event": ready}
         sent = time.monotonic()
         os.kill(child.proc.pid, signal.SIGINT)
         report = json.loads(child.expect_line(15))
         rc = child.wait(20)
     finally:
         child.kill()
+    return report, sent, rc, child
+
+
+def test_sigint_while_waiting_in_next_propagates_promptly():
+    report, sent, rc, child = _interrupt(SIGINT_BLOCKED, "waiting")
     assert report["event"] == "interrupted"
     delay = report["at"] - sent  # CLOCK_MONOTONIC is system-wide on Linux
     assert delay < 1.5, f"KeyboardInterrupt took {delay:.2f} s to reach the training loop"
@@ -325,15 +318,7 @@ def test_sigint_while_waiting_in_next_propagates_promptly():
 
 
 def test_sigint_while_iterating_a_busy_feeder():
-    child = Child(SIGINT_RUNNING)
-    try:
-        assert json.loads(child.expect_line(60)) == {"event": "running"}
-        sent = time.monotonic()
-        os.kill(child.proc.pid, signal.SIGINT)
-        report = json.loads(child.expect_line(15))
-        rc = child.wait(20)
-    finally:
-        child.kill()
+    report, sent, rc, child = _interrupt(SIGINT_RUNNING, "running")
     assert report["event"] == "interrupted"
     assert report["at"] - sent < 1.5
     _expect_killed_by_sigint(child, rc)
