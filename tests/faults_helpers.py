@@ -1,4 +1,4 @@
-"""Helpers of the fault-tolerance suite (issue 4): bad-file makers, content
+"""Helpers of the fault-tolerance suite: bad-file makers, content
 hashes of delivered samples, polling under a deadline, RSS, and subprocess
 plumbing for the signal and interpreter-exit tests.
 

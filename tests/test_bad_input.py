@@ -1,4 +1,4 @@
-"""Bad input (issue 4): every kind of broken, unusual or missing file, under
+"""Bad input: every kind of broken, unusual or missing file, under
 ``on_error="raise"`` and ``on_error="skip"``.
 
 Each dataset is 14 distinct good 32x32 JPEGs with one special file at index

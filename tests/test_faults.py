@@ -1,4 +1,4 @@
-"""Faults in use (issue 4): user transforms that raise, return the wrong shape
+"""Faults in use: user transforms that raise, return the wrong shape
 or dtype, or hang; sources that break; consumers that break out, raise or
 never close.
 

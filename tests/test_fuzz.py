@@ -1,4 +1,4 @@
-"""Fuzzing the decode stage (issue 4): valid JPEG and PNG bytes mutated by bit
+"""Fuzzing the decode stage: valid JPEG and PNG bytes mutated by bit
 flips, truncation, insertion, deletion and overwrites (biased towards the
 headers, where the parsers branch), fed to ``feeder._decode.decode_image``
 directly and through a small Feeder.

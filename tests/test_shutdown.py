@@ -1,4 +1,4 @@
-"""Shutdown (issue 4): close() with every stage blocked, twice, from other
+"""Shutdown: close() with every stage blocked, twice, from other
 threads and from inside the pipeline; Ctrl-C while the training loop waits in
 ``next()`` and interpreter exit with a running feeder (both in subprocesses,
 with real signals).
@@ -23,7 +23,7 @@ from faults_helpers import (SIDE, Child, consume_in_thread, assert_exactly_once,
                             wait_no_feeder_threads, wait_until)
 from feeder import Feeder, FeederError, ops
 
-CLOSE_BOUND_S = 1.0  # the issue's promise: close() returns within about a second
+CLOSE_BOUND_S = 1.0  # the documented promise: close() returns within about a second
 
 
 @pytest.fixture(scope="module")

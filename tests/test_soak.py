@@ -1,4 +1,4 @@
-"""Invariants (issue 4), checked by content hash: exactly-once across thread
+"""Invariants, checked by content hash: exactly-once across thread
 counts, queue sizes and both ``ordered`` modes; no leaks over 200 build /
 partial epoch / close cycles; and a soak run of 20 epochs with randomly
 injected faults (deterministic seed) under ``on_error="skip"`` with exact

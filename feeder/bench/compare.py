@@ -63,7 +63,7 @@ RATIO_COLUMNS = [
 ]
 
 TARGET_COLUMNS = [
-    ("target", "target (issue 3)", "{}"),
+    ("target", "target", "{}"),
     ("measured", "measured", "{:.2f}"),
     ("threshold", "needs", "{}"),
     ("met", "met", "{}"),
@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _targets(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
              rounds: list[dict[str, RunResult]]) -> list[dict[str, Any]]:
-    """The issue's performance targets, for the feeder on ``"auto"``, against the measurements."""
+    """The project's performance targets, for the feeder on ``"auto"``, against the measurements."""
     by = {r["row"]: r for r in rows}
     ratio = {(r["feeder"], r["versus"]): r for r in ratio_rows}
     out = []
