@@ -30,6 +30,11 @@ def sample_key(seed: int, epoch: int, index: int) -> int:
     return _mix((k ^ ((index & _MASK) * 0xD1B54A32D192ED03)) & _MASK)
 
 
+def order_key(seed: int, epoch: int) -> int:
+    """The 64-bit seed of one epoch's sample order (distinct from every sample key)."""
+    return _mix((_mix((seed & _MASK) ^ 0xA0761D6478BD642F) + (epoch & _MASK) * _GOLDEN) & _MASK)
+
+
 class SampleRNG:
     """Random numbers for one transform applied to one sample.
 
