@@ -63,39 +63,56 @@ class Channel:
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
         self._closed = False
-        # Threads waiting in get/put. Condition.notify is pure Python and was the
-        # largest GIL-held cost per item in profiles, so it is skipped when nobody waits.
+        # Threads waiting (or about to) in get/put; see the note above put().
         self._getters = 0
         self._putters = 0
         self.puts = 0
         self.max_depth = 0
         self._depth_sum = 0
 
+    # Fast paths take no lock: deque append/popleft are atomic under the GIL, and
+    # the lock (a pure-Python Condition) was the largest GIL-held cost per item
+    # in profiles. A thread about to sleep registers as a waiter *before* its
+    # last look at the deque, and the other side looks at the waiter count
+    # *after* changing the deque, so a wake-up cannot be lost; the short wait
+    # timeout is a second line of defence, not the mechanism.
+
     def put(self, item: Any) -> None:
         """Append ``item``, blocking while the channel is full.
+
+        With several producers the depth may pass ``maxsize`` by at most one
+        item per other producer (they can see room at the same moment).
 
         Raises:
             Closed: the channel was closed before or while waiting.
         """
-        with self._not_full:
-            while len(self._items) >= self.maxsize:
+        if self._closed:
+            raise Closed(self.name)
+        items = self._items
+        if len(items) >= self.maxsize:
+            self._wait_for_room()
+        items.append(item)
+        depth = len(items)
+        self.puts += 1
+        self._depth_sum += depth
+        if depth > self.max_depth:
+            self.max_depth = depth
+        if self._getters:
+            with self._lock:
+                self._not_empty.notify()
+
+    def _wait_for_room(self) -> None:
+        with self._lock:
+            while True:
                 if self._closed:
                     raise Closed(self.name)
                 self._putters += 1
                 try:
+                    if len(self._items) < self.maxsize:
+                        return
                     self._not_full.wait(_POLL_S)
                 finally:
                     self._putters -= 1
-            if self._closed:
-                raise Closed(self.name)
-            self._items.append(item)
-            depth = len(self._items)
-            self.puts += 1
-            self._depth_sum += depth
-            if depth > self.max_depth:
-                self.max_depth = depth
-            if self._getters:
-                self._not_empty.notify()
 
     def get(self, timeout: float | None = None) -> Any:
         """Remove and return the oldest item, blocking while the channel is empty.
@@ -107,27 +124,37 @@ class Channel:
             Closed: the channel is closed (items still queued are discarded).
             TimeoutError: ``timeout`` passed with nothing to get.
         """
+        if self._closed:
+            raise Closed(self.name)
+        try:
+            item = self._items.popleft()
+        except IndexError:
+            item = self._wait_for_item(timeout)
+        if self._putters and len(self._items) <= self._low_water:
+            with self._lock:
+                self._not_full.notify_all()
+        return item
+
+    def _wait_for_item(self, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._not_empty:
-            while not self._items:
+        with self._lock:
+            while True:
                 if self._closed:
                     raise Closed(self.name)
-                wait = _POLL_S
-                if deadline is not None:
-                    wait = min(wait, deadline - time.monotonic())
-                    if wait <= 0:
-                        raise TimeoutError(f"nothing on channel {self.name!r}")
                 self._getters += 1
                 try:
+                    try:
+                        return self._items.popleft()
+                    except IndexError:
+                        pass
+                    wait = _POLL_S
+                    if deadline is not None:
+                        wait = min(wait, deadline - time.monotonic())
+                        if wait <= 0:
+                            raise TimeoutError(f"nothing on channel {self.name!r}") from None
                     self._not_empty.wait(wait)
                 finally:
                     self._getters -= 1
-            if self._closed:
-                raise Closed(self.name)
-            item = self._items.popleft()
-            if self._putters and len(self._items) <= self._low_water:
-                self._not_full.notify_all()
-            return item
 
     def close(self) -> list:
         """Close the channel, wake every waiter and return what was still queued. Safe to repeat."""

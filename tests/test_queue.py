@@ -51,3 +51,37 @@ def test_close_returns_leftovers_and_end_is_a_singleton():
     assert type(END)() is END and repr(END) == "END"
     with pytest.raises(ValueError):
         Channel("y", 0)
+
+
+def test_many_producers_and_consumers_exactly_once_and_bounded():
+    """Lock-free fast paths: no item lost or duplicated, depth stays within
+    maxsize plus one per extra producer, every thread finishes."""
+    ch = Channel("x", 4)
+    producers, consumers, per = 4, 3, 3000
+    got: list[list[int]] = [[] for _ in range(consumers)]
+
+    def produce(p):
+        for i in range(per):
+            ch.put(p * per + i)
+
+    def consume(k):
+        while True:
+            item = ch.get(timeout=10)
+            if item is END:
+                ch.put(END)  # pass the end on to the other consumers
+                return
+            got[k].append(item)
+
+    ps = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    cs = [threading.Thread(target=consume, args=(k,)) for k in range(consumers)]
+    for t in ps + cs:
+        t.start()
+    for t in ps:
+        t.join(30)
+    ch.put(END)
+    for t in cs:
+        t.join(30)
+    assert not any(t.is_alive() for t in ps + cs)
+    flat = sorted(x for g in got for x in g)
+    assert flat == list(range(producers * per))
+    assert ch.max_depth <= 4 + producers - 1
