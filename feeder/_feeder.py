@@ -260,11 +260,14 @@ class _PassIterator:
         self._run = run
         self._book = run.book
         self._cuda = run.device.type == "cuda"
+        self._done = False  # END was seen: the iterator stays exhausted
 
     def __iter__(self) -> "_PassIterator":
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._done:
+            raise StopIteration
         run = self._run
         t0 = time.perf_counter()
         try:
@@ -281,6 +284,7 @@ class _PassIterator:
         finally:
             self._book.consumer_wait_s += time.perf_counter() - t0
         if item is END:
+            self._done = True
             raise StopIteration
         if isinstance(item, Failure):
             run.stop()

@@ -575,3 +575,12 @@ def test_worker_threads_use_one_torch_thread_and_leave_the_loop_alone(source):
     assert torch.get_num_threads() == before
     if "OpenMP" in torch.__config__.parallel_info():
         assert set(seen) == {1}
+
+
+def test_exhausted_iterator_keeps_raising_stop_iteration(source):
+    with make(source, batch_size=30) as f:
+        it = iter(f)
+        batches, err = drain(it)
+        assert err is None and len(batches) == 2
+        again, err = drain(it)  # next() on an exhausted iterator must not wait for more
+        assert err is None and again == []
