@@ -128,17 +128,23 @@ class Chain:
     def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
         """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8)."""
         upto = self._ctx_upto
-        for i, t in self._head:
-            img = t.apply(img, SampleRNG(key, i), None, ctx if i <= upto else None)
-        if self._writer is not None:
-            i, t = self._writer
-            result = t.apply(img, SampleRNG(key, i), out, ctx if i <= upto else None)
-            if result is not out:
-                self._store(result, out, t)
-        else:
-            self._store(img, out, None)
-        for i, t in self._tail:
-            t.apply(out, SampleRNG(key, i), out, None)
+        t = None
+        try:
+            for i, t in self._head:
+                img = t.apply(img, SampleRNG(key, i), None, ctx if i <= upto else None)
+            if self._writer is not None:
+                i, t = self._writer
+                result = t.apply(img, SampleRNG(key, i), out, ctx if i <= upto else None)
+                if result is not out:
+                    self._store(result, out, t)
+            else:
+                self._store(img, out, None)
+            for i, t in self._tail:
+                t.apply(out, SampleRNG(key, i), out, None)
+        except Exception as exc:
+            if t is not None and not isinstance(exc, TransformError):
+                exc.add_note(f"in transform {t!r}")
+            raise
 
     @staticmethod
     def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:

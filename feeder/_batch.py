@@ -58,8 +58,11 @@ class BufferPool:
         self._free: list[BatchBuffer] = []
         self._allocated = 0
         self._lent: set[int] = set()
+        self._parked: set[int] = set()
         self._free_ids: set[int] = set()
-        self._cond = threading.Condition()
+        # Re-entrant for the same reason as the channels' lock: a lent buffer
+        # comes back from a finalizer that may run inside this lock.
+        self._cond = threading.Condition(threading.RLock())
         self._warned = False
 
     @property
@@ -86,9 +89,10 @@ class BufferPool:
                     return buf
                 if self._allocated < self.capacity:
                     return self._new()
-                if len(self._lent) >= self._allocated:
-                    # Every buffer is a batch the training loop still holds. Waiting
-                    # would deadlock (it is waiting on us), so grow, and say why once.
+                if len(self._lent) + len(self._parked) >= self._allocated:
+                    # Every buffer is a batch the training loop still holds, or the
+                    # partial batch that waits for more samples. Waiting would
+                    # deadlock (the loop is waiting on us), so grow, and say why once.
                     if not self._warned:
                         self._warned = True
                         log.warning(
@@ -98,6 +102,11 @@ class BufferPool:
                     return self._new()
                 self._cond.wait(_POLL_S)
 
+    def park(self, buf: BatchBuffer, parked: bool = True) -> None:
+        """Mark ``buf`` as a partial batch that can only complete with more samples."""
+        with self._cond:
+            (self._parked.add if parked else self._parked.discard)(buf.serial)
+
     def lend(self, buf: BatchBuffer) -> None:
         with self._cond:
             self._lent.add(buf.serial)
@@ -106,6 +115,7 @@ class BufferPool:
         """Return ``buf`` to the pool. Called from any thread, finalizers included."""
         with self._cond:
             self._lent.discard(buf.serial)
+            self._parked.discard(buf.serial)
             if buf.serial in self._free_ids:
                 # A second release would hand one buffer to two batches at once.
                 log.error("batch buffer %d released twice; ignored", buf.serial)
@@ -167,11 +177,13 @@ class Collator:
     """
 
     def __init__(self, batch_size: int, ordered: bool, drop_last: bool,
-                 release: Callable[[BatchBuffer], None]) -> None:
+                 release: Callable[[BatchBuffer], None],
+                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None) -> None:
         self.batch_size = batch_size
         self.ordered = ordered
         self.drop_last = drop_last
         self._release = release
+        self._park = park
         self._pending: dict[int, Batch] = {}
         self._next = 0
         self._open: Batch | None = None
@@ -198,6 +210,7 @@ class Collator:
         if self._open is not None:
             batch, fill = self._open, self._fill
             self._open = None
+            self._park(batch.buffer, False)
             if self.drop_last or fill == 0:
                 self._release(batch.buffer)
             else:
@@ -217,6 +230,7 @@ class Collator:
             return
         if self._open is None:
             self._open, self._fill = batch, good
+            self._park(batch.buffer, True)
             return
         # Top the open batch up from this one; what is left becomes the open batch.
         dst, src = self._open.buffer, batch.buffer
@@ -226,12 +240,14 @@ class Collator:
         self._fill += k
         rest = good - k
         if self._fill == B:
-            yield dst, B
+            self._park(dst, False)
             self._open = None
+            yield dst, B
         if rest:
             src.images[:rest] = src.images[k:good]
             src.labels[:rest] = src.labels[k:good]
             # The open batch was just delivered (it was full), so this one takes its place.
             self._open, self._fill = batch, rest
+            self._park(batch.buffer, True)
         else:
             self._release(src)

@@ -69,6 +69,7 @@ class _Engine:
                 raise FeederError("the feeder is closed")
             if self.current is not None:
                 self.current.stop()  # abandon the previous pass: no stale batch survives
+                self.current.fold_output()
             self.passes = [p for p in self.passes if not p.finished.is_set()]
             if not self._limits_held:
                 LibraryThreads.acquire()
@@ -83,13 +84,21 @@ class _Engine:
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
         """Stop every pass and wait up to ``timeout`` seconds for their threads."""
-        with self.lock:
+        # A bounded wait for the lock: close() must return even if another
+        # thread is stuck while holding it; stopping a pass is idempotent.
+        locked = self.lock.acquire(timeout=timeout)
+        try:
             first = not self.closed
             self.closed = True
             passes = list(self.passes)
             for run in passes:
                 run.stop()
+            if self.current is not None:
+                self.current.fold_output()
             self.current = None
+        finally:
+            if locked:
+                self.lock.release()
         deadline = time.monotonic() + timeout
         me = threading.current_thread()
         for run in passes:
@@ -180,15 +189,13 @@ class Feeder:
             max_pixels=max_pixels)
         self.source = source
         self.chain = Chain(list(transforms), image_size)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
-        self.seed = seed
         self.rank, self.world_size = _shard(rank, world_size)
+        self.seed = seed if seed is not None else _default_seed(self.world_size)
         self._next_epoch = 0
         self._engine = _Engine(self.config, source, self.chain)
-        self._finalizer = weakref.finalize(self, self._engine.close)
+        self._finalizer = weakref.finalize(self, _close_in_background, self._engine)
         log.debug("feeder built: %s", self.config)
 
     # -- shape of an epoch --------------------------------------------------
@@ -220,7 +227,11 @@ class Feeder:
         epoch = self._next_epoch
         self._next_epoch += 1
         run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size)
-        return _PassIterator(self, run)
+        it = _PassIterator(self, run)
+        # Like DataLoader's iterator: once the loop drops it (a break, an
+        # exception), its pass stops and its threads and buffers are freed.
+        weakref.finalize(it, run.stop)
+        return it
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
@@ -241,8 +252,11 @@ class Feeder:
         """A snapshot of where the pipeline's time went (prints as a table)."""
         engine = self._engine
         run = engine.current
-        live_stages = run.stages if run is not None and not run.finished.is_set() else ()
-        live_channels = run.channels if run is not None else ()
+        running = run is not None and not run.finished.is_set()
+        live_stages = run.stages if running else ()
+        # A finished pass has folded its channels but the output, which the loop
+        # may still be reading; that one is folded when the pass is left.
+        live_channels = (run.channels if running else run.channels[-1:]) if run is not None else ()
         return engine.book.snapshot(live_stages, live_channels, engine.pool.allocated)
 
     def __repr__(self) -> str:
@@ -304,6 +318,35 @@ class _PassIterator:
 
     def __len__(self) -> int:
         return len(self._feeder)
+
+
+def _close_in_background(engine: "_Engine") -> None:
+    """Finalizer of an unclosed Feeder. The garbage collector runs finalizers in
+    whatever thread it interrupted, perhaps one holding a feeder lock, so the
+    close (which waits for threads) runs in a thread of its own."""
+    threading.Thread(target=engine.close, name="feeder-close", daemon=True).start()
+
+
+def _default_seed(world_size: int) -> int:
+    """A seed from torch's generator; with several ranks, rank 0's for all of them.
+
+    The order is cut into shards after shuffling, so every rank must shuffle
+    alike: ranks often seed torch differently (``manual_seed(base + rank)``),
+    which would make the shards overlap.
+    """
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    if world_size == 1:
+        return seed
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        box = [seed]
+        dist.broadcast_object_list(box, src=0)
+        return int(box[0])
+    # rank/world_size given by hand, no process group to agree through: use a
+    # fixed seed, as DistributedSampler does.
+    log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
+             world_size)
+    return 0
 
 
 def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:

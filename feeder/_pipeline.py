@@ -61,6 +61,7 @@ class Pass:
         self._owned: dict[int, BatchBuffer] = {}
         self._live_threads = 0
         self.finished = threading.Event()  # set when the last thread has exited
+        self._output_folded = False
 
         self.tasks = Channel("decode", config.decode_queue)
         self.decoded = Channel("augment", config.augment_queue)
@@ -127,6 +128,14 @@ class Pass:
                 self.book.fold_channel(ch)
             log.debug("pass epoch=%d: all threads exited", self.epoch)
             self.finished.set()
+
+    def fold_output(self) -> None:
+        """Add the output channel's counters to the feeder's totals (once)."""
+        with self._lock:
+            if self._output_folded:
+                return
+            self._output_folded = True
+        self.book.fold_channel(self.output)
 
     def join(self, timeout: float) -> bool:
         return self.finished.wait(timeout)

@@ -59,7 +59,10 @@ class Channel:
         # waking it for every freed slot costs two context switches per item.
         self._low_water = maxsize // 2
         self._items: collections.deque = collections.deque()
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage-collected feeder or pass iterator stops its pass
+        # from a finalizer, which runs in whatever thread the collector
+        # interrupted, possibly one inside this very channel.
+        self._lock = threading.RLock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
         self._closed = False
@@ -92,6 +95,9 @@ class Channel:
         if len(items) >= self.maxsize:
             self._wait_for_room()
         items.append(item)
+        if self._closed:  # close() ran between the check above and the append
+            items.clear()
+            raise Closed(self.name)
         depth = len(items)
         self.puts += 1
         self._depth_sum += depth

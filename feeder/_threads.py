@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
 import os
 import threading
 
@@ -29,17 +31,34 @@ def auto_threads(cores: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=1)
-def _torch_threads_are_per_thread() -> bool:
-    # With the OpenMP backend (Linux and Windows wheels) set_num_threads sets the
-    # calling thread's OpenMP limit only; with PyTorch's native pool it is process
-    # wide and would throttle the training loop's own CPU work.
-    return "OpenMP" in torch.__config__.parallel_info()
+def _omp_set_num_threads():
+    """OpenMP's own ``omp_set_num_threads`` from the runtime torch loaded, or None.
+
+    ``torch.set_num_threads`` also stores a process-wide count that every thread
+    adopts on its first parallel op, so calling it in a worker would throttle the
+    training loop too. OpenMP's setting is per thread.
+    """
+    if "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    candidates = sorted(glob.glob(os.path.join(libdir, "libgomp*.so*"))) + ["libgomp.so.1", "libiomp5.so"]
+    for name in candidates:
+        try:
+            return ctypes.CDLL(name).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def limit_torch_threads() -> None:
-    """Make torch ops called from this worker thread single-threaded (where that is per thread)."""
-    if _torch_threads_are_per_thread():
-        torch.set_num_threads(1)
+    """Make torch CPU ops called from this worker thread single-threaded.
+
+    Only the calling thread's OpenMP limit changes; where it cannot be set per
+    thread, nothing is changed.
+    """
+    fn = _omp_set_num_threads()
+    if fn is not None:
+        fn(1)
 
 
 class LibraryThreads:

@@ -101,7 +101,7 @@ class Transfer(Stage):
             torch.cuda.set_device(device)
             self.stream = torch.cuda.Stream(device)
         self.convert = Converter(cfg.dtype, cfg.normalize, device)
-        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, run.release)
+        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, run.release, run.pool.park)
         while True:
             batch = self.get(c)
             if batch is END:

@@ -36,6 +36,9 @@ class SampleError(FeederError):
 
     def __init__(self, stage: str, index: int, path: str, cause: BaseException) -> None:
         detail = f"{type(cause).__name__}: {cause}"
+        notes = getattr(cause, "__notes__", None)
+        if notes:
+            detail += f" ({'; '.join(str(n) for n in notes)})"
         super().__init__(f"feeder stage {stage!r} failed on sample {index} ({path}): {detail}")
         self.stage = stage
         self.index = index

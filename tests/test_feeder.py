@@ -584,3 +584,73 @@ def test_exhausted_iterator_keeps_raising_stop_iteration(source):
         assert err is None and len(batches) == 2
         again, err = drain(it)  # next() on an exhausted iterator must not wait for more
         assert err is None and again == []
+
+
+def test_dropping_the_iterator_stops_its_pass(source):
+    from faults_helpers import wait_no_feeder_threads
+    with make(source, batch_size=4, queue_size=1) as f:
+        for i, _ in enumerate(f):
+            if i == 1:
+                break  # the for loop's iterator is gone now
+        assert wait_no_feeder_threads(2.0) == []
+        assert f._engine.pool.allocated >= 1 and not f._engine.current._owned
+
+
+def test_manual_shards_without_seed_agree_on_the_order(source):
+    shards = []
+    for rank in range(3):
+        torch.manual_seed(100 + rank)  # ranks commonly seed torch differently
+        with Feeder(source, 5, AUG, rank=rank, world_size=3) as f:
+            shards.append(labels_of(drain(f)[0]))
+    flat = [x for s in shards for x in s]
+    assert len(flat) == len(set(flat)) == 60
+
+
+def test_skip_with_a_loop_that_keeps_batches_does_not_hang(source):
+    """The partial batch held for refilling counts as unavailable when the pool
+    decides whether it must grow for a loop that keeps its batches."""
+    blobs = list(source.blobs)
+    blobs[1] = b"junk"
+    with make(MemorySource(blobs), batch_size=3, on_error="skip", queue_size=1, shuffle=False) as f:
+        kept = []
+
+        def run():
+            for x, y in f:
+                kept.append((x, y))
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "hang"
+    assert sorted(int(v) for _, y in kept for v in y) == [i for i in range(60) if i != 1]
+
+
+def test_raising_transform_is_named_in_the_error(source):
+    def my_jitter(img, rng):
+        raise ValueError("bad parameter")
+    with make(source, transforms=[my_jitter, ops.CenterCrop(16)]) as f:
+        _, err = drain(f)
+    assert isinstance(err, SampleError) and "my_jitter" in str(err) and "bad parameter" in str(err)
+
+
+def test_workers_do_not_change_torch_threads_of_other_threads(source):
+    import subprocess
+    import sys
+    code = (
+        "import threading, torch\n"
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from conftest import MemorySource, encode_jpeg\n"
+        "from feeder import Feeder, ops\n"
+        "from feeder.synthetic import make_image\n"
+        "src = MemorySource([encode_jpeg(make_image(40, 40, i)) for i in range(8)])\n"
+        "with Feeder(src, 4, [ops.CenterCrop(32)], seed=0) as f:\n"
+        "    for _ in f: pass\n"
+        "    r = {}\n"
+        "    t = threading.Thread(target=lambda: r.setdefault('n', torch.get_num_threads()))\n"
+        "    t.start(); t.join()\n"
+        "    print(torch.get_num_threads(), r['n'])\n")
+    expect = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                            capture_output=True, text=True, timeout=60).stdout.split()[0]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [expect, expect]
