@@ -464,7 +464,7 @@ def _next_or_stop(it):
 def test_slow_transform_close_still_prompt(source):
     gate = Gate()
     f = make(source, transforms=[gate, ops.CenterCrop(16)], augment_threads=1)
-    iter(f)
+    it = iter(f)  # held: a dropped iterator would stop its pass
     assert gate.entered.wait(10)
     t0 = time.monotonic()
     f.close()
@@ -508,8 +508,9 @@ def test_opencv_threads_limited_while_running_and_restored(source):
     import cv2
     before = cv2.getNumThreads()
     with make(source) as f:
-        iter(f)
+        it = iter(f)
         assert cv2.getNumThreads() == 1
+        del it
     assert cv2.getNumThreads() == before
 
 
