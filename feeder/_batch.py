@@ -128,7 +128,7 @@ class BufferPool:
 class Batch:
     """A batch being filled: the buffer, how many slots were dispatched, what failed."""
 
-    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error")
+    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error", "error_slot")
 
     def __init__(self, index: int, buffer: BatchBuffer, size: int) -> None:
         self.index = index
@@ -137,7 +137,15 @@ class Batch:
         self._remaining = size
         self._lock = threading.Lock()
         self.holes: list[int] = []  # slots whose sample was skipped
-        self.error: BaseException | None = None  # first failure under on_error="raise"
+        self.error: BaseException | None = None  # failure of the lowest slot under on_error="raise"
+        self.error_slot = -1
+
+    def fail(self, slot: int, error: BaseException) -> None:
+        """Record ``error`` for ``slot``; the lowest failing slot's error is kept, so the
+        error raised does not depend on which thread failed first."""
+        with self._lock:
+            if self.error is None or slot < self.error_slot:
+                self.error, self.error_slot = error, slot
 
     def finish_slot(self) -> bool:
         """Count one slot as done (filled or failed); true for the call that completes the batch."""

@@ -24,7 +24,7 @@ from ._batch import BatchBuffer, BufferPool
 from ._decode import DecodeBuffers, Decoder, buffer_of
 from ._queue import Channel
 from ._sampler import Sampler, Task
-from ._stage import Counters, Stage
+from ._stage import Counters, Stage, timed_put
 from ._stats import StatsBook
 from ._transfer import Transfer
 from .errors import FeederError, SampleError
@@ -184,12 +184,6 @@ class Pass:
         if skip:
             batch.holes.append(task.slot)
         else:
-            with batch._lock:
-                # Keep the error of the lowest slot: the same one for any timing.
-                prev = batch.error
-                if prev is None or task.slot < getattr(prev, "_slot", 1 << 62):
-                    err._slot = task.slot  # type: ignore[attr-defined]
-                    batch.error = err
+            batch.fail(task.slot, err)
         if batch.finish_slot():
-            stage_obj = self.stages[1] if stage in ("read", "decode") else self.stages[2]
-            stage_obj.put(c, self.ready, batch)
+            timed_put(c, self.ready, batch)

@@ -65,6 +65,15 @@ class Counters:
         return max(0.0, end - self.started - self.wait_in_s - self.wait_out_s)
 
 
+def timed_put(c: Counters, channel: Channel, item: Any) -> None:
+    """``channel.put(item)``, its blocked time counted as ``c``'s wait on output."""
+    c.begin_wait(2)
+    try:
+        channel.put(item)
+    finally:
+        c.end_wait()
+
+
 class Stage:
     """A named group of threads that take items from ``inbox`` and give to ``outbox``.
 
@@ -121,11 +130,7 @@ class Stage:
             c.end_wait()
 
     def put(self, c: Counters, channel: Channel, item: Any) -> None:
-        c.begin_wait(2)
-        try:
-            channel.put(item)
-        finally:
-            c.end_wait()
+        timed_put(c, channel, item)
 
     def end_thread(self, c: Counters) -> None:
         """This thread saw END: pass it to siblings; the last thread out sends it downstream."""

@@ -136,6 +136,21 @@ def _expect_skip(f, batches, err, path, good_hashes, *, passes=1):
     assert_exactly_once(delivered_hashes(batches), good_hashes)
 
 
+def _run_and_expect(src, on_error, path, good_hashes, stage, cause, text=None, before=None):
+    """One epoch over ``src`` with its bad file in place: the raise or skip outcome of its row.
+
+    ``text`` must appear in the error message (default: the cause's type name);
+    ``before`` runs once the feeder is built, before iterating."""
+    with make(src, on_error=on_error) as f:
+        if before is not None:
+            before()
+        batches, err = drain(f, timeout=20)
+        if on_error == "raise":
+            _expect_raise(err, path, stage, cause, text or type(getattr(err, "__cause__", None)).__name__)
+        else:
+            _expect_skip(f, batches, err, path, good_hashes)
+
+
 @pytest.mark.parametrize("row", sorted(FAILING))
 def test_bad_file_raises_naming_stage_index_path(tmp_path, good_blobs, good_hashes, row):
     data, stage, cause, text = FAILING[row]
@@ -186,12 +201,7 @@ FILE_ROWS = {
 def test_unopenable_file(tmp_path, good_blobs, good_hashes, row, on_error):
     make_file, cause = FILE_ROWS[row]
     src, path = write_dataset(tmp_path, good_blobs, f"{BAD_AT:02d}_{row}.jpg", make_file)
-    with make(src, on_error=on_error) as f:
-        batches, err = drain(f, timeout=20)
-        if on_error == "raise":
-            _expect_raise(err, path, "read", cause, type(err.__cause__).__name__)
-        else:
-            _expect_skip(f, batches, err, path, good_hashes)
+    _run_and_expect(src, on_error, path, good_hashes, "read", cause)
 
 
 def _unreadable(path):
@@ -211,12 +221,7 @@ def test_unreadable_file_permission_denied(tmp_path, good_blobs, good_hashes, on
                 pytest.skip("chmod 000 does not block reads on this file system")
         except PermissionError:
             pass
-        with make(src, on_error=on_error) as f:
-            batches, err = drain(f, timeout=20)
-            if on_error == "raise":
-                _expect_raise(err, path, "read", PermissionError, "PermissionError")
-            else:
-                _expect_skip(f, batches, err, path, good_hashes)
+        _run_and_expect(src, on_error, path, good_hashes, "read", PermissionError)
     finally:
         os.chmod(path, 0o644)
 
@@ -235,12 +240,7 @@ def test_permission_error_from_read_simulated(tmp_path, good_blobs, good_hashes,
         return real(p)
 
     monkeypatch.setattr(sources_mod, "_read_file", read_file)
-    with make(src, on_error=on_error) as f:
-        batches, err = drain(f, timeout=20)
-        if on_error == "raise":
-            _expect_raise(err, path, "read", PermissionError, "Permission denied")
-        else:
-            _expect_skip(f, batches, err, path, good_hashes)
+    _run_and_expect(src, on_error, path, good_hashes, "read", PermissionError, "Permission denied")
 
 
 @pytest.mark.parametrize("kind", ["ImageFolder", "FileList"])
@@ -253,13 +253,8 @@ def test_file_deleted_after_feeder_built(tmp_path, good_blobs, good_hashes, kind
     if kind == "ImageFolder":
         src = ImageFolder(str(root))
         assert src.paths[BAD_AT] == path and len(src) == N_GOOD + 1
-    with make(src, on_error=on_error) as f:
-        os.remove(path)
-        batches, err = drain(f, timeout=20)
-        if on_error == "raise":
-            _expect_raise(err, path, "read", FileNotFoundError, "FileNotFoundError")
-        else:
-            _expect_skip(f, batches, err, path, good_hashes)
+    _run_and_expect(src, on_error, path, good_hashes, "read", FileNotFoundError,
+                    before=lambda: os.remove(path))
 
 
 # -- files that must decode, and decode correctly ------------------------------------------------
@@ -413,12 +408,7 @@ def test_bomb_in_dataset(tmp_path, good_blobs, good_hashes, row, on_error, forbi
     forbidden, calls = forbid_pixel_decode
     forbidden.add(BOMBS[row])
     src, path = write_dataset(tmp_path, good_blobs, f"{BAD_AT:02d}_{row}.jpg", writer(BOMBS[row]))
-    with make(src, on_error=on_error) as f:
-        batches, err = drain(f, timeout=20)
-        if on_error == "raise":
-            _expect_raise(err, path, "decode", DecodeError, "max_pixels")
-        else:
-            _expect_skip(f, batches, err, path, good_hashes)
+    _run_and_expect(src, on_error, path, good_hashes, "decode", DecodeError, "max_pixels")
     assert calls == []
 
 

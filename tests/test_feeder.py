@@ -470,6 +470,7 @@ def test_slow_transform_close_still_prompt(source):
     f.close()
     assert time.monotonic() - t0 < 1.5  # returns although a thread is stuck in user code
     gate.release.set()  # the stuck thread finishes its call and exits (leak guard checks)
+    del it
 
 
 def test_iterating_closed_feeder_raises(source):
