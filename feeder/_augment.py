@@ -16,7 +16,8 @@ import numpy as np
 
 from ._decode import buffer_of
 from ._rng import SampleRNG
-from ._stage import Counters, MapStage
+from ._queue import Closed
+from ._stage import Counters, MapStage, _now
 from .errors import TransformError
 from .ops import SampleContext, Transform
 
@@ -158,16 +159,47 @@ class Chain:
 
 
 class Augmenter(MapStage):
-    """Applies the transforms; the result lands in the batch buffer slot."""
+    """Applies the transforms; the result lands in the batch buffer slot.
+
+    With ``augment_threads=0`` the stage has no threads: each decode thread calls
+    :meth:`inline` on the sample it has just decoded, which saves the hand-off
+    (a queue round trip, a thread wake-up, the decoded image crossing cores).
+    """
 
     name = "augment"
 
     def process(self, task: "Task", c: Counters) -> None:
-        batch = task.batch
-        buf = batch.buffer
+        self._fill(task)
+        self._done(task, c)
+
+    def inline(self, task: "Task", c: Counters) -> None:
+        """Run this stage for ``task`` in the calling (decode) thread; its time is
+        counted as this stage's, and its failures are reported as this stage's."""
+        t0 = _now()
+        try:
+            self._fill(task)
+        except Closed:
+            raise
+        except Exception as exc:
+            c.inline_s += _now() - t0
+            self.run.sample_failed(self.name, task, exc, c)
+            return
+        except BaseException as exc:
+            # As MapStage does: never skippable, the training loop learns which sample.
+            self.run.fail(self.run.sample_error(self.name, task, exc))
+            raise Closed("pass failed") from exc
+        c.inline_s += _now() - t0
+        c.inline_items += 1
+        self._done(task, c)
+
+    def _fill(self, task: "Task") -> None:
+        buf = task.batch.buffer
         img, task.image = task.image, None
         self.run.chain.run(img, task.key, task.ctx, buf.images[task.slot])
         self.run.decode_buffers.give(buffer_of(img))
         buf.labels[task.slot] = task.label
+
+    def _done(self, task: "Task", c: Counters) -> None:
+        batch = task.batch
         if batch.finish_slot():
             self.put(c, self.run.ready, batch)

@@ -19,10 +19,13 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-def _threads(name: str, value: object, auto: int) -> int:
+def _threads(name: str, value: object, auto: int, minimum: int = 1) -> int:
     if value == "auto":
         return auto
-    return _positive(name, value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum else "an int >= 0"
+        raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
+    return value
 
 
 def parse_device(device: str | torch.device) -> torch.device:
@@ -90,7 +93,7 @@ class Config:
         return cls(
             batch_size=_positive("batch_size", batch_size),
             decode_threads=_threads("decode_threads", decode_threads, auto_decode),
-            augment_threads=_threads("augment_threads", augment_threads, auto_augment),
+            augment_threads=_threads("augment_threads", augment_threads, auto_augment, minimum=0),
             queue_size=_positive("queue_size", queue_size),
             device=parse_device(device),
             dtype=None if dtype == torch.uint8 else dtype,
@@ -108,6 +111,11 @@ class Config:
     @property
     def decode_queue(self) -> int:
         return 4 * self.decode_threads
+
+    @property
+    def inline_augment(self) -> bool:
+        """``augment_threads=0``: each decode thread runs the transforms on what it decoded."""
+        return self.augment_threads == 0
 
     @property
     def augment_queue(self) -> int:

@@ -249,4 +249,7 @@ class Decoder(MapStage):
         task.image, size = decode_image(data, run.max_pixels, run.hint, task, run.decode_buffers)
         if task.ctx is None:  # no hint was asked for (not a JPEG, or no hinting transform)
             task.ctx = SampleContext(size)
-        self.put(c, self.outbox, task)
+        if run.augmenter.num_threads:
+            self.put(c, self.outbox, task)
+        else:
+            run.augmenter.inline(task, c)

@@ -64,14 +64,21 @@ class Pass:
         self._output_folded = False
 
         self.tasks = Channel("decode", config.decode_queue)
-        self.decoded = Channel("augment", config.augment_queue)
         self.ready = Channel("collate", config.num_buffers + 1)
         self.output = Channel("output", config.queue_size)
-        self.channels = (self.tasks, self.decoded, self.ready, self.output)
+        if config.inline_augment:
+            # No augment pool: the decode threads run the transforms and feed the collator.
+            self.channels = (self.tasks, self.ready, self.output)
+            self.decoded: Channel | None = None
+            self.augmenter = Augmenter(self, 0, None, self.ready)
+        else:
+            self.decoded = Channel("augment", config.augment_queue)
+            self.channels = (self.tasks, self.decoded, self.ready, self.output)
+            self.augmenter = Augmenter(self, config.augment_threads, self.decoded, self.ready)
         self.stages: tuple[Stage, ...] = (
             Sampler(self, 1, None, self.tasks),
-            Decoder(self, config.decode_threads, self.tasks, self.decoded),
-            Augmenter(self, config.augment_threads, self.decoded, self.ready),
+            Decoder(self, config.decode_threads, self.tasks, self.decoded or self.ready),
+            self.augmenter,
             Transfer(self, 1, self.ready, self.output),
         )
 

@@ -23,10 +23,15 @@ _now = time.perf_counter
 class Counters:
     """One thread's stats. Only its own thread writes them, so no lock is needed."""
 
-    __slots__ = ("items", "_wait_in_s", "_wait_out_s", "started", "ended", "_since", "_waiting")
+    __slots__ = ("items", "_wait_in_s", "_wait_out_s", "started", "ended", "_since", "_waiting",
+                 "inline_items", "inline_s")
 
     def __init__(self) -> None:
         self.items = 0
+        # Work of the next stage done in this thread (decode threads running the
+        # transforms when there is no augment pool): reported as that stage's.
+        self.inline_items = 0
+        self.inline_s = 0.0
         self._wait_in_s = 0.0
         self._wait_out_s = 0.0
         self.started = _now()
@@ -60,9 +65,9 @@ class Counters:
         return self._wait_out_s + self._ongoing(2)
 
     def busy_s(self) -> float:
-        """Seconds alive minus seconds waiting on either queue."""
+        """Seconds alive minus seconds waiting on either queue and inline work of the next stage."""
         end = self.ended if self.ended is not None else _now()
-        return max(0.0, end - self.started - self.wait_in_s - self.wait_out_s)
+        return max(0.0, end - self.started - self.wait_in_s - self.wait_out_s - self.inline_s)
 
 
 def timed_put(c: Counters, channel: Channel, item: Any) -> None:

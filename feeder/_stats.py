@@ -21,7 +21,8 @@ class StageStats:
 
     Attributes:
         name: Stage name.
-        threads: Threads per pass.
+        threads: Threads per pass; 0 for the augment stage when the decode
+            threads run the transforms (``augment_threads=0``).
         items: Items handled (samples; batches for the sampler and transfer).
         busy_s: Thread-seconds spent working.
         wait_input_s: Thread-seconds waiting for input (upstream too slow).
@@ -38,7 +39,9 @@ class StageStats:
 
     @property
     def utilization(self) -> float:
-        """Fraction of thread time spent working."""
+        """Fraction of thread time spent working (0 for a stage run inline by another's threads)."""
+        if self.threads == 0:
+            return 0.0
         total = self.busy_s + self.wait_input_s + self.wait_output_s
         return self.busy_s / total if total > 0 else 0.0
 
@@ -119,12 +122,31 @@ class Stats:
             f"{'wait out s':>12}{'util':>7}",
         ]
         for s in self.stages:
+            if s.threads == 0:  # run by the decode threads: their busy time is split out here
+                lines.append(f"{s.name:<10}{'inline':>8}{s.items:>10}{s.busy_s:>10.2f}{'-':>11}{'-':>12}{'-':>7}")
+                continue
             lines.append(f"{s.name:<10}{s.threads:>8}{s.items:>10}{s.busy_s:>10.2f}"
                          f"{s.wait_input_s:>11.2f}{s.wait_output_s:>12.2f}{100 * s.utilization:>6.0f}%")
         lines += ["", f"{'queue':<10}{'capacity':>9}{'depth':>7}{'mean':>8}{'max':>6}"]
         for q in self.queues:
             lines.append(f"{q.name:<10}{q.capacity:>9}{q.depth:>7}{q.mean_depth:>8.1f}{q.max_depth:>6}")
         return "\n".join(lines)
+
+
+# The stage whose work a thread may do inline (see Counters.inline_s).
+_INLINE_INTO = {"decode": "augment"}
+
+
+def _add(totals: dict[str, list], stage: str, c) -> None:
+    t = totals[stage]
+    t[0] += c.items
+    t[1] += c.busy_s()
+    t[2] += c.wait_in_s
+    t[3] += c.wait_out_s
+    if c.inline_items:
+        u = totals[_INLINE_INTO[stage]]
+        u[0] += c.inline_items
+        u[1] += c.inline_s
 
 
 class StatsBook:
@@ -148,11 +170,7 @@ class StatsBook:
 
     def fold_thread(self, stage: str, c) -> None:
         with self._lock:
-            t = self._stages[stage]
-            t[0] += c.items
-            t[1] += c.busy_s()
-            t[2] += c.wait_in_s
-            t[3] += c.wait_out_s
+            _add(self._stages, stage, c)
 
     def fold_channel(self, ch) -> None:
         with self._lock:
@@ -183,13 +201,9 @@ class StatsBook:
             queues = {k: list(v) for k, v in self._queues.items()}
             skipped = tuple(self._skipped)
         for stage in live_stages:
-            t = totals[stage.name]
             for c in stage.counters:
                 if c.ended is None:  # finished threads are already folded
-                    t[0] += c.items
-                    t[1] += c.busy_s()
-                    t[2] += c.wait_in_s
-                    t[3] += c.wait_out_s
+                    _add(totals, stage.name, c)
         depths = {}
         for ch in live_channels:
             q = queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])

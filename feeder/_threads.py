@@ -23,11 +23,16 @@ def available_cores() -> int:
 def auto_threads(cores: int) -> tuple[int, int]:
     """Default (decode, augment) thread counts for ``cores`` cores.
 
-    Decoding costs several times more than the crop+resize, so it gets a thread
-    per core; augmentation gets half as many. Both pools share the cores (their
-    work releases the GIL), and a few more threads than cores hides file I/O.
+    A decode thread per core (at least two, so one thread's file read overlaps
+    another's decode), each running the transforms on what it decoded
+    (``augment=0``). Decoding, cropping and resizing all release the GIL, so
+    these threads keep every core busy, and skipping the hand-off to a separate
+    augment pool saves a queue round trip, a thread wake-up and a decoded image
+    crossing cores per sample: 6-20% more images/s on the 2-core development
+    machine (``bench/results/sweep.txt``). Run ``feeder-bench sweep`` to check
+    the choice on other machines.
     """
-    return max(2, cores), max(1, cores // 2)
+    return max(2, cores), 0
 
 
 @functools.lru_cache(maxsize=1)

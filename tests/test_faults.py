@@ -77,10 +77,12 @@ def divide_by_zero(img):
     return img // 0 if False else 1 // 0
 
 
+@pytest.mark.parametrize("augment_threads", [2, 0])
 @pytest.mark.parametrize("ordered", [True, False])
-def test_raising_transform_raise(src, hashes, ordered):
+def test_raising_transform_raise(src, hashes, ordered, augment_threads):
     t = OnSample([hashes[BAD]], divide_by_zero)
-    with make(src, [t, ops.CenterCrop(SIDE)], ordered=ordered, decode_threads=3, augment_threads=2) as f:
+    with make(src, [t, ops.CenterCrop(SIDE)], ordered=ordered, decode_threads=3,
+              augment_threads=augment_threads) as f:
         batches, err = drain(f, timeout=20)
     assert isinstance(err, SampleError) and err.stage == "augment" and err.index == BAD
     assert err.path == f"/data/train/{BAD:03d}.jpg" and err.path in str(err)
@@ -93,7 +95,7 @@ def test_raising_transform_raise(src, hashes, ordered):
 
 
 @pytest.mark.parametrize("ordered", [True, False])
-@pytest.mark.parametrize("threads", [(1, 1), (3, 2)])
+@pytest.mark.parametrize("threads", [(1, 1), (3, 2), (3, 0)])
 def test_raising_transform_skip(src, hashes, ordered, threads):
     t = OnSample([hashes[BAD], hashes[BAD + 1], hashes[20]], divide_by_zero)
     with make(src, [t, ops.CenterCrop(SIDE)], ordered=ordered, shuffle=True, on_error="skip",
@@ -114,7 +116,7 @@ def test_first_error_in_epoch_order_whatever_the_timing(src, hashes):
     for shuffle in (False, True):
         order = epoch_indices(N, shuffle, 11, 0)
         first = next(int(i) for i in order if int(i) in bad)
-        for dt, at in [(1, 1), (4, 1), (2, 4)]:
+        for dt, at in [(1, 1), (4, 1), (2, 4), (3, 0)]:
             t = OnSample([hashes[i] for i in bad], divide_by_zero)
             with make(src, [t, ops.CenterCrop(SIDE)], shuffle=shuffle, decode_threads=dt,
                       augment_threads=at) as f:
@@ -288,16 +290,18 @@ def test_source_returning_garbage(blobs, hashes, case, on_error):
         assert_exactly_once(delivered_hashes(batches), survivors(hashes, BAD))
 
 
+@pytest.mark.parametrize("augment_threads", [1, 0])
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()],
                          ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit"])
-def test_base_exception_in_worker_fails_the_pass(src, hashes, exc, on_error):
+def test_base_exception_in_worker_fails_the_pass(src, hashes, exc, on_error, augment_threads):
     """Not an Exception: not skippable, but it must still reach the consumer (no hang),
     naming the sample like any other failure."""
     def boom(img):
         raise exc
     t = OnSample([hashes[BAD]], boom)
-    with make(src, [t, ops.CenterCrop(SIDE)], on_error=on_error, decode_threads=2) as f:
+    with make(src, [t, ops.CenterCrop(SIDE)], on_error=on_error, decode_threads=2,
+              augment_threads=augment_threads) as f:
         _, err = drain(f, timeout=20)
         skipped = f.stats().skipped
     assert isinstance(err, SampleError), repr(err)

@@ -62,7 +62,7 @@ def test_batch_larger_than_dataset(source):
 
 
 @pytest.mark.parametrize("ordered", [True, False])
-@pytest.mark.parametrize("threads", [(1, 1), (3, 2), (6, 4)])
+@pytest.mark.parametrize("threads", [(1, 1), (3, 2), (6, 4), (1, 0), (4, 0)])
 def test_exactly_once_per_epoch(source, ordered, threads):
     with make(source, batch_size=7, drop_last=False, ordered=ordered,
               decode_threads=threads[0], augment_threads=threads[1], queue_size=2) as f:
@@ -74,7 +74,7 @@ def test_exactly_once_per_epoch(source, ordered, threads):
 
 def test_identical_across_threads_and_queue_sizes(source):
     results = []
-    for dt, at, q in [(1, 1, 1), (4, 3, 2), (8, 2, 6)]:
+    for dt, at, q in [(1, 1, 1), (4, 3, 2), (8, 2, 6), (1, 0, 1), (5, 0, 3)]:
         with make(source, batch_size=8, decode_threads=dt, augment_threads=at, queue_size=q) as f:
             f.set_epoch(3)
             batches, err = drain(f)
@@ -228,6 +228,8 @@ def test_uint8_batches_own_their_memory_until_dropped(source):
     (dict(batch_size=0), "batch_size"),
     (dict(decode_threads=0), "decode_threads"),
     (dict(augment_threads="many"), "augment_threads"),
+    (dict(augment_threads=-1), "augment_threads"),
+    (dict(decode_threads=True), "decode_threads"),
     (dict(queue_size=-1), "queue_size"),
     (dict(device="tpu"), "device"),
     (dict(on_error="ignore"), "on_error"),
@@ -267,9 +269,11 @@ def test_output_size_must_be_known(source):
     f.close()
 
 
-def test_threads_auto_resolves_to_ints(source):
+def test_threads_auto_resolves_to_the_documented_counts(source):
+    from feeder._threads import auto_threads, available_cores
     with make(source) as f:
-        assert f.config.decode_threads >= 1 and f.config.augment_threads >= 1
+        assert (f.config.decode_threads, f.config.augment_threads) == auto_threads(available_cores())
+    assert auto_threads(1) == (2, 0) and auto_threads(16) == (16, 0)
 
 
 # -- user transforms and errors ----------------------------------------------------
@@ -517,19 +521,38 @@ def test_opencv_threads_limited_while_running_and_restored(source):
 
 # -- stats -----------------------------------------------------------------------------
 
-def test_stats_account_for_work(source):
-    with make(source, batch_size=8, drop_last=False) as f:
+@pytest.mark.parametrize("augment_threads", [2, 0])
+def test_stats_account_for_work(source, augment_threads):
+    with make(source, batch_size=8, drop_last=False, augment_threads=augment_threads) as f:
         drain(f)
         s = f.stats()
     assert isinstance(s, Stats)
     assert s.samples == 60 and s.batches == 8 and s.skipped == 0
     assert s.stage("decode").items == 60 and s.stage("augment").items == 60
     assert s.stage("transfer").items == 8 and s.stage("sampler").items == 8
-    assert s.stage("decode").busy_s > 0 and s.consumer_wait_s >= 0
-    assert {q.name for q in s.queues} == {"decode", "augment", "collate", "output"}
+    assert s.stage("decode").busy_s > 0 and s.stage("augment").busy_s > 0 and s.consumer_wait_s >= 0
+    assert s.stage("augment").threads == augment_threads
+    queues = {"decode", "collate", "output"} | ({"augment"} if augment_threads else set())
+    assert {q.name for q in s.queues} == queues
     table = str(s)
     for word in ("decode", "augment", "transfer", "waited", "queue"):
         assert word in table
+    if not augment_threads:
+        assert "inline" in table and s.bottleneck != "augment"
+
+
+def test_inline_augment_time_is_taken_out_of_decode_time(source):
+    """With augment_threads=0 the decode threads' transform time is reported as the
+    augment stage's, not as decode time: a slow transform shows up where it is."""
+    def slow(img, rng):
+        time.sleep(0.005)  # the transform's own cost, not a wait for threads
+        return img
+    with make(source, transforms=[slow, ops.CenterCrop(16)], batch_size=8, decode_threads=2,
+              augment_threads=0) as f:
+        drain(f)
+        s = f.stats()
+    assert s.stage("augment").busy_s >= 60 * 0.005
+    assert s.stage("augment").busy_s > s.stage("decode").busy_s
 
 
 def test_reduced_scale_decode_matches_full_decode_output():

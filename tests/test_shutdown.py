@@ -58,11 +58,12 @@ def timed_close(f) -> float:
 
 # -- close() with every stage blocked -------------------------------------------------------------
 
+@pytest.mark.parametrize("augment_threads", [2, 0])
 @pytest.mark.parametrize("ordered", [True, False])
-def test_close_when_downstream_is_full(blobs, ordered):
+def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
     """The training loop stops reading: output queue full, transfer blocked putting, the
     sampler blocked waiting for a free buffer, the pools starved."""
-    f = make(blobs, queue_size=1, decode_threads=3, augment_threads=2, ordered=ordered)
+    f = make(blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered)
     try:
         it = iter(f)
         run = it._run
@@ -70,7 +71,8 @@ def test_close_when_downstream_is_full(blobs, ordered):
         def backed_up():
             return (run.output.depth() == run.output.maxsize
                     and stage_waiting(run, "transfer", 2) and stage_waiting(run, "sampler", 2)
-                    and stage_waiting(run, "decode", 1) and stage_waiting(run, "augment", 1))
+                    and stage_waiting(run, "decode", 1)
+                    and (not augment_threads or stage_waiting(run, "augment", 1)))
 
         assert wait_until(backed_up, 10), f"pipeline never backed up:\n{f.stats()}"
         took = timed_close(f)
@@ -82,11 +84,13 @@ def test_close_when_downstream_is_full(blobs, ordered):
         f.close()
 
 
-def test_close_when_upstream_is_full(blobs):
-    """Augment threads stuck in a transform: the augment inbox, the decode inbox and the
-    sampler all back up behind them, and the training loop waits in next()."""
+@pytest.mark.parametrize("augment_threads", [2, 0])
+def test_close_when_upstream_is_full(blobs, augment_threads):
+    """Threads stuck in a transform (augment threads, or decode threads running it
+    inline): the queues and the sampler back up behind them, and the training loop
+    waits in next()."""
     gate = Gate()
-    f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=2)
+    f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=augment_threads)
     consumer_result: list = []
     try:
         it = iter(f)
@@ -103,8 +107,11 @@ def test_close_when_upstream_is_full(blobs):
         consumer.start()
 
         def backed_up():
-            return (run.decoded.depth() == run.decoded.maxsize and run.tasks.depth() == run.tasks.maxsize
-                    and stage_waiting(run, "decode", 2) and stage_waiting(run, "sampler", 2)
+            if augment_threads:
+                stuck = (run.decoded.depth() == run.decoded.maxsize and stage_waiting(run, "decode", 2))
+            else:
+                stuck = len(gate.callers) >= 2  # both decode threads are inside the transform
+            return (stuck and run.tasks.depth() == run.tasks.maxsize and stage_waiting(run, "sampler", 2)
                     and stage_waiting(run, "transfer", 1)
                     and thread_blocked_in(consumer, "__next__", "get"))
 

@@ -44,7 +44,7 @@ def matrix_data():
 @pytest.mark.parametrize("faults", [False, True], ids=["clean", "with-skips"])
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("queue_size", [1, 4])
-@pytest.mark.parametrize("threads", [(1, 1), (2, 3), (4, 2)], ids=["1x1", "2x3", "4x2"])
+@pytest.mark.parametrize("threads", [(1, 1), (2, 3), (4, 2), (3, 0)], ids=["1x1", "2x3", "4x2", "3x0"])
 def test_exactly_once_by_content(matrix_data, threads, queue_size, ordered, faults):
     blobs, broken, hashes, bad = matrix_data
     data = broken if faults else blobs
@@ -88,7 +88,7 @@ LEAK_BOUND_MB = 50  # RSS growth allowed over all cycles (after warm-up)
 
 def _one_cycle(src, broken, i: int) -> None:
     """Build a feeder, take part of an epoch, and end it in one of five ways."""
-    kw = dict(seed=i, decode_threads=1 + i % 3, augment_threads=1 + i % 2, queue_size=1 + i % 3,
+    kw = dict(seed=i, decode_threads=1 + i % 3, augment_threads=i % 3, queue_size=1 + i % 3,
               ordered=bool(i % 2))
     way = i % 5
     if way == 0:  # close() after a partial epoch

@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--workers-grid", type=_ints, default=[0, 1, 2, 3, 4],
                    help="DataLoader num_workers to try (default 0,1,2,3,4)")
-    p.add_argument("--threads-grid", type=_threads, default=[(2, 1), (3, 1), (4, 1), (2, 2), (4, 2)],
-                   help="feeder DECODExAUGMENT points to try (default 2x1,3x1,4x1,2x2,4x2)")
+    p.add_argument("--threads-grid", type=_threads, default=[(2, 0), (3, 0), (4, 0), (2, 1), (3, 1), (4, 2)],
+                   help="feeder DECODExAUGMENT points to try; augment 0 runs the transforms in the "
+                        "decode threads (default 2x0,3x0,4x0,2x1,3x1,4x2)")
     p.add_argument("--queue-size", type=int, default=4, help="feeder queue_size (default 4)")
     p.add_argument("--ceiling-images", type=int, default=300,
                    help="images timed per round for the ceiling (default 300)")
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="grid over feeder threads and queue size, with starvation")
     common(p)
     p.add_argument("--decode", type=_ints, default=[1, 2, 3, 4], help="decode threads (default 1,2,3,4)")
-    p.add_argument("--augment", type=_ints, default=[1, 2], help="augment threads (default 1,2)")
+    p.add_argument("--augment", type=_ints, default=[0, 1, 2],
+                   help="augment threads, 0 = run in the decode threads (default 0,1,2)")
     p.add_argument("--queue", type=_ints, default=[4], help="queue sizes (default 4)")
     p.add_argument("--step-ms", type=_floats, default=[0.0],
                    help="simulated training step per batch, ms; several give one plot panel each "

@@ -144,7 +144,7 @@ def _plot(out_dir: str, rows: list[dict[str, Any]], auto: tuple[int, int, int], 
             pts = sorted((r["decode_threads"], r["images_per_s"]) for r in at
                          if (r["augment_threads"], r["queue_size"]) == (aug, q))
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    label=f"augment {aug}, queue {q}")
+                    label=f"{'inline augment' if aug == 0 else f'augment {aug}'}, queue {q}")
         a = next((r for r in at if r["auto"]), None)
         if a is not None:
             ax.plot([a["decode_threads"]], [a["images_per_s"]], marker="*", markersize=16, color="red",
