@@ -193,11 +193,25 @@ class Augmenter(MapStage):
         self._done(task, c)
 
     def _fill(self, task: "Task") -> None:
-        buf = task.batch.buffer
+        run = self.run
+        batch = task.batch
+        buf = batch.buffer
         img, task.image = task.image, None
-        self.run.chain.run(img, task.key, task.ctx, buf.images[task.slot])
-        self.run.decode_buffers.give(buffer_of(img))
-        buf.labels[task.slot] = task.label
+        if buf is not None:
+            run.chain.run(img, task.key, task.ctx, buf.images[task.slot])
+            run.decode_buffers.give(buffer_of(img))
+            buf.labels[task.slot] = task.label
+            return
+        # The batch has no buffer yet (the training loop still holds the last
+        # free one): compute into a scratch array; it is copied in on binding.
+        out = run.scratch.take()
+        try:
+            run.chain.run(img, task.key, task.ctx, out)
+        except BaseException:
+            run.scratch.give(out)
+            raise
+        run.decode_buffers.give(buffer_of(img))
+        batch.store(task.slot, out, task.label, run.scratch.give)
 
     def _done(self, task: "Task", c: Counters) -> None:
         batch = task.batch

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 from ._queue import Closed
@@ -20,6 +22,10 @@ from ._queue import Closed
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # how often a waiter on the pool re-checks its stop condition
+# How long the training loop must have been busy outside next() before the pool
+# grows past two buffers: longer than the loop's own turnaround between batches.
+_BUSY_S = 0.02
+_now = time.perf_counter
 
 
 class BatchBuffer:
@@ -52,12 +58,23 @@ class BufferPool:
         pin: Allocate page-locked memory (for asynchronous copies to CUDA).
     """
 
+    # Buffers always allowed: the batch the training loop holds and the one being filled.
+    MINIMUM = 2
+
     def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool) -> None:
         self.capacity = capacity
         self._geometry = (batch_size, height, width, pin)
+        # Whether the training loop waits inside next(), and since when it has been
+        # busy outside it. While it waits, the batch it holds comes back as soon as
+        # the batch being filled is delivered: a new buffer would not bring data
+        # sooner, it would only cost memory. While it computes, finished batches
+        # may queue up ahead of it, so the pool grows.
+        self.consumer_waiting = False
+        self._busy_since: float | None = _now()  # no next() yet: the loop is elsewhere
         self._free: list[BatchBuffer] = []
         self._allocated = 0
-        self._lent: set[int] = set()
+        self._lent: set[int] = set()  # views handed out (in the output queue or held by the loop)
+        self._queued: set[int] = set()  # lent, but still in the output queue
         self._parked: set[int] = set()
         self._free_ids: set[int] = set()
         # Re-entrant for the same reason as the channels' lock: a lent buffer
@@ -73,8 +90,30 @@ class BufferPool:
         self._allocated += 1
         return BatchBuffer(*self._geometry, serial=self._allocated)
 
+    def try_acquire(self) -> BatchBuffer | None:
+        """A buffer now (free, or newly allocated where the policy allows), else None."""
+        with self._cond:
+            return self._take()
+
+    def _take(self) -> BatchBuffer | None:
+        if self._free:
+            buf = self._free.pop()
+            self._free_ids.discard(buf.serial)
+            return buf
+        if self._allocated < min(self.MINIMUM, self.capacity):
+            return self._new()
+        busy = self._busy_since
+        if self._allocated < self.capacity and busy is not None and _now() - busy >= _BUSY_S:
+            return self._new()
+        return None
+
     def acquire(self, stopped: Callable[[], bool]) -> BatchBuffer:
-        """Take a free buffer, blocking until one is released.
+        """Take a buffer, blocking until one is released.
+
+        Past two buffers, the pool grows up to ``capacity`` once the training
+        loop has been busy outside ``next()`` for a moment (so finished batches
+        queue up ahead of it), but not while it waits in ``next()``: then the
+        batch it holds is about to come back.
 
         Raises:
             Closed: ``stopped()`` became true while waiting.
@@ -83,24 +122,23 @@ class BufferPool:
             while True:
                 if stopped():
                     raise Closed("buffer pool")
-                if self._free:
-                    buf = self._free.pop()
-                    self._free_ids.discard(buf.serial)
+                buf = self._take()
+                if buf is not None:
                     return buf
-                if self._allocated < self.capacity:
-                    return self._new()
-                if len(self._lent) + len(self._parked) >= self._allocated:
-                    # Every buffer is a batch the training loop still holds, or the
-                    # partial batch that waits for more samples. Waiting would
-                    # deadlock (the loop is waiting on us), so grow, and say why once.
-                    if not self._warned:
+                held = len(self._lent) - len(self._queued)
+                if self.consumer_waiting and held + len(self._parked) >= self._allocated:
+                    # Every buffer is a batch the training loop has taken and still
+                    # holds, or the partial batch that waits for more samples. Waiting
+                    # would deadlock (the loop is waiting on us), so grow. Holding one
+                    # batch while asking for the next is normal; more is worth a word.
+                    if held > 1 and not self._warned:
                         self._warned = True
                         log.warning(
                             "the training loop holds %d uint8 batches that are views of feeder "
                             "buffers; allocating more. Clone batches you keep past the next step.",
-                            len(self._lent))
+                            held)
                     return self._new()
-                self._cond.wait(_POLL_S)
+                self._cond.wait(_BUSY_S if self._busy_since is not None else _POLL_S)
 
     def park(self, buf: BatchBuffer, parked: bool = True) -> None:
         """Mark ``buf`` as a partial batch that can only complete with more samples."""
@@ -108,13 +146,28 @@ class BufferPool:
             (self._parked.add if parked else self._parked.discard)(buf.serial)
 
     def lend(self, buf: BatchBuffer) -> None:
+        """A view of ``buf`` is on its way to the training loop (see :meth:`claim`)."""
         with self._cond:
             self._lent.add(buf.serial)
+            self._queued.add(buf.serial)
+
+    def claim(self, buf: BatchBuffer) -> None:
+        """The training loop has taken the lent batch of ``buf`` out of the queue."""
+        with self._cond:
+            self._queued.discard(buf.serial)
+
+    def set_consumer_waiting(self, waiting: bool) -> None:
+        """The training loop entered (True) or left (False) ``next()``."""
+        with self._cond:
+            self.consumer_waiting = waiting
+            self._busy_since = None if waiting else _now()
+            self._cond.notify()  # a waiter re-checks whether to grow
 
     def release(self, buf: BatchBuffer) -> None:
         """Return ``buf`` to the pool. Called from any thread, finalizers included."""
         with self._cond:
             self._lent.discard(buf.serial)
+            self._queued.discard(buf.serial)
             self._parked.discard(buf.serial)
             if buf.serial in self._free_ids:
                 # A second release would hand one buffer to two batches at once.
@@ -125,20 +178,69 @@ class BufferPool:
             self._cond.notify()
 
 
+class Scratch:
+    """Spare one-sample arrays for samples finished before their batch has a buffer."""
+
+    def __init__(self, height: int, width: int) -> None:
+        self._shape = (height, width, 3)
+        self._free: list = []
+
+    def take(self):
+        try:
+            return self._free.pop()
+        except IndexError:
+            return np.empty(self._shape, np.uint8)
+
+    def give(self, arr) -> None:
+        self._free.append(arr)
+
+
 class Batch:
-    """A batch being filled: the buffer, how many slots were dispatched, what failed."""
+    """A batch being filled: the buffer, how many slots were dispatched, what failed.
 
-    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error", "error_slot")
+    The buffer may be bound after the first samples were dispatched (``buffer``
+    None until :meth:`bind`): a sample finished before then waits in a scratch
+    array (:meth:`store`) and is copied in when the buffer arrives. The batch is
+    complete when every slot is done and it has its buffer.
+    """
 
-    def __init__(self, index: int, buffer: BatchBuffer, size: int) -> None:
+    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error", "error_slot",
+                 "_stash")
+
+    def __init__(self, index: int, buffer: BatchBuffer | None, size: int) -> None:
         self.index = index
         self.buffer = buffer
         self.size = size
-        self._remaining = size
+        self._remaining = size + (buffer is None)  # binding the buffer counts as one more step
         self._lock = threading.Lock()
         self.holes: list[int] = []  # slots whose sample was skipped
         self.error: BaseException | None = None  # failure of the lowest slot under on_error="raise"
         self.error_slot = -1
+        self._stash: list[tuple[int, np.ndarray, int]] = []
+
+    def store(self, slot: int, image: np.ndarray, label: int, give: Callable[[np.ndarray], None]) -> None:
+        """Put a sample computed into a scratch array in its slot, now or once the buffer is bound."""
+        with self._lock:
+            if self.buffer is None:
+                self._stash.append((slot, image, label))
+                return
+            buf = self.buffer
+        buf.images[slot] = image
+        buf.labels[slot] = label
+        give(image)
+
+    def bind(self, buffer: BatchBuffer, give: Callable[[np.ndarray], None]) -> bool:
+        """Give the batch its buffer and copy in the samples that waited for it;
+        true when that completes the batch."""
+        with self._lock:
+            self.buffer = buffer
+            stash, self._stash = self._stash, []
+            for slot, image, label in stash:
+                buffer.images[slot] = image
+                buffer.labels[slot] = label
+                give(image)
+            self._remaining -= 1
+            return self._remaining == 0
 
     def fail(self, slot: int, error: BaseException) -> None:
         """Record ``error`` for ``slot``; the lowest failing slot's error is kept, so the

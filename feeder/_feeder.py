@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ._augment import Chain
-from ._batch import BufferPool
+from ._batch import BufferPool, Scratch
 from ._config import DEFAULTS, Config
 from ._decode import DecodeBuffers
 from ._pipeline import Pass
@@ -54,6 +54,7 @@ class _Engine:
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda")
         self.decode_buffers = DecodeBuffers()
+        self.scratch = Scratch(h, w)
         self.book = StatsBook({"sampler": 1, "decode": config.decode_threads,
                                "augment": config.augment_threads, "transfer": 1})
         self.lock = threading.Lock()
@@ -76,7 +77,7 @@ class _Engine:
                 self._limits_held = True
             self.book.start()
             run = Pass(self.config, self.source, self.chain, self.pool, self.book,
-                       self.decode_buffers, seed, epoch, rank, world_size)
+                       self.decode_buffers, self.scratch, seed, epoch, rank, world_size)
             self.current = run
             self.passes.append(run)
             run.start()
@@ -284,6 +285,8 @@ class _PassIterator:
             raise StopIteration
         run = self._run
         t0 = time.perf_counter()
+        pool = run.pool
+        pool.set_consumer_waiting(True)
         try:
             item = run.output.get()
         except Closed:
@@ -296,6 +299,7 @@ class _PassIterator:
             run.stop()
             raise
         finally:
+            pool.set_consumer_waiting(False)  # before claim() below: see BufferPool.acquire
             self._book.consumer_wait_s += time.perf_counter() - t0
         if item is END:
             self._done = True
@@ -305,6 +309,8 @@ class _PassIterator:
             raise item.error from item.error.__cause__
         assert isinstance(item, Delivery)
         images, labels = item.images, item.labels
+        if item.lent is not None:
+            pool.claim(item.lent)
         if self._cuda:
             stream = torch.cuda.current_stream(run.device)
             stream.wait_event(item.event)

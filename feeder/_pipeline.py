@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ._augment import Augmenter, Chain
-from ._batch import BatchBuffer, BufferPool
+from ._batch import BatchBuffer, BufferPool, Scratch
 from ._decode import DecodeBuffers, Decoder, buffer_of
 from ._queue import Channel
 from ._sampler import Sampler, Task
@@ -40,7 +40,7 @@ class Pass:
     """The threads, channels and buffers of one pass over one epoch."""
 
     def __init__(self, config: "Config", source, chain: Chain, pool: BufferPool, book: StatsBook,
-                 decode_buffers: DecodeBuffers, seed: int, epoch: int, rank: int,
+                 decode_buffers: DecodeBuffers, scratch: Scratch, seed: int, epoch: int, rank: int,
                  world_size: int) -> None:
         self.config = config
         self.source = source
@@ -55,6 +55,7 @@ class Pass:
         self.device = config.device
         self.max_pixels = config.max_pixels
         self.decode_buffers = decode_buffers
+        self.scratch = scratch
         self.error: BaseException | None = None
         self._stopped = False
         self._lock = threading.Lock()

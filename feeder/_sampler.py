@@ -79,16 +79,32 @@ class Sampler(Stage):
         total = num_batches(len(order), B, cfg.drop_last and cfg.on_error != "skip")
         order = order[:total * B].tolist()
         stopped = run.stopped
+        # Samples dispatched before their batch has a buffer: enough to keep every
+        # decode thread busy while the training loop hands its batch back.
+        ahead = cfg.decode_queue
         for b in range(total):
-            c.begin_wait(2)  # waiting for a free buffer: downstream is behind
-            try:
-                buf = run.pool.acquire(stopped)
-            finally:
-                c.end_wait()
-            run.own(buf)
             indices = order[b * B:(b + 1) * B]
-            batch = Batch(b, buf, len(indices))
-            for slot, index in enumerate(indices):
-                self.put(c, self.outbox, Task(batch, slot, index))
+            buf = run.pool.try_acquire()
+            if buf is not None:
+                run.own(buf)
+                batch = Batch(b, buf, len(indices))
+                first = 0
+            else:
+                # No buffer yet: start the batch anyway; its first samples wait in
+                # scratch arrays until the buffer is bound.
+                batch = Batch(b, None, len(indices))
+                first = min(ahead, len(indices))
+                for slot in range(first):
+                    self.put(c, self.outbox, Task(batch, slot, indices[slot]))
+                c.begin_wait(2)  # waiting for a free buffer: downstream is behind
+                try:
+                    buf = run.pool.acquire(stopped)
+                finally:
+                    c.end_wait()
+                run.own(buf)
+                if batch.bind(buf, run.scratch.give):  # every dispatched sample already failed
+                    self.put(c, run.ready, batch)
+            for slot in range(first, len(indices)):
+                self.put(c, self.outbox, Task(batch, slot, indices[slot]))
             c.items += 1
         self.put(c, self.outbox, END)

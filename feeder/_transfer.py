@@ -38,14 +38,17 @@ if TYPE_CHECKING:
 
 
 class Delivery:
-    """A batch ready for the consumer; ``event`` is set for CUDA batches."""
+    """A batch ready for the consumer; ``event`` is set for CUDA batches, ``lent``
+    for a CPU batch that is a view of a pool buffer."""
 
-    __slots__ = ("images", "labels", "event")
+    __slots__ = ("images", "labels", "event", "lent")
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, event) -> None:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, event,
+                 lent: BatchBuffer | None = None) -> None:
         self.images = images
         self.labels = labels
         self.event = event
+        self.lent = lent
 
 
 class Failure:
@@ -130,9 +133,10 @@ class Transfer(Stage):
             images = torch.from_numpy(view).permute(0, 3, 1, 2)
             run.lend(buf)
             weakref.finalize(view, run.pool.release, buf)
-        else:
-            images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-            run.release(buf)
+            self.put(c, self.outbox, Delivery(images, labels, None, buf))
+            return
+        images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
+        run.release(buf)
         self.put(c, self.outbox, Delivery(images, labels, None))
 
     def _deliver_cuda(self, buf: BatchBuffer, n: int, c: Counters) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from feeder._batch import Batch, BufferPool, Collator
@@ -82,8 +83,73 @@ def test_pool_grows_when_everything_is_lent():
     pool = BufferPool(1, 1, 1, 1, pin=False)
     a = pool.acquire(lambda: False)
     pool.lend(a)
+    pool.set_consumer_waiting(False)
+    pool.claim(a)  # the training loop took the batch and keeps it...
+    pool.set_consumer_waiting(True)  # ...while it waits for the next one
     b = pool.acquire(lambda: False)  # would deadlock otherwise
     assert b is not a and pool.allocated == 2
+
+
+def _acquire_in_thread(pool):
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire(lambda: False)), daemon=True)
+    t.start()
+    return t, got
+
+
+def test_pool_stays_at_two_buffers_while_the_loop_waits():
+    """The loop holds one batch and waits for the one being filled: a third buffer
+    would not bring data sooner, so the pool waits for the held one to come back."""
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    held, filling = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    pool.lend(held)
+    pool.set_consumer_waiting(False)
+    pool.claim(held)
+    pool.set_consumer_waiting(True)
+    t, got = _acquire_in_thread(pool)
+    t.join(0.3)
+    assert t.is_alive() and pool.allocated == 2
+    pool.release(held)  # the loop dropped it after receiving the next batch
+    t.join(5)
+    assert got == [held] and pool.allocated == 2
+    pool.release(filling)
+
+
+def test_pool_grows_while_the_loop_is_busy():
+    """The loop computes outside next(): finished batches may queue up ahead of it."""
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    pool.set_consumer_waiting(True)
+    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    t, got = _acquire_in_thread(pool)
+    t.join(0.3)
+    assert t.is_alive()  # the loop waits: no third buffer
+    pool.set_consumer_waiting(False)  # the loop got a batch and computes
+    t.join(5)
+    assert not t.is_alive() and len(got) == 1 and got[0] not in (a, b) and pool.allocated == 3
+
+
+def test_batch_bound_late_takes_stashed_samples():
+    pool = BufferPool(4, 3, 1, 1, pin=False)
+    given = []
+    b = Batch(0, None, 3)
+    b.store(2, np.full((1, 1, 3), 7, np.uint8), 12, given.append)  # before the buffer exists
+    assert not b.finish_slot()
+    b.fail(1, ValueError("x"))
+    assert not b.finish_slot()
+    buf = pool.acquire(lambda: False)
+    assert not b.bind(buf, given.append)  # slot 0 is still to come
+    assert b.buffer is buf and buf.labels[2] == 12 and (buf.images[2] == 7).all() and len(given) == 1
+    b.store(0, np.full((1, 1, 3), 5, np.uint8), 10, given.append)  # after: copied in at once
+    assert buf.labels[0] == 10 and (buf.images[0] == 5).all() and len(given) == 2
+    assert b.finish_slot()  # the last slot completes it
+
+
+def test_batch_completes_on_binding_when_every_sample_is_done():
+    pool = BufferPool(4, 2, 1, 1, pin=False)
+    b = Batch(0, None, 2)
+    b.holes += [0, 1]
+    assert not b.finish_slot() and not b.finish_slot()
+    assert b.bind(pool.acquire(lambda: False), lambda arr: None)
 
 
 def test_double_release_is_ignored():

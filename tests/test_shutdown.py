@@ -107,11 +107,10 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
         consumer.start()
 
         def backed_up():
-            if augment_threads:
-                stuck = (run.decoded.depth() == run.decoded.maxsize and stage_waiting(run, "decode", 2))
-            else:
-                stuck = len(gate.callers) >= 2  # both decode threads are inside the transform
-            return (stuck and run.tasks.depth() == run.tasks.maxsize and stage_waiting(run, "sampler", 2)
+            # Both threads that run the transforms (augment, or decode when inline)
+            # are inside it; the sampler is blocked (queue full, or no free buffer:
+            # the loop waits for the first batch, so the pool does not grow).
+            return (len(gate.callers) >= 2 and stage_waiting(run, "sampler", 2)
                     and stage_waiting(run, "transfer", 1)
                     and thread_blocked_in(consumer, "__next__", "get"))
 
