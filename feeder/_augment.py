@@ -158,6 +158,17 @@ class Chain:
         np.copyto(out, img)
 
 
+def _as_label(label: Any) -> int:
+    """``label`` as the int64 the batch buffer stores, converted the same way.
+
+    Raises:
+        TypeError, ValueError, OverflowError: not representable as int64.
+    """
+    box = np.empty((), np.int64)
+    box[()] = label
+    return int(box)
+
+
 class Augmenter(MapStage):
     """Applies the transforms; the result lands in the batch buffer slot.
 
@@ -211,7 +222,12 @@ class Augmenter(MapStage):
             run.scratch.give(out)
             raise
         run.decode_buffers.give(buffer_of(img))
-        batch.store(task.slot, out, task.label, run.scratch.give)
+        try:
+            label = _as_label(task.label)  # fails here, as a write into the buffer would
+        except BaseException:
+            run.scratch.give(out)
+            raise
+        batch.store(task.slot, out, label, run.scratch.give)
 
     def _done(self, task: "Task", c: Counters) -> None:
         batch = task.batch

@@ -76,6 +76,9 @@ class BufferPool:
         self._lent: set[int] = set()  # views handed out (in the output queue or held by the loop)
         self._queued: set[int] = set()  # lent, but still in the output queue
         self._parked: set[int] = set()
+        # Owned by a stopped pass whose threads have not all exited (one may be
+        # stuck in user code): they come back, but maybe not soon.
+        self._retired: set[int] = set()
         self._free_ids: set[int] = set()
         # Re-entrant for the same reason as the channels' lock: a lent buffer
         # comes back from a finalizer that may run inside this lock.
@@ -107,17 +110,20 @@ class BufferPool:
             return self._new()
         return None
 
-    def acquire(self, stopped: Callable[[], bool]) -> BatchBuffer:
+    def acquire(self, stopped: Callable[[], bool], starving: Callable[[], bool] | None = None) -> BatchBuffer:
         """Take a buffer, blocking until one is released.
 
         Past two buffers, the pool grows up to ``capacity`` once the training
         loop has been busy outside ``next()`` for a moment (so finished batches
         queue up ahead of it), but not while it waits in ``next()``: then the
-        batch it holds is about to come back.
+        batch it holds is about to come back. It also grows when the wait has
+        lasted 20 ms and ``starving()`` says the workers have run out of work
+        (a slow sample holds up the batch the loop waits for).
 
         Raises:
             Closed: ``stopped()`` became true while waiting.
         """
+        since = _now()
         with self._cond:
             while True:
                 if stopped():
@@ -125,8 +131,12 @@ class BufferPool:
                 buf = self._take()
                 if buf is not None:
                     return buf
+                if (starving is not None and self._allocated < self.capacity
+                        and _now() - since >= _BUSY_S and starving()):
+                    return self._new()
                 held = len(self._lent) - len(self._queued)
-                if self.consumer_waiting and held + len(self._parked) >= self._allocated:
+                stuck = held + len(self._parked | self._retired)
+                if self.consumer_waiting and stuck >= self._allocated:
                     # Every buffer is a batch the training loop has taken and still
                     # holds, or the partial batch that waits for more samples. Waiting
                     # would deadlock (the loop is waiting on us), so grow. Holding one
@@ -138,7 +148,13 @@ class BufferPool:
                             "buffers; allocating more. Clone batches you keep past the next step.",
                             held)
                     return self._new()
-                self._cond.wait(_BUSY_S if self._busy_since is not None else _POLL_S)
+                self._cond.wait(_BUSY_S if self._busy_since is not None or starving else _POLL_S)
+
+    def retire(self, bufs: list[BatchBuffer]) -> None:
+        """``bufs`` belong to a stopped pass: do not count on them coming back soon."""
+        with self._cond:
+            self._retired.update(b.serial for b in bufs)
+            self._cond.notify_all()
 
     def park(self, buf: BatchBuffer, parked: bool = True) -> None:
         """Mark ``buf`` as a partial batch that can only complete with more samples."""
@@ -161,7 +177,7 @@ class BufferPool:
         with self._cond:
             self.consumer_waiting = waiting
             self._busy_since = None if waiting else _now()
-            self._cond.notify()  # a waiter re-checks whether to grow
+            self._cond.notify_all()  # a waiter re-checks whether to grow
 
     def release(self, buf: BatchBuffer) -> None:
         """Return ``buf`` to the pool. Called from any thread, finalizers included."""
@@ -169,13 +185,14 @@ class BufferPool:
             self._lent.discard(buf.serial)
             self._queued.discard(buf.serial)
             self._parked.discard(buf.serial)
+            self._retired.discard(buf.serial)
             if buf.serial in self._free_ids:
                 # A second release would hand one buffer to two batches at once.
                 log.error("batch buffer %d released twice; ignored", buf.serial)
                 return
             self._free_ids.add(buf.serial)
             self._free.append(buf)
-            self._cond.notify()
+            self._cond.notify_all()  # the waiter may be a stopped pass's sampler
 
 
 class Scratch:

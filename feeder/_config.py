@@ -123,9 +123,11 @@ class Config:
 
     @property
     def num_buffers(self) -> int:
-        """Batch buffers in the pool: ``queue_size`` finished batches waiting for the
-        training loop, the batches being filled (enough to cover every sample that
-        can be in flight, plus one), one being transferred and one held by the loop."""
+        """Most batch buffers in the pool: ``queue_size`` finished batches waiting for
+        the training loop, the batches being filled (enough to cover every sample
+        that can be in flight, plus one), one being transferred and one held by the
+        loop. The pool reaches it only while the loop is slower than the pipeline
+        (see ``BufferPool.acquire``)."""
         in_flight = (self.decode_queue + self.augment_queue + self.decode_threads
                      + self.augment_threads)
         filling = 1 + -(-in_flight // self.batch_size)

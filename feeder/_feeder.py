@@ -76,6 +76,7 @@ class _Engine:
                 LibraryThreads.acquire()
                 self._limits_held = True
             self.book.start()
+            self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
             run = Pass(self.config, self.source, self.chain, self.pool, self.book,
                        self.decode_buffers, self.scratch, seed, epoch, rank, world_size)
             self.current = run
@@ -130,8 +131,9 @@ class Feeder:
         batch_size: Samples per batch.
         transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
             or plain callables ``fn(img, rng) -> img``.
-        decode_threads: Threads reading and decoding, or ``"auto"``.
-        augment_threads: Threads running the transforms, or ``"auto"``.
+        decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2).
+        augment_threads: Threads running the transforms, or 0 to run them in the
+            decode threads, or ``"auto"`` (0: measured fastest; see the README).
         queue_size: Finished batches buffered ahead of the training loop.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
@@ -159,9 +161,12 @@ class Feeder:
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
 
-    Memory: ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
-    bytes (pinned when ``device`` is CUDA), plus at most
-    ``4 * (decode_threads + augment_threads)`` decoded images in flight.
+    Memory: at most ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
+    bytes (pinned when ``device`` is CUDA); two while the training loop keeps up,
+    more only while it spends 20 ms or more outside ``next()`` or keeps uint8
+    batches. Plus up to ``4 * decode_threads`` one-sample scratch arrays, and the
+    decoded images in flight: one per decode thread with ``augment_threads=0``,
+    else up to ``decode_threads + 5 * augment_threads``.
 
     Not thread-safe for iteration from several threads at once; ``close()`` may
     be called from any thread.

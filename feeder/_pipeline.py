@@ -107,6 +107,9 @@ class Pass:
     def stop(self) -> None:
         """Close every channel: each thread leaves at its next queue operation. Safe to repeat."""
         self._stopped = True
+        with self._lock:
+            owned = list(self._owned.values())
+        self.pool.retire(owned)
         for ch in self.channels:
             ch.close()
 

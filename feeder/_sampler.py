@@ -79,6 +79,10 @@ class Sampler(Stage):
         total = num_batches(len(order), B, cfg.drop_last and cfg.on_error != "skip")
         order = order[:total * B].tolist()
         stopped = run.stopped
+        tasks = self.outbox
+
+        def starving() -> bool:  # the decode threads have taken every dispatched sample
+            return tasks.depth() == 0
         # Samples dispatched before their batch has a buffer: enough to keep every
         # decode thread busy while the training loop hands its batch back.
         ahead = cfg.decode_queue
@@ -98,7 +102,7 @@ class Sampler(Stage):
                     self.put(c, self.outbox, Task(batch, slot, indices[slot]))
                 c.begin_wait(2)  # waiting for a free buffer: downstream is behind
                 try:
-                    buf = run.pool.acquire(stopped)
+                    buf = run.pool.acquire(stopped, starving)
                 finally:
                     c.end_wait()
                 run.own(buf)

@@ -28,6 +28,9 @@ class StageStats:
         wait_input_s: Thread-seconds waiting for input (upstream too slow).
         wait_output_s: Thread-seconds blocked on a full output queue or a free
             buffer (downstream too slow).
+        inline_s: Thread-seconds these threads spent running the next stage's
+            work (decode threads running the transforms with ``augment_threads=0``);
+            counted in that stage's ``busy_s``, not in this one's.
     """
 
     name: str
@@ -36,14 +39,17 @@ class StageStats:
     busy_s: float
     wait_input_s: float
     wait_output_s: float
+    inline_s: float = 0.0
 
     @property
     def utilization(self) -> float:
-        """Fraction of thread time spent working (0 for a stage run inline by another's threads)."""
+        """Fraction of thread time spent working, the next stage's inline work included
+        (0 for a stage run inline by another's threads)."""
         if self.threads == 0:
             return 0.0
-        total = self.busy_s + self.wait_input_s + self.wait_output_s
-        return self.busy_s / total if total > 0 else 0.0
+        work = self.busy_s + self.inline_s
+        total = work + self.wait_input_s + self.wait_output_s
+        return work / total if total > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -143,10 +149,11 @@ def _add(totals: dict[str, list], stage: str, c) -> None:
     t[1] += c.busy_s()
     t[2] += c.wait_in_s
     t[3] += c.wait_out_s
-    if c.inline_items:
+    if c.inline_items or c.inline_s:
         u = totals[_INLINE_INTO[stage]]
         u[0] += c.inline_items
         u[1] += c.inline_s
+        t[4] += c.inline_s
 
 
 class StatsBook:
@@ -155,7 +162,8 @@ class StatsBook:
     def __init__(self, stage_threads: dict[str, int]) -> None:
         self._lock = threading.Lock()
         self._stage_threads = stage_threads
-        self._stages = {name: [0, 0.0, 0.0, 0.0] for name in stage_threads}
+        # items, busy s, wait in s, wait out s, s spent on the next stage's work inline
+        self._stages = {name: [0, 0.0, 0.0, 0.0, 0.0] for name in stage_threads}
         self._queues: dict[str, list] = {}
         self.samples = 0
         self.batches = 0
@@ -211,7 +219,7 @@ class StatsBook:
             q[2] += ch._depth_sum
             q[3] = max(q[3], ch.max_depth)
             depths[ch.name] = ch.depth()
-        stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3])
+        stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3], t[4])
                        for name, t in totals.items())
         qs = tuple(QueueStats(name, q[0], depths.get(name, 0), q[2] / q[1] if q[1] else 0.0, q[3])
                    for name, q in queues.items())

@@ -159,3 +159,38 @@ def test_double_release_is_ignored():
     pool.release(a)
     x, y = pool.acquire(lambda: False), pool.acquire(lambda: False)
     assert x is not y
+
+
+def test_pool_grows_when_the_rest_belongs_to_a_stopped_pass():
+    """A stopped pass's buffers come back only when its threads exit, and one may be
+    stuck in user code: a waiting loop must not depend on them."""
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    held, stuck = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    pool.lend(held)
+    pool.set_consumer_waiting(False)
+    pool.claim(held)
+    pool.set_consumer_waiting(True)
+    t, got = _acquire_in_thread(pool)
+    t.join(0.3)
+    assert t.is_alive()  # `stuck` is being filled by a live pass: worth waiting for
+    pool.retire([stuck])  # its pass was stopped
+    t.join(5)
+    assert not t.is_alive() and got[0] not in (held, stuck) and pool.allocated == 3
+    pool.release(stuck)  # once its thread exits, it is an ordinary free buffer again
+    assert pool.try_acquire() is stuck
+
+
+def test_pool_grows_when_the_workers_starve_behind_a_slow_sample():
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    pool.set_consumer_waiting(True)
+    pool.acquire(lambda: False), pool.acquire(lambda: False)
+    starving = threading.Event()
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire(lambda: False, starving.is_set)),
+                         daemon=True)
+    t.start()
+    t.join(0.3)
+    assert t.is_alive()  # the workers still have samples: wait for the loop's batch
+    starving.set()
+    t.join(5)
+    assert not t.is_alive() and pool.allocated == 3

@@ -541,6 +541,19 @@ def test_stats_account_for_work(source, augment_threads):
         assert "inline" in table and s.bottleneck != "augment"
 
 
+def test_inline_time_of_failed_samples_is_still_augment_time(source):
+    def slow_then_fail(img, rng):
+        time.sleep(0.005)  # the transform's own cost, not a wait for threads
+        raise ValueError("bad sample")
+    with make(source, transforms=[slow_then_fail, ops.CenterCrop(16)], batch_size=8, decode_threads=1,
+              augment_threads=0, on_error="skip") as f:
+        drain(f)
+        s = f.stats()
+    assert s.skipped == 60 and s.stage("augment").items == 0
+    assert s.stage("augment").busy_s >= 60 * 0.005 > s.stage("decode").busy_s
+    assert s.stage("decode").utilization > 0.5  # the inline work counts as the threads' work
+
+
 def test_inline_augment_time_is_taken_out_of_decode_time(source):
     """With augment_threads=0 the decode threads' transform time is reported as the
     augment stage's, not as decode time: a slow transform shows up where it is."""
@@ -679,3 +692,78 @@ def test_workers_do_not_change_torch_threads_of_other_threads(source):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [expect, expect]
+
+
+# -- batches bound to a buffer late ------------------------------------------------------
+
+@pytest.fixture
+def late_binding(monkeypatch):
+    """Every batch starts without a buffer: its first samples go through scratch arrays."""
+    from feeder._batch import BufferPool
+    monkeypatch.setattr(BufferPool, "try_acquire", lambda self: None)
+
+
+@pytest.mark.parametrize("threads", [(2, 0), (3, 2)])
+@pytest.mark.parametrize("ordered", [True, False])
+def test_late_bound_batches_deliver_each_sample_once_with_its_pixels(source, late_binding, threads, ordered):
+    def by_label(batches):
+        return {int(l): x[i].tobytes() for x, y in batches for i, l in enumerate(y)}
+    with make(source, batch_size=7, ordered=ordered, decode_threads=threads[0],
+              augment_threads=threads[1], seed=5) as f:
+        f.set_epoch(2)
+        late, err = drain(f)
+    assert err is None and sorted(labels_of(late)) == list(range(60))
+    with make(source, batch_size=7, ordered=ordered, decode_threads=1, augment_threads=1, seed=5) as f:
+        f.set_epoch(2)
+        ref, _ = drain(f)
+    assert by_label(late) == by_label(ref)  # each label still travels with its own pixels
+
+
+class _BadLabelAt(MemorySource):
+    def __init__(self, blobs, bad):
+        super().__init__(blobs)
+        self.labels[bad] = "cat"
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_bad_label_in_a_late_bound_batch_is_that_sample_s_error(mixed_blobs, late_binding, on_error):
+    bad = 45  # in the 6th batch of 8
+    src = _BadLabelAt(mixed_blobs, bad)
+    with make(src, batch_size=8, shuffle=False, on_error=on_error) as f:
+        batches, err = drain(f)
+        skipped = f.stats().skipped
+    if on_error == "raise":
+        assert isinstance(err, SampleError) and err.stage == "augment" and err.index == bad, repr(err)
+    else:
+        assert err is None and skipped == 1
+        assert sorted(labels_of(batches)) == [i for i in range(60) if i != bad]
+
+
+def test_a_new_pass_gets_buffers_while_an_abandoned_pass_is_stuck_in_user_code(source):
+    """The pool holds two buffers; the first pass is dropped while one of its threads is
+    inside a transform that does not return. Its buffers will come back only when that
+    call returns, so the new pass must not wait for them."""
+    entered, release = threading.Event(), threading.Event()
+    lock = threading.Lock()
+
+    def stall(img, rng):
+        with lock:
+            first = not entered.is_set()
+            entered.set()
+        if first:
+            assert release.wait(30), "never released"
+        return img
+
+    f = make(source, transforms=[stall, ops.CenterCrop(16)], batch_size=4, decode_threads=2,
+             augment_threads=0, ordered=False)
+    try:
+        it = iter(f)
+        held = next(it)  # the loop keeps this batch, as `for x in f: break` does
+        assert entered.is_set()
+        del it  # the pass is abandoned with a thread stuck in `stall`
+        batches, err = drain(f, timeout=10, limit=3)
+        assert err is None and len(batches) == 3
+        assert held[0].shape[0] == 4
+    finally:
+        release.set()
+        f.close()

@@ -49,7 +49,10 @@ def main() -> None:
         batch_mib = batch * args.batch_size * 224 * 224 * 3 / 2**20
         dbufs = list(engine.decode_buffers._free)
         dec_mib = sum(b.nbytes for b in dbufs) / 2**20
-    print(f"batch buffers: {batch} ({batch_mib:.1f} MiB); decode buffers: {len(dbufs)} ({dec_mib:.1f} MiB)")
+        scratch = list(engine.scratch._free)
+        scratch_mib = sum(a.nbytes for a in scratch) / 2**20
+    print(f"batch buffers: {batch} ({batch_mib:.1f} MiB); decode buffers: {len(dbufs)} ({dec_mib:.1f} MiB); "
+          f"scratch samples: {len(scratch)} ({scratch_mib:.1f} MiB)")
     grew = {k: (after[k] - before[k]) / 1024 for k in set(before) | set(after)}
     anon = grew.pop("[anon]", 0.0)
     code = sum(v for v in grew.values() if v > 0)
