@@ -32,7 +32,7 @@ bench make-data "$data/imagenet-like" --n-classes 20 --per-class 100 --seed 0 | 
 bench make-data "$data/large" --large --n-classes 4 --per-class 50 --seed 1 | tee -a "$out/data.txt"
 
 bench ceiling "$data/imagenet-like" --out "$out" --limit 500 --repeats 3 | tee "$out/ceiling.txt"
-bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --batch-size 64 \
+bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-repeats 2 --batch-size 64 \
   --workers-grid 0,1,2,3,4 --threads-grid 2x0,3x0,4x0,2x1,3x1,4x2 | tee "$out/compare.txt"
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
