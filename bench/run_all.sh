@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every table and plot in bench/results/ (about 10-15 minutes on a
+# Regenerate every table and plot in bench/results/ (about 20 minutes on a
 # 2-core machine). Run it on a quiet machine: the figures are wall-clock.
 #
 #   bash bench/run_all.sh
