@@ -218,15 +218,11 @@ class Augmenter(MapStage):
         out = run.scratch.take()
         try:
             run.chain.run(img, task.key, task.ctx, out)
-        except BaseException:
-            run.scratch.give(out)
-            raise
-        run.decode_buffers.give(buffer_of(img))
-        try:
             label = _as_label(task.label)  # fails here, as a write into the buffer would
         except BaseException:
             run.scratch.give(out)
             raise
+        run.decode_buffers.give(buffer_of(img))
         batch.store(task.slot, out, label, run.scratch.give)
 
     def _done(self, task: "Task", c: Counters) -> None:

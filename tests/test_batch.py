@@ -79,22 +79,27 @@ def test_pool_blocks_until_release_and_stops():
         pool.acquire(lambda: True)
 
 
+def _loop_holds(pool, buf):
+    """``buf`` was delivered; the loop took it, keeps it, and waits in next() again."""
+    pool.lend(buf)
+    pool.set_consumer_waiting(False)
+    pool.claim(buf)
+    pool.set_consumer_waiting(True)
+
+
+def _acquire_in_thread(pool, starving=None):
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.acquire(lambda: False, starving)), daemon=True)
+    t.start()
+    return t, got
+
+
 def test_pool_grows_when_everything_is_lent():
     pool = BufferPool(1, 1, 1, 1, pin=False)
     a = pool.acquire(lambda: False)
-    pool.lend(a)
-    pool.set_consumer_waiting(False)
-    pool.claim(a)  # the training loop took the batch and keeps it...
-    pool.set_consumer_waiting(True)  # ...while it waits for the next one
+    _loop_holds(pool, a)  # the training loop took the batch and keeps it, waiting for the next
     b = pool.acquire(lambda: False)  # would deadlock otherwise
     assert b is not a and pool.allocated == 2
-
-
-def _acquire_in_thread(pool):
-    got = []
-    t = threading.Thread(target=lambda: got.append(pool.acquire(lambda: False)), daemon=True)
-    t.start()
-    return t, got
 
 
 def test_pool_stays_at_two_buffers_while_the_loop_waits():
@@ -102,10 +107,7 @@ def test_pool_stays_at_two_buffers_while_the_loop_waits():
     would not bring data sooner, so the pool waits for the held one to come back."""
     pool = BufferPool(8, 1, 1, 1, pin=False)
     held, filling = pool.acquire(lambda: False), pool.acquire(lambda: False)
-    pool.lend(held)
-    pool.set_consumer_waiting(False)
-    pool.claim(held)
-    pool.set_consumer_waiting(True)
+    _loop_holds(pool, held)
     t, got = _acquire_in_thread(pool)
     t.join(0.3)
     assert t.is_alive() and pool.allocated == 2
@@ -166,10 +168,7 @@ def test_pool_grows_when_the_rest_belongs_to_a_stopped_pass():
     stuck in user code: a waiting loop must not depend on them."""
     pool = BufferPool(8, 1, 1, 1, pin=False)
     held, stuck = pool.acquire(lambda: False), pool.acquire(lambda: False)
-    pool.lend(held)
-    pool.set_consumer_waiting(False)
-    pool.claim(held)
-    pool.set_consumer_waiting(True)
+    _loop_holds(pool, held)
     t, got = _acquire_in_thread(pool)
     t.join(0.3)
     assert t.is_alive()  # `stuck` is being filled by a live pass: worth waiting for
@@ -185,10 +184,7 @@ def test_pool_grows_when_the_workers_starve_behind_a_slow_sample():
     pool.set_consumer_waiting(True)
     pool.acquire(lambda: False), pool.acquire(lambda: False)
     starving = threading.Event()
-    got = []
-    t = threading.Thread(target=lambda: got.append(pool.acquire(lambda: False, starving.is_set)),
-                         daemon=True)
-    t.start()
+    t, got = _acquire_in_thread(pool, starving.is_set)
     t.join(0.3)
     assert t.is_alive()  # the workers still have samples: wait for the loop's batch
     starving.set()
