@@ -58,14 +58,39 @@ def test_make_data_is_deterministic(tiny, tmp_path):
 
 def test_ceiling(tiny, tmp_path):
     out = str(tmp_path / "out")
-    proc = bench("ceiling", tiny["data"], "--out", out, "--repeats", "1", "--limit", "10", cwd=tiny["base"])
+    proc = bench("ceiling", tiny["data"], "--out", out, "--repeats", "1", "--limit", "10",
+                 "--processes", "2", cwd=tiny["base"])
     assert "ceiling img/s" in proc.stdout
-    (row,) = read_csv(os.path.join(out, "ceiling.csv"))
-    assert int(row["images"]) == 10 and int(row["cores"]) >= 1
-    assert float(row["ceiling_images_per_s"]) > 0
-    assert float(row["decode_ms"]) > 0 and float(row["per_image_ms"]) >= float(row["decode_ms"])
+    single, parallel = read_csv(os.path.join(out, "ceiling.csv"))
+    assert int(single["images"]) == 10 and int(single["cores"]) >= 1
+    assert parallel["how"] == "2 processes at once" and int(parallel["cores"]) == 2
+    assert int(parallel["images"]) == 20  # 10 per process, none twice (24 images in the set)
+    for row in (single, parallel):
+        assert float(row["ceiling_images_per_s"]) > 0
+        assert float(row["decode_ms"]) > 0 and float(row["per_image_ms"]) >= float(row["decode_ms"])
+    assert float(parallel["of_single_x_cores"]) > 0
     doc = json.load(open(os.path.join(out, "ceiling.json")))
     assert doc["machine"]["available_cores"] >= 1 and doc["machine"]["torch_version"]
+
+
+@pytest.mark.parametrize("size,limit,shards", [(24, 10, 2), (24, 10, 3), (2000, 500, 2), (7, 5, 4), (5, 5, 1)])
+def test_ceiling_shares_are_disjoint_and_spread(size, limit, shards):
+    from feeder.bench.ceiling import timed_indices
+
+    shares = [timed_indices(size, limit, k, shards) for k in range(shards)]
+    every = [i for share in shares for i in share]
+    assert len(every) == len(set(every)) == min(limit * shards, size)
+    assert all(len(share) <= limit for share in shares)
+    assert set(every) == set(timed_indices(size, limit * shards))
+    assert min(every) == 0 and max(every) == size - 1
+
+
+def test_parallel_ceiling_names_a_failing_process(tmp_path):
+    from feeder.bench.ceiling import measure_parallel
+
+    missing = str(tmp_path / "no-such-dataset")
+    with pytest.raises(RuntimeError, match=r"process ceiling-\d failed: .*no-such-dataset"):
+        measure_parallel(missing, processes=2, limit=4, timeout_s=60)
 
 
 def test_compare(tiny, tmp_path):
@@ -74,7 +99,8 @@ def test_compare(tiny, tmp_path):
                  "--threads-grid", "2x1", "--batch-size", "8", "--ceiling-images", "8", cwd=tiny["base"])
     assert "feeder auto" in proc.stdout and "targets" in proc.stdout
     rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
-    expected = {"idle baseline", "ceiling", "DataLoader+cv2", "feeder auto", "feeder best grid"}
+    expected = {"idle baseline", "ceiling", "parallel ceiling", "DataLoader+cv2", "feeder auto",
+                "feeder best grid"}
     try:
         import PIL  # noqa: F401
 
@@ -82,7 +108,9 @@ def test_compare(tiny, tmp_path):
     except ImportError:
         pass
     assert expected <= set(rows)
-    for name in expected - {"idle baseline", "ceiling"}:
+    assert float(rows["parallel ceiling"]["images_per_s"]) > 0
+    assert float(rows["feeder auto"]["of_parallel"]) > 0
+    for name in expected - {"idle baseline", "ceiling", "parallel ceiling"}:
         r = rows[name]
         assert float(r["images_per_s"]) > 0, r
         assert float(r["cpu_ms_per_image"]) > 0, r
@@ -95,6 +123,7 @@ def test_compare(tiny, tmp_path):
     assert sum(r["best"] == "*" for r in scan) == len({r["kind"] for r in scan})
     ratios = read_csv(os.path.join(out, "compare_ratios.csv"))
     assert {r["versus"] for r in ratios} >= {"DataLoader+cv2"}
+    assert {r["feeder"] for r in ratios} == {"feeder auto", "feeder best grid", "parallel ceiling"}
     assert all(float(r["throughput"]) > 0 for r in ratios)
     doc = json.load(open(os.path.join(out, "compare.json")))
     assert doc["meta"]["raw_rounds"] and doc["targets"]

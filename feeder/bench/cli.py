@@ -65,15 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feeder DECODExAUGMENT points to try; augment 0 runs the transforms in the "
                         "decode threads (default 2x0,3x0,4x0,2x1,3x1,4x2)")
     p.add_argument("--queue-size", type=int, default=4, help="feeder queue_size (default 4)")
-    p.add_argument("--ceiling-images", type=int, default=300,
-                   help="images timed per round for the ceiling (default 300)")
+    p.add_argument("--ceiling-images", type=int, default=500,
+                   help="images timed per round for the ceiling, per thread or process (default 500)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--model", action="store_true",
                    help="the consumer runs a ResNet-style training step per batch (use with --device cuda)")
 
-    p = sub.add_parser("ceiling", help="single-thread cost of the per-sample work x cores")
+    p = sub.add_parser("ceiling", help="single-thread cost of the per-sample work x cores, "
+                                      "and the same work in one process per core at once")
     common(p)
-    p.add_argument("--limit", type=int, default=500, help="images timed (default 500)")
+    p.add_argument("--limit", type=int, default=500, help="images timed per thread or process (default 500)")
+    p.add_argument("--processes", type=int, default=0,
+                   help="processes of the parallel row (default: the cores available)")
     p.add_argument("--repeats", type=int, default=3, help="repeats, median kept (default 3)")
     p.add_argument("--full-decode-too", action="store_true", help="also time with full-size decode")
 

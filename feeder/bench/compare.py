@@ -7,14 +7,17 @@ Two phases, both alternating the loaders so that drift in the machine's speed
    feeder ``decode x augment`` point in ``--threads-grid``, ``--scan-repeats``
    times each, to pick each loader's best setting.
 2. *Rounds*: ``--repeats`` rounds, each measuring in a rotated order the idle
-   baseline, the ceiling, the best DataLoader+PIL, the best DataLoader+cv2,
-   the feeder on ``"auto"`` and the feeder at its best grid point. The finalists
+   baseline, the ceiling, the parallel ceiling (the same work in one process
+   per core at once), the best DataLoader+PIL, the best DataLoader+cv2, the
+   feeder on ``"auto"`` and the feeder at its best grid point. The finalists
    are re-measured here, so the scan's luckiest run does not bias the result.
 
 Reported per row: median images/s, CPU seconds per image, time to first batch,
 peak PSS of the process tree and PSS above the idle baseline of the same
 round. Ratios between rows are computed within each round, then the median is
 taken: a ratio of medians would mix rounds run at different machine speeds.
+The parallel ceiling against each DataLoader row is the most any loader could
+reach against it in that round: the bound shown beside each speed target.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ ROW_COLUMNS = [
     ("peak_pss_mib", "peak PSS MiB", "{:.0f}"),
     ("pss_added_mib", "above idle MiB", "{:.0f}"),
     ("of_ceiling", "of ceiling", "{:.0%}"),
+    ("of_parallel", "of parallel", "{:.0%}"),
 ]
 
 SCAN_COLUMNS = [
@@ -54,7 +58,7 @@ SCAN_COLUMNS = [
 ]
 
 RATIO_COLUMNS = [
-    ("feeder", "feeder row", "{}"),
+    ("feeder", "row", "{}"),
     ("versus", "versus", "{}"),
     ("throughput", "img/s ratio", "{:.2f}x"),
     ("cpu_per_image", "CPU/img ratio", "{:.2f}"),
@@ -67,6 +71,7 @@ TARGET_COLUMNS = [
     ("measured", "measured", "{:.2f}"),
     ("threshold", "needs", "{}"),
     ("met", "met", "{}"),
+    ("bound", "machine bound", "{:.2f}"),
 ]
 
 
@@ -105,7 +110,8 @@ def _measure(spec: dict[str, Any], label: str) -> RunResult:
     if res.ok:
         pss = f", peak PSS {res.peak_pss / MIB:.0f} MiB" if res.peak_pss else ""
         mode = spec.get("mode")
-        rate = (f"{res.extra.get('ceiling_images_per_s', 0):.0f} img/s ceiling" if mode == "ceiling"
+        rate = (f"{res.extra.get('ceiling_images_per_s', 0):.0f} img/s ceiling"
+                if mode in ("ceiling", "ceiling-parallel")
                 else "idle" if mode == "idle" else f"{res.images_per_s:.0f} img/s")
         report.progress(f"  {label}: {rate}{pss}")
     else:
@@ -174,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
     finalists: list[tuple[str, dict[str, Any]]] = [
         ("idle", {"mode": "idle", "idle_s": 1.0, "name": "idle"}),
         ("ceiling", {"mode": "ceiling", "root": args.dir, "limit": args.ceiling_images, "name": "ceiling"}),
+        ("parallel ceiling", {"mode": "ceiling-parallel", "root": args.dir, "limit": args.ceiling_images,
+                              "processes": cores, "name": "parallel ceiling"}),
     ]
     if "dl-pil" in best:
         finalists.append(("DataLoader+PIL", best["dl-pil"]))
@@ -211,9 +219,12 @@ def run(args: argparse.Namespace) -> int:
             return None
         return float(res.peak_pss - idle.peak_pss)
 
-    def ceiling_rate(got: dict[str, RunResult]) -> float | None:
-        c = got.get("ceiling")
+    def ceiling_rate(got: dict[str, RunResult], label: str = "ceiling") -> float | None:
+        c = got.get(label)
         return c.extra.get("ceiling_images_per_s") if c is not None and c.ok else None
+
+    def parallel_rate(got: dict[str, RunResult]) -> float | None:
+        return ceiling_rate(got, "parallel ceiling")
 
     rows: list[dict[str, Any]] = []
     for label, spec in finalists:
@@ -227,6 +238,14 @@ def run(args: argparse.Namespace) -> int:
                          "cpu_ms_per_image": 1e3 * median(per_round(label, lambda g, x: x.cpu_per_image_s)),
                          "of_ceiling": 1.0})
             continue
+        if label == "parallel ceiling":
+            rows.append({"row": label, "setting": f"{cores} processes at once",
+                         "images_per_s": median(per_round(label, lambda g, x: parallel_rate(g))),
+                         "cpu_ms_per_image": 1e3 * median(per_round(label, lambda g, x: x.cpu_per_image_s)),
+                         "of_ceiling": median(per_round(label, lambda g, x: _ratio(parallel_rate(g),
+                                                                                  ceiling_rate(g)))),
+                         "of_parallel": 1.0})
+            continue
         pss = median(per_round(label, lambda g, x: x.peak_pss))
         rows.append({
             "row": label, "setting": _setting(spec), "kind": spec["kind"],
@@ -236,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
             "peak_pss_mib": pss / MIB,
             "pss_added_mib": median(per_round(label, added)) / MIB,
             "of_ceiling": median(per_round(label, lambda g, x: _ratio(x.images_per_s, ceiling_rate(g)))),
+            "of_parallel": median(per_round(label, lambda g, x: _ratio(x.images_per_s, parallel_rate(g)))),
             "consumer_wait_s": median(per_round(label, lambda g, x: x.extra.get("consumer_wait_s"))),
             "images": median(per_round(label, lambda g, x: x.images)),
             "repeats_images_per_s": per_round(label, lambda g, x: x.images_per_s),
@@ -244,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     ratio_rows: list[dict[str, Any]] = []
     feeder_labels = [lb for lb, _ in finalists if lb.startswith("feeder")]
     dl_labels = [lb for lb, _ in finalists if lb.startswith("DataLoader")]
-    for f in feeder_labels:
+    for f in feeder_labels + ["parallel ceiling"]:
         for d in dl_labels:
             def pr(fn):
                 vals = []
@@ -256,6 +276,10 @@ def run(args: argparse.Namespace) -> int:
                             vals.append(v)
                 return median(vals)
 
+            if f == "parallel ceiling":  # the bound: only its rate compares
+                ratio_rows.append({"feeder": f, "versus": d, "throughput": pr(
+                    lambda g, a, b: _ratio(parallel_rate(g), b.images_per_s))})
+                continue
             ratio_rows.append({
                 "feeder": f, "versus": d,
                 "throughput": pr(lambda g, a, b: _ratio(a.images_per_s, b.images_per_s)),
@@ -272,8 +296,9 @@ def run(args: argparse.Namespace) -> int:
     print(report.format_table(scan_rows, SCAN_COLUMNS, title="scan (best setting per loader marked *)"))
     print(report.format_table(rows, ROW_COLUMNS, title=title))
     print(report.format_table(ratio_rows, RATIO_COLUMNS,
-                              title="ratios feeder / DataLoader (median of per-round ratios; "
-                                    "img/s higher is better, the others lower)"))
+                              title="ratios to DataLoader (median of per-round ratios; img/s higher "
+                                    "is better, the others lower; parallel ceiling: the most any loader "
+                                    "could reach)"))
     print(report.format_table(targets, TARGET_COLUMNS, title="targets"))
     meta = {"dir": args.dir, "batch_size": args.batch_size, "epochs": args.epochs, "repeats": args.repeats,
             "scan_repeats": args.scan_repeats, "workers_grid": args.workers_grid,
@@ -296,18 +321,21 @@ def _targets(rows: list[dict[str, Any]], ratio_rows: list[dict[str, Any]],
     ratio = {(r["feeder"], r["versus"]): r for r in ratio_rows}
     out = []
 
-    def add(name: str, measured: float | None, threshold: str, ok: bool | None) -> None:
+    def add(name: str, measured: float | None, threshold: str, ok: bool | None,
+            bound: float | None = None) -> None:
         out.append({"target": name, "measured": measured, "threshold": threshold,
-                    "met": "-" if ok is None else ("yes" if ok else "NO")})
+                    "met": "-" if ok is None else ("yes" if ok else "NO"), "bound": bound})
 
     auto = by.get("feeder auto", {})
     m = auto.get("of_ceiling")
-    add("feeder auto img/s / ceiling", m, ">= 0.90", None if m is None else m >= 0.9)
+    add("feeder auto img/s / ceiling", m, ">= 0.90", None if m is None else m >= 0.9,
+        by.get("parallel ceiling", {}).get("of_ceiling"))
     for dl, need in (("DataLoader+cv2", 1.25), ("DataLoader+PIL", 2.0)):
         r = ratio.get(("feeder auto", dl))
         if r is None:
             continue
-        add(f"img/s vs {dl}", r["throughput"], f">= {need}", r["throughput"] >= need)
+        add(f"img/s vs {dl}", r["throughput"], f">= {need}", r["throughput"] >= need,
+            ratio.get(("parallel ceiling", dl), {}).get("throughput"))
         add(f"1st batch vs {dl}", r["first_batch"], "<= 0.5", r["first_batch"] <= 0.5)
         add(f"added PSS vs {dl}", r["pss_added"], "<= 0.5",
             None if r["pss_added"] is None else r["pss_added"] <= 0.5)
@@ -328,14 +356,19 @@ def _plot(out_dir: str, rows: list[dict[str, Any]]) -> None:
         return
     import os
 
-    shown = [r for r in rows if r.get("images_per_s") is not None and r["row"] != "ceiling"]
+    shown = [r for r in rows if r.get("images_per_s") is not None and "ceiling" not in r["row"]]
     ceiling = next((r["images_per_s"] for r in rows if r["row"] == "ceiling"), None)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = [f"{r['row']}\n{r['setting']}" for r in shown]
     ax.barh(names, [r["images_per_s"] for r in shown], color="tab:blue")
+    parallel = next((r["images_per_s"] for r in rows if r["row"] == "parallel ceiling"), None)
     if ceiling:
         ax.axvline(ceiling, color="tab:red", linestyle="--", label=f"ceiling {ceiling:.0f} img/s")
-        ax.legend(loc="lower right")
+    if parallel:
+        ax.axvline(parallel, color="tab:orange", linestyle=":",
+                   label=f"parallel ceiling {parallel:.0f} img/s")
+    if ceiling or parallel:
+        ax.legend(loc="lower right", fontsize=7)
     ax.set_xlabel("images/s (median of rounds)")
     ax.invert_yaxis()
     ax.tick_params(axis="y", labelsize=7)

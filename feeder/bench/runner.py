@@ -12,6 +12,7 @@ Modes (``spec["mode"]``):
   epochs, the consumer optionally spending ``step_ms`` per batch (sleeping, as
   a GPU step would leave the CPU free) or running a model step on CUDA.
 * ``ceiling``: the single-thread cost of the per-sample work (see :mod:`feeder.bench.ceiling`).
+* ``ceiling-parallel``: that work in one process per core at once.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                             full_decode=bool(spec.get("full_decode", False)))
         return {"images": c.images, "wall_s": c.total_s, "cpu_s": c.cpu_s, "first_batch_s": 0.0,
                 "extra": c.as_dict()}
+    if mode == "ceiling-parallel":
+        p = ceiling.measure_parallel(spec["root"], processes=int(spec.get("processes", 0)) or None,
+                                     limit=int(spec.get("limit", 500)),
+                                     full_decode=bool(spec.get("full_decode", False)))
+        return {"images": p.images, "wall_s": p.span_s, "cpu_s": p.cpu_s, "first_batch_s": 0.0,
+                "extra": p.as_dict()}
     if mode == "loader":
         return _run_loader(spec)
     raise ValueError(f"unknown runner mode {mode!r}")
