@@ -37,6 +37,8 @@ bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-r
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
 bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
+# What JPEG decoding costs, by decoder and setting; what a region-of-interest decode could save.
+"$PYTHON" bench/experiments/decode_cost.py "$data/imagenet-like" | tee "$out/decode_cost.txt"
 # Where the feeder's added memory goes.
 "$PYTHON" bench/experiments/memory_breakdown.py "$data/imagenet-like" | tee "$out/memory_breakdown.txt"
 echo "results in $out" >&2

@@ -192,3 +192,16 @@ def test_table_and_csv_without_matplotlib(tmp_path):
     path = str(tmp_path / "t.csv")
     report.write_csv(path, rows)
     assert read_csv(path)[1]["c"] == "[1, 2]"
+
+
+def test_decode_cost_experiment(tiny):
+    script = os.path.join(os.path.dirname(__file__), "..", "bench", "experiments", "decode_cost.py")
+    proc = subprocess.run([sys.executable, script, tiny["data"], "--limit", "8", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    full = next(line for line in lines if line.startswith("simplejpeg, full size"))
+    assert "100%" in full
+    assert any(line.startswith("simplejpeg, 1/8 scale") for line in lines)
+    model = proc.stdout[proc.stdout.index("region-of-interest model"):]
+    assert "% of a full decode" in model
