@@ -205,3 +205,79 @@ def test_decode_cost_experiment(tiny):
     assert any(line.startswith("simplejpeg, 1/8 scale") for line in lines)
     model = proc.stdout[proc.stdout.index("region-of-interest model"):]
     assert "% of a full decode" in model
+
+
+def _span(name, cat, ts, dur, stream):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+def test_overlap_summary_of_a_side_stream_copy():
+    from feeder.bench.overlap import summarize
+
+    h2d = "Memcpy HtoD (Pinned -> Device)"
+    events = [
+        _span("conv", "kernel", 0, 100, 7), _span("gemm", "kernel", 150, 150, 7),
+        _span("tiny", "kernel", 400, 10, 20),           # the copy stream's own kernel: not compute
+        _span(h2d, "gpu_memcpy", 50, 70, 20),           # 50 us under conv, 20 in the gap
+        _span(h2d, "gpu_memcpy", 290, 30, 20),          # 10 us under gemm
+        {"ph": "i", "name": h2d, "ts": 0},              # instant events are ignored
+        _span("cudaMemcpyAsync", "cuda_runtime", 0, 5, None),
+    ]
+    s = summarize(events)
+    assert s["copies"] == 2 and s["copy_us"] == 100
+    assert s["compute_stream"] == 7 and s["on_compute_stream"] == 0
+    assert s["overlapped_us"] == 60 and s["overlapped"] == 0.6
+    assert s["copy_streams"] == ["20"] and s["kernels"] == 3 and s["pageable"] == 0
+
+
+def test_overlap_summary_of_copies_on_the_compute_stream():
+    from feeder.bench.overlap import summarize
+
+    events = [_span("conv", "kernel", 0, 100, 7), _span("conv", "kernel", 90, 100, 7),
+              _span("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 200, 40, 7)]
+    s = summarize(events)
+    assert s["on_compute_stream"] == 1 and s["overlapped_us"] == 0 and s["overlapped"] == 0
+    assert s["pageable"] == 1 and s["kernel_us"] == 200
+    assert summarize([])["overlapped"] is None
+
+
+@pytest.mark.parametrize("kind", ["feeder", "dl-cv2"])
+def test_overlap_profiles_a_training_step(tiny, tmp_path, kind):
+    import gzip
+
+    from feeder.bench.overlap import profile_loader
+
+    trace = str(tmp_path / "trace.json.gz")
+    s = profile_loader(kind, tiny["data"], batch_size=4, workers=0, batches=2, warmup=1,
+                       trace_path=trace, device="cpu")
+    with gzip.open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    assert any("conv" in e.get("name", "") for e in events)  # the model's step was traced
+    assert s["copies"] == 0 and s["overlapped"] is None  # no device: no host-to-device copy
+    assert s["images_per_s"] > 0 and 0 <= s["consumer_wait"] <= 1 and s["batches"] == 2
+
+
+def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_path):
+    import torch
+
+    cmd = [sys.executable, "-m", "feeder.bench", "overlap", tiny["data"], "--out", str(tmp_path)]
+    bad = subprocess.run(cmd + ["--loaders", "feeder,nope"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert bad.returncode == 2 and "unknown loader 'nope'" in bad.stderr
+    if not torch.cuda.is_available():
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_compare_with_a_model_step_reports_the_loop_wait(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
+                 "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "4", "--model",
+                 cwd=tiny["base"])
+    assert "loop waited" in proc.stdout
+    rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
+    for name in ("DataLoader+cv2", "feeder auto"):
+        assert 0 < float(rows[name]["consumer_wait"]) < 1, rows[name]
+        assert float(rows[name]["images"]) == 24, rows[name]
+    doc = json.load(open(os.path.join(out, "compare.json")))
+    steps = {lb: x["extra"].get("model_steps") for lb, x in doc["meta"]["raw_rounds"][0].items()}
+    assert steps["feeder auto"] == steps["DataLoader+cv2"] == 3  # 24 images in batches of 8

@@ -80,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="repeats, median kept (default 3)")
     p.add_argument("--full-decode-too", action="store_true", help="also time with full-size decode")
 
+    p = sub.add_parser("overlap", help="CUDA: do the host-to-device copies overlap the model's compute? "
+                                      "(torch.profiler trace and summary)")
+    common(p)
+    p.add_argument("--loaders", type=lambda t: [x.strip() for x in t.split(",") if x.strip()],
+                   default=["feeder", "dl-cv2"], help="loaders to profile (default feeder,dl-cv2)")
+    p.add_argument("--workers", type=int, default=4, help="DataLoader num_workers (default 4)")
+    p.add_argument("--batches", type=int, default=30, help="profiled training steps (default 30)")
+    p.add_argument("--warmup", type=int, default=10, help="steps before profiling (default 10)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+
     p = sub.add_parser("sweep", help="grid over feeder threads and queue size, with starvation")
     common(p)
     p.add_argument("--decode", type=_ints, default=[1, 2, 3, 4], help="decode threads (default 1,2,3,4)")
@@ -117,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import compare as module  # type: ignore[no-redef]
     elif args.command == "ceiling":
         from . import ceiling as module  # type: ignore[no-redef]
+    elif args.command == "overlap":
+        from . import overlap as module  # type: ignore[no-redef]
     elif args.command == "sweep":
         from . import sweep as module  # type: ignore[no-redef]
     else:

@@ -257,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
             "of_ceiling": median(per_round(label, lambda g, x: _ratio(x.images_per_s, ceiling_rate(g)))),
             "of_parallel": median(per_round(label, lambda g, x: _ratio(x.images_per_s, parallel_rate(g)))),
             "consumer_wait_s": median(per_round(label, lambda g, x: x.extra.get("consumer_wait_s"))),
+            "consumer_wait": median(per_round(label, lambda g, x: _ratio(x.extra.get("consumer_wait_s"),
+                                                                         x.wall_s))),
             "images": median(per_round(label, lambda g, x: x.images)),
             "repeats_images_per_s": per_round(label, lambda g, x: x.images_per_s),
         })
@@ -294,7 +296,10 @@ def run(args: argparse.Namespace) -> int:
              f" + flip, uint8, device {args.device}; median of {args.repeats} rounds\n"
              f"machine: {report.describe_machine(machine)}")
     print(report.format_table(scan_rows, SCAN_COLUMNS, title="scan (best setting per loader marked *)"))
-    print(report.format_table(rows, ROW_COLUMNS, title=title))
+    columns = ROW_COLUMNS
+    if args.model:  # the loop does real work: how long it waited for data is the figure that matters
+        columns = ROW_COLUMNS[:3] + [("consumer_wait", "loop waited", "{:.1%}")] + ROW_COLUMNS[3:]
+    print(report.format_table(rows, columns, title=title))
     print(report.format_table(ratio_rows, RATIO_COLUMNS,
                               title="ratios to DataLoader (median of per-round ratios; img/s higher "
                                     "is better, the others lower; parallel ceiling: the most any loader "
