@@ -134,15 +134,16 @@ def test_mutated_file_through_a_feeder(data, on_error, ordered):
         batches, err = drain(f, timeout=30)
         skipped = f.stats().skipped
     got = delivered_hashes(batches)
+    seen = f"on_error={on_error} ordered={ordered} err={err!r} skipped={skipped} delivered={len(got)}"
     if err is not None:
-        assert on_error == "raise"
-        assert isinstance(err, SampleError), repr(err)
-        assert err.stage == "decode" and err.index == 1 and "fuzzed.jpg" in str(err)
-        assert isinstance(err.__cause__, DecodeError), repr(err.__cause__)
+        assert on_error == "raise", seen
+        assert isinstance(err, SampleError), seen
+        assert err.stage == "decode" and err.index == 1 and "fuzzed.jpg" in str(err), seen
+        assert isinstance(err.__cause__, DecodeError), f"{seen} cause={err.__cause__!r}"
     elif skipped:
-        assert on_error == "skip" and skipped == 1 and f.stats().skipped_paths == ("fuzzed.jpg",)
+        assert on_error == "skip" and skipped == 1 and f.stats().skipped_paths == ("fuzzed.jpg",), seen
         assert_exactly_once(got, GOOD_HASHES)
     else:
-        assert len(got) == 4  # the mutated file decoded: it is delivered like any other
+        assert len(got) == 4, seen  # the mutated file decoded: it is delivered like any other
         assert_exactly_once([h for h in got if h in GOOD_HASHES], GOOD_HASHES)
-    assert wait_no_feeder_threads(2.0) == []
+    assert wait_no_feeder_threads(2.0) == [], seen
