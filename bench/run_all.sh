@@ -13,13 +13,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ] && .venv/bin/python -c "import feeder.bench, PIL, matplotlib" >/dev/null 2>&1; then
-    PYTHON=.venv/bin/python
-  else
-    PYTHON="$(FEEDER_EXTRAS="test,bench" bash scripts/env.sh)"
-  fi
-fi
+PYTHON="$(bash bench/python.sh)"
 data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
 out="${FEEDER_BENCH_OUT:-bench/results}"
 bench() { "$PYTHON" -m feeder.bench "$@"; }

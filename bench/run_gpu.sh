@@ -14,13 +14,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 part="${1:-all}"
 case "$part" in all|tests|cpu|cuda) ;; *) echo "usage: bash bench/run_gpu.sh [all|tests|cpu|cuda]" >&2; exit 2;; esac
-if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ] && .venv/bin/python -c "import feeder.bench, PIL, matplotlib" >/dev/null 2>&1; then
-    PYTHON=.venv/bin/python
-  else
-    PYTHON="$(FEEDER_EXTRAS="test,bench" bash scripts/env.sh)"
-  fi
-fi
+PYTHON="$(bash bench/python.sh)"
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "run_gpu.sh: torch.cuda.is_available() is False for $PYTHON; this script is for a CUDA machine" >&2
   exit 2
