@@ -14,13 +14,14 @@ from . import ops
 from ._feeder import Feeder
 from ._rng import SampleRNG
 from ._stats import QueueStats, StageStats, Stats
-from .errors import DecodeError, FeederError, SampleError, StageError, TransformError
+from .errors import DecodeError, FeederError, FeederTimeoutError, SampleError, StageError, TransformError
 from .sources import FileList, ImageFolder, Source
 
 __all__ = [
     "DecodeError",
     "Feeder",
     "FeederError",
+    "FeederTimeoutError",
     "FileList",
     "ImageFolder",
     "QueueStats",

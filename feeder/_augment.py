@@ -17,7 +17,7 @@ import numpy as np
 from ._decode import buffer_of
 from ._rng import SampleRNG
 from ._queue import Closed
-from ._stage import Counters, MapStage, _now
+from ._stage import Counters, MapStage
 from .errors import TransformError
 from .ops import SampleContext, Transform
 
@@ -178,6 +178,7 @@ class Augmenter(MapStage):
     """
 
     name = "augment"
+    phase = "augment"
 
     def process(self, task: "Task", c: Counters) -> None:
         self._fill(task)
@@ -186,20 +187,21 @@ class Augmenter(MapStage):
     def inline(self, task: "Task", c: Counters) -> None:
         """Run this stage for ``task`` in the calling (decode) thread; its time is
         counted as this stage's, and its failures are reported as this stage's."""
-        t0 = _now()
+        c.begin_wait(Counters.INLINE)
+        c.current = ("augment", task.index, c._state[3])
         try:
             self._fill(task)
         except Closed:
             raise
         except Exception as exc:
-            c.inline_s += _now() - t0
+            c.end_wait()
             self.run.sample_failed(self.name, task, exc, c)
             return
         except BaseException as exc:
             # As MapStage does: never skippable, the training loop learns which sample.
             self.run.fail(self.run.sample_error(self.name, task, exc))
             raise Closed("pass failed") from exc
-        c.inline_s += _now() - t0
+        c.end_wait()
         c.inline_items += 1
         self._done(task, c)
 

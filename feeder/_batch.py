@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ._queue import Closed
+from ._reaper import defer
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,10 @@ class BufferPool:
         self.consumer_waiting = False
         self._busy_since: float | None = _now()  # no next() yet: the loop is elsewhere
         self._free: list[BatchBuffer] = []
-        self._allocated = 0
+        self._allocated = 0  # buffers alive: free, owned by a pass, or lent
+        self._serials = 0
+        self._waiters = 0  # threads inside next() (one iterator may serve several)
+        self._closed = False
         self._lent: set[int] = set()  # views handed out (in the output queue or held by the loop)
         self._queued: set[int] = set()  # lent, but still in the output queue
         self._parked: set[int] = set()
@@ -87,11 +91,33 @@ class BufferPool:
 
     @property
     def allocated(self) -> int:
+        """Buffers alive now (after :meth:`close`, only those still lent or owned)."""
         return self._allocated
 
     def _new(self) -> BatchBuffer:
         self._allocated += 1
-        return BatchBuffer(*self._geometry, serial=self._allocated)
+        self._serials += 1
+        return BatchBuffer(*self._geometry, serial=self._serials)
+
+    def close(self) -> None:
+        """Free every buffer in the pool now, and each other one as it comes back
+        (a batch the loop still holds stays valid until it drops it). Safe to repeat."""
+        with self._cond:
+            self._closed = True
+            self._allocated -= len(self._free)
+            self._free.clear()
+            self._free_ids.clear()
+            self._cond.notify_all()
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread of the parent exists here, and the lock may be
+        held by one of them. Every buffer a pass owned comes back (nothing writes it)."""
+        self._cond = threading.Condition(threading.RLock())
+        self._waiters = 0
+        self.consumer_waiting = False
+        self._busy_since = _now()
+        self._parked.clear()
+        self._retired.clear()
 
     def try_acquire(self) -> BatchBuffer | None:
         """A buffer now (free, or newly allocated where the policy allows), else None."""
@@ -99,6 +125,8 @@ class BufferPool:
             return self._take()
 
     def _take(self) -> BatchBuffer | None:
+        if self._closed:
+            return None
         if self._free:
             buf = self._free.pop()
             self._free_ids.discard(buf.serial)
@@ -126,7 +154,7 @@ class BufferPool:
         since = _now()
         with self._cond:
             while True:
-                if stopped():
+                if stopped() or self._closed:
                     raise Closed("buffer pool")
                 buf = self._take()
                 if buf is not None:
@@ -173,11 +201,23 @@ class BufferPool:
             self._queued.discard(buf.serial)
 
     def set_consumer_waiting(self, waiting: bool) -> None:
-        """The training loop entered (True) or left (False) ``next()``."""
+        """A thread of the training loop entered (True) or left (False) ``next()``.
+        False with no thread inside (a new pass) marks the loop as busy from now."""
         with self._cond:
-            self.consumer_waiting = waiting
-            self._busy_since = None if waiting else _now()
+            self._waiters = self._waiters + 1 if waiting else max(0, self._waiters - 1)
+            self.consumer_waiting = self._waiters > 0
+            self._busy_since = None if self.consumer_waiting else _now()
             self._cond.notify_all()  # a waiter re-checks whether to grow
+
+    def release_later(self, buf: BatchBuffer) -> None:
+        """:meth:`release` from a finalizer: at once when this thread does not hold the
+        pool's lock (a collection may run anywhere), else handed to the reaper thread.
+        Taking the lock held by another thread is safe: no holder waits on anything
+        while holding it (``Condition.wait`` lets go of it)."""
+        if self._cond._is_owned():
+            defer(self.release, buf)
+        else:
+            self.release(buf)
 
     def release(self, buf: BatchBuffer) -> None:
         """Return ``buf`` to the pool. Called from any thread, finalizers included."""
@@ -186,6 +226,9 @@ class BufferPool:
             self._queued.discard(buf.serial)
             self._parked.discard(buf.serial)
             self._retired.discard(buf.serial)
+            if self._closed:
+                self._allocated -= 1  # dropped: its memory goes when the last view goes
+                return
             if buf.serial in self._free_ids:
                 # A second release would hand one buffer to two batches at once.
                 log.error("batch buffer %d released twice; ignored", buf.serial)
@@ -209,7 +252,15 @@ class Scratch:
             return np.empty(self._shape, np.uint8)
 
     def give(self, arr) -> None:
-        self._free.append(arr)
+        if not self.closed:
+            self._free.append(arr)
+
+    closed = False
+
+    def close(self) -> None:
+        """Free the spare arrays; later ones are dropped as they come back."""
+        self.closed = True
+        self._free.clear()
 
 
 class Batch:

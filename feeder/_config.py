@@ -28,6 +28,14 @@ def _threads(name: str, value: object, auto: int, minimum: int = 1) -> int:
     return value
 
 
+def _timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"timeout must be None or a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def parse_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
@@ -62,10 +70,12 @@ class Config:
     on_error: str
     max_skipped: int | None
     max_pixels: int
+    timeout: float | None
 
     @classmethod
     def build(cls, *, batch_size, decode_threads, augment_threads, queue_size, device, dtype,
-              normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels) -> "Config":
+              normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels,
+              timeout) -> "Config":
         auto_decode, auto_augment = auto_threads(available_cores())
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
@@ -104,6 +114,7 @@ class Config:
             on_error=on_error,
             max_skipped=max_skipped,
             max_pixels=_positive("max_pixels", max_pixels),
+            timeout=_timeout(timeout),
         )
 
     # Queue capacities. Each pool needs a few items queued per thread so a
@@ -136,4 +147,4 @@ class Config:
 
 DEFAULTS = dict(decode_threads="auto", augment_threads="auto", queue_size=4, device="cpu",
                 dtype=None, normalize=None, shuffle=True, drop_last=False, ordered=True,
-                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS)
+                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS, timeout=None)

@@ -19,7 +19,7 @@ import simplejpeg
 
 from ._rng import sample_key
 from .ops import SampleContext
-from ._stage import Counters, MapStage
+from ._stage import Counters, MapStage, _now
 from .errors import DecodeError
 
 if TYPE_CHECKING:
@@ -162,8 +162,15 @@ class DecodeBuffers:
         return buf
 
     def give(self, buf: np.ndarray | None) -> None:
-        if buf is not None:
+        if buf is not None and not self.closed:
             self._free.append(buf)
+
+    closed = False
+
+    def close(self) -> None:
+        """Free the spare buffers; later ones are dropped as they come back."""
+        self.closed = True
+        self._free.clear()
 
 
 def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -235,6 +242,7 @@ class Decoder(MapStage):
     """Reads each sample from the source and decodes it; hands it to the augment stage."""
 
     name = "decode"
+    phase = "read"
 
     def process(self, task: "Task", c: Counters) -> None:
         run = self.run
@@ -243,6 +251,7 @@ class Decoder(MapStage):
         except Exception as exc:
             run.sample_failed("read", task, exc, c)
             return
+        c.current = ("decode", task.index, _now())
         task.label = label
         task.key = sample_key(run.seed, run.epoch, task.index)
         task.ctx = None

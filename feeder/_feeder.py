@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
 from ._config import DEFAULTS, Config
@@ -22,7 +24,7 @@ from ._sampler import num_batches, shard_size
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure
-from .errors import FeederError
+from .errors import FeederError, FeederTimeoutError, safe_text
 from .sources import Source
 
 log = logging.getLogger(__name__)
@@ -30,16 +32,42 @@ log = logging.getLogger(__name__)
 # close() waits at most this long for threads (a transform stuck in user code
 # cannot be interrupted; its thread is a daemon and exits when the call returns).
 _CLOSE_TIMEOUT_S = 1.0
+# Interpreter exit waits at most this long for all feeders' threads together.
+_EXIT_TIMEOUT_S = 0.5
+# While the training loop waits in next(), a sample one stage has worked on for
+# longer than this is named in a warning (once per sample): a read that never
+# returns (a hung network mount) otherwise looks like a silent hang.
+STUCK_WARNING_S = 60.0
+# How often a waiting next() looks for stuck samples (seconds).
+_WATCH_S = 1.0
 
 _live_engines: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
 
 
 def _close_all_at_exit() -> None:
-    for engine in list(_live_engines):
-        engine.close(timeout=0.5)
+    # Stop every feeder first, then wait once for all of them: exit time must
+    # not grow with the number of feeders that have a thread stuck in a read.
+    engines = list(_live_engines)
+    passes = [run for engine in engines for run in engine.stop()]
+    deadline = time.monotonic() + _EXIT_TIMEOUT_S
+    for run in passes:
+        if not run.join(max(0.0, deadline - time.monotonic())):
+            break
+    for engine in engines:
+        engine.free()
 
 
 atexit.register(_close_all_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    LibraryThreads.after_fork()
+    for engine in list(_live_engines):
+        engine.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Engine:
@@ -62,14 +90,18 @@ class _Engine:
         self.passes: list[Pass] = []  # passes whose threads may still be alive
         self.closed = False
         self._limits_held = False
+        _reaper.ensure_running()
         _live_engines.add(self)
 
     def start_pass(self, seed: int, epoch: int, rank: int, world_size: int) -> Pass:
+        _reaper.ensure_running()  # after a fork, the child's first pass restarts it
         with self.lock:
             if self.closed:
                 raise FeederError("the feeder is closed")
             if self.current is not None:
-                self.current.stop()  # abandon the previous pass: no stale batch survives
+                # Abandon the previous pass: no stale batch survives, and its
+                # iterator tells the loop that this pass replaced it.
+                self.current.replace()
                 self.current.fold_output()
             self.passes = [p for p in self.passes if not p.finished.is_set()]
             if not self._limits_held:
@@ -84,11 +116,11 @@ class _Engine:
             run.start()
             return run
 
-    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
-        """Stop every pass and wait up to ``timeout`` seconds for their threads."""
+    def stop(self) -> list[Pass]:
+        """Mark the engine closed and stop every pass without waiting; return them."""
         # A bounded wait for the lock: close() must return even if another
         # thread is stuck while holding it; stopping a pass is idempotent.
-        locked = self.lock.acquire(timeout=timeout)
+        locked = self.lock.acquire(timeout=_CLOSE_TIMEOUT_S)
         try:
             first = not self.closed
             self.closed = True
@@ -97,10 +129,26 @@ class _Engine:
                 run.stop()
             if self.current is not None:
                 self.current.fold_output()
-            self.current = None
         finally:
             if locked:
                 self.lock.release()
+        if first:
+            log.debug("feeder closed")
+        return passes
+
+    def free(self) -> None:
+        """Give back what a closed engine holds: buffer memory and the library thread limits."""
+        self.pool.close()
+        self.decode_buffers.close()
+        self.scratch.close()
+        with self.lock:
+            if self._limits_held:
+                LibraryThreads.release()
+                self._limits_held = False
+
+    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
+        """Stop every pass, wait up to ``timeout`` seconds for their threads, free the buffers."""
+        passes = self.stop()
         deadline = time.monotonic() + timeout
         me = threading.current_thread()
         for run in passes:
@@ -110,12 +158,19 @@ class _Engine:
                 stuck = [t.name for t in run.threads() if t.is_alive()]
                 log.warning("feeder closed with threads still busy in user code: %s "
                             "(daemon threads; they exit when that call returns)", ", ".join(stuck))
-        with self.lock:
-            if self._limits_held:
-                LibraryThreads.release()
-                self._limits_held = False
-        if first:
-            log.debug("feeder closed")
+        self.free()
+
+    def after_fork(self) -> None:
+        """In a forked child: none of the parent's feeder threads exist here, and any
+        lock one of them held at the fork stays held. Start over with fresh locks;
+        the inherited passes are orphaned (their iterators raise, close() returns at once)."""
+        self.lock = threading.Lock()
+        self.pool.after_fork()
+        self.book.after_fork()
+        for run in self.passes:
+            run.orphan()
+        self.passes = []
+        self._limits_held = False
 
 
 class Feeder:
@@ -160,6 +215,10 @@ class Feeder:
             fix it themselves.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
+        timeout: Seconds ``next()`` may wait for a batch before it raises
+            :class:`~feeder.FeederTimeoutError` naming the samples in flight for
+            longer than that (stage, index, path); None waits forever, and names
+            a sample in a warning once it has been in a stage for 60 s.
 
     Memory: at most ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
     bytes (pinned when ``device`` is CUDA); two while the training loop keeps up,
@@ -168,8 +227,10 @@ class Feeder:
     decoded images in flight: one per decode thread with ``augment_threads=0``,
     else up to ``decode_threads + 5 * augment_threads``.
 
-    Not thread-safe for iteration from several threads at once; ``close()`` may
-    be called from any thread.
+    One pass at a time: ``iter(feeder)`` stops an unfinished pass, whose iterator
+    then raises a :class:`~feeder.FeederError` saying so. One iterator may be
+    shared by several threads (each batch goes to one of them; all see the end).
+    ``close()`` may be called from any thread.
     """
 
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (), *,
@@ -184,7 +245,8 @@ class Feeder:
                  on_error: str = DEFAULTS["on_error"], max_skipped: int | None = DEFAULTS["max_skipped"],
                  rank: int | None = None, world_size: int | None = None,
                  image_size: tuple[int, int] | None = None,
-                 max_pixels: int = DEFAULTS["max_pixels"]) -> None:
+                 max_pixels: int = DEFAULTS["max_pixels"],
+                 timeout: float | None = DEFAULTS["timeout"]) -> None:
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
@@ -192,7 +254,7 @@ class Feeder:
             batch_size=batch_size, decode_threads=decode_threads, augment_threads=augment_threads,
             queue_size=queue_size, device=device, dtype=dtype, normalize=normalize, shuffle=shuffle,
             drop_last=drop_last, ordered=ordered, on_error=on_error, max_skipped=max_skipped,
-            max_pixels=max_pixels)
+            max_pixels=max_pixels, timeout=timeout)
         self.source = source
         self.chain = Chain(list(transforms), image_size)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -201,7 +263,8 @@ class Feeder:
         self.seed = seed if seed is not None else _default_seed(self.world_size)
         self._next_epoch = 0
         self._engine = _Engine(self.config, source, self.chain)
-        self._finalizer = weakref.finalize(self, _close_in_background, self._engine)
+        # See _reaper: a finalizer only hands the work to the reaper thread.
+        self._finalizer = weakref.finalize(self, _reaper.defer, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
 
     # -- shape of an epoch --------------------------------------------------
@@ -235,8 +298,12 @@ class Feeder:
         run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size)
         it = _PassIterator(self, run)
         # Like DataLoader's iterator: once the loop drops it (a break, an
-        # exception), its pass stops and its threads and buffers are freed.
-        weakref.finalize(it, run.stop)
+        # exception), its pass stops and its threads and buffers are freed. The
+        # collector may free it while this very thread holds a pass lock, so the
+        # stop runs in the reaper thread (see _reaper).
+        # Only a weak reference: a pass holding its error, whose traceback holds
+        # the iterator's frame, must not be kept alive by the finalizer registry.
+        weakref.finalize(it, _reaper.defer, _stop_pass, weakref.ref(run))
         return it
 
     # -- lifecycle -----------------------------------------------------------
@@ -257,13 +324,7 @@ class Feeder:
     def stats(self) -> Stats:
         """A snapshot of where the pipeline's time went (prints as a table)."""
         engine = self._engine
-        run = engine.current
-        running = run is not None and not run.finished.is_set()
-        live_stages = run.stages if running else ()
-        # A finished pass has folded its channels but the output, which the loop
-        # may still be reading; that one is folded when the pass is left.
-        live_channels = (run.channels if running else run.channels[-1:]) if run is not None else ()
-        return engine.book.snapshot(live_stages, live_channels, engine.pool.allocated)
+        return engine.book.snapshot(engine.pool.allocated)
 
     def __repr__(self) -> str:
         c = self.config
@@ -273,31 +334,45 @@ class Feeder:
 
 
 class _PassIterator:
-    """The consumer's side of one pass."""
+    """The consumer's side of one pass.
+
+    Several threads may share one iterator (a prefetching helper, a trainer's
+    workers): each batch goes to exactly one of them, and every one of them
+    gets ``StopIteration`` at the end of the pass, or the pass's error.
+    """
 
     def __init__(self, feeder: Feeder, run: Pass) -> None:
         self._feeder = feeder  # keeps the feeder alive while a pass is iterated
         self._run = run
         self._book = run.book
         self._cuda = run.device.type == "cuda"
-        self._done = False  # END was seen: the iterator stays exhausted
+        self._timeout = feeder.config.timeout
+        self._warned: set[int] = set()  # stuck samples already named in a warning
+        # Threads that have been given the pass's error: each learns it once, and
+        # a later next() ends the iterator (as after the error on one thread).
+        self._told: set[int] = set()
+        self._failure: BaseException | None = None
 
     def __iter__(self) -> "_PassIterator":
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._done:
-            raise StopIteration
         run = self._run
+        if run.orphaned:
+            raise FeederError(
+                "this pass was started before the process forked; its threads do not exist in "
+                "this process. Start a new pass (iter(feeder)) in the child.")
+        if run.output_ended:
+            raise StopIteration
         t0 = time.perf_counter()
         pool = run.pool
+        book = self._book
         pool.set_consumer_waiting(True)
+        book.consumer_waiting(t0)
         try:
-            item = run.output.get()
+            item = self._get(run, t0)
         except Closed:
-            if run.error is not None:
-                raise run.error from run.error.__cause__
-            raise StopIteration from None
+            self._closed(run)
         except BaseException:
             # KeyboardInterrupt (or anything else) while waiting: stop the pass
             # so no thread keeps working for a loop that has gone.
@@ -305,13 +380,18 @@ class _PassIterator:
             raise
         finally:
             pool.set_consumer_waiting(False)  # before claim() below: see BufferPool.acquire
-            self._book.consumer_wait_s += time.perf_counter() - t0
+            book.consumer_waiting(None)
         if item is END:
-            self._done = True
+            # Other threads sharing this iterator may wait in get(): closing the
+            # output wakes them, and they see the end too.
+            run.output_ended = True
+            run.output.close()
             raise StopIteration
         if isinstance(item, Failure):
-            run.stop()
-            raise item.error from item.error.__cause__
+            run.fail(item.error)  # wakes the threads sharing this iterator: they raise it too
+            err = self._take_error(run)
+            self._told.add(threading.get_ident())
+            raise err from err.__cause__
         assert isinstance(item, Delivery)
         images, labels = item.images, item.labels
         if item.lent is not None:
@@ -323,19 +403,86 @@ class _PassIterator:
             # blocks while the consumer's stream may still read them.
             images.record_stream(stream)
             labels.record_stream(stream)
-        self._book.batches += 1
-        self._book.samples += images.shape[0]
+        book.delivered(images.shape[0])
         return images, labels
+
+    def _get(self, run: Pass, t0: float) -> Any:
+        """The next item of the pass's output; raises the timeout error past ``timeout``
+        and names samples stuck for longer than ``STUCK_WARNING_S`` while it waits."""
+        timeout = self._timeout
+        while True:
+            wait = _WATCH_S
+            if timeout is not None:
+                wait = min(wait, t0 + timeout - time.perf_counter())
+            try:
+                return run.output.get(timeout=max(wait, 0.0))
+            except TimeoutError:
+                pass
+            waited = time.perf_counter() - t0
+            if timeout is not None and waited >= timeout:
+                run.stop()
+                raise FeederTimeoutError(_timeout_message(run, timeout, waited)) from None
+            for phase, index, path, age in run.in_flight(STUCK_WARNING_S):
+                if index not in self._warned:
+                    self._warned.add(index)
+                    log.warning("sample %d (%s) has been in stage %r for %.0f s; the training "
+                                "loop is waiting for it (Feeder(timeout=...) turns this into an "
+                                "error)", index, safe_text(path), phase, age)
+
+    def _closed(self, run: Pass) -> None:
+        """The pass's output was closed while (or before) this thread waited: say why."""
+        me = threading.get_ident()
+        err = self._take_error(run)
+        if err is not None and me not in self._told:
+            self._told.add(me)
+            raise err from err.__cause__
+        if run.was_replaced():
+            raise FeederError(
+                "this pass was stopped because a new pass of the same feeder started "
+                "(iter(feeder) again, e.g. an evaluation loop or zip(feeder, feeder)) before "
+                "it ended; use one pass at a time, or a second Feeder for the other loop")
+        raise StopIteration from None
+
+    def _take_error(self, run: Pass) -> BaseException | None:
+        """The pass's error, moved into this iterator. Once raised, its traceback holds
+        this iterator's frame; left in the pass (which the feeder's finalizer keeps
+        reachable), it would keep the iterator and the feeder alive for good."""
+        err = self._failure
+        if err is None:
+            err = run.error
+            if err is not None:
+                self._failure = err
+                run.error = None
+        return err
 
     def __len__(self) -> int:
         return len(self._feeder)
 
 
-def _close_in_background(engine: "_Engine") -> None:
-    """Finalizer of an unclosed Feeder. The garbage collector runs finalizers in
-    whatever thread it interrupted, perhaps one holding a feeder lock, so the
-    close (which waits for threads) runs in a thread of its own."""
-    threading.Thread(target=engine.close, name="feeder-close", daemon=True).start()
+def _timeout_message(run: Pass, timeout: float, waited: float) -> str:
+    stuck = run.in_flight(timeout)
+    msg = f"no batch within timeout={timeout:g} s (waited {waited:.1f} s)"
+    if stuck:
+        rows = "; ".join(f"sample {index} ({safe_text(path)}) in stage {phase!r} for {age:.1f} s"
+                         for phase, index, path, age in stuck[:8])
+        more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
+        return f"{msg}: {rows}{more}"
+    busy = run.in_flight()
+    return (f"{msg}; no sample has been in a stage for that long "
+            f"({len(busy)} in flight): the pipeline is slower than the timeout allows")
+
+
+def _stop_pass(ref: "weakref.ref[Pass]") -> None:
+    run = ref()
+    if run is not None:
+        run.stop()
+
+
+def _close_when_collected(engine: "_Engine") -> None:
+    """An unclosed Feeder was garbage-collected: stop its threads and free its memory
+    (run by the reaper thread, which does not wait for the threads to exit)."""
+    engine.stop()
+    engine.free()
 
 
 def _default_seed(world_size: int) -> int:

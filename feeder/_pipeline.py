@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ._augment import Augmenter, Chain
 from ._batch import BatchBuffer, BufferPool, Scratch
 from ._decode import DecodeBuffers, Decoder, buffer_of
-from ._queue import Channel
+from ._queue import END, Channel
 from ._sampler import Sampler, Task
 from ._stage import Counters, Stage, timed_put
 from ._stats import StatsBook
@@ -62,7 +63,11 @@ class Pass:
         self._owned: dict[int, BatchBuffer] = {}
         self._live_threads = 0
         self.finished = threading.Event()  # set when the last thread has exited
-        self._output_folded = False
+        # Set when a newer pass of the same feeder stopped this one before the
+        # loop had everything: the iterator then says so instead of ending quietly.
+        self.replaced = False
+        # Set in a forked child: this pass's threads do not exist there.
+        self.orphaned = False
 
         self.tasks = Channel("decode", config.decode_queue)
         self.ready = Channel("collate", config.num_buffers + 1)
@@ -82,6 +87,8 @@ class Pass:
             self.augmenter,
             Transfer(self, 1, self.ready, self.output),
         )
+        for ch in self.channels:
+            book.attach_channel(ch)
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -105,13 +112,61 @@ class Pass:
         return self._stopped
 
     def stop(self) -> None:
-        """Close every channel: each thread leaves at its next queue operation. Safe to repeat."""
+        """Close every channel: each thread leaves at its next queue operation. Safe to repeat.
+
+        Never call it from a finalizer (it takes locks): hand it to ``_reaper.defer``."""
         self._stopped = True
+        if self.orphaned:
+            return  # a forked child: no thread to stop, and the locks may be held by ghosts
         with self._lock:
             owned = list(self._owned.values())
         self.pool.retire(owned)
         for ch in self.channels:
             ch.close()
+
+    def replace(self) -> None:
+        """A newer pass of the same feeder starts: stop this one, and remember whether
+        the training loop had not yet taken everything it would have delivered."""
+        # Decided under the lock: a consumer in another thread, woken by the close,
+        # reads ``replaced`` only after taking the lock (see ``was_replaced``).
+        with self._lock:
+            left = self.output.close()
+            self.replaced = not self.output_ended and not (len(left) == 1 and left[0] is END)
+        self.stop()
+
+    def was_replaced(self) -> bool:
+        with self._lock:
+            return self.replaced
+
+    # Set once the training loop has taken the end of the pass (see _PassIterator).
+    output_ended = False
+
+    def orphan(self) -> None:
+        """In a forked child: this pass's threads are gone, and any lock they held
+        at the fork stays held forever. Make every later call return at once."""
+        self.orphaned = True
+        self._stopped = True
+        self._lock = threading.Lock()
+        self._live_threads = 0
+        self._owned.clear()
+        self.finished = threading.Event()
+        self.finished.set()
+
+    def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
+        """Samples a thread of this pass has worked on for more than ``older_than``
+        seconds: (phase, index, path, seconds), oldest first."""
+        now = time.perf_counter()
+        out = []
+        for stage in self.stages:
+            for c in stage.counters:
+                cur = c.current
+                if cur is None or c.ended is not None:
+                    continue
+                phase, index, since = cur
+                if now - since > older_than:
+                    out.append((phase, index, describe(self.source, index), now - since))
+        out.sort(key=lambda row: -row[3])
+        return out
 
     def fail(self, error: BaseException) -> None:
         """A stage broke outside any sample: remember the first error and stop."""
@@ -142,10 +197,6 @@ class Pass:
 
     def fold_output(self) -> None:
         """Add the output channel's counters to the feeder's totals (once)."""
-        with self._lock:
-            if self._output_folded:
-                return
-            self._output_folded = True
         self.book.fold_channel(self.output)
 
     def join(self, timeout: float) -> bool:

@@ -48,7 +48,7 @@ class Channel:
     """
 
     __slots__ = ("name", "maxsize", "_low_water", "_items", "_lock", "_not_empty", "_not_full",
-                 "_closed", "puts", "max_depth", "_depth_sum", "_getters", "_putters")
+                 "_closed", "puts", "max_depth", "depth_sum", "_getters", "_putters")
 
     def __init__(self, name: str, maxsize: int) -> None:
         if maxsize < 1:
@@ -71,7 +71,7 @@ class Channel:
         self._putters = 0
         self.puts = 0
         self.max_depth = 0
-        self._depth_sum = 0
+        self.depth_sum = 0
 
     # Fast paths take no lock: deque append/popleft are atomic under the GIL, and
     # the lock (a pure-Python Condition) was the largest GIL-held cost per item
@@ -100,7 +100,7 @@ class Channel:
             raise Closed(self.name)
         depth = len(items)
         self.puts += 1
-        self._depth_sum += depth
+        self.depth_sum += depth
         if depth > self.max_depth:
             self.max_depth = depth
         if self._getters:
@@ -181,4 +181,4 @@ class Channel:
 
     def mean_depth(self) -> float:
         """Mean depth seen right after each put (how full producers keep it)."""
-        return self._depth_sum / self.puts if self.puts else 0.0
+        return self.depth_sum / self.puts if self.puts else 0.0

@@ -21,53 +21,85 @@ _now = time.perf_counter
 
 
 class Counters:
-    """One thread's stats. Only its own thread writes them, so no lock is needed."""
+    """One thread's stats. Only its own thread writes them, so no lock is needed.
 
-    __slots__ = ("items", "_wait_in_s", "_wait_out_s", "started", "ended", "_since", "_waiting",
-                 "inline_items", "inline_s")
+    A reader in another thread (``Feeder.stats()``) must see values that never
+    go backwards, so the wait bookkeeping lives in one tuple that is replaced
+    whole (one attribute store, atomic under the GIL): a reader can never see a
+    finished wait both added to its total and still counted as ongoing.
+    """
+
+    __slots__ = ("items", "_state", "started", "ended", "inline_items", "current")
+
+    # What the thread is doing, as kept in the state tuple.
+    WORKING, WAIT_IN, WAIT_OUT, INLINE = 0, 1, 2, 3
 
     def __init__(self) -> None:
         self.items = 0
-        # Work of the next stage done in this thread (decode threads running the
-        # transforms when there is no augment pool): reported as that stage's.
+        # Samples of the next stage handled in this thread (decode threads running
+        # the transforms when there is no augment pool): reported as that stage's.
         self.inline_items = 0
-        self.inline_s = 0.0
-        self._wait_in_s = 0.0
-        self._wait_out_s = 0.0
+        # (seconds waiting for input, waiting to output, doing the next stage's
+        # work inline, when the current one began, which one: a kind above)
+        self._state: tuple[float, float, float, float, int] = (0.0, 0.0, 0.0, 0.0, 0)
         self.started = _now()
         self.ended: float | None = None
-        self._since = 0.0
-        self._waiting = 0  # 0: working, 1: waiting for input, 2: waiting to output
+        # (phase, sample index, since): the sample this thread works on, for
+        # naming samples stuck in a stage (``Feeder(timeout=...)``); None between samples.
+        self.current: tuple[str, int, float] | None = None
 
     # A wait in progress counts too, so a snapshot of a stalled pipeline shows
     # its threads as waiting, not busy.
     def begin_wait(self, kind: int) -> None:
-        self._since = _now()
-        self._waiting = kind
+        wi, wo, inl, _, _ = self._state
+        self._state = (wi, wo, inl, _now(), kind)
 
     def end_wait(self) -> None:
-        waited = _now() - self._since
-        if self._waiting == 1:
-            self._wait_in_s += waited
-        else:
-            self._wait_out_s += waited
-        self._waiting = 0
+        wi, wo, inl, since, kind = self._state
+        d = _now() - since
+        if kind == 1:
+            wi += d
+        elif kind == 2:
+            wo += d
+        elif kind == 3:
+            inl += d
+        self._state = (wi, wo, inl, 0.0, 0)
 
-    def _ongoing(self, kind: int) -> float:
-        return _now() - self._since if self._waiting == kind and self.ended is None else 0.0
+    def totals(self) -> tuple[float, float, float, float]:
+        """(busy, wait in, wait out, inline) seconds so far, ongoing waits included."""
+        wi, wo, inl, since, kind = self._state
+        end = self.ended
+        now = _now() if end is None else end
+        if kind and end is None:
+            d = now - since
+            if kind == 1:
+                wi += d
+            elif kind == 2:
+                wo += d
+            else:
+                inl += d
+        return max(0.0, now - self.started - wi - wo - inl), wi, wo, inl
+
+    @property
+    def waiting(self) -> int:
+        """What the thread does now: ``WORKING``, ``WAIT_IN``, ``WAIT_OUT`` or ``INLINE``."""
+        return 0 if self.ended is not None else self._state[4]
 
     @property
     def wait_in_s(self) -> float:
-        return self._wait_in_s + self._ongoing(1)
+        return self.totals()[1]
 
     @property
     def wait_out_s(self) -> float:
-        return self._wait_out_s + self._ongoing(2)
+        return self.totals()[2]
+
+    @property
+    def inline_s(self) -> float:
+        return self.totals()[3]
 
     def busy_s(self) -> float:
         """Seconds alive minus seconds waiting on either queue and inline work of the next stage."""
-        end = self.ended if self.ended is not None else _now()
-        return max(0.0, end - self.started - self.wait_in_s - self.wait_out_s - self.inline_s)
+        return self.totals()[0]
 
 
 def timed_put(c: Counters, channel: Channel, item: Any) -> None:
@@ -104,6 +136,7 @@ class Stage:
         for i in range(self.num_threads):
             c = Counters()
             self.counters.append(c)
+            self.run.book.attach_thread(self.name, c)
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
             self.threads.append(t)
@@ -151,14 +184,19 @@ class Stage:
 class MapStage(Stage):
     """A stage that handles one sample task at a time; failures are per sample."""
 
+    # What ``Counters.current`` calls the first step of this stage's work on a sample.
+    phase = "stage"
+
     def work(self, c: Counters) -> None:
         process = self.process
         failed = self.run.sample_failed
+        phase = self.phase
         while True:
             task = self.get(c)
             if task is END:
                 self.end_thread(c)
                 return
+            c.current = (phase, task.index, _now())
             try:
                 process(task, c)
             except Closed:
@@ -170,6 +208,7 @@ class MapStage(Stage):
                 # skippable, but the training loop still learns which sample.
                 self.run.fail(self.run.sample_error(self.name, task, exc))
                 return
+            c.current = None
             c.items += 1
 
     def process(self, task: Any, c: Counters) -> None:

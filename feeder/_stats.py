@@ -139,25 +139,41 @@ class Stats:
         return "\n".join(lines)
 
 
-# The stage whose work a thread may do inline (see Counters.inline_s).
+# The stage whose work a thread may do inline (see Counters.inline_items).
 _INLINE_INTO = {"decode": "augment"}
 
 
 def _add(totals: dict[str, list], stage: str, c) -> None:
+    busy, wait_in, wait_out, inline = c.totals()
     t = totals[stage]
     t[0] += c.items
-    t[1] += c.busy_s()
-    t[2] += c.wait_in_s
-    t[3] += c.wait_out_s
-    if c.inline_items or c.inline_s:
+    t[1] += busy
+    t[2] += wait_in
+    t[3] += wait_out
+    if c.inline_items or inline:
         u = totals[_INLINE_INTO[stage]]
         u[0] += c.inline_items
-        u[1] += c.inline_s
-        t[4] += c.inline_s
+        u[1] += inline
+        t[4] += inline
+
+
+def _add_channel(queues: dict[str, list], ch) -> None:
+    q = queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])
+    q[0] = ch.maxsize
+    q[1] += ch.puts
+    q[2] += ch.depth_sum
+    q[3] = max(q[3], ch.max_depth)
 
 
 class StatsBook:
-    """Feeder-wide accumulator: passes fold their finished counters into it."""
+    """Feeder-wide accumulator of every pass's counters.
+
+    Each thread's :class:`~feeder._stage.Counters` and each channel is *live*
+    (attached) until it is folded into the totals; a snapshot adds the totals
+    and the live ones under one lock, so every counter is counted exactly once
+    at any instant and the figures a user reads never go backwards, also while
+    passes start and end.
+    """
 
     def __init__(self, stage_threads: dict[str, int]) -> None:
         self._lock = threading.Lock()
@@ -165,9 +181,13 @@ class StatsBook:
         # items, busy s, wait in s, wait out s, s spent on the next stage's work inline
         self._stages = {name: [0, 0.0, 0.0, 0.0, 0.0] for name in stage_threads}
         self._queues: dict[str, list] = {}
+        self._live_threads: dict[object, str] = {}  # Counters -> stage name
+        self._live_channels: dict[object, None] = {}  # insertion-ordered set of channels
         self.samples = 0
         self.batches = 0
         self.consumer_wait_s = 0.0
+        # thread ident -> when it began waiting in next(): a wait in progress counts too
+        self._consumer_waits: dict[int, float] = {}
         self.started: float | None = None
         self._skipped: list[str] = []
         self._skipped_set: set[str] = set()
@@ -176,17 +196,48 @@ class StatsBook:
         if self.started is None:
             self.started = time.perf_counter()
 
+    def after_fork(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
+        self._live_threads.clear()
+        self._live_channels.clear()
+        self._consumer_waits.clear()
+
+    def attach_thread(self, stage: str, c) -> None:
+        with self._lock:
+            self._live_threads[c] = stage
+
     def fold_thread(self, stage: str, c) -> None:
         with self._lock:
-            _add(self._stages, stage, c)
+            if self._live_threads.pop(c, None) is not None:
+                _add(self._stages, stage, c)
+
+    def attach_channel(self, ch) -> None:
+        with self._lock:
+            self._live_channels[ch] = None
 
     def fold_channel(self, ch) -> None:
+        """Add ``ch``'s counters to the totals; safe to repeat (only the first counts)."""
         with self._lock:
-            q = self._queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])
-            q[0] = ch.maxsize
-            q[1] += ch.puts
-            q[2] += ch._depth_sum
-            q[3] = max(q[3], ch.max_depth)
+            if ch in self._live_channels:
+                del self._live_channels[ch]
+                _add_channel(self._queues, ch)
+
+    def consumer_waiting(self, since: float | None) -> None:
+        """The calling thread began (``since``) or ended (None) a wait inside ``next()``."""
+        me = threading.get_ident()
+        if since is not None:
+            self._consumer_waits[me] = since
+            return
+        with self._lock:  # the move from ongoing to total must look atomic to snapshot()
+            began = self._consumer_waits.pop(me, None)
+            if began is not None:
+                self.consumer_wait_s += time.perf_counter() - began
+
+    def delivered(self, samples: int) -> None:
+        with self._lock:
+            self.batches += 1
+            self.samples += samples
 
     def skipped(self, path: str, error: BaseException) -> int:
         """Count a skipped sample; log its path the first time. Returns the count so far."""
@@ -203,26 +254,23 @@ class StatsBook:
     def skipped_count(self) -> int:
         return len(self._skipped)
 
-    def snapshot(self, live_stages=(), live_channels=(), buffers: int = 0) -> Stats:
+    def snapshot(self, buffers: int = 0) -> Stats:
+        now = time.perf_counter()
         with self._lock:
             totals = {k: list(v) for k, v in self._stages.items()}
             queues = {k: list(v) for k, v in self._queues.items()}
             skipped = tuple(self._skipped)
-        for stage in live_stages:
-            for c in stage.counters:
-                if c.ended is None:  # finished threads are already folded
-                    _add(totals, stage.name, c)
-        depths = {}
-        for ch in live_channels:
-            q = queues.setdefault(ch.name, [ch.maxsize, 0, 0, 0])
-            q[1] += ch.puts
-            q[2] += ch._depth_sum
-            q[3] = max(q[3], ch.max_depth)
-            depths[ch.name] = ch.depth()
+            for c, stage in list(self._live_threads.items()):
+                _add(totals, stage, c)
+            depths = {}
+            for ch in list(self._live_channels):
+                _add_channel(queues, ch)
+                depths[ch.name] = ch.depth()
+            wait = self.consumer_wait_s + sum(now - t for t in list(self._consumer_waits.values()))
+            samples, batches = self.samples, self.batches
         stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3], t[4])
                        for name, t in totals.items())
         qs = tuple(QueueStats(name, q[0], depths.get(name, 0), q[2] / q[1] if q[1] else 0.0, q[3])
                    for name, q in queues.items())
-        elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
-        return Stats(stages, qs, self.samples, self.batches, len(skipped), self.consumer_wait_s,
-                     elapsed, buffers, skipped)
+        elapsed = now - self.started if self.started is not None else 0.0
+        return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped)

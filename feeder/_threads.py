@@ -82,9 +82,18 @@ class LibraryThreads:
     def acquire(cls) -> None:
         with cls._lock:
             if cls._users == 0:
-                cls._saved = cv2.getNumThreads()
+                if cls._saved is None:  # not already limited (a forked child keeps the parent's)
+                    cls._saved = cv2.getNumThreads()
                 cv2.setNumThreads(1)
             cls._users += 1
+
+    @classmethod
+    def after_fork(cls) -> None:
+        """In a forked child: the lock may be held by a parent thread that is gone, and no
+        feeder runs yet (the child's engines re-acquire when they start a pass). The
+        count the parent saved stays, so the child's last close restores the real one."""
+        cls._lock = threading.Lock()
+        cls._users = 0
 
     @classmethod
     def release(cls) -> None:
@@ -94,3 +103,4 @@ class LibraryThreads:
             cls._users -= 1
             if cls._users == 0 and cls._saved is not None:
                 cv2.setNumThreads(cls._saved)
+                cls._saved = None

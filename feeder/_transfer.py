@@ -132,7 +132,8 @@ class Transfer(Stage):
             view = buf.images[:n]
             images = torch.from_numpy(view).permute(0, 3, 1, 2)
             run.lend(buf)
-            weakref.finalize(view, run.pool.release, buf)
+            # The last reference may go in any thread, inside any lock (see _reaper).
+            weakref.finalize(view, run.pool.release_later, buf)
             self.put(c, self.outbox, Delivery(images, labels, None, buf))
             return
         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))

@@ -13,6 +13,21 @@ class FeederError(RuntimeError):
     """Base class of the errors raised from a feeder's iterator."""
 
 
+class FeederTimeoutError(FeederError, TimeoutError):
+    """No batch arrived within ``Feeder(timeout=...)`` seconds; the message names the
+    samples that were in a stage for longer than that (stage, index, path)."""
+
+
+def safe_text(text: str) -> str:
+    """``text`` in a form that always encodes as UTF-8 (a path from a non-UTF-8 file
+    name carries surrogate escapes, which UTF-8 log handlers cannot write)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class StageError(FeederError):
     """A stage failed outside any one sample (a bug, or the source itself broke).
 

@@ -19,7 +19,9 @@ JOIN_TIMEOUT_S = 30.0  # bound on any wait for a whole pass in a test
 
 
 def feeder_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("feeder-")]
+    """Threads of feeder passes (not the process-wide reaper, which idles on its queue)."""
+    return [t for t in threading.enumerate()
+            if t.name.startswith("feeder-") and t.name != "feeder-reaper"]
 
 
 @pytest.fixture(autouse=True)

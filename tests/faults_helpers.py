@@ -252,7 +252,7 @@ def stage_waiting(run, stage_name: str, kind: int) -> bool:
     """Every thread of ``stage_name`` in pass ``run`` is blocked in a queue wait of ``kind``
     (1: for input, 2: to output or for a free buffer)."""
     stage = next(s for s in run.stages if s.name == stage_name)
-    return bool(stage.counters) and all(c._waiting == kind and c.ended is None for c in stage.counters)
+    return bool(stage.counters) and all(c.waiting == kind for c in stage.counters)
 
 
 # -- memory ------------------------------------------------------------------------------
@@ -285,7 +285,8 @@ BLOBS = [simplejpeg.encode_jpeg(make_image(32, 32, seed=i), 90) for i in range(6
 def live_feeder_threads(timeout, allowed=()):
     deadline = time.monotonic() + timeout
     while True:
-        alive = [t for t in threading.enumerate() if t.name.startswith("feeder-")]
+        alive = [t for t in threading.enumerate()
+                 if t.name.startswith("feeder-") and t.name != "feeder-reaper"]
         if {{t.name for t in alive}} <= set(allowed) or time.monotonic() >= deadline:
             return sorted(t.name for t in alive)
         for t in alive:

@@ -165,8 +165,9 @@ def test_early_break_then_reiterate_has_no_stale_batches(source):
         batches, err = drain(f)  # a fresh pass
         assert err is None
         assert labels_of(batches) == list(range(60))
-        with pytest.raises(StopIteration):
-            next(it)  # the abandoned pass is over
+        # The abandoned pass is over, and its iterator says why instead of ending quietly.
+        with pytest.raises(FeederError, match="new pass of the same feeder"):
+            next(it)
 
 
 def test_image_folder_end_to_end(image_folder):
