@@ -255,8 +255,8 @@ class StatsBook:
         return len(self._skipped)
 
     def snapshot(self, buffers: int = 0) -> Stats:
-        now = time.perf_counter()
         with self._lock:
+            now = time.perf_counter()  # under the lock: no wait may begin or end after it
             totals = {k: list(v) for k, v in self._stages.items()}
             queues = {k: list(v) for k, v in self._queues.items()}
             skipped = tuple(self._skipped)
@@ -266,7 +266,7 @@ class StatsBook:
             for ch in list(self._live_channels):
                 _add_channel(queues, ch)
                 depths[ch.name] = ch.depth()
-            wait = self.consumer_wait_s + sum(now - t for t in list(self._consumer_waits.values()))
+            wait = self.consumer_wait_s + sum(max(0.0, now - t) for t in list(self._consumer_waits.values()))
             samples, batches = self.samples, self.batches
         stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3], t[4])
                        for name, t in totals.items())
