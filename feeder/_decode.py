@@ -102,6 +102,27 @@ def _header_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return None
 
 
+def _check_png_chunks(data: bytes | memoryview) -> None:
+    """Reject a PNG with a chunk longer than the rest of the file, before OpenCV reads it.
+
+    OpenCV allocates (and touches) what a chunk's length field claims before it
+    finds the data missing: a 147-byte file whose IDAT claims 3.9 GB cost 3.7 GB
+    of memory and seconds of CPU. It never decodes such a file anyway.
+    """
+    n = len(data)
+    pos = len(_PNG_MAGIC)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = bytes(data[pos + 4:pos + 8])
+        end = pos + 12 + length  # length, type, data, CRC
+        if end > n:
+            raise DecodeError(f"truncated or corrupt PNG: chunk {kind.decode('latin-1')!r} at byte {pos} "
+                              f"claims {length} bytes; the file has {max(0, n - pos - 12)} left")
+        if kind == b"IEND":
+            return
+        pos = end
+
+
 def _check_pixels(h: int, w: int, max_pixels: int) -> None:
     if h <= 0 or w <= 0:
         raise DecodeError(f"header gives an empty image ({w}x{h})")
@@ -226,6 +247,8 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
     size = _header_size(data)
     if size is not None:
         _check_pixels(size[0], size[1], max_pixels)
+    if bytes(data[:8]) == _PNG_MAGIC:
+        _check_png_chunks(data)
     img = _to_rgb8(_cv2_decode(data, cv2.IMREAD_UNCHANGED))
     if size is None:
         _check_pixels(img.shape[0], img.shape[1], max_pixels)

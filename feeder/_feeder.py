@@ -310,6 +310,10 @@ class Feeder:
     def close(self) -> None:
         """Stop all threads; returns within about a second. Safe to repeat, from any thread."""
         self._engine.close()
+        # Nothing is left for collection to do. Left armed, the finalizer would start a
+        # close thread whenever the cyclic collector frees this object (an exception's
+        # traceback often holds it in a cycle), at an arbitrary later point.
+        self._finalizer.detach()
 
     @property
     def closed(self) -> bool:

@@ -29,10 +29,14 @@ def no_feeder_thread_leak():
     """Fail any test that leaves a feeder thread alive (after a short grace to exit)."""
     yield
     deadline = time.monotonic() + 2.0
-    while feeder_threads() and time.monotonic() < deadline:
-        for t in feeder_threads():
+    # Judge the very list that ended the wait, not a later look that may hold a
+    # thread started since and never waited for.
+    alive = feeder_threads()
+    while alive and time.monotonic() < deadline:
+        for t in alive:
             t.join(timeout=0.05)
-    leaked = [t.name for t in feeder_threads()]
+        alive = feeder_threads()
+    leaked = [t.name for t in alive]
     assert not leaked, f"feeder threads left running: {leaked}"
 
 

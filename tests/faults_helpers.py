@@ -225,10 +225,14 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.005) -> boo
 def wait_no_feeder_threads(timeout: float = 2.0) -> list[str]:
     """Join feeder threads for up to ``timeout`` s; return the names still alive."""
     deadline = time.monotonic() + timeout
-    while feeder_threads() and time.monotonic() < deadline:
-        for t in feeder_threads():
+    # Report the very list that ended the wait: a second look could see a thread
+    # started after it (by a garbage-collected feeder) that was never waited for.
+    alive = feeder_threads()
+    while alive and time.monotonic() < deadline:
+        for t in alive:
             t.join(timeout=0.02)
-    return [t.name for t in feeder_threads()]
+        alive = feeder_threads()
+    return [t.name for t in alive]
 
 
 def wait_feeder_threads_within(allowed, timeout: float = 2.0) -> set[str]:

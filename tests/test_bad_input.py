@@ -451,6 +451,24 @@ def test_pnm_and_tiff_bombs_rejected_from_header(data, forbid_pixel_decode):
     assert calls == []
 
 
+def _png_chunk_claiming(length: int) -> bytes:
+    """A valid PNG cut inside its first IDAT, whose length field now claims ``length`` bytes."""
+    p = encode_png(np.zeros((SIDE, SIDE, 3), np.uint8))
+    i = p.index(b"IDAT") - 4
+    return p[:i] + length.to_bytes(4, "big") + p[i + 4:i + 40]
+
+
+@pytest.mark.parametrize("length", [0xE71D0E42, 1 << 20, 40], ids=["3.9GB", "1MB", "just-past-the-end"])
+def test_png_chunk_longer_than_the_file_rejected_before_decoding(length, forbid_pixel_decode):
+    """OpenCV would allocate what the length field claims before finding the data missing."""
+    forbidden, calls = forbid_pixel_decode
+    data = _png_chunk_claiming(length)
+    forbidden.add(data)
+    with pytest.raises(DecodeError, match=f"chunk 'IDAT' at byte 33 claims {length} bytes"):
+        decode_image(data)
+    assert calls == []
+
+
 # -- empty datasets and odd batch sizes ------------------------------------------------------------
 
 def test_image_folder_without_class_folders(tmp_path):

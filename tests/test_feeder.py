@@ -501,6 +501,26 @@ def test_garbage_collected_feeder_stops_threads(source):
     assert not feeder_threads()
 
 
+def test_collecting_a_closed_feeder_starts_no_thread(source):
+    """A closed feeder has nothing left to stop. An exception's traceback often keeps
+    it in a reference cycle, so the cyclic collector frees it later, in whatever
+    thread and test it happens to run: that must not start a feeder thread then."""
+    gc.collect()  # earlier tests' garbage is not this test's
+    f = make(source, batch_size=2)
+    with f:
+        next(iter(f))
+    f.me = f  # only the cyclic collector frees it
+    ref = weakref.ref(f)
+    engine = f._engine
+    # Holding the engine's lock keeps a thread started by the collection alive
+    # (blocked in close()) until it is looked for, however fast it would finish.
+    with engine.lock:
+        del f
+        gc.collect()
+        assert ref() is None
+        assert [t.name for t in feeder_threads()] == []
+
+
 def test_threads_are_named_after_stages(source):
     with make(source, decode_threads=2, augment_threads=2) as f:
         it = iter(f)
