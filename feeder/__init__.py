@@ -14,10 +14,12 @@ from . import ops
 from ._feeder import Feeder
 from ._rng import SampleRNG
 from ._stats import QueueStats, StageStats, Stats
-from .errors import DecodeError, FeederError, FeederTimeoutError, SampleError, StageError, TransformError
+from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, SampleError, StageError,
+                     TransformError)
 from .sources import FileList, ImageFolder, Source
 
 __all__ = [
+    "ConfigError",
     "DecodeError",
     "Feeder",
     "FeederError",

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._decode import buffer_of
+from ._decode import DEFAULT_MAX_PIXELS, buffer_of
 from ._rng import SampleRNG
 from ._queue import Closed
 from ._stage import Counters, MapStage
-from .errors import TransformError
-from .ops import SampleContext, Transform
+from .errors import ConfigError, TransformError
+from .ops import CenterCrop, Resize, SampleContext, Transform, _ResizeCenterCrop
 
 if TYPE_CHECKING:
     from ._sampler import Task
@@ -53,6 +53,39 @@ class _Callable(Transform):
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
 
+def _image_size(value: Any) -> tuple[int, int]:
+    """``image_size`` as (height, width), two positive ints.
+
+    Raises:
+        ValueError: anything else, with the value.
+    """
+    def whole(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or not all(whole(v) and v > 0 for v in value)):
+        raise ValueError(f"image_size must be (height, width), two positive ints; got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def _fuse(ts: list[Transform]) -> list[tuple[int, Transform]]:
+    """The transforms with their positions in the user's list (each draws from the
+    stream of its position), a ``Resize(int)`` followed by a ``CenterCrop`` made one
+    step that computes only the pixels the crop keeps."""
+    steps: list[tuple[int, Transform]] = []
+    i = 0
+    while i < len(ts):
+        t = ts[i]
+        if (type(t) is Resize and t.shorter is not None and i + 1 < len(ts)
+                and type(ts[i + 1]) is CenterCrop):
+            steps.append((i, _ResizeCenterCrop(t, ts[i + 1])))
+            i += 2
+        else:
+            steps.append((i, t))
+            i += 1
+    return steps
+
+
 class Chain:
     """The compiled transform list of a feeder.
 
@@ -60,12 +93,17 @@ class Chain:
         transforms: Transforms or plain callables, applied in order.
         image_size: (height, width) of the batch buffers; inferred from the
             transforms when None.
+        max_pixels: Largest image (height * width) any transform may produce.
 
     Raises:
-        ValueError: the output size cannot be inferred, or contradicts ``image_size``.
+        ValueError: ``image_size`` is not two positive ints, the output size cannot
+            be inferred, contradicts ``image_size`` or exceeds ``max_pixels``.
     """
 
-    def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None) -> None:
+    def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        if image_size is not None:
+            image_size = _image_size(image_size)
         ts: list[Transform] = []
         for t in transforms:
             if isinstance(t, Transform):
@@ -75,32 +113,39 @@ class Chain:
             else:
                 raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable")
         self.transforms = ts
+        self.max_pixels = max_pixels
+        steps = _fuse(ts)
         size: Any = None
-        for t in ts:
+        for _, t in steps:
             if t.output_size is not None:
                 size = t.output_size
+                if size[0] * size[1] > max_pixels:
+                    raise ValueError(f"transform {t!r} produces {size[1]}x{size[0]} images, above "
+                                     f"max_pixels={max_pixels}")
             elif not t.preserves_size:
                 size = _VARIABLE
         if image_size is not None:
-            if isinstance(size, tuple) and size != tuple(image_size):
-                raise ValueError(f"image_size={tuple(image_size)} but the transforms produce {size}")
-            size = tuple(image_size)
+            if isinstance(size, tuple) and size != image_size:
+                raise ValueError(f"image_size={image_size} but the transforms produce {size}")
+            if image_size[0] * image_size[1] > max_pixels:
+                raise ValueError(f"image_size={image_size} is above max_pixels={max_pixels}")
+            size = image_size
         if not isinstance(size, tuple):
             raise ValueError(
                 "cannot tell the output image size from the transforms "
                 f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
                 "CenterCrop, Resize((h, w))) or pass image_size=(height, width)")
         self.image_size: tuple[int, int] = size
-        k = len(ts) - 1
-        while k >= 0 and ts[k].inplace:
+        k = len(steps) - 1
+        while k >= 0 and steps[k][1].inplace:
             k -= 1
-        self._head = list(enumerate(ts[:max(k, 0)]))
-        self._writer = (k, ts[k]) if k >= 0 else None
-        self._tail = [(i, ts[i]) for i in range(k + 1, len(ts))]
+        self._head = steps[:max(k, 0)]
+        self._writer = steps[k] if k >= 0 else None
+        self._tail = steps[k + 1:]
         # Reduced-scale decode is driven by the first size-changing built-in
         # transform, if nothing before it but size-preserving built-ins.
         self._hinter: tuple[int, Transform] | None = None
-        for i, t in enumerate(ts):
+        for i, t in steps:
             if isinstance(t, _Callable):
                 break
             if not t.preserves_size:
@@ -109,7 +154,7 @@ class Chain:
                 break
         # The context (full-size dims) is only true for transforms that see the
         # decoded image unchanged in size.
-        self._ctx_upto = next((i for i, t in enumerate(ts) if not t.preserves_size), len(ts))
+        self._ctx_upto = next((i for i, t in steps if not t.preserves_size), len(ts))
 
     @property
     def hint(self) -> Callable[[int, int, Any], tuple[int, int] | None] | None:
@@ -127,15 +172,26 @@ class Chain:
         return hint
 
     def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
-        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8)."""
+        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8).
+
+        Raises:
+            TransformError: a transform would produce (or produced) more than
+                ``max_pixels`` pixels, or returned something that is not an image.
+            ConfigError: the result does not have the batch buffer's size.
+        """
         upto = self._ctx_upto
         t = None
         try:
             for i, t in self._head:
-                img = t.apply(img, SampleRNG(key, i), None, ctx if i <= upto else None)
+                c = ctx if i <= upto else None
+                self._check_plan(t, img, c)
+                img = t.apply(img, SampleRNG(key, i), None, c)
+                self._check_pixels(t, img.shape[0], img.shape[1], "produced")
             if self._writer is not None:
                 i, t = self._writer
-                result = t.apply(img, SampleRNG(key, i), out, ctx if i <= upto else None)
+                c = ctx if i <= upto else None
+                self._check_plan(t, img, c)
+                result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)
             else:
@@ -147,10 +203,29 @@ class Chain:
                 exc.add_note(f"in transform {t!r}")
             raise
 
+    def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None) -> None:
+        # Before computing: a Resize of an elongated image by its shorter side
+        # would allocate gigabytes before any check after it could run.
+        planned = t.planned_size(img.shape[0], img.shape[1], ctx)
+        if planned is not None:
+            self._check_pixels(t, planned[0], planned[1], "would produce")
+
+    def _check_pixels(self, t: Transform, height: int, width: int, verb: str) -> None:
+        if height * width > self.max_pixels:
+            raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
+                                 f"= {width * height} pixels, above max_pixels={self.max_pixels}")
+
     @staticmethod
     def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:
+        who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
+        if (isinstance(img, np.ndarray) and img.ndim == 3 and img.shape[2] == out.shape[2]
+                and img.shape[:2] != out.shape[:2]):
+            # Not one bad file: every image of another size fails the same way.
+            raise ConfigError(
+                f"image_size={out.shape[:2]} but {who} produced {img.shape[1]}x{img.shape[0]} "
+                f"(width x height, shape {img.shape}; the batch buffer holds {out.shape}): add a "
+                f"Resize or crop that ends at image_size, or set image_size")
         if img.shape != out.shape or img.dtype != out.dtype:
-            who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
             raise TransformError(
                 f"{who} produced an image of shape {img.shape} and dtype {img.dtype}, but the "
                 f"batch buffer holds {out.shape} {out.dtype}; make the transforms end at "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ._decode import DEFAULT_MAX_PIXELS
@@ -17,6 +18,18 @@ def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def _flag(name: str, value: object) -> bool:
+    # bool("False") is True: a string or a number here is a mistake, not a flag.
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+# What the transfer stage can produce faithfully: uint8 as decoded, or a floating
+# dtype scaled to [0, 1]. Other integer dtypes would wrap, bool would be all True.
+_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _threads(name: str, value: object, auto: int, minimum: int = 1) -> int:
@@ -82,8 +95,9 @@ class Config:
         if max_skipped is not None and (isinstance(max_skipped, bool) or not isinstance(max_skipped, int)
                                         or max_skipped < 0):
             raise ValueError(f"max_skipped must be None or an int >= 0, got {max_skipped!r}")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise ValueError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise ValueError(f"dtype must be None, torch.uint8 or a floating dtype (float16, bfloat16, "
+                             f"float32, float64), got {dtype!r}")
         if normalize is not None:
             try:
                 mean, std = normalize
@@ -95,6 +109,8 @@ class Config:
                 raise ValueError(f"normalize must be (mean, std) with 3 values each, got {normalize!r}")
             if any(s == 0 or not math.isfinite(s) for s in std):
                 raise ValueError(f"normalize: std must be finite and non-zero, got {std}")
+            if not all(math.isfinite(m) for m in mean):
+                raise ValueError(f"normalize: mean must be finite, got {mean}")
             normalize = (mean, std)
             if dtype is None:
                 dtype = torch.float32
@@ -108,9 +124,9 @@ class Config:
             device=parse_device(device),
             dtype=None if dtype == torch.uint8 else dtype,
             normalize=normalize,
-            shuffle=bool(shuffle),
-            drop_last=bool(drop_last),
-            ordered=bool(ordered),
+            shuffle=_flag("shuffle", shuffle),
+            drop_last=_flag("drop_last", drop_last),
+            ordered=_flag("ordered", ordered),
             on_error=on_error,
             max_skipped=max_skipped,
             max_pixels=_positive("max_pixels", max_pixels),

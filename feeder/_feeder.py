@@ -256,9 +256,10 @@ class Feeder:
             drop_last=drop_last, ordered=ordered, on_error=on_error, max_skipped=max_skipped,
             max_pixels=max_pixels, timeout=timeout)
         self.source = source
-        self.chain = Chain(list(transforms), image_size)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        self.chain = Chain(list(transforms), image_size, self.config.max_pixels)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not 0 <= seed < 2**64):  # keys fold the seed to 64 bits
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
         self.rank, self.world_size = _shard(rank, world_size)
         self.seed = seed if seed is not None else _default_seed(self.world_size)
         self._next_epoch = 0

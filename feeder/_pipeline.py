@@ -28,7 +28,7 @@ from ._sampler import Sampler, Task
 from ._stage import Counters, Stage, timed_put
 from ._stats import StatsBook
 from ._transfer import Transfer
-from .errors import FeederError, SampleError
+from .errors import ConfigError, FeederError, SampleError
 from .sources import describe
 
 if TYPE_CHECKING:
@@ -234,7 +234,8 @@ class Pass:
         task.image = None
         batch = task.batch
         cfg = self.config
-        skip = cfg.on_error == "skip"
+        # A configuration mistake would fail every sample alike: never skipped.
+        skip = cfg.on_error == "skip" and not isinstance(exc, ConfigError)
         if skip:
             count = self.book.skipped(path, err)
             if cfg.max_skipped is not None and count > cfg.max_skipped:

@@ -70,3 +70,10 @@ class DecodeError(ValueError):
 
 class TransformError(ValueError):
     """A transform returned something that does not fit the batch buffer."""
+
+
+class ConfigError(TransformError):
+    """The configuration does not fit the data: the transforms' output is not the
+    batch's ``image_size``. Raised whatever ``on_error`` says, since every image of
+    that size would fail alike; reaches the loop as a :class:`SampleError` naming
+    the first sample found, with this as its cause."""

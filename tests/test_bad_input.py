@@ -419,12 +419,14 @@ def test_max_pixels_is_configurable(good_blobs, good_hashes):
     with pytest.raises(DecodeError, match=f"max_pixels={SIDE * SIDE - 1}"):
         decode_image(good_blobs[0], max_pixels=SIDE * SIDE - 1)
     assert decode_image(good_blobs[0], max_pixels=SIDE * SIDE)[0].shape == (SIDE, SIDE, 3)
-    with make(src, max_pixels=SIDE * SIDE - 1) as f:
+    # A smaller output: an output above max_pixels is itself refused at construction.
+    small = [ops.CenterCrop(SIDE // 2)]
+    with Feeder(src, B, small, shuffle=False, seed=3, max_pixels=SIDE * SIDE - 1) as f:
         batches, err = drain(f, timeout=20)
     assert isinstance(err, SampleError) and err.stage == "decode" and err.index == 0
     assert "img0.jpg" in str(err) and f"max_pixels={SIDE * SIDE - 1}" in str(err)
     assert isinstance(err.__cause__, DecodeError) and batches == []
-    with make(src, max_pixels=SIDE * SIDE - 1, on_error="skip") as f:
+    with Feeder(src, B, small, shuffle=False, seed=3, max_pixels=SIDE * SIDE - 1, on_error="skip") as f:
         batches, err = drain(f, timeout=20)
         assert err is None and batches == [] and f.stats().skipped == N_GOOD
     with make(src, max_pixels=SIDE * SIDE) as f:
