@@ -19,6 +19,13 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _flag(name: str, value: object) -> bool:
+    # A mistyped value ("no", 0.5) is a configuration mistake, not something to coerce.
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def _threads(name: str, value: object, auto: int, minimum: int = 1) -> int:
     if value == "auto":
         return auto
@@ -62,10 +69,12 @@ class Config:
     on_error: str
     max_skipped: int | None
     max_pixels: int
+    exif_orientation: bool = False
 
     @classmethod
     def build(cls, *, batch_size, decode_threads, augment_threads, queue_size, device, dtype,
-              normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels) -> "Config":
+              normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels,
+              exif_orientation=False) -> "Config":
         auto_decode, auto_augment = auto_threads(available_cores())
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
@@ -104,6 +113,7 @@ class Config:
             on_error=on_error,
             max_skipped=max_skipped,
             max_pixels=_positive("max_pixels", max_pixels),
+            exif_orientation=_flag("exif_orientation", exif_orientation),
         )
 
     # Queue capacities. Each pool needs a few items queued per thread so a
@@ -136,4 +146,5 @@ class Config:
 
 DEFAULTS = dict(decode_threads="auto", augment_threads="auto", queue_size=4, device="cpu",
                 dtype=None, normalize=None, shuffle=True, drop_last=False, ordered=True,
-                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS)
+                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS,
+                exif_orientation=False)
