@@ -459,3 +459,83 @@ def test_exif_orientation_config():
     assert Config.build(**dict(base, exif_orientation=True)).exif_orientation is True
     with pytest.raises(ValueError, match="exif_orientation must be True or False, got 'yes'"):
         Config.build(**dict(base, exif_orientation="yes"))
+
+
+# -- file names that are not valid UTF-8 ------------------------------------------------
+
+class _RecordingHandler(logging.StreamHandler):
+    """Writes records as strict UTF-8, and keeps the failures logging would print."""
+
+    def __init__(self) -> None:
+        self.raw = io.BytesIO()
+        super().__init__(io.TextIOWrapper(self.raw, encoding="utf-8", errors="strict"))
+        self.failures: list[BaseException] = []
+
+    def handleError(self, record) -> None:  # noqa: N802 - logging's name
+        import sys
+        self.failures.append(sys.exc_info()[1])
+
+    def text(self) -> str:
+        self.flush()
+        return self.raw.getvalue().decode("utf-8")
+
+
+def _bad_name_sources(tmp_path):
+    """The same four files through FileList and ImageFolder; the third has a name
+    with an invalid UTF-8 byte and corrupt contents."""
+    good = distinct_jpegs(3, seed=21)
+    folder = os.fsencode(tmp_path / "data" / "cls")
+    os.makedirs(folder)
+    names = [b"a.jpg", b"b.jpg", b"c\xff.jpg", b"d.jpg"]
+    blobs = [good[0], good[1], b"\xff\xd8\xff\xe0 not really a jpeg" * 10, good[2]]
+    for name, data in zip(names, blobs):
+        fd = os.open(folder + b"/" + name, os.O_WRONLY | os.O_CREAT, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    bad = os.fsdecode(folder + b"/" + names[2])
+    paths = [os.fsdecode(folder + b"/" + n) for n in names]
+    return {"FileList": FileList(paths, [0, 0, 0, 0]), "ImageFolder": ImageFolder(tmp_path / "data")}, bad
+
+
+@pytest.mark.parametrize("kind", ["FileList", "ImageFolder"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_undecodable_file_name_in_messages_and_logs(tmp_path, kind, on_error):
+    sources, bad = _bad_name_sources(tmp_path)
+    src = sources[kind]
+    assert src.paths[2] == bad
+    handler = _RecordingHandler()
+    logger = logging.getLogger("feeder")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        with Feeder(src, 2, [ops.CenterCrop(32)], shuffle=False, on_error=on_error) as f:
+            batches, err = drain(f, timeout=20)
+            skipped = f.stats().skipped_paths
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    shown = bad.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    assert "c\\xff.jpg" in shown
+    if on_error == "raise":
+        assert isinstance(err, SampleError) and err.index == 2
+        msg = str(err)
+        msg.encode("utf-8")  # must not raise
+        assert shown in msg
+        assert err.path == bad
+        with open(err.path, "rb") as fh:  # the path still opens the file
+            assert fh.read(3) == b"\xff\xd8\xff"
+    else:
+        assert err is None and skipped == (bad,)
+        assert sum(len(y) for _, y in batches) == 3
+        assert shown in handler.text()
+    assert handler.failures == []
+
+
+def test_safe_text():
+    from feeder.errors import safe_text
+    assert safe_text("plain é") == "plain é"
+    assert safe_text(os.fsdecode(b"x\xff\xfey")) == "x\\xff\\xfey"
+    assert safe_text("lone \ud800") == "lone \\ud800"
+    for s in (os.fsdecode(b"x\xff"), "lone \ud800"):
+        safe_text(s).encode("utf-8")
