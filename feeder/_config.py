@@ -84,11 +84,12 @@ class Config:
     max_skipped: int | None
     max_pixels: int
     timeout: float | None
+    exif_orientation: bool
 
     @classmethod
     def build(cls, *, batch_size, decode_threads, augment_threads, queue_size, device, dtype,
               normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels,
-              timeout) -> "Config":
+              timeout, exif_orientation) -> "Config":
         auto_decode, auto_augment = auto_threads(available_cores())
         if on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
@@ -131,6 +132,7 @@ class Config:
             max_skipped=max_skipped,
             max_pixels=_positive("max_pixels", max_pixels),
             timeout=_timeout(timeout),
+            exif_orientation=_flag("exif_orientation", exif_orientation),
         )
 
     # Queue capacities. Each pool needs a few items queued per thread so a
@@ -163,4 +165,5 @@ class Config:
 
 DEFAULTS = dict(decode_threads="auto", augment_threads="auto", queue_size=4, device="cpu",
                 dtype=None, normalize=None, shuffle=True, drop_last=False, ordered=True,
-                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS, timeout=None)
+                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS, timeout=None,
+                exif_orientation=False)

@@ -4,6 +4,11 @@ JPEGs go through simplejpeg (libjpeg-turbo), everything else through
 ``cv2.imdecode``; both release the GIL while they work, which is what lets a
 pool of threads use every core. Grayscale, RGBA, CMYK and 16-bit inputs all
 become 3-channel uint8.
+
+Only the formats in :data:`SUPPORTED_FORMATS` are decoded, because their size
+is read from the header and checked against ``max_pixels`` before decoding;
+anything else OpenCV could decode is refused (see :func:`decode_image`). The
+EXIF orientation is ignored unless asked for, the same way for every format.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -30,76 +35,288 @@ if TYPE_CHECKING:
 # is 768 MiB of RGB, far beyond any training image.
 DEFAULT_MAX_PIXELS = 1 << 28
 
+# Formats decoded, each with its size read from the header before any pixel
+# memory is allocated. OpenCV can decode more (Radiance HDR, PFM, PAM, Sun
+# raster, JPEG 2000, AVIF, OpenEXR, ...), but without a header check a small file
+# claiming a huge size would be decoded first and rejected after: those are refused.
+SUPPORTED_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WebP", "PNM (P1-P6)", "TIFF (and BigTIFF)")
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
+# Formats recognised only to name them when refusing them: (magic test, name).
+_REFUSED = (
+    (lambda h: h.startswith((b"#?RADIANCE", b"#?RGBE")), "Radiance HDR"),
+    (lambda h: h[:3] in (b"PF\n", b"Pf\n", b"PF\r", b"Pf\r", b"PF ", b"Pf "), "PFM"),
+    (lambda h: h[:3] in (b"P7\n", b"P7 ", b"P7\r"), "PAM"),
+    (lambda h: h.startswith(b"\x59\xa6\x6a\x95"), "Sun raster"),
+    (lambda h: h.startswith((b"\x00\x00\x00\x0cjP  \r\n\x87\n", b"\xff\x4f\xff\x51")), "JPEG 2000"),
+    (lambda h: h[4:8] == b"ftyp" and h[8:12] in (b"avif", b"avis", b"heic", b"heix", b"mif1", b"msf1"),
+     "AVIF/HEIF"),
+    (lambda h: h.startswith(b"\x76\x2f\x31\x01"), "OpenEXR"),
+    (lambda h: h.startswith((b"\xff\x0a", b"\x00\x00\x00\x0cJXL \r\n\x87\n")), "JPEG XL"),
+)
+
 Hint = Callable[[int, int, Any], "tuple[int, int] | None"]
+
+
+class _Header(NamedTuple):
+    """What decoding needs to know before it starts (non-JPEG formats)."""
+
+    format: str
+    height: int
+    width: int
+    # TIFF only: where the first IFD's Orientation value is, and its byte order.
+    tiff_orientation_at: int | None = None
+    tiff_order: str = "<"
+
+
+def _corrupt(fmt: str, what: str) -> DecodeError:
+    return DecodeError(f"corrupt {fmt} header: {what}")
 
 
 _PNM_TOKEN = re.compile(rb"(?:\s|#[^\n]*\n)*(\d+)")
 
 
-def _pnm_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    head = bytes(data[:512])
+def _pnm_header(data: bytes | memoryview) -> _Header:
+    head = bytes(data[:1024])
     pos, dims = 2, []
     for _ in range(2):
         m = _PNM_TOKEN.match(head, pos)
         if m is None:
-            return None
+            raise _corrupt("PNM", "no width and height in its first 1024 bytes")
         dims.append(int(m.group(1)))
         pos = m.end()
-    return dims[1], dims[0]
+    return _Header("PNM", dims[1], dims[0])
 
 
-def _tiff_size(data: bytes | memoryview) -> tuple[int, int] | None:
+# Classic TIFF (magic 42) and BigTIFF (43): IFD entry count format, entry
+# size, where an entry's value starts.
+_TIFF_LAYOUT = {42: ("H", 12, 8), 43: ("Q", 20, 12)}
+_TIFF_SIZE_TYPES = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8 (BigTIFF)
+_TIFF_MAX_ENTRIES = 4096  # real IFDs hold tens of entries; more is a corrupt or hostile file
+
+
+def _tiff_header(data: bytes | memoryview) -> _Header:
+    """Size (and where the Orientation tag is) from the first IFD of a TIFF or BigTIFF."""
     order = "<" if bytes(data[:2]) == b"II" else ">"
-    (ifd,) = struct.unpack(order + "I", bytes(data[4:8]))
-    (count,) = struct.unpack(order + "H", bytes(data[ifd:ifd + 2]))
-    size = {}
-    for k in range(min(count, 512)):
-        entry = bytes(data[ifd + 2 + 12 * k: ifd + 14 + 12 * k])
-        tag, kind = struct.unpack(order + "HH", entry[:4])
-        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
-            value = struct.unpack(order + ("H" if kind == 3 else "I"), entry[8:10] if kind == 3 else entry[8:12])[0]
-            size[tag] = value
-    if 256 in size and 257 in size:
-        return size[257], size[256]
-    return None
-
-
-def _header_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    """(height, width) from a PNG, BMP, GIF, WebP, PNM or TIFF header, or None when
-    not one of those (or unreadable: the decoder then reports the corruption)."""
-    head = bytes(data[:32])
     try:
-        if head[:1] == b"P" and head[1:2] in b"123456" and len(head) > 2 and head[2:3].isspace():
-            return _pnm_size(data)
-        if head[:4] in (b"II*\x00", b"MM\x00*"):
-            return _tiff_size(data)
-        if head.startswith(_PNG_MAGIC) and head[12:16] == b"IHDR":
-            w, h = struct.unpack(">II", head[16:24])
-            return h, w
-        if head[:2] == b"BM" and len(head) >= 26:
-            w, h = struct.unpack("<ii", head[18:26])
-            return abs(h), abs(w)
-        if head[:6] in (b"GIF87a", b"GIF89a"):
-            w, h = struct.unpack("<HH", head[6:10])
-            return h, w
-        if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-            chunk = head[12:16]
-            if chunk == b"VP8X":
-                w = int.from_bytes(head[24:27], "little") + 1
-                h = int.from_bytes(head[27:30], "little") + 1
-                return h, w
-            if chunk == b"VP8L":
-                bits = int.from_bytes(head[21:25], "little")
-                return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
-            if chunk == b"VP8 ":
-                w, h = struct.unpack("<HH", head[26:30])
-                return h & 0x3FFF, w & 0x3FFF
+        (magic,) = struct.unpack(order + "H", bytes(data[2:4]))  # 42 or 43: the caller checked
+        count_fmt, entry_size, value_at = _TIFF_LAYOUT[magic]
+        if magic == 42:
+            (ifd,) = struct.unpack(order + "I", bytes(data[4:8]))
+        else:
+            bytesize, _, ifd = struct.unpack(order + "HHQ", bytes(data[4:16]))
+            if bytesize != 8:
+                raise _corrupt("TIFF", f"BigTIFF offset size {bytesize} (expected 8)")
+        count_size = struct.calcsize(count_fmt)
+        (count,) = struct.unpack(order + count_fmt, bytes(data[ifd:ifd + count_size]))
     except struct.error:
-        return None
-    return None
+        raise _corrupt("TIFF", "truncated before the first IFD") from None
+    if not 0 < count <= _TIFF_MAX_ENTRIES:
+        raise _corrupt("TIFF", f"first IFD has {count} entries")
+    start = ifd + count_size
+    table = bytes(data[start:start + count * entry_size])
+    if len(table) < count * entry_size:
+        raise _corrupt("TIFF", "first IFD runs past the end of the file")
+    size: dict[int, int] = {}
+    orientation_at = None
+    for k in range(count):
+        at = k * entry_size
+        tag, kind = struct.unpack(order + "HH", table[at:at + 4])
+        if tag in (256, 257):  # ImageWidth, ImageLength
+            fmt = _TIFF_SIZE_TYPES.get(kind)
+            if fmt is None or (kind == 16 and magic == 42):
+                raise _corrupt("TIFF", f"tag {tag} has type {kind}")
+            v = at + value_at
+            size[tag] = struct.unpack(order + fmt, table[v:v + struct.calcsize(fmt)])[0]
+        elif tag == 274 and kind == 3:  # Orientation, a SHORT
+            orientation_at = start + at + value_at
+    if 256 not in size or 257 not in size:
+        raise _corrupt("TIFF", "first IFD has no ImageWidth/ImageLength")
+    return _Header("TIFF", size[257], size[256], orientation_at, order)
+
+
+def _webp_header(head: bytes) -> _Header:
+    if len(head) < 30:
+        raise _corrupt("WebP", "truncated")
+    chunk = head[12:16]
+    if chunk == b"VP8X":
+        return _Header("WebP", int.from_bytes(head[27:30], "little") + 1,
+                       int.from_bytes(head[24:27], "little") + 1)
+    if chunk == b"VP8L":
+        if head[20] != 0x2F:
+            raise _corrupt("WebP", "bad VP8L signature")
+        bits = int.from_bytes(head[21:25], "little")
+        return _Header("WebP", ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1)
+    if chunk == b"VP8 ":
+        if head[23:26] != b"\x9d\x01\x2a":
+            raise _corrupt("WebP", "bad VP8 start code")
+        w, h = struct.unpack("<HH", head[26:30])
+        return _Header("WebP", h & 0x3FFF, w & 0x3FFF)
+    raise _corrupt("WebP", f"unknown first chunk {chunk!r}")
+
+
+def _bmp_header(head: bytes) -> _Header:
+    if len(head) < 26:
+        raise _corrupt("BMP", "truncated")
+    (dib,) = struct.unpack("<I", head[14:18])
+    if dib == 12:  # OS/2 BITMAPCOREHEADER: unsigned 16-bit sizes
+        w, h = struct.unpack("<HH", head[18:22])
+        return _Header("BMP", h, w)
+    if dib < 16:
+        raise _corrupt("BMP", f"DIB header size {dib}")
+    w, h = struct.unpack("<ii", head[18:26])
+    if w <= 0:
+        raise _corrupt("BMP", f"width {w}")
+    return _Header("BMP", abs(h), w)  # a negative height means rows stored top-down
+
+
+def _read_header(data: bytes | memoryview) -> _Header:
+    """The format and size of a non-JPEG image, from its header.
+
+    Raises:
+        DecodeError: a format outside :data:`SUPPORTED_FORMATS`, or a header that
+            cannot be read (nothing unchecked ever reaches the decoder).
+    """
+    head = bytes(data[:32])
+    if head[:1] == b"P" and head[1:2] in b"123456" and len(head) > 2 and head[2:3] in b" \t\r\n#":
+        return _pnm_header(data)
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return _tiff_header(data)
+    if head.startswith(_PNG_MAGIC):
+        if len(head) < 24 or head[12:16] != b"IHDR":
+            raise _corrupt("PNG", "no IHDR chunk first")
+        w, h = struct.unpack(">II", head[16:24])
+        return _Header("PNG", h, w)
+    if head[:2] == b"BM":
+        return _bmp_header(head)
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        if len(head) < 10:
+            raise _corrupt("GIF", "truncated")
+        w, h = struct.unpack("<HH", head[6:10])
+        return _Header("GIF", h, w)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return _webp_header(head)
+    accepted = ", ".join(SUPPORTED_FORMATS)
+    for test, name in _REFUSED:
+        if test(head):
+            raise DecodeError(f"{name} images are not supported (accepted formats: {accepted}); "
+                              f"convert it to one of those")
+    raise DecodeError(f"not a decodable image: format not recognised from its first bytes "
+                      f"{head[:8]!r} (accepted formats: {accepted})")
+
+
+# -- EXIF orientation ----------------------------------------------------------------
+#
+# Decoders disagree on it: libjpeg-turbo ignores it, OpenCV applies it in
+# imdecode unless told not to, and its TIFF reader applies the TIFF tag whatever
+# the flags. Feeder always decodes the stored pixels and, when asked, applies
+# the tag itself, the same way for every format.
+
+def _tiff_orientation(tiff: bytes) -> int:
+    """The Orientation (1-8) in the first IFD of an EXIF TIFF structure; 1 when absent
+    or unreadable (broken metadata never fails an image whose pixels are fine)."""
+    try:
+        order = {b"II": "<", b"MM": ">"}[tiff[:2]]
+        magic, ifd = struct.unpack(order + "HI", tiff[2:8])
+        if magic != 42:
+            return 1
+        (count,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
+        for k in range(min(count, _TIFF_MAX_ENTRIES)):
+            at = ifd + 2 + 12 * k
+            tag, kind, _, value = struct.unpack(order + "HHIH", tiff[at:at + 10])
+            if tag == 274:
+                return value if kind == 3 and 1 <= value <= 8 else 1
+    except (KeyError, struct.error):
+        pass
+    return 1
+
+
+def _jpeg_exif(data: bytes | memoryview) -> bytes:
+    """The TIFF structure of a JPEG's APP1 Exif segment (b"" when none)."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan, end of image: no more metadata
+            break
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if marker == 0xE1 and bytes(data[pos + 4:pos + 10]) == b"Exif\x00\x00":
+            return bytes(data[pos + 10:pos + 2 + length])
+        pos += 2 + length
+    return b""
+
+
+def _png_exif(data: bytes | memoryview) -> bytes:
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = bytes(data[pos + 4:pos + 8])
+        if kind == b"eXIf":
+            return bytes(data[pos + 8:pos + 8 + length])
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return b""
+
+
+def _webp_exif(data: bytes | memoryview) -> bytes:
+    pos, n = 12, len(data)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos + 4:pos + 8], "little")
+        if bytes(data[pos:pos + 4]) == b"EXIF":
+            exif = bytes(data[pos + 8:pos + 8 + length])
+            return exif[6:] if exif.startswith(b"Exif\x00\x00") else exif
+        pos += 8 + length + (length & 1)
+    return b""
+
+
+def _orientation(header: _Header | None, data: bytes | memoryview) -> int:
+    """The EXIF orientation of an image (``header`` None: a JPEG); 1 for formats without one."""
+    if header is None:
+        return _tiff_orientation(_jpeg_exif(data))
+    if header.format == "PNG":
+        return _tiff_orientation(_png_exif(data))
+    if header.format == "WebP":
+        return _tiff_orientation(_webp_exif(data))
+    if header.format == "TIFF" and header.tiff_orientation_at is not None:
+        at = header.tiff_orientation_at
+        value = struct.unpack(header.tiff_order + "H", bytes(data[at:at + 2]))[0]
+        return value if 1 <= value <= 8 else 1
+    return 1
+
+
+def _stored_tiff(data: bytes | memoryview, header: _Header) -> bytes | memoryview:
+    """The TIFF with its Orientation set to 1 (top-left), so that OpenCV, which applies
+    the tag whatever the flags, returns the pixels as stored."""
+    at = header.tiff_orientation_at
+    if at is None or struct.unpack(header.tiff_order + "H", bytes(data[at:at + 2]))[0] == 1:
+        return data
+    patched = bytearray(data)
+    patched[at:at + 2] = struct.pack(header.tiff_order + "H", 1)
+    return patched
+
+
+def _orient(img: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn stored pixels into the displayed image of EXIF ``orientation`` (1-8)."""
+    if orientation == 2:
+        return cv2.flip(img, 1)
+    if orientation == 3:
+        return cv2.rotate(img, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(img, 0)
+    if orientation == 5:
+        return cv2.transpose(img)
+    if orientation == 6:
+        return cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.flip(cv2.transpose(img), -1)
+    if orientation == 8:
+        return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    return img
 
 
 def _check_png_chunks(data: bytes | memoryview) -> None:
@@ -196,22 +413,34 @@ class DecodeBuffers:
 
 def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
                  hint: Hint | None = None, key: Any = 0,
-                 buffers: DecodeBuffers | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+                 buffers: DecodeBuffers | None = None,
+                 exif_orientation: bool = False) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode encoded image bytes to a contiguous uint8 [H, W, 3] RGB array.
+
+    The format is recognised from the bytes (never the file name) and must be one
+    of :data:`SUPPORTED_FORMATS`: their sizes are read from the header and checked
+    against ``max_pixels`` before any pixel memory is allocated. Other formats,
+    and headers that cannot be read, are refused.
 
     Args:
         data: The encoded file contents.
-        max_pixels: Largest accepted ``width * height``, checked from the header.
+        max_pixels: Largest accepted ``width * height``, checked from the header
+            (and again on the decoded image, for files whose first frame or page
+            differs from what the header promised).
         hint: ``hint(height, width, key) -> (min_height, min_width) | None``: the
             smallest decoded size the transforms need. A JPEG that is at least
             twice that size is decoded at a reduced DCT scale that still covers it.
+            Sizes are those of the returned (oriented) image.
         key: Passed to ``hint`` as its third argument (the sample).
         buffers: Where JPEG output memory comes from. The returned image is then a
             view of a pool buffer: give its ``.base`` back with ``buffers.give``
             when done (see :func:`buffer_of`).
+        exif_orientation: Apply the EXIF Orientation tag (JPEG APP1 Exif, PNG
+            eXIf, WebP EXIF, TIFF tag 274) by rotating/flipping the pixels. By
+            default it is ignored for every format and the pixels come out as stored.
 
     Returns:
-        The image, and the (height, width) of the full-size image.
+        The image, and the (height, width) of the full-size image (after orientation).
 
     Raises:
         DecodeError: empty, corrupt, truncated, unsupported or oversized input.
@@ -219,40 +448,61 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
     if len(data) == 0:
         raise DecodeError("empty file (0 bytes)")
     if bytes(data[:3]) == _JPEG_MAGIC:
-        try:
-            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError as exc:
-            raise DecodeError(f"corrupt JPEG header: {exc}") from exc
-        _check_pixels(h, w, max_pixels)
-        if colorspace in ("CMYK", "YCCK"):
-            # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
-            # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
-            return _to_rgb8(_cv2_decode(data, cv2.IMREAD_COLOR)), (h, w)
-        min_h = min_w = 0
-        if hint is not None:
-            need = hint(h, w, key)
-            # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1
-            # are slower than a full decode in libjpeg-turbo, so they are not used.
-            if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
-                min_h, min_w = need
-        buf = None if buffers is None else buffers.take(h * w * 3)
-        try:
-            img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
-                                         buffer=buf)
-        except ValueError as exc:
-            if buffers is not None:
-                buffers.give(buf)
-            raise DecodeError(f"corrupt JPEG: {exc}") from exc
-        return img, (h, w)
-    size = _header_size(data)
-    if size is not None:
-        _check_pixels(size[0], size[1], max_pixels)
-    if bytes(data[:8]) == _PNG_MAGIC:
+        return _decode_jpeg(data, max_pixels, hint, key, buffers, exif_orientation)
+    header = _read_header(data)
+    _check_pixels(header.height, header.width, max_pixels)
+    if header.format == "PNG":
         _check_png_chunks(data)
-    img = _to_rgb8(_cv2_decode(data, cv2.IMREAD_UNCHANGED))
-    if size is None:
-        _check_pixels(img.shape[0], img.shape[1], max_pixels)
+    stored = _stored_tiff(data, header) if header.format == "TIFF" else data
+    # IMREAD_UNCHANGED keeps 16-bit depth for an exact conversion, and makes
+    # imdecode ignore EXIF orientation (it cannot be combined with
+    # IMREAD_IGNORE_ORIENTATION: it is -1, all bits set).
+    img = _to_rgb8(_cv2_decode(stored, cv2.IMREAD_UNCHANGED))
+    # A multi-page or malformed file may decode to another size than its header's.
+    _check_pixels(img.shape[0], img.shape[1], max_pixels)
+    if exif_orientation:
+        img = _orient(img, _orientation(header, data))
     return img, (img.shape[0], img.shape[1])
+
+
+def _decode_jpeg(data: bytes | memoryview, max_pixels: int, hint: Hint | None, key: Any,
+                 buffers: DecodeBuffers | None, exif_orientation: bool
+                 ) -> tuple[np.ndarray, tuple[int, int]]:
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError as exc:
+        raise DecodeError(f"corrupt JPEG header: {exc}") from exc
+    _check_pixels(h, w, max_pixels)
+    orientation = _orientation(None, data) if exif_orientation else 1
+    swap = orientation >= 5  # transposing orientations: the shown image is w x h
+    size = (w, h) if swap else (h, w)
+    if colorspace in ("CMYK", "YCCK"):
+        # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
+        # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
+        img = _cv2_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        return _orient(_to_rgb8(img), orientation), size
+    min_h = min_w = 0
+    if hint is not None:
+        need = hint(size[0], size[1], key)
+        if need is not None and swap:
+            need = (need[1], need[0])
+        # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1
+        # are slower than a full decode in libjpeg-turbo, so they are not used.
+        if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
+            min_h, min_w = need
+    buf = None if buffers is None else buffers.take(h * w * 3)
+    try:
+        img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
+                                     buffer=buf)
+    except ValueError as exc:
+        if buffers is not None:
+            buffers.give(buf)
+        raise DecodeError(f"corrupt JPEG: {exc}") from exc
+    if orientation != 1:
+        img = _orient(img, orientation)  # a new array: the pool buffer is free again
+        if buffers is not None:
+            buffers.give(buf)
+    return img, size
 
 
 def buffer_of(img: np.ndarray | None) -> np.ndarray | None:
@@ -278,7 +528,8 @@ class Decoder(MapStage):
         task.label = label
         task.key = sample_key(run.seed, run.epoch, task.index)
         task.ctx = None
-        task.image, size = decode_image(data, run.max_pixels, run.hint, task, run.decode_buffers)
+        task.image, size = decode_image(data, run.max_pixels, run.hint, task, run.decode_buffers,
+                                        run.config.exif_orientation)
         if task.ctx is None:  # no hint was asked for (not a JPEG, or no hinting transform)
             task.ctx = SampleContext(size)
         if run.augmenter.num_threads:

@@ -219,6 +219,9 @@ class Feeder:
             :class:`~feeder.FeederTimeoutError` naming the samples in flight for
             longer than that (stage, index, path); None waits forever, and names
             a sample in a warning once it has been in a stage for 60 s.
+        exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
+            False (default): pixels come out as stored, for every format, as
+            with torchvision's ``decode_jpeg``.
 
     Memory: at most ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
     bytes (pinned when ``device`` is CUDA); two while the training loop keeps up,
@@ -246,7 +249,8 @@ class Feeder:
                  rank: int | None = None, world_size: int | None = None,
                  image_size: tuple[int, int] | None = None,
                  max_pixels: int = DEFAULTS["max_pixels"],
-                 timeout: float | None = DEFAULTS["timeout"]) -> None:
+                 timeout: float | None = DEFAULTS["timeout"],
+                 exif_orientation: bool = DEFAULTS["exif_orientation"]) -> None:
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
@@ -254,7 +258,7 @@ class Feeder:
             batch_size=batch_size, decode_threads=decode_threads, augment_threads=augment_threads,
             queue_size=queue_size, device=device, dtype=dtype, normalize=normalize, shuffle=shuffle,
             drop_last=drop_last, ordered=ordered, on_error=on_error, max_skipped=max_skipped,
-            max_pixels=max_pixels, timeout=timeout)
+            max_pixels=max_pixels, timeout=timeout, exif_orientation=exif_orientation)
         self.source = source
         self.chain = Chain(list(transforms), image_size, self.config.max_pixels)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)

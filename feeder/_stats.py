@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .errors import safe_text
+
 log = logging.getLogger("feeder")
 
 
@@ -247,7 +249,7 @@ class StatsBook:
             self._skipped_set.add(path)
             n = len(self._skipped)
         if first:
-            log.warning("skipped %s: %s", path, error)
+            log.warning("skipped %s: %s", safe_text(path), error)
         return n
 
     @property

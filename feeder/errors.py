@@ -4,9 +4,32 @@ Every failure inside the pipeline reaches the training loop from ``next()`` as
 a :class:`FeederError`. Failures tied to one sample are :class:`SampleError`:
 they name the stage, the sample index and the sample's path, and chain the
 original exception as ``__cause__``.
+
+Messages always encode as UTF-8: a file name that is not valid UTF-8 (which
+Python holds with surrogate escapes, see :func:`os.fsdecode`) is shown with its
+odd bytes as ``\\xNN`` (see :func:`safe_text`).
 """
 
 from __future__ import annotations
+
+
+def safe_text(text: str) -> str:
+    """``text`` in a form that always encodes as UTF-8 (for messages and logs).
+
+    Bytes of a file name that were not valid UTF-8 (surrogate escapes from
+    :func:`os.fsdecode`) become ``\\xNN``; any other lone surrogate becomes
+    ``\\udNNN``. Valid text is returned unchanged.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 class FeederError(RuntimeError):
@@ -18,16 +41,6 @@ class FeederTimeoutError(FeederError, TimeoutError):
     samples that were in a stage for longer than that (stage, index, path)."""
 
 
-def safe_text(text: str) -> str:
-    """``text`` in a form that always encodes as UTF-8 (a path from a non-UTF-8 file
-    name carries surrogate escapes, which UTF-8 log handlers cannot write)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 class StageError(FeederError):
     """A stage failed outside any one sample (a bug, or the source itself broke).
 
@@ -36,7 +49,7 @@ class StageError(FeederError):
     """
 
     def __init__(self, stage: str, message: str) -> None:
-        super().__init__(f"feeder stage {stage!r} failed: {message}")
+        super().__init__(safe_text(f"feeder stage {stage!r} failed: {message}"))
         self.stage = stage
 
 
@@ -46,7 +59,9 @@ class SampleError(FeederError):
     Attributes:
         stage: The stage that failed (``"read"``, ``"decode"`` or ``"augment"``).
         index: The sample's index in the source.
-        path: The sample's path or description, as the source describes it.
+        path: The sample's path or description, exactly as the source describes
+            it (a path that can be opened, even when it is not valid UTF-8); the
+            message shows it through :func:`safe_text`.
     """
 
     def __init__(self, stage: str, index: int, path: str, cause: BaseException) -> None:
@@ -54,7 +69,7 @@ class SampleError(FeederError):
         notes = getattr(cause, "__notes__", None)
         if notes:
             detail += f" ({'; '.join(str(n) for n in notes)})"
-        super().__init__(f"feeder stage {stage!r} failed on sample {index} ({path}): {detail}")
+        super().__init__(safe_text(f"feeder stage {stage!r} failed on sample {index} ({path}): {detail}"))
         self.stage = stage
         self.index = index
         self.path = path

@@ -8,11 +8,15 @@ decode threads at once, so it must be thread-safe; plain file reads are.
 
 from __future__ import annotations
 
+import heapq
+import logging
 import os
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 __all__ = ["FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
+
+log = logging.getLogger(__name__)
 
 # torchvision's accepted image extensions (datasets.folder.IMG_EXTENSIONS).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -30,7 +34,12 @@ class Source(Protocol):
 
 
 def describe(source: object, index: int) -> str:
-    """How error messages name sample ``index`` of ``source``."""
+    """How error messages name sample ``index`` of ``source``.
+
+    The result is the source's own string (for files, the path as given, which
+    may hold surrogate escapes when the name is not valid UTF-8) so that it can
+    be used to open the file; messages and logs show it through
+    :func:`feeder.errors.safe_text`."""
     fn = getattr(source, "describe", None)
     if fn is not None:
         try:
@@ -79,12 +88,90 @@ class FileList:
         return f"FileList({len(self)} files)"
 
 
+def _walk_once(top: str) -> list[tuple[str, list[str]]]:
+    """``(folder, names of its non-folder entries)`` for every folder under ``top``
+    (``top`` included), sorted by folder path, each folder listed once.
+
+    Folders are told apart by ``(st_dev, st_ino)``. The real sub-folders are
+    walked first; then the links to folders, smallest path first. A link to a
+    folder already walked, or to a folder that contains ``top`` (a loop), adds
+    nothing.
+    """
+    seen = set()
+    folder = os.path.realpath(top)
+    while True:  # top and every folder above it
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return []
+        seen.add((st.st_dev, st.st_ino))
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    found: list[tuple[str, list[str]]] = []
+    pending = [top]
+    links: list[str] = []  # a heap: links are followed in sorted order
+    while True:
+        while pending:
+            folder = pending.pop()
+            try:
+                with os.scandir(folder) as it:
+                    entries = list(it)
+            except OSError:  # unreadable: passed over, as os.walk does
+                continue
+            files = []
+            for e in entries:
+                try:
+                    is_dir = e.is_dir()  # follows links: a link to a file is a file
+                except OSError:
+                    is_dir = False
+                if not is_dir:
+                    files.append(e.name)
+                elif e.is_symlink():
+                    heapq.heappush(links, e.path)
+                else:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:  # removed while listing
+                        continue
+                    key = (st.st_dev, st.st_ino)
+                    if key not in seen:
+                        seen.add(key)
+                        pending.append(e.path)
+            found.append((folder, files))
+        if not links:
+            break
+        link = heapq.heappop(links)
+        try:
+            st = os.stat(link)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            log.debug("ImageFolder: not following %r: its folder is already listed", link)
+            continue
+        seen.add(key)
+        pending.append(link)
+    found.sort(key=lambda item: item[0])
+    return found
+
+
 class ImageFolder(FileList):
     """A ``root/<class>/**/<image>`` tree, with torchvision's conventions.
 
     Classes are the sorted names of the sub-folders of ``root`` and their
-    indices are positions in that order; files are found recursively (links
-    followed) and kept when their extension (any case) is in ``extensions``.
+    indices are positions in that order; files are found recursively and kept
+    when their extension (any case) is in ``extensions``, in sorted path order.
+
+    Links are followed (a dataset often links its data in from elsewhere), but
+    each folder is listed at most once per class, so a link loop cannot repeat
+    images: the real sub-folders of the class come first, then links to folders
+    in sorted order of their paths; a link to a folder already listed (reached
+    by a real path or an earlier link) or to one that contains the class folder
+    (``root`` itself, for one) is skipped. So
+    when two links point to the same folder, its images appear once, under the
+    link whose path sorts first. Links to files are kept, wherever they point.
 
     Args:
         root: The dataset folder.
@@ -112,8 +199,7 @@ class ImageFolder(FileList):
         empty = []
         for cls in self.classes:
             found = 0
-            for dirpath, dirnames, filenames in sorted(os.walk(os.path.join(self.root, cls), followlinks=True)):
-                dirnames.sort()
+            for dirpath, filenames in _walk_once(os.path.join(self.root, cls)):
                 for name in sorted(filenames):
                     if name.lower().endswith(exts):
                         paths.append(os.path.join(dirpath, name))

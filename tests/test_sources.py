@@ -52,3 +52,49 @@ def test_describe_falls_back_to_type_and_index():
         def read(self, i):
             return b"", 0
     assert describe(Bare(), 0) == "Bare[0]"
+
+
+def _tree_with_links(tmp_path, jpeg_blobs):
+    """root/cat/{a.jpg, sub/b.jpg, loop -> cat, up -> root, sub/back -> sub,
+    x_dup1 -> outside, x_dup2 -> outside, z_sub -> sub, far.jpg -> outside/c.jpg},
+    root/dog/d.jpg, outside/c.jpg (outside the root)."""
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    for d in (root / "cat" / "sub", root / "dog", outside):
+        os.makedirs(d)
+    (root / "cat" / "a.jpg").write_bytes(jpeg_blobs[0])
+    (root / "cat" / "sub" / "b.jpg").write_bytes(jpeg_blobs[1])
+    (root / "dog" / "d.jpg").write_bytes(jpeg_blobs[2])
+    (outside / "c.jpg").write_bytes(jpeg_blobs[3])
+    os.symlink(root / "cat", root / "cat" / "loop")
+    os.symlink(root, root / "cat" / "up")
+    os.symlink(root / "cat" / "sub", root / "cat" / "sub" / "back")
+    os.symlink(outside, root / "cat" / "x_dup1")
+    os.symlink(outside, root / "cat" / "x_dup2")
+    os.symlink(root / "cat" / "sub", root / "cat" / "z_sub")
+    os.symlink(outside / "c.jpg", root / "cat" / "far.jpg")
+    return root
+
+
+def test_image_folder_lists_each_folder_once_through_links(tmp_path, jpeg_blobs):
+    root = _tree_with_links(tmp_path, jpeg_blobs)
+    src = ImageFolder(root)
+    rel = [os.path.relpath(p, root) for p in src.paths]
+    cat = os.path.join
+    assert rel == [cat("cat", "a.jpg"), cat("cat", "far.jpg"), cat("cat", "sub", "b.jpg"),
+                   cat("cat", "x_dup1", "c.jpg"), cat("dog", "d.jpg")]
+    assert src.labels == [0, 0, 0, 0, 1]  # cat/up -> root is a loop: dog's image stays dog's
+    assert [src.read(i)[0] for i in range(len(src))] == [jpeg_blobs[k] for k in (0, 3, 1, 3, 2)]
+
+
+def test_image_folder_link_to_outside_data_dir(tmp_path, jpeg_blobs):
+    data = tmp_path / "data" / "cats"
+    os.makedirs(data / "more")
+    (data / "1.jpg").write_bytes(jpeg_blobs[0])
+    (data / "more" / "2.jpg").write_bytes(jpeg_blobs[1])
+    root = tmp_path / "root"
+    os.makedirs(root)
+    os.symlink(data, root / "cat")  # the class folder itself is a link
+    src = ImageFolder(root)
+    assert [os.path.relpath(p, root) for p in src.paths] == [os.path.join("cat", "1.jpg"),
+                                                             os.path.join("cat", "more", "2.jpg")]
