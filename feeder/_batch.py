@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from ._queue import Closed
-from ._reaper import defer
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +151,7 @@ class BufferPool:
             Closed: ``stopped()`` became true while waiting.
         """
         since = _now()
+        stuck_since: float | None = None
         with self._cond:
             while True:
                 if stopped() or self._closed:
@@ -164,7 +164,14 @@ class BufferPool:
                     return self._new()
                 held = len(self._lent) - len(self._queued)
                 stuck = held + len(self._parked | self._retired)
-                if self.consumer_waiting and stuck >= self._allocated:
+                if not (self.consumer_waiting and stuck >= self._allocated):
+                    stuck_since = None
+                elif stuck_since is None:
+                    # A batch the loop has just dropped comes back through the reaper
+                    # thread a moment later (see _reaper): give it that moment before
+                    # counting it as held.
+                    stuck_since = _now()
+                elif _now() - stuck_since >= _BUSY_S:
                     # Every buffer is a batch the training loop has taken and still
                     # holds, or the partial batch that waits for more samples. Waiting
                     # would deadlock (the loop is waiting on us), so grow. Holding one
@@ -176,7 +183,8 @@ class BufferPool:
                             "buffers; allocating more. Clone batches you keep past the next step.",
                             held)
                     return self._new()
-                self._cond.wait(_BUSY_S if self._busy_since is not None or starving else _POLL_S)
+                self._cond.wait(_BUSY_S if self._busy_since is not None or starving
+                                or stuck_since is not None else _POLL_S)
 
     def retire(self, bufs: list[BatchBuffer]) -> None:
         """``bufs`` belong to a stopped pass: do not count on them coming back soon."""
@@ -208,16 +216,6 @@ class BufferPool:
             self.consumer_waiting = self._waiters > 0
             self._busy_since = None if self.consumer_waiting else _now()
             self._cond.notify_all()  # a waiter re-checks whether to grow
-
-    def release_later(self, buf: BatchBuffer) -> None:
-        """:meth:`release` from a finalizer: at once when this thread does not hold the
-        pool's lock (a collection may run anywhere), else handed to the reaper thread.
-        Taking the lock held by another thread is safe: no holder waits on anything
-        while holding it (``Condition.wait`` lets go of it)."""
-        if self._cond._is_owned():
-            defer(self.release, buf)
-        else:
-            self.release(buf)
 
     def release(self, buf: BatchBuffer) -> None:
         """Return ``buf`` to the pool. Called from any thread, finalizers included."""

@@ -268,8 +268,8 @@ class Feeder:
         self.seed = seed if seed is not None else _default_seed(self.world_size)
         self._next_epoch = 0
         self._engine = _Engine(self.config, source, self.chain)
-        # See _reaper: a finalizer only hands the work to the reaper thread.
-        self._finalizer = weakref.finalize(self, _reaper.defer, _close_when_collected, self._engine)
+        # Stops the engine when an unclosed feeder is collected (see _reaper).
+        self._watch = _reaper.watch(self, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
 
     # -- shape of an epoch --------------------------------------------------
@@ -308,17 +308,15 @@ class Feeder:
         # stop runs in the reaper thread (see _reaper).
         # Only a weak reference: a pass holding its error, whose traceback holds
         # the iterator's frame, must not be kept alive by the finalizer registry.
-        weakref.finalize(it, _reaper.defer, _stop_pass, weakref.ref(run))
+        _reaper.watch(it, _stop_pass, weakref.ref(run))
         return it
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
         """Stop all threads; returns within about a second. Safe to repeat, from any thread."""
         self._engine.close()
-        # Nothing is left for collection to do. Left armed, the finalizer would start a
-        # close thread whenever the cyclic collector frees this object (an exception's
-        # traceback often holds it in a cycle), at an arbitrary later point.
-        self._finalizer.detach()
+        # Nothing is left for collection to do; the watch would only hold the engine.
+        _reaper.unwatch(self._watch)
 
     @property
     def closed(self) -> bool:

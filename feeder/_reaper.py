@@ -1,30 +1,38 @@
-"""Work that finalizers hand off, so that no finalizer ever takes a lock.
+"""Work that finalizers hand off, so that no finalizer takes a lock or runs Python code.
 
-The garbage collector runs finalizers (``weakref.finalize`` callbacks) in
-whatever thread allocated when a collection triggered, in the middle of
-whatever that thread was doing, possibly while it holds one of feeder's locks:
-a pass iterator caught in a reference cycle is freed by the cyclic collector
-inside whichever code allocates next. A finalizer that took such a lock would
-deadlock its thread on itself (a plain ``Lock``) or re-enter a critical section
-half-way through (an ``RLock``). So every finalizer in feeder does exactly one
-thing: :func:`defer` puts the call on a :class:`queue.SimpleQueue`, whose
-``put`` is documented as reentrant (safe from ``__del__`` and weakref
-callbacks), and one process-wide daemon thread, ``feeder-reaper``, runs it
-with ordinary locking.
+The garbage collector frees an object in whatever thread dropped the last
+reference or allocated when a collection triggered, in the middle of whatever
+that thread was doing, possibly while it holds one of feeder's locks: a pass
+iterator caught in a reference cycle is freed by the cyclic collector inside
+whichever code allocates next. A finalizer that took such a lock would
+deadlock its thread on itself (a plain ``Lock``) or re-enter a critical
+section half-way through (an ``RLock``). And a ``KeyboardInterrupt`` that lands
+inside Python code run as a finalizer is printed as "Exception ignored" and
+lost: the training loop would never see its Ctrl-C.
 
-Lock audit (what a finalizer or a signal can reach):
+So :func:`watch` registers a weak reference whose callback is
+``SimpleQueue.put`` itself, a C function that is documented as reentrant (safe
+from ``__del__`` and weakref callbacks): freeing a watched object runs no Python
+bytecode in the freeing thread, so it can neither take a lock nor swallow a
+signal. One process-wide daemon thread, ``feeder-reaper``, takes the dead
+reference off the queue and runs the registered call with ordinary locking.
+:func:`defer` queues a call directly, for code that already runs outside any
+lock (a ``weakref.finalize`` body, say).
 
-* Finalizers: a dropped pass iterator (stops its pass), a dropped CPU batch
-  view (returns its buffer to the pool), an unclosed :class:`~feeder.Feeder`
-  (stops its engine). All three go through :func:`defer`.
+Lock audit (what freeing an object or a signal can reach):
+
+* Watched objects: a pass iterator (stops its pass), a CPU batch view (returns
+  its buffer to the pool), a :class:`~feeder.Feeder` (stops its engine). The
+  freeing thread only runs ``SimpleQueue.put``.
 * Signals: feeder installs no signal handler. ``KeyboardInterrupt`` is raised
   in the main thread between bytecodes; ``with lock:`` blocks release their
   locks as it unwinds, and ``next()`` stops the pass in ordinary code after.
 
-The reaper is started from ordinary code (building a feeder, starting a pass)
-and never from a finalizer, since starting a thread takes threading's own
-locks. After ``fork`` the child has no reaper thread; the next feeder call in
-the child starts one, and it runs whatever was deferred meanwhile.
+The reaper is started from ordinary code (building a feeder, starting a pass),
+never from a callback, since starting a thread takes threading's own locks.
+After ``fork`` the child has no reaper thread; the next feeder call in the
+child starts one, and it runs whatever was queued meanwhile (the queue's lock is
+a semaphore, not owned by a thread, so it stays consistent across the fork).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import logging
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,14 +49,34 @@ log = logging.getLogger(__name__)
 
 THREAD_NAME = "feeder-reaper"
 
-_calls: "queue.SimpleQueue[tuple[Callable[..., Any], tuple]]" = queue.SimpleQueue()
+# Items: (fn, args) from defer(), or a dead weak reference from watch().
+_calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+# id(weak reference) -> (the reference, fn, args). The reference is kept here, so
+# its id stays unique, until the reaper has run its call or unwatch() dropped it.
+_watched: dict[int, tuple[weakref.ref, Callable[..., Any], tuple]] = {}
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
-    """Run ``fn(*args)`` soon in the reaper thread. Safe from any finalizer: takes no lock."""
+    """Run ``fn(*args)`` soon in the reaper thread. Takes no lock."""
     _calls.put((fn, args))
+
+
+def watch(obj: Any, fn: Callable[..., Any], *args: Any) -> int:
+    """Run ``fn(*args)`` in the reaper thread once ``obj`` has been freed.
+
+    ``args`` must not refer to ``obj`` (it would never be freed). Returns a
+    token for :func:`unwatch`.
+    """
+    ref = weakref.ref(obj, _calls.put)
+    _watched[id(ref)] = (ref, fn, args)
+    return id(ref)
+
+
+def unwatch(token: int) -> None:
+    """Cancel a :func:`watch`; safe to repeat."""
+    _watched.pop(token, None)
 
 
 def ensure_running() -> None:
@@ -64,7 +93,17 @@ def ensure_running() -> None:
 
 def _run() -> None:
     while True:
-        fn, args = _calls.get()
+        item = _calls.get()
+        if isinstance(item, weakref.ref):
+            entry = _watched.pop(id(item), None)
+            del item
+            if entry is None:
+                continue  # unwatched
+            _, fn, args = entry
+            del entry
+        else:
+            fn, args = item
+            del item
         try:
             fn(*args)
         except Exception:  # noqa: BLE001 - cleanup must never kill the reaper
@@ -75,18 +114,8 @@ def _run() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The reaper thread does not exist in the child, and the old queue may have
-    # been mid-operation in it at the fork: start over with fresh objects.
-    global _calls, _thread, _start_lock
-    pending = []
-    try:
-        while True:
-            pending.append(_calls.get_nowait())
-    except Exception:  # noqa: BLE001 - an inconsistent queue is dropped, not fatal
-        pass
-    _calls = queue.SimpleQueue()
-    for item in pending:
-        _calls.put(item)
+    # The reaper thread does not exist in the child: the next feeder call starts one.
+    global _thread, _start_lock
     _thread = None
     _start_lock = threading.Lock()
 

@@ -23,13 +23,13 @@ CUDA reasoning, in one place:
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
 from ._batch import BatchBuffer, Collator
 from ._queue import END
+from ._reaper import watch
 from ._stage import Counters, Stage
 from .errors import FeederError
 
@@ -137,7 +137,7 @@ class Transfer(Stage):
             images = torch.from_numpy(view).permute(0, 3, 1, 2)
             run.lend(buf)
             # The last reference may go in any thread, inside any lock (see _reaper).
-            weakref.finalize(view, run.pool.release_later, buf)
+            watch(view, run.pool.release, buf)
             self.put(c, self.outbox, Delivery(images, labels, None, buf))
             return
         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))

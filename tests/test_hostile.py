@@ -112,7 +112,9 @@ def _cyclic_garbage_iterator(f):
 
 @pytest.mark.parametrize("site", ["pass-lock", "stats-lock", "engine-lock"])
 def test_iterator_freed_by_the_collector_inside_a_feeder_lock_does_not_deadlock(blobs, site):
-    with make(MemorySource(blobs), queue_size=1) as f:
+    # No ``with``: after a deadlock, close() would block on the very lock held.
+    f = make(MemorySource(blobs), queue_size=1)
+    if True:
         run = _cyclic_garbage_iterator(f)
         if site == "pass-lock":
             run._lock = CollectingLock(run._lock)
@@ -125,6 +127,7 @@ def test_iterator_freed_by_the_collector_inside_a_feeder_lock_does_not_deadlock(
             call = lambda: labels_of(drain(f)[0])  # noqa: E731 - a new pass
         run_in_thread(call, timeout=10)
         assert run.finished.wait(10), "the collected iterator's pass never stopped"
+        f.close()
 
 
 def test_dropped_cpu_batch_inside_the_pool_lock_is_returned(blobs):
@@ -334,7 +337,9 @@ def test_interpreter_exit_does_not_wait_per_stuck_feeder(tmp_path):
     n = 24
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT.format(tests=os.path.dirname(__file__), n=n))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # The child imports the feeder under test, wherever this process found it.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_mod.__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
         assert line.startswith("exiting"), line
