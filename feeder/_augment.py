@@ -1,5 +1,5 @@
-"""Augment stage: run the transform chain and write the result into the
-sample's slot of the batch buffer.
+"""The compiled transform chain: what the augment step (``_work.py``) runs to
+turn a decoded image into its slot of the batch buffer.
 
 The chain is split once, at construction, into a *head* (applied normally), a
 *writer* (the last size-changing transform, given the buffer slot as ``out=``)
@@ -10,19 +10,14 @@ and an in-place *tail* (flips) applied to the slot itself, so the usual
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ._decode import DEFAULT_MAX_PIXELS, buffer_of
 from ._rng import SampleRNG
-from ._queue import Closed
-from ._stage import Counters, MapStage
+from ._sample import DEFAULT_MAX_PIXELS
 from .errors import ConfigError, TransformError
 from .ops import CenterCrop, Resize, SampleContext, Transform, _ResizeCenterCrop
-
-if TYPE_CHECKING:
-    from ._sampler import Task
 
 _VARIABLE = object()  # the output size depends on the input
 
@@ -157,19 +152,23 @@ class Chain:
         self._ctx_upto = next((i for i, t in steps if not t.preserves_size), len(ts))
 
     @property
-    def hint(self) -> Callable[[int, int, Any], tuple[int, int] | None] | None:
-        """``hint(height, width, task)`` for the decoder, or None when no transform gives one.
+    def plan(self) -> Callable[[int, int, int], tuple[tuple[int, int] | None, SampleContext]] | None:
+        """``plan(height, width, key) -> (need, ctx)`` for the decoder, or None when no
+        transform can use a smaller decode.
 
-        It leaves ``task.ctx`` set, holding what the transform drew (its plan)."""
+        ``need`` is the smallest (height, width) the transforms need from a
+        (height, width) image, and ``ctx`` the :class:`~feeder.ops.SampleContext` to
+        pass to :meth:`run`, holding what the transform drew to compute ``need``.
+        Both are functions of the arguments alone."""
         if self._hinter is None:
             return None
         i, t = self._hinter
 
-        def hint(height: int, width: int, task: Any) -> tuple[int, int] | None:
-            task.ctx = ctx = SampleContext((height, width))
-            return t.decode_hint(height, width, SampleRNG(task.key, i), ctx)
+        def plan(height: int, width: int, key: int) -> tuple[tuple[int, int] | None, SampleContext]:
+            ctx = SampleContext((height, width))
+            return t.decode_hint(height, width, SampleRNG(key, i), ctx), ctx
 
-        return hint
+        return plan
 
     def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
         """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8).
@@ -231,78 +230,3 @@ class Chain:
                 f"batch buffer holds {out.shape} {out.dtype}; make the transforms end at "
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
-
-
-def _as_label(label: Any) -> int:
-    """``label`` as the int64 the batch buffer stores, converted the same way.
-
-    Raises:
-        TypeError, ValueError, OverflowError: not representable as int64.
-    """
-    box = np.empty((), np.int64)
-    box[()] = label
-    return int(box)
-
-
-class Augmenter(MapStage):
-    """Applies the transforms; the result lands in the batch buffer slot.
-
-    With ``augment_threads=0`` the stage has no threads: each decode thread calls
-    :meth:`inline` on the sample it has just decoded, which saves the hand-off
-    (a queue round trip, a thread wake-up, the decoded image crossing cores).
-    """
-
-    name = "augment"
-    phase = "augment"
-
-    def process(self, task: "Task", c: Counters) -> None:
-        self._fill(task)
-        self._done(task, c)
-
-    def inline(self, task: "Task", c: Counters) -> None:
-        """Run this stage for ``task`` in the calling (decode) thread; its time is
-        counted as this stage's, and its failures are reported as this stage's."""
-        c.begin_wait(Counters.INLINE)
-        c.current = ("augment", task.index, c._state[3])
-        try:
-            self._fill(task)
-        except Closed:
-            raise
-        except Exception as exc:
-            c.end_wait()
-            self.run.sample_failed(self.name, task, exc, c)
-            return
-        except BaseException as exc:
-            # As MapStage does: never skippable, the training loop learns which sample.
-            self.run.fail(self.run.sample_error(self.name, task, exc))
-            raise Closed("pass failed") from exc
-        c.end_wait()
-        c.inline_items += 1
-        self._done(task, c)
-
-    def _fill(self, task: "Task") -> None:
-        run = self.run
-        batch = task.batch
-        buf = batch.buffer
-        img, task.image = task.image, None
-        if buf is not None:
-            run.chain.run(img, task.key, task.ctx, buf.images[task.slot])
-            run.decode_buffers.give(buffer_of(img))
-            buf.labels[task.slot] = task.label
-            return
-        # The batch has no buffer yet (the training loop still holds the last
-        # free one): compute into a scratch array; it is copied in on binding.
-        out = run.scratch.take()
-        try:
-            run.chain.run(img, task.key, task.ctx, out)
-            label = _as_label(task.label)  # fails here, as a write into the buffer would
-        except BaseException:
-            run.scratch.give(out)
-            raise
-        run.decode_buffers.give(buffer_of(img))
-        batch.store(task.slot, out, label, run.scratch.give)
-
-    def _done(self, task: "Task", c: Counters) -> None:
-        batch = task.batch
-        if batch.finish_slot():
-            self.put(c, self.run.ready, batch)

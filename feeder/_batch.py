@@ -29,28 +29,40 @@ _now = time.perf_counter
 
 
 class BatchBuffer:
-    """One preallocated batch: ``images`` [B,H,W,3] uint8 and ``labels`` [B] int64.
+    """One preallocated batch: ``images`` [B,H,W,3] uint8, ``labels`` [B] int64 and
+    ``indices`` [B] int64 (the source index of the sample in each slot).
 
     ``images_t``/``labels_t`` are torch views of the same memory (pinned when
     the target device is CUDA); ``images``/``labels`` are numpy views of it.
     """
 
-    __slots__ = ("images_t", "labels_t", "images", "labels", "serial", "__weakref__")
+    __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "__weakref__")
 
     def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int) -> None:
         self.images_t = torch.empty((batch_size, height, width, 3), dtype=torch.uint8, pin_memory=pin)
         self.labels_t = torch.empty((batch_size,), dtype=torch.int64, pin_memory=pin)
         self.images = self.images_t.numpy()
         self.labels = self.labels_t.numpy()
+        self.indices = np.full((batch_size,), -1, np.int64)
         self.serial = serial
 
 
-class BufferPool:
-    """A bounded pool of :class:`BatchBuffer`, allocated on first use.
+# The states of a buffer in the pool's ledger, and who may move it on:
+FREE = "free"          # in the pool                                   -> FILLING (take)
+FILLING = "filling"    # a pass's batch being filled or collated       -> PARKED, QUEUED, RETIRED, FREE
+PARKED = "parked"      # a partial batch that needs more samples       -> FILLING, QUEUED, RETIRED, FREE
+QUEUED = "queued"      # a view of it waits in the output queue        -> LENT, FREE
+LENT = "lent"          # the training loop has taken the view          -> FREE (view garbage-collected)
+RETIRED = "retired"    # owned by a stopped pass whose threads may      -> FREE (last thread exited)
+#                        still run (one may be stuck in user code)
 
-    A buffer is *free* (in the pool), *owned* by a pass while it is filled and
-    collated, or *lent* to the training loop (a CPU uint8 batch is a view of its
-    buffer, returned when the last view is garbage-collected).
+
+class BufferPool:
+    """A bounded pool of :class:`BatchBuffer`, allocated on first use, with one ledger.
+
+    Every buffer alive has exactly one entry in the ledger: its state (above) and,
+    while a pass holds it, that pass (its *owner*). Every transition is a named
+    method below; the counts the growth policy needs are read off the ledger.
 
     Args:
         capacity: Most buffers allocated in normal operation.
@@ -64,81 +76,77 @@ class BufferPool:
     def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool) -> None:
         self.capacity = capacity
         self._geometry = (batch_size, height, width, pin)
-        # Whether the training loop waits inside next(), and since when it has been
-        # busy outside it. While it waits, the batch it holds comes back as soon as
-        # the batch being filled is delivered: a new buffer would not bring data
-        # sooner, it would only cost memory. While it computes, finished batches
-        # may queue up ahead of it, so the pool grows.
-        self.consumer_waiting = False
+        # How many threads of the training loop wait inside next(), and since when
+        # it has been busy outside it (None while one waits). While it waits, the
+        # batch it holds comes back as soon as the batch being filled is delivered:
+        # a new buffer would not bring data sooner, it would only cost memory. While
+        # it computes, finished batches may queue up ahead of it, so the pool grows.
+        self._waiters = 0
         self._busy_since: float | None = _now()  # no next() yet: the loop is elsewhere
-        self._free: list[BatchBuffer] = []
-        self._allocated = 0  # buffers alive: free, owned by a pass, or lent
+        self._ledger: dict[int, list] = {}  # serial -> [state, owner, buffer]
+        self._free: list[BatchBuffer] = []  # the FREE buffers, most recently freed last
         self._serials = 0
-        self._waiters = 0  # threads inside next() (one iterator may serve several)
         self._closed = False
-        self._lent: set[int] = set()  # views handed out (in the output queue or held by the loop)
-        self._queued: set[int] = set()  # lent, but still in the output queue
-        self._parked: set[int] = set()
-        # Owned by a stopped pass whose threads have not all exited (one may be
-        # stuck in user code): they come back, but maybe not soon.
-        self._retired: set[int] = set()
-        self._free_ids: set[int] = set()
-        # Re-entrant for the same reason as the channels' lock: a lent buffer
-        # comes back from a finalizer that may run inside this lock.
+        # Re-entrant: a Condition's wait needs the lock it was made with, and the
+        # pool is used from the pass threads, the loop and the reaper thread.
         self._cond = threading.Condition(threading.RLock())
         self._warned = False
 
+    # -- reading the ledger ---------------------------------------------------
     @property
     def allocated(self) -> int:
         """Buffers alive now (after :meth:`close`, only those still lent or owned)."""
-        return self._allocated
+        return len(self._ledger)
 
-    def _new(self) -> BatchBuffer:
-        self._allocated += 1
+    def count(self, *states: str) -> int:
+        return sum(1 for entry in list(self._ledger.values()) if entry[0] in states)
+
+    def state(self, buf: BatchBuffer) -> str | None:
+        entry = self._ledger.get(buf.serial)
+        return None if entry is None else entry[0]
+
+    def owned_by(self, owner: object) -> list[BatchBuffer]:
+        return [e[2] for e in list(self._ledger.values()) if e[1] is owner]
+
+    @property
+    def consumer_waiting(self) -> bool:
+        return self._waiters > 0
+
+    # -- transitions -----------------------------------------------------------
+    def _move(self, buf: BatchBuffer, state: str, owner: object = None) -> None:
+        entry = self._ledger.get(buf.serial)
+        if entry is not None:
+            entry[0], entry[1] = state, owner
+
+    def _new(self, owner: object) -> BatchBuffer:
         self._serials += 1
-        return BatchBuffer(*self._geometry, serial=self._serials)
+        buf = BatchBuffer(*self._geometry, serial=self._serials)
+        self._ledger[buf.serial] = [FILLING, owner, buf]
+        return buf
 
-    def close(self) -> None:
-        """Free every buffer in the pool now, and each other one as it comes back
-        (a batch the loop still holds stays valid until it drops it). Safe to repeat."""
-        with self._cond:
-            self._closed = True
-            self._allocated -= len(self._free)
-            self._free.clear()
-            self._free_ids.clear()
-            self._cond.notify_all()
-
-    def after_fork(self) -> None:
-        """In a forked child: no thread of the parent exists here, and the lock may be
-        held by one of them. Every buffer a pass owned comes back (nothing writes it)."""
-        self._cond = threading.Condition(threading.RLock())
-        self._waiters = 0
-        self.consumer_waiting = False
-        self._busy_since = _now()
-        self._parked.clear()
-        self._retired.clear()
-
-    def try_acquire(self) -> BatchBuffer | None:
-        """A buffer now (free, or newly allocated where the policy allows), else None."""
-        with self._cond:
-            return self._take()
-
-    def _take(self) -> BatchBuffer | None:
+    def _take(self, owner: object) -> BatchBuffer | None:
         if self._closed:
             return None
         if self._free:
             buf = self._free.pop()
-            self._free_ids.discard(buf.serial)
+            self._move(buf, FILLING, owner)
             return buf
-        if self._allocated < min(self.MINIMUM, self.capacity):
-            return self._new()
+        n = len(self._ledger)
+        if n < min(self.MINIMUM, self.capacity):
+            return self._new(owner)
         busy = self._busy_since
-        if self._allocated < self.capacity and busy is not None and _now() - busy >= _BUSY_S:
-            return self._new()
+        if n < self.capacity and busy is not None and _now() - busy >= _BUSY_S:
+            return self._new(owner)
         return None
 
-    def acquire(self, stopped: Callable[[], bool], starving: Callable[[], bool] | None = None) -> BatchBuffer:
-        """Take a buffer, blocking until one is released.
+    def try_acquire(self, owner: object = None) -> BatchBuffer | None:
+        """A buffer for ``owner`` now (free, or newly allocated where the policy allows), else None."""
+        with self._cond:
+            return self._take(owner)
+
+    def acquire(self, stopped: Callable[[], bool], starving: Callable[[], bool] | None = None,
+                owner: object = None) -> BatchBuffer:
+        """Take a buffer for ``owner``, blocking until one is released.
 
         Past two buffers, the pool grows up to ``capacity`` once the training
         loop has been busy outside ``next()`` for a moment (so finished batches
@@ -148,7 +156,7 @@ class BufferPool:
         (a slow sample holds up the batch the loop waits for).
 
         Raises:
-            Closed: ``stopped()`` became true while waiting.
+            Closed: ``stopped()`` became true while waiting, or the pool was closed.
         """
         since = _now()
         stuck_since: float | None = None
@@ -156,15 +164,16 @@ class BufferPool:
             while True:
                 if stopped() or self._closed:
                     raise Closed("buffer pool")
-                buf = self._take()
+                buf = self._take(owner)
                 if buf is not None:
                     return buf
-                if (starving is not None and self._allocated < self.capacity
-                        and _now() - since >= _BUSY_S and starving()):
-                    return self._new()
-                held = len(self._lent) - len(self._queued)
-                stuck = held + len(self._parked | self._retired)
-                if not (self.consumer_waiting and stuck >= self._allocated):
+                n = len(self._ledger)
+                may_starve = starving is not None and n < self.capacity
+                if may_starve and _now() - since >= _BUSY_S and starving():
+                    return self._new(owner)
+                held = self.count(LENT)
+                stuck = held + self.count(PARKED, RETIRED)
+                if not (self._waiters and stuck >= n):
                     stuck_since = None
                 elif stuck_since is None:
                     # A batch the loop has just dropped comes back through the reaper
@@ -182,58 +191,87 @@ class BufferPool:
                             "the training loop holds %d uint8 batches that are views of feeder "
                             "buffers; allocating more. Clone batches you keep past the next step.",
                             held)
-                    return self._new()
-                self._cond.wait(_BUSY_S if self._busy_since is not None or starving
-                                or stuck_since is not None else _POLL_S)
-
-    def retire(self, bufs: list[BatchBuffer]) -> None:
-        """``bufs`` belong to a stopped pass: do not count on them coming back soon."""
-        with self._cond:
-            self._retired.update(b.serial for b in bufs)
-            self._cond.notify_all()
+                    return self._new(owner)
+                # Poll only while a rule that no release will announce may fire:
+                # the loop's busy time or the workers' starvation.
+                timed = self._busy_since is not None or may_starve or stuck_since is not None
+                self._cond.wait(_BUSY_S if timed else _POLL_S)
 
     def park(self, buf: BatchBuffer, parked: bool = True) -> None:
-        """Mark ``buf`` as a partial batch that can only complete with more samples."""
+        """Mark ``buf`` as a partial batch that can only complete with more samples (or not)."""
         with self._cond:
-            (self._parked.add if parked else self._parked.discard)(buf.serial)
+            entry = self._ledger.get(buf.serial)
+            if entry is not None and entry[0] in (FILLING, PARKED):
+                entry[0] = PARKED if parked else FILLING
 
     def lend(self, buf: BatchBuffer) -> None:
         """A view of ``buf`` is on its way to the training loop (see :meth:`claim`)."""
         with self._cond:
-            self._lent.add(buf.serial)
-            self._queued.add(buf.serial)
+            self._move(buf, QUEUED)
 
     def claim(self, buf: BatchBuffer) -> None:
         """The training loop has taken the lent batch of ``buf`` out of the queue."""
         with self._cond:
-            self._queued.discard(buf.serial)
+            entry = self._ledger.get(buf.serial)
+            if entry is not None and entry[0] == QUEUED:
+                entry[0] = LENT
+
+    def retire(self, owner: object) -> None:
+        """``owner`` (a pass) was stopped: do not count on its buffers coming back soon."""
+        with self._cond:
+            for entry in self._ledger.values():
+                if entry[1] is owner and entry[0] in (FILLING, PARKED):
+                    entry[0] = RETIRED
+            self._cond.notify_all()
+
+    def reclaim(self, owner: object) -> None:
+        """``owner``'s last thread has exited: whatever it still holds is free."""
+        for buf in self.owned_by(owner):
+            self.release(buf)
 
     def set_consumer_waiting(self, waiting: bool) -> None:
         """A thread of the training loop entered (True) or left (False) ``next()``.
         False with no thread inside (a new pass) marks the loop as busy from now."""
         with self._cond:
             self._waiters = self._waiters + 1 if waiting else max(0, self._waiters - 1)
-            self.consumer_waiting = self._waiters > 0
-            self._busy_since = None if self.consumer_waiting else _now()
+            self._busy_since = None if self._waiters else _now()
             self._cond.notify_all()  # a waiter re-checks whether to grow
 
     def release(self, buf: BatchBuffer) -> None:
-        """Return ``buf`` to the pool. Called from any thread, finalizers included."""
+        """Return ``buf`` to the pool (or free it, once the pool is closed)."""
         with self._cond:
-            self._lent.discard(buf.serial)
-            self._queued.discard(buf.serial)
-            self._parked.discard(buf.serial)
-            self._retired.discard(buf.serial)
-            if self._closed:
-                self._allocated -= 1  # dropped: its memory goes when the last view goes
-                return
-            if buf.serial in self._free_ids:
+            entry = self._ledger.get(buf.serial)
+            if entry is None or entry[0] == FREE:
                 # A second release would hand one buffer to two batches at once.
                 log.error("batch buffer %d released twice; ignored", buf.serial)
                 return
-            self._free_ids.add(buf.serial)
+            if self._closed:
+                del self._ledger[buf.serial]  # its memory goes when the last view goes
+                return
+            entry[0], entry[1] = FREE, None
             self._free.append(buf)
             self._cond.notify_all()  # the waiter may be a stopped pass's sampler
+
+    def close(self) -> None:
+        """Free every buffer in the pool now, and each other one as it comes back
+        (a batch the loop still holds stays valid until it drops it). Safe to repeat."""
+        with self._cond:
+            self._closed = True
+            for buf in self._free:
+                del self._ledger[buf.serial]
+            self._free.clear()
+            self._cond.notify_all()
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread of the parent exists here, and the lock may be
+        held by one of them. Every buffer a pass owned comes back (nothing writes it)."""
+        self._cond = threading.Condition(threading.RLock())
+        self._waiters = 0
+        self._busy_since = _now()
+        for entry in list(self._ledger.values()):
+            if entry[0] in (FILLING, PARKED, RETIRED):
+                entry[0], entry[1] = FREE, None
+                self._free.append(entry[2])
 
 
 class Scratch:
@@ -282,17 +320,20 @@ class Batch:
         self.holes: list[int] = []  # slots whose sample was skipped
         self.error: BaseException | None = None  # failure of the lowest slot under on_error="raise"
         self.error_slot = -1
-        self._stash: list[tuple[int, np.ndarray, int]] = []
+        self._stash: list[tuple[int, np.ndarray, int, int]] = []
 
-    def store(self, slot: int, image: np.ndarray, label: int, give: Callable[[np.ndarray], None]) -> None:
-        """Put a sample computed into a scratch array in its slot, now or once the buffer is bound."""
+    def store(self, slot: int, image: np.ndarray, label: int, give: Callable[[np.ndarray], None],
+              index: int = -1) -> None:
+        """Put a sample computed into a scratch array in its slot (with its label and
+        source index), now or once the buffer is bound."""
         with self._lock:
             if self.buffer is None:
-                self._stash.append((slot, image, label))
+                self._stash.append((slot, image, label, index))
                 return
             buf = self.buffer
         buf.images[slot] = image
         buf.labels[slot] = label
+        buf.indices[slot] = index
         give(image)
 
     def bind(self, buffer: BatchBuffer, give: Callable[[np.ndarray], None]) -> bool:
@@ -301,9 +342,10 @@ class Batch:
         with self._lock:
             self.buffer = buffer
             stash, self._stash = self._stash, []
-            for slot, image, label in stash:
+            for slot, image, label, index in stash:
                 buffer.images[slot] = image
                 buffer.labels[slot] = label
+                buffer.indices[slot] = index
                 give(image)
             self._remaining -= 1
             return self._remaining == 0
@@ -326,16 +368,22 @@ class Batch:
         if not self.holes:
             return self.size
         holes = set(self.holes)
-        images, labels = self.buffer.images, self.buffer.labels
+        buf = self.buffer
         n = 0
         for slot in range(self.size):
             if slot in holes:
                 continue
             if slot != n:
-                images[n] = images[slot]
-                labels[n] = labels[slot]
+                _move_slots(buf, slot, buf, n, 1)
             n += 1
         return n
+
+
+def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:
+    """Copy ``n`` samples (image, label, source index) from ``src[start:]`` to ``dst[to:]``."""
+    dst.images[to:to + n] = src.images[start:start + n]
+    dst.labels[to:to + n] = src.labels[start:start + n]
+    dst.indices[to:to + n] = src.indices[start:start + n]
 
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
@@ -411,8 +459,7 @@ class Collator:
         # Top the open batch up from this one; what is left becomes the open batch.
         dst, src = self._open.buffer, batch.buffer
         k = min(B - self._fill, good)
-        dst.images[self._fill:self._fill + k] = src.images[:k]
-        dst.labels[self._fill:self._fill + k] = src.labels[:k]
+        _move_slots(src, 0, dst, self._fill, k)
         self._fill += k
         rest = good - k
         if self._fill == B:
@@ -420,8 +467,7 @@ class Collator:
             self._open = None
             yield dst, B
         if rest:
-            src.images[:rest] = src.images[k:good]
-            src.labels[:rest] = src.labels[k:good]
+            _move_slots(src, k, src, 0, rest)
             # The open batch was just delivered (it was full), so this one takes its place.
             self._open, self._fill = batch, rest
             self._park(batch.buffer, True)

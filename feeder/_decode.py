@@ -16,24 +16,17 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
 import simplejpeg
 
-from ._rng import sample_key
-from .ops import SampleContext
-from ._stage import Counters, MapStage, _now
+from ._sample import DEFAULT_MAX_PIXELS
 from .errors import DecodeError
 
-if TYPE_CHECKING:
-    from ._sampler import Task
-
-# Default ceiling on decoded pixels (width * height): a decompression bomb is
-# rejected from its header before any pixel memory is allocated. 2**28 pixels
-# is 768 MiB of RGB, far beyond any training image.
-DEFAULT_MAX_PIXELS = 1 << 28
+__all__ = ["DEFAULT_MAX_PIXELS", "DecodeBuffers", "SUPPORTED_FORMATS", "buffer_of", "decode_image",
+           "decode_planned"]
 
 # Formats decoded, each with its size read from the header before any pixel
 # memory is allocated. OpenCV can decode more (Radiance HDR, PFM, PAM, Sun
@@ -58,6 +51,7 @@ _REFUSED = (
 )
 
 Hint = Callable[[int, int, Any], "tuple[int, int] | None"]
+Plan = Callable[[int, int, Any], "tuple[tuple[int, int] | None, Any]"]
 
 
 class _Header(NamedTuple):
@@ -445,10 +439,26 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
     Raises:
         DecodeError: empty, corrupt, truncated, unsupported or oversized input.
     """
+    plan = None if hint is None else (lambda h, w, k: (hint(h, w, k), None))
+    img, size, _ = decode_planned(data, max_pixels, plan, key, buffers, exif_orientation)
+    return img, size
+
+
+def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
+                   buffers: DecodeBuffers | None, exif_orientation: bool
+                   ) -> tuple[np.ndarray, tuple[int, int], Any]:
+    """:func:`decode_image` with the transforms' plan: ``plan(height, width, key)``
+    returns ``(need, planned)``, ``need`` as ``hint`` would and ``planned`` whatever
+    the transforms drew to compute it (handed back, so that nothing is drawn twice).
+
+    Returns:
+        The image, its full (oriented) size, and ``planned`` (None when ``plan`` was
+        not called: not a JPEG, or no plan).
+    """
     if len(data) == 0:
         raise DecodeError("empty file (0 bytes)")
     if bytes(data[:3]) == _JPEG_MAGIC:
-        return _decode_jpeg(data, max_pixels, hint, key, buffers, exif_orientation)
+        return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation)
     header = _read_header(data)
     _check_pixels(header.height, header.width, max_pixels)
     if header.format == "PNG":
@@ -462,12 +472,12 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
     _check_pixels(img.shape[0], img.shape[1], max_pixels)
     if exif_orientation:
         img = _orient(img, _orientation(header, data))
-    return img, (img.shape[0], img.shape[1])
+    return img, (img.shape[0], img.shape[1]), None
 
 
-def _decode_jpeg(data: bytes | memoryview, max_pixels: int, hint: Hint | None, key: Any,
+def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
                  buffers: DecodeBuffers | None, exif_orientation: bool
-                 ) -> tuple[np.ndarray, tuple[int, int]]:
+                 ) -> tuple[np.ndarray, tuple[int, int], Any]:
     try:
         h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as exc:
@@ -480,10 +490,11 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, hint: Hint | None, k
         # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
         # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
         img = _cv2_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        return _orient(_to_rgb8(img), orientation), size
+        return _orient(_to_rgb8(img), orientation), size, None
     min_h = min_w = 0
-    if hint is not None:
-        need = hint(size[0], size[1], key)
+    planned = None
+    if plan is not None:
+        need, planned = plan(size[0], size[1], key)
         if need is not None and swap:
             need = (need[1], need[0])
         # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1
@@ -502,37 +513,10 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, hint: Hint | None, k
         img = _orient(img, orientation)  # a new array: the pool buffer is free again
         if buffers is not None:
             buffers.give(buf)
-    return img, size
+    return img, size, planned
 
 
 def buffer_of(img: np.ndarray | None) -> np.ndarray | None:
     """The pool buffer behind an image from :func:`decode_image`, if it has one."""
     base = getattr(img, "base", None)
     return base if isinstance(base, np.ndarray) and base.ndim == 1 else None
-
-
-class Decoder(MapStage):
-    """Reads each sample from the source and decodes it; hands it to the augment stage."""
-
-    name = "decode"
-    phase = "read"
-
-    def process(self, task: "Task", c: Counters) -> None:
-        run = self.run
-        try:
-            data, label = run.source.read(task.index)
-        except Exception as exc:
-            run.sample_failed("read", task, exc, c)
-            return
-        c.current = ("decode", task.index, _now())
-        task.label = label
-        task.key = sample_key(run.seed, run.epoch, task.index)
-        task.ctx = None
-        task.image, size = decode_image(data, run.max_pixels, run.hint, task, run.decode_buffers,
-                                        run.config.exif_orientation)
-        if task.ctx is None:  # no hint was asked for (not a JPEG, or no hinting transform)
-            task.ctx = SampleContext(size)
-        if run.augmenter.num_threads:
-            self.put(c, self.outbox, task)
-        else:
-            run.augmenter.inline(task, c)

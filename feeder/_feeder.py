@@ -17,13 +17,13 @@ from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
 from ._config import DEFAULTS, Config
-from ._decode import DecodeBuffers
-from ._pipeline import Pass
+from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._sampler import num_batches, shard_size
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure
+from ._work import SampleWork
 from .errors import FeederError, FeederTimeoutError, safe_text
 from .sources import Source
 
@@ -79,12 +79,12 @@ class _Engine:
         self.source = source
         self.chain = chain
         h, w = chain.image_size
+        self.settings = settings(config)
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda")
-        self.decode_buffers = DecodeBuffers()
+        self.work = SampleWork(chain, config.max_pixels, config.exif_orientation)
         self.scratch = Scratch(h, w)
-        self.book = StatsBook({"sampler": 1, "decode": config.decode_threads,
-                               "augment": config.augment_threads, "transfer": 1})
+        self.book = StatsBook(stage_threads(self.settings))
         self.lock = threading.Lock()
         self.current: Pass | None = None
         self.passes: list[Pass] = []  # passes whose threads may still be alive
@@ -109,8 +109,8 @@ class _Engine:
                 self._limits_held = True
             self.book.start()
             self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
-            run = Pass(self.config, self.source, self.chain, self.pool, self.book,
-                       self.decode_buffers, self.scratch, seed, epoch, rank, world_size)
+            run = Pass(self.settings, self.source, self.work, self.pool, self.book, self.scratch,
+                       seed, epoch, rank, world_size)
             self.current = run
             self.passes.append(run)
             run.start()
@@ -139,7 +139,7 @@ class _Engine:
     def free(self) -> None:
         """Give back what a closed engine holds: buffer memory and the library thread limits."""
         self.pool.close()
-        self.decode_buffers.close()
+        self.work.buffers.close()
         self.scratch.close()
         with self.lock:
             if self._limits_held:

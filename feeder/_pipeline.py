@@ -1,91 +1,164 @@
 """One pass over the data: the stages wired by bounded channels, and its lifecycle.
 
+The topology is data: :func:`topology` lists the map stages as :class:`StageSpec`
+entries (a name, a thread count, the steps each thread runs on a sample), and
+:class:`Pass` builds one bounded channel in front of each and the sampler and
+transfer stages around them. The default, ``augment_threads=0``:
+
 ::
 
-    sampler ─▶ [decode] ─▶ decode pool ─▶ [augment] ─▶ augment pool ─▶ [collate] ─▶ transfer ─▶ [output] ─▶ next()
-       │ takes a free buffer per batch                     writes into the buffer slot       │ returns buffers
-       └──────────────────────────────── BufferPool ◀──────────────────────────────────────────┘
+    sampler ─▶ [decode] ─▶ decode: read, decode, augment ─▶ [collate] ─▶ transfer ─▶ [output] ─▶ next()
+       │ takes a free buffer per batch      writes into the buffer slot      │ lends / returns buffers
+       └──────────────────────────────── BufferPool ◀──────────────────────────┘
+
+With ``augment_threads=N`` the augment step gets a stage of its own:
+``decode: read, decode ─▶ [augment] ─▶ augment: augment ─▶ [collate]``.
+A new stage (say, reads with their own concurrency) is one more entry in
+:func:`topology`, with its step function in ``_work.py``.
 
 Each ``Feeder.__iter__`` starts a new :class:`Pass` with fresh threads and
 channels, so an abandoned pass (an early ``break``) can never leak a stale
-batch into the next one. A pass owns the buffers it took until it delivers or
-releases them; whatever it still owns when its last thread exits goes back to
-the pool then, when no thread can write into it any more.
+batch into the next one. The buffers a pass holds are recorded in the pool's
+ledger with the pass as their owner; whatever it still holds when its last
+thread exits goes back to the pool then, when no thread can write into it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
-from ._augment import Augmenter, Chain
-from ._batch import BatchBuffer, BufferPool, Scratch
-from ._decode import DecodeBuffers, Decoder, buffer_of
+import torch
+
+from ._batch import BufferPool, Collator, Scratch
 from ._queue import END, Channel
-from ._sampler import Sampler, Task
-from ._stage import Counters, Stage, timed_put
+from ._sample import Task
+from ._sampler import Sampler, pass_order
+from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
-from ._transfer import Transfer
+from ._transfer import Converter, Transfer
+from ._work import SampleWork, steps
 from .errors import ConfigError, FeederError, SampleError
 from .sources import describe
-
-if TYPE_CHECKING:
-    from ._config import Config
 
 log = logging.getLogger(__name__)
 
 
-class Pass:
-    """The threads, channels and buffers of one pass over one epoch."""
+@dataclass(frozen=True)
+class StageSpec:
+    """One map stage of the topology.
 
-    def __init__(self, config: "Config", source, chain: Chain, pool: BufferPool, book: StatsBook,
-                 decode_buffers: DecodeBuffers, scratch: Scratch, seed: int, epoch: int, rank: int,
+    Attributes:
+        name: Stage name (stats, thread names ``feeder-<name>-i``, its inbox's name).
+        threads: Threads running it.
+        steps: What each thread runs on a sample, in order.
+        queue: Capacity of its inbox.
+    """
+
+    name: str
+    threads: int
+    steps: tuple[Step, ...]
+    queue: int
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """What one pass needs from the feeder's configuration."""
+
+    batch_size: int
+    decode_threads: int
+    augment_threads: int
+    queue_size: int
+    num_buffers: int
+    shuffle: bool
+    drop_last: bool
+    ordered: bool
+    on_error: str
+    max_skipped: int | None
+    device: torch.device
+    dtype: torch.dtype | None
+    normalize: Any
+
+
+def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step) -> list[StageSpec]:
+    """The map stages between the sampler and the transfer stage, in order."""
+    if cfg.augment_threads == 0:
+        # The decode threads run the transforms on what they have just decoded:
+        # no hand-off (queue round trip, wake-up, image crossing cores) per sample.
+        inline = dataclasses.replace(augment, inline=True)
+        return [StageSpec("decode", cfg.decode_threads, (read, decode, inline), 4 * cfg.decode_threads)]
+    return [StageSpec("decode", cfg.decode_threads, (read, decode), 4 * cfg.decode_threads),
+            StageSpec("augment", cfg.augment_threads, (augment,), 4 * cfg.augment_threads)]
+
+
+def stage_threads(cfg: PassSettings) -> dict[str, int]:
+    """Every stage's name and thread count, in pipeline order; 0 for a stage whose
+    step runs in another stage's threads (the stats show it as ``inline``)."""
+    names = {"sampler": 1}
+    for spec in topology(cfg, Step("read", id), Step("decode", id), Step("augment", id)):
+        names[spec.name] = spec.threads
+        for step in spec.steps:
+            if step.inline:
+                names.setdefault(step.name, 0)
+    names["transfer"] = 1
+    return names
+
+
+class Pass:
+    """The threads, channels and buffers of one pass over one epoch.
+
+    It is the stages' :class:`~feeder._stage.Control`: the stages call it to fail,
+    report a failed sample, and say when a thread starts or exits.
+    """
+
+    def __init__(self, cfg: PassSettings, source: Any, work: SampleWork, pool: BufferPool,
+                 book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
                  world_size: int) -> None:
-        self.config = config
+        self.cfg = cfg
         self.source = source
-        self.chain = chain
-        self.hint = chain.hint
+        self.work = work
         self.pool = pool
         self.book = book
-        self.seed = seed
         self.epoch = epoch
-        self.rank = rank
-        self.world_size = world_size
-        self.device = config.device
-        self.max_pixels = config.max_pixels
-        self.decode_buffers = decode_buffers
-        self.scratch = scratch
+        self.device = cfg.device
         self.error: BaseException | None = None
         self._stopped = False
         self._lock = threading.Lock()
-        self._owned: dict[int, BatchBuffer] = {}
         self._live_threads = 0
         self.finished = threading.Event()  # set when the last thread has exited
         # Set when a newer pass of the same feeder stopped this one before the
         # loop had everything: the iterator then says so instead of ending quietly.
         self.replaced = False
+        # Set once the training loop has taken the end of the pass (see _PassIterator).
+        self.output_ended = False
         # Set in a forked child: this pass's threads do not exist there.
         self.orphaned = False
 
-        self.tasks = Channel("decode", config.decode_queue)
-        self.ready = Channel("collate", config.num_buffers + 1)
-        self.output = Channel("output", config.queue_size)
-        if config.inline_augment:
-            # No augment pool: the decode threads run the transforms and feed the collator.
-            self.channels = (self.tasks, self.ready, self.output)
-            self.decoded: Channel | None = None
-            self.augmenter = Augmenter(self, 0, None, self.ready)
-        else:
-            self.decoded = Channel("augment", config.augment_queue)
-            self.channels = (self.tasks, self.decoded, self.ready, self.output)
-            self.augmenter = Augmenter(self, config.augment_threads, self.decoded, self.ready)
+        read, decode, augment = steps(source, work, scratch, seed, epoch)
+        specs = topology(cfg, read, decode, augment)
+        inboxes = [Channel(spec.name, spec.queue) for spec in specs]
+        self.ready = Channel("collate", cfg.num_buffers + 1)
+        self.output = Channel("output", cfg.queue_size)
+        self.channels: tuple[Channel, ...] = (*inboxes, self.ready, self.output)
+        outboxes = [*inboxes[1:], self.ready]
+        skip = cfg.on_error == "skip"
+
+        def order() -> list[int]:
+            return pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
+                              epoch, rank, world_size)
+
+        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (
-            Sampler(self, 1, None, self.tasks),
-            Decoder(self, config.decode_threads, self.tasks, self.decoded or self.ready),
-            self.augmenter,
-            Transfer(self, 1, self.ready, self.output),
+            Sampler(self, order, cfg.batch_size, pool, self, scratch, 4 * cfg.decode_threads,
+                    inboxes[0], self.ready),
+            *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
+              for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
+            Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device),
+                     self.ready, self.output),
         )
         for ch in self.channels:
             book.attach_channel(ch)
@@ -114,13 +187,11 @@ class Pass:
     def stop(self) -> None:
         """Close every channel: each thread leaves at its next queue operation. Safe to repeat.
 
-        Never call it from a finalizer (it takes locks): hand it to ``_reaper.defer``."""
+        Never call it from a finalizer (it takes locks): see ``_reaper``."""
         self._stopped = True
         if self.orphaned:
             return  # a forked child: no thread to stop, and the locks may be held by ghosts
-        with self._lock:
-            owned = list(self._owned.values())
-        self.pool.retire(owned)
+        self.pool.retire(self)
         for ch in self.channels:
             ch.close()
 
@@ -138,9 +209,6 @@ class Pass:
         with self._lock:
             return self.replaced
 
-    # Set once the training loop has taken the end of the pass (see _PassIterator).
-    output_ended = False
-
     def orphan(self) -> None:
         """In a forked child: this pass's threads are gone, and any lock they held
         at the fork stays held forever. Make every later call return at once."""
@@ -148,13 +216,12 @@ class Pass:
         self._stopped = True
         self._lock = threading.Lock()
         self._live_threads = 0
-        self._owned.clear()
         self.finished = threading.Event()
         self.finished.set()
 
     def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
         """Samples a thread of this pass has worked on for more than ``older_than``
-        seconds: (phase, index, path, seconds), oldest first."""
+        seconds: (step, index, path, seconds), oldest first."""
         now = time.perf_counter()
         out = []
         for stage in self.stages:
@@ -162,42 +229,11 @@ class Pass:
                 cur = c.current
                 if cur is None or c.ended is not None:
                     continue
-                phase, index, since = cur
+                step, index, since = cur
                 if now - since > older_than:
-                    out.append((phase, index, describe(self.source, index), now - since))
+                    out.append((step, index, describe(self.source, index), now - since))
         out.sort(key=lambda row: -row[3])
         return out
-
-    def fail(self, error: BaseException) -> None:
-        """A stage broke outside any sample: remember the first error and stop."""
-        with self._lock:
-            if self.error is None:
-                self.error = error
-        self.stop()
-
-    def thread_exited(self, stage: Stage, c: Counters) -> None:
-        self.book.fold_thread(stage.name, c)
-        self._gone(1)
-
-    def _gone(self, threads: int) -> None:
-        with self._lock:
-            self._live_threads -= threads
-            last = self._live_threads == 0
-            owned = list(self._owned.values()) if last else []
-            if last:
-                self._owned.clear()
-        if last:
-            # No thread of this pass can touch these buffers any more.
-            for buf in owned:
-                self.pool.release(buf)
-            for ch in self.channels[:-1]:
-                self.book.fold_channel(ch)
-            log.debug("pass epoch=%d: all threads exited", self.epoch)
-            self.finished.set()
-
-    def fold_output(self) -> None:
-        """Add the output channel's counters to the feeder's totals (once)."""
-        self.book.fold_channel(self.output)
 
     def join(self, timeout: float) -> bool:
         return self.finished.wait(timeout)
@@ -205,39 +241,53 @@ class Pass:
     def threads(self) -> list[threading.Thread]:
         return [t for s in self.stages for t in s.threads]
 
-    # -- buffers -----------------------------------------------------------
-    def own(self, buf: BatchBuffer) -> None:
+    def fold_output(self) -> None:
+        """Add the output channel's counters to the feeder's totals (once)."""
+        self.book.fold_channel(self.output)
+
+    # -- Control: what the stages call --------------------------------------
+    def fail(self, error: BaseException) -> None:
+        """A stage broke outside any sample: remember the first error and stop."""
         with self._lock:
-            self._owned[buf.serial] = buf
+            if self.error is None:
+                self.error = error
+        self.stop()
 
-    def release(self, buf: BatchBuffer) -> None:
-        """The pass is done with ``buf``: back to the pool."""
+    def thread_started(self, stage: str, c: Counters) -> None:
+        self.book.attach_thread(stage, c)
+
+    def thread_exited(self, stage: str, c: Counters) -> None:
+        self.book.fold_thread(stage, c)
+        self._gone(1)
+
+    def _gone(self, threads: int) -> None:
         with self._lock:
-            self._owned.pop(buf.serial, None)
-        self.pool.release(buf)
+            self._live_threads -= threads
+            last = self._live_threads == 0
+        if last:
+            # No thread of this pass can touch its buffers any more.
+            self.pool.reclaim(self)
+            for ch in self.channels[:-1]:
+                self.book.fold_channel(ch)
+            log.debug("pass epoch=%d: all threads exited", self.epoch)
+            self.finished.set()
 
-    def lend(self, buf: BatchBuffer) -> None:
-        """``buf`` now belongs to the training loop (a view of it was handed out)."""
-        with self._lock:
-            self._owned.pop(buf.serial, None)
-        self.pool.lend(buf)
-
-    # -- per-sample failures -----------------------------------------------
-    def sample_error(self, stage: str, task: Task, exc: BaseException) -> SampleError:
-        return SampleError(stage, task.index, describe(self.source, task.index), exc)
-
-    def sample_failed(self, stage: str, task: Task, exc: Exception, c: Counters) -> None:
-        """Record that ``task`` failed in ``stage``; the slot is done either way."""
-        err = self.sample_error(stage, task, exc)
-        path = err.path
-        self.decode_buffers.give(buffer_of(task.image))
-        task.image = None
+    def sample_failed(self, step: str, task: Task, exc: BaseException, c: Counters) -> None:
+        """Record that ``task`` failed in ``step``; its slot is done either way."""
+        err = SampleError(step, task.index, describe(self.source, task.index), exc)
+        self.work.discard(task.image)
+        task.image = task.data = None
+        if not isinstance(exc, Exception):
+            # SystemExit or KeyboardInterrupt raised by user code: never skippable,
+            # but the training loop still learns which sample.
+            self.fail(err)
+            return
         batch = task.batch
-        cfg = self.config
+        cfg = self.cfg
         # A configuration mistake would fail every sample alike: never skipped.
         skip = cfg.on_error == "skip" and not isinstance(exc, ConfigError)
         if skip:
-            count = self.book.skipped(path, err)
+            count = self.book.skipped(err.path, err)
             if cfg.max_skipped is not None and count > cfg.max_skipped:
                 skip = False
                 budget = FeederError(f"more than max_skipped={cfg.max_skipped} samples skipped; "
@@ -250,3 +300,9 @@ class Pass:
             batch.fail(task.slot, err)
         if batch.finish_slot():
             timed_put(c, self.ready, batch)
+
+
+def settings(config: Any) -> PassSettings:
+    """The :class:`PassSettings` of a feeder configuration."""
+    return PassSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(PassSettings)})
+

@@ -11,18 +11,16 @@ out for that epoch, as ``DistributedSampler(drop_last=True)`` does).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from ._batch import Batch
-from ._queue import END
+from ._batch import Batch, BufferPool, Scratch
+from ._queue import END, Channel
 from ._rng import order_key
-from ._stage import Counters, Stage
-
-if TYPE_CHECKING:
-    from ._pipeline import Pass
+from ._sample import Task
+from ._stage import Control, Counters, Stage
 
 
 def shard_size(length: int, world_size: int) -> int:
@@ -48,67 +46,74 @@ def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
-class Task:
-    """One sample on its way through the stages (one object, reused by every stage)."""
-
-    __slots__ = ("batch", "slot", "index", "label", "key", "image", "ctx")
-
-    def __init__(self, batch: Batch, slot: int, index: int) -> None:
-        self.batch = batch
-        self.slot = slot
-        self.index = index
-        self.label = -1
-        self.key = 0
-        self.image = None
-        self.ctx = None  # ops.SampleContext, set by the decoder
+def pass_order(length: int, batch_size: int, shuffle: bool, drop_last: bool, skip: bool, seed: int,
+               epoch: int, rank: int = 0, world_size: int = 1) -> list[int]:
+    """The sample indices one pass dispatches: this rank's shard of the epoch's
+    order, cut to whole batches when ``drop_last``. Under ``skip`` (on_error="skip")
+    the would-be-dropped tail is dispatched too: its samples refill the places of
+    skipped ones (the collator still drops whatever is left short at the end)."""
+    order = epoch_indices(length, shuffle, seed, epoch, rank, world_size)
+    total = num_batches(len(order), batch_size, drop_last and not skip)
+    return order[:total * batch_size].tolist()
 
 
 class Sampler(Stage):
-    """Takes a free buffer per batch and dispatches the batch's samples to the decoders."""
+    """Takes a free buffer per batch and dispatches the batch's samples as tasks.
 
-    name = "sampler"
+    Args:
+        control: The pipeline's control interface.
+        order: Returns this pass's sample indices, in order (see :func:`pass_order`);
+            called in the sampler's thread, so a failing source is this stage's error.
+        batch_size: Samples per batch.
+        pool: Where batch buffers come from; ``owner`` is recorded as their holder.
+        scratch: One-sample arrays for samples finished before their batch has a buffer.
+        ahead: Samples dispatched before their batch has a buffer.
+        outbox: Where the tasks go (the first map stage's inbox).
+        collate: Where a batch goes when binding its buffer completes it (every
+            sample dispatched before the binding already failed).
+    """
+
+    def __init__(self, control: Control, order: Callable[[], list[int]], batch_size: int, pool: BufferPool,
+                 owner: object, scratch: Scratch, ahead: int, outbox: Channel, collate: Channel) -> None:
+        super().__init__("sampler", 1, control, None, outbox)
+        self.order = order
+        self.batch_size = batch_size
+        self.pool = pool
+        self.owner = owner
+        self.scratch = scratch
+        self.ahead = ahead
+        self.collate = collate
 
     def work(self, c: Counters) -> None:
-        run: "Pass" = self.run
-        cfg = run.config
-        B = cfg.batch_size
-        order = epoch_indices(len(run.source), cfg.shuffle, run.seed, run.epoch, run.rank, run.world_size)
-        # Under on_error="skip" the would-be-dropped tail is dispatched too: its
-        # samples refill the places of skipped ones (the collator still drops
-        # whatever is left short at the end).
-        total = num_batches(len(order), B, cfg.drop_last and cfg.on_error != "skip")
-        order = order[:total * B].tolist()
-        stopped = run.stopped
+        B = self.batch_size
+        order = self.order()
+        pool, owner = self.pool, self.owner
+        stopped = self.control.stopped
         tasks = self.outbox
 
         def starving() -> bool:  # the decode threads have taken every dispatched sample
             return tasks.depth() == 0
-        # Samples dispatched before their batch has a buffer: enough to keep every
-        # decode thread busy while the training loop hands its batch back.
-        ahead = cfg.decode_queue
-        for b in range(total):
+        for b in range(-(-len(order) // B)):
             indices = order[b * B:(b + 1) * B]
-            buf = run.pool.try_acquire()
+            buf = pool.try_acquire(owner)
+            first = 0
             if buf is not None:
-                run.own(buf)
                 batch = Batch(b, buf, len(indices))
-                first = 0
             else:
                 # No buffer yet: start the batch anyway; its first samples wait in
                 # scratch arrays until the buffer is bound.
                 batch = Batch(b, None, len(indices))
-                first = min(ahead, len(indices))
+                first = min(self.ahead, len(indices))
                 for slot in range(first):
-                    self.put(c, self.outbox, Task(batch, slot, indices[slot]))
+                    self.put(c, tasks, Task(batch, slot, indices[slot]))
                 c.begin_wait(2)  # waiting for a free buffer: downstream is behind
                 try:
-                    buf = run.pool.acquire(stopped, starving)
+                    buf = pool.acquire(stopped, starving, owner)
                 finally:
                     c.end_wait()
-                run.own(buf)
-                if batch.bind(buf, run.scratch.give):  # every dispatched sample already failed
-                    self.put(c, run.ready, batch)
+                if batch.bind(buf, self.scratch.give):  # every dispatched sample already failed
+                    self.put(c, self.collate, batch)
             for slot in range(first, len(indices)):
-                self.put(c, self.outbox, Task(batch, slot, indices[slot]))
+                self.put(c, tasks, Task(batch, slot, indices[slot]))
             c.items += 1
-        self.put(c, self.outbox, END)
+        self.put(c, tasks, END)

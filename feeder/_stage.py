@@ -1,5 +1,14 @@
 """The one stage abstraction: threads, queue waits, end propagation, error
 wrapping and stats live here once; a concrete stage says what it does to an item.
+
+A stage is given what it needs when the pipeline is built: its channels, its
+work, and a small :class:`Control` interface (stop, fail, a sample failed, a
+thread started or exited). It never reaches into the pass that runs it, so a
+stage can be built and driven alone, with real channels and a stand-in control.
+
+:class:`MapStage` runs a list of :class:`Step` functions on each item in turn:
+the decode threads running the transforms (``augment_threads=0``) is the decode
+stage with the augment step appended, not a special case.
 """
 
 from __future__ import annotations
@@ -7,14 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ._queue import END, Channel, Closed
 from ._threads import limit_torch_threads
 from .errors import StageError
-
-if TYPE_CHECKING:
-    from ._pipeline import Pass
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter
@@ -111,19 +119,56 @@ def timed_put(c: Counters, channel: Channel, item: Any) -> None:
         c.end_wait()
 
 
+class Control(Protocol):
+    """What a stage may ask of the pipeline that runs it."""
+
+    def stopped(self) -> bool:
+        """True once the pipeline is shutting down."""
+
+    def fail(self, error: BaseException) -> None:
+        """The pipeline cannot go on: remember ``error`` for the consumer and stop."""
+
+    def sample_failed(self, step: str, task: Any, exc: BaseException, c: "Counters") -> None:
+        """``step`` raised ``exc`` on ``task``: skip it or fail its batch, per the policy.
+        A ``BaseException`` that is not an ``Exception`` (SystemExit...) is never skipped."""
+
+    def thread_started(self, stage: str, c: "Counters") -> None:
+        """A thread of ``stage`` is about to start; ``c`` are its counters."""
+
+    def thread_exited(self, stage: str, c: "Counters") -> None:
+        """A thread of ``stage`` has left its loop (normally, on close, or failing)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One function of the per-sample work: ``fn(item) -> item``, or None when the
+    item goes no further (a batch slot was filled but the batch is not complete).
+
+    Attributes:
+        name: What errors and stats call it (``"read"``, ``"decode"``, ``"augment"``).
+        fn: The function.
+        inline: Work of a stage that has no threads of its own: its time is
+            counted as that stage's (``name``), not as the running stage's.
+    """
+
+    name: str
+    fn: Callable[[Any], Any]
+    inline: bool = False
+
+
 class Stage:
     """A named group of threads that take items from ``inbox`` and give to ``outbox``.
 
-    Subclasses implement :meth:`work` (a whole thread loop) or, for one item at
-    a time, subclass :class:`MapStage`. The base gives every thread timed
-    ``get``/``put`` helpers, turns an unexpected exception into a failure of the
-    pass, and exits quietly when the pass closes its channels.
+    Subclasses implement :meth:`work` (a whole thread loop); :class:`MapStage`
+    handles one item at a time. The base gives every thread timed ``get``/``put``
+    helpers, turns an unexpected exception into a failure of the pipeline, and
+    exits quietly when its channels are closed.
     """
 
-    name = "stage"
-
-    def __init__(self, run: "Pass", threads: int, inbox: Channel | None, outbox: Channel | None) -> None:
-        self.run = run
+    def __init__(self, name: str, threads: int, control: Control, inbox: Channel | None,
+                 outbox: Channel | None) -> None:
+        self.name = name
+        self.control = control
         self.num_threads = threads
         self.inbox = inbox
         self.outbox = outbox
@@ -136,7 +181,7 @@ class Stage:
         for i in range(self.num_threads):
             c = Counters()
             self.counters.append(c)
-            self.run.book.attach_thread(self.name, c)
+            self.control.thread_started(self.name, c)
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
             self.threads.append(t)
@@ -147,14 +192,14 @@ class Stage:
             limit_torch_threads()  # N workers each fanning out over all cores would oversubscribe
             self.work(c)
         except Closed:
-            pass  # the pass is shutting down
+            pass  # the pipeline is shutting down
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
             err = StageError(self.name, f"{type(exc).__name__}: {exc}")
             err.__cause__ = exc
-            self.run.fail(err)
+            self.control.fail(err)
         finally:
             c.ended = _now()
-            self.run.thread_exited(self, c)
+            self.control.thread_exited(self.name, c)
 
     def work(self, c: Counters) -> None:
         raise NotImplementedError
@@ -182,34 +227,56 @@ class Stage:
 
 
 class MapStage(Stage):
-    """A stage that handles one sample task at a time; failures are per sample."""
+    """Runs ``steps`` on each sample task in turn; what the last one returns goes to
+    ``outbox`` (None: nothing to send). A failure is the sample's, named by its step."""
 
-    # What ``Counters.current`` calls the first step of this stage's work on a sample.
-    phase = "stage"
+    def __init__(self, name: str, threads: int, steps: Sequence[Step], control: Control,
+                 inbox: Channel, outbox: Channel) -> None:
+        super().__init__(name, threads, control, inbox, outbox)
+        if not steps or steps[0].inline:
+            raise ValueError(f"stage {name!r}: the first step must be the stage's own")
+        self.steps = tuple(steps)
 
     def work(self, c: Counters) -> None:
-        process = self.process
-        failed = self.run.sample_failed
-        phase = self.phase
+        steps = self.steps
+        control = self.control
+        outbox = self.outbox
         while True:
             task = self.get(c)
             if task is END:
                 self.end_thread(c)
                 return
-            c.current = (phase, task.index, _now())
+            item = task
+            step = steps[0]
+            inline = False
             try:
-                process(task, c)
+                for step in steps:
+                    if step.inline and not inline:
+                        inline = True
+                        c.begin_wait(Counters.INLINE)
+                    # What this thread works on, for naming samples stuck in a step.
+                    c.current = (step.name, task.index, _now())
+                    item = step.fn(item)
+                    if item is None:
+                        break
             except Closed:
                 raise
             except Exception as exc:
-                failed(self.name, task, exc, c)
+                if inline:
+                    c.end_wait()
+                c.current = None
+                c.items += 1  # handled: its failure is counted where the policy says
+                control.sample_failed(step.name, task, exc, c)
+                continue
             except BaseException as exc:
                 # SystemExit or KeyboardInterrupt raised by user code: never
                 # skippable, but the training loop still learns which sample.
-                self.run.fail(self.run.sample_error(self.name, task, exc))
+                control.sample_failed(step.name, task, exc, c)
                 return
+            if inline:
+                c.end_wait()
+                c.inline_items += 1
             c.current = None
             c.items += 1
-
-    def process(self, task: Any, c: Counters) -> None:
-        raise NotImplementedError
+            if item is not None:
+                timed_put(c, outbox, item)

@@ -23,30 +23,29 @@ CUDA reasoning, in one place:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numpy as np
 import torch
 
-from ._batch import BatchBuffer, Collator
-from ._queue import END
+from ._batch import BatchBuffer, BufferPool, Collator
+from ._queue import END, Channel
 from ._reaper import watch
-from ._stage import Counters, Stage
+from ._stage import Control, Counters, Stage
 from .errors import FeederError
-
-if TYPE_CHECKING:
-    from ._pipeline import Pass
 
 
 class Delivery:
-    """A batch ready for the consumer; ``event`` is set for CUDA batches, ``lent``
-    for a CPU batch that is a view of a pool buffer."""
+    """A batch ready for the consumer: ``event`` is set for CUDA batches, ``lent``
+    for a CPU batch that is a view of a pool buffer; ``indices`` are the source
+    indices of its samples and ``number`` its position among the pass's batches."""
 
-    __slots__ = ("images", "labels", "event", "lent")
+    __slots__ = ("images", "labels", "indices", "number", "event", "lent")
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, event,
-                 lent: BatchBuffer | None = None) -> None:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: np.ndarray, number: int,
+                 event, lent: BatchBuffer | None = None) -> None:
         self.images = images
         self.labels = labels
+        self.indices = indices
+        self.number = number
         self.event = event
         self.lent = lent
 
@@ -95,20 +94,32 @@ class Converter:
 
 
 class Transfer(Stage):
-    """Collates finished buffers (in order when asked) and delivers them."""
+    """Collates finished buffers (in order when asked) and delivers them.
 
-    name = "transfer"
+    Args:
+        control: The pipeline's control interface.
+        collator: Turns completed batches into output batches.
+        pool: The buffer pool (buffers are lent to the loop, or released, here).
+        device: Where batches go.
+        convert: uint8 -> the output dtype, on ``device``.
+        inbox: Completed batches; outbox: deliveries for ``next()``.
+    """
+
+    def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
+                 convert: "Converter", inbox: Channel, outbox: Channel) -> None:
+        super().__init__("transfer", 1, control, inbox, outbox)
+        self.collator = collator
+        self.pool = pool
+        self.device = device
+        self.convert = convert
+        self.cuda = device.type == "cuda"
+        self.delivered = 0
 
     def work(self, c: Counters) -> None:
-        run: "Pass" = self.run
-        cfg = run.config
-        device = run.device
-        self.cuda = device.type == "cuda"
         if self.cuda:
-            torch.cuda.set_device(device)
-            self.stream = torch.cuda.Stream(device)
-        self.convert = Converter(cfg.dtype, cfg.normalize, device)
-        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, run.release, run.pool.park)
+            torch.cuda.set_device(self.device)
+            self.stream = torch.cuda.Stream(self.device)
+        collator = self.collator
         while True:
             batch = self.get(c)
             if batch is END:
@@ -124,10 +135,12 @@ class Transfer(Stage):
                 return
 
     def deliver(self, buf: BatchBuffer, n: int, c: Counters) -> None:
-        run = self.run
         c.items += 1
+        number = self.delivered
+        self.delivered += 1
+        indices = buf.indices[:n].copy()
         if self.cuda:
-            self._deliver_cuda(buf, n, c)
+            self._deliver_cuda(buf, n, indices, number, c)
             return
         labels = torch.from_numpy(buf.labels[:n].copy())
         if self.convert.dtype is None:
@@ -135,17 +148,18 @@ class Transfer(Stage):
             # training loop's last reference to the batch is gone.
             view = buf.images[:n]
             images = torch.from_numpy(view).permute(0, 3, 1, 2)
-            run.lend(buf)
+            self.pool.lend(buf)
             # The last reference may go in any thread, inside any lock (see _reaper).
-            watch(view, run.pool.release, buf)
-            self.put(c, self.outbox, Delivery(images, labels, None, buf))
+            watch(view, self.pool.release, buf)
+            self.put(c, self.outbox, Delivery(images, labels, indices, number, None, buf))
             return
         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-        run.release(buf)
-        self.put(c, self.outbox, Delivery(images, labels, None))
+        self.pool.release(buf)
+        self.put(c, self.outbox, Delivery(images, labels, indices, number, None))
 
-    def _deliver_cuda(self, buf: BatchBuffer, n: int, c: Counters) -> None:
-        device = self.run.device
+    def _deliver_cuda(self, buf: BatchBuffer, n: int, indices: np.ndarray, number: int,
+                      c: Counters) -> None:
+        device = self.device
         with torch.cuda.stream(self.stream):
             images = buf.images_t[:n].to(device, non_blocking=True)
             labels = buf.labels_t[:n].to(device, non_blocking=True)
@@ -153,7 +167,7 @@ class Transfer(Stage):
             event = torch.cuda.Event()
             event.record(self.stream)
         try:
-            self.put(c, self.outbox, Delivery(images, labels, event))
+            self.put(c, self.outbox, Delivery(images, labels, indices, number, event))
         finally:
             event.synchronize()  # the copy has finished reading the pinned buffer
-            self.run.release(buf)
+            self.pool.release(buf)

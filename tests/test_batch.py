@@ -167,12 +167,13 @@ def test_pool_grows_when_the_rest_belongs_to_a_stopped_pass():
     """A stopped pass's buffers come back only when its threads exit, and one may be
     stuck in user code: a waiting loop must not depend on them."""
     pool = BufferPool(8, 1, 1, 1, pin=False)
-    held, stuck = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    owner = object()  # the pass filling `stuck`
+    held, stuck = pool.acquire(lambda: False), pool.acquire(lambda: False, owner=owner)
     _loop_holds(pool, held)
     t, got = _acquire_in_thread(pool)
     t.join(0.3)
     assert t.is_alive()  # `stuck` is being filled by a live pass: worth waiting for
-    pool.retire([stuck])  # its pass was stopped
+    pool.retire(owner)  # its pass was stopped
     t.join(5)
     assert not t.is_alive() and got[0] not in (held, stuck) and pool.allocated == 3
     pool.release(stuck)  # once its thread exits, it is an ordinary free buffer again

@@ -169,11 +169,11 @@ def test_full_decode_transforms_keep_the_crops():
 
     import simplejpeg
 
-    from feeder.bench.loaders import SampleWork, full_decode_transforms, transforms
+    from feeder.bench.loaders import sample_work, full_decode_transforms, transforms
     from feeder.synthetic import make_image
 
-    scaled, full = SampleWork(transforms()), SampleWork(full_decode_transforms())
-    assert scaled.hint is not None and full.hint is None
+    scaled, full = sample_work(transforms()), sample_work(full_decode_transforms())
+    assert scaled.plan is not None and full.plan is None
     # Small enough that the hint never asks for a reduced scale: outputs must be equal.
     data = simplejpeg.encode_jpeg(make_image(300, 400, seed=1), quality=90, colorspace="RGB")
     a, b = np.empty((224, 224, 3), np.uint8), np.empty((224, 224, 3), np.uint8)

@@ -652,7 +652,7 @@ def test_dropping_the_iterator_stops_its_pass(source):
             if i == 1:
                 break  # the for loop's iterator is gone now
         assert wait_no_feeder_threads(2.0) == []
-        assert f._engine.pool.allocated >= 1 and not f._engine.current._owned
+        assert f._engine.pool.allocated >= 1 and not f._engine.pool.owned_by(f._engine.current)
 
 
 def test_manual_shards_without_seed_agree_on_the_order(source):
@@ -721,7 +721,7 @@ def test_workers_do_not_change_torch_threads_of_other_threads(source):
 def late_binding(monkeypatch):
     """Every batch starts without a buffer: its first samples go through scratch arrays."""
     from feeder._batch import BufferPool
-    monkeypatch.setattr(BufferPool, "try_acquire", lambda self: None)
+    monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
 
 
 @pytest.mark.parametrize("threads", [(2, 0), (3, 2)])

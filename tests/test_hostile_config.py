@@ -67,7 +67,7 @@ def test_chain_fuses_the_pair_keeping_hint_positions_and_the_buffer():
     assert chain.image_size == (32, 32)
     assert isinstance(chain._writer[1], _ResizeCenterCrop)
     # Reduced-scale JPEG decoding is still asked for the Resize target.
-    assert chain.hint(1200, 1600, type("Task", (), {"key": 1})()) == (40, 53)
+    assert chain.plan(1200, 1600, 1)[0] == (40, 53)
     img = noise(120, 160, 2)
     out = np.zeros((32, 32, 3), np.uint8)
     # The flip keeps its position in the list (stream 2): the same flips as unfused.

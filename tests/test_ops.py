@@ -117,9 +117,9 @@ def test_chain_only_flips_needs_image_size_and_copies():
 
 
 def test_chain_hint_only_from_leading_builtin():
-    assert Chain([ops.RandomHorizontalFlip(), ops.RandomResizedCrop(8)], None).hint is not None
-    assert Chain([lambda i, r: i, ops.RandomResizedCrop(8)], None).hint is None
-    assert Chain([ops.CenterCrop(8)], None).hint is None
+    assert Chain([ops.RandomHorizontalFlip(), ops.RandomResizedCrop(8)], None).plan is not None
+    assert Chain([lambda i, r: i, ops.RandomResizedCrop(8)], None).plan is None
+    assert Chain([ops.CenterCrop(8)], None).plan is None
 
 
 def test_sample_rng_is_deterministic_and_in_range():

@@ -32,7 +32,7 @@ from .._rng import sample_key
 from .._threads import available_cores
 from . import report
 from .report import median
-from .loaders import SampleWork, full_decode_transforms, transforms
+from .loaders import sample_work, full_decode_transforms, transforms
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
     source = ImageFolder(root)
     indices = timed_indices(len(source), limit, shard, shards)
     n = len(indices)
-    work = SampleWork(full_decode_transforms() if full_decode else transforms())
+    work = sample_work(full_decode_transforms() if full_decode else transforms())
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     saved = cv2.getNumThreads()

@@ -8,9 +8,10 @@ horizontal flip, and deliver uint8 batches of the same size:
   ``RandomResizedCrop`` with torchvision's parameters and PIL bilinear resize of
   the crop box, flip, ``PILToTensor``), written here without torchvision.
 * ``dl-cv2``: DataLoader over a Dataset doing exactly the feeder's per-sample
-  work (``feeder._decode.decode_image`` with the same reduced-scale hint, the
-  same compiled transform chain writing into a preallocated array). Comparing it
-  with the feeder isolates the engine from the decoder.
+  work: ``feeder._work.SampleWork``, the object the engine's own steps call
+  (the same reduced-scale decode, the same compiled transform chain writing into
+  a preallocated array). Comparing it with the feeder isolates the engine from
+  the decoder.
 * ``feeder``: :class:`feeder.Feeder` itself.
 
 DataLoader settings are the fair ones for a CPU run: ``pin_memory=False`` on CPU,
@@ -30,9 +31,9 @@ import torch
 
 from .. import Feeder, ImageFolder, ops
 from .._augment import Chain
-from .._decode import DEFAULT_MAX_PIXELS, DecodeBuffers, buffer_of, decode_image
+from .._sample import DEFAULT_MAX_PIXELS
+from .._work import SampleWork
 from .._rng import sample_key
-from ..ops import SampleContext
 
 CROP = 224  # RandomResizedCrop output side, as in ImageNet training
 
@@ -135,52 +136,13 @@ class PILDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1), self.labels[index]
 
 
-class _Sample:
-    """Stands in for the engine's ``Task`` in the decoder's calls: the chain's
-    hint reads ``key`` and leaves the sample's ``ctx`` (full size, drawn crop)."""
-
-    __slots__ = ("key", "ctx")
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        self.ctx: SampleContext | None = None
-
-
-class SampleWork:
-    """The feeder's per-sample work, outside the engine: decode with the chain's
-    reduced-scale hint into reused memory, then run the compiled chain into ``out``.
-
-    It makes the same calls as ``Decoder.process`` and ``Augmenter.process``
-    (feeder/_decode.py, feeder/_augment.py); when those change, this is the one
-    place in the benchmarks to follow them. Not thread-safe: one per thread or process.
-
-    Args:
-        transform_list: Transforms (default :func:`transforms`).
-        max_pixels: Decompression-bomb limit, as the feeder's.
-    """
-
-    def __init__(self, transform_list: list[Any] | None = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
-        self.chain = Chain(transform_list if transform_list is not None else transforms(), None)
-        self.hint = self.chain.hint
-        self.image_size = self.chain.image_size
-        self.max_pixels = max_pixels
-        self.buffers = DecodeBuffers()
-
-    def decode(self, data: bytes, key: int) -> tuple[np.ndarray, SampleContext]:
-        """Decode ``data``; returns the image and its context for :meth:`transform`."""
-        sample = _Sample(key)
-        img, size = decode_image(data, self.max_pixels, self.hint, sample, self.buffers)
-        return img, sample.ctx if sample.ctx is not None else SampleContext(size)
-
-    def transform(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
-        """Run the chain on a decoded image into ``out``; recycles the decode memory."""
-        self.chain.run(img, key, ctx, out)
-        self.buffers.give(buffer_of(img))
-
-    def __call__(self, data: bytes, key: int, out: np.ndarray) -> None:
-        img, ctx = self.decode(data, key)
-        self.transform(img, key, ctx, out)
+def sample_work(transform_list: list[Any] | None = None,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> SampleWork:
+    """The feeder's own per-sample work (``feeder._work.SampleWork``, the very object
+    the engine's decode and augment steps call), for ``transform_list`` (default
+    :func:`transforms`)."""
+    return SampleWork(Chain(transform_list if transform_list is not None else transforms(), None),
+                      max_pixels)
 
 
 class FeederWorkDataset(torch.utils.data.Dataset):
@@ -200,7 +162,7 @@ class FeederWorkDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0) -> None:
         self.source = ImageFolder(root)
-        self.work = SampleWork(transform_list)
+        self.work = sample_work(transform_list)
         self.seed = seed
         self.epoch = 0
 

@@ -20,7 +20,7 @@ from .. import ImageFolder
 from .._rng import sample_key
 from .._threads import auto_threads, available_cores
 from . import report
-from .loaders import SampleWork, full_decode_transforms, transforms
+from .loaders import sample_work, full_decode_transforms, transforms
 from .measure import RunResult, run_child
 from .report import median
 
@@ -39,7 +39,7 @@ COLUMNS = [
 def output_difference(root: str, samples: int = 16) -> dict[str, float]:
     """Mean and max absolute pixel difference between scaled and full decode, same crops."""
     source = ImageFolder(root)
-    scaled, full = SampleWork(transforms()), SampleWork(full_decode_transforms())
+    scaled, full = sample_work(transforms()), sample_work(full_decode_transforms())
     h, w = scaled.image_size
     a, b = np.empty((h, w, 3), np.uint8), np.empty((h, w, 3), np.uint8)
     diffs, maxes, reduced = [], [], 0
