@@ -11,7 +11,7 @@
 """
 
 from . import ops
-from ._feeder import Feeder
+from ._feeder import BatchInfo, Feeder
 from ._rng import SampleRNG
 from ._stats import QueueStats, StageStats, Stats
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, SampleError, StageError,
@@ -19,6 +19,7 @@ from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, 
 from .sources import FileList, ImageFolder, Source
 
 __all__ = [
+    "BatchInfo",
     "ConfigError",
     "DecodeError",
     "Feeder",

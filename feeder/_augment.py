@@ -48,7 +48,7 @@ class _Callable(Transform):
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
 
 
-def _image_size(value: Any) -> tuple[int, int]:
+def image_size_pair(value: Any) -> tuple[int, int]:
     """``image_size`` as (height, width), two positive ints.
 
     Raises:
@@ -98,7 +98,7 @@ class Chain:
     def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         if image_size is not None:
-            image_size = _image_size(image_size)
+            image_size = image_size_pair(image_size)
         ts: list[Transform] = []
         for t in transforms:
             if isinstance(t, Transform):

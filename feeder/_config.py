@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import torch
 
-from ._decode import DEFAULT_MAX_PIXELS
+from ._augment import image_size_pair
+from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_threads, available_cores
 
 _ON_ERROR = ("raise", "skip")
@@ -66,74 +70,138 @@ def parse_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
+    """A Feeder option: its default and the check that validates (and resolves) a value."""
+    return field(default=default, metadata={"check": check})
+
+
+def _positive_int(name: str, value: object) -> int:
+    return _positive(name, value)
+
+
+def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
+    def check(name: str, value: object) -> Any:
+        return value if value == "auto" else _threads(name, value, 0, minimum)
+    return check
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    def check(name: str, value: object) -> str:
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        return value  # type: ignore[return-value]
+    return check
+
+
+def _optional_count(name: str, value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
+    return value
+
+
+def _dtype(name: str, value: object) -> torch.dtype | None:
+    if value is not None and value not in _DTYPES:
+        raise ValueError(f"{name} must be None, torch.uint8 or a floating dtype (float16, bfloat16, "
+                         f"float32, float64), got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _normalize(name: str, value: object) -> Any:
+    if value is None:
+        return None
+    try:
+        mean, std = value  # type: ignore[misc]
+        mean = tuple(float(m) for m in mean)
+        std = tuple(float(s) for s in std)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}") from exc
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}")
+    if any(s == 0 or not math.isfinite(s) for s in std):
+        raise ValueError(f"{name}: std must be finite and non-zero, got {std}")
+    if not all(math.isfinite(m) for m in mean):
+        raise ValueError(f"{name}: mean must be finite, got {mean}")
+    return mean, std
+
+
+def _seed(name: str, value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value < 2**64):  # keys fold the seed to 64 bits
+        raise ValueError(f"{name} must be None or an int in [0, 2**64), got {value!r}")
+    return value
+
+
+def _optional_rank(name: str, value: object) -> int | None:
+    minimum = 1 if name == "world_size" else 0
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"need 0 <= rank < world_size, got {name}={value!r}")
+    return value
+
+
+def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
+    return None if value is None else image_size_pair(value)
+
+
+def _any(name: str, value: object) -> object:
+    return value
+
+
 @dataclass(frozen=True)
 class Config:
-    """Validated feeder settings (``"auto"`` already resolved). See :class:`feeder.Feeder`."""
+    """Every Feeder option, declared once: its name, default and check. ``Feeder``'s
+    signature, its validation and :data:`DEFAULTS` are derived from these fields.
+    Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
 
-    batch_size: int
-    decode_threads: int
-    augment_threads: int
-    queue_size: int
-    device: torch.device
-    dtype: torch.dtype | None
-    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None
-    shuffle: bool
-    drop_last: bool
-    ordered: bool
-    on_error: str
-    max_skipped: int | None
-    max_pixels: int
-    timeout: float | None
-    exif_orientation: bool
+    batch_size: int = _option(None, _positive_int)
+    decode_threads: int | str = _option("auto", _threads_auto(1))
+    augment_threads: int | str = _option("auto", _threads_auto(0))
+    queue_size: int = _option(4, _positive_int)
+    device: torch.device = _option("cpu", lambda name, v: parse_device(v))
+    dtype: torch.dtype | None = _option(None, _dtype)
+    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
+    shuffle: bool = _option(True, _flag)
+    seed: int | None = _option(None, _seed)
+    drop_last: bool = _option(False, _flag)
+    ordered: bool = _option(True, _flag)
+    on_error: str = _option("raise", _choice(*_ON_ERROR))
+    max_skipped: int | None = _option(None, _optional_count)
+    rank: int | None = _option(None, _optional_rank)
+    world_size: int | None = _option(None, _optional_rank)
+    image_size: tuple[int, int] | None = _option(None, _image_size_option)
+    max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive_int)
+    timeout: float | None = _option(None, lambda name, v: _timeout(v))
+    exif_orientation: bool = _option(False, _flag)
 
     @classmethod
-    def build(cls, *, batch_size, decode_threads, augment_threads, queue_size, device, dtype,
-              normalize, shuffle, drop_last, ordered, on_error, max_skipped, max_pixels,
-              timeout, exif_orientation) -> "Config":
+    def build(cls, **options: Any) -> "Config":
+        """Check every option (unknown names are a TypeError, as for any call) and
+        resolve the ones that depend on others or on the machine."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}; "
+                            f"the options are: {', '.join(known)}")
+        values = {name: f.metadata["check"](name, options.get(name, f.default))
+                  for name, f in known.items()}
         auto_decode, auto_augment = auto_threads(available_cores())
-        if on_error not in _ON_ERROR:
-            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-        if max_skipped is not None and (isinstance(max_skipped, bool) or not isinstance(max_skipped, int)
-                                        or max_skipped < 0):
-            raise ValueError(f"max_skipped must be None or an int >= 0, got {max_skipped!r}")
-        if dtype is not None and dtype not in _DTYPES:
-            raise ValueError(f"dtype must be None, torch.uint8 or a floating dtype (float16, bfloat16, "
-                             f"float32, float64), got {dtype!r}")
-        if normalize is not None:
-            try:
-                mean, std = normalize
-                mean = tuple(float(m) for m in mean)
-                std = tuple(float(s) for s in std)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"normalize must be (mean, std) with 3 values each, got {normalize!r}") from exc
-            if len(mean) != 3 or len(std) != 3:
-                raise ValueError(f"normalize must be (mean, std) with 3 values each, got {normalize!r}")
-            if any(s == 0 or not math.isfinite(s) for s in std):
-                raise ValueError(f"normalize: std must be finite and non-zero, got {std}")
-            if not all(math.isfinite(m) for m in mean):
-                raise ValueError(f"normalize: mean must be finite, got {mean}")
-            normalize = (mean, std)
+        if values["decode_threads"] == "auto":
+            values["decode_threads"] = auto_decode
+        if values["augment_threads"] == "auto":
+            values["augment_threads"] = auto_augment
+        dtype = values["dtype"]
+        if values["normalize"] is not None:
             if dtype is None:
                 dtype = torch.float32
-        if dtype is not None and normalize is not None and not dtype.is_floating_point:
-            raise ValueError(f"normalize needs a floating dtype, got {dtype}")
-        return cls(
-            batch_size=_positive("batch_size", batch_size),
-            decode_threads=_threads("decode_threads", decode_threads, auto_decode),
-            augment_threads=_threads("augment_threads", augment_threads, auto_augment, minimum=0),
-            queue_size=_positive("queue_size", queue_size),
-            device=parse_device(device),
-            dtype=None if dtype == torch.uint8 else dtype,
-            normalize=normalize,
-            shuffle=_flag("shuffle", shuffle),
-            drop_last=_flag("drop_last", drop_last),
-            ordered=_flag("ordered", ordered),
-            on_error=on_error,
-            max_skipped=max_skipped,
-            max_pixels=_positive("max_pixels", max_pixels),
-            timeout=_timeout(timeout),
-            exif_orientation=_flag("exif_orientation", exif_orientation),
-        )
+            elif not dtype.is_floating_point:
+                raise ValueError(f"normalize needs a floating dtype, got {dtype}")
+        values["dtype"] = None if dtype == torch.uint8 else dtype
+        if (values["rank"] is None) != (values["world_size"] is None):
+            raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
+                             f"world_size={values['world_size']})")
+        if values["rank"] is not None and values["rank"] >= values["world_size"]:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
+                             f"world_size={values['world_size']}")
+        return cls(**values)
 
     # Queue capacities. Each pool needs a few items queued per thread so a
     # thread never idles between items; more only adds latency and memory.
@@ -163,7 +231,12 @@ class Config:
         return self.queue_size + filling + 2
 
 
-DEFAULTS = dict(decode_threads="auto", augment_threads="auto", queue_size=4, device="cpu",
-                dtype=None, normalize=None, shuffle=True, drop_last=False, ordered=True,
-                on_error="raise", max_skipped=None, max_pixels=DEFAULT_MAX_PIXELS, timeout=None,
-                exif_orientation=False)
+# The options' defaults, derived from the table above.
+DEFAULTS = {f.name: f.default for f in fields(Config) if f.name != "batch_size"}
+
+
+def signature_parameters() -> list[inspect.Parameter]:
+    """The options as keyword-only parameters (for ``Feeder.__init__.__signature__``)."""
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                              annotation=f.type)
+            for f in fields(Config) if f.name != "batch_size"]

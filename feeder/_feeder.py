@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ import torch
 from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
-from ._config import DEFAULTS, Config
+from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._sampler import num_batches, shard_size
@@ -173,6 +175,23 @@ class _Engine:
         self._limits_held = False
 
 
+@dataclass(frozen=True)
+class BatchInfo:
+    """Which samples a delivered batch holds (``Feeder.last_batch``).
+
+    Attributes:
+        epoch: The epoch of the pass that delivered it.
+        number: Its position among that pass's batches (0, 1, ...).
+        indices: int64 CPU tensor ``[B]``: the source index of each sample, in the
+            batch's order (so ``labels[i]`` is the label of ``source`` sample
+            ``indices[i]``).
+    """
+
+    epoch: int
+    number: int
+    indices: torch.Tensor
+
+
 class Feeder:
     """Feeds batches of images to a training loop from one process, with thread pools.
 
@@ -230,42 +249,28 @@ class Feeder:
     decoded images in flight: one per decode thread with ``augment_threads=0``,
     else up to ``decode_threads + 5 * augment_threads``.
 
+    ``feeder.last_batch`` (a :class:`BatchInfo`) says which source samples the
+    last batch ``next()`` returned holds, its epoch and its number in the epoch.
+
     One pass at a time: ``iter(feeder)`` stops an unfinished pass, whose iterator
     then raises a :class:`~feeder.FeederError` saying so. One iterator may be
     shared by several threads (each batch goes to one of them; all see the end).
     ``close()`` may be called from any thread.
     """
 
-    def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (), *,
-                 decode_threads: int | str = DEFAULTS["decode_threads"],
-                 augment_threads: int | str = DEFAULTS["augment_threads"],
-                 queue_size: int = DEFAULTS["queue_size"],
-                 device: str | torch.device = DEFAULTS["device"],
-                 dtype: torch.dtype | None = DEFAULTS["dtype"],
-                 normalize: tuple[Sequence[float], Sequence[float]] | None = DEFAULTS["normalize"],
-                 shuffle: bool = DEFAULTS["shuffle"], seed: int | None = None,
-                 drop_last: bool = DEFAULTS["drop_last"], ordered: bool = DEFAULTS["ordered"],
-                 on_error: str = DEFAULTS["on_error"], max_skipped: int | None = DEFAULTS["max_skipped"],
-                 rank: int | None = None, world_size: int | None = None,
-                 image_size: tuple[int, int] | None = None,
-                 max_pixels: int = DEFAULTS["max_pixels"],
-                 timeout: float | None = DEFAULTS["timeout"],
-                 exif_orientation: bool = DEFAULTS["exif_orientation"]) -> None:
+    def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),
+                 **options: Any) -> None:
+        # The options (keyword-only), their defaults and checks are declared once,
+        # in _config.Config; the signature below is derived from it.
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
-        self.config = Config.build(
-            batch_size=batch_size, decode_threads=decode_threads, augment_threads=augment_threads,
-            queue_size=queue_size, device=device, dtype=dtype, normalize=normalize, shuffle=shuffle,
-            drop_last=drop_last, ordered=ordered, on_error=on_error, max_skipped=max_skipped,
-            max_pixels=max_pixels, timeout=timeout, exif_orientation=exif_orientation)
+        self.config = cfg = Config.build(batch_size=batch_size, **options)
         self.source = source
-        self.chain = Chain(list(transforms), image_size, self.config.max_pixels)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
-                                 or not 0 <= seed < 2**64):  # keys fold the seed to 64 bits
-            raise ValueError(f"seed must be None or an int in [0, 2**64), got {seed!r}")
-        self.rank, self.world_size = _shard(rank, world_size)
-        self.seed = seed if seed is not None else _default_seed(self.world_size)
+        self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels)
+        self.rank, self.world_size = _shard(cfg.rank, cfg.world_size)
+        self.seed = cfg.seed if cfg.seed is not None else _default_seed(self.world_size)
+        self.last_batch: BatchInfo | None = None
         self._next_epoch = 0
         self._engine = _Engine(self.config, source, self.chain)
         # Stops the engine when an unclosed feeder is collected (see _reaper).
@@ -411,6 +416,7 @@ class _PassIterator:
             images.record_stream(stream)
             labels.record_stream(stream)
         book.delivered(images.shape[0])
+        self._feeder.last_batch = BatchInfo(run.epoch, item.number, torch.from_numpy(item.indices))
         return images, labels
 
     def _get(self, run: Pass, t0: float) -> Any:
@@ -515,15 +521,20 @@ def _default_seed(world_size: int) -> int:
 
 
 def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    if rank is None or world_size is None:
-        raise ValueError(f"give both rank and world_size, or neither (got rank={rank}, "
-                         f"world_size={world_size})")
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
-            and 0 <= rank < world_size):
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return rank, world_size
+    """This process's (rank, world_size): as given (checked by Config), else from
+    ``torch.distributed`` when it is initialized, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+     inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Source),
+     inspect.Parameter("batch_size", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+     inspect.Parameter("transforms", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=(),
+                       annotation=Sequence[Any]),
+     *signature_parameters()])
