@@ -48,7 +48,7 @@ class Channel:
     """
 
     __slots__ = ("name", "maxsize", "_low_water", "_items", "_lock", "_not_empty", "_not_full",
-                 "_closed", "puts", "max_depth", "depth_sum", "_getters", "_putters")
+                 "_closed", "puts", "max_depth", "depth_sum", "_getters", "_putters", "_count_lock")
 
     def __init__(self, name: str, maxsize: int) -> None:
         if maxsize < 1:
@@ -69,6 +69,9 @@ class Channel:
         # Threads waiting (or about to) in get/put; see the note above put().
         self._getters = 0
         self._putters = 0
+        # Several producers update the counters: ``+=`` is not atomic under the GIL,
+        # so they have a lock of their own (a C lock: no Python code per put).
+        self._count_lock = threading.Lock()
         self.puts = 0
         self.max_depth = 0
         self.depth_sum = 0
@@ -99,10 +102,11 @@ class Channel:
             items.clear()
             raise Closed(self.name)
         depth = len(items)
-        self.puts += 1
-        self.depth_sum += depth
-        if depth > self.max_depth:
-            self.max_depth = depth
+        with self._count_lock:
+            self.puts += 1
+            self.depth_sum += depth
+            if depth > self.max_depth:
+                self.max_depth = depth
         if self._getters:
             with self._lock:
                 self._not_empty.notify()
