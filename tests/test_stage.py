@@ -1,0 +1,241 @@
+"""Each stage built and driven alone: real channels, a stand-in control, no pass."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from feeder._batch import Batch, BufferPool, Collator, Scratch
+from feeder._queue import END, Channel
+from feeder._sample import Task
+from feeder._sampler import Sampler
+from feeder._stage import MapStage, Step
+from feeder._transfer import Converter, Delivery, Transfer
+
+TIMEOUT = 10.0
+
+
+class Control:
+    """Records what the stages ask of the pipeline."""
+
+    def __init__(self):
+        self.stop = False
+        self.failures: list[BaseException] = []
+        self.failed_samples: list[tuple[str, int, str]] = []
+        self.started: list[str] = []
+        self.exited: list[str] = []
+        self._lock = threading.Lock()
+
+    def stopped(self):
+        return self.stop
+
+    def fail(self, error):
+        self.failures.append(error)
+
+    def sample_failed(self, step, task, exc, c):
+        with self._lock:
+            self.failed_samples.append((step, task.index, type(exc).__name__))
+
+    def thread_started(self, stage, c):
+        with self._lock:
+            self.started.append(stage)
+
+    def thread_exited(self, stage, c):
+        with self._lock:
+            self.exited.append(stage)
+
+
+def drain_channel(ch: Channel) -> list:
+    """Everything up to and including END (each get bounded by TIMEOUT)."""
+    out = []
+    while True:
+        item = ch.get(timeout=TIMEOUT)
+        out.append(item)
+        if item is END:
+            return out
+
+
+def join(stage) -> None:
+    for t in stage.threads:
+        t.join(TIMEOUT)
+    assert not any(t.is_alive() for t in stage.threads)
+
+
+class Item:
+    def __init__(self, index):
+        self.index = index
+        self.value = index
+
+
+def test_map_stage_runs_its_steps_on_every_item_once_across_threads():
+    control = Control()
+    inbox, outbox = Channel("in", 4), Channel("out", 100)
+
+    def double(item):
+        item.value *= 2
+        return item
+
+    def plus_one(item):
+        item.value += 1
+        return item
+
+    stage = MapStage("work", 3, (Step("double", double), Step("plus", plus_one)), control, inbox, outbox)
+    stage.start()
+    for i in range(50):
+        inbox.put(Item(i))
+    inbox.put(END)
+    out = drain_channel(outbox)
+    join(stage)
+    assert out[-1] is END and END not in out[:-1]
+    assert sorted(item.value for item in out[:-1]) == [2 * i + 1 for i in range(50)]
+    assert control.started == ["work"] * 3 and sorted(control.exited) == ["work"] * 3
+    assert sum(c.items for c in stage.counters) == 50 and not control.failures
+
+
+def test_map_stage_reports_a_failing_step_by_name_and_goes_on():
+    control = Control()
+    inbox, outbox = Channel("in", 4), Channel("out", 100)
+
+    def read(item):
+        if item.index == 3:
+            raise OSError("unreadable")
+        return item
+
+    def decode(item):
+        if item.index == 5:
+            raise ValueError("corrupt")
+        return None if item.index == 7 else item  # 7: consumed, nothing to send
+
+    stage = MapStage("decode", 2, (Step("read", read), Step("decode", decode)), control, inbox, outbox)
+    stage.start()
+    for i in range(10):
+        inbox.put(Item(i))
+    inbox.put(END)
+    out = drain_channel(outbox)
+    join(stage)
+    assert sorted(item.index for item in out[:-1]) == [0, 1, 2, 4, 6, 8, 9]
+    assert sorted(control.failed_samples) == [("decode", 5, "ValueError"), ("read", 3, "OSError")]
+
+
+def test_inline_step_is_timed_as_its_own_stage():
+    control = Control()
+    inbox, outbox = Channel("in", 4), Channel("out", 100)
+    in_inline = threading.Event()
+    go_on = threading.Event()
+
+    def slow_inline(item):
+        in_inline.set()
+        assert go_on.wait(TIMEOUT)
+        return item
+
+    stage = MapStage("decode", 1, (Step("decode", lambda x: x), Step("augment", slow_inline, inline=True)),
+                     control, inbox, outbox)
+    stage.start()
+    inbox.put(Item(0))
+    assert in_inline.wait(TIMEOUT)
+    c = stage.counters[0]
+    assert c.waiting == c.INLINE and c.current[:2] == ("augment", 0)
+    go_on.set()
+    inbox.put(END)
+    drain_channel(outbox)
+    join(stage)
+    assert c.inline_items == 1 and c.inline_s > 0
+
+
+def test_first_step_must_be_the_stages_own():
+    with pytest.raises(ValueError, match="first step"):
+        MapStage("x", 1, (Step("augment", id, inline=True),), Control(), Channel("a", 1), Channel("b", 1))
+
+
+def test_sampler_dispatches_tasks_in_order_with_buffers_owned_by_its_pass():
+    control = Control()
+    pool = BufferPool(8, 3, 2, 2, pin=False)
+    owner = object()
+    tasks, collate = Channel("decode", 100), Channel("collate", 10)
+    sampler = Sampler(control, lambda: [9, 4, 7, 1, 0, 5, 3], 3, pool, owner, Scratch(2, 2), 4,
+                      tasks, collate)
+    sampler.start()
+    out = drain_channel(tasks)
+    join(sampler)
+    got = out[:-1]
+    assert [t.index for t in got] == [9, 4, 7, 1, 0, 5, 3]
+    assert [(t.batch.index, t.slot) for t in got] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert all(isinstance(t, Task) for t in got)
+    buffers = {id(t.batch.buffer) for t in got}
+    assert len(buffers) == 3 and len(pool.owned_by(owner)) == 3  # the ledger knows whose they are
+    assert control.exited == ["sampler"] and not control.failures
+
+
+def test_sampler_stops_waiting_for_a_buffer_when_stopped():
+    control = Control()
+    pool = BufferPool(1, 1, 1, 1, pin=False)
+    held = pool.acquire(lambda: False)  # the only buffer: the sampler must wait
+    tasks, collate = Channel("decode", 100), Channel("collate", 10)
+    sampler = Sampler(control, lambda: [0, 1], 1, pool, object(), Scratch(1, 1), 1, tasks, collate)
+    sampler.start()
+    first = tasks.get(timeout=TIMEOUT)  # dispatched ahead of its buffer
+    assert first.index == 0 and first.batch.buffer is None
+    control.stop = True
+    join(sampler)
+    assert control.exited == ["sampler"] and not control.failures
+    pool.release(held)
+
+
+def _completed_batch(pool, index, indices, labels):
+    buf = pool.acquire(lambda: False)
+    b = Batch(index, buf, len(indices))
+    for slot, (i, y) in enumerate(zip(indices, labels)):
+        buf.images[slot] = y
+        buf.labels[slot] = y
+        buf.indices[slot] = i
+    return b
+
+
+def test_transfer_sequences_batches_and_delivers_their_sample_indices():
+    control = Control()
+    pool = BufferPool(8, 2, 1, 1, pin=False)
+    inbox, outbox = Channel("collate", 10), Channel("output", 10)
+    collator = Collator(2, ordered=True, drop_last=False, release=pool.release)
+    device = torch.device("cpu")
+    transfer = Transfer(control, collator, pool, device, Converter(torch.float32, None, device), inbox, outbox)
+    transfer.start()
+    inbox.put(_completed_batch(pool, 1, [30, 31], [3, 4]))  # out of order: waits for batch 0
+    inbox.put(_completed_batch(pool, 0, [10, 11], [1, 2]))
+    inbox.put(END)
+    out = drain_channel(outbox)
+    join(transfer)
+    deliveries = out[:-1]
+    assert all(isinstance(d, Delivery) for d in deliveries)
+    assert [d.number for d in deliveries] == [0, 1]
+    assert [list(d.indices) for d in deliveries] == [[10, 11], [30, 31]]
+    assert [d.labels.tolist() for d in deliveries] == [[1, 2], [3, 4]]
+    assert deliveries[0].images.dtype == torch.float32
+    assert np.isclose(float(deliveries[0].images[1, 0, 0, 0]), 2 / 255)
+    assert pool.count("free") == 2  # converted batches are copies: both buffers came back
+
+
+def test_transfer_moves_indices_with_samples_when_filling_holes():
+    control = Control()
+    pool = BufferPool(8, 3, 1, 1, pin=False)
+    inbox, outbox = Channel("collate", 10), Channel("output", 10)
+    collator = Collator(3, ordered=True, drop_last=False, release=pool.release)
+    device = torch.device("cpu")
+    transfer = Transfer(control, collator, pool, device, Converter(torch.float32, None, device), inbox, outbox)
+    transfer.start()
+    a = _completed_batch(pool, 0, [5, 6, 7], [50, 60, 70])
+    a.holes.append(1)  # sample 6 was skipped
+    inbox.put(a)
+    b = _completed_batch(pool, 1, [8, 9, 10], [80, 90, 100])
+    b.holes.append(0)  # sample 8 was skipped
+    inbox.put(b)
+    inbox.put(_completed_batch(pool, 2, [11, 12, 13], [110, 120, 130]))
+    inbox.put(END)
+    out = drain_channel(outbox)
+    join(transfer)
+    got = [([int(i) for i in d.indices], d.labels.tolist()) for d in out[:-1]]
+    # Batch 0's survivors are topped up from batch 1; batch 2 passes through whole;
+    # what is left of batch 1 ends the pass. Each index travels with its label.
+    assert got == [([5, 7, 9], [50, 70, 90]), ([11, 12, 13], [110, 120, 130]), ([10], [100])]
