@@ -357,7 +357,7 @@ class _PassIterator:
         self._feeder = feeder  # keeps the feeder alive while a pass is iterated
         self._run = run
         self._book = run.book
-        self._cuda = run.device.type == "cuda"
+        self._cuda = run.cfg.device.type == "cuda"
         self._timeout = feeder.config.timeout
         self._warned: set[int] = set()  # stuck samples already named in a warning
         # Threads that have been given the pass's error: each learns it once, and
@@ -409,7 +409,7 @@ class _PassIterator:
         if item.lent is not None:
             pool.claim(item.lent)
         if self._cuda:
-            stream = torch.cuda.current_stream(run.device)
+            stream = torch.cuda.current_stream(run.cfg.device)
             stream.wait_event(item.event)
             # See _transfer.py: keep the caching allocator from reusing these
             # blocks while the consumer's stream may still read them.

@@ -119,12 +119,10 @@ class Pass:
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
                  world_size: int) -> None:
         self.cfg = cfg
-        self.source = source
-        self.work = work
+        self.source, self.work = source, work  # what failed samples are named and recycled with
         self.pool = pool
         self.book = book
         self.epoch = epoch
-        self.device = cfg.device
         self.error: BaseException | None = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -153,8 +151,7 @@ class Pass:
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (
-            Sampler(self, order, cfg.batch_size, pool, self, scratch, 4 * cfg.decode_threads,
-                    inboxes[0], self.ready),
+            Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready),
             *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
               for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
             Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device),

@@ -67,21 +67,18 @@ class Sampler(Stage):
         batch_size: Samples per batch.
         pool: Where batch buffers come from; ``owner`` is recorded as their holder.
         scratch: One-sample arrays for samples finished before their batch has a buffer.
-        ahead: Samples dispatched before their batch has a buffer.
         outbox: Where the tasks go (the first map stage's inbox).
         collate: Where a batch goes when binding its buffer completes it (every
             sample dispatched before the binding already failed).
     """
 
     def __init__(self, control: Control, order: Callable[[], list[int]], batch_size: int, pool: BufferPool,
-                 owner: object, scratch: Scratch, ahead: int, outbox: Channel, collate: Channel) -> None:
+                 owner: object, scratch: Scratch, outbox: Channel, collate: Channel) -> None:
         super().__init__("sampler", 1, control, None, outbox)
         self.order = order
         self.batch_size = batch_size
-        self.pool = pool
-        self.owner = owner
+        self.pool, self.owner = pool, owner  # buffers are taken on the owner's behalf
         self.scratch = scratch
-        self.ahead = ahead
         self.collate = collate
 
     def work(self, c: Counters) -> None:
@@ -103,7 +100,9 @@ class Sampler(Stage):
                 # No buffer yet: start the batch anyway; its first samples wait in
                 # scratch arrays until the buffer is bound.
                 batch = Batch(b, None, len(indices))
-                first = min(self.ahead, len(indices))
+                # As many as the task queue holds: enough to keep every decode
+                # thread busy while the training loop hands its batch back.
+                first = min(tasks.maxsize, len(indices))
                 for slot in range(first):
                     self.put(c, tasks, Task(batch, slot, indices[slot]))
                 c.begin_wait(2)  # waiting for a free buffer: downstream is behind

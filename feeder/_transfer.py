@@ -23,6 +23,9 @@ CUDA reasoning, in one place:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -33,21 +36,18 @@ from ._stage import Control, Counters, Stage
 from .errors import FeederError
 
 
+@dataclass(slots=True)
 class Delivery:
     """A batch ready for the consumer: ``event`` is set for CUDA batches, ``lent``
     for a CPU batch that is a view of a pool buffer; ``indices`` are the source
     indices of its samples and ``number`` its position among the pass's batches."""
 
-    __slots__ = ("images", "labels", "indices", "number", "event", "lent")
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, indices: np.ndarray, number: int,
-                 event, lent: BatchBuffer | None = None) -> None:
-        self.images = images
-        self.labels = labels
-        self.indices = indices
-        self.number = number
-        self.event = event
-        self.lent = lent
+    images: torch.Tensor
+    labels: torch.Tensor
+    indices: np.ndarray
+    number: int
+    event: Any
+    lent: BatchBuffer | None = None
 
 
 class Failure:
@@ -112,11 +112,10 @@ class Transfer(Stage):
         self.pool = pool
         self.device = device
         self.convert = convert
-        self.cuda = device.type == "cuda"
         self.delivered = 0
 
     def work(self, c: Counters) -> None:
-        if self.cuda:
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             self.stream = torch.cuda.Stream(self.device)
         collator = self.collator
@@ -139,7 +138,7 @@ class Transfer(Stage):
         number = self.delivered
         self.delivered += 1
         indices = buf.indices[:n].copy()
-        if self.cuda:
+        if self.device.type == "cuda":
             self._deliver_cuda(buf, n, indices, number, c)
             return
         labels = torch.from_numpy(buf.labels[:n].copy())

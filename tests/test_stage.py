@@ -155,8 +155,7 @@ def test_sampler_dispatches_tasks_in_order_with_buffers_owned_by_its_pass():
     pool = BufferPool(8, 3, 2, 2, pin=False)
     owner = object()
     tasks, collate = Channel("decode", 100), Channel("collate", 10)
-    sampler = Sampler(control, lambda: [9, 4, 7, 1, 0, 5, 3], 3, pool, owner, Scratch(2, 2), 4,
-                      tasks, collate)
+    sampler = Sampler(control, lambda: [9, 4, 7, 1, 0, 5, 3], 3, pool, owner, Scratch(2, 2), tasks, collate)
     sampler.start()
     out = drain_channel(tasks)
     join(sampler)
@@ -174,7 +173,7 @@ def test_sampler_stops_waiting_for_a_buffer_when_stopped():
     pool = BufferPool(1, 1, 1, 1, pin=False)
     held = pool.acquire(lambda: False)  # the only buffer: the sampler must wait
     tasks, collate = Channel("decode", 100), Channel("collate", 10)
-    sampler = Sampler(control, lambda: [0, 1], 1, pool, object(), Scratch(1, 1), 1, tasks, collate)
+    sampler = Sampler(control, lambda: [0, 1], 1, pool, object(), Scratch(1, 1), tasks, collate)
     sampler.start()
     first = tasks.get(timeout=TIMEOUT)  # dispatched ahead of its buffer
     assert first.index == 0 and first.batch.buffer is None
