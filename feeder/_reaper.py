@@ -37,6 +37,7 @@ a semaphore, not owned by a thread, so it stays consistent across the fork).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -56,6 +57,8 @@ _calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
 _watched: dict[int, tuple[weakref.ref, Callable[..., Any], tuple]] = {}
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
+_STOP = object()  # tells the reaper thread to return
+_exiting = False
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
@@ -83,7 +86,7 @@ def ensure_running() -> None:
     """Start the reaper thread if it is not running. Not for finalizers (takes locks)."""
     global _thread
     t = _thread
-    if t is not None and t.is_alive():
+    if (t is not None and t.is_alive()) or _exiting:
         return
     with _start_lock:
         if _thread is None or not _thread.is_alive():
@@ -94,6 +97,8 @@ def ensure_running() -> None:
 def _run() -> None:
     while True:
         item = _calls.get()
+        if item is _STOP:
+            return
         if isinstance(item, weakref.ref):
             entry = _watched.pop(id(item), None)
             del item
@@ -111,6 +116,24 @@ def _run() -> None:
         # Drop the references before waiting: an engine held here while the
         # reaper idles would never be freed.
         del fn, args
+
+
+def _stop_at_exit() -> None:
+    """Stop the reaper before the interpreter finalizes. Its last collection frees
+    watched objects, whose clean-up would then run in this daemon thread while
+    Python shuts down: a thread that frees a torch tensor releases the GIL, and
+    taking it back during finalization ends the thread from inside torch's C++
+    code, which aborts the whole process ("terminate called without an active
+    exception"). What is queued after this point is dropped with the process."""
+    global _exiting
+    _exiting = True
+    t = _thread
+    if t is not None and t.is_alive():
+        _calls.put(_STOP)
+        t.join(1.0)
+
+
+atexit.register(_stop_at_exit)
 
 
 def _after_fork_in_child() -> None:

@@ -47,7 +47,7 @@ def run(tree: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
     out = subprocess.run([sys.executable, "-c", CHILD, args.data, str(args.epochs), str(args.batch_size),
                           args.decode_threads, args.augment_threads],
-                         env=env, capture_output=True, text=True, timeout=600, check=True)
+                         env=env, cwd=tree, capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["feeder"].startswith(os.path.abspath(tree)), result["feeder"]
     return result
