@@ -24,19 +24,24 @@ def feeder_threads() -> list[threading.Thread]:
             if t.name.startswith("feeder-") and t.name != "feeder-reaper"]
 
 
+def wait_no_feeder_threads(timeout: float = 2.0) -> list[str]:
+    """Join feeder threads for up to ``timeout`` s; return the names still alive."""
+    deadline = time.monotonic() + timeout
+    # Report the very list that ended the wait: a second look could see a thread
+    # started after it (by a garbage-collected feeder) that was never waited for.
+    alive = feeder_threads()
+    while alive and time.monotonic() < deadline:
+        for t in alive:
+            t.join(timeout=0.02)
+        alive = feeder_threads()
+    return [t.name for t in alive]
+
+
 @pytest.fixture(autouse=True)
 def no_feeder_thread_leak():
     """Fail any test that leaves a feeder thread alive (after a short grace to exit)."""
     yield
-    deadline = time.monotonic() + 2.0
-    # Judge the very list that ended the wait, not a later look that may hold a
-    # thread started since and never waited for.
-    alive = feeder_threads()
-    while alive and time.monotonic() < deadline:
-        for t in alive:
-            t.join(timeout=0.05)
-        alive = feeder_threads()
-    leaked = [t.name for t in alive]
+    leaked = wait_no_feeder_threads(2.0)
     assert not leaked, f"feeder threads left running: {leaked}"
 
 

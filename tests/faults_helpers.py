@@ -1,5 +1,6 @@
-"""Helpers of the fault-tolerance suite: bad-file makers, content
-hashes of delivered samples, polling under a deadline, RSS, and subprocess
+"""Helpers shared by the test files: bad-file makers, content hashes of
+delivered samples, polling under a deadline, a gate that holds pipeline threads
+in user code, Feeder factories with a file's defaults, RSS, and subprocess
 plumbing for the signal and interpreter-exit tests.
 
 Samples are identified by a hash of their pixels, never only by their label:
@@ -24,7 +25,8 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from conftest import encode_jpeg, encode_png, feeder_threads
+from conftest import encode_jpeg, encode_png, feeder_threads, wait_no_feeder_threads  # noqa: F401 - re-exported
+from feeder import Feeder
 from feeder.synthetic import make_image
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -223,19 +225,6 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.005) -> boo
         time.sleep(interval)
 
 
-def wait_no_feeder_threads(timeout: float = 2.0) -> list[str]:
-    """Join feeder threads for up to ``timeout`` s; return the names still alive."""
-    deadline = time.monotonic() + timeout
-    # Report the very list that ended the wait: a second look could see a thread
-    # started after it (by a garbage-collected feeder) that was never waited for.
-    alive = feeder_threads()
-    while alive and time.monotonic() < deadline:
-        for t in alive:
-            t.join(timeout=0.02)
-        alive = feeder_threads()
-    return [t.name for t in alive]
-
-
 def wait_feeder_threads_within(allowed, timeout: float = 2.0) -> set[str]:
     """Wait until every live feeder thread's name is in ``allowed``; return the live names."""
     allowed = set(allowed)
@@ -258,6 +247,67 @@ def stage_waiting(run, stage_name: str, kind: int) -> bool:
     (1: for input, 2: to output or for a free buffer)."""
     stage = next(s for s in run.stages if s.name == stage_name)
     return bool(stage.counters) and all(c.waiting == kind for c in stage.counters)
+
+
+class Gate:
+    """Blocks every caller until released: a transform (``gate(img, rng) -> img``) or,
+    through :meth:`block`, a step of a source's ``read``.
+
+    ``entered`` is set by the first caller, ``callers`` holds the names of the
+    threads that came in, and ``release`` lets them all through.
+
+    Args:
+        timeout: Longest wait of a caller for ``release``, in seconds.
+        fail_on_timeout: Raise AssertionError when the wait runs out (the caller
+            then fails as the user's code would); otherwise return normally.
+    """
+
+    def __init__(self, timeout: float = 30.0, fail_on_timeout: bool = True):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.timeout = timeout
+        self.fail_on_timeout = fail_on_timeout
+        self._callers: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def callers(self) -> frozenset[str]:
+        """A snapshot: the set grows from pipeline threads while the test reads it."""
+        with self._lock:
+            return frozenset(self._callers)
+
+    def block(self) -> None:
+        with self._lock:
+            self._callers.add(threading.current_thread().name)
+        self.entered.set()
+        released = self.release.wait(self.timeout)
+        assert released or not self.fail_on_timeout, "gate never released"
+
+    def __call__(self, img, rng):
+        self.block()
+        return img
+
+
+# -- feeders with a test file's defaults ------------------------------------------------
+
+def feeder_factory(batch_size: int, transforms=(), wrap=None, **defaults):
+    """A ``make(source, transforms=None, **options) -> Feeder`` with a test file's defaults.
+
+    Args:
+        batch_size: Batch size unless a call passes ``batch_size``.
+        transforms: Transforms of a call that passes none (or None).
+        wrap: Applied to each call's ``source`` (e.g. MemorySource, for calls that
+            pass a list of blobs).
+        **defaults: Feeder options unless a call passes them.
+    """
+    default_transforms = transforms
+
+    def make(source, transforms=None, **options) -> Feeder:
+        options = {**defaults, **options}
+        return Feeder(wrap(source) if wrap is not None else source,
+                      options.pop("batch_size", batch_size),
+                      default_transforms if transforms is None else transforms, **options)
+    return make
 
 
 # -- memory ------------------------------------------------------------------------------
@@ -386,7 +436,8 @@ class Child:
 
 
 def consume_in_thread(f):
-    """Start next() on a fresh pass in a thread; returns (thread, result list)."""
+    """Start next() in a thread on a fresh pass of feeder ``f`` (or on ``f`` itself when it
+    is a pass's iterator); returns (thread, result list)."""
     it = iter(f)
     result: list = []
 

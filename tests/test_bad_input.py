@@ -25,7 +25,7 @@ import simplejpeg
 import feeder._decode as decode_mod
 from conftest import drain, encode_png
 from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
-                            expected_sizes, gray_jpeg, jpeg_with_size, pil_jpeg, cmyk_jpeg, cmyk_to_rgb_reference,
+                            expected_sizes, feeder_factory, gray_jpeg, jpeg_with_size, pil_jpeg, cmyk_jpeg, cmyk_to_rgb_reference,
                             progressive_jpeg, raw_png,
                             png16, png_with_size, ppm_header, random_bytes, reference_hash,
                             smooth_rgb, tiff_header)
@@ -75,10 +75,7 @@ def writer(data: bytes):
     return write
 
 
-def make(src, **kw):
-    kw.setdefault("shuffle", False)
-    kw.setdefault("seed", 3)
-    return Feeder(src, kw.pop("batch_size", B), CROP, **kw)
+make = feeder_factory(batch_size=B, transforms=CROP, shuffle=False, seed=3)
 
 
 # -- files that must fail -------------------------------------------------------------------

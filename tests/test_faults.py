@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
-                            expected_sizes, pixel_hash, reference_hash, thread_blocked_in, wait_feeder_threads_within, wait_until,
+from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
+                            expected_sizes, feeder_factory, pixel_hash, reference_hash, thread_blocked_in, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
-from feeder import Feeder, FeederError, SampleError, TransformError, ops
+from feeder import FeederError, SampleError, TransformError, ops
 from feeder._sampler import epoch_indices
 
 N = 24
@@ -44,10 +44,7 @@ def src(blobs) -> MemorySource:
     return MemorySource(blobs, names=[f"/data/train/{i:03d}.jpg" for i in range(N)])
 
 
-def make(source, transforms, **kw):
-    kw.setdefault("shuffle", False)
-    kw.setdefault("seed", 11)
-    return Feeder(source, kw.pop("batch_size", B), transforms, **kw)
+make = feeder_factory(batch_size=B, shuffle=False, seed=11)
 
 
 class OnSample:
@@ -314,30 +311,6 @@ def test_base_exception_in_worker_fails_the_pass(src, hashes, exc, on_error, aug
 
 # -- a very slow transform / source: the feeder stays responsive ------------------------------------
 
-class Gate:
-    """Blocks every caller until released; ``entered`` is set by the first caller."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.callers: list[str] = []
-        self._lock = threading.Lock()
-
-    def block(self):
-        with self._lock:
-            self.callers.append(threading.current_thread().name)
-        self.entered.set()
-        assert self.release.wait(30), "gate never released"
-
-
-class SlowTransform(Gate):
-    __qualname__ = "SlowTransform"
-
-    def __call__(self, img, rng):
-        self.block()
-        return img
-
-
 class SlowSource(MemorySource):
     def __init__(self, blobs):
         super().__init__(blobs)
@@ -351,7 +324,7 @@ class SlowSource(MemorySource):
 @pytest.mark.parametrize("where", ["transform", "source"])
 def test_close_prompt_while_threads_are_stuck_in_user_code(blobs, where):
     if where == "transform":
-        gate = SlowTransform()
+        gate = Gate()
         f = make(MemorySource(blobs), [gate, ops.CenterCrop(SIDE)], augment_threads=2, decode_threads=2)
     else:
         source = SlowSource(blobs)
@@ -378,7 +351,7 @@ def test_close_prompt_while_threads_are_stuck_in_user_code(blobs, where):
 
 def test_slow_transform_does_not_stall_close_of_a_consumer_waiting(blobs):
     """A training loop blocked in next() behind a slow transform can be closed from another thread."""
-    gate = SlowTransform()
+    gate = Gate()
     f = make(MemorySource(blobs), [gate, ops.CenterCrop(SIDE)], augment_threads=1)
     consumer, result = consume_in_thread(f)
     try:
@@ -471,7 +444,7 @@ def test_never_closed_feeder_is_collected_and_stops(src, cycle):
 
 
 def test_never_closed_feeder_stuck_in_user_code_is_collected(blobs):
-    gate = SlowTransform()
+    gate = Gate()
     f = make(MemorySource(blobs), [gate, ops.CenterCrop(SIDE)], augment_threads=1, decode_threads=2)
     it = iter(f)
     assert gate.entered.wait(10)

@@ -13,15 +13,13 @@ import pytest
 import torch
 
 from conftest import MemorySource, drain, feeder_threads, labels_of
+from faults_helpers import Gate, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
 
 AUG = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
 
 
-def make(source, **kw):
-    kw.setdefault("transforms", AUG)
-    kw.setdefault("seed", 7)
-    return Feeder(source, kw.pop("batch_size", 8), **kw)
+make = feeder_factory(batch_size=8, transforms=AUG, seed=7)
 
 
 # -- shapes and basic contract ---------------------------------------------------
@@ -400,19 +398,6 @@ def test_source_len_broken_is_stage_error():
 
 # -- lifecycle -------------------------------------------------------------------------
 
-class Gate:
-    """A transform that blocks until released (forces every stage to back up)."""
-
-    def __init__(self):
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, img, rng):
-        self.entered.set()
-        self.release.wait(10)
-        return img
-
-
 def test_close_is_prompt_with_every_stage_blocked(source):
     # A consumer that never reads: the output queue fills, the transfer thread
     # blocks on it, the sampler blocks waiting for a free buffer, the pools idle.
@@ -441,7 +426,7 @@ def test_close_is_prompt_with_every_stage_blocked(source):
 
 
 def test_close_from_another_thread_ends_iteration(source):
-    gate = Gate()
+    gate = Gate(timeout=10, fail_on_timeout=False)
     f = make(source, transforms=[gate, ops.CenterCrop(16)])
     it = iter(f)
     got = []
@@ -467,7 +452,7 @@ def _next_or_stop(it):
 
 
 def test_slow_transform_close_still_prompt(source):
-    gate = Gate()
+    gate = Gate(timeout=10, fail_on_timeout=False)
     f = make(source, transforms=[gate, ops.CenterCrop(16)], augment_threads=1)
     it = iter(f)  # held: a dropped iterator would stop its pass
     assert gate.entered.wait(10)

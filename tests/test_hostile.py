@@ -20,7 +20,7 @@ import pytest
 
 import feeder._feeder as feeder_mod
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of
-from faults_helpers import distinct_jpegs, rss_mb
+from faults_helpers import distinct_jpegs, feeder_factory, rss_mb
 from feeder import Feeder, FeederError, FeederTimeoutError, SampleError, ops
 
 SIDE = 32
@@ -31,10 +31,7 @@ def blobs() -> list[bytes]:
     return distinct_jpegs(64, seed=7100, side=SIDE)
 
 
-def make(src, **kw) -> Feeder:
-    kw.setdefault("shuffle", False)
-    kw.setdefault("decode_threads", 2)
-    return Feeder(src, kw.pop("batch_size", 4), [ops.CenterCrop(SIDE)], **kw)
+make = feeder_factory(batch_size=4, transforms=[ops.CenterCrop(SIDE)], shuffle=False, decode_threads=2)
 
 
 def run_in_thread(fn, timeout: float = JOIN_TIMEOUT_S):

@@ -18,10 +18,10 @@ import time
 import pytest
 
 from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, Child, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
-                            reference_hash, stage_waiting, thread_blocked_in, wait_feeder_threads_within,
+from faults_helpers import (SIDE, Child, Gate, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
+                            feeder_factory, reference_hash, stage_waiting, thread_blocked_in, wait_feeder_threads_within,
                             wait_no_feeder_threads, wait_until)
-from feeder import Feeder, FeederError, ops
+from feeder import FeederError, ops
 
 CLOSE_BOUND_S = 1.0  # the documented promise: close() returns within about a second
 
@@ -31,23 +31,7 @@ def blobs() -> list[bytes]:
     return distinct_jpegs(40, seed=300)
 
 
-def make(blobs, transforms=None, **kw):
-    kw.setdefault("seed", 5)
-    return Feeder(MemorySource(blobs), kw.pop("batch_size", 2),
-                  transforms if transforms is not None else [ops.CenterCrop(SIDE)], **kw)
-
-
-class Gate:
-    def __init__(self):
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.callers: set[str] = set()
-
-    def __call__(self, img, rng):
-        self.callers.add(threading.current_thread().name)
-        self.entered.set()
-        assert self.release.wait(30), "gate never released"
-        return img
+make = feeder_factory(batch_size=2, transforms=[ops.CenterCrop(SIDE)], wrap=MemorySource, seed=5)
 
 
 def timed_close(f) -> float:
@@ -91,20 +75,10 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
     waits in next()."""
     gate = Gate()
     f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=augment_threads)
-    consumer_result: list = []
     try:
         it = iter(f)
         run = it._run
-
-        def consume():
-            try:
-                next(it)
-                consumer_result.append("batch")
-            except StopIteration:
-                consumer_result.append("stop")
-
-        consumer = threading.Thread(target=consume, name="test-consumer", daemon=True)
-        consumer.start()
+        consumer, consumer_result = consume_in_thread(it)
 
         def backed_up():
             # Both threads that run the transforms (augment, or decode when inline)
