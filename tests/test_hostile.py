@@ -352,6 +352,37 @@ def test_interpreter_exit_does_not_wait_per_stuck_feeder(tmp_path):
     assert ended - float(line.split()[1]) < 4.0
 
 
+REAPER_AT_EXIT = textwrap.dedent("""
+    import atexit, threading
+    # Registered first, so it runs last of the exit handlers: just before the
+    # interpreter finalizes (its last collection, daemon threads ended).
+    atexit.register(lambda: print("reaper alive at finalization:",
+                                   any(t.name == "feeder-reaper" and t.is_alive()
+                                       for t in threading.enumerate()), flush=True))
+    import sys
+    sys.path.insert(0, {tests!r})
+    from conftest import MemorySource
+    from faults_helpers import distinct_jpegs
+    from feeder import Feeder, ops
+
+    f = Feeder(MemorySource(distinct_jpegs(8, seed=2, side=32)), 4, [ops.CenterCrop(32)])
+    for x, y in f:
+        box = [x]
+        box.append(box)  # a batch view only the final collection frees
+""")
+
+
+def test_no_feeder_thread_runs_clean_up_while_the_interpreter_finalizes(tmp_path):
+    # A clean-up running in a daemon thread during finalization frees torch tensors
+    # there; taking the GIL back then aborts the process from inside torch's C++ code.
+    script = tmp_path / "reaper_exit.py"
+    script.write_text(REAPER_AT_EXIT.format(tests=os.path.dirname(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_mod.__file__)))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "reaper alive at finalization: False" in out.stdout, out.stdout
+
+
 # -- 8. a second pass replaces the first, loudly ---------------------------------------
 
 def test_zip_of_a_feeder_with_itself_raises(blobs):
