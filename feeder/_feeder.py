@@ -143,6 +143,13 @@ class _Engine:
         self.pool.close()
         self.work.buffers.close()
         self.scratch.close()
+        if self.config.device.type == "cuda":
+            # Freed pinned buffers go to torch's caching host allocator, which keeps
+            # them for reuse; give the unused ones back to the system (torch >= 2.9).
+            memory = getattr(getattr(torch, "accelerator", None), "memory", None)
+            empty = getattr(memory, "empty_host_cache", None)
+            if empty is not None:
+                empty()
         with self.lock:
             if self._limits_held:
                 LibraryThreads.release()

@@ -113,16 +113,14 @@ class Channel:
 
     def _wait_for_room(self) -> None:
         with self._lock:
-            while True:
-                if self._closed:
-                    raise Closed(self.name)
-                self._putters += 1
-                try:
-                    if len(self._items) < self.maxsize:
-                        return
+            self._putters += 1  # registered before the last look at the deque (see above)
+            try:
+                while not self._closed and len(self._items) >= self.maxsize:
                     self._not_full.wait(_POLL_S)
-                finally:
-                    self._putters -= 1
+            finally:
+                self._putters -= 1
+            if self._closed:
+                raise Closed(self.name)
 
     def get(self, timeout: float | None = None) -> Any:
         """Remove and return the oldest item, blocking while the channel is empty.

@@ -87,6 +87,8 @@ class Stats:
             the time the model was starved of data.
         elapsed_s: Seconds since the first pass started.
         buffers: Batch buffers allocated.
+        waiting_in_next: Threads of the training loop waiting inside ``next()``
+            right now (a loop stalled on its data shows 1).
     """
 
     stages: tuple[StageStats, ...]
@@ -98,6 +100,7 @@ class Stats:
     elapsed_s: float
     buffers: int
     skipped_paths: tuple[str, ...] = field(default=(), repr=False)
+    waiting_in_next: int = 0
 
     def stage(self, name: str) -> StageStats:
         for s in self.stages:
@@ -268,11 +271,13 @@ class StatsBook:
             for ch in list(self._live_channels):
                 _add_channel(queues, ch)
                 depths[ch.name] = ch.depth()
-            wait = self.consumer_wait_s + sum(max(0.0, now - t) for t in list(self._consumer_waits.values()))
+            waits = list(self._consumer_waits.values())
+            wait = self.consumer_wait_s + sum(max(0.0, now - t) for t in waits)
             samples, batches = self.samples, self.batches
         stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3], t[4])
                        for name, t in totals.items())
         qs = tuple(QueueStats(name, q[0], depths.get(name, 0), q[2] / q[1] if q[1] else 0.0, q[3])
                    for name, q in queues.items())
         elapsed = now - self.started if self.started is not None else 0.0
-        return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped)
+        return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped,
+                     len(waits))

@@ -232,16 +232,6 @@ def wait_feeder_threads_within(allowed, timeout: float = 2.0) -> set[str]:
     return {t.name for t in feeder_threads()}
 
 
-def thread_blocked_in(thread: threading.Thread, *names: str) -> bool:
-    """True when ``thread``'s current Python stack contains every function in ``names``."""
-    frame = sys._current_frames().get(thread.ident)
-    seen = set()
-    while frame is not None:
-        seen.add(frame.f_code.co_name)
-        frame = frame.f_back
-    return all(n in seen for n in names)
-
-
 def stage_waiting(run, stage_name: str, kind: int) -> bool:
     """Every thread of ``stage_name`` in pass ``run`` is blocked in a queue wait of ``kind``
     (1: for input, 2: to output or for a free buffer)."""

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import MemorySource, drain, feeder_threads
 from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
-                            expected_sizes, feeder_factory, pixel_hash, reference_hash, thread_blocked_in, wait_feeder_threads_within, wait_until,
+                            expected_sizes, feeder_factory, pixel_hash, reference_hash, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
 from feeder import FeederError, SampleError, TransformError, ops
 from feeder._sampler import epoch_indices
@@ -333,7 +333,7 @@ def test_close_prompt_while_threads_are_stuck_in_user_code(blobs, where):
     try:
         consumer, result = consume_in_thread(f)
         assert gate.entered.wait(10)
-        assert wait_until(lambda: thread_blocked_in(consumer, "__next__", "get"), 10)
+        assert wait_until(lambda: f.stats().waiting_in_next == 1, 10)
         t0 = time.monotonic()
         f.close()
         took = time.monotonic() - t0

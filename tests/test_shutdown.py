@@ -19,7 +19,7 @@ import pytest
 
 from conftest import MemorySource, drain, feeder_threads
 from faults_helpers import (SIDE, Child, Gate, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
-                            feeder_factory, reference_hash, stage_waiting, thread_blocked_in, wait_feeder_threads_within,
+                            feeder_factory, reference_hash, stage_waiting, wait_feeder_threads_within,
                             wait_no_feeder_threads, wait_until)
 from feeder import FeederError, ops
 
@@ -86,7 +86,7 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
             # the loop waits for the first batch, so the pool does not grow).
             return (len(gate.callers) >= 2 and stage_waiting(run, "sampler", 2)
                     and stage_waiting(run, "transfer", 1)
-                    and thread_blocked_in(consumer, "__next__", "get"))
+                    and f.stats().waiting_in_next == 1)
 
         assert wait_until(backed_up, 10), f"pipeline never backed up:\n{f.stats()}"
         took = timed_close(f)
@@ -156,7 +156,7 @@ def test_close_from_another_thread_wakes_the_waiting_consumer(blobs):
     consumer, outcome = consume_in_thread(f)
     try:
         assert gate.entered.wait(10)
-        assert wait_until(lambda: thread_blocked_in(consumer, "__next__", "get"), 10)
+        assert wait_until(lambda: f.stats().waiting_in_next == 1, 10)
         closer = threading.Thread(target=f.close, name="test-closer", daemon=True)
         closer.start()
         consumer.join(CLOSE_BOUND_S + 1.0)
