@@ -36,15 +36,6 @@ def _flag(name: str, value: object) -> bool:
 _DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _threads(name: str, value: object, auto: int, minimum: int = 1) -> int:
-    if value == "auto":
-        return auto
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum else "an int >= 0"
-        raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
-    return value
-
-
 def _timeout(value: object) -> float | None:
     if value is None:
         return None
@@ -75,13 +66,15 @@ def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
     return field(default=default, metadata={"check": check})
 
 
-def _positive_int(name: str, value: object) -> int:
-    return _positive(name, value)
-
-
 def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
+    """A thread count, or "auto" (resolved in Config.build, from the cores)."""
     def check(name: str, value: object) -> Any:
-        return value if value == "auto" else _threads(name, value, 0, minimum)
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            kind = "a positive int" if minimum else "an int >= 0"
+            raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
+        return value
     return check
 
 
@@ -142,20 +135,16 @@ def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
     return None if value is None else image_size_pair(value)
 
 
-def _any(name: str, value: object) -> object:
-    return value
-
-
 @dataclass(frozen=True)
 class Config:
     """Every Feeder option, declared once: its name, default and check. ``Feeder``'s
     signature, its validation and :data:`DEFAULTS` are derived from these fields.
     Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
 
-    batch_size: int = _option(None, _positive_int)
+    batch_size: int = _option(None, _positive)
     decode_threads: int | str = _option("auto", _threads_auto(1))
     augment_threads: int | str = _option("auto", _threads_auto(0))
-    queue_size: int = _option(4, _positive_int)
+    queue_size: int = _option(4, _positive)
     device: torch.device = _option("cpu", lambda name, v: parse_device(v))
     dtype: torch.dtype | None = _option(None, _dtype)
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
@@ -168,7 +157,7 @@ class Config:
     rank: int | None = _option(None, _optional_rank)
     world_size: int | None = _option(None, _optional_rank)
     image_size: tuple[int, int] | None = _option(None, _image_size_option)
-    max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive_int)
+    max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive)
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
 
@@ -208,11 +197,6 @@ class Config:
     @property
     def decode_queue(self) -> int:
         return 4 * self.decode_threads
-
-    @property
-    def inline_augment(self) -> bool:
-        """``augment_threads=0``: each decode thread runs the transforms on what it decoded."""
-        return self.augment_threads == 0
 
     @property
     def augment_queue(self) -> int:

@@ -150,10 +150,15 @@ class _Engine:
             empty = getattr(memory, "empty_host_cache", None)
             if empty is not None:
                 empty()
-        with self.lock:
+        # Bounded, as in stop(): exit must not hang on a thread stuck holding it.
+        locked = self.lock.acquire(timeout=_CLOSE_TIMEOUT_S)
+        try:
             if self._limits_held:
                 LibraryThreads.release()
                 self._limits_held = False
+        finally:
+            if locked:
+                self.lock.release()
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
         """Stop every pass, wait up to ``timeout`` seconds for their threads, free the buffers."""
@@ -371,6 +376,7 @@ class _PassIterator:
         # a later next() ends the iterator (as after the error on one thread).
         self._told: set[int] = set()
         self._failure: BaseException | None = None
+        self._failure_lock = threading.Lock()  # threads sharing this iterator move the error once
 
     def __iter__(self) -> "_PassIterator":
         return self
@@ -440,8 +446,10 @@ class _PassIterator:
                 pass
             waited = time.perf_counter() - t0
             if timeout is not None and waited >= timeout:
-                run.stop()
-                raise FeederTimeoutError(_timeout_message(run, timeout, waited)) from None
+                # The pass's error: threads sharing this iterator raise it too.
+                run.fail(FeederTimeoutError(_timeout_message(run, timeout, waited)))
+                self._told.add(threading.get_ident())
+                raise self._take_error(run) from None
             for phase, index, path, age in run.in_flight(STUCK_WARNING_S):
                 if index not in self._warned:
                     self._warned.add(index)
@@ -467,13 +475,14 @@ class _PassIterator:
         """The pass's error, moved into this iterator. Once raised, its traceback holds
         this iterator's frame; left in the pass (which the feeder's finalizer keeps
         reachable), it would keep the iterator and the feeder alive for good."""
-        err = self._failure
-        if err is None:
-            err = run.error
-            if err is not None:
-                self._failure = err
-                run.error = None
-        return err
+        with self._failure_lock:
+            err = self._failure
+            if err is None:
+                err = run.error
+                if err is not None:
+                    self._failure = err
+                    run.error = None
+            return err
 
     def __len__(self) -> int:
         return len(self._feeder)

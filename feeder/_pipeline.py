@@ -73,6 +73,8 @@ class PassSettings:
     decode_threads: int
     augment_threads: int
     queue_size: int
+    decode_queue: int
+    augment_queue: int
     num_buffers: int
     shuffle: bool
     drop_last: bool
@@ -90,9 +92,9 @@ def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step) -> list
         # The decode threads run the transforms on what they have just decoded:
         # no hand-off (queue round trip, wake-up, image crossing cores) per sample.
         inline = dataclasses.replace(augment, inline=True)
-        return [StageSpec("decode", cfg.decode_threads, (read, decode, inline), 4 * cfg.decode_threads)]
-    return [StageSpec("decode", cfg.decode_threads, (read, decode), 4 * cfg.decode_threads),
-            StageSpec("augment", cfg.augment_threads, (augment,), 4 * cfg.augment_threads)]
+        return [StageSpec("decode", cfg.decode_threads, (read, decode, inline), cfg.decode_queue)]
+    return [StageSpec("decode", cfg.decode_threads, (read, decode), cfg.decode_queue),
+            StageSpec("augment", cfg.augment_threads, (augment,), cfg.augment_queue)]
 
 
 def stage_threads(cfg: PassSettings) -> dict[str, int]:
@@ -195,6 +197,8 @@ class Pass:
     def replace(self) -> None:
         """A newer pass of the same feeder starts: stop this one, and remember whether
         the training loop had not yet taken everything it would have delivered."""
+        if self.orphaned:
+            return  # a forked child: see orphan()
         # Decided under the lock: a consumer in another thread, woken by the close,
         # reads ``replaced`` only after taking the lock (see ``was_replaced``).
         with self._lock:
@@ -212,6 +216,8 @@ class Pass:
         self.orphaned = True
         self._stopped = True
         self._lock = threading.Lock()
+        for ch in self.channels:
+            ch.abandon()  # batches queued for the loop: their buffers come back when freed
         self._live_threads = 0
         self.finished = threading.Event()
         self.finished.set()

@@ -174,6 +174,12 @@ class Channel:
             self._not_full.notify_all()
         return left
 
+    def abandon(self) -> None:
+        """In a forked child, for a channel of a pass whose threads are gone: drop the
+        items without the lock (a thread that no longer exists may hold it)."""
+        self._closed = True
+        self._items.clear()
+
     @property
     def closed(self) -> bool:
         return self._closed

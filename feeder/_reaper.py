@@ -31,8 +31,10 @@ Lock audit (what freeing an object or a signal can reach):
 The reaper is started from ordinary code (building a feeder, starting a pass),
 never from a callback, since starting a thread takes threading's own locks.
 After ``fork`` the child has no reaper thread; the next feeder call in the
-child starts one, and it runs whatever was queued meanwhile (the queue's lock is
-a semaphore, not owned by a thread, so it stays consistent across the fork).
+child starts one, and it runs whatever was queued meanwhile. A fork can catch
+the queue half-way through a ``get`` in the parent's reaper, leaving the
+child's copy unable to wake a blocked getter; so the reaper waits with a
+timeout and looks again, which recovers from that state.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ _watched: dict[int, tuple[weakref.ref, Callable[..., Any], tuple]] = {}
 _thread: threading.Thread | None = None
 _start_lock = threading.Lock()
 _STOP = object()  # tells the reaper thread to return
+_LOOK_AGAIN_S = 0.5  # see the note on fork above
 _exiting = False
 
 
@@ -96,7 +99,10 @@ def ensure_running() -> None:
 
 def _run() -> None:
     while True:
-        item = _calls.get()
+        try:
+            item = _calls.get(timeout=_LOOK_AGAIN_S)
+        except queue.Empty:
+            continue
         if item is _STOP:
             return
         if isinstance(item, weakref.ref):
@@ -130,7 +136,7 @@ def _stop_at_exit() -> None:
     t = _thread
     if t is not None and t.is_alive():
         _calls.put(_STOP)
-        t.join(1.0)
+        t.join(0.5)
 
 
 atexit.register(_stop_at_exit)

@@ -94,14 +94,6 @@ class Counters:
         return 0 if self.ended is not None else self._state[4]
 
     @property
-    def wait_in_s(self) -> float:
-        return self.totals()[1]
-
-    @property
-    def wait_out_s(self) -> float:
-        return self.totals()[2]
-
-    @property
     def inline_s(self) -> float:
         return self.totals()[3]
 
@@ -271,6 +263,8 @@ class MapStage(Stage):
             except BaseException as exc:
                 # SystemExit or KeyboardInterrupt raised by user code: never
                 # skippable, but the training loop still learns which sample.
+                if inline:
+                    c.end_wait()
                 control.sample_failed(step.name, task, exc, c)
                 return
             if inline:

@@ -198,8 +198,9 @@ class StatsBook:
         self._skipped_set: set[str] = set()
 
     def start(self) -> None:
-        if self.started is None:
-            self.started = time.perf_counter()
+        with self._lock:  # snapshot() reads it under the lock, after its own clock
+            if self.started is None:
+                self.started = time.perf_counter()
 
     def after_fork(self) -> None:
         """In a forked child: the lock may have been held by a thread that does not exist here."""
@@ -255,10 +256,6 @@ class StatsBook:
             log.warning("skipped %s: %s", safe_text(path), error)
         return n
 
-    @property
-    def skipped_count(self) -> int:
-        return len(self._skipped)
-
     def snapshot(self, buffers: int = 0) -> Stats:
         with self._lock:
             now = time.perf_counter()  # under the lock: no wait may begin or end after it
@@ -278,6 +275,6 @@ class StatsBook:
                        for name, t in totals.items())
         qs = tuple(QueueStats(name, q[0], depths.get(name, 0), q[2] / q[1] if q[1] else 0.0, q[3])
                    for name, q in queues.items())
-        elapsed = now - self.started if self.started is not None else 0.0
+        elapsed = max(0.0, now - self.started) if self.started is not None else 0.0
         return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped,
                      len(waits))

@@ -105,7 +105,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         buf = batch.buffer
         if buf is not None:
             work.transform(task.image, task.key, task.ctx, buf.images[slot])
-            task.image = None
+            task.image = None  # its memory is back in the pool (see below)
             buf.labels[slot] = task.label
             buf.indices[slot] = task.index
         else:
@@ -114,11 +114,13 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             out = scratch.take()
             try:
                 work.transform(task.image, task.key, task.ctx, out)
+                # transform() has given the decode memory back: forget the image
+                # before anything else can fail, or the failure path gives it twice.
+                task.image = None
                 label = as_label(task.label)  # fails here, as a write into the buffer would
             except BaseException:
                 scratch.give(out)
                 raise
-            task.image = None
             batch.store(slot, out, label, scratch.give, task.index)
         return batch if batch.finish_slot() else None
 

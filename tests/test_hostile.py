@@ -495,3 +495,31 @@ def test_stats_are_monotonic_across_pass_boundaries(blobs):
             poller.join(JOIN_TIMEOUT_S)
         assert not poller.is_alive() and reads[0] > 30
         assert not problems, problems[:10]
+
+
+# -- a failing sample must not hand its decode memory back twice ---------------------------
+
+class BadLabelEveryFifth(MemorySource):
+    def read(self, index):
+        data, label = super().read(index)
+        return data, ("not a label" if index % 5 == 4 else label)
+
+
+def test_bad_labels_in_batches_without_a_buffer_do_not_corrupt_other_samples(monkeypatch):
+    """A sample whose label fails after its transform already recycled the decode
+    memory: given back a second time, two threads would decode into one array."""
+    from feeder._batch import BufferPool
+    blobs = distinct_jpegs(200, seed=9100, side=SIDE)
+    with make(MemorySource(blobs), batch_size=8, decode_threads=2) as f:
+        reference = {int(i): x for x, y in drain(f)[0] for i, x in zip(y, x)}
+    # Every batch starts without a buffer: its samples go through scratch arrays.
+    monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
+    with make(BadLabelEveryFifth(blobs), batch_size=8, decode_threads=2, on_error="skip") as f:
+        for epoch in range(3):
+            f.set_epoch(epoch)
+            got, err = drain(f)
+            assert err is None
+            labels = [int(v) for _, y in got for v in y]
+            assert sorted(labels) == [i for i in range(200) if i % 5 != 4]
+            wrong = [int(i) for x, y in got for i, img in zip(y, x) if not (img == reference[int(i)]).all()]
+            assert wrong == [], f"epoch {epoch}: samples with another sample's pixels: {wrong[:10]}"
