@@ -204,7 +204,7 @@ class Feeder:
 
     Iterate it in the training loop: each pass yields ``(images, labels)`` with
     ``images`` a ``[B, 3, H, W]`` tensor on ``device`` (uint8 in channels_last
-    layout by default) and ``labels`` an int64 ``[B]`` tensor on ``device``.
+    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``.
 
     Args:
         source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
@@ -222,6 +222,12 @@ class Feeder:
         normalize: ``(mean, std)``, three values each on the [0, 1] scale (as
             torchvision's ``Normalize`` after ``ToTensor``); implies float32
             unless ``dtype`` is given.
+        memory_format: Layout of the ``[B, 3, H, W]`` images: ``"channels_last"``
+            (default; the batch buffers' own layout, so a CPU uint8 batch is a
+            view of one, no copy) or ``"contiguous"`` (plain NCHW, as ``x.view(B,
+            -1)`` needs; made on ``device`` after the copy, by the transfer
+            thread). ``torch.channels_last`` and ``torch.contiguous_format`` are
+            accepted too.
         shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch).
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``

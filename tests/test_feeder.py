@@ -256,6 +256,76 @@ def test_dtype_scales_to_unit_range(source):
     torch.testing.assert_close(xf, x8 / 255.0)
 
 
+@pytest.mark.parametrize("dtype, normalize", [
+    (None, None), (torch.float32, None), (torch.float16, None),
+    (torch.float32, ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))),
+])
+def test_contiguous_memory_format_same_values(source, dtype, normalize):
+    options = dict(batch_size=8, shuffle=False, dtype=dtype, normalize=normalize)
+    with make(source, **options) as nhwc, make(source, memory_format="contiguous", **options) as nchw:
+        a, err_a = drain(nhwc)
+        b, err_b = drain(nchw)
+        x, _ = next(iter(nchw))
+    assert err_a is None and err_b is None and len(a) == len(b) == len(nchw)
+    assert x.is_contiguous() and x.shape == (8, 3, 32, 32)
+    assert x.view(8, -1).shape == (8, 3 * 32 * 32)  # what channels_last refuses
+    assert x.dtype == (dtype or torch.uint8)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)  # the same arithmetic, only the layout differs
+
+
+def test_contiguous_uint8_batches_are_copies(source):
+    """A contiguous batch is made in the transfer thread, not lent from the pool:
+    a loop that keeps every batch holds no buffer, and the pool stays in its bound."""
+    with make(source, batch_size=8, shuffle=False, memory_format="contiguous", queue_size=1) as f:
+        assert f.num_buffers < len(f)
+        kept = [x for x, _ in drain_tensors(f)]
+        pool = f._engine.pool
+        assert len(kept) == len(f) and pool.allocated <= f.num_buffers
+        assert all(x.is_contiguous() for x in kept)
+        assert not any(np.shares_memory(x.numpy(), buf.images) for x in kept for buf in pool._free)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_layout_is_changed_in_the_transfer_thread(source, monkeypatch, dtype):
+    from feeder import _transfer
+
+    threads = []
+    convert = _transfer.Converter.__call__
+
+    def recording(self, images):
+        out = convert(self, images)
+        threads.append((threading.current_thread().name, out.is_contiguous()))
+        return out
+    monkeypatch.setattr(_transfer.Converter, "__call__", recording)
+    with make(source, batch_size=8, memory_format="contiguous", dtype=dtype) as f:
+        batches = drain_tensors(f)
+    assert len(threads) == len(batches) == len(f)
+    assert set(threads) == {("feeder-transfer", True)}
+
+
+def drain_tensors(f):
+    """One pass's (images, labels) tensors as delivered, iterated in a helper thread."""
+    out, errors = [], []
+    done = threading.Event()
+
+    def run():
+        try:
+            out.extend(f)
+        except BaseException as exc:  # handed to the test's thread below
+            errors.append(exc)
+        finally:
+            done.set()
+    t = threading.Thread(target=run)
+    t.start()
+    assert done.wait(JOIN_TIMEOUT_S), "pass did not finish"
+    t.join(JOIN_TIMEOUT_S)
+    if errors:
+        raise errors[0]
+    return out
+
+
 def test_normalize_matches_formula(source):
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     with make(source, batch_size=8, shuffle=False) as raw, \
