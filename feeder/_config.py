@@ -131,6 +131,19 @@ def _optional_rank(name: str, value: object) -> int | None:
     return value
 
 
+# torch's names for the two layouts, accepted as well as the strings.
+_MEMORY_FORMATS = {"channels_last": "channels_last", torch.channels_last: "channels_last",
+                   "contiguous": "contiguous", torch.contiguous_format: "contiguous"}
+
+
+def _memory_format(name: str, value: object) -> str:
+    try:
+        return _MEMORY_FORMATS[value]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ValueError(f"{name} must be 'channels_last' or 'contiguous' (or torch.channels_last, "
+                         f"torch.contiguous_format), got {value!r}") from None
+
+
 def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
     return None if value is None else image_size_pair(value)
 
@@ -148,6 +161,7 @@ class Config:
     device: torch.device = _option("cpu", lambda name, v: parse_device(v))
     dtype: torch.dtype | None = _option(None, _dtype)
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
+    memory_format: str = _option("channels_last", _memory_format)
     shuffle: bool = _option(True, _flag)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)

@@ -21,7 +21,7 @@ from ._batch import BufferPool, Scratch
 from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._sampler import num_batches, shard_size
+from ._sampler import check_epoch, num_batches, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure
@@ -209,7 +209,7 @@ class Feeder:
 
     Iterate it in the training loop: each pass yields ``(images, labels)`` with
     ``images`` a ``[B, 3, H, W]`` tensor on ``device`` (uint8 in channels_last
-    layout by default) and ``labels`` an int64 ``[B]`` tensor on ``device``.
+    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``.
 
     Args:
         source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
@@ -227,11 +227,22 @@ class Feeder:
         normalize: ``(mean, std)``, three values each on the [0, 1] scale (as
             torchvision's ``Normalize`` after ``ToTensor``); implies float32
             unless ``dtype`` is given.
+        memory_format: Layout of the ``[B, 3, H, W]`` images: ``"channels_last"``
+            (default; the batch buffers' own layout, so a CPU uint8 batch is a
+            view of one, no copy) or ``"contiguous"`` (plain NCHW, as ``x.view(B,
+            -1)`` needs; made on ``device`` after the copy, by the transfer
+            thread). ``torch.channels_last`` and ``torch.contiguous_format`` are
+            accepted too.
         shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch).
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
-        drop_last: Drop the last batch when it would be smaller than ``batch_size``.
+        drop_last: Drop the last batch when it would be smaller than ``batch_size``,
+            and give every rank the same number of samples (``len(source) //
+            world_size``; the remainder is left out of that epoch), as DDP
+            training needs. False: the ranks' shards cover every sample once
+            (sizes differ by at most one, see :meth:`shard_sizes`), as an
+            evaluation needs.
         ordered: True: batches and their contents depend only on the seed and
             epoch, not on thread counts or timing. False: batches in completion
             order (each sample still exactly once per epoch).
@@ -240,8 +251,9 @@ class Feeder:
             and later samples fill its place.
         max_skipped: With ``on_error="skip"``, raise once more than this many
             samples were skipped (None: no limit).
-        rank, world_size: This process's shard (disjoint, equal-size shards per
-            epoch). Default: from ``torch.distributed`` when it is initialized.
+        rank, world_size: This process's shard (disjoint shards cut from one
+            shared order per epoch; see ``drop_last``). Default: from
+            ``torch.distributed`` when it is initialized.
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
@@ -253,6 +265,12 @@ class Feeder:
         exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
             False (default): pixels come out as stored, for every format, as
             with torchvision's ``decode_jpeg``.
+
+    Raises:
+        ValueError: an option is invalid, or an epoch would have no batch on
+            some rank (an empty source, fewer samples than ranks, or, with
+            ``drop_last=True``, ``batch_size`` above the shard size); the message
+            names the numbers.
 
     Memory: at most ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
     bytes (pinned when ``device`` is CUDA); two while the training loop keeps up,
@@ -281,6 +299,7 @@ class Feeder:
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels)
         self.rank, self.world_size = _shard(cfg.rank, cfg.world_size)
+        check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
         self.seed = cfg.seed if cfg.seed is not None else _default_seed(self.world_size)
         self.last_batch: BatchInfo | None = None
         self._next_epoch = 0
@@ -300,10 +319,27 @@ class Feeder:
         """Batch buffers the pool holds (the memory bound; see the class docstring)."""
         return self.config.num_buffers
 
+    @property
+    def num_samples(self) -> int:
+        """Samples in this rank's shard per epoch (see :meth:`shard_sizes`); with
+        ``drop_last=True`` a short last batch of them is dropped too."""
+        return shard_size(len(self.source), self.rank, self.world_size, self.config.drop_last)
+
+    def shard_sizes(self) -> list[int]:
+        """Samples each rank reads per epoch, by rank; the same list on every rank.
+
+        With ``drop_last=True`` they are equal (``len(source) // world_size``).
+        With ``drop_last=False`` they cover every sample once and the first
+        ``len(source) % world_size`` ranks read one more, so ranks may run
+        different numbers of batches (``ceil(size / batch_size)``): a training
+        step with collective ops (DDP's gradient all-reduce) would then wait
+        forever on the ranks that have finished.
+        """
+        return shard_sizes(len(self.source), self.world_size, self.config.drop_last)
+
     def __len__(self) -> int:
-        """Batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
-        n = shard_size(len(self.source), self.world_size)
-        return num_batches(n, self.config.batch_size, self.config.drop_last)
+        """This rank's batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
+        return num_batches(self.num_samples, self.config.batch_size, self.config.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next pass: its order and randomness depend on (seed, epoch) alone.

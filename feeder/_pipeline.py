@@ -84,6 +84,7 @@ class PassSettings:
     device: torch.device
     dtype: torch.dtype | None
     normalize: Any
+    memory_format: str
 
 
 def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step) -> list[StageSpec]:
@@ -156,7 +157,8 @@ class Pass:
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready),
             *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
               for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
-            Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device),
+            Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device,
+                                                               cfg.memory_format),
                      self.ready, self.output),
         )
         for ch in self.channels:

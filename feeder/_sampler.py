@@ -4,9 +4,14 @@ The order is a pure function of (seed, epoch, rank, world_size, dataset
 length): a permutation from torch's CPU generator seeded with a hash of (seed,
 epoch) when shuffling, else the identity. (torch's generator rather than
 numpy.random: torch is loaded anyway, numpy.random would be loaded only for
-this, 1.3 MiB of code pages and 5 ms.) Shards are
-disjoint and of equal size, ``len // world_size`` each (the remainder is left
-out for that epoch, as ``DistributedSampler(drop_last=True)`` does).
+this, 1.3 MiB of code pages and 5 ms.) Every rank cuts its shard from the same
+permutation: rank ``r`` takes positions ``r, r + world_size, ...``, so shards are
+disjoint. With ``drop_last`` they are of equal size, ``len // world_size`` each
+(the remainder is left out for that epoch, as ``DistributedSampler(drop_last=True)``
+does): DDP training needs every rank to run the same number of steps. Without it
+they cover every sample exactly once, the first ``len % world_size`` ranks taking
+one more: an evaluation must see every sample, and must not count one twice
+(``DistributedSampler`` pads with repeated samples instead).
 """
 
 from __future__ import annotations
@@ -23,13 +28,51 @@ from ._sample import Task
 from ._stage import Control, Counters, Stage
 
 
-def shard_size(length: int, world_size: int) -> int:
-    return length // world_size if world_size > 1 else length
+def shard_size(length: int, rank: int, world_size: int, even: bool) -> int:
+    """Samples ``rank`` reads per epoch: ``length // world_size`` when ``even``,
+    else its share of all of them (the first ``length % world_size`` ranks one more)."""
+    if even:
+        return length // world_size
+    return length // world_size + (rank < length % world_size)
+
+
+def shard_sizes(length: int, world_size: int, even: bool) -> list[int]:
+    """Samples each rank reads per epoch, by rank (see :func:`shard_size`)."""
+    return [shard_size(length, rank, world_size, even) for rank in range(world_size)]
+
+
+def check_epoch(length: int, batch_size: int, drop_last: bool, world_size: int) -> None:
+    """Refuse a configuration in which some rank would get no batch at all.
+
+    Every rank finds the same answer (it depends on no rank's own numbers), so
+    a distributed job fails on all of its ranks, not on a few while the others
+    wait for them in a collective.
+
+    Raises:
+        ValueError: naming the numbers and what to change.
+    """
+    if length == 0:
+        raise ValueError("the source is empty (len(source) == 0): every epoch would have 0 batches; "
+                         "check the dataset's path or file list")
+    sizes = shard_sizes(length, world_size, even=drop_last)
+    empty = [rank for rank, n in enumerate(sizes) if num_batches(n, batch_size, drop_last) == 0]
+    if not empty:
+        return
+    ranks = (f"rank {empty[0]}" if len(empty) == 1 else "every rank" if len(empty) == world_size
+             else f"ranks {empty[0]}-{empty[-1]}")
+    numbers = (f"len(source)={length}, world_size={world_size}, {sizes[empty[0]]} samples per epoch "
+               f"for {ranks}, batch_size={batch_size}, drop_last={drop_last}")
+    if sizes[empty[0]] == 0:
+        advice = "use fewer ranks than samples"
+    else:
+        advice = (f"use batch_size <= {sizes[empty[0]]}, or drop_last=False to keep the short batch")
+    raise ValueError(f"0 batches per epoch on {ranks} ({numbers}): {advice}")
 
 
 def epoch_indices(length: int, shuffle: bool, seed: int, epoch: int,
-                  rank: int = 0, world_size: int = 1) -> np.ndarray:
-    """The sample indices this rank reads in ``epoch``, in order."""
+                  rank: int = 0, world_size: int = 1, even: bool = True) -> np.ndarray:
+    """The sample indices this rank reads in ``epoch``, in order: its shard (see
+    :func:`shard_size`) of the epoch's permutation."""
     if shuffle:
         gen = torch.Generator()
         gen.manual_seed(order_key(seed, epoch))
@@ -37,8 +80,8 @@ def epoch_indices(length: int, shuffle: bool, seed: int, epoch: int,
     else:
         order = np.arange(length)
     if world_size > 1:
-        n = shard_size(length, world_size)
-        order = order[rank:n * world_size:world_size]
+        stop = length // world_size * world_size if even else length
+        order = order[rank:stop:world_size]
     return order
 
 
@@ -49,10 +92,11 @@ def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
 def pass_order(length: int, batch_size: int, shuffle: bool, drop_last: bool, skip: bool, seed: int,
                epoch: int, rank: int = 0, world_size: int = 1) -> list[int]:
     """The sample indices one pass dispatches: this rank's shard of the epoch's
-    order, cut to whole batches when ``drop_last``. Under ``skip`` (on_error="skip")
+    order (equal-size shards when ``drop_last``, covering shards otherwise), cut
+    to whole batches when ``drop_last``. Under ``skip`` (on_error="skip")
     the would-be-dropped tail is dispatched too: its samples refill the places of
     skipped ones (the collator still drops whatever is left short at the end)."""
-    order = epoch_indices(length, shuffle, seed, epoch, rank, world_size)
+    order = epoch_indices(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
     total = num_batches(len(order), batch_size, drop_last and not skip)
     return order[:total * batch_size].tolist()
 

@@ -7,6 +7,9 @@ CUDA reasoning, in one place:
   ``non_blocking=True``, so it overlaps the model's kernels on the consumer's
   stream. Conversion to ``dtype`` and normalization run on the same side
   stream, after the copy, so only uint8 crosses the bus.
+  So does the change to contiguous NCHW (``memory_format="contiguous"``):
+  done there, it costs the training loop nothing, and it is fused with the
+  dtype conversion, one pass over the batch.
 * An event is recorded on the side stream after that work. The consumer's
   ``next()`` makes *its* current stream wait on the event before the batch is
   returned, so no kernel of the training step can read the batch early.
@@ -60,7 +63,13 @@ class Failure:
 
 
 class Converter:
-    """uint8 [B,3,H,W] -> ``dtype``, scaled to [0, 1] and optionally normalized.
+    """uint8 [B,3,H,W] -> ``dtype``, scaled to [0, 1] and optionally normalized,
+    in the requested memory layout.
+
+    The batch buffers are ``[B,H,W,3]``, so their NCHW view is channels_last.
+    ``memory_format="contiguous"`` makes a contiguous NCHW copy instead (what
+    ``x.view(B, -1)`` and code that assumes contiguous inputs need); with a
+    floating ``dtype`` that copy is the conversion's own output, not a second pass.
 
     ``(x / 255 - mean) / std`` is computed as ``x * scale + shift`` with per-channel
     constants, so it is one multiply and one add over the batch. Both run in
@@ -70,8 +79,11 @@ class Converter:
     of the final rounding alone.
     """
 
-    def __init__(self, dtype: torch.dtype | None, normalize, device: torch.device) -> None:
+    def __init__(self, dtype: torch.dtype | None, normalize, device: torch.device,
+                 memory_format: str = "channels_last") -> None:
         self.dtype = dtype
+        self.contiguous = memory_format == "contiguous"
+        self.layout = torch.contiguous_format if self.contiguous else torch.preserve_format
         self.scale = self.shift = None
         if dtype is None or not dtype.is_floating_point:
             return
@@ -85,10 +97,15 @@ class Converter:
         self.scale = (1.0 / (255.0 * std_t)).to(device=device, dtype=self.compute)
         self.shift = (-mean_t / std_t).to(device=device, dtype=self.compute)
 
+    @property
+    def keeps_buffer_layout(self) -> bool:
+        """The output is the uint8 buffer itself, as laid out (a CPU batch can be lent)."""
+        return self.dtype is None and not self.contiguous
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if self.dtype is None:
-            return images
-        out = images.to(self.compute)  # keeps the channels_last strides
+            return images.contiguous() if self.contiguous else images
+        out = images.to(self.compute, memory_format=self.layout)
         out.mul_(self.scale).add_(self.shift)
         return out.to(self.dtype)  # a no-op for float32 and float64; keeps the strides
 
@@ -142,7 +159,7 @@ class Transfer(Stage):
             self._deliver_cuda(buf, n, indices, number, c)
             return
         labels = torch.from_numpy(buf.labels[:n].copy())
-        if self.convert.dtype is None:
+        if self.convert.keeps_buffer_layout:
             # Hand out a view of the buffer; it returns to the pool when the
             # training loop's last reference to the batch is gone.
             view = buf.images[:n]

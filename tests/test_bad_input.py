@@ -479,16 +479,13 @@ def test_image_folder_without_class_folders(tmp_path):
         ImageFolder(str(tmp_path / "does-not-exist"))
 
 
-@pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("drop_last", [True, False])
-def test_empty_file_list_gives_empty_passes(ordered, on_error, drop_last):
-    with make(FileList([]), ordered=ordered, on_error=on_error, drop_last=drop_last) as f:
-        assert len(f) == 0
-        for _ in range(3):
-            batches, err = drain(f, timeout=10)
-            assert err is None and batches == []
-        assert f.stats().samples == 0
+def test_empty_file_list_is_refused_at_construction(on_error, drop_last):
+    src = FileList([])  # an empty list is a valid source; a feeder over it is not
+    assert len(src) == 0
+    with pytest.raises(ValueError, match=r"source is empty \(len\(source\) == 0\).*0 batches"):
+        make(src, on_error=on_error, drop_last=drop_last)
 
 
 @pytest.mark.parametrize("ordered", [True, False])
@@ -553,6 +550,12 @@ def test_batch_larger_than_dataset(tmp_path, good_blobs, good_hashes, batch_size
     else:
         from conftest import MemorySource
         src, n, on_error = MemorySource(good_blobs), N_GOOD, "raise"
+    if drop_last and batch_size > n:
+        # Every epoch would be empty: a configuration mistake, refused with the numbers.
+        with pytest.raises(ValueError, match=rf"len\(source\)={n}.*batch_size={batch_size}.*"
+                                             rf"drop_last=True.*batch_size <= {n}"):
+            make(src, batch_size=batch_size, drop_last=drop_last, ordered=ordered, on_error=on_error)
+        return
     with make(src, batch_size=batch_size, drop_last=drop_last, ordered=ordered, shuffle=True,
               on_error=on_error) as f:
         # len() counts the source's samples (a skip is only known while iterating).

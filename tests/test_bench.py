@@ -19,9 +19,15 @@ pytest.importorskip("feeder.bench")
 TIMEOUT_S = 240  # generous for a loaded 2-core machine; a normal run takes seconds
 
 
-def bench(*args: str, cwd: str) -> subprocess.CompletedProcess:
+# The subprocesses import the feeder package under test, whatever their folder.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench(*args: str, cwd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "feeder.bench", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+                          text=True, timeout=TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"feeder-bench {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -281,3 +287,55 @@ def test_compare_with_a_model_step_reports_the_loop_wait(tiny, tmp_path):
     doc = json.load(open(os.path.join(out, "compare.json")))
     steps = {lb: x["extra"].get("model_steps") for lb, x in doc["meta"]["raw_rounds"][0].items()}
     assert steps["feeder auto"] == steps["DataLoader+cv2"] == 3  # 24 images in batches of 8
+
+
+# -- where results go without --out --------------------------------------------------------
+
+def _tree(path: str) -> dict[str, float]:
+    """Every file under ``path`` with its modification time."""
+    return {os.path.join(d, n): os.stat(os.path.join(d, n)).st_mtime_ns
+            for d, _, names in os.walk(path) for n in names}
+
+
+def test_default_out_is_a_new_folder_in_the_current_folder(tiny, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = bench("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
+                 cwd=str(work))
+    made = sorted(os.listdir(work))
+    assert len(made) == 1 and made[0].startswith("feeder-bench-results-")
+    assert os.path.isfile(work / made[0] / "ceiling.csv")
+    assert made[0] in proc.stderr  # the run says where its results went
+
+
+def test_default_out_never_reuses_a_folder(tmp_path):
+    from feeder.bench.cli import default_out
+
+    first, second = default_out(str(tmp_path)), default_out(str(tmp_path))
+    assert first != second and os.listdir(first) == os.listdir(second) == []
+    assert {os.path.dirname(first), os.path.dirname(second)} == {str(tmp_path.resolve())}
+
+
+def test_default_out_inside_the_checkout_goes_to_the_temp_folder(tiny, tmp_path):
+    from feeder.bench.cli import checkout_root
+
+    assert checkout_root() is not None and str(checkout_root()) == os.path.realpath(ROOT)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    results = os.path.join(ROOT, "bench", "results")
+    before, top = _tree(results), set(os.listdir(ROOT))
+    bench("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
+          cwd=os.path.join(ROOT, "bench"), env={"TMPDIR": str(temp)})
+    assert _tree(results) == before and set(os.listdir(ROOT)) == top
+    assert not any(n.startswith("feeder-bench-results-") for n in os.listdir(os.path.join(ROOT, "bench")))
+    made = os.listdir(temp)
+    assert len(made) == 1 and os.path.isfile(temp / made[0] / "ceiling.csv")
+
+
+def test_the_regeneration_scripts_write_into_bench_results():
+    for script in ("run_all.sh", "run_gpu.sh"):
+        text = open(os.path.join(ROOT, "bench", script)).read()
+        assert 'out="${FEEDER_BENCH_OUT:-bench/results' in text
+        calls = [line for line in text.splitlines()
+                 if line.lstrip().startswith("bench ") and "make-data" not in line]
+        assert calls and all('--out "$out' in line for line in calls), script

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, feeder_threads, labels_of
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of
 from faults_helpers import Gate, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
 
@@ -53,10 +53,16 @@ def test_batch_larger_than_dataset(source):
         assert len(f) == 1
         batches, err = drain(f)
         assert err is None and len(batches) == 1 and len(batches[0][1]) == 60
-    with make(source, batch_size=100, drop_last=True) as f:
-        assert len(f) == 0
-        batches, err = drain(f)
-        assert err is None and batches == []
+    with pytest.raises(ValueError, match=r"len\(source\)=60.*60 samples.*batch_size=100.*"
+                                         r"drop_last=True.*batch_size <= 60"):
+        make(source, batch_size=100, drop_last=True)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_rank_without_samples_is_refused_on_every_rank(source, drop_last):
+    for rank in (0, 60):  # 60 samples, 61 ranks: the last gets none; every rank says so
+        with pytest.raises(ValueError, match=r"world_size=61.*0 samples.*fewer ranks"):
+            make(source, batch_size=1, rank=rank, world_size=61, drop_last=drop_last)
 
 
 @pytest.mark.parametrize("ordered", [True, False])
@@ -145,14 +151,68 @@ def test_rank_shards_disjoint_equal_and_covering(source):
     assert sorted(flat) == list(range(60))  # 60 divisible by 4: disjoint and covering
 
 
-def test_rank_shards_remainder_dropped_equal_sizes(source):
-    shards = []
-    for rank in range(7):
-        with make(source, batch_size=4, rank=rank, world_size=7, drop_last=False) as f:
-            shards.append(labels_of(drain(f)[0]))
-    assert {len(s) for s in shards} == {60 // 7}
-    flat = [x for s in shards for x in s]
-    assert len(set(flat)) == len(flat) == (60 // 7) * 7
+def _shards(blobs, world, **options):
+    """Each rank's delivered source indices and its len(), for ranks given by hand."""
+    shards, lengths = [], []
+    for rank in range(world):
+        with make(MemorySource(blobs), rank=rank, world_size=world, **options) as f:
+            indices, batches = [], 0
+            for x, y in drain_infos(f):
+                indices += y
+                batches += 1
+            assert batches == len(f)  # len() is this rank's own batch count
+            assert f.num_samples == f.shard_sizes()[rank]
+            batch_size = f.config.batch_size
+            delivered = len(f) * batch_size if f.config.drop_last else f.num_samples
+            assert len(indices) == delivered
+            shards.append(indices)
+            lengths.append(len(f))
+    return shards, lengths
+
+
+def drain_infos(f):
+    """One pass's (batch number, source indices from ``last_batch``) pairs."""
+    out, errors = [], []
+    done = threading.Event()
+
+    def run():
+        try:
+            for _, labels in f:
+                out.append((f.last_batch.number, f.last_batch.indices.tolist(), labels.tolist()))
+        except BaseException as exc:  # handed to the test's thread below
+            errors.append(exc)
+        finally:
+            done.set()
+    t = threading.Thread(target=run)
+    t.start()
+    assert done.wait(JOIN_TIMEOUT_S), "pass did not finish"
+    t.join(JOIN_TIMEOUT_S)
+    if errors:
+        raise errors[0]
+    assert all(indices == labels for _, indices, labels in out)  # labels are the indices here
+    return [(number, indices) for number, indices, _ in out]
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_rank_shards_without_drop_last_cover_every_sample_once(jpeg_blobs, world, shuffle):
+    blobs = [jpeg_blobs[i % len(jpeg_blobs)] for i in range(109)]
+    shards, lengths = _shards(blobs, world, batch_size=8, shuffle=shuffle, drop_last=False)
+    flat = [i for s in shards for i in s]
+    assert sorted(flat) == list(range(109))  # every sample once, none twice
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1
+    assert lengths == [-(-n // 8) for n in sizes]
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_rank_shards_with_drop_last_are_equal(jpeg_blobs, world):
+    blobs = [jpeg_blobs[i % len(jpeg_blobs)] for i in range(109)]
+    shards, lengths = _shards(blobs, world, batch_size=5, shuffle=True, drop_last=True)
+    flat = [i for s in shards for i in s]
+    assert len(flat) == len(set(flat))
+    assert {len(s) for s in shards} == {109 // world // 5 * 5}
+    assert set(lengths) == {109 // world // 5}  # the same step count on every rank
 
 
 def test_early_break_then_reiterate_has_no_stale_batches(source):
@@ -194,6 +254,76 @@ def test_dtype_scales_to_unit_range(source):
     assert xf.dtype == torch.float32
     assert xf.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(xf, x8 / 255.0)
+
+
+@pytest.mark.parametrize("dtype, normalize", [
+    (None, None), (torch.float32, None), (torch.float16, None),
+    (torch.float32, ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))),
+])
+def test_contiguous_memory_format_same_values(source, dtype, normalize):
+    options = dict(batch_size=8, shuffle=False, dtype=dtype, normalize=normalize)
+    with make(source, **options) as nhwc, make(source, memory_format="contiguous", **options) as nchw:
+        a, err_a = drain(nhwc)
+        b, err_b = drain(nchw)
+        x, _ = next(iter(nchw))
+    assert err_a is None and err_b is None and len(a) == len(b) == len(nchw)
+    assert x.is_contiguous() and x.shape == (8, 3, 32, 32)
+    assert x.view(8, -1).shape == (8, 3 * 32 * 32)  # what channels_last refuses
+    assert x.dtype == (dtype or torch.uint8)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)  # the same arithmetic, only the layout differs
+
+
+def test_contiguous_uint8_batches_are_copies(source):
+    """A contiguous batch is made in the transfer thread, not lent from the pool:
+    a loop that keeps every batch holds no buffer, and the pool stays in its bound."""
+    with make(source, batch_size=8, shuffle=False, memory_format="contiguous", queue_size=1) as f:
+        assert f.num_buffers < len(f)
+        kept = [x for x, _ in drain_tensors(f)]
+        pool = f._engine.pool
+        assert len(kept) == len(f) and pool.allocated <= f.num_buffers
+        assert all(x.is_contiguous() for x in kept)
+        assert not any(np.shares_memory(x.numpy(), buf.images) for x in kept for buf in pool._free)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_layout_is_changed_in_the_transfer_thread(source, monkeypatch, dtype):
+    from feeder import _transfer
+
+    threads = []
+    convert = _transfer.Converter.__call__
+
+    def recording(self, images):
+        out = convert(self, images)
+        threads.append((threading.current_thread().name, out.is_contiguous()))
+        return out
+    monkeypatch.setattr(_transfer.Converter, "__call__", recording)
+    with make(source, batch_size=8, memory_format="contiguous", dtype=dtype) as f:
+        batches = drain_tensors(f)
+    assert len(threads) == len(batches) == len(f)
+    assert set(threads) == {("feeder-transfer", True)}
+
+
+def drain_tensors(f):
+    """One pass's (images, labels) tensors as delivered, iterated in a helper thread."""
+    out, errors = [], []
+    done = threading.Event()
+
+    def run():
+        try:
+            out.extend(f)
+        except BaseException as exc:  # handed to the test's thread below
+            errors.append(exc)
+        finally:
+            done.set()
+    t = threading.Thread(target=run)
+    t.start()
+    assert done.wait(JOIN_TIMEOUT_S), "pass did not finish"
+    t.join(JOIN_TIMEOUT_S)
+    if errors:
+        raise errors[0]
+    return out
 
 
 def test_normalize_matches_formula(source):

@@ -206,6 +206,8 @@ def test_user_transform_of_wrong_size_for_one_sample_is_raised_under_skip():
     ("shuffle", "False"), ("shuffle", 0), ("shuffle", None), ("drop_last", "no"), ("drop_last", 1),
     ("ordered", 0), ("ordered", "True"),
     ("seed", 2**64), ("seed", -1), ("seed", 1.5), ("seed", True), ("seed", "0"),
+    ("memory_format", "nchw"), ("memory_format", torch.preserve_format), ("memory_format", None),
+    ("memory_format", ["contiguous"]),
 ])
 def test_bad_option_rejected_naming_it(source, option, value):
     with pytest.raises(ValueError, match=option) as info:
@@ -218,6 +220,8 @@ def test_bad_option_rejected_naming_it(source, option, value):
     ("dtype", torch.uint8), ("dtype", torch.float16), ("dtype", torch.bfloat16),
     ("dtype", torch.float32), ("dtype", torch.float64), ("shuffle", np.bool_(False)),
     ("drop_last", np.True_), ("ordered", False), ("seed", 2**64 - 1), ("seed", 0),
+    ("memory_format", "contiguous"), ("memory_format", torch.contiguous_format),
+    ("memory_format", "channels_last"), ("memory_format", torch.channels_last),
 ])
 def test_good_option_accepted(source, option, value):
     with Feeder(source, 4, [ops.CenterCrop(16)], **{option: value}) as f:

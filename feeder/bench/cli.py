@@ -4,9 +4,43 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
+import time
+from pathlib import Path
 
-DEFAULT_OUT = "bench/results"
+# Without --out, each run writes into a new folder of this name (plus a time
+# stamp): never into an existing results folder, and never into the package's
+# own checkout, whose bench/results/ holds the published figures (bench/run_all.sh
+# regenerates them there with an explicit --out).
+OUT_PREFIX = "feeder-bench-results-"
+DEFAULT_OUT_HELP = (f"./{OUT_PREFIX}<date>-<time>, or the same under the system temp folder when "
+                    f"the current folder is inside feeder's source checkout")
+
+
+def checkout_root() -> Path | None:
+    """The source checkout the running ``feeder`` package comes from, if any
+    (an editable install or a run from the repository); None when installed."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "bench").is_dir() else None
+
+
+def default_out(cwd: str | None = None) -> str:
+    """A new, empty results folder (created here): ``./feeder-bench-results-<stamp>``,
+    or under :func:`tempfile.gettempdir` when ``cwd`` is inside the source checkout."""
+    here = Path(cwd or os.getcwd()).resolve()
+    root = checkout_root()
+    parent = Path(tempfile.gettempdir()) if root is not None and here.is_relative_to(root) else here
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        path = parent / (OUT_PREFIX + stamp + ("" if n == 1 else f"-{n}"))
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:  # two runs in the same second
+            continue
+        return str(path)
+    raise FileExistsError(f"no free results folder name under {parent} for {OUT_PREFIX}{stamp}")
 
 
 def _ints(text: str) -> list[int]:
@@ -40,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, out: bool = True) -> None:
         p.add_argument("dir", help="ImageFolder dataset root (root/<class>/<image>)")
         if out:
-            p.add_argument("--out", default=DEFAULT_OUT,
-                           help=f"folder for CSV/JSON/PNG results (default {DEFAULT_OUT})")
+            p.add_argument("--out", default=None,
+                           help=f"folder for CSV/JSON/PNG results (default: a new folder, "
+                                f"{DEFAULT_OUT_HELP})")
             p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
 
     p = sub.add_parser("make-data", help="write a deterministic ImageFolder of photo-like JPEGs")
@@ -121,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import report
 
     report.set_quiet(args.quiet)
+    if getattr(args, "out", "") is None:
+        args.out = default_out()
+        report.progress(f"results in {args.out} (--out to choose)")
     if args.command == "make-data":
         from . import data as module
     elif args.command == "compare":

@@ -44,6 +44,28 @@ def test_batches_on_device_with_layout_and_pinned_buffers(big_source):
     assert free and all(b.images_t.is_pinned() and b.labels_t.is_pinned() for b in free)
 
 
+@pytest.mark.parametrize("kw", [{}, {"dtype": torch.float32}, {"dtype": torch.float16, "normalize": (MEAN, STD)}])
+def test_contiguous_memory_format_on_device(big_source, kw):
+    with make(big_source, device="cpu", **kw) as cpu, \
+         make(big_source, device="cuda", memory_format="contiguous", **kw) as gpu:
+        cpu.set_epoch(1)
+        gpu.set_epoch(1)
+        a, err_a = drain(cpu)
+        it = iter(gpu)
+        x, _ = next(it)
+        assert x.is_cuda and x.is_contiguous() and x.view(len(x), -1).shape[1] == 3 * 48 * 48
+        del it, x
+        gpu.set_epoch(1)
+        b, err_b = drain(gpu)
+    assert err_a is None and err_b is None and len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        if xa.dtype == np.uint8:
+            np.testing.assert_array_equal(xa, xb)
+        else:  # float kernels may differ in the last bit (fused multiply-add)
+            np.testing.assert_allclose(xa, xb, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)}, {"dtype": torch.float16,
                                                                   "normalize": (MEAN, STD)}])
 def test_values_identical_to_cpu_path(big_source, kw):
