@@ -152,3 +152,23 @@ def drain(iterable, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
 
 def labels_of(batches) -> list[int]:
     return [int(v) for _, y in batches for v in y]
+
+
+def run_in_thread(fn, timeout: float = JOIN_TIMEOUT_S):
+    """Run ``fn`` in a helper thread; fail the test if it does not return in time."""
+    out: list = []
+
+    def target():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append(("err", exc))
+
+    t = threading.Thread(target=target, name="test-helper", daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} did not return within {timeout} s (deadlock or hang)"
+    kind, value = out[0]
+    if kind == "err":
+        raise value
+    return value

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of, run_in_thread
 from faults_helpers import Gate, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
 
@@ -172,23 +172,8 @@ def _shards(blobs, world, **options):
 
 def drain_infos(f):
     """One pass's (batch number, source indices from ``last_batch``) pairs."""
-    out, errors = [], []
-    done = threading.Event()
-
-    def run():
-        try:
-            for _, labels in f:
-                out.append((f.last_batch.number, f.last_batch.indices.tolist(), labels.tolist()))
-        except BaseException as exc:  # handed to the test's thread below
-            errors.append(exc)
-        finally:
-            done.set()
-    t = threading.Thread(target=run)
-    t.start()
-    assert done.wait(JOIN_TIMEOUT_S), "pass did not finish"
-    t.join(JOIN_TIMEOUT_S)
-    if errors:
-        raise errors[0]
+    out = run_in_thread(lambda: [(f.last_batch.number, f.last_batch.indices.tolist(), labels.tolist())
+                                 for _, labels in f])
     assert all(indices == labels for _, indices, labels in out)  # labels are the indices here
     return [(number, indices) for number, indices, _ in out]
 
@@ -307,23 +292,7 @@ def test_layout_is_changed_in_the_transfer_thread(source, monkeypatch, dtype):
 
 def drain_tensors(f):
     """One pass's (images, labels) tensors as delivered, iterated in a helper thread."""
-    out, errors = [], []
-    done = threading.Event()
-
-    def run():
-        try:
-            out.extend(f)
-        except BaseException as exc:  # handed to the test's thread below
-            errors.append(exc)
-        finally:
-            done.set()
-    t = threading.Thread(target=run)
-    t.start()
-    assert done.wait(JOIN_TIMEOUT_S), "pass did not finish"
-    t.join(JOIN_TIMEOUT_S)
-    if errors:
-        raise errors[0]
-    return out
+    return run_in_thread(lambda: list(f))
 
 
 def test_normalize_matches_formula(source):

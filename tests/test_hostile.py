@@ -19,7 +19,7 @@ import time
 import pytest
 
 import feeder._feeder as feeder_mod
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, run_in_thread
 from faults_helpers import distinct_jpegs, feeder_factory, rss_mb
 from feeder import Feeder, FeederError, FeederTimeoutError, SampleError, ops
 
@@ -32,26 +32,6 @@ def blobs() -> list[bytes]:
 
 
 make = feeder_factory(batch_size=4, transforms=[ops.CenterCrop(SIDE)], shuffle=False, decode_threads=2)
-
-
-def run_in_thread(fn, timeout: float = JOIN_TIMEOUT_S):
-    """Run ``fn`` in a helper thread; fail the test if it does not return in time."""
-    out: list = []
-
-    def target():
-        try:
-            out.append(("ok", fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(("err", exc))
-
-    t = threading.Thread(target=target, name="test-helper", daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"{fn} did not return within {timeout} s (deadlock or hang)"
-    kind, value = out[0]
-    if kind == "err":
-        raise value
-    return value
 
 
 class BlockingSource(MemorySource):

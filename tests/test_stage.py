@@ -193,14 +193,20 @@ def _completed_batch(pool, index, indices, labels):
     return b
 
 
-def test_transfer_sequences_batches_and_delivers_their_sample_indices():
-    control = Control()
-    pool = BufferPool(8, 2, 1, 1, pin=False)
+def started_transfer(batch_size):
+    """A float32 CPU transfer stage, started, with its pool and channels."""
+    pool = BufferPool(8, batch_size, 1, 1, pin=False)
     inbox, outbox = Channel("collate", 10), Channel("output", 10)
-    collator = Collator(2, ordered=True, drop_last=False, release=pool.release)
+    collator = Collator(batch_size, ordered=True, drop_last=False, release=pool.release)
     device = torch.device("cpu")
-    transfer = Transfer(control, collator, pool, device, Converter(torch.float32, None, device), inbox, outbox)
+    transfer = Transfer(Control(), collator, pool, device, Converter(torch.float32, None, device),
+                        inbox, outbox)
     transfer.start()
+    return transfer, pool, inbox, outbox
+
+
+def test_transfer_sequences_batches_and_delivers_their_sample_indices():
+    transfer, pool, inbox, outbox = started_transfer(2)
     inbox.put(_completed_batch(pool, 1, [30, 31], [3, 4]))  # out of order: waits for batch 0
     inbox.put(_completed_batch(pool, 0, [10, 11], [1, 2]))
     inbox.put(END)
@@ -217,13 +223,7 @@ def test_transfer_sequences_batches_and_delivers_their_sample_indices():
 
 
 def test_transfer_moves_indices_with_samples_when_filling_holes():
-    control = Control()
-    pool = BufferPool(8, 3, 1, 1, pin=False)
-    inbox, outbox = Channel("collate", 10), Channel("output", 10)
-    collator = Collator(3, ordered=True, drop_last=False, release=pool.release)
-    device = torch.device("cpu")
-    transfer = Transfer(control, collator, pool, device, Converter(torch.float32, None, device), inbox, outbox)
-    transfer.start()
+    transfer, pool, inbox, outbox = started_transfer(3)
     a = _completed_batch(pool, 0, [5, 6, 7], [50, 60, 70])
     a.holes.append(1)  # sample 6 was skipped
     inbox.put(a)

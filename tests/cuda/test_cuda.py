@@ -24,6 +24,18 @@ SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of del
 
 
 @pytest.fixture
+
+def assert_same_batches(a, err_a, b, err_b, close_floats):
+    """Two drained passes delivered the same labels, the same uint8 images, and float
+    images that ``close_floats`` accepts (float kernels may differ in the last bit)."""
+    assert err_a is None and err_b is None and len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        if xa.dtype == np.uint8:
+            np.testing.assert_array_equal(xa, xb)
+        else:
+            close_floats(xa, xb)
+
 def big_source(jpeg_blobs):
     return MemorySource(list(jpeg_blobs) * 4)  # 240 samples
 
@@ -57,13 +69,8 @@ def test_contiguous_memory_format_on_device(big_source, kw):
         del it, x
         gpu.set_epoch(1)
         b, err_b = drain(gpu)
-    assert err_a is None and err_b is None and len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        np.testing.assert_array_equal(ya, yb)
-        if xa.dtype == np.uint8:
-            np.testing.assert_array_equal(xa, xb)
-        else:  # float kernels may differ in the last bit (fused multiply-add)
-            np.testing.assert_allclose(xa, xb, rtol=1e-3, atol=1e-3)
+    assert_same_batches(a, err_a, b, err_b, lambda xa, xb: np.testing.assert_allclose(
+        xa, xb, rtol=1e-3, atol=1e-3))
 
 
 @pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)}, {"dtype": torch.float16,
@@ -74,14 +81,9 @@ def test_values_identical_to_cpu_path(big_source, kw):
         gpu.set_epoch(2)
         a, err_a = drain(cpu)
         b, err_b = drain(gpu)
-    assert err_a is None and err_b is None and len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        np.testing.assert_array_equal(ya, yb)
-        if xa.dtype == np.uint8:
-            np.testing.assert_array_equal(xa, xb)
-        else:  # float kernels may differ in the last bit (fused multiply-add)
-            np.testing.assert_allclose(xa.astype(np.float32), xb.astype(np.float32),
-                                       rtol=0, atol=1e-5 if xa.dtype == np.float32 else 1e-2)
+    assert_same_batches(a, err_a, b, err_b, lambda xa, xb: np.testing.assert_allclose(
+        xa.astype(np.float32), xb.astype(np.float32), rtol=0,
+        atol=1e-5 if xa.dtype == np.float32 else 1e-2))
 
 
 def test_copies_run_on_a_side_stream(big_source, tmp_path):
