@@ -231,3 +231,16 @@ def test_not_a_state(source):
             f.load_state_dict({"version": 99})
         with pytest.raises(ValueError, match="version"):
             f.load_state_dict([1, 2])
+
+
+def test_damaged_ordered_state_is_rejected(source):
+    """Under ordered=True, on_error="raise" the delivered samples must be the
+    head of the epoch's order: anything else could not give the same batches."""
+    _, state = interrupted(source, 2)
+    bits = np.unpackbits(np.frombuffer(state["delivered"], np.uint8), count=60).astype(bool)
+    first = int(np.flatnonzero(bits)[0])
+    bits[first] = False
+    bits[int(np.flatnonzero(~bits)[-1])] = True
+    state["delivered"] = np.packbits(bits).tobytes()
+    with make(source) as f, pytest.raises(ValueError, match="delivered"):
+        f.load_state_dict(state)
