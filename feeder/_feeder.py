@@ -435,8 +435,8 @@ class Feeder:
                 order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
                                    current["seed"], epoch, self.rank, self.world_size)
                 n = int(done.sum())
-                if n != state["batches"] * c.batch_size and n != len(order) or \
-                        not done[order[:n]].all():
+                whole = n in (state["batches"] * c.batch_size, len(order))
+                if not whole or not done[order[:n]].all():
                     raise ValueError(f"state['delivered'] is not the start of epoch {epoch}'s "
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
