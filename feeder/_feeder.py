@@ -21,7 +21,8 @@ from ._batch import BufferPool, Scratch
 from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._sampler import check_epoch, num_batches, shard_size, shard_sizes
+from ._resume import FORMAT_VERSION, Progress, check_settings, describe_transforms, pack, unpack
+from ._sampler import check_epoch, num_batches, pass_order, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure
@@ -95,7 +96,8 @@ class _Engine:
         _reaper.ensure_running()
         _live_engines.add(self)
 
-    def start_pass(self, seed: int, epoch: int, rank: int, world_size: int) -> Pass:
+    def start_pass(self, seed: int, epoch: int, rank: int, world_size: int,
+                   done: Any = None) -> Pass:
         _reaper.ensure_running()  # after a fork, the child's first pass restarts it
         with self.lock:
             if self.closed:
@@ -112,7 +114,7 @@ class _Engine:
             self.book.start()
             self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
             run = Pass(self.settings, self.source, self.work, self.pool, self.book, self.scratch,
-                       seed, epoch, rank, world_size)
+                       seed, epoch, rank, world_size, done)
             self.current = run
             self.passes.append(run)
             run.start()
@@ -303,6 +305,9 @@ class Feeder:
         self.seed = cfg.seed if cfg.seed is not None else _default_seed(self.world_size)
         self.last_batch: BatchInfo | None = None
         self._next_epoch = 0
+        self._progress: Progress | None = None  # the latest pass's
+        # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
+        self._resume: tuple[Progress, int] | None = None
         self._engine = _Engine(self.config, source, self.chain)
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
@@ -347,14 +352,116 @@ class Feeder:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self._next_epoch = epoch
+        if self._resume is not None and self._resume[0].epoch != epoch:
+            self._resume = None  # another epoch than the loaded state's unfinished one
+
+    # -- checkpoints ---------------------------------------------------------
+    def _settings(self) -> dict[str, Any]:
+        """The settings that decide which samples a pass delivers, in which batches."""
+        c = self.config
+        return {"source_length": len(self.source), "seed": self.seed, "batch_size": c.batch_size,
+                "shuffle": c.shuffle, "drop_last": c.drop_last, "ordered": c.ordered,
+                "on_error": c.on_error, "rank": self.rank, "world_size": self.world_size,
+                "image_size": tuple(self.image_size), "exif_orientation": c.exif_orientation,
+                "transforms": describe_transforms(self.chain.transforms)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the feeder stands, for a checkpoint: a small picklable dict.
+
+        Taken between batches (before any pass, mid-pass or after one), it lets
+        :meth:`load_state_dict` on a new feeder continue where this one stopped.
+        It holds the epoch of an unfinished pass, the samples that pass has
+        delivered and skipped (one bit per source sample each), the next epoch,
+        and the settings that decide the output (checked on load).
+        """
+        epoch: int | None = None
+        delivered = skipped = None
+        batches = 0
+        next_epoch = self._next_epoch
+        if self._resume is not None:
+            progress, next_epoch = self._resume
+        else:
+            progress = self._progress
+            if progress is not None and progress.ended:
+                progress = None
+        if progress is not None:
+            epoch = progress.epoch
+            done, failed, batches = progress.snapshot()
+            delivered, skipped = pack(done), pack(failed)
+        return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                "batches": batches, "delivered": delivered, "skipped": skipped,
+                "skipped_total": self.stats().skipped, "settings": self._settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a feeder with the same source and settings.
+
+        The next ``iter(feeder)`` finishes the saved unfinished pass (only the
+        samples it had not delivered or skipped), then later passes continue the
+        saved epoch numbering. ``set_epoch`` afterwards overrides the epoch as
+        usual: another epoch than the unfinished pass's starts that epoch from
+        its beginning. Thread counts and queue sizes may differ from the saving
+        feeder's. A feeder built with ``seed=None`` takes the saved seed.
+
+        Raises:
+            ValueError: the state is not one of these, or a setting that decides
+                the output differs (source length, seed, batch size, shuffle,
+                drop_last, ordered, on_error, rank, world_size, image size,
+                transforms); the message names the field and both values.
+        """
+        if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
+            found = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} (got {found!r})")
+        settings = state.get("settings")
+        current = self._settings()
+        if (self.config.seed is None and isinstance(settings, dict)
+                and isinstance(settings.get("seed"), int)):
+            current["seed"] = settings["seed"]
+        check_settings(settings, current)
+        epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
+        for name, value in (("epoch", epoch), ("next_epoch", next_epoch),
+                            ("batches", state.get("batches"))):
+            if not (value is None and name == "epoch") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
+        resume = None
+        if epoch is not None:
+            length = len(self.source)
+            done = unpack(state.get("delivered"), length, "delivered")
+            skipped = unpack(state.get("skipped"), length, "skipped")
+            c = self.config
+            if c.ordered and c.on_error == "raise":
+                # The delivered samples must be the head of the epoch's order,
+                # else the rest would not be the uninterrupted run's batches.
+                order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
+                                   current["seed"], epoch, self.rank, self.world_size)
+                n = int(done.sum())
+                whole = n in (state["batches"] * c.batch_size, len(order))
+                if not whole or not done[order[:n]].all():
+                    raise ValueError(f"state['delivered'] is not the start of epoch {epoch}'s "
+                                     f"order ({n} samples in {state['batches']} batches): the "
+                                     f"state is damaged or from other settings")
+            resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)
+        self.seed = current["seed"]
+        self._resume = resume
+        self._progress = None
+        self._next_epoch = epoch if epoch is not None else next_epoch
 
     # -- iteration ---------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Start a new pass (stopping any unfinished one) and return its iterator."""
         epoch = self._next_epoch
         self._next_epoch += 1
-        run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size)
-        it = _PassIterator(self, run)
+        resume, self._resume = self._resume, None
+        done = None
+        if resume is not None and resume[0].epoch == epoch:
+            progress, self._next_epoch = resume
+            done = progress.handled()
+        else:
+            progress = Progress(epoch, len(self.source))
+        run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size, done)
+        progress.run = run
+        self._progress = progress
+        it = _PassIterator(self, run, progress)
         # Like DataLoader's iterator: once the loop drops it (a break, an
         # exception), its pass stops and its threads and buffers are freed. The
         # collector may free it while this very thread holds a pass lock, so the
@@ -401,9 +508,10 @@ class _PassIterator:
     gets ``StopIteration`` at the end of the pass, or the pass's error.
     """
 
-    def __init__(self, feeder: Feeder, run: Pass) -> None:
+    def __init__(self, feeder: Feeder, run: Pass, progress: Progress) -> None:
         self._feeder = feeder  # keeps the feeder alive while a pass is iterated
         self._run = run
+        self._progress = progress  # what state_dict() says this pass has delivered
         self._book = run.book
         self._cuda = run.cfg.device.type == "cuda"
         self._timeout = feeder.config.timeout
@@ -446,6 +554,7 @@ class _PassIterator:
             # Other threads sharing this iterator may wait in get(): closing the
             # output wakes them, and they see the end too.
             run.output_ended = True
+            self._progress.ended = True
             run.output.close()
             raise StopIteration
         if isinstance(item, Failure):
@@ -465,7 +574,10 @@ class _PassIterator:
             images.record_stream(stream)
             labels.record_stream(stream)
         book.delivered(images.shape[0])
-        self._feeder.last_batch = BatchInfo(run.epoch, item.number, torch.from_numpy(item.indices))
+        progress = self._progress
+        progress.record(item.indices)
+        self._feeder.last_batch = BatchInfo(run.epoch, progress.first_batch + item.number,
+                                            torch.from_numpy(item.indices))
         return images, labels
 
     def _get(self, run: Pass, t0: float) -> Any:

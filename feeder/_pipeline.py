@@ -120,7 +120,7 @@ class Pass:
 
     def __init__(self, cfg: PassSettings, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, done: Any = None) -> None:
         self.cfg = cfg
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self.pool = pool
@@ -138,6 +138,8 @@ class Pass:
         self.output_ended = False
         # Set in a forked child: this pass's threads do not exist there.
         self.orphaned = False
+        # Source indices skipped under on_error="skip" (a resumed pass does not retry them).
+        self.skipped_indices: list[int] = []
 
         read, decode, augment = steps(source, work, scratch, seed, epoch)
         specs = topology(cfg, read, decode, augment)
@@ -149,8 +151,10 @@ class Pass:
         skip = cfg.on_error == "skip"
 
         def order() -> list[int]:
-            return pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
+            full = pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
                               epoch, rank, world_size)
+            # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
+            return full if done is None else [i for i in full if not done[i]]
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (
@@ -300,6 +304,7 @@ class Pass:
                 budget.__cause__ = err
                 err = budget  # type: ignore[assignment]
         if skip:
+            self.skipped_indices.append(task.index)
             batch.holes.append(task.slot)
         else:
             batch.fail(task.slot, err)

@@ -1,0 +1,108 @@
+"""Mid-epoch resume: what a pass has delivered, and the state dict that carries it.
+
+A pass records the source indices of every batch the training loop has taken
+(and of every sample it skipped under ``on_error="skip"``). A resumed pass of the
+same epoch dispatches the rest of that epoch's order, in order, leaving those
+out. With ``ordered=True`` and ``on_error="raise"`` the delivered samples are
+exactly the first ``samples`` of the order and state is taken between batches,
+so the rest is ``order[samples:]`` cut at the same batch boundaries: the
+remaining batches are the uninterrupted run's, pixel for pixel (each sample's
+randomness depends on (seed, epoch, index) alone). Otherwise batches are made
+of whatever is left, and each sample not yet delivered comes exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+# Default reprs of functions and objects carry a memory address that differs
+# between processes; it says nothing about what the transform does.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class Progress:
+    """What one pass (of one epoch) has handled so far.
+
+    Args:
+        epoch: The pass's epoch.
+        length: ``len(source)``.
+        done: Delivered samples from an earlier run of this epoch (a resume), or None.
+        skipped: Samples an earlier run of this epoch skipped, or None.
+        batches: Batches that earlier run delivered.
+    """
+
+    def __init__(self, epoch: int, length: int, done: np.ndarray | None = None,
+                 skipped: np.ndarray | None = None, batches: int = 0) -> None:
+        self.epoch = epoch
+        self.delivered = np.zeros(length, bool) if done is None else done.copy()
+        self.skipped = np.zeros(length, bool) if skipped is None else skipped.copy()
+        self.first_batch = batches  # the number of this run's first batch
+        self.batches = batches
+        self.ended = False  # the training loop has taken the end of the pass
+        self.run: Any = None  # the Pass, for the samples it skipped
+        self._lock = threading.Lock()  # threads sharing one iterator record concurrently
+
+    def handled(self) -> np.ndarray:
+        """Samples a resumed pass must not dispatch again: delivered or skipped."""
+        return self.delivered | self.skipped
+
+    def record(self, indices: np.ndarray) -> None:
+        with self._lock:
+            self.delivered[indices] = True
+            self.batches += 1
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(delivered, skipped, batches), consistent with each other."""
+        with self._lock:
+            delivered, batches = self.delivered.copy(), self.batches
+        skipped = self.skipped.copy()
+        run = self.run
+        if run is not None:
+            skipped[list(run.skipped_indices)] = True
+        return delivered, skipped & ~delivered, batches
+
+
+def describe_transforms(transforms: list[Any]) -> list[str]:
+    """The transforms' reprs, without memory addresses."""
+    return [_ADDRESS.sub("", repr(t)) for t in transforms]
+
+
+def pack(bits: np.ndarray) -> bytes:
+    return np.packbits(bits).tobytes()
+
+
+def unpack(data: Any, length: int, field: str) -> np.ndarray:
+    if not isinstance(data, (bytes, bytearray)) or len(data) != (length + 7) // 8:
+        raise ValueError(f"state[{field!r}]: expected {(length + 7) // 8} bytes for "
+                         f"{length} samples, got {type(data).__name__} "
+                         f"of length {len(data) if hasattr(data, '__len__') else '?'}")
+    return np.unpackbits(np.frombuffer(bytes(data), np.uint8), count=length).astype(bool)
+
+
+def check_settings(saved: Any, current: dict[str, Any]) -> None:
+    """Refuse a state whose output-determining settings differ from this feeder's.
+
+    Raises:
+        ValueError: naming the first differing field and both values.
+    """
+    if not isinstance(saved, dict):
+        raise ValueError(f"state['settings'] must be a dict, got {type(saved).__name__}")
+    for name, value in current.items():
+        if name not in saved:
+            raise ValueError(f"state['settings'] lacks {name!r}")
+        if _normal(saved[name]) != _normal(value):
+            raise ValueError(f"cannot resume: {name} differs (saved {saved[name]!r}, "
+                             f"this feeder {value!r})")
+
+
+def _normal(value: Any) -> Any:
+    # A state through torch.save/load or JSON-like tools may turn tuples into lists.
+    if isinstance(value, (list, tuple)):
+        return tuple(_normal(v) for v in value)
+    return value
