@@ -13,7 +13,7 @@ import torch
 
 from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
-from ._threads import auto_threads, available_cores
+from ._threads import auto_threads, cores_for_this_rank
 
 _ON_ERROR = ("raise", "skip")
 
@@ -186,7 +186,7 @@ class Config:
                             f"the options are: {', '.join(known)}")
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
-        auto_decode, auto_augment = auto_threads(available_cores())
+        auto_decode, auto_augment = auto_threads(cores_for_this_rank())
         if values["decode_threads"] == "auto":
             values["decode_threads"] = auto_decode
         if values["augment_threads"] == "auto":

@@ -300,9 +300,14 @@ class Feeder:
         self.config = cfg = Config.build(batch_size=batch_size, **options)
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels)
-        self.rank, self.world_size = _shard(cfg.rank, cfg.world_size)
+        # Ranks are resolved again at every pass (see ``rank``): a feeder built
+        # before init_process_group must shard once the group exists.
+        self._given_shard = (cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
-        self.seed = cfg.seed if cfg.seed is not None else _default_seed(self.world_size)
+        # Drawn now from torch's generator (torch.manual_seed makes runs repeatable);
+        # agreed on across ranks at the first pass that runs under torch.distributed.
+        self.seed = cfg.seed if cfg.seed is not None else _local_seed(*self._given_shard)
+        self._seed_agreed = cfg.seed is not None
         self.last_batch: BatchInfo | None = None
         self._next_epoch = 0
         self._progress: Progress | None = None  # the latest pass's
@@ -341,6 +346,17 @@ class Feeder:
         forever on the ranks that have finished.
         """
         return shard_sizes(len(self.source), self.world_size, self.config.drop_last)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, else ``torch.distributed``'s once it is
+        initialized, else 0. Read again at every pass."""
+        return _shard(*self._given_shard)[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks sharing the data (see :attr:`rank`)."""
+        return _shard(*self._given_shard)[1]
 
     def __len__(self) -> int:
         """This rank's batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
@@ -458,7 +474,13 @@ class Feeder:
             done = progress.handled()
         else:
             progress = Progress(epoch, len(self.source))
-        run = self._engine.start_pass(self.seed, epoch, self.rank, self.world_size, done)
+        rank, world_size = self.rank, self.world_size
+        if world_size > 1:
+            check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
+            if not self._seed_agreed:
+                self.seed = _agreed_seed(self.seed, world_size)
+                self._seed_agreed = True
+        run = self._engine.start_pass(self.seed, epoch, rank, world_size, done)
         progress.run = run
         self._progress = progress
         it = _PassIterator(self, run, progress)
@@ -662,36 +684,53 @@ def _close_when_collected(engine: "_Engine") -> None:
     engine.free()
 
 
-def _default_seed(world_size: int) -> int:
-    """A seed from torch's generator; with several ranks, rank 0's for all of them.
+def _local_seed(rank: int | None, world_size: int | None) -> int:
+    """The seed of ``seed=None``: from torch's generator; 0 when ranks are given by
+    hand with no process group to agree through (as ``DistributedSampler`` does)."""
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    dist = torch.distributed
+    if world_size is not None and world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+        log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
+                 world_size)
+        return 0
+    return seed
+
+
+def _agreed_seed(seed: int, world_size: int) -> int:
+    """Rank 0's seed, for every rank (a collective call: every rank starts its first
+    pass at the same point of the script, as with DistributedSampler's set_epoch).
 
     The order is cut into shards after shuffling, so every rank must shuffle
     alike: ranks often seed torch differently (``manual_seed(base + rank)``),
     which would make the shards overlap.
     """
-    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-    if world_size == 1:
-        return seed
     dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        box = [seed]
-        dist.broadcast_object_list(box, src=0)
-        return int(box[0])
-    # rank/world_size given by hand, no process group to agree through: use a
-    # fixed seed, as DistributedSampler does.
-    log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
-             world_size)
-    return 0
+    if not (dist.is_available() and dist.is_initialized()):
+        return seed
+    box = [seed]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
 
 
 def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's (rank, world_size): as given (checked by Config), else from
-    ``torch.distributed`` when it is initialized, else (0, 1)."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
+    """This process's (rank, world_size): from ``torch.distributed`` when it is
+    initialized (given values must agree with it), else as given (checked by
+    Config), else (0, 1).
+
+    Raises:
+        ValueError: ``rank``/``world_size`` were given and contradict the process group.
+    """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        actual = dist.get_rank(), dist.get_world_size()
+        if actual[1] > 1 and world_size is not None and (rank, world_size) != actual:
+            raise ValueError(f"Feeder(rank={rank}, world_size={world_size}) contradicts "
+                             f"torch.distributed (rank {actual[0]} of {actual[1]}); leave them "
+                             f"unset to follow the process group")
+        if world_size is None or actual[1] > 1:
+            return actual
+    if rank is not None and world_size is not None:
+        return rank, world_size
     return 0, 1
 
 

@@ -20,6 +20,28 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cores_for_this_rank(affinity: int | None = None, machine: int | None = None,
+                        local_ranks: int | None = None) -> int:
+    """The cores ``"auto"`` thread counts may use in this process.
+
+    Several ranks of one job on a node (``torchrun --nproc_per_node=N`` sets
+    ``LOCAL_WORLD_SIZE``) each build a feeder. When the ranks are bound to their
+    own cores, the affinity mask already says how many this one has; when each
+    may run on the whole machine, the machine's cores are divided among them,
+    so that N ranks do not start N times too many threads.
+    """
+    affinity = available_cores() if affinity is None else affinity
+    machine = (os.cpu_count() or affinity) if machine is None else machine
+    if local_ranks is None:
+        try:
+            local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local_ranks = 1
+    if local_ranks > 1 and affinity >= machine:
+        return max(1, affinity // local_ranks)
+    return affinity
+
+
 def auto_threads(cores: int) -> tuple[int, int]:
     """Default (decode, augment) thread counts for ``cores`` cores.
 
