@@ -144,6 +144,18 @@ def _memory_format(name: str, value: object) -> str:
                          f"torch.contiguous_format), got {value!r}") from None
 
 
+def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a list of callables fn(images, labels, generator) -> "
+                         f"(images, labels), got {value!r}")
+    transforms = tuple(value)  # type: ignore[arg-type]
+    for i, t in enumerate(transforms):
+        if not callable(t):
+            raise ValueError(f"{name}[{i}] must be callable fn(images, labels, generator) -> "
+                             f"(images, labels), got {t!r}")
+    return transforms
+
+
 def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
     return None if value is None else image_size_pair(value)
 
@@ -174,6 +186,7 @@ class Config:
     max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive)
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
+    batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
 
     @classmethod
     def build(cls, **options: Any) -> "Config":
@@ -198,6 +211,14 @@ class Config:
             elif not dtype.is_floating_point:
                 raise ValueError(f"normalize needs a floating dtype, got {dtype}")
         values["dtype"] = None if dtype == torch.uint8 else dtype
+        if values["dtype"] is None:
+            for t in values["batch_transforms"]:
+                # Mixing uint8 pixels would truncate every blend: refuse it here,
+                # not on the first batch.
+                if getattr(t, "needs_float", False):
+                    raise ValueError(f"batch_transforms: {t!r} needs floating images, but the "
+                                     f"feeder outputs uint8; give dtype=torch.float32 (or another "
+                                     f"floating dtype) or normalize=(mean, std)")
         if (values["rank"] is None) != (values["world_size"] is None):
             raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
                              f"world_size={values['world_size']})")

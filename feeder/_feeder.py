@@ -267,6 +267,14 @@ class Feeder:
         exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
             False (default): pixels come out as stored, for every format, as
             with torchvision's ``decode_jpeg``.
+        batch_transforms: Transforms of whole batches on ``device``, after the
+            dtype conversion and normalization, in the transfer thread (on its
+            side stream for CUDA): :class:`~feeder.ops.MixUp`,
+            :class:`~feeder.ops.CutMix`, or callables ``fn(images, labels,
+            generator) -> (images, labels)``; ``generator`` is a
+            ``torch.Generator`` on ``device`` seeded from (seed, epoch, batch
+            number), so results do not depend on thread counts. One that needs
+            floating images (``needs_float = True``) is refused with uint8 output.
 
     Raises:
         ValueError: an option is invalid, or an epoch would have no batch on

@@ -40,7 +40,7 @@ from ._sample import Task
 from ._sampler import Sampler, pass_order
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
-from ._transfer import Converter, Transfer
+from ._transfer import BatchTransforms, Converter, Transfer
 from ._work import SampleWork, steps
 from .errors import ConfigError, FeederError, SampleError
 from .sources import describe
@@ -85,6 +85,7 @@ class PassSettings:
     dtype: torch.dtype | None
     normalize: Any
     memory_format: str
+    batch_transforms: tuple[Any, ...]
 
 
 def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step) -> list[StageSpec]:
@@ -163,7 +164,9 @@ class Pass:
               for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
             Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device,
                                                                cfg.memory_format),
-                     self.ready, self.output),
+                     self.ready, self.output,
+                     BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
+                     if cfg.batch_transforms else None),
         )
         for ch in self.channels:
             book.attach_channel(ch)

@@ -4,6 +4,8 @@ Each sample gets a key derived from ``(seed, epoch, index)``; each transform in
 the chain draws from its own stream of that key. The generator is a counter
 based SplitMix64: creating one costs a few integer operations (no seeding of a
 large state), which matters on the per-sample hot path where the GIL is held.
+Batch transforms get a ``torch.Generator`` on the device, seeded from
+``(seed, epoch, batch number, position)`` (:func:`batch_generator`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -76,3 +79,21 @@ class SampleRNG:
     def numpy(self) -> np.random.Generator:
         """A ``numpy.random.Generator`` seeded from this stream (costs ~20 us; use when needed)."""
         return np.random.Generator(np.random.PCG64(self._next()))
+
+
+def batch_key(seed: int, epoch: int, number: int, position: int = 0) -> int:
+    """The 64-bit key of batch ``number`` of ``epoch`` for the batch transform at
+    ``position`` in the list (distinct from every sample and order key)."""
+    k = _mix((_mix((seed & _MASK) ^ 0x8EBC6AF09C88C6E3) + (epoch & _MASK) * _GOLDEN) & _MASK)
+    k = _mix((k ^ ((number & _MASK) * 0xD1B54A32D192ED03)) & _MASK)
+    return _mix((k + (position + 1) * _GOLDEN) & _MASK)
+
+
+def batch_generator(seed: int, epoch: int, number: int, position: int,
+                    device: torch.device) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded from :func:`batch_key`: a batch
+    transform's draws depend on (seed, epoch, batch number) only, never on which
+    thread finished which sample first."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(batch_key(seed, epoch, number, position))
+    return gen

@@ -22,6 +22,10 @@ CUDA reasoning, in one place:
   queued on the consumer's stream may still be reading it. ``record_stream``
   on the consumer's stream (done in ``next()``) makes the allocator wait for
   that stream's queued work before reusing the block.
+* Batch transforms (``batch_transforms``, e.g. MixUp) run on the side stream
+  too, after the conversion and before the event is recorded, so the consumer
+  never sees a half-mixed batch. Their generators live on the device and their
+  draws stay there: nothing in this thread waits for the device per batch.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import torch
 from ._batch import BatchBuffer, BufferPool, Collator
 from ._queue import END, Channel
 from ._reaper import watch
+from ._rng import batch_generator
 from ._stage import Control, Counters, Stage
-from .errors import FeederError
+from .errors import FeederError, StageError
 
 
 @dataclass(slots=True)
@@ -110,6 +115,57 @@ class Converter:
         return out.to(self.dtype)  # a no-op for float32 and float64; keeps the strides
 
 
+class BatchTransforms:
+    """The feeder's ``batch_transforms`` for one pass, applied to whole batches on the device.
+
+    Each transform gets a generator seeded from (seed, epoch, batch number, its
+    position in the list), so its draws do not depend on thread counts or timing.
+
+    Args:
+        transforms: Callables ``fn(images, labels, generator) -> (images, labels)``.
+        seed: The feeder's seed.
+        epoch: The pass's epoch.
+        device: Where batches are transformed (the generators' device).
+    """
+
+    def __init__(self, transforms: tuple[Any, ...], seed: int, epoch: int,
+                 device: torch.device) -> None:
+        self.transforms = transforms
+        self.seed = seed
+        self.epoch = epoch
+        self.device = device
+        # Transforms with a class count take labels in [0, num_classes).
+        self.bounds = [(t, t.num_classes) for t in transforms
+                       if isinstance(getattr(t, "num_classes", None), int)]
+
+    def check_labels(self, labels: np.ndarray, indices: np.ndarray, number: int) -> None:
+        """Raise :class:`StageError` naming the batch, sample and label when a label
+        is outside a transform's classes. Checked on the host copy of the labels:
+        on the device the check would make this thread wait for the copy."""
+        for t, num_classes in self.bounds:
+            bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+            if bad.size:
+                i = int(bad[0])
+                raise StageError("transfer", f"batch {number} of epoch {self.epoch}: label "
+                                 f"{int(labels[i])} of sample {int(indices[i])} is out of range "
+                                 f"[0, {num_classes}) of batch transform {t!r}")
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        for position, t in enumerate(self.transforms):
+            gen = batch_generator(self.seed, self.epoch, number, position, self.device)
+            try:
+                images, labels = t(images, labels, gen)
+            except Exception as exc:
+                raise StageError("transfer", f"batch transform {t!r} failed on batch {number} of "
+                                 f"epoch {self.epoch}: {type(exc).__name__}: {exc}") from exc
+            if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
+                raise StageError("transfer", f"batch transform {t!r} must return (images, labels) "
+                                 f"tensors; got ({type(images).__name__}, "
+                                 f"{type(labels).__name__}) on batch {number}")
+        return images, labels
+
+
 class Transfer(Stage):
     """Collates finished buffers (in order when asked) and delivers them.
 
@@ -120,15 +176,18 @@ class Transfer(Stage):
         device: Where batches go.
         convert: uint8 -> the output dtype, on ``device``.
         inbox: Completed batches; outbox: deliveries for ``next()``.
+        batch: Batch transforms run after ``convert``, or None.
     """
 
     def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
-                 convert: "Converter", inbox: Channel, outbox: Channel) -> None:
+                 convert: "Converter", inbox: Channel, outbox: Channel,
+                 batch: BatchTransforms | None = None) -> None:
         super().__init__("transfer", 1, control, inbox, outbox)
         self.collator = collator
         self.pool = pool
         self.device = device
         self.convert = convert
+        self.batch = batch
         self.delivered = 0
 
     def work(self, c: Counters) -> None:
@@ -155,6 +214,12 @@ class Transfer(Stage):
         number = self.delivered
         self.delivered += 1
         indices = buf.indices[:n].copy()
+        if self.batch is not None:
+            try:
+                self.batch.check_labels(buf.labels[:n], indices, number)
+            except BaseException:
+                self.pool.release(buf)
+                raise
         if self.device.type == "cuda":
             self._deliver_cuda(buf, n, indices, number, c)
             return
@@ -167,21 +232,34 @@ class Transfer(Stage):
             self.pool.lend(buf)
             # The last reference may go in any thread, inside any lock (see _reaper).
             watch(view, self.pool.release, buf)
+            if self.batch is not None:
+                images, labels = self.batch(images, labels, number)
             self.put(c, self.outbox, Delivery(images, labels, indices, number, None, buf))
             return
-        images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-        self.pool.release(buf)
+        try:
+            images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
+        finally:
+            self.pool.release(buf)
+        if self.batch is not None:
+            images, labels = self.batch(images, labels, number)
         self.put(c, self.outbox, Delivery(images, labels, indices, number, None))
 
     def _deliver_cuda(self, buf: BatchBuffer, n: int, indices: np.ndarray, number: int,
                       c: Counters) -> None:
         device = self.device
-        with torch.cuda.stream(self.stream):
-            images = buf.images_t[:n].to(device, non_blocking=True)
-            labels = buf.labels_t[:n].to(device, non_blocking=True)
-            images = self.convert(images.permute(0, 3, 1, 2))
-            event = torch.cuda.Event()
-            event.record(self.stream)
+        try:
+            with torch.cuda.stream(self.stream):
+                images = buf.images_t[:n].to(device, non_blocking=True)
+                labels = buf.labels_t[:n].to(device, non_blocking=True)
+                images = self.convert(images.permute(0, 3, 1, 2))
+                if self.batch is not None:
+                    images, labels = self.batch(images, labels, number)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+        except BaseException:
+            self.stream.synchronize()  # the copy may still be reading the pinned buffer
+            self.pool.release(buf)
+            raise
         try:
             self.put(c, self.outbox, Delivery(images, labels, indices, number, event))
         finally:
