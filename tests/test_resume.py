@@ -141,23 +141,16 @@ def test_every_undelivered_sample_exactly_once(mixed_blobs, ordered, on_error):
     assert not {i for i in skipped_before if saved_skipped[i]} & set(src.reads)
 
 
-def test_state_before_any_pass(source, reference):
+@pytest.mark.parametrize("passes_before", [0, 1], ids=["before-any-pass", "between-passes"])
+def test_state_outside_a_pass(source, reference, passes_before):
     with make(source) as f:
+        if passes_before:
+            epochs(f, passes_before)
         state = f.state_dict()
-    assert state["epoch"] is None and state["next_epoch"] == 0
+    assert state["epoch"] is None and state["next_epoch"] == passes_before
     with make(source) as f:
         f.load_state_dict(state)
-        assert_same(epochs(f, 1)[0], reference[0])
-
-
-def test_state_between_passes(source, reference):
-    with make(source) as f:
-        epochs(f, 1)
-        state = f.state_dict()
-    assert state["epoch"] is None and state["next_epoch"] == 1
-    with make(source) as f:
-        f.load_state_dict(state)
-        assert_same(epochs(f, 1)[0], reference[1])
+        assert_same(epochs(f, 1)[0], reference[passes_before])
 
 
 def test_state_after_last_batch_before_end(source, reference):
