@@ -64,6 +64,19 @@ def join(stage) -> None:
     assert not any(t.is_alive() for t in stage.threads)
 
 
+def run_map_stage(name, threads, steps, control, n):
+    """Build and start a map stage, feed it ``n`` items and END, drain it, join it."""
+    inbox, outbox = Channel("in", 4), Channel("out", 100)
+    stage = MapStage(name, threads, steps, control, inbox, outbox)
+    stage.start()
+    for i in range(n):
+        inbox.put(Item(i))
+    inbox.put(END)
+    out = drain_channel(outbox)
+    join(stage)
+    return stage, out
+
+
 class Item:
     def __init__(self, index):
         self.index = index
@@ -72,7 +85,6 @@ class Item:
 
 def test_map_stage_runs_its_steps_on_every_item_once_across_threads():
     control = Control()
-    inbox, outbox = Channel("in", 4), Channel("out", 100)
 
     def double(item):
         item.value *= 2
@@ -82,13 +94,7 @@ def test_map_stage_runs_its_steps_on_every_item_once_across_threads():
         item.value += 1
         return item
 
-    stage = MapStage("work", 3, (Step("double", double), Step("plus", plus_one)), control, inbox, outbox)
-    stage.start()
-    for i in range(50):
-        inbox.put(Item(i))
-    inbox.put(END)
-    out = drain_channel(outbox)
-    join(stage)
+    stage, out = run_map_stage("work", 3, (Step("double", double), Step("plus", plus_one)), control, 50)
     assert out[-1] is END and END not in out[:-1]
     assert sorted(item.value for item in out[:-1]) == [2 * i + 1 for i in range(50)]
     assert control.started == ["work"] * 3 and sorted(control.exited) == ["work"] * 3
@@ -97,7 +103,6 @@ def test_map_stage_runs_its_steps_on_every_item_once_across_threads():
 
 def test_map_stage_reports_a_failing_step_by_name_and_goes_on():
     control = Control()
-    inbox, outbox = Channel("in", 4), Channel("out", 100)
 
     def read(item):
         if item.index == 3:
@@ -109,13 +114,7 @@ def test_map_stage_reports_a_failing_step_by_name_and_goes_on():
             raise ValueError("corrupt")
         return None if item.index == 7 else item  # 7: consumed, nothing to send
 
-    stage = MapStage("decode", 2, (Step("read", read), Step("decode", decode)), control, inbox, outbox)
-    stage.start()
-    for i in range(10):
-        inbox.put(Item(i))
-    inbox.put(END)
-    out = drain_channel(outbox)
-    join(stage)
+    _, out = run_map_stage("decode", 2, (Step("read", read), Step("decode", decode)), control, 10)
     assert sorted(item.index for item in out[:-1]) == [0, 1, 2, 4, 6, 8, 9]
     assert sorted(control.failed_samples) == [("decode", 5, "ValueError"), ("read", 3, "OSError")]
 
