@@ -222,6 +222,12 @@ class Feeder:
         decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2).
         augment_threads: Threads running the transforms, or 0 to run them in the
             decode threads, or ``"auto"`` (0: measured fastest; see the README).
+        read_threads: Threads calling ``source.read``, ahead of the decode
+            threads, so that a read waiting on storage never idles a core;
+            ``"auto"``: 16 per decode thread, within [16, 128]; 0 reads in the
+            decode threads.
+        read_ahead_bytes: Most bytes read and not yet taken by a decode thread
+            (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on

@@ -114,16 +114,20 @@ class Sampler(Stage):
         outbox: Where the tasks go (the first map stage's inbox).
         collate: Where a batch goes when binding its buffer completes it (every
             sample dispatched before the binding already failed).
+        unbuffered: Most samples of a batch dispatched before it has a buffer
+            (each may need a scratch array); default: the outbox's capacity.
     """
 
     def __init__(self, control: Control, order: Callable[[], list[int]], batch_size: int, pool: BufferPool,
-                 owner: object, scratch: Scratch, outbox: Channel, collate: Channel) -> None:
+                 owner: object, scratch: Scratch, outbox: Channel, collate: Channel,
+                 unbuffered: int | None = None) -> None:
         super().__init__("sampler", 1, control, None, outbox)
         self.order = order
         self.batch_size = batch_size
         self.pool, self.owner = pool, owner  # buffers are taken on the owner's behalf
         self.scratch = scratch
         self.collate = collate
+        self.unbuffered = outbox.maxsize if unbuffered is None else unbuffered
 
     def work(self, c: Counters) -> None:
         B = self.batch_size
@@ -144,9 +148,9 @@ class Sampler(Stage):
                 # No buffer yet: start the batch anyway; its first samples wait in
                 # scratch arrays until the buffer is bound.
                 batch = Batch(b, None, len(indices))
-                # As many as the task queue holds: enough to keep every decode
-                # thread busy while the training loop hands its batch back.
-                first = min(tasks.maxsize, len(indices))
+                # Enough to keep every decode thread busy while the training loop
+                # hands its batch back (each may take a scratch array: bounded).
+                first = min(self.unbuffered, tasks.maxsize, len(indices))
                 for slot in range(first):
                     self.put(c, tasks, Task(batch, slot, indices[slot]))
                 c.begin_wait(2)  # waiting for a free buffer: downstream is behind
