@@ -109,7 +109,7 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None]:
     return out, list(classes) if isinstance(classes, list) else None
 
 
-def resolve(spec: Any) -> tuple[list[str], list[str] | None]:
+def resolve(spec: Any, options: dict | None = None) -> tuple[list[str], list[str] | None]:
     """The shard names of ``spec`` and the class names of its shard list, if any.
 
     Args:
@@ -127,7 +127,7 @@ def resolve(spec: Any) -> tuple[list[str], list[str] | None]:
             if _is_url(name):
                 from ._remote import fetch_small  # noqa: PLC0415 - fsspec only when remote
 
-                return _manifest(fetch_small(name).decode("utf-8"), name)
+                return _manifest(fetch_small(name, options=options).decode("utf-8"), name)
             with open(_local(name), encoding="utf-8") as f:
                 return _manifest(f.read(), _local(name))
         if _is_url(name):
@@ -203,6 +203,8 @@ class TarShards:
             (a 5xx status, a dropped connection), with exponential backoff.
         backoff_s: The first retry's wait, seconds (doubled each time, with jitter).
         downloads: Remote shards copied into the cache at once, in the background.
+        storage_options: Passed to the fsspec file system of remote shards
+            (credentials, endpoints; see fsspec's and the backend's docs).
 
     Raises:
         FileNotFoundError: a shard (or the directory) does not exist.
@@ -214,8 +216,8 @@ class TarShards:
     def __init__(self, spec: Any, *, label: str | None = "cls",
                  image_exts: Sequence[str] = IMAGE_EXTS, cache_dir: Any = None,
                  cache_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
-                 downloads: int = 2) -> None:
-        names, self.classes = resolve(spec)
+                 downloads: int = 2, storage_options: dict | None = None) -> None:
+        names, self.classes = resolve(spec, storage_options)
         if not names:
             raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
         self.label = None if label is None else label.lower().lstrip(".")
@@ -229,7 +231,7 @@ class TarShards:
                     from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
 
                     self._store = RemoteStore(self.files, cache_dir, cache_bytes, retries,
-                                              backoff_s, downloads)
+                                              backoff_s, downloads, storage_options)
                 shards.append(self._store.shard(name))
             else:
                 shards.append(_LocalShard(name, self.files))
