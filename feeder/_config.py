@@ -78,6 +78,14 @@ def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
     return check
 
 
+def _shuffle(name: str, value: object) -> bool | str:
+    if value == "shards" and isinstance(value, str):
+        return value
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True, False or 'shards', got {value!r}")
+    return bool(value)
+
+
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
     def check(name: str, value: object) -> str:
         if value not in allowed:
@@ -176,7 +184,8 @@ class Config:
     dtype: torch.dtype | None = _option(None, _dtype)
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
     memory_format: str = _option("channels_last", _memory_format)
-    shuffle: bool = _option(True, _flag)
+    shuffle: bool | str = _option(True, _shuffle)
+    shuffle_window: int = _option(8192, _positive)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)
     ordered: bool = _option(True, _flag)

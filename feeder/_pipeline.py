@@ -41,7 +41,7 @@ from ._batch import BufferPool, Collator, Scratch
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
-from ._sampler import Sampler, pass_order
+from ._sampler import Sampler, pass_order, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
 from ._transfer import BatchTransforms, Converter, Transfer
@@ -86,7 +86,8 @@ class PassSettings:
     decode_queue: int
     augment_queue: int
     num_buffers: int
-    shuffle: bool
+    shuffle: bool | str
+    shuffle_window: int
     drop_last: bool
     ordered: bool
     on_error: str
@@ -176,8 +177,9 @@ class Pass:
         skip = cfg.on_error == "skip"
 
         def order() -> list[int]:
+            layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)
             full = pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
-                              epoch, rank, world_size)
+                              epoch, rank, world_size, layout)
             # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
             return full if done is None else [i for i in full if not done[i]]
 

@@ -297,3 +297,74 @@ def test_skip_loses_only_truncated_samples(labelled, tmp_path):
     with _feeder(src, on_error="raise", shuffle=False) as f:
         with pytest.raises(Exception, match=f"train-000002.tar:{ix.keys[-1]}"):
             delivered(f)
+
+
+# -- shuffle="shards": the order for streaming storage -------------------------------
+
+def test_shard_order_is_pure_exactly_once_and_local():
+    from feeder._sampler import ShardLayout, shard_order
+
+    ranges = ((0, 7), (7, 20), (20, 21), (21, 40), (40, 55))
+    layout = ShardLayout(ranges, window=6)
+    shard_of = {i: k for k, (a, b) in enumerate(ranges) for i in range(a, b)}
+    a = shard_order(layout, 3, 0)
+    assert a.tolist() == shard_order(layout, 3, 0).tolist()
+    assert a.tolist() != shard_order(layout, 3, 1).tolist() != shard_order(layout, 4, 0).tolist()
+    assert sorted(a.tolist()) == list(range(55))
+    # With a window of one sample, each shard is read start to end, shards in a shuffled order.
+    one = shard_order(ShardLayout(ranges, 1), 3, 0).tolist()
+    runs = [shard_of[i] for k, i in enumerate(one) if k == 0 or shard_of[one[k - 1]] != shard_of[i]]
+    assert sorted(runs) == [0, 1, 2, 3, 4] and runs != [0, 1, 2, 3, 4]
+    assert all(one[k + 1] == one[k] + 1 for k in range(54) if shard_of[one[k]] == shard_of[one[k + 1]])
+    # Windows: each block of 6 positions holds the same samples as the unshuffled stream's block.
+    for k in range(0, 55, 6):
+        assert sorted(a[k:k + 6].tolist()) == sorted(one[k:k + 6])
+    for even in (True, False):
+        parts = [shard_order(layout, 3, 2, r, 3, even).tolist() for r in range(3)]
+        got = [i for p in parts for i in p]
+        assert len(got) == len(set(got))
+        assert [len(p) for p in parts] == ([18, 18, 18] if even else [19, 18, 18])
+        if not even:
+            assert sorted(got) == list(range(55))
+        # Each rank reads a contiguous run of the shard stream: few shards each.
+        assert all(len({shard_of[i] for i in p}) <= 3 for p in parts)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_shard_order_through_the_feeder(labelled, threads):
+    out, _ = labelled
+    src = TarShards(out)
+    for epoch in range(2):
+        seen = Counter()
+        for rank in range(2):
+            with _feeder(src, decode_threads=threads, rank=rank, world_size=2, shuffle="shards",
+                         shuffle_window=5, drop_last=False) as f:
+                f.set_epoch(epoch)
+                seen.update(delivered(f))
+        assert seen == Counter(range(60)), epoch
+
+
+def test_shard_order_resumes(labelled):
+    out, _ = labelled
+    src = TarShards(out)
+    with _feeder(src, shuffle="shards", shuffle_window=7) as f:
+        full = delivered(f)
+    with _feeder(src, shuffle="shards", shuffle_window=7) as f:
+        it = iter(f)
+        head = [int(v) for _ in range(3) for v in next(it)[1]]
+        state = f.state_dict()
+    assert state["settings"]["shuffle_window"] == 7
+    with _feeder(src, shuffle="shards", shuffle_window=7) as f:
+        f.load_state_dict(state)
+        rest = delivered(f)
+    assert head + rest == full
+    with _feeder(src, shuffle="shards", shuffle_window=8) as f:
+        with pytest.raises(ValueError, match="shuffle_window differs"):
+            f.load_state_dict(state)
+
+
+def test_shard_order_needs_shards(source):
+    with pytest.raises(ValueError, match="shuffle='shards' needs a source made of shards"):
+        _feeder(source, shuffle="shards")
+    with pytest.raises(ValueError, match="shuffle must be True, False or 'shards'"):
+        _feeder(source, shuffle="random")
