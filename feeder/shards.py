@@ -254,21 +254,24 @@ class TarShards:
         self._indices: list[ShardIndex] = indices
         counts = [len(ix) for ix in indices]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
-        self._image_member: list[np.ndarray] = []
-        self._label_member: list[np.ndarray] = []
+        # Plain lists (not numpy scalars): a read looks these up at Python speed.
+        self._image_member: list[list[int]] = []
+        self._label_member: list[list[int]] = []
+        self._offsets = [ix.offsets.tolist() for ix in indices]
+        self._sizes = [ix.sizes.tolist() for ix in indices]
         exts_seen: set[str] = set()
         for ix in indices:
             img, lab = self._pick_members(ix)
-            self._image_member.append(img)
-            self._label_member.append(lab)
+            self._image_member.append(img.tolist())
+            self._label_member.append(lab.tolist())
             exts_seen.update(ix.exts)
         n = self._starts[-1]
         found = ", ".join(sorted(exts_seen)) or "none"
-        if n and not any(int((m >= 0).sum()) for m in self._image_member):
+        if n and not any(m >= 0 for ms in self._image_member for m in ms):
             raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has an image "
                              f"field ({', '.join(self.image_exts)}); fields found: {found}; "
                              f"give image_exts=")
-        if n and self.label is not None and not any(int((m >= 0).sum()) for m in self._label_member):
+        if n and self.label is not None and not any(m >= 0 for ms in self._label_member for m in ms):
             raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has a "
                              f".{self.label} field holding its label; fields found: {found}; "
                              f"give label=None for unlabeled data (labels -1), or label='<ext>' "
@@ -328,8 +331,9 @@ class TarShards:
         ix = self._indices[s]
         if not members:
             return []
-        offs = [int(ix.offsets[m]) for m in members]
-        sizes = [int(ix.sizes[m]) for m in members]
+        all_offs, all_sizes = self._offsets[s], self._sizes[s]
+        offs = [all_offs[m] for m in members]
+        sizes = [all_sizes[m] for m in members]
         lo = min(offs)
         hi = max(o + n for o, n in zip(offs, sizes))
         if hi - lo <= sum(sizes) + _SPAN_SLACK:
@@ -355,7 +359,7 @@ class TarShards:
         """
         s, j = self.locate(index)
         ix = self._indices[s]
-        img = int(self._image_member[s][j])
+        img = self._image_member[s][j]
         if img < 0:
             raise ShardFormatError(
                 f"{self._shards[s].name}:{ix.keys[j]}: no image field (one of "
@@ -363,7 +367,7 @@ class TarShards:
                 f"{', '.join(ix.exts[m] for m in ix.members(j)) or 'nothing'}")
         if self.label is None:
             return self._read_members(s, j, [img])[0], -1
-        lab = int(self._label_member[s][j])
+        lab = self._label_member[s][j]
         if lab < 0:
             # A shard cut short loses the fields after the cut: say that, not "no label".
             self._read_members(s, j, [img])
@@ -396,7 +400,7 @@ class TarShards:
         s, j = self.locate(index)
         fields = self.read_fields(index)
         out: dict[str, Any] = {}
-        img = int(self._image_member[s][j])
+        img = self._image_member[s][j]
         for ext, data in fields.items():
             if img >= 0 and ext == self._indices[s].exts[img]:
                 out["image"] = data

@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+CONTROL = "/__feeder__/"
 
 
 @dataclass
@@ -56,6 +57,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, body: bool) -> None:
         owner = self.server.owner
+        if self.path in (CONTROL + "count", CONTROL + "reset"):
+            # The control paths of a server in another process (ServerProcess): not counted.
+            if self.path.endswith("reset"):
+                owner.reset_counts()
+            payload = str(owner.count()).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if body:
+                self.wfile.write(payload)
+            return
         if owner.latency_s:
             time.sleep(owner.latency_s)  # the storage's answer time
         fault = owner._take_fault(self.path)
@@ -202,3 +214,62 @@ class FileServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ServerProcess:
+    """A :class:`FileServer` in a process of its own (``python -m
+    feeder.bench.httpserver``), so that serving does not take CPU and GIL time
+    from the loader being measured; the same ``url``, ``count`` and ``reset_counts``."""
+
+    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0) -> None:
+        import subprocess  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "feeder.bench.httpserver", os.fspath(root), str(latency_s)],
+            stdout=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline().strip() if self._proc.stdout else ""
+        if not line.startswith("http://"):
+            self._proc.kill()
+            raise RuntimeError(f"the HTTP server did not start (said {line!r})")
+        self.url = line
+
+    def _control(self, what: str) -> int:
+        import urllib.request  # noqa: PLC0415
+
+        with urllib.request.urlopen(self.url + CONTROL + what, timeout=30) as r:
+            return int(r.read())
+
+    def count(self) -> int:
+        return self._control("count")
+
+    def reset_counts(self) -> None:
+        self._control("reset")
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except Exception:  # noqa: BLE001 - it must go
+            self._proc.kill()
+            self._proc.wait(10)
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    import signal
+    import sys
+
+    server = FileServer(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
+    sys.stdout.write(server.url + "\n")
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    try:
+        signal.pause()
+    finally:
+        server.close()
