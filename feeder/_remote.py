@@ -45,6 +45,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, Iterator, TypeVar
@@ -418,6 +419,16 @@ class RemoteStore:
         self._queued: collections.deque[RemoteShard] = collections.deque()
         self._pending: set[str] = set()
         self._active = 0
+        _stores.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the copier threads do not exist here, and a lock they
+        held stays held. Start with none; the child copies what it needs itself."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queued = collections.deque()
+        self._pending = set()
+        self._active = 0
 
     def shard(self, url: str) -> RemoteShard:
         return RemoteShard(url, self)
@@ -553,3 +564,17 @@ class RemoteStore:
         a second for them. Safe to repeat."""
         self.stop.set()
         self.wait(1.0)
+
+
+_stores: "weakref.WeakSet[RemoteStore]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _fs_lock
+    _fs_lock = threading.Lock()
+    for store in list(_stores):
+        store.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

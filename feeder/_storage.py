@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 
 # Open descriptors kept per pool: far below the usual soft limit of 1024, and
@@ -30,6 +31,15 @@ class FilePool:
         self._lock = threading.Lock()
         # path -> [fd, readers now, closed while read]
         self._open: OrderedDict[str, list] = OrderedDict()
+        _pools.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): a parent thread may have held
+        the lock, and its reads will never finish here. The descriptors are
+        inherited and stay usable (pread shares no position)."""
+        self._lock = threading.Lock()
+        for entry in self._open.values():
+            entry[1] = 0
 
     def _acquire(self, path: str) -> list:
         with self._lock:
@@ -104,3 +114,15 @@ class FilePool:
                     os.close(entry[0])
                 else:
                     entry[2] = True
+
+
+_pools: "weakref.WeakSet[FilePool]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_pools):
+        pool.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

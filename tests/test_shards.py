@@ -368,3 +368,30 @@ def test_shard_order_needs_shards(source):
         _feeder(source, shuffle="shards")
     with pytest.raises(ValueError, match="shuffle must be True, False or 'shards'"):
         _feeder(source, shuffle="random")
+
+
+def test_reads_in_a_forked_child(labelled):
+    """A DataLoader worker is a fork: the child reads through the inherited source,
+    even when a parent thread held the descriptor pool's lock at the fork."""
+    out, blobs = labelled
+    src = TarShards(out)
+    assert src.read(3) == (blobs[3], 3)
+    src.files._lock.acquire()  # as if a parent thread were inside the pool at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit status says whether the reads were right
+            ok = all(src.read(i) == (blobs[i], i) for i in range(len(src)))
+            os._exit(0 if ok else 1)
+    finally:
+        src.files._lock.release()
+    done = threading.Event()
+    for _ in range(int(JOIN_TIMEOUT_S / 0.05)):  # a bounded wait for the child
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            break
+        done.wait(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
