@@ -8,9 +8,8 @@ the first dot of its file name (``train/n0144_12.seg.png`` has key
 **Offset index.** feeder reads and writes the text index of NVIDIA DALI's
 ``wds2idx`` tool (version ``v1.2``), so that shards packed by ``feeder-pack``
 can be given to DALI's ``fn.readers.webdataset`` as they are, and an index made
-by ``wds2idx`` is used by feeder. It sits next to the shard, with the shard's
-name up to its first dot and ``.idx`` (``train-000000.tar`` ->
-``train-000000.idx``)::
+by ``wds2idx`` is used by feeder. It sits next to the shard, with ``.tar``
+replaced by ``.idx`` (``train-000000.tar`` -> ``train-000000.idx``)::
 
     v1.2 <number of samples>
     <ext> <data offset> <size> <member name> [<ext> <data offset> <size> <member name> ...]
@@ -57,12 +56,15 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 def index_path(shard: str) -> str:
-    """Where a shard's offset index lives: its name up to the first dot of the file
-    name, plus ``.idx`` (``d/train-000000.tar`` -> ``d/train-000000.idx``); works
-    for URLs too."""
-    slash = max(shard.rfind("/"), shard.rfind(os.sep)) + 1
-    dot = shard.find(".", slash + 1)
-    return (shard if dot < 0 else shard[:dot]) + ".idx"
+    """Where a shard's offset index lives: its name with ``.tar`` replaced by
+    ``.idx`` (``d/train-000000.tar`` -> ``d/train-000000.idx``, as DALI's
+    ``wds2idx`` names it); works for URLs too. Only the last extension is
+    replaced, so ``a.v1-0.tar`` and ``a.v2-0.tar`` never share an index (DALI's
+    tool would cut both at the first dot)."""
+    return (shard[:-4] if shard.endswith(".tar") else shard) + ".idx"
+
+
+COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
 
 
 class ShardFormatError(ValueError):

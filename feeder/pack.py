@@ -229,8 +229,9 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             (and ``overwrite`` is false), or the source is unusable.
         OSError: a source file cannot be read (the message names it).
     """
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
-        raise PackError(f"--name {name!r}: use letters, digits, '_', '-' and '.'")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", name):
+        # No dot: DALI's wds2idx names an index after the shard's name up to its first dot.
+        raise PackError(f"--name {name!r}: use letters, digits, '_' and '-'")
     if max_side is not None and max_side < 1:
         raise PackError(f"--max-side must be positive, got {max_side}")
     if not 1 <= quality <= 100:

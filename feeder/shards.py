@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._storage import FilePool
-from ._tar import ShardFormatError, ShardIndex, index_path, scan
+from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces"]
 
@@ -226,6 +226,10 @@ class TarShards:
         self._store = None
         shards: list[Any] = []
         for name in names:
+            if name.lower().endswith(COMPRESSED):
+                raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be read "
+                                 f"by offset; decompress it (the images inside are compressed "
+                                 f"already, so little space is lost)")
             if _is_url(name):
                 if self._store is None:
                     from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote

@@ -172,6 +172,8 @@ def test_cli(tmp_path, image_folder, capsys):
     assert os.path.exists(tmp_path / "o" / "val-000000.tar")
     assert main([str(tmp_path / "missing"), str(tmp_path / "o2"), "-q"]) == 2
     assert "neither an ImageFolder" in capsys.readouterr().err
+    assert main([image_folder, str(tmp_path / "o2"), "--name", "train.v2", "-q"]) == 2
+    assert "--name 'train.v2'" in capsys.readouterr().err
     # The module entry point, with the progress bar on stderr.
     proc = subprocess.run([sys.executable, "-m", "feeder.pack", image_folder, str(tmp_path / "o3")],
                           capture_output=True, text=True, timeout=120,

@@ -40,7 +40,7 @@ def test_split_name_and_index_path():
     assert split_name("dir.v2/x.JPG") == ("dir.v2/x", "jpg")
     assert split_name("a/.hidden.jpg") is None and split_name("noext") is None
     assert index_path("/d/train-000001.tar") == "/d/train-000001.idx"
-    assert index_path("http://h:1/d.x/s-01.tar.gz") == "http://h:1/d.x/s-01.idx"
+    assert index_path("http://h:1/d.x/s.v2-01.tar") == "http://h:1/d.x/s.v2-01.idx"
 
 
 def test_expand_braces():
@@ -193,6 +193,11 @@ def test_corrupt_header_resync(labelled, tmp_path):
     with pytest.raises(ShardFormatError, match=f"{ix.keys[1]}: no image field"):
         s.read(1)
     assert s.read(2)[0] == blobs[int(ix.keys[2])]
+
+
+def test_compressed_shards_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"x-000\.tar\.gz is compressed"):
+        TarShards([str(tmp_path / "x-000.tar.gz")])
 
 
 def test_label_errors(tmp_path, jpeg_blobs):
