@@ -253,50 +253,85 @@ class ShardCache:
         return self.commit(tmp, url)
 
     def commit(self, tmp: str, url: str) -> str:
-        """Rename a finished copy into place, then evict down to the bound."""
+        """Rename a finished copy into place; evict down to the bound when the total
+        passes it.
+
+        The total of complete entries is kept in ``shards/.total``, updated under
+        the eviction lock, so a commit costs no listing of the folder; a missing
+        or unreadable total (or an entry replaced) makes it list and recount.
+        Files removed by hand only make the kept total too high: the next commit
+        that passes the bound recounts."""
         final = self.path(url)
-        os.replace(tmp, final)
-        self.evict(keep=final)
+        size = os.path.getsize(tmp)
+        with self._locked():
+            replaced = os.path.exists(final)
+            os.replace(tmp, final)
+            total = None if replaced else self._read_total()
+            if total is not None and total + size <= self.max_bytes:
+                self._write_total(total + size)
+            else:
+                self._evict_locked(keep=final)
         return final
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.dir, ".evict.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_total(self) -> int | None:
+        try:
+            with open(os.path.join(self.dir, ".total"), encoding="ascii") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def _write_total(self, total: int) -> None:
+        tmp = os.path.join(self.dir, f".total.{os.getpid()}")
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(str(total))
+        os.replace(tmp, os.path.join(self.dir, ".total"))
 
     def evict(self, keep: str | None = None) -> int:
         """Remove least recently used entries until the total fits; return bytes removed.
         Temporary files of processes that no longer exist are removed too."""
+        with self._locked():
+            return self._evict_locked(keep)
+
+    def _evict_locked(self, keep: str | None = None) -> int:
         removed = 0
-        lock = os.open(os.path.join(self.dir, ".evict.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                       0o644)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = []
-            total = 0
-            with os.scandir(self.dir) as it:
-                for e in it:
-                    name = e.name
-                    if name.startswith(".") or name.endswith(".lock"):
-                        continue
-                    if ".part-" in name:
-                        pid = name.rsplit(".part-", 1)[1].split("-", 1)[0]
-                        if pid.isdigit() and not _alive(int(pid)):
-                            _unlink(e.path)
-                        continue
-                    try:
-                        st = e.stat()
-                    except FileNotFoundError:
-                        continue
-                    entries.append((st.st_mtime, st.st_size, e.path))
-                    total += st.st_size
-            entries.sort()
-            for _, size, path in entries:
-                if total <= self.max_bytes:
-                    break
-                if path == keep:
+        entries = []
+        total = 0
+        with os.scandir(self.dir) as it:
+            for e in it:
+                name = e.name
+                if name.startswith(".") or name.endswith(".lock"):
                     continue
-                _unlink(path)
-                total -= size
-                removed += size
-                log.debug("cache: evicted %s (%d bytes)", path, size)
-        finally:
-            os.close(lock)
+                if ".part-" in name:
+                    pid = name.rsplit(".part-", 1)[1].split("-", 1)[0]
+                    if pid.isdigit() and not _alive(int(pid)):
+                        _unlink(e.path)
+                    continue
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((st.st_mtime, st.st_size, e.path))
+                total += st.st_size
+        entries.sort()
+        for _, size, path in entries:
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            _unlink(path)
+            total -= size
+            removed += size
+            log.debug("cache: evicted %s (%d bytes)", path, size)
+        self._write_total(total)
         return removed
 
     def total_bytes(self) -> int:
