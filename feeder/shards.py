@@ -222,24 +222,14 @@ class TarShards:
             raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
         self.label = None if label is None else label.lower().lstrip(".")
         self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
-        self.files = FilePool()
-        self._store = None
-        shards: list[Any] = []
         for name in names:
             if name.lower().endswith(COMPRESSED):
                 raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be read "
                                  f"by offset; decompress it (the images inside are compressed "
                                  f"already, so little space is lost)")
-            if _is_url(name):
-                if self._store is None:
-                    from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
-
-                    self._store = RemoteStore(self.files, cache_dir, cache_bytes, retries,
-                                              backoff_s, downloads, storage_options)
-                shards.append(self._store.shard(name))
-            else:
-                shards.append(_LocalShard(name, self.files))
-        self._shards = shards
+        self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads, storage_options)
+        self._open_shards(names)
+        shards = self._shards
         self.warnings: list[str] = []
         lock = threading.Lock()
 
@@ -280,6 +270,35 @@ class TarShards:
                              f".{self.label} field holding its label; fields found: {found}; "
                              f"give label=None for unlabeled data (labels -1), or label='<ext>' "
                              f"naming the field that holds the class index")
+
+    def _open_shards(self, names: list[str]) -> None:
+        """The per-process access to each shard: descriptors, remote store."""
+        self.files = FilePool()
+        self._store = None
+        shards: list[Any] = []
+        for name in names:
+            if _is_url(name):
+                if self._store is None:
+                    from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
+
+                    self._store = RemoteStore(self.files, *self._remote_options)
+                shards.append(self._store.shard(name))
+            else:
+                shards.append(_LocalShard(name, self.files))
+        self._shards = shards
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a spawned process (a DataLoader worker): descriptors, locks
+        # and copier threads are per process; the indices travel as they are.
+        state = self.__dict__.copy()
+        state["_shards"] = [shard.name for shard in self._shards]
+        del state["files"], state["_store"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        names = state.pop("_shards")
+        self.__dict__.update(state)
+        self._open_shards(names)
 
     def _where(self) -> str:
         first = self._shards[0].name

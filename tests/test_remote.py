@@ -234,3 +234,14 @@ def test_processes_share_one_cache(packed, server, tmp_path):
         cached = cache.lookup(f"{server.url}/{name}")
         if cached is not None:
             assert open(cached, "rb").read() == open(os.path.join(out, name), "rb").read()
+
+
+def test_remote_source_pickles(packed, server, tmp_path):
+    import pickle
+
+    out, n = packed
+    with remote(server, n, tmp_path, cache_dir=False) as src:
+        with pickle.loads(pickle.dumps(src)) as copy:
+            server.reset_counts()
+            assert copy.read(5) == TarShards(out).read(5)
+            assert server.count() == 1  # the indices came along: one range request

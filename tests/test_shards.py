@@ -400,3 +400,15 @@ def test_reads_in_a_forked_child(labelled):
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_pickled_for_a_spawned_process(labelled):
+    import pickle
+
+    out, blobs = labelled
+    src = TarShards(out)
+    src.read(0)  # descriptors open: they do not travel
+    copy = pickle.loads(pickle.dumps(src))
+    assert len(copy) == 60 and copy.files is not src.files
+    assert [copy.read(i) for i in range(60)] == [(blobs[i], i) for i in range(60)]
+    copy.close()
