@@ -31,6 +31,14 @@ bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-r
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
 bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
+# Storage: a source whose reads block 10 ms; shards over loopback HTTP at 15 ms per request
+# (first epoch, then from the cache); local shards against the folder of files.
+bench read-latency "$data/imagenet-like" --out "$out" --latency-ms 10 --limit 2000 --rounds 3 \
+  --workers 2,4,8 | tee "$out/read_latency.txt"
+bench remote "$data/imagenet-like" --out "$out" --latency-ms 15 --shard-size 16MB --rounds 3 \
+  --workers 2,4,8 | tee "$out/remote.txt"
+bench shards "$data/imagenet-like" --out "$out" --shard-size 64MB --epochs 2 --rounds 3 \
+  --workers 2,4 | tee "$out/shards.txt"
 # What JPEG decoding costs, by decoder and setting; what a region-of-interest decode could save.
 "$PYTHON" bench/experiments/decode_cost.py "$data/imagenet-like" | tee "$out/decode_cost.txt"
 # Where the feeder's added memory goes.

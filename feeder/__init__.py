@@ -16,6 +16,7 @@ from ._rng import SampleRNG
 from ._stats import QueueStats, StageStats, Stats
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, SampleError, StageError,
                      TransformError)
+from .shards import TarShards
 from .sources import FileList, ImageFolder, Source
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "StageError",
     "StageStats",
     "Stats",
+    "TarShards",
     "TransformError",
     "ops",
 ]

@@ -13,7 +13,7 @@ import torch
 
 from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
-from ._threads import auto_threads, cores_for_this_rank
+from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
 
 _ON_ERROR = ("raise", "skip")
 
@@ -76,6 +76,14 @@ def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
             raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
         return value
     return check
+
+
+def _shuffle(name: str, value: object) -> bool | str:
+    if value == "shards" and isinstance(value, str):
+        return value
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True, False or 'shards', got {value!r}")
+    return bool(value)
 
 
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
@@ -169,12 +177,15 @@ class Config:
     batch_size: int = _option(None, _positive)
     decode_threads: int | str = _option("auto", _threads_auto(1))
     augment_threads: int | str = _option("auto", _threads_auto(0))
+    read_threads: int | str = _option("auto", _threads_auto(0))
+    read_ahead_bytes: int = _option(64 << 20, _positive)
     queue_size: int = _option(4, _positive)
     device: torch.device = _option("cpu", lambda name, v: parse_device(v))
     dtype: torch.dtype | None = _option(None, _dtype)
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
     memory_format: str = _option("channels_last", _memory_format)
-    shuffle: bool = _option(True, _flag)
+    shuffle: bool | str = _option(True, _shuffle)
+    shuffle_window: int = _option(8192, _positive)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)
     ordered: bool = _option(True, _flag)
@@ -204,6 +215,8 @@ class Config:
             values["decode_threads"] = auto_decode
         if values["augment_threads"] == "auto":
             values["augment_threads"] = auto_augment
+        if values["read_threads"] == "auto":
+            values["read_threads"] = auto_read_threads(values["decode_threads"])
         dtype = values["dtype"]
         if values["normalize"] is not None:
             if dtype is None:
@@ -230,6 +243,12 @@ class Config:
     # Queue capacities. Each pool needs a few items queued per thread so a
     # thread never idles between items; more only adds latency and memory.
     @property
+    def read_queue(self) -> int:
+        # Every read thread finds its next sample waiting; more would only hold
+        # batch buffers (each sample in flight needs its batch's buffer).
+        return self.read_threads
+
+    @property
     def decode_queue(self) -> int:
         return 4 * self.decode_threads
 
@@ -244,8 +263,8 @@ class Config:
         that can be in flight, plus one), one being transferred and one held by the
         loop. The pool reaches it only while the loop is slower than the pipeline
         (see ``BufferPool.acquire``)."""
-        in_flight = (self.decode_queue + self.augment_queue + self.decode_threads
-                     + self.augment_threads)
+        in_flight = (self.read_queue + self.read_threads + self.decode_queue + self.augment_queue
+                     + self.decode_threads + self.augment_threads)
         filling = 1 + -(-in_flight // self.batch_size)
         return self.queue_size + filling + 2
 

@@ -22,7 +22,7 @@ from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._resume import FORMAT_VERSION, Progress, check_settings, describe_transforms, pack, unpack
-from ._sampler import check_epoch, num_batches, pass_order, shard_size, shard_sizes
+from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure
@@ -222,6 +222,12 @@ class Feeder:
         decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2).
         augment_threads: Threads running the transforms, or 0 to run them in the
             decode threads, or ``"auto"`` (0: measured fastest; see the README).
+        read_threads: Threads calling ``source.read``, ahead of the decode
+            threads, so that a read waiting on storage never idles a core;
+            ``"auto"``: 16 per decode thread, within [16, 128]; 0 reads in the
+            decode threads.
+        read_ahead_bytes: Most bytes read and not yet taken by a decode thread
+            (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
@@ -235,7 +241,12 @@ class Feeder:
             -1)`` needs; made on ``device`` after the copy, by the transfer
             thread). ``torch.channels_last`` and ``torch.contiguous_format`` are
             accepted too.
-        shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch).
+        shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch). ``"shards"``:
+            the order for streaming storage, for a source made of shards
+            (:class:`~feeder.TarShards`): shards shuffled per epoch, samples
+            shuffled within windows of ``shuffle_window`` consecutive samples,
+            each rank reading a contiguous run of shards.
+        shuffle_window: Samples per shuffle window with ``shuffle="shards"``.
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
@@ -312,6 +323,7 @@ class Feeder:
         # before init_process_group must shard once the group exists.
         self._given_shard = (cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
+        self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)  # checks the source
         # Drawn now from torch's generator (torch.manual_seed makes runs repeatable);
         # agreed on across ranks at the first pass that runs under torch.distributed.
         self.seed = cfg.seed if cfg.seed is not None else _local_seed(*self._given_shard)
@@ -387,7 +399,8 @@ class Feeder:
                 "shuffle": c.shuffle, "drop_last": c.drop_last, "ordered": c.ordered,
                 "on_error": c.on_error, "rank": self.rank, "world_size": self.world_size,
                 "image_size": tuple(self.image_size), "exif_orientation": c.exif_orientation,
-                "transforms": describe_transforms(self.chain.transforms)}
+                "transforms": describe_transforms(self.chain.transforms),
+                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {})}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
@@ -457,7 +470,7 @@ class Feeder:
                 # The delivered samples must be the head of the epoch's order,
                 # else the rest would not be the uninterrupted run's batches.
                 order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                   current["seed"], epoch, self.rank, self.world_size)
+                                   current["seed"], epoch, self.rank, self.world_size, self._layout)
                 n = int(done.sum())
                 whole = n in (state["batches"] * c.batch_size, len(order))
                 if not whole or not done[order[:n]].all():

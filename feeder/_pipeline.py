@@ -7,14 +7,17 @@ transfer stages around them. The default, ``augment_threads=0``:
 
 ::
 
-    sampler ─▶ [decode] ─▶ decode: read, decode, augment ─▶ [collate] ─▶ transfer ─▶ [output] ─▶ next()
-       │ takes a free buffer per batch      writes into the buffer slot      │ lends / returns buffers
-       └──────────────────────────────── BufferPool ◀──────────────────────────┘
+    sampler ─▶ [read] ─▶ read: read ─▶ [decode] ─▶ decode: decode, augment ─▶ [collate] ─▶ transfer ─▶ [output] ─▶ next()
+       │ takes a free buffer per batch   (bytes held: ReadBudget)   writes into the buffer slot   │ lends / returns buffers
+       └─────────────────────────────────────── BufferPool ◀─────────────────────────────────────┘
 
+Reads have threads of their own (``read_threads``, many: a thread waiting on
+storage costs no CPU), so a slow read never idles a decode thread; what they
+have read and the decode threads have not yet taken is capped in count (the
+decode inbox) and in bytes (``read_ahead_bytes``, see ``_read``).
+``read_threads=0`` reads in the decode threads: ``decode: read, decode, augment``.
 With ``augment_threads=N`` the augment step gets a stage of its own:
-``decode: read, decode ─▶ [augment] ─▶ augment: augment ─▶ [collate]``.
-A new stage (say, reads with their own concurrency) is one more entry in
-:func:`topology`, with its step function in ``_work.py``.
+``decode: decode ─▶ [augment] ─▶ augment: augment ─▶ [collate]``.
 
 Each ``Feeder.__iter__`` starts a new :class:`Pass` with fresh threads and
 channels, so an abandoned pass (an early ``break``) can never leak a stale
@@ -36,8 +39,9 @@ import torch
 
 from ._batch import BufferPool, Collator, Scratch
 from ._queue import END, Channel
+from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
-from ._sampler import Sampler, pass_order
+from ._sampler import Sampler, pass_order, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
 from ._transfer import BatchTransforms, Converter, Transfer
@@ -57,12 +61,15 @@ class StageSpec:
         threads: Threads running it.
         steps: What each thread runs on a sample, in order.
         queue: Capacity of its inbox.
+        out_bytes: A byte budget its outputs hold until the next stage takes them.
     """
 
     name: str
     threads: int
     steps: tuple[Step, ...]
     queue: int
+    # What the stage outputs holds these bytes until the next stage takes it.
+    out_bytes: ReadBudget | None = None
 
 
 @dataclass(frozen=True)
@@ -70,13 +77,17 @@ class PassSettings:
     """What one pass needs from the feeder's configuration."""
 
     batch_size: int
+    read_threads: int
     decode_threads: int
     augment_threads: int
     queue_size: int
+    read_queue: int
+    read_ahead_bytes: int
     decode_queue: int
     augment_queue: int
     num_buffers: int
-    shuffle: bool
+    shuffle: bool | str
+    shuffle_window: int
     drop_last: bool
     ordered: bool
     on_error: str
@@ -88,14 +99,25 @@ class PassSettings:
     batch_transforms: tuple[Any, ...]
 
 
-def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step) -> list[StageSpec]:
-    """The map stages between the sampler and the transfer stage, in order."""
+def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
+             budget: ReadBudget | None = None) -> list[StageSpec]:
+    """The map stages between the sampler and the transfer stage, in order.
+
+    ``budget`` bounds the bytes between the read and the decode stage (a new one
+    per pass; None builds one from the settings)."""
+    specs = []
+    if cfg.read_threads:
+        budget = budget or ReadBudget(cfg.read_ahead_bytes)
+        specs.append(StageSpec("read", cfg.read_threads, (read,), cfg.read_queue, budget))
+        decode_steps = (releasing(decode, budget),)
+    else:
+        decode_steps = (read, decode)
     if cfg.augment_threads == 0:
         # The decode threads run the transforms on what they have just decoded:
         # no hand-off (queue round trip, wake-up, image crossing cores) per sample.
         inline = dataclasses.replace(augment, inline=True)
-        return [StageSpec("decode", cfg.decode_threads, (read, decode, inline), cfg.decode_queue)]
-    return [StageSpec("decode", cfg.decode_threads, (read, decode), cfg.decode_queue),
+        return [*specs, StageSpec("decode", cfg.decode_threads, (*decode_steps, inline), cfg.decode_queue)]
+    return [*specs, StageSpec("decode", cfg.decode_threads, decode_steps, cfg.decode_queue),
             StageSpec("augment", cfg.augment_threads, (augment,), cfg.augment_queue)]
 
 
@@ -148,18 +170,23 @@ class Pass:
         self.ready = Channel("collate", cfg.num_buffers + 1)
         self.output = Channel("output", cfg.queue_size)
         self.channels: tuple[Channel, ...] = (*inboxes, self.ready, self.output)
-        outboxes = [*inboxes[1:], self.ready]
+        outboxes: list[Any] = [*inboxes[1:], self.ready]
+        for i, spec in enumerate(specs):
+            if spec.out_bytes is not None:
+                outboxes[i] = BudgetedOutbox(outboxes[i], spec.out_bytes)
         skip = cfg.on_error == "skip"
 
         def order() -> list[int]:
+            layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)
             full = pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
-                              epoch, rank, world_size)
+                              epoch, rank, world_size, layout)
             # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
             return full if done is None else [i for i in full if not done[i]]
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (
-            Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready),
+            Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
+                    unbuffered=cfg.decode_queue),
             *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
               for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
             Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device,

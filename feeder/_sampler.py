@@ -12,11 +12,22 @@ does): DDP training needs every rank to run the same number of steps. Without it
 they cover every sample exactly once, the first ``len % world_size`` ranks taking
 one more: an evaluation must see every sample, and must not count one twice
 (``DistributedSampler`` pads with repeated samples instead).
+
+``shuffle="shards"`` is the order for streaming storage, where reading a shard
+from its start is cheap and jumping between shards is not: the shards
+(``source.shard_ranges()``) are permuted per epoch and laid end to end; rank
+``r`` takes the ``r``-th contiguous chunk of that stream (same sizes as
+above, so each rank reads about ``1 / world_size`` of the shards); within its
+chunk, samples are shuffled inside consecutive windows of ``shuffle_window``
+samples. Still exactly once per epoch, still a pure function of (seed, epoch,
+rank, world_size) and the shard sizes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,18 +96,82 @@ def epoch_indices(length: int, shuffle: bool, seed: int, epoch: int,
     return order
 
 
+@dataclass(frozen=True)
+class ShardLayout:
+    """The shards of a source, for ``shuffle="shards"``: ``[start, stop)`` sample
+    ranges in source order, and the shuffle window (samples)."""
+
+    ranges: tuple[tuple[int, int], ...]
+    window: int
+
+
+def shard_layout(source: Any, shuffle: Any, window: int) -> ShardLayout | None:
+    """The :class:`ShardLayout` ``shuffle="shards"`` needs (None for other orders).
+
+    Raises:
+        ValueError: the source has no ``shard_ranges()``, or its ranges do not
+            cover ``[0, len(source))`` in order.
+    """
+    if shuffle != "shards":
+        return None
+    fn = getattr(source, "shard_ranges", None)
+    if fn is None:
+        raise ValueError(f"shuffle='shards' needs a source made of shards (with shard_ranges(), "
+                         f"such as feeder.TarShards); {type(source).__name__} has none: use "
+                         f"shuffle=True")
+    ranges = tuple((int(a), int(b)) for a, b in fn())
+    at = 0
+    for a, b in ranges:
+        if a != at or b < a:
+            raise ValueError(f"shuffle='shards': {type(source).__name__}.shard_ranges() must cover "
+                             f"[0, len) in order, got {a}-{b} after {at}")
+        at = b
+    if at != len(source):
+        raise ValueError(f"shuffle='shards': shard_ranges() ends at {at}, len(source) is {len(source)}")
+    return ShardLayout(ranges, window)
+
+
+def shard_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+                even: bool = True) -> np.ndarray:
+    """This rank's samples of ``epoch`` in the shard-local order (see the module docstring)."""
+    gen = torch.Generator()
+    gen.manual_seed(order_key(seed, epoch))
+    ranges = layout.ranges
+    perm = torch.randperm(len(ranges), generator=gen).tolist()
+    parts = [np.arange(*ranges[k], dtype=np.int64) for k in perm]
+    stream = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    length = len(stream)
+    if world_size > 1:
+        sizes = shard_sizes(length, world_size, even)
+        start = sum(sizes[:rank])
+        stream = stream[start:start + sizes[rank]]
+    # Window shuffle: a random key per position, sorted within its window; each
+    # rank draws from a generator of its own (seeded from seed, epoch and rank).
+    gen.manual_seed(order_key(seed, epoch) ^ (0x9E3779B97F4A7C15 * (rank + 1) & ((1 << 63) - 1)))
+    keys = torch.rand(len(stream), generator=gen, dtype=torch.float64).numpy()
+    keys += np.arange(len(stream)) // layout.window
+    return stream[np.argsort(keys, kind="stable")]
+
+
 def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
-def pass_order(length: int, batch_size: int, shuffle: bool, drop_last: bool, skip: bool, seed: int,
-               epoch: int, rank: int = 0, world_size: int = 1) -> list[int]:
+def pass_order(length: int, batch_size: int, shuffle: bool | str, drop_last: bool, skip: bool, seed: int,
+               epoch: int, rank: int = 0, world_size: int = 1,
+               layout: ShardLayout | None = None) -> list[int]:
     """The sample indices one pass dispatches: this rank's shard of the epoch's
     order (equal-size shards when ``drop_last``, covering shards otherwise), cut
     to whole batches when ``drop_last``. Under ``skip`` (on_error="skip")
     the would-be-dropped tail is dispatched too: its samples refill the places of
-    skipped ones (the collator still drops whatever is left short at the end)."""
-    order = epoch_indices(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
+    skipped ones (the collator still drops whatever is left short at the end).
+    ``shuffle="shards"`` takes the order from ``layout`` (see :func:`shard_order`)."""
+    if shuffle == "shards":
+        if layout is None:
+            raise ValueError("shuffle='shards' needs the source's shard layout")
+        order = shard_order(layout, seed, epoch, rank, world_size, even=drop_last)
+    else:
+        order = epoch_indices(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
     total = num_batches(len(order), batch_size, drop_last and not skip)
     return order[:total * batch_size].tolist()
 
@@ -114,16 +189,20 @@ class Sampler(Stage):
         outbox: Where the tasks go (the first map stage's inbox).
         collate: Where a batch goes when binding its buffer completes it (every
             sample dispatched before the binding already failed).
+        unbuffered: Most samples of a batch dispatched before it has a buffer
+            (each may need a scratch array); default: the outbox's capacity.
     """
 
     def __init__(self, control: Control, order: Callable[[], list[int]], batch_size: int, pool: BufferPool,
-                 owner: object, scratch: Scratch, outbox: Channel, collate: Channel) -> None:
+                 owner: object, scratch: Scratch, outbox: Channel, collate: Channel,
+                 unbuffered: int | None = None) -> None:
         super().__init__("sampler", 1, control, None, outbox)
         self.order = order
         self.batch_size = batch_size
         self.pool, self.owner = pool, owner  # buffers are taken on the owner's behalf
         self.scratch = scratch
         self.collate = collate
+        self.unbuffered = outbox.maxsize if unbuffered is None else unbuffered
 
     def work(self, c: Counters) -> None:
         B = self.batch_size
@@ -144,9 +223,9 @@ class Sampler(Stage):
                 # No buffer yet: start the batch anyway; its first samples wait in
                 # scratch arrays until the buffer is bound.
                 batch = Batch(b, None, len(indices))
-                # As many as the task queue holds: enough to keep every decode
-                # thread busy while the training loop hands its batch back.
-                first = min(tasks.maxsize, len(indices))
+                # Enough to keep every decode thread busy while the training loop
+                # hands its batch back (each may take a scratch array: bounded).
+                first = min(self.unbuffered, tasks.maxsize, len(indices))
                 for slot in range(first):
                     self.put(c, tasks, Task(batch, slot, indices[slot]))
                 c.begin_wait(2)  # waiting for a free buffer: downstream is behind

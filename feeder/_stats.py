@@ -116,7 +116,7 @@ class Stats:
     @property
     def bottleneck(self) -> str:
         """The stage with the highest utilization: where more threads (or less work) helps."""
-        work = [s for s in self.stages if s.name in ("decode", "augment", "transfer")]
+        work = [s for s in self.stages if s.name in ("read", "decode", "augment", "transfer")]
         if not work:
             return "none"
         return max(work, key=lambda s: s.utilization).name

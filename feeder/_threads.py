@@ -57,6 +57,26 @@ def auto_threads(cores: int) -> tuple[int, int]:
     return max(2, cores), 0
 
 
+# Read threads per decode thread, and the bounds, for read_threads="auto".
+READS_PER_DECODE_THREAD = 16
+MIN_READ_THREADS = 16
+MAX_READ_THREADS = 128
+
+
+def auto_read_threads(decode_threads: int) -> int:
+    """Default read threads: 16 per decode thread, within [16, 128].
+
+    A read thread waiting on storage costs no CPU, so the count is set by the
+    latency to hide: to keep ``d`` decode threads that each take ``t`` seconds
+    of CPU per sample fed from storage answering in ``L`` seconds, about
+    ``d * L / t`` reads must be in flight. 16 per decode thread covers a 10 ms
+    read (a network file system, an object store's first byte) against
+    0.6 ms-per-sample decoding, the speed of a small JPEG
+    (``bench/results/read_latency.txt`` measures it).
+    """
+    return max(MIN_READ_THREADS, min(MAX_READ_THREADS, READS_PER_DECODE_THREAD * decode_threads))
+
+
 @functools.lru_cache(maxsize=1)
 def _omp_set_num_threads():
     """OpenMP's own ``omp_set_num_threads`` from the runtime torch loaded, or None.

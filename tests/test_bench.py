@@ -339,3 +339,29 @@ def test_the_regeneration_scripts_write_into_bench_results():
         calls = [line for line in text.splitlines()
                  if line.lstrip().startswith("bench ") and "make-data" not in line]
         assert calls and all('--out "$out' in line for line in calls), script
+
+
+@pytest.mark.parametrize("command, extra, name, runs", [
+    ("read-latency", ["--limit", "16", "--latency-ms", "2"], "read_latency",
+     {"feeder, no latency", "feeder, defaults", "feeder, blocking reads", "DataLoader, 0 workers"}),
+    ("remote", ["--latency-ms", "1", "--shard-size", "200KB"], "remote",
+     {"feeder, epoch 1, defaults", "feeder, epoch 1, blocking reads", "DataLoader, 0 workers, no cache",
+      "feeder, epoch 2 (cache)"}),
+    ("shards", ["--shard-size", "200KB", "--epochs", "1"], "shards",
+     {"feeder, folder of files", "feeder, local shards", "DataLoader 0 workers, files",
+      "DataLoader 0 workers, shards"}),
+])
+def test_storage_benchmarks(tiny, tmp_path, command, extra, name, runs):
+    out = str(tmp_path / "out")
+    proc = bench(command, tiny["data"], "--out", out, "--rounds", "1", "--workers", "0",
+                 "--batch-size", "8", *extra, cwd=tiny["base"])
+    assert "target" in proc.stdout
+    rows = read_csv(os.path.join(out, f"{name}.csv"))
+    assert {r["run"] for r in rows} == runs
+    assert all(float(r["img_s"]) > 0 for r in rows)
+    targets = read_csv(os.path.join(out, f"{name}_targets.csv"))
+    assert targets and all(t["met"] in ("yes", "NO") for t in targets)
+    if command == "remote":
+        by_run = {r["run"]: r for r in rows}
+        assert float(by_run["feeder, epoch 2 (cache)"]["requests"]) == 0
+        assert float(by_run["feeder, epoch 1, blocking reads"]["requests"]) >= 24

@@ -263,7 +263,9 @@ def test_contiguous_memory_format_same_values(source, dtype, normalize):
 def test_contiguous_uint8_batches_are_copies(source):
     """A contiguous batch is made in the transfer thread, not lent from the pool:
     a loop that keeps every batch holds no buffer, and the pool stays in its bound."""
-    with make(source, batch_size=8, shuffle=False, memory_format="contiguous", queue_size=1) as f:
+    # Few reads in flight: the pool's bound must be below the number of batches.
+    with make(source, batch_size=8, shuffle=False, memory_format="contiguous", queue_size=1,
+              read_threads=2) as f:
         assert f.num_buffers < len(f)
         kept = [x for x, _ in drain_tensors(f)]
         pool = f._engine.pool
@@ -500,7 +502,8 @@ def test_source_len_broken_is_stage_error():
 def test_close_is_prompt_with_every_stage_blocked(source):
     # A consumer that never reads: the output queue fills, the transfer thread
     # blocks on it, the sampler blocks waiting for a free buffer, the pools idle.
-    f = make(source, batch_size=2, queue_size=1, decode_threads=4, augment_threads=2)
+    # (Few reads in flight, so that the pool cannot hold the whole source.)
+    f = make(source, batch_size=2, queue_size=1, decode_threads=4, augment_threads=2, read_threads=4)
     try:
         it = iter(f)
         deadline = time.monotonic() + 10
@@ -637,10 +640,11 @@ def test_stats_account_for_work(source, augment_threads):
     assert s.stage("transfer").items == 8 and s.stage("sampler").items == 8
     assert s.stage("decode").busy_s > 0 and s.stage("augment").busy_s > 0 and s.consumer_wait_s >= 0
     assert s.stage("augment").threads == augment_threads
-    queues = {"decode", "collate", "output"} | ({"augment"} if augment_threads else set())
+    assert s.stage("read").items == 60 and s.stage("read").threads == 32
+    queues = {"read", "decode", "collate", "output"} | ({"augment"} if augment_threads else set())
     assert {q.name for q in s.queues} == queues
     table = str(s)
-    for word in ("decode", "augment", "transfer", "waited", "queue"):
+    for word in ("read", "decode", "augment", "transfer", "waited", "queue"):
         assert word in table
     if not augment_threads:
         assert "inline" in table and s.bottleneck != "augment"

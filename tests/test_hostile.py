@@ -90,7 +90,9 @@ def _cyclic_garbage_iterator(f):
 @pytest.mark.parametrize("site", ["pass-lock", "stats-lock", "engine-lock"])
 def test_iterator_freed_by_the_collector_inside_a_feeder_lock_does_not_deadlock(blobs, site):
     # No ``with``: after a deadlock, close() would block on the very lock held.
-    f = make(MemorySource(blobs), queue_size=1)
+    # Few read threads: every lock acquisition here runs a full collection, and each
+    # thread's start and exit takes these locks (32 read threads: 32 more collections).
+    f = make(MemorySource(blobs), queue_size=1, read_threads=2)
     if True:
         run = _cyclic_garbage_iterator(f)
         if site == "pass-lock":

@@ -69,14 +69,20 @@ def test_an_unknown_option_names_itself_and_the_options(source):
     assert "decode_threads" in str(info.value)
 
 
-@pytest.mark.parametrize("augment, expect", [(0, {"sampler": 1, "decode": 2, "augment": 0, "transfer": 1}),
-                                             (3, {"sampler": 1, "decode": 2, "augment": 3, "transfer": 1})])
-def test_stage_names_and_threads_come_from_the_topology(source, augment, expect):
-    cfg = Config.build(batch_size=4, decode_threads=2, augment_threads=augment)
-    assert stage_threads(settings(cfg)) == expect
-    with Feeder(source, 4, [ops.CenterCrop(8)], decode_threads=2, augment_threads=augment) as f:
+@pytest.mark.parametrize("read, augment, expect", [
+    ("auto", 0, {"sampler": 1, "read": 32, "decode": 2, "augment": 0, "transfer": 1}),
+    (5, 3, {"sampler": 1, "read": 5, "decode": 2, "augment": 3, "transfer": 1}),
+    (0, 0, {"sampler": 1, "decode": 2, "augment": 0, "transfer": 1}),
+    (0, 3, {"sampler": 1, "decode": 2, "augment": 3, "transfer": 1})])
+def test_stage_names_and_threads_come_from_the_topology(source, read, augment, expect):
+    cfg = Config.build(batch_size=4, decode_threads=2, augment_threads=augment, read_threads=read)
+    assert list(stage_threads(settings(cfg)).items()) == list(expect.items())
+    with Feeder(source, 4, [ops.CenterCrop(8)], decode_threads=2, augment_threads=augment,
+                read_threads=read) as f:
         drain(f)
-        assert {s.name: s.threads for s in f.stats().stages} == expect
+        stages = f.stats().stages
+        assert {s.name: s.threads for s in stages} == expect
+        assert all(s.items == len(source) for s in stages if s.name in ("read", "decode"))
 
 
 @pytest.mark.parametrize("affinity, machine, local_ranks, expect", [

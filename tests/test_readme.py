@@ -69,3 +69,37 @@ def test_after_block_runs_on_cpu(tmp_path):
     x, y = scope["x"], scope["y"]
     assert x.shape == (256, 3, 224, 224) and x.dtype == torch.float32 and y.shape == (256,)
     assert scope["epoch"] == 1 and scope["loader"].closed
+
+
+def test_packed_shards_section_runs(tmp_path):
+    """The two commands of "Packed shards and remote data": pack, then train."""
+    import shlex
+    import subprocess
+    import sys
+
+    text = open(README, encoding="utf-8").read()
+    section = text[text.index("## Packed shards and remote data"):]
+    section = section[:section.index("\n## ", 1)]
+    command = re.findall(r"```bash\n(.*?)```", section, re.S)[0].strip()
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    make_image_folder(tmp_path / "data" / "train", classes=2, per_class=130, size_range=(24, 40), seed=6)
+    args = shlex.split(command)
+    assert args[0] == "feeder-pack"
+    root = os.path.dirname(README)
+    proc = subprocess.run([sys.executable, "-m", "feeder.pack", *args[1:], "-q"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=JOIN_TIMEOUT_S * 2,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr
+    code = (code.replace('device="cuda"', 'device="cpu"').replace("range(90)", "range(2)")
+                .replace("...", "last = (images.shape, labels.shape)"))
+    assert 'device="cpu"' in code and "range(2)" in code
+    scope: dict = {}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(code, "README.md (Packed shards)", "exec"), scope)
+    finally:
+        os.chdir(cwd)
+    # 260 samples in batches of 256: the last batch of the last epoch holds 4.
+    assert scope["last"] == (torch.Size([4, 3, 224, 224]), torch.Size([4]))
+    assert len(scope["source"]) == 260 and scope["source"].classes == ["class_00", "class_01"]

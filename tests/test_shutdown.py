@@ -47,7 +47,9 @@ def timed_close(f) -> float:
 def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
     """The training loop stops reading: output queue full, transfer blocked putting, the
     sampler blocked waiting for a free buffer, the pools starved."""
-    f = make(blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered)
+    # Few reads in flight, so that the buffer pool cannot hold the whole source.
+    f = make(blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered,
+             read_threads=2)
     try:
         it = iter(f)
         run = it._run
@@ -74,7 +76,8 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
     inline): the queues and the sampler back up behind them, and the training loop
     waits in next()."""
     gate = Gate()
-    f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=augment_threads)
+    f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=augment_threads,
+             read_threads=2)  # few reads in flight: the pool cannot hold the whole source
     try:
         it = iter(f)
         run = it._run

@@ -1,0 +1,128 @@
+"""Positional reads of local files, shared by every reading thread.
+
+``os.pread`` takes the offset with each call, so any number of threads (and
+forked children) read one descriptor without sharing a file position, and no
+lock is held while a read waits on the disk. Descriptors are kept open (opening
+a file per sample is the cost packed shards exist to avoid) up to a limit,
+least recently used first out; one in use by a read is never closed under it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+
+# Open descriptors kept per pool: far below the usual soft limit of 1024, and
+# enough that a job cycling through many shards reopens rarely.
+DEFAULT_OPEN_FILES = 128
+
+
+class FilePool:
+    """Open-once, read-anywhere access to local files.
+
+    Args:
+        limit: Most descriptors kept open when idle.
+    """
+
+    def __init__(self, limit: int = DEFAULT_OPEN_FILES) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        # path -> [fd, readers now, closed while read]
+        self._open: OrderedDict[str, list] = OrderedDict()
+        _pools.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): a parent thread may have held
+        the lock, and its reads will never finish here. The descriptors are
+        inherited and stay usable (pread shares no position)."""
+        self._lock = threading.Lock()
+        for entry in self._open.values():
+            entry[1] = 0
+
+    def _acquire(self, path: str) -> list:
+        with self._lock:
+            entry = self._open.get(path)
+            if entry is not None:
+                self._open.move_to_end(path)
+                entry[1] += 1
+                return entry
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # outside the lock: may block
+        with self._lock:
+            entry = self._open.get(path)
+            if entry is not None:  # another thread opened it meanwhile
+                os.close(fd)
+                entry[1] += 1
+                return entry
+            entry = [fd, 1, False]
+            self._open[path] = entry
+            if len(self._open) > self.limit:
+                for old in list(self._open):
+                    if len(self._open) <= self.limit:
+                        break
+                    e = self._open[old]
+                    if e[1] == 0:
+                        del self._open[old]
+                        os.close(e[0])
+            return entry
+
+    def _release(self, entry: list) -> None:
+        with self._lock:
+            entry[1] -= 1
+            if entry[2] and entry[1] == 0:
+                os.close(entry[0])
+
+    def pread(self, path: str, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes of ``path`` from ``offset`` (fewer only at the end of the file)."""
+        entry = self._acquire(path)
+        try:
+            fd = entry[0]
+            data = os.pread(fd, length, offset)
+            if len(data) < length and data:
+                # A large read may come back in pieces; the end of the file stops it.
+                parts = [data]
+                got = len(data)
+                while got < length:
+                    more = os.pread(fd, length - got, offset + got)
+                    if not more:
+                        break
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+            return data
+        finally:
+            self._release(entry)
+
+    def forget(self, path: str) -> None:
+        """Close ``path``'s descriptor (once its reads finish): the file was replaced."""
+        with self._lock:
+            entry = self._open.pop(path, None)
+            if entry is not None:
+                if entry[1] == 0:
+                    os.close(entry[0])
+                else:
+                    entry[2] = True
+
+    def close(self) -> None:
+        """Close every idle descriptor; busy ones close when their read returns. Safe to repeat."""
+        with self._lock:
+            entries = list(self._open.values())
+            self._open.clear()
+            for entry in entries:
+                if entry[1] == 0:
+                    os.close(entry[0])
+                else:
+                    entry[2] = True
+
+
+_pools: "weakref.WeakSet[FilePool]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_pools):
+        pool.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,327 @@
+"""Tar shards in the WebDataset layout: member names, header scanning, offset index.
+
+A sample is the run of tar members that share a *key*: the member's path up to
+the first dot of its file name (``train/n0144_12.seg.png`` has key
+``train/n0144_12`` and extension ``seg.png``). Extensions name the fields
+(``jpg``, ``png``, ``cls``, ``json``...); they are compared in lower case.
+
+**Offset index.** feeder reads and writes the text index of NVIDIA DALI's
+``wds2idx`` tool (version ``v1.2``), so that shards packed by ``feeder-pack``
+can be given to DALI's ``fn.readers.webdataset`` as they are, and an index made
+by ``wds2idx`` is used by feeder. It sits next to the shard, with ``.tar``
+replaced by ``.idx`` (``train-000000.tar`` -> ``train-000000.idx``)::
+
+    v1.2 <number of samples>
+    <ext> <data offset> <size> <member name> [<ext> <data offset> <size> <member name> ...]
+    ...
+
+one line per sample, offsets and sizes in bytes, offsets pointing at the
+member's data (after its header blocks). It was chosen over the index of
+``wids`` because ``wids``' JSON lists shards and their sample counts only (it
+finds offsets by scanning each shard when it opens it), while DALI's holds the
+offset of every field, which is what random access needs. Member names may not
+hold whitespace in this format; a shard with such names is indexed in memory.
+
+A shard without an index is indexed by reading its headers only (one 512-byte
+block per member, plus long-name and pax records): no sample's data is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+BLOCK = 512
+INDEX_VERSION = "v1.2"
+
+# Regular file members (tarfile's REGTYPE, AREGTYPE and CONTTYPE).
+_FILE_TYPES = (b"0", b"\0", b"7")
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` of a member name, or None for a name that holds no
+    field (a hidden file such as ``._x.jpg``, a name without an extension)."""
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash or dot == len(name) - 1:
+        return None
+    return name[:dot], name[dot + 1:].lower()
+
+
+def index_path(shard: str) -> str:
+    """Where a shard's offset index lives: its name with ``.tar`` replaced by
+    ``.idx`` (``d/train-000000.tar`` -> ``d/train-000000.idx``, as DALI's
+    ``wds2idx`` names it); works for URLs too. Only the last extension is
+    replaced, so ``a.v1-0.tar`` and ``a.v2-0.tar`` never share an index (DALI's
+    tool would cut both at the first dot)."""
+    return (shard[:-4] if shard.endswith(".tar") else shard) + ".idx"
+
+
+COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
+
+
+class ShardFormatError(ValueError):
+    """A shard or its index cannot be understood (the message names the file)."""
+
+
+@dataclass
+class ShardIndex:
+    """Where the fields of one shard's samples are.
+
+    Members of sample ``s`` are ``start[s]:start[s + 1]`` of the member arrays.
+
+    Attributes:
+        keys: Sample keys, in shard order.
+        start: int64 ``[samples + 1]``: first member of each sample.
+        exts: Each member's extension (lower case).
+        offsets: int64: each member's data offset in the shard, bytes.
+        sizes: int64: each member's size, bytes.
+        names: Each member's name in the tar (for messages and the index file).
+        end: Bytes the shard should hold, as far as the index knows (the end of
+            its last member's data); a shard shorter than this is truncated.
+    """
+
+    keys: list[str]
+    start: np.ndarray
+    exts: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def end(self) -> int:
+        if not len(self.offsets):
+            return 0
+        return int((self.offsets + self.sizes).max())
+
+    def members(self, sample: int) -> range:
+        return range(int(self.start[sample]), int(self.start[sample + 1]))
+
+    def count_with(self, ext: str) -> int:
+        """Samples that have a field ``ext``."""
+        found = set()
+        for m, e in enumerate(self.exts):
+            if e == ext:
+                found.add(int(np.searchsorted(self.start, m, side="right")) - 1)
+        return len(found)
+
+    @classmethod
+    def from_members(cls, members: Iterable[tuple[str, int, int]],
+                     warn: Callable[[str], None] | None = None) -> "ShardIndex":
+        """Group ``(name, data offset, size)`` members into samples by key.
+
+        Members of one key need not be adjacent (tools write them in any
+        order): they form one sample, placed where its key first appears. A
+        second member with a key's extension is ignored, with a warning.
+        """
+        groups: dict[str, dict[str, tuple[int, int, str]]] = {}
+        for name, offset, size in members:
+            parts = split_name(name)
+            if parts is None:
+                continue
+            key, ext = parts
+            fields = groups.setdefault(key, {})
+            if ext in fields:
+                if warn is not None:
+                    warn(f"duplicate member {name!r} for key {key!r} (kept the first, "
+                         f"{fields[ext][2]!r})")
+                continue
+            fields[ext] = (offset, size, name)
+        keys, start, exts, offsets, sizes, names = [], [0], [], [], [], []
+        for key, fields in groups.items():
+            keys.append(key)
+            for ext, (offset, size, name) in fields.items():
+                exts.append(ext)
+                offsets.append(offset)
+                sizes.append(size)
+                names.append(name)
+            start.append(len(exts))
+        return cls(keys, np.asarray(start, np.int64), exts, np.asarray(offsets, np.int64),
+                   np.asarray(sizes, np.int64), names)
+
+    # -- the DALI v1.2 text format -----------------------------------------
+    def to_text(self) -> str | None:
+        """The index in DALI's ``v1.2`` text format, or None when a member name holds
+        whitespace (the format has no way to write it)."""
+        lines = [f"{INDEX_VERSION} {len(self.keys)}"]
+        for s in range(len(self.keys)):
+            parts = []
+            for m in self.members(s):
+                name = self.names[m]
+                if not name or any(ch.isspace() for ch in name):
+                    return None
+                parts.append(f"{self.exts[m]} {int(self.offsets[m])} {int(self.sizes[m])} {name}")
+            lines.append(" ".join(parts))
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str, where: str) -> "ShardIndex":
+        """Parse DALI's index format (``v1.2``, or ``v1.1`` and ``v1.0`` without member
+        names). ``where`` names the index file in errors.
+
+        Raises:
+            ShardFormatError: naming the file and line.
+        """
+        lines = text.splitlines()
+        if not lines:
+            raise ShardFormatError(f"{where}: empty index file")
+        head = lines[0].split()
+        if len(head) != 2 or head[0] not in ("v1.0", "v1.1", "v1.2"):
+            raise ShardFormatError(f"{where}: line 1 must be 'v1.2 <samples>' (DALI wds2idx "
+                                   f"index), got {lines[0][:80]!r}")
+        try:
+            count = int(head[1])
+        except ValueError:
+            raise ShardFormatError(f"{where}: line 1: sample count {head[1]!r} is not an int") from None
+        width = 4 if head[0] == "v1.2" else 3
+        body = [line for line in lines[1:] if line.strip()]
+        if len(body) != count:
+            raise ShardFormatError(f"{where}: line 1 announces {count} samples but the index "
+                                   f"has {len(body)} lines")
+        members = []
+        for no, line in enumerate(body, start=2):
+            parts = line.split()
+            if not parts or len(parts) % width:
+                raise ShardFormatError(f"{where}: line {no}: expected groups of {width} values "
+                                       f"(ext offset size{' name' if width == 4 else ''}), "
+                                       f"got {len(parts)} values")
+            key = f"sample{no - 2:09d}"
+            for g in range(0, len(parts), width):
+                ext = parts[g].lower()
+                try:
+                    offset, size = int(parts[g + 1]), int(parts[g + 2])
+                except ValueError:
+                    raise ShardFormatError(f"{where}: line {no}: offset/size of field {ext!r} "
+                                           f"are not ints: {parts[g + 1]!r} {parts[g + 2]!r}") from None
+                if offset < 0 or size < 0:
+                    raise ShardFormatError(f"{where}: line {no}: negative offset or size "
+                                           f"for field {ext!r}")
+                name = parts[g + 3] if width == 4 else f"{key}.{ext}"
+                members.append((name, offset, size))
+        index = cls.from_members(members)
+        if len(index) != count:
+            raise ShardFormatError(f"{where}: {count} index lines but {len(index)} distinct keys "
+                                   f"in their member names")
+        return index
+
+
+def _octal(field: bytes) -> int:
+    # tarfile.nti handles octal and GNU base-256 numbers.
+    return tarfile.nti(field)
+
+
+def _pax_records(data: bytes, where: str) -> dict[str, str]:
+    """``length key=value\\n`` records of a pax extended header."""
+    out = {}
+    pos = 0
+    while pos < len(data):
+        if data[pos] == 0:
+            break
+        space = data.find(b" ", pos)
+        if space < 0:
+            raise ShardFormatError(f"{where}: malformed pax record at +{pos}")
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise ShardFormatError(f"{where}: malformed pax record length at +{pos}") from None
+        if length <= 0 or pos + length > len(data):
+            raise ShardFormatError(f"{where}: pax record length {length} out of range")
+        record = data[space + 1:pos + length - 1]
+        key, _, value = record.partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _valid_header(block: bytes) -> bool:
+    try:
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        return True
+    except tarfile.HeaderError:
+        return False
+
+
+def scan(pread: Callable[[int, int], bytes], size: int, where: str,
+         warn: Callable[[str], None]) -> ShardIndex:
+    """Index a tar shard from its headers.
+
+    Args:
+        pread: ``pread(length, offset) -> bytes`` on the shard.
+        size: The shard's size, bytes.
+        where: The shard's name, for messages.
+        warn: Called with a message for each damaged spot (the scan goes on past it).
+
+    Returns:
+        The index. A member cut short by the end of the shard stays in it (reading
+        it fails, naming the shard and key); after a corrupt header the scan looks
+        for the next valid header and warns how many bytes it passed over.
+    """
+    members: list[tuple[str, int, int]] = []
+    pos = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    global_pax: dict[str, str] = {}
+    while pos + BLOCK <= size:
+        block = pread(BLOCK, pos)
+        if len(block) < BLOCK:
+            break
+        if block == bytes(BLOCK):
+            break  # the end-of-archive marker
+        if not _valid_header(block):
+            bad = pos
+            pos += BLOCK
+            while pos + BLOCK <= size and not _valid_header(pread(BLOCK, pos)):
+                pos += BLOCK
+            warn(f"{where}: corrupt tar header at byte {bad}; skipped {pos - bad} bytes to "
+                 f"{'the next valid header' if pos + BLOCK <= size else 'the end of the shard'} "
+                 f"(samples stored there are lost)")
+            long_name, pax = None, {}
+            continue
+        kind = block[156:157]
+        length = _octal(block[124:136])
+        data_at = pos + BLOCK
+        nxt = data_at + -(-length // BLOCK) * BLOCK
+        if kind in (b"x", b"g", b"L", b"K"):
+            data = pread(length, data_at)
+            if len(data) < length:
+                warn(f"{where}: shard ends inside a {kind.decode()!r} header record at byte {pos}")
+                break
+            if kind == b"x":
+                pax = _pax_records(data, where)
+            elif kind == b"g":
+                global_pax.update(_pax_records(data, where))
+            elif kind == b"L":
+                long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            pos = nxt
+            continue
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        name = info.name
+        if long_name is not None:
+            name = long_name
+        merged = {**global_pax, **pax}
+        if "path" in merged:
+            name = merged["path"]
+        if "size" in merged:
+            try:
+                length = int(merged["size"])
+            except ValueError:
+                raise ShardFormatError(f"{where}: pax size {merged['size']!r} is not an int") from None
+            nxt = data_at + -(-length // BLOCK) * BLOCK
+        long_name, pax = None, {}
+        if kind in _FILE_TYPES:
+            if data_at + length > size:
+                warn(f"{where}: shard ends inside member {name!r} (needs bytes up to "
+                     f"{data_at + length}, the shard has {size}): the shard is truncated")
+            members.append((name, data_at, length))
+        pos = nxt
+    return ShardIndex.from_members(members, lambda msg: warn(f"{where}: {msg}"))

@@ -1,0 +1,432 @@
+"""``feeder-pack``: write an image dataset into WebDataset tar shards with offset indices.
+
+::
+
+    feeder-pack SOURCE_DIR OUT_DIR [--shard-size 64MB] [--name train] [--max-side N] [--quality Q]
+    python -m feeder.pack ...
+
+``SOURCE_DIR`` is an ImageFolder (``root/<class>/**/<image>``) or a file list
+(a text file, one ``path [label]`` per line, paths relative to the list's
+folder). Each sample becomes ``<key>.<ext>`` with the image's bytes (``ext`` is
+the file's own extension, lower case) and ``<key>.cls`` with the class index in
+ASCII (no ``.cls`` for unlabeled samples), keys numbering the samples
+(``000000042``). ``OUT_DIR`` receives:
+
+* ``<name>-000000.tar``, ... (each at most ``--shard-size``, unless one image is larger),
+* ``<name>-000000.idx``, ...: the offset index of each shard, in DALI's
+  ``wds2idx`` ``v1.2`` format (see :mod:`feeder._tar`),
+* ``<name>.json``: the shard list (``wids-shard-index-v1``: ``url`` and
+  ``nsamples`` per shard) with the class names (``classes``) and the pack's settings.
+
+Output is atomic: a shard is written under a hidden temporary name and renamed
+once complete, after its index; the shard list is written last. A pack that is
+killed leaves complete shards and a temporary file; running the same command
+again removes the temporary file and continues after the last complete shard.
+Running it with other settings refuses, naming them (``--overwrite`` starts over).
+
+``--max-side N`` re-encodes images whose longer side exceeds ``N`` down to it
+(area interpolation; JPEG and WebP at ``--quality``, PNG losslessly); others
+keep their bytes. Re-encoded images lose their metadata (EXIF orientation
+included: pixels stay as stored, feeder's default reading).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import sys
+import tarfile
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ._tar import ShardIndex, index_path
+from .sources import ImageFolder
+
+__all__ = ["PackError", "PackResult", "main", "pack", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_MANIFEST_KIND = "wids-shard-index-v1"
+
+
+class PackError(Exception):
+    """A pack cannot run as asked (the message says why and what to do)."""
+
+
+def parse_size(text: str) -> int:
+    """``"64MB"`` -> 64000000; ``k``/``M``/``G`` are powers of 1000, ``KiB``/``MiB``/``GiB`` of 1024.
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 64MB, 1GiB, 500000)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return value
+
+
+def read_list(path: str) -> tuple[list[str], list[int]]:
+    """A file list: one ``path [label]`` per line (``#`` starts a comment)."""
+    base = os.path.dirname(os.path.abspath(path))
+    paths, labels = [], []
+    with open(path, encoding="utf-8") as f:
+        for no, line in enumerate(f, start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, rest = line.rpartition(" ") if "\t" not in line else line.rpartition("\t")
+            label = -1
+            if name and rest.lstrip("-").isdigit():
+                label = int(rest)
+            else:
+                name = line
+            if label < -1:
+                raise PackError(f"{path}:{no}: label {label} is negative")
+            paths.append(name if os.path.isabs(name) else os.path.join(base, name))
+            labels.append(label)
+    if not paths:
+        raise PackError(f"{path}: the file list has no entry")
+    return paths, labels
+
+
+@dataclass
+class PackResult:
+    """What a pack wrote.
+
+    Attributes:
+        shards: Shard paths, in order.
+        samples: Samples in all shards.
+        resumed: Shards found complete from an earlier run (not rewritten).
+        reencoded: Images re-encoded for ``max_side``.
+        kept: Images kept as they were because they could not be decoded for
+            ``max_side`` (they will fail when read for training, as the original would).
+        manifest: The shard list's path.
+    """
+
+    shards: list[str]
+    samples: int
+    resumed: int
+    reencoded: int
+    kept: list[str]
+    manifest: str
+
+
+def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
+    """``data`` re-encoded with its longer side at most ``max_side``; the same bytes
+    when already small enough; None when it cannot be decoded."""
+    import cv2  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if img is None:
+        return None
+    h, w = img.shape[:2]
+    if max(h, w) <= max_side:
+        return data
+    scale = max_side / max(h, w)
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+    if ext in ("jpg", "jpeg"):
+        params = [cv2.IMWRITE_JPEG_QUALITY, quality]
+    elif ext == "webp":
+        params = [cv2.IMWRITE_WEBP_QUALITY, quality]
+    else:
+        params = []
+    ok, out = cv2.imencode("." + ext, img, params)
+    if not ok:
+        ok, out = cv2.imencode(".png", img)
+    return out.tobytes()
+
+
+def _names(out_dir: str, name: str, k: int) -> tuple[str, str, str, str]:
+    """(shard, index, temporary shard, temporary index) paths of shard ``k``."""
+    shard = os.path.join(out_dir, f"{name}-{k:06d}.tar")
+    idx = index_path(shard)
+    return shard, idx, os.path.join(out_dir, f".{name}-{k:06d}.tar.part"), \
+        os.path.join(out_dir, f".{name}-{k:06d}.idx.part")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _ShardWriter:
+    """One shard being written: a tar under a temporary name, and its index."""
+
+    def __init__(self, out_dir: str, name: str, k: int) -> None:
+        self.path, self.idx, self.tmp, self.tmp_idx = _names(out_dir, name, k)
+        self.file = open(self.tmp, "wb")
+        self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
+        self.members: list[tuple[str, int, int]] = []
+        self.samples = 0
+
+    @property
+    def size(self) -> int:
+        return self.tar.offset
+
+    def add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:
+        for ext, data in fields:
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            info.mode = 0o644
+            # mtime 0 keeps shards identical across runs of the same pack.
+            self.tar.addfile(info, io.BytesIO(data))
+            data_at = self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            self.members.append((info.name, data_at, len(data)))
+        self.samples += 1
+
+    def finish(self) -> None:
+        """Close the tar, write the index, then rename both: index first, so a
+        shard under its final name always has its index."""
+        self.tar.close()
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        text = ShardIndex.from_members(self.members).to_text()
+        assert text is not None  # keys and extensions hold no whitespace
+        with open(self.tmp_idx, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(self.tmp_idx, self.idx)
+        os.replace(self.tmp, self.path)
+
+    def abandon(self) -> None:
+        for f in (self.tar, self.file):
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+        for p in (self.tmp, self.tmp_idx):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+
+def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str = "train",
+         max_side: int | None = None, quality: int = 90, workers: int | None = None,
+         overwrite: bool = False, progress: bool = False) -> PackResult:
+    """Pack ``source`` (an ImageFolder root or a file list) into shards in ``out_dir``.
+
+    See the module docstring for the layout. Safe to rerun after an interruption.
+
+    Raises:
+        PackError: ``out_dir`` holds a pack of this name made with other settings
+            (and ``overwrite`` is false), or the source is unusable.
+        OSError: a source file cannot be read (the message names it).
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", name):
+        # No dot: DALI's wds2idx names an index after the shard's name up to its first dot.
+        raise PackError(f"--name {name!r}: use letters, digits, '_' and '-'")
+    if max_side is not None and max_side < 1:
+        raise PackError(f"--max-side must be positive, got {max_side}")
+    if not 1 <= quality <= 100:
+        raise PackError(f"--quality must be in 1..100, got {quality}")
+    if os.path.isdir(source):
+        folder = ImageFolder(source)
+        paths, labels, classes = folder.paths, folder.labels, folder.classes
+    elif os.path.isfile(source):
+        paths, labels = read_list(source)
+        classes = None
+    else:
+        raise PackError(f"{source!r} is neither an ImageFolder directory nor a file list")
+    os.makedirs(out_dir, exist_ok=True)
+    settings = {"source": os.path.abspath(source), "samples": len(paths), "shard_size": shard_size,
+                "max_side": max_side, "quality": quality if max_side else None}
+    state_path = os.path.join(out_dir, f".{name}-pack.json")
+    manifest_path = os.path.join(out_dir, f"{name}.json")
+    existing = sorted(f for f in os.listdir(out_dir)
+                      if re.fullmatch(re.escape(name) + r"-\d{6}\.(tar|idx)", f)
+                      or re.fullmatch(r"\." + re.escape(name) + r"-\d{6}\.(tar|idx)\.part", f))
+    if overwrite:
+        for f in existing + [os.path.basename(manifest_path)]:
+            try:
+                os.unlink(os.path.join(out_dir, f))
+            except FileNotFoundError:
+                pass
+        existing = []
+    elif os.path.exists(state_path):
+        with open(state_path, encoding="utf-8") as f:
+            before = json.load(f)
+        diff = [k for k in settings if before.get(k) != settings[k]]
+        if diff:
+            raise PackError(
+                f"{out_dir} holds a pack named {name!r} made with other settings ("
+                + ", ".join(f"{k}: {before.get(k)!r} then, {settings[k]!r} now" for k in diff)
+                + "); pass --overwrite to replace it, or choose another --name or OUT_DIR")
+    elif any(not f.startswith(".") for f in existing) or os.path.exists(manifest_path):
+        raise PackError(f"{out_dir} already holds shards named {name}-*.tar that this command "
+                        f"did not start; pass --overwrite to replace them")
+    _write_atomic(state_path, json.dumps(settings, indent=1))
+    for f in existing:
+        if f.endswith(".part"):  # a killed run's shard in progress
+            os.unlink(os.path.join(out_dir, f))
+
+    # Shards complete from an earlier run: their indices say how many samples they hold.
+    done_shards: list[tuple[str, int]] = []
+    start = 0
+    while True:
+        shard, idx, _, _ = _names(out_dir, name, len(done_shards))
+        if not (os.path.isfile(shard) and os.path.isfile(idx)):
+            break
+        with open(idx, encoding="utf-8") as f:
+            ix = ShardIndex.from_text(f.read(), idx)
+        if ix.keys[:1] != [f"{start:09d}"]:
+            raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
+                            f"expected {start:09d}); pass --overwrite to start over")
+        done_shards.append((shard, len(ix)))
+        start += len(ix)
+    for k in range(len(done_shards), 10**6):  # stale shards past the resume point
+        shard, idx, _, _ = _names(out_dir, name, k)
+        if not (os.path.exists(shard) or os.path.exists(idx)):
+            break
+        for p in (shard, idx):
+            if os.path.exists(p):
+                os.unlink(p)
+
+    reencoded = 0
+    kept: list[str] = []
+
+    def load(i: int) -> tuple[int, list[tuple[str, bytes]], str]:
+        path = paths[i]
+        with open(path, "rb") as f:
+            data = f.read()
+        ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
+        status = "same"
+        if max_side is not None:
+            small = _shrink(data, ext, max_side, quality)
+            if small is None:
+                status = "kept"
+            elif small is not data:
+                data, status = small, "reencoded"
+        fields = [(ext, data)]
+        if labels[i] >= 0:
+            fields.append(("cls", str(labels[i]).encode("ascii")))
+        return i, fields, status
+
+    def loaded() -> Iterator[tuple[int, list[tuple[str, bytes]], str]]:
+        n_workers = workers or min(8, os.cpu_count() or 1)
+        window = 4 * n_workers
+        with ThreadPoolExecutor(n_workers, thread_name_prefix="feeder-pack") as pool:
+            pending = []
+            nxt = start
+            while nxt < len(paths) or pending:
+                while nxt < len(paths) and len(pending) < window:
+                    pending.append(pool.submit(load, nxt))
+                    nxt += 1
+                yield pending.pop(0).result()
+
+    bar = None
+    if progress:
+        from tqdm import tqdm  # noqa: PLC0415
+
+        bar = tqdm(total=len(paths), initial=start, unit="img", desc=f"feeder-pack {name}",
+                   dynamic_ncols=True)
+    shards = [s for s, _ in done_shards]
+    counts = [n for _, n in done_shards]
+    writer: _ShardWriter | None = None
+    try:
+        for i, fields, status in loaded():
+            if status == "reencoded":
+                reencoded += 1
+            elif status == "kept":
+                kept.append(paths[i])
+            size = sum(tarfile.BLOCKSIZE + -(-len(d) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                       for _, d in fields)
+            # The end-of-archive blocks and the padding to a whole tar record follow.
+            closing = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE
+            if writer is not None and writer.samples and writer.size + size + closing > shard_size:
+                writer.finish()
+                shards.append(writer.path)
+                counts.append(writer.samples)
+                writer = None
+            if writer is None:
+                writer = _ShardWriter(out_dir, name, len(shards))
+            writer.add(f"{i:09d}", fields)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(shards=len(shards) + 1, refresh=False)
+        if writer is not None:
+            writer.finish()
+            shards.append(writer.path)
+            counts.append(writer.samples)
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abandon()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    manifest = {
+        "__kind__": _MANIFEST_KIND, "wids_version": 1, "name": name,
+        "shardlist": [{"url": os.path.basename(s), "nsamples": n} for s, n in zip(shards, counts)],
+        "classes": classes,
+        "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
+    }
+    _write_atomic(manifest_path, json.dumps(manifest, indent=1))
+    return PackResult(shards, sum(counts), len(done_shards), reencoded, kept, manifest_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="feeder-pack",
+        description="Pack an ImageFolder (or a file list) into WebDataset tar shards with "
+                    "offset indices (DALI wds2idx v1.2) and a shard list (<name>.json).")
+    p.add_argument("source", metavar="SOURCE_DIR",
+                   help="ImageFolder root (root/<class>/<image>) or a text file of 'path [label]' lines")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where the shards go")
+    p.add_argument("--shard-size", default="64MB", type=parse_size,
+                   help="most bytes per shard (default 64MB; k/M/G = 1000s, KiB/MiB/GiB = 1024s)")
+    p.add_argument("--name", default="train", help="shard name prefix (default train)")
+    p.add_argument("--max-side", type=int, default=None,
+                   help="re-encode images whose longer side exceeds N pixels down to N")
+    p.add_argument("--quality", type=int, default=90,
+                   help="JPEG/WebP quality of re-encoded images (default 90)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="threads reading (and re-encoding) images (default: cores, at most 8)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a pack of this name in OUT_DIR instead of resuming it")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``feeder-pack`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        result = pack(args.source, args.out_dir, shard_size=args.shard_size, name=args.name,
+                      max_side=args.max_side, quality=args.quality, workers=args.workers,
+                      overwrite=args.overwrite, progress=not args.quiet)
+    except (PackError, OSError, ValueError) as exc:
+        sys.stderr.write(f"feeder-pack: error: {exc}\n")
+        return 2
+    out = sys.stdout
+    out.write(f"{result.samples} samples in {len(result.shards)} shards in {args.out_dir}"
+              + (f" ({result.resumed} shards kept from an earlier run)" if result.resumed else "")
+              + "\n")
+    if args.max_side:
+        out.write(f"{result.reencoded} images re-encoded to at most {args.max_side} px\n")
+    for path in result.kept:
+        out.write(f"kept as is (could not decode to re-encode): {path}\n")
+    out.write(f"shard list: {result.manifest}\n")
+    out.write(f"train with: TarShards({result.manifest!r})\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""Packed tar shards (the WebDataset layout) as a feeder source.
+
+A dataset of many small files costs a file open and a seek per sample; packed
+into tar shards of tens of MB, it is a few large files read at known offsets.
+:class:`TarShards` reads shards made by ``feeder-pack`` or by any tool that
+writes the WebDataset layout (``key.jpg``, ``key.cls``, ... in ``name-000000.tar``),
+from local disk or from ``http(s)://`` (and any fsspec URL: ``s3://``, ``gs://``...
+once that backend is installed), in any order, by sample index: the feeder's
+global shuffle and exactly-once epochs work as with files.
+
+Fields: the image is the sample's first member among ``image_exts`` (``jpg``,
+``jpeg``, ``png``, ``webp``...), the label the ASCII integer in its ``cls``
+member. Every field is available raw through :meth:`TarShards.read_fields`;
+:meth:`TarShards.read_record` names them as feeder's records of fields will
+(:data:`FIELD_NAMES`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ._storage import FilePool
+from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
+
+__all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces"]
+
+log = logging.getLogger(__name__)
+
+# Image fields, in the order a sample's image is looked for.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "tiff", "gif")
+
+# How the fields of a shard sample map to the fields of a feeder record
+# (read_record). Extensions not listed keep their extension as their name.
+FIELD_NAMES = {
+    **{ext: "image" for ext in IMAGE_EXTS},
+    "cls": "label",
+    "seg.png": "mask", "mask.png": "mask", "seg.jpg": "mask",
+}
+
+# A sample's members are read with one call (one request, remotely) when the
+# gaps between them (tar headers, fields not asked for) add at most this much.
+_SPAN_SLACK = 64 << 10
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand ``{000..127}`` (zero-padded to the first bound's width) and ``{a,b}``
+    groups, left to right: ``train-{000000..000002}.tar`` gives three names.
+
+    Raises:
+        ValueError: a range whose bounds are not integers, or that runs backwards.
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    body = m.group(1)
+    if ".." in body:
+        lo, _, hi = body.partition("..")
+        if not (lo.strip().isdigit() and hi.strip().isdigit()):
+            raise ValueError(f"shard pattern {pattern!r}: range {{{body}}} needs integer bounds")
+        a, b = int(lo), int(hi)
+        if b < a:
+            raise ValueError(f"shard pattern {pattern!r}: range {{{body}}} runs backwards")
+        width = len(lo.strip())
+        choices = [str(n).zfill(width) for n in range(a, b + 1)]
+    else:
+        choices = body.split(",")
+    head, tail = pattern[:m.start()], pattern[m.end():]
+    return [head + c + rest for c in choices for rest in expand_braces(tail)]
+
+
+def _is_url(name: str) -> bool:
+    return "://" in name and not name.startswith("file://")
+
+
+def _local(name: str) -> str:
+    return name[len("file://"):] if name.startswith("file://") else name
+
+
+def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None]:
+    """Shard names and classes of a shard list (``wids-shard-index-v1`` JSON, as
+    ``feeder-pack`` writes it), names relative to the list's own location."""
+    try:
+        doc = json.loads(text)
+        shards = [entry["url"] for entry in doc["shardlist"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardFormatError(f"{where}: not a shard list (JSON with a 'shardlist' of "
+                               f"{{'url': ...}} entries): {exc}") from exc
+    base = where.rsplit("/", 1)[0] if "/" in where else ""
+    out = []
+    for s in shards:
+        if _is_url(s) or os.path.isabs(s) or not base:
+            out.append(s)
+        else:
+            out.append(f"{base}/{s}")
+    classes = doc.get("classes")
+    return out, list(classes) if isinstance(classes, list) else None
+
+
+def resolve(spec: Any, options: dict | None = None) -> tuple[list[str], list[str] | None]:
+    """The shard names of ``spec`` and the class names of its shard list, if any.
+
+    Args:
+        spec: A directory (its ``*.tar``, sorted), a shard path or URL, a brace
+            pattern, a local glob, a shard list (``.json``), or a list of these.
+
+    Raises:
+        FileNotFoundError: a directory without shards, a glob matching nothing.
+    """
+    if isinstance(spec, (str, os.PathLike)):
+        name = os.fspath(spec)
+        if _BRACE.search(name):
+            return expand_braces(name), None
+        if name.endswith(".json"):
+            if _is_url(name):
+                from ._remote import fetch_small  # noqa: PLC0415 - fsspec only when remote
+
+                return _manifest(fetch_small(name, options=options).decode("utf-8"), name)
+            with open(_local(name), encoding="utf-8") as f:
+                return _manifest(f.read(), _local(name))
+        if _is_url(name):
+            return [name], None
+        path = _local(name)
+        if os.path.isdir(path):
+            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
+            if not found:
+                raise FileNotFoundError(f"TarShards: no *.tar shard in directory {path!r}")
+            return found, None
+        if any(ch in path for ch in "*?["):
+            found = sorted(glob.glob(path))
+            if not found:
+                raise FileNotFoundError(f"TarShards: no file matches {path!r}")
+            return found, None
+        return [path], None
+    if isinstance(spec, Iterable):
+        names: list[str] = []
+        for item in spec:
+            if not isinstance(item, (str, os.PathLike)):
+                raise TypeError(f"TarShards: shard names must be str or path-like, got {item!r}")
+            name = os.fspath(item)
+            names.extend(expand_braces(name) if _BRACE.search(name) else [_local(name)])
+        return names, None
+    raise TypeError(f"TarShards: expected a directory, a shard path or URL, a pattern or a "
+                    f"list of them, got {spec!r}")
+
+
+class _LocalShard:
+    """A shard on a local file system, read with ``os.pread``."""
+
+    remote = False
+
+    def __init__(self, path: str, files: FilePool) -> None:
+        self.name = path
+        self.files = files
+
+    def pread(self, length: int, offset: int) -> bytes:
+        return self.files.pread(self.name, length, offset)
+
+    def load_index(self, warn: Any) -> ShardIndex:
+        idx = index_path(self.name)
+        if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
+            with open(idx, encoding="utf-8", errors="surrogateescape") as f:
+                return ShardIndex.from_text(f.read(), idx)
+        size = os.path.getsize(self.name)  # FileNotFoundError names the shard
+        log.debug("indexing %s from its headers (no %s)", self.name, idx)
+        return scan(self.pread, size, self.name, warn)
+
+
+class TarShards:
+    """A source over tar shards in the WebDataset layout.
+
+    Samples are numbered shard by shard, in the order the shards are given, and
+    within a shard in the order their keys first appear. Reads go by offset (the
+    shard's index: its ``.idx`` file in DALI's ``wds2idx`` format when there is
+    one, else one is made by reading the tar headers), so any order of samples
+    costs the same and every thread reads on its own.
+
+    Args:
+        spec: Where the shards are: a directory (its ``*.tar`` files, sorted), one
+            shard, a brace pattern (``"data/train-{000000..000127}.tar"``, also
+            as a URL), a local glob, the shard list ``feeder-pack`` writes
+            (``train.json``, local or a URL), or a list of shard paths and URLs.
+        label: The field holding the class index as ASCII digits (``"cls"``);
+            None for unlabeled data (every label is -1).
+        image_exts: Fields that hold the image, the first present wins.
+        cache_dir: Local copies of remote shards (see :mod:`feeder._remote`;
+            default ``$FEEDER_CACHE`` or ``~/.cache/feeder``); False: no cache.
+        cache_bytes: The cache's size bound, bytes (default
+            ``$FEEDER_CACHE_BYTES`` or 32 GiB).
+        retries: Retries of a remote request failing with a transient error
+            (a 5xx status, a dropped connection), with exponential backoff.
+        backoff_s: The first retry's wait, seconds (doubled each time, with jitter).
+        downloads: Remote shards copied into the cache at once, in the background.
+        storage_options: Passed to the fsspec file system of remote shards
+            (credentials, endpoints; see fsspec's and the backend's docs).
+
+    Raises:
+        FileNotFoundError: a shard (or the directory) does not exist.
+        ShardFormatError: an index file is malformed (naming the file and line).
+        ValueError: no sample has the ``label`` field (give ``label=None`` for
+            unlabeled data), or no sample has an image field.
+    """
+
+    def __init__(self, spec: Any, *, label: str | None = "cls",
+                 image_exts: Sequence[str] = IMAGE_EXTS, cache_dir: Any = None,
+                 cache_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
+                 downloads: int = 2, storage_options: dict | None = None) -> None:
+        names, self.classes = resolve(spec, storage_options)
+        if not names:
+            raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
+        self.label = None if label is None else label.lower().lstrip(".")
+        self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
+        for name in names:
+            if name.lower().endswith(COMPRESSED):
+                raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be read "
+                                 f"by offset; decompress it (the images inside are compressed "
+                                 f"already, so little space is lost)")
+        self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads, storage_options)
+        self._open_shards(names)
+        shards = self._shards
+        self.warnings: list[str] = []
+        lock = threading.Lock()
+
+        def warn(msg: str) -> None:
+            with lock:
+                self.warnings.append(msg)
+            log.warning("%s", msg)
+
+        remote = [s for s in shards if s.remote]
+        if len(remote) > 1:
+            # Index files one by one would cost a round trip each.
+            with ThreadPoolExecutor(16, thread_name_prefix="feeder-index") as pool:
+                indices = list(pool.map(lambda s: s.load_index(warn), shards))
+        else:
+            indices = [s.load_index(warn) for s in shards]
+        self._indices: list[ShardIndex] = indices
+        counts = [len(ix) for ix in indices]
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+        # Plain lists (not numpy scalars): a read looks these up at Python speed.
+        self._image_member: list[list[int]] = []
+        self._label_member: list[list[int]] = []
+        self._offsets = [ix.offsets.tolist() for ix in indices]
+        self._sizes = [ix.sizes.tolist() for ix in indices]
+        exts_seen: set[str] = set()
+        for ix in indices:
+            img, lab = self._pick_members(ix)
+            self._image_member.append(img.tolist())
+            self._label_member.append(lab.tolist())
+            exts_seen.update(ix.exts)
+        n = self._starts[-1]
+        found = ", ".join(sorted(exts_seen)) or "none"
+        if n and not any(m >= 0 for ms in self._image_member for m in ms):
+            raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has an image "
+                             f"field ({', '.join(self.image_exts)}); fields found: {found}; "
+                             f"give image_exts=")
+        if n and self.label is not None and not any(m >= 0 for ms in self._label_member for m in ms):
+            raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has a "
+                             f".{self.label} field holding its label; fields found: {found}; "
+                             f"give label=None for unlabeled data (labels -1), or label='<ext>' "
+                             f"naming the field that holds the class index")
+
+    def _open_shards(self, names: list[str]) -> None:
+        """The per-process access to each shard: descriptors, remote store."""
+        self.files = FilePool()
+        self._store = None
+        shards: list[Any] = []
+        for name in names:
+            if _is_url(name):
+                if self._store is None:
+                    from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
+
+                    self._store = RemoteStore(self.files, *self._remote_options)
+                shards.append(self._store.shard(name))
+            else:
+                shards.append(_LocalShard(name, self.files))
+        self._shards = shards
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a spawned process (a DataLoader worker): descriptors, locks
+        # and copier threads are per process; the indices travel as they are.
+        state = self.__dict__.copy()
+        state["_shards"] = [shard.name for shard in self._shards]
+        del state["files"], state["_store"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        names = state.pop("_shards")
+        self.__dict__.update(state)
+        self._open_shards(names)
+
+    def _where(self) -> str:
+        first = self._shards[0].name
+        return first if len(self._shards) == 1 else f"{len(self._shards)} shards ({first}, ...)"
+
+    def _pick_members(self, ix: ShardIndex) -> tuple[np.ndarray, np.ndarray]:
+        """Per sample, the member holding its image and its label (-1: none)."""
+        img = np.full(len(ix), -1, np.int64)
+        lab = np.full(len(ix), -1, np.int64)
+        rank = {e: r for r, e in enumerate(self.image_exts)}
+        for s in range(len(ix)):
+            best = len(rank)
+            for m in ix.members(s):
+                e = ix.exts[m]
+                r = rank.get(e)
+                if r is not None and r < best:
+                    best, img[s] = r, m
+                elif e == self.label:
+                    lab[s] = m
+        return img, lab
+
+    # -- the source interface ------------------------------------------------
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard number, sample number within that shard)`` of sample ``index``."""
+        if not 0 <= index < self._starts[-1]:
+            raise IndexError(f"TarShards: sample {index} out of range [0, {self._starts[-1]})")
+        s = bisect.bisect_right(self._starts, index) - 1
+        return s, index - self._starts[s]
+
+    def describe(self, index: int) -> str:
+        """``shard:key`` of sample ``index`` (``/data/train-000003.tar:000123``)."""
+        s, j = self.locate(index)
+        return f"{self._shards[s].name}:{self._indices[s].keys[j]}"
+
+    def key(self, index: int) -> str:
+        s, j = self.locate(index)
+        return self._indices[s].keys[j]
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard paths and URLs, in sample order."""
+        return [s.name for s in self._shards]
+
+    def shard_ranges(self) -> list[tuple[int, int]]:
+        """``[start, stop)`` sample indices of each shard, in order."""
+        return [(self._starts[i], self._starts[i + 1]) for i in range(len(self._shards))]
+
+    def _read_members(self, s: int, j: int, members: list[int]) -> list[bytes]:
+        shard = self._shards[s]
+        ix = self._indices[s]
+        if not members:
+            return []
+        all_offs, all_sizes = self._offsets[s], self._sizes[s]
+        offs = [all_offs[m] for m in members]
+        sizes = [all_sizes[m] for m in members]
+        lo = min(offs)
+        hi = max(o + n for o, n in zip(offs, sizes))
+        if hi - lo <= sum(sizes) + _SPAN_SLACK:
+            blob = shard.pread(hi - lo, lo)
+            pieces = [blob[o - lo:o - lo + n] for o, n in zip(offs, sizes)]
+        else:
+            pieces = [shard.pread(n, o) for o, n in zip(offs, sizes)]
+        for m, o, n, piece in zip(members, offs, sizes, pieces):
+            if len(piece) != n:
+                raise ShardFormatError(
+                    f"{shard.name}:{ix.keys[j]}: truncated shard: member {ix.names[m]!r} needs "
+                    f"bytes [{o}, {o + n}) but the shard ends before byte {o + n}")
+        return pieces
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        """The image bytes and the label of sample ``index``.
+
+        Raises:
+            ShardFormatError: the sample has no image field, no label field (when
+                ``label`` is set), a label that is not an integer, or the shard is
+                truncated; the message names the shard and the key.
+            OSError: the shard cannot be read (remote: after the retries).
+        """
+        s, j = self.locate(index)
+        ix = self._indices[s]
+        img = self._image_member[s][j]
+        if img < 0:
+            raise ShardFormatError(
+                f"{self._shards[s].name}:{ix.keys[j]}: no image field (one of "
+                f"{', '.join(self.image_exts)}); the sample has: "
+                f"{', '.join(ix.exts[m] for m in ix.members(j)) or 'nothing'}")
+        if self.label is None:
+            return self._read_members(s, j, [img])[0], -1
+        lab = self._label_member[s][j]
+        if lab < 0:
+            # A shard cut short loses the fields after the cut: say that, not "no label".
+            self._read_members(s, j, [img])
+            raise ShardFormatError(
+                f"{self._shards[s].name}:{ix.keys[j]}: no .{self.label} field (its label); the "
+                f"sample has: {', '.join(ix.exts[m] for m in ix.members(j))}")
+        data, raw = self._read_members(s, j, [img, lab])
+        return data, self._parse_label(raw, s, j)
+
+    def _parse_label(self, raw: bytes, s: int, j: int) -> int:
+        try:
+            return int(raw.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            raise ShardFormatError(
+                f"{self._shards[s].name}:{self._indices[s].keys[j]}: .{self.label} field is not an "
+                f"integer: {raw[:40]!r}") from None
+
+    def read_fields(self, index: int) -> dict[str, bytes]:
+        """Every field of sample ``index``, raw: ``{extension: bytes}``."""
+        s, j = self.locate(index)
+        ix = self._indices[s]
+        members = list(ix.members(j))
+        return dict(zip((ix.exts[m] for m in members), self._read_members(s, j, members)))
+
+    def read_record(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` as a record of named fields (see :data:`FIELD_NAMES`):
+        ``"image"`` (bytes, the same field :meth:`read` returns), ``"label"`` (int,
+        parsed from ``label``'s field), ``"mask"`` (bytes) when the sample has one,
+        and every other field raw under its extension."""
+        s, j = self.locate(index)
+        fields = self.read_fields(index)
+        out: dict[str, Any] = {}
+        img = self._image_member[s][j]
+        for ext, data in fields.items():
+            if img >= 0 and ext == self._indices[s].exts[img]:
+                out["image"] = data
+            elif ext == self.label:
+                out["label"] = self._parse_label(data, s, j)
+            elif FIELD_NAMES.get(ext) == "mask" and "mask" not in out:
+                out["mask"] = data
+            elif FIELD_NAMES.get(ext) != "image":
+                out[ext] = data
+        return out
+
+    # -- lifecycle -----------------------------------------------------------
+    def wait_downloads(self, timeout: float | None = None) -> bool:
+        """Wait until the background copies of remote shards into the cache are done;
+        False if ``timeout`` (seconds) ran out first. Local shards: True at once."""
+        return True if self._store is None else self._store.wait(timeout)
+
+    def close(self) -> None:
+        """Stop background downloads and close open files. Reads after it reopen
+        what they need. Safe to repeat."""
+        if self._store is not None:
+            self._store.close()
+        self.files.close()
+
+    def __enter__(self) -> "TarShards":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TarShards({self._where()}, {len(self)} samples)"

@@ -1,0 +1,183 @@
+"""feeder-pack: layout, offset index, sizes, re-encoding, atomic and resumable output, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import cv2
+import numpy as np
+import pytest
+
+from feeder import ImageFolder
+from feeder._tar import ShardIndex, scan
+from feeder._storage import FilePool
+from feeder.pack import PackError, main, pack, parse_size
+from feeder.shards import TarShards
+
+from conftest import encode_jpeg, encode_png
+from feeder.synthetic import make_image
+
+
+def shard_files(out):
+    return sorted(f for f in os.listdir(out) if f.endswith(".tar"))
+
+
+def test_pack_image_folder_roundtrip(image_folder, tmp_path):
+    out = tmp_path / "out"
+    res = pack(image_folder, str(out), shard_size=parse_size("20KB"), name="train")
+    folder = ImageFolder(image_folder)
+    assert res.samples == len(folder) and len(res.shards) > 2
+    shards = TarShards(str(out))
+    assert len(shards) == len(folder)
+    for i in range(len(folder)):
+        assert shards.read(i) == folder.read(i)  # the original bytes and label, in order
+        assert shards.describe(i).endswith(f".tar:{i:09d}")
+    manifest = json.loads((out / "train.json").read_text())
+    assert manifest["__kind__"] == "wids-shard-index-v1"
+    assert manifest["classes"] == folder.classes
+    assert [e["nsamples"] for e in manifest["shardlist"]] == [len(TarShards(s)) for s in res.shards]
+    assert TarShards(str(out / "train.json")).classes == folder.classes
+    for shard in res.shards:
+        # Each shard's index is DALI's text format and matches what its headers say.
+        text = open(shard[:-4] + ".idx").read()
+        assert text.startswith("v1.2 ")
+        scanned = scan(lambda n, o, p=shard: FilePool().pread(p, n, o), os.path.getsize(shard), shard,
+                       pytest.fail)
+        assert scanned.to_text() == text
+        with tarfile.open(shard) as tar:  # a standard tar, readable by any tool
+            names = tar.getnames()
+        assert all(n.endswith((".jpg", ".png", ".cls")) for n in names)
+
+
+def test_shard_size_bound(image_folder, tmp_path):
+    limit = parse_size("30KB")
+    res = pack(image_folder, str(tmp_path), shard_size=limit)
+    for shard in res.shards:
+        n = len(TarShards(shard))
+        assert os.path.getsize(shard) <= limit or n == 1
+
+
+def test_parse_size():
+    assert parse_size("64MB") == 64_000_000
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("500") == 500
+    for bad in ("", "12XB", "0", "-5MB"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_max_side_reencodes_large_images_only(tmp_path):
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    big, small = make_image(300, 200, seed=1), make_image(40, 30, seed=2)
+    (src / "big.jpg").write_bytes(encode_jpeg(big))
+    (src / "small.jpg").write_bytes(encode_jpeg(small))
+    (src / "wide.png").write_bytes(encode_png(make_image(50, 400, seed=3)))
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), max_side=100, quality=80)
+    assert res.reencoded == 2 and not res.kept
+    shards = TarShards(str(tmp_path / "out"))
+    shapes = {}
+    for i in range(len(shards)):
+        data, _ = shards.read(i)
+        shapes[i] = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2]
+    assert shapes == {0: (100, 67), 1: (40, 30), 2: (12, 100)}
+    assert shards.read(1)[0] == (src / "small.jpg").read_bytes()  # small enough: bytes kept
+
+
+def test_file_list_source(tmp_path, jpeg_blobs):
+    lines = []
+    for i in range(6):
+        (tmp_path / f"{i}.jpg").write_bytes(jpeg_blobs[i])
+        lines.append(f"{i}.jpg {i * 2}" if i < 4 else f"{i}.jpg")
+    (tmp_path / "list.txt").write_text("# images\n" + "\n".join(lines) + "\n")
+    pack(str(tmp_path / "list.txt"), str(tmp_path / "out"))
+    shards = TarShards(str(tmp_path / "out"))
+    assert [shards.read(i)[1] for i in range(4)] == [0, 2, 4, 6]
+    with pytest.raises(Exception, match=r"000000004: no \.cls field"):
+        shards.read(4)  # unlabeled samples have no .cls: named when a label is asked for
+    assert TarShards(str(tmp_path / "out"), label=None).read(4) == (jpeg_blobs[4], -1)
+
+
+def test_unlabeled_pack_needs_label_none(tmp_path, jpeg_blobs):
+    (tmp_path / "a.jpg").write_bytes(jpeg_blobs[0])
+    (tmp_path / "list.txt").write_text("a.jpg\n")
+    pack(str(tmp_path / "list.txt"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="label=None"):
+        TarShards(str(tmp_path / "out"))
+
+
+def _make_folder(root, blobs, n=30):
+    for i in range(n):
+        d = root / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:03d}.jpg").write_bytes(blobs[i % len(blobs)])
+
+
+def test_interrupted_pack_resumes_to_identical_output(tmp_path, jpeg_blobs):
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs)
+    ref = pack(str(src), str(tmp_path / "ref"), shard_size=parse_size("25KB"))
+    # A file that cannot be read stops the pack half-way: complete shards stay,
+    # the shard in progress is removed, no shard list is written.
+    victim = src / "c1" / "016.jpg"
+    data = victim.read_bytes()
+    victim.unlink()
+    victim.symlink_to(tmp_path / "gone.jpg")  # listed, but opening it fails
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="016.jpg"):
+        pack(str(src), str(out), shard_size=parse_size("25KB"))
+    partial = shard_files(out)
+    assert 0 < len(partial) < len(ref.shards)
+    assert not (out / "train.json").exists()
+    assert not [f for f in os.listdir(out) if f.endswith(".part")]
+    for f in partial:  # what is there is complete
+        assert len(TarShards(str(out / f))) == len(TarShards(str(tmp_path / "ref" / f)))
+    # A killed run leaves a temporary shard, or an index renamed before its shard.
+    (out / ".train-000009.tar.part").write_bytes(b"partial")
+    nxt = len(partial)
+    (out / f"train-{nxt:06d}.idx").write_text("v1.2 0\n")
+    victim.unlink()
+    victim.write_bytes(data)
+    res = pack(str(src), str(out), shard_size=parse_size("25KB"))
+    assert res.resumed == len(partial)
+    assert shard_files(out) == shard_files(tmp_path / "ref")
+    for f in shard_files(out):
+        assert (out / f).read_bytes() == (tmp_path / "ref" / f).read_bytes()
+    assert not [f for f in os.listdir(out) if f.endswith(".part")]
+
+
+def test_rerun_with_other_settings_refused(tmp_path, jpeg_blobs):
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs, 6)
+    pack(str(src), str(tmp_path / "out"), shard_size=parse_size("25KB"))
+    with pytest.raises(PackError, match="shard_size.*--overwrite"):
+        pack(str(src), str(tmp_path / "out"), shard_size=parse_size("50KB"))
+    res = pack(str(src), str(tmp_path / "out"), shard_size=parse_size("50KB"), overwrite=True)
+    assert res.resumed == 0 and len(TarShards(str(tmp_path / "out"))) == 6
+    # Shards this command did not write are never taken over silently.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "train-000000.tar").write_bytes(b"")
+    with pytest.raises(PackError, match="did not start"):
+        pack(str(src), str(tmp_path / "other"))
+
+
+def test_cli(tmp_path, image_folder, capsys):
+    assert main([image_folder, str(tmp_path / "o"), "--shard-size", "40KB", "--name", "val", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "16 samples" in out and "val.json" in out
+    assert os.path.exists(tmp_path / "o" / "val-000000.tar")
+    assert main([str(tmp_path / "missing"), str(tmp_path / "o2"), "-q"]) == 2
+    assert "neither an ImageFolder" in capsys.readouterr().err
+    assert main([image_folder, str(tmp_path / "o2"), "--name", "train.v2", "-q"]) == 2
+    assert "--name 'train.v2'" in capsys.readouterr().err
+    # The module entry point, with the progress bar on stderr.
+    proc = subprocess.run([sys.executable, "-m", "feeder.pack", image_folder, str(tmp_path / "o3")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+    assert "16/16" in proc.stderr and "img" in proc.stderr
+    assert len(ShardIndex.from_text((tmp_path / "o3" / "train-000000.idx").read_text(), "x")) == 16

@@ -1,0 +1,163 @@
+"""The read stage: its own threads, its byte bound, its first-come-first-served hand-over,
+and decode threads that keep working while a read waits."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from feeder import Feeder, ops
+from feeder._queue import Channel, Closed
+from feeder._read import BudgetedOutbox, ReadBudget, nbytes
+from feeder._sample import Task
+
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of
+
+T = JOIN_TIMEOUT_S
+
+
+def task(i: int, size: int) -> Task:
+    t = Task(None, 0, i)
+    t.data = b"x" * size
+    return t
+
+
+def start(fn, *args):
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            errors.append(exc)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, errors
+
+
+def test_nbytes():
+    import numpy as np
+
+    assert nbytes(b"abc") == 3 and nbytes(bytearray(5)) == 5
+    assert nbytes(memoryview(b"abcd")) == 4 and nbytes(np.zeros(3, np.int64)) == 24
+    assert nbytes({"image": b"ab", "mask": b"c"}) == 3 and nbytes(None) == 0
+
+
+def test_byte_bound_waits_for_bytes_given_back():
+    budget = ReadBudget(100)
+    ch = Channel("decode", 10)
+    out = BudgetedOutbox(ch, budget)
+    out.put(task(0, 60))
+    th, errors = start(out.put, task(1, 60))  # 120 > 100: waits
+    th.join(0.3)  # a bounded look: it must still be waiting
+    assert th.is_alive() and ch.depth() == 1 and budget.held == 60
+    budget.give(nbytes(ch.get().data))
+    th.join(T)
+    assert not th.is_alive() and not errors and budget.held == 60 and budget.peak == 60
+
+
+def test_a_sample_larger_than_the_budget_passes_alone():
+    budget = ReadBudget(10)
+    out = BudgetedOutbox(Channel("decode", 4), budget)
+    out.put(task(0, 50))
+    assert budget.held == 50
+
+
+def test_hand_over_is_first_come_first_served():
+    """Samples that wait for room go in the order they arrived, never behind a
+    sample that arrived after them."""
+    budget = ReadBudget(1 << 30)
+    ch = Channel("decode", 1)
+    out = BudgetedOutbox(ch, budget)
+    out.put(task(0, 1))  # the channel is full now
+    threads = []
+    for i in range(1, 6):
+        th, errors = start(out.put, task(i, 1))
+        threads.append((th, errors))
+        # The next thread starts only once this one holds its ticket.
+        deadline = threading.Event()
+        for _ in range(1000):
+            if budget._next_ticket == i + 1:
+                break
+            deadline.wait(0.005)  # polling a condition under a bound
+        assert budget._next_ticket == i + 1
+    got = []
+    for _ in range(6):
+        item = ch.get(timeout=T)
+        budget.give(nbytes(item.data))
+        got.append(item.index)
+    for th, errors in threads:
+        th.join(T)
+        assert not th.is_alive() and not errors
+    assert got == [0, 1, 2, 3, 4, 5]
+
+
+def test_waiting_hand_over_ends_when_closed():
+    budget = ReadBudget(10)
+    ch = Channel("decode", 4)
+    out = BudgetedOutbox(ch, budget)
+    out.put(task(0, 10))
+    waiting_bytes, e1 = start(out.put, task(1, 10))
+    waiting_turn, e2 = start(out.put, task(2, 1))
+    ch.close()
+    for th in (waiting_bytes, waiting_turn):
+        th.join(T)
+        assert not th.is_alive()
+    assert all(isinstance(e[0], Closed) for e in (e1, e2))
+
+
+class BlockingSource(MemorySource):
+    """read(0) waits until released: storage that hangs on one sample."""
+
+    def __init__(self, blobs):
+        super().__init__(blobs)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def read(self, index):
+        if index == 0:
+            self.entered.set()
+            if not self.release.wait(T):
+                raise TimeoutError("never released")
+        return super().read(index)
+
+
+def test_decode_threads_work_while_a_read_waits(mixed_blobs):
+    """One decode thread, a read stuck on sample 0: every other sample is still
+    decoded and delivered (unordered batches of one), then sample 0 once released."""
+    src = BlockingSource(mixed_blobs[:20])
+    got = []
+    with Feeder(src, 1, [ops.Resize(24), ops.CenterCrop(16)], decode_threads=1, read_threads=4,
+                ordered=False, shuffle=False, seed=0) as f:
+        it = iter(f)
+        for _ in range(19):
+            x, y = next(it)
+            got.append(int(y[0]))
+        assert src.entered.is_set() and 0 not in got
+        src.release.set()
+        got.extend(labels_of(drain(it)[0]))
+    assert Counter(got) == Counter(range(20))
+
+
+@pytest.mark.parametrize("read_threads, augment", [(0, 0), (1, 0), (3, 2), ("auto", 0)])
+def test_exactly_once_with_any_read_threads(source, read_threads, augment):
+    seen = Counter()
+    for rank in range(2):
+        with Feeder(source, 4, [ops.Resize(24), ops.CenterCrop(16)], decode_threads=2,
+                    augment_threads=augment, read_threads=read_threads, read_ahead_bytes=3000,
+                    rank=rank, world_size=2, seed=1) as f:
+            f.set_epoch(1)
+            batches, err = drain(f)
+            assert err is None
+            seen.update(labels_of(batches))
+    assert seen == Counter(range(len(source)))
+
+
+def test_read_options_checked():
+    for bad in ({"read_threads": -1}, {"read_threads": "many"}, {"read_ahead_bytes": 0},
+                {"read_ahead_bytes": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Feeder(MemorySource([b""]), 1, [ops.CenterCrop(8)], **bad)
