@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import _reaper
@@ -21,7 +22,8 @@ from ._batch import BufferPool, Scratch
 from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._resume import FORMAT_VERSION, Progress, check_settings, describe_transforms, pack, unpack
+from ._resume import (FORMAT_VERSION, Progress, check_settings, describe_transforms, pack,
+                      pass_finished, unpack)
 from ._sampler import check_epoch, num_batches, pass_order, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
@@ -206,6 +208,36 @@ class BatchInfo:
     indices: torch.Tensor
 
 
+class EpochSampler:
+    """``Feeder.sampler``: a sampler-like handle whose ``set_epoch`` sets the feeder's.
+
+    Trainers that set the epoch on ``loader.sampler`` (Lightning calls
+    ``set_epoch`` on ``dataloader.sampler`` at the start of every training
+    epoch) set the feeder's epoch through it; ``len()`` is this rank's samples
+    per epoch. It holds the feeder weakly, so an unclosed feeder is still
+    collected (and its threads stopped) when the program drops it.
+    """
+
+    def __init__(self, feeder: "Feeder") -> None:
+        self._feeder = weakref.ref(feeder)
+
+    def _target(self) -> "Feeder":
+        feeder = self._feeder()
+        if feeder is None:
+            raise ReferenceError("the feeder of this sampler was garbage-collected")
+        return feeder
+
+    def set_epoch(self, epoch: int) -> None:
+        """``Feeder.set_epoch(epoch)``."""
+        self._target().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._target().num_samples
+
+    def __repr__(self) -> str:
+        return "EpochSampler(set_epoch -> Feeder.set_epoch)"
+
+
 class Feeder:
     """Feeds batches of images to a training loop from one process, with thread pools.
 
@@ -322,9 +354,25 @@ class Feeder:
         # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
         self._resume: tuple[Progress, int] | None = None
         self._engine = _Engine(self.config, source, self.chain)
+        self.sampler = EpochSampler(self)
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
+
+    # A loader with a ``sampler`` has a ``batch_sampler`` too, for the trainers
+    # that read both (Lightning); the feeder batches by itself.
+    batch_sampler = None
+
+    @property
+    def dataset(self) -> Any:
+        # Tools that rebuild a DataLoader around ``loader.dataset`` (Accelerate's
+        # skip_first_batches) would read every skipped sample through it; say
+        # what to use instead. An AttributeError keeps hasattr() false.
+        raise AttributeError(
+            "Feeder has no 'dataset' (it is not a DataLoader, and cannot be rebuilt as one): "
+            "to skip the first batches of an epoch use feeder.skip(num_batches) after "
+            "feeder.set_epoch(epoch); to resume, feeder.load_state_dict(state); the samples "
+            "come from feeder.source")
 
     # -- shape of an epoch --------------------------------------------------
     @property
@@ -379,6 +427,42 @@ class Feeder:
         if self._resume is not None and self._resume[0].epoch != epoch:
             self._resume = None  # another epoch than the loaded state's unfinished one
 
+    def skip(self, batches: int) -> None:
+        """Start the next pass after its first ``batches`` batches, without reading them.
+
+        What ``accelerator.skip_first_batches(loader, batches)`` does for a
+        DataLoader, for the epoch the next pass takes (call :meth:`set_epoch`
+        first; another ``set_epoch`` afterwards cancels the skip). The skipped
+        batches are the first ``batches * batch_size`` samples of this rank's
+        order for that epoch: with ``ordered=True`` and ``on_error="raise"``
+        exactly the batches an uninterrupted pass delivers first, so the rest
+        are that pass's batches, pixel for pixel, and ``last_batch.number``
+        continues the count. Otherwise every other sample comes once, in
+        batches that may differ from the uninterrupted run's; a checkpoint of
+        :meth:`state_dict` resumes those exactly.
+
+        Raises:
+            ValueError: ``batches`` is not an int in ``[0, len(feeder))``, or a
+                state loaded with :meth:`load_state_dict` already positions the
+                next pass inside its epoch.
+        """
+        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches < len(self):
+            raise ValueError(f"batches must be an int in [0, len(feeder)) = [0, {len(self)}) (to skip "
+                             f"a whole epoch, set_epoch(epoch + 1)), got {batches!r}")
+        epoch = self._next_epoch
+        if self._resume is not None:
+            raise ValueError(f"the state given to load_state_dict already positions the next pass "
+                             f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
+        c = self.config
+        length = len(self.source)
+        order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
+                           self.seed, epoch, self.rank, self.world_size)
+        done = np.zeros(length, bool)
+        done[order[:batches * c.batch_size]] = True
+        # A resume of this epoch as if a pass had delivered those batches: the
+        # same path as load_state_dict, so state_dict() before the pass keeps it.
+        self._resume = (Progress(epoch, length, done, None, batches), epoch + 1)
+
     # -- checkpoints ---------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
         """The settings that decide which samples a pass delivers, in which batches."""
@@ -409,9 +493,18 @@ class Feeder:
             if progress is not None and progress.ended:
                 progress = None
         if progress is not None:
-            epoch = progress.epoch
             done, failed, batches = progress.snapshot()
-            delivered, skipped = pack(done), pack(failed)
+            c = self.config
+            if progress.batches and pass_finished(
+                    int(done.sum() + failed.sum()), len(self.source), c.batch_size, c.drop_last,
+                    c.on_error == "skip", self.rank, self.world_size):
+                # Every batch is delivered but the loop has not asked for the end
+                # (Lightning stops at len(feeder)): the uninterrupted run's next
+                # pass is the next epoch, not an empty rest of this one.
+                progress = None
+            else:
+                epoch = progress.epoch
+                delivered, skipped = pack(done), pack(failed)
         return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
                 "batches": batches, "delivered": delivered, "skipped": skipped,
                 "skipped_total": self.stats().skipped, "settings": self._settings()}
@@ -465,6 +558,10 @@ class Feeder:
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
             resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)
+            if state["batches"] and pass_finished(int(done.sum() + skipped.sum()), length,
+                                                  c.batch_size, c.drop_last, c.on_error == "skip",
+                                                  self.rank, self.world_size):
+                resume, epoch = None, None  # nothing left of that pass: continue with the next
         self.seed = current["seed"]
         self._resume = resume
         self._progress = None
@@ -472,34 +569,42 @@ class Feeder:
 
     # -- iteration ---------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Start a new pass (stopping any unfinished one) and return its iterator."""
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        resume, self._resume = self._resume, None
-        done = None
-        if resume is not None and resume[0].epoch == epoch:
-            progress, self._next_epoch = resume
-            done = progress.handled()
-        else:
-            progress = Progress(epoch, len(self.source))
+        """A new pass's iterator. The pass starts at its first ``next()``: until then
+        nothing runs and no epoch number is used (trainers probe with ``iter()``
+        and may call ``set_epoch`` between ``iter()`` and the first ``next()``).
+        Starting stops any unfinished pass of this feeder.
+
+        Raises:
+            FeederError: the feeder is closed.
+        """
+        if self.closed:
+            raise FeederError("the feeder is closed")
+        return _PassIterator(self)
+
+    def _start_pass(self) -> tuple[Pass, Progress]:
+        """Start the next pass (the first ``next()`` of an iterator): take its epoch,
+        resolve the ranks, agree on the seed, and start the threads."""
         rank, world_size = self.rank, self.world_size
         if world_size > 1:
             check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
             if not self._seed_agreed:
                 self.seed = _agreed_seed(self.seed, world_size)
                 self._seed_agreed = True
+        epoch = self._next_epoch
+        resume = self._resume
+        done = None
+        if resume is not None and resume[0].epoch == epoch:
+            progress, next_epoch = resume
+            done = progress.handled()
+        else:
+            progress, next_epoch = Progress(epoch, len(self.source)), epoch + 1
+        # The epoch and the resume are used up only once the pass is running: a
+        # start that fails (a closed feeder, a rank contradiction) leaves them.
         run = self._engine.start_pass(self.seed, epoch, rank, world_size, done)
+        self._next_epoch, self._resume = next_epoch, None
         progress.run = run
         self._progress = progress
-        it = _PassIterator(self, run, progress)
-        # Like DataLoader's iterator: once the loop drops it (a break, an
-        # exception), its pass stops and its threads and buffers are freed. The
-        # collector may free it while this very thread holds a pass lock, so the
-        # stop runs in the reaper thread (see _reaper).
-        # Only a weak reference: a pass holding its error, whose traceback holds
-        # the iterator's frame, must not be kept alive by the finalizer registry.
-        _reaper.watch(it, _stop_pass, weakref.ref(run))
-        return it
+        return run, progress
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
@@ -533,17 +638,20 @@ class Feeder:
 class _PassIterator:
     """The consumer's side of one pass.
 
-    Several threads may share one iterator (a prefetching helper, a trainer's
-    workers): each batch goes to exactly one of them, and every one of them
-    gets ``StopIteration`` at the end of the pass, or the pass's error.
+    The pass starts at the first ``next()`` (see :meth:`Feeder.__iter__`); an
+    iterator dropped before it leaves no trace. Several threads may share one
+    iterator (a prefetching helper, a trainer's workers): exactly one pass
+    starts, each batch goes to exactly one of them, and every one of them gets
+    ``StopIteration`` at the end of the pass, or the pass's error.
     """
 
-    def __init__(self, feeder: Feeder, run: Pass, progress: Progress) -> None:
+    def __init__(self, feeder: Feeder) -> None:
         self._feeder = feeder  # keeps the feeder alive while a pass is iterated
-        self._run = run
-        self._progress = progress  # what state_dict() says this pass has delivered
-        self._book = run.book
-        self._cuda = run.cfg.device.type == "cuda"
+        self._run: Pass | None = None  # set once, by the first next()
+        self._progress: Progress | None = None  # what state_dict() says this pass has delivered
+        self._start_lock = threading.Lock()  # threads sharing a fresh iterator start one pass
+        self._book = feeder._engine.book
+        self._cuda = feeder.config.device.type == "cuda"
         self._timeout = feeder.config.timeout
         self._warned: set[int] = set()  # stuck samples already named in a warning
         # Threads that have been given the pass's error: each learns it once, and
@@ -555,8 +663,24 @@ class _PassIterator:
     def __iter__(self) -> "_PassIterator":
         return self
 
+    def _start(self) -> Pass:
+        with self._start_lock:
+            if self._run is None:
+                run, self._progress = self._feeder._start_pass()
+                # Like DataLoader's iterator: once the loop drops it (a break, an
+                # exception), its pass stops and its threads and buffers are freed.
+                # The collector may free it while this very thread holds a pass
+                # lock, so the stop runs in the reaper thread (see _reaper). Only a
+                # weak reference: a pass holding its error, whose traceback holds
+                # the iterator's frame, must not be kept alive by the finalizer registry.
+                _reaper.watch(self, _stop_pass, weakref.ref(run))
+                self._run = run
+            return self._run
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         run = self._run
+        if run is None:
+            run = self._start()
         if run.orphaned:
             raise FeederError(
                 "this pass was started before the process forked; its threads do not exist in "
@@ -580,11 +704,13 @@ class _PassIterator:
         finally:
             pool.set_consumer_waiting(False)  # before claim() below: see BufferPool.acquire
             book.consumer_waiting(None)
+        progress = self._progress
+        assert progress is not None
         if item is END:
             # Other threads sharing this iterator may wait in get(): closing the
             # output wakes them, and they see the end too.
             run.output_ended = True
-            self._progress.ended = True
+            progress.ended = True
             run.output.close()
             raise StopIteration
         if isinstance(item, Failure):
@@ -604,7 +730,6 @@ class _PassIterator:
             images.record_stream(stream)
             labels.record_stream(stream)
         book.delivered(images.shape[0])
-        progress = self._progress
         progress.record(item.indices)
         self._feeder.last_batch = BatchInfo(run.epoch, progress.first_batch + item.number,
                                             torch.from_numpy(item.indices))

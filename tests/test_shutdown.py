@@ -50,6 +50,7 @@ def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
     f = make(blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered)
     try:
         it = iter(f)
+        next(it)  # the pass starts at the first next(); then the loop stops reading
         run = it._run
 
         def backed_up():
@@ -77,8 +78,10 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
     f = make(blobs, [gate, ops.CenterCrop(SIDE)], decode_threads=2, augment_threads=augment_threads)
     try:
         it = iter(f)
-        run = it._run
         consumer, consumer_result = consume_in_thread(it)
+        # The consumer's first next() starts the pass.
+        assert wait_until(lambda: it._run is not None, 10), "the pass never started"
+        run = it._run
 
         def backed_up():
             # Both threads that run the transforms (augment, or decode when inline)
@@ -320,6 +323,8 @@ def stuck(img, rng):
     return img
 f = Feeder(Mem(BLOBS), 2, [stuck, ops.CenterCrop(32)], seed=0, decode_threads=2, augment_threads=1)
 it = iter(f)
+# The first next() starts the pass; it waits for a batch that never comes.
+threading.Thread(target=next, args=(it,), daemon=True).start()
 deadline = time.monotonic() + 30
 while not any(t.name.startswith("feeder-augment") and t.is_alive() for t in threading.enumerate()):
     time.sleep(0.01)
