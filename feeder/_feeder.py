@@ -431,15 +431,17 @@ class Feeder:
         """Start the next pass after its first ``batches`` batches, without reading them.
 
         What ``accelerator.skip_first_batches(loader, batches)`` does for a
-        DataLoader, for the epoch the next pass takes (call :meth:`set_epoch`
-        first; another ``set_epoch`` afterwards cancels the skip). The skipped
-        batches are the first ``batches * batch_size`` samples of this rank's
-        order for that epoch: with ``ordered=True`` and ``on_error="raise"``
-        exactly the batches an uninterrupted pass delivers first, so the rest
-        are that pass's batches, pixel for pixel, and ``last_batch.number``
-        continues the count. Otherwise every other sample comes once, in
-        batches that may differ from the uninterrupted run's; a checkpoint of
-        :meth:`state_dict` resumes those exactly.
+        DataLoader, for the epoch the next pass takes: call :meth:`set_epoch`
+        first (another ``set_epoch`` afterwards cancels the skip). Under
+        ``torch.distributed`` every rank calls it at the same point, as it may
+        agree on the seed as a first pass does. The skipped batches are the
+        first ``batches * batch_size`` samples of this rank's order for that
+        epoch: with ``ordered=True`` and ``on_error="raise"`` exactly the
+        batches an uninterrupted pass delivers first, so the rest are that
+        pass's batches, pixel for pixel, and ``last_batch.number`` continues the
+        count. Otherwise every other sample comes once, in batches that may
+        differ from the uninterrupted run's (a :meth:`state_dict` checkpoint
+        resumes those exactly). ``skip(0)`` does nothing.
 
         Raises:
             ValueError: ``batches`` is not an int in ``[0, len(feeder))``, or a
@@ -449,14 +451,18 @@ class Feeder:
         if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches < len(self):
             raise ValueError(f"batches must be an int in [0, len(feeder)) = [0, {len(self)}) (to skip "
                              f"a whole epoch, set_epoch(epoch + 1)), got {batches!r}")
+        if batches == 0:
+            return
         epoch = self._next_epoch
         if self._resume is not None:
             raise ValueError(f"the state given to load_state_dict already positions the next pass "
                              f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
         c = self.config
         length = len(self.source)
+        # The order is cut from rank 0's seed: agree on it now, as a first pass would.
+        rank, world_size = self._ranks()
         order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                           self.seed, epoch, self.rank, self.world_size)
+                           self.seed, epoch, rank, world_size)
         done = np.zeros(length, bool)
         done[order[:batches * c.batch_size]] = True
         # A resume of this epoch as if a pass had delivered those batches: the
@@ -581,15 +587,21 @@ class Feeder:
             raise FeederError("the feeder is closed")
         return _PassIterator(self)
 
-    def _start_pass(self) -> tuple[Pass, Progress]:
-        """Start the next pass (the first ``next()`` of an iterator): take its epoch,
-        resolve the ranks, agree on the seed, and start the threads."""
+    def _ranks(self) -> tuple[int, int]:
+        """(rank, world_size) now, with the seed agreed among the ranks once there
+        are several (a collective call: every rank makes it at the same point)."""
         rank, world_size = self.rank, self.world_size
         if world_size > 1:
             check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
             if not self._seed_agreed:
                 self.seed = _agreed_seed(self.seed, world_size)
                 self._seed_agreed = True
+        return rank, world_size
+
+    def _start_pass(self) -> tuple[Pass, Progress]:
+        """Start the next pass (the first ``next()`` of an iterator): take its epoch,
+        resolve the ranks, agree on the seed, and start the threads."""
+        rank, world_size = self._ranks()
         epoch = self._next_epoch
         resume = self._resume
         done = None
