@@ -525,11 +525,16 @@ class Feeder:
         its beginning. Thread counts and queue sizes may differ from the saving
         feeder's. A feeder built with ``seed=None`` takes the saved seed.
 
+        With ``ordered=True`` and ``on_error="raise"`` a state saved by another
+        rank of the same world size is accepted (trainers that write checkpoints
+        from rank 0 only, as Lightning does under DDP): this rank continues its
+        own shard after as many batches as the saving rank had delivered.
+
         Raises:
             ValueError: the state is not one of these, or a setting that decides
                 the output differs (source length, seed, batch size, shuffle,
-                drop_last, ordered, on_error, rank, world_size, image size,
-                transforms); the message names the field and both values.
+                drop_last, ordered, on_error, rank (see above), world_size, image
+                size, transforms); the message names the field and both values.
         """
         if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
@@ -539,6 +544,15 @@ class Feeder:
         if (self.config.seed is None and isinstance(settings, dict)
                 and isinstance(settings.get("seed"), int)):
             current["seed"] = settings["seed"]
+        c = self.config
+        saved_rank = current["rank"]
+        if (isinstance(settings, dict) and c.ordered and c.on_error == "raise"
+                and isinstance(settings.get("rank"), int) and settings.get("world_size") == current["world_size"]
+                and 0 <= settings["rank"] < current["world_size"]):
+            # Another rank's state (a trainer that checkpoints from rank 0 only):
+            # with ordered batches, every rank's position is its batch count,
+            # and the ranks step together, so this rank continues from there.
+            saved_rank = current["rank"] = settings["rank"]
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         for name, value in (("epoch", epoch), ("next_epoch", next_epoch),
@@ -551,18 +565,22 @@ class Feeder:
             length = len(self.source)
             done = unpack(state.get("delivered"), length, "delivered")
             skipped = unpack(state.get("skipped"), length, "skipped")
-            c = self.config
             if c.ordered and c.on_error == "raise":
                 # The delivered samples must be the head of the epoch's order,
                 # else the rest would not be the uninterrupted run's batches.
                 order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                   current["seed"], epoch, self.rank, self.world_size)
+                                   current["seed"], epoch, saved_rank, self.world_size)
                 n = int(done.sum())
                 whole = n in (state["batches"] * c.batch_size, len(order))
                 if not whole or not done[order[:n]].all():
                     raise ValueError(f"state['delivered'] is not the start of epoch {epoch}'s "
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
+                if saved_rank != self.rank:
+                    mine = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
+                                      current["seed"], epoch, self.rank, self.world_size)
+                    done = np.zeros(length, bool)
+                    done[mine[:state["batches"] * c.batch_size]] = True
             resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)
             if state["batches"] and pass_finished(int(done.sum() + skipped.sum()), length,
                                                   c.batch_size, c.drop_last, c.on_error == "skip",

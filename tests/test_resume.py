@@ -261,3 +261,23 @@ def test_damaged_ordered_state_is_rejected(source):
     state["delivered"] = np.packbits(bits).tobytes()
     with make(source) as f, pytest.raises(ValueError, match="delivered"):
         f.load_state_dict(state)
+
+
+def test_another_ranks_state_positions_this_rank_by_its_batches(source):
+    """Trainers that checkpoint from rank 0 only (Lightning under DDP): with ordered
+    batches, rank 1 continues its own shard after as many batches as rank 0 took."""
+    ranks = dict(world_size=2)
+    with make(source, rank=1, **ranks) as f:
+        whole = epochs(f, 2)
+    _, state = interrupted(source, 2, rank=0, **ranks)
+    with make(source, rank=1, **ranks) as f:
+        f.load_state_dict(state)
+        rest, following = epochs(f, 2)
+    assert_same(rest, whole[0][2:])
+    assert_same(following, whole[1])
+    for saving, loading in ((dict(ordered=False),) * 2, (dict(on_error="skip"),) * 2,
+                            (dict(world_size=3), {})):
+        _, state = interrupted(source, 1, rank=0, **{**ranks, **saving})
+        with make(source, rank=1, **{**ranks, **loading}) as f:
+            with pytest.raises(ValueError, match=r"cannot resume: (rank|world_size) differs"):
+                f.load_state_dict(state)
