@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -333,6 +334,72 @@ def test_lightning_checkpoint_resumes_the_feeder(L, blobs, tmp_path, ordered, st
                 out[epoch] += batch
             return {e: sorted(v) for e, v in out.items()}
         assert per_epoch(resumed.trained_on) == per_epoch(whole.trained_on[step:])
+
+
+DDP_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from conftest import MemorySource
+from faults_helpers import distinct_jpegs
+from feeder import Feeder, ops
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(3 * 16 * 16, 4)
+        # Built before the process group exists (Lightning creates it in fit()).
+        self.feeder = Feeder(MemorySource(distinct_jpegs(48, seed=900, side=16)), 4, [ops.CenterCrop(16)],
+                             seed=3, shuffle=True, drop_last=True, dtype=torch.float32, decode_threads=1)
+        self.trained_on = []
+
+    def train_dataloader(self):
+        return self.feeder
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.trained_on.append((self.current_epoch, y.tolist()))
+        return torch.nn.functional.cross_entropy(self.net(x.reshape(len(x), -1)), y % 4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+if __name__ == "__main__":
+    out, mode = sys.argv[1], sys.argv[2]
+    kw = dict(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+              enable_progress_bar=False, enable_model_summary=False)
+    module = Module()
+    if mode == "whole":
+        every = ModelCheckpoint(dirpath=out, filename="{{step}}", every_n_train_steps=4, save_top_k=-1)
+        L.Trainer(callbacks=[every], **kw).fit(module)
+    else:
+        L.Trainer(enable_checkpointing=False, **kw).fit(module, ckpt_path=os.path.join(out, "step=4.ckpt"))
+    with open(os.path.join(out, mode + str(module.global_rank) + ".json"), "w") as f:
+        json.dump({{"world": module.trainer.world_size, "trained_on": module.trained_on}}, f)
+    module.feeder.close()
+"""
+
+
+def test_lightning_ddp_resumes_every_rank_from_rank_0s_checkpoint(L, tmp_path):
+    """Lightning writes checkpoints from rank 0 only: every rank resumes from rank 0's
+    feeder state (2 CPU processes, strategy="ddp")."""
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    for mode in ("whole", "resume"):
+        run_example([sys.executable, str(script), str(tmp_path), mode], timeout=240)
+    runs = {(mode, r): json.loads((tmp_path / f"{mode}{r}.json").read_text())
+            for mode in ("whole", "resume") for r in range(2)}
+    assert {run["world"] for run in runs.values()} == {2}
+    # 48 samples, 2 ranks, batch 4: 6 steps per epoch; step 4 is inside epoch 0.
+    whole = [runs["whole", r]["trained_on"] for r in range(2)]
+    assert [len(w) for w in whole] == [12, 12]
+    for epoch in range(2):
+        a, b = ([i for e, batch in w if e == epoch for i in batch] for w in whole)
+        assert sorted(a + b) == list(range(48))  # disjoint shards covering the epoch
+    for r in range(2):
+        assert [list(x) for x in runs["resume", r]["trained_on"]] == [list(x) for x in whole[r][4:]]
 
 
 def run_example(args: list[str], timeout: float) -> str:
