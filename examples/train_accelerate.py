@@ -74,7 +74,8 @@ def main() -> None:
     p.add_argument("--resume-step", type=int, default=3, help="batches to skip when resuming")
     args = p.parse_args()
 
-    train_source, eval_source = GeneratedImages(args.train_images), GeneratedImages(args.eval_images, seed=10_000)
+    train_source = GeneratedImages(args.train_images)
+    eval_source = GeneratedImages(args.eval_images, seed=10_000)
 
     def train_feeder() -> Feeder:
         # Built before the process group exists (Accelerator() creates it): the
@@ -138,7 +139,8 @@ def main() -> None:
     accelerator.load_state(checkpoint)  # the model and the optimizer
     # (1) From the feeder's own state: exact for any settings.
     resumed = train_feeder()
-    resumed.load_state_dict(torch.load(os.path.join(checkpoint, f"feeder_rank{accelerator.process_index}.pt")))
+    mine = os.path.join(checkpoint, f"feeder_rank{accelerator.process_index}.pt")
+    resumed.load_state_dict(torch.load(mine))
     rest = [resumed.last_batch.indices.tolist() for _ in resumed]
     resumed.close()
     say(f"resume from the feeder's state: epoch {epoch} from batch {step}: the uninterrupted run's "

@@ -114,7 +114,8 @@ def main() -> None:
     args = p.parse_args()
     warnings.filterwarnings("ignore", module="lightning")  # tips about loggers, ...
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    train_source, val_source = GeneratedImages(args.train_images), GeneratedImages(args.val_images, seed=10_000)
+    train_source = GeneratedImages(args.train_images)
+    val_source = GeneratedImages(args.val_images, seed=10_000)
 
     with tempfile.TemporaryDirectory() as ckpt_dir:
         # The uninterrupted run, checkpointing every `checkpoint_step` steps.
@@ -123,7 +124,8 @@ def main() -> None:
                                 save_top_k=-1)
         trainer(args.epochs, callbacks=[every]).fit(model)
         model.close()
-        epochs = [[i for e, batch in model.trained_on if e == epoch for i in batch] for epoch in range(args.epochs)]
+        epochs = [[i for e, batch in model.trained_on if e == epoch for i in batch]
+                  for epoch in range(args.epochs)]
         for epoch, seen in enumerate(epochs):
             new = epoch == 0 or seen != epochs[epoch - 1]
             print(f"epoch {epoch}: {len(seen)} samples, every sample once: "

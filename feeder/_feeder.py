@@ -324,10 +324,17 @@ class Feeder:
     ``feeder.last_batch`` (a :class:`BatchInfo`) says which source samples the
     last batch ``next()`` returned holds, its epoch and its number in the epoch.
 
-    One pass at a time: ``iter(feeder)`` stops an unfinished pass, whose iterator
-    then raises a :class:`~feeder.FeederError` saying so. One iterator may be
-    shared by several threads (each batch goes to one of them; all see the end).
+    One pass at a time: a pass starts at its iterator's first ``next()``
+    (``iter(feeder)`` alone starts nothing and uses no epoch number) and stops
+    an unfinished pass, whose iterator then raises a
+    :class:`~feeder.FeederError` saying so. One iterator may be shared by
+    several threads (each batch goes to one of them; all see the end).
     ``close()`` may be called from any thread.
+
+    For trainers: ``feeder.sampler.set_epoch(e)`` is ``feeder.set_epoch(e)``
+    (Lightning calls it on a loader's ``sampler`` every epoch), ``state_dict``
+    / ``load_state_dict`` resume mid-epoch, and :meth:`skip` is the
+    equivalent of Accelerate's ``skip_first_batches``.
     """
 
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),
@@ -546,9 +553,10 @@ class Feeder:
             current["seed"] = settings["seed"]
         c = self.config
         saved_rank = current["rank"]
+        world_size = current["world_size"]
         if (isinstance(settings, dict) and c.ordered and c.on_error == "raise"
-                and isinstance(settings.get("rank"), int) and settings.get("world_size") == current["world_size"]
-                and 0 <= settings["rank"] < current["world_size"]):
+                and settings.get("world_size") == world_size
+                and isinstance(settings.get("rank"), int) and 0 <= settings["rank"] < world_size):
             # Another rank's state (a trainer that checkpoints from rank 0 only):
             # with ordered batches, every rank's position is its batch count,
             # and the ranks step together, so this rank continues from there.

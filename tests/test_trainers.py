@@ -426,7 +426,8 @@ def test_accelerate_example_under_torchrun():
     pytest.importorskip("torch.distributed.run")
     out = run_example([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                        "examples/train_accelerate.py"], timeout=300)
-    assert "prepare(feeder) returns it unchanged: True; 2 process(es), 4 batches per epoch per rank" in out, out
+    assert ("prepare(feeder) returns it unchanged: True; 2 process(es), 4 batches per epoch per rank"
+            in out), out
     for epoch in range(2):
         assert f"epoch {epoch}: 64 samples, every sample once: True" in out, out
     assert ("resume from the feeder's state: epoch 1 from batch 3: the uninterrupted run's batches: True"
