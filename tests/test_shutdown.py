@@ -323,8 +323,7 @@ def stuck(img, rng):
     return img
 f = Feeder(Mem(BLOBS), 2, [stuck, ops.CenterCrop(32)], seed=0, decode_threads=2, augment_threads=1)
 it = iter(f)
-# The first next() starts the pass; it waits for a batch that never comes.
-threading.Thread(target=next, args=(it,), daemon=True).start()
+it._start()  # the pass starts (as a first next() would, without waiting for a batch)
 deadline = time.monotonic() + 30
 while not any(t.name.startswith("feeder-augment") and t.is_alive() for t in threading.enumerate()):
     time.sleep(0.01)

@@ -454,3 +454,13 @@ def test_accelerate_checkpointing_a_registered_feeder(blobs, tmp_path):
         accelerator.load_state(str(tmp_path))
         rest = [y.tolist() for _, y in drain(f)[0]] + [y.tolist() for _, y in drain(f)[0]]
     assert taken + rest == want
+
+
+def test_accelerate_skip_first_batches_says_what_to_use(blobs):
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    with make(MemorySource(blobs)) as f:
+        assert accelerator.prepare(f) is f  # passed through untouched
+        with pytest.raises(AttributeError, match=r"feeder\.skip\(num_batches\) after feeder\.set_epoch"):
+            accelerator.skip_first_batches(f, 2)
+        assert feeder_threads() == []
