@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import _reaper
@@ -21,7 +22,8 @@ from ._batch import BufferPool, Scratch
 from ._config import Config, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._resume import FORMAT_VERSION, Progress, check_settings, describe_transforms, pack, unpack
+from ._resume import (FORMAT_VERSION, Progress, check_settings, describe_transforms, pack,
+                      pass_finished, unpack)
 from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
@@ -206,6 +208,36 @@ class BatchInfo:
     indices: torch.Tensor
 
 
+class EpochSampler:
+    """``Feeder.sampler``: a sampler-like handle whose ``set_epoch`` sets the feeder's.
+
+    Trainers that set the epoch on ``loader.sampler`` (Lightning calls
+    ``set_epoch`` on ``dataloader.sampler`` at the start of every training
+    epoch) set the feeder's epoch through it; ``len()`` is this rank's samples
+    per epoch. It holds the feeder weakly, so an unclosed feeder is still
+    collected (and its threads stopped) when the program drops it.
+    """
+
+    def __init__(self, feeder: "Feeder") -> None:
+        self._feeder = weakref.ref(feeder)
+
+    def _target(self) -> "Feeder":
+        feeder = self._feeder()
+        if feeder is None:
+            raise ReferenceError("the feeder of this sampler was garbage-collected")
+        return feeder
+
+    def set_epoch(self, epoch: int) -> None:
+        """``Feeder.set_epoch(epoch)``."""
+        self._target().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._target().num_samples
+
+    def __repr__(self) -> str:
+        return "EpochSampler(set_epoch -> Feeder.set_epoch)"
+
+
 class Feeder:
     """Feeds batches of images to a training loop from one process, with thread pools.
 
@@ -303,10 +335,17 @@ class Feeder:
     ``feeder.last_batch`` (a :class:`BatchInfo`) says which source samples the
     last batch ``next()`` returned holds, its epoch and its number in the epoch.
 
-    One pass at a time: ``iter(feeder)`` stops an unfinished pass, whose iterator
-    then raises a :class:`~feeder.FeederError` saying so. One iterator may be
-    shared by several threads (each batch goes to one of them; all see the end).
+    One pass at a time: a pass starts at its iterator's first ``next()``
+    (``iter(feeder)`` alone starts nothing and uses no epoch number) and stops
+    an unfinished pass, whose iterator then raises a
+    :class:`~feeder.FeederError` saying so. One iterator may be shared by
+    several threads (each batch goes to one of them; all see the end).
     ``close()`` may be called from any thread.
+
+    For trainers: ``feeder.sampler.set_epoch(e)`` is ``feeder.set_epoch(e)``
+    (Lightning calls it on a loader's ``sampler`` every epoch), ``state_dict``
+    / ``load_state_dict`` resume mid-epoch, and :meth:`skip` is the
+    equivalent of Accelerate's ``skip_first_batches``.
     """
 
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),
@@ -334,9 +373,25 @@ class Feeder:
         # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
         self._resume: tuple[Progress, int] | None = None
         self._engine = _Engine(self.config, source, self.chain)
+        self.sampler = EpochSampler(self)
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
+
+    # A loader with a ``sampler`` has a ``batch_sampler`` too, for the trainers
+    # that read both (Lightning); the feeder batches by itself.
+    batch_sampler = None
+
+    @property
+    def dataset(self) -> Any:
+        # Tools that rebuild a DataLoader around ``loader.dataset`` (Accelerate's
+        # skip_first_batches) would read every skipped sample through it; say
+        # what to use instead. An AttributeError keeps hasattr() false.
+        raise AttributeError(
+            "Feeder has no 'dataset' (it is not a DataLoader, and cannot be rebuilt as one): "
+            "to skip the first batches of an epoch use feeder.skip(num_batches) after "
+            "feeder.set_epoch(epoch); to resume, feeder.load_state_dict(state); the samples "
+            "come from feeder.source")
 
     # -- shape of an epoch --------------------------------------------------
     @property
@@ -391,6 +446,48 @@ class Feeder:
         if self._resume is not None and self._resume[0].epoch != epoch:
             self._resume = None  # another epoch than the loaded state's unfinished one
 
+    def skip(self, batches: int) -> None:
+        """Start the next pass after its first ``batches`` batches, without reading them.
+
+        What ``accelerator.skip_first_batches(loader, batches)`` does for a
+        DataLoader, for the epoch the next pass takes: call :meth:`set_epoch`
+        first (another ``set_epoch`` afterwards cancels the skip). Under
+        ``torch.distributed`` every rank calls it at the same point, as it may
+        agree on the seed as a first pass does. The skipped batches are the
+        first ``batches * batch_size`` samples of this rank's order for that
+        epoch: with ``ordered=True`` and ``on_error="raise"`` exactly the
+        batches an uninterrupted pass delivers first, so the rest are that
+        pass's batches, pixel for pixel, and ``last_batch.number`` continues the
+        count. Otherwise every other sample comes once, in batches that may
+        differ from the uninterrupted run's (a :meth:`state_dict` checkpoint
+        resumes those exactly). ``skip(0)`` does nothing.
+
+        Raises:
+            ValueError: ``batches`` is not an int in ``[0, len(feeder))``, or a
+                state loaded with :meth:`load_state_dict` already positions the
+                next pass inside its epoch.
+        """
+        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches < len(self):
+            raise ValueError(f"batches must be an int in [0, len(feeder)) = [0, {len(self)}) (to skip "
+                             f"a whole epoch, set_epoch(epoch + 1)), got {batches!r}")
+        if batches == 0:
+            return
+        epoch = self._next_epoch
+        if self._resume is not None:
+            raise ValueError(f"the state given to load_state_dict already positions the next pass "
+                             f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
+        c = self.config
+        length = len(self.source)
+        # The order is cut from rank 0's seed: agree on it now, as a first pass would.
+        rank, world_size = self._ranks()
+        order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
+                           self.seed, epoch, rank, world_size, self._layout)
+        done = np.zeros(length, bool)
+        done[order[:batches * c.batch_size]] = True
+        # A resume of this epoch as if a pass had delivered those batches: the
+        # same path as load_state_dict, so state_dict() before the pass keeps it.
+        self._resume = (Progress(epoch, length, done, None, batches), epoch + 1)
+
     # -- checkpoints ---------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
         """The settings that decide which samples a pass delivers, in which batches."""
@@ -422,9 +519,18 @@ class Feeder:
             if progress is not None and progress.ended:
                 progress = None
         if progress is not None:
-            epoch = progress.epoch
             done, failed, batches = progress.snapshot()
-            delivered, skipped = pack(done), pack(failed)
+            c = self.config
+            if progress.batches and pass_finished(
+                    int(done.sum() + failed.sum()), len(self.source), c.batch_size, c.drop_last,
+                    c.on_error == "skip", self.rank, self.world_size):
+                # Every batch is delivered but the loop has not asked for the end
+                # (Lightning stops at len(feeder)): the uninterrupted run's next
+                # pass is the next epoch, not an empty rest of this one.
+                progress = None
+            else:
+                epoch = progress.epoch
+                delivered, skipped = pack(done), pack(failed)
         return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
                 "batches": batches, "delivered": delivered, "skipped": skipped,
                 "skipped_total": self.stats().skipped, "settings": self._settings()}
@@ -439,11 +545,16 @@ class Feeder:
         its beginning. Thread counts and queue sizes may differ from the saving
         feeder's. A feeder built with ``seed=None`` takes the saved seed.
 
+        With ``ordered=True`` and ``on_error="raise"`` a state saved by another
+        rank of the same world size is accepted (trainers that write checkpoints
+        from rank 0 only, as Lightning does under DDP): this rank continues its
+        own shard after as many batches as the saving rank had delivered.
+
         Raises:
             ValueError: the state is not one of these, or a setting that decides
                 the output differs (source length, seed, batch size, shuffle,
-                drop_last, ordered, on_error, rank, world_size, image size,
-                transforms); the message names the field and both values.
+                drop_last, ordered, on_error, rank (see above), world_size, image
+                size, transforms); the message names the field and both values.
         """
         if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
             found = state.get("version") if isinstance(state, dict) else type(state).__name__
@@ -453,6 +564,16 @@ class Feeder:
         if (self.config.seed is None and isinstance(settings, dict)
                 and isinstance(settings.get("seed"), int)):
             current["seed"] = settings["seed"]
+        c = self.config
+        saved_rank = current["rank"]
+        world_size = current["world_size"]
+        if (isinstance(settings, dict) and c.ordered and c.on_error == "raise"
+                and settings.get("world_size") == world_size
+                and isinstance(settings.get("rank"), int) and 0 <= settings["rank"] < world_size):
+            # Another rank's state (a trainer that checkpoints from rank 0 only):
+            # with ordered batches, every rank's position is its batch count,
+            # and the ranks step together, so this rank continues from there.
+            saved_rank = current["rank"] = settings["rank"]
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         for name, value in (("epoch", epoch), ("next_epoch", next_epoch),
@@ -465,19 +586,28 @@ class Feeder:
             length = len(self.source)
             done = unpack(state.get("delivered"), length, "delivered")
             skipped = unpack(state.get("skipped"), length, "skipped")
-            c = self.config
             if c.ordered and c.on_error == "raise":
                 # The delivered samples must be the head of the epoch's order,
                 # else the rest would not be the uninterrupted run's batches.
                 order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                   current["seed"], epoch, self.rank, self.world_size, self._layout)
+                                   current["seed"], epoch, saved_rank, self.world_size, self._layout)
                 n = int(done.sum())
                 whole = n in (state["batches"] * c.batch_size, len(order))
                 if not whole or not done[order[:n]].all():
                     raise ValueError(f"state['delivered'] is not the start of epoch {epoch}'s "
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
+                if saved_rank != self.rank:
+                    mine = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
+                                      current["seed"], epoch, self.rank, self.world_size,
+                                      self._layout)
+                    done = np.zeros(length, bool)
+                    done[mine[:state["batches"] * c.batch_size]] = True
             resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)
+            if state["batches"] and pass_finished(int(done.sum() + skipped.sum()), length,
+                                                  c.batch_size, c.drop_last, c.on_error == "skip",
+                                                  self.rank, self.world_size):
+                resume, epoch = None, None  # nothing left of that pass: continue with the next
         self.seed = current["seed"]
         self._resume = resume
         self._progress = None
@@ -485,34 +615,48 @@ class Feeder:
 
     # -- iteration ---------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Start a new pass (stopping any unfinished one) and return its iterator."""
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        resume, self._resume = self._resume, None
-        done = None
-        if resume is not None and resume[0].epoch == epoch:
-            progress, self._next_epoch = resume
-            done = progress.handled()
-        else:
-            progress = Progress(epoch, len(self.source))
+        """A new pass's iterator. The pass starts at its first ``next()``: until then
+        nothing runs and no epoch number is used (trainers probe with ``iter()``
+        and may call ``set_epoch`` between ``iter()`` and the first ``next()``).
+        Starting stops any unfinished pass of this feeder.
+
+        Raises:
+            FeederError: the feeder is closed.
+        """
+        if self.closed:
+            raise FeederError("the feeder is closed")
+        return _PassIterator(self)
+
+    def _ranks(self) -> tuple[int, int]:
+        """(rank, world_size) now, with the seed agreed among the ranks once there
+        are several (a collective call: every rank makes it at the same point)."""
         rank, world_size = self.rank, self.world_size
         if world_size > 1:
             check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
             if not self._seed_agreed:
                 self.seed = _agreed_seed(self.seed, world_size)
                 self._seed_agreed = True
+        return rank, world_size
+
+    def _start_pass(self) -> tuple[Pass, Progress]:
+        """Start the next pass (the first ``next()`` of an iterator): take its epoch,
+        resolve the ranks, agree on the seed, and start the threads."""
+        rank, world_size = self._ranks()
+        epoch = self._next_epoch
+        resume = self._resume
+        done = None
+        if resume is not None and resume[0].epoch == epoch:
+            progress, next_epoch = resume
+            done = progress.handled()
+        else:
+            progress, next_epoch = Progress(epoch, len(self.source)), epoch + 1
+        # The epoch and the resume are used up only once the pass is running: a
+        # start that fails (a closed feeder, a rank contradiction) leaves them.
         run = self._engine.start_pass(self.seed, epoch, rank, world_size, done)
+        self._next_epoch, self._resume = next_epoch, None
         progress.run = run
         self._progress = progress
-        it = _PassIterator(self, run, progress)
-        # Like DataLoader's iterator: once the loop drops it (a break, an
-        # exception), its pass stops and its threads and buffers are freed. The
-        # collector may free it while this very thread holds a pass lock, so the
-        # stop runs in the reaper thread (see _reaper).
-        # Only a weak reference: a pass holding its error, whose traceback holds
-        # the iterator's frame, must not be kept alive by the finalizer registry.
-        _reaper.watch(it, _stop_pass, weakref.ref(run))
-        return it
+        return run, progress
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
@@ -546,17 +690,20 @@ class Feeder:
 class _PassIterator:
     """The consumer's side of one pass.
 
-    Several threads may share one iterator (a prefetching helper, a trainer's
-    workers): each batch goes to exactly one of them, and every one of them
-    gets ``StopIteration`` at the end of the pass, or the pass's error.
+    The pass starts at the first ``next()`` (see :meth:`Feeder.__iter__`); an
+    iterator dropped before it leaves no trace. Several threads may share one
+    iterator (a prefetching helper, a trainer's workers): exactly one pass
+    starts, each batch goes to exactly one of them, and every one of them gets
+    ``StopIteration`` at the end of the pass, or the pass's error.
     """
 
-    def __init__(self, feeder: Feeder, run: Pass, progress: Progress) -> None:
+    def __init__(self, feeder: Feeder) -> None:
         self._feeder = feeder  # keeps the feeder alive while a pass is iterated
-        self._run = run
-        self._progress = progress  # what state_dict() says this pass has delivered
-        self._book = run.book
-        self._cuda = run.cfg.device.type == "cuda"
+        self._run: Pass | None = None  # set once, by the first next()
+        self._progress: Progress | None = None  # what state_dict() says this pass has delivered
+        self._start_lock = threading.Lock()  # threads sharing a fresh iterator start one pass
+        self._book = feeder._engine.book
+        self._cuda = feeder.config.device.type == "cuda"
         self._timeout = feeder.config.timeout
         self._warned: set[int] = set()  # stuck samples already named in a warning
         # Threads that have been given the pass's error: each learns it once, and
@@ -568,8 +715,24 @@ class _PassIterator:
     def __iter__(self) -> "_PassIterator":
         return self
 
+    def _start(self) -> Pass:
+        with self._start_lock:
+            if self._run is None:
+                run, self._progress = self._feeder._start_pass()
+                # Like DataLoader's iterator: once the loop drops it (a break, an
+                # exception), its pass stops and its threads and buffers are freed.
+                # The collector may free it while this very thread holds a pass
+                # lock, so the stop runs in the reaper thread (see _reaper). Only a
+                # weak reference: a pass holding its error, whose traceback holds
+                # the iterator's frame, must not be kept alive by the finalizer registry.
+                _reaper.watch(self, _stop_pass, weakref.ref(run))
+                self._run = run
+            return self._run
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         run = self._run
+        if run is None:
+            run = self._start()
         if run.orphaned:
             raise FeederError(
                 "this pass was started before the process forked; its threads do not exist in "
@@ -593,11 +756,13 @@ class _PassIterator:
         finally:
             pool.set_consumer_waiting(False)  # before claim() below: see BufferPool.acquire
             book.consumer_waiting(None)
+        progress = self._progress
+        assert progress is not None
         if item is END:
             # Other threads sharing this iterator may wait in get(): closing the
             # output wakes them, and they see the end too.
             run.output_ended = True
-            self._progress.ended = True
+            progress.ended = True
             run.output.close()
             raise StopIteration
         if isinstance(item, Failure):
@@ -617,7 +782,6 @@ class _PassIterator:
             images.record_stream(stream)
             labels.record_stream(stream)
         book.delivered(images.shape[0])
-        progress = self._progress
         progress.record(item.indices)
         self._feeder.last_batch = BatchInfo(run.epoch, progress.first_batch + item.number,
                                             torch.from_numpy(item.indices))

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ._sampler import num_batches, shard_size
+
 FORMAT_VERSION = 1
 
 # Default reprs of functions and objects carry a memory address that differs
@@ -66,6 +68,23 @@ class Progress:
         if run is not None:
             skipped[list(run.skipped_indices)] = True
         return delivered, skipped & ~delivered, batches
+
+
+def pass_finished(handled: int, length: int, batch_size: int, drop_last: bool, skip: bool,
+                  rank: int, world_size: int) -> bool:
+    """Whether a pass that has delivered or skipped ``handled`` samples has no batch
+    left to deliver, although its loop may not have asked for the end yet.
+
+    Args:
+        handled: Samples of the pass delivered or skipped (see :class:`Progress`).
+        skip: ``on_error="skip"``: the pass also dispatches the would-be-dropped tail.
+    """
+    shard = shard_size(length, rank, world_size, drop_last)
+    dispatched = min(shard, num_batches(shard, batch_size, drop_last and not skip) * batch_size)
+    rest = dispatched - handled
+    # With drop_last the collator drops a short remainder: fewer samples than a
+    # batch can make no further batch.
+    return rest <= 0 or (drop_last and rest < batch_size)
 
 
 def describe_transforms(transforms: list[Any]) -> list[str]:

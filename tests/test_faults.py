@@ -447,6 +447,9 @@ def test_never_closed_feeder_stuck_in_user_code_is_collected(blobs):
     gate = Gate()
     f = make(MemorySource(blobs), [gate, ops.CenterCrop(SIDE)], augment_threads=1, decode_threads=2)
     it = iter(f)
+    # Start the pass as a first next() would, without a consumer waiting in next()
+    # (whose frame would keep the iterator, and so the feeder, alive).
+    it._start()
     assert gate.entered.wait(10)
     ref = weakref.ref(f)
     del f, it

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of, run_in_thread
-from faults_helpers import Gate, feeder_factory
+from faults_helpers import Gate, consume_in_thread, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
 
 AUG = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
@@ -506,6 +506,7 @@ def test_close_is_prompt_with_every_stage_blocked(source):
     f = make(source, batch_size=2, queue_size=1, decode_threads=4, augment_threads=2, read_threads=4)
     try:
         it = iter(f)
+        next(it)  # the pass starts at the first next(); the loop then stops reading
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             s = f.stats()
@@ -557,10 +558,13 @@ def test_slow_transform_close_still_prompt(source):
     gate = Gate(timeout=10, fail_on_timeout=False)
     f = make(source, transforms=[gate, ops.CenterCrop(16)], augment_threads=1)
     it = iter(f)  # held: a dropped iterator would stop its pass
+    consumer, result = consume_in_thread(it)  # its first next() starts the pass
     assert gate.entered.wait(10)
     t0 = time.monotonic()
     f.close()
     assert time.monotonic() - t0 < 1.5  # returns although a thread is stuck in user code
+    consumer.join(JOIN_TIMEOUT_S)
+    assert not consumer.is_alive() and result == ["stop"]
     gate.release.set()  # the stuck thread finishes its call and exits (leak guard checks)
     del it
 
@@ -622,6 +626,7 @@ def test_opencv_threads_limited_while_running_and_restored(source):
     before = cv2.getNumThreads()
     with make(source) as f:
         it = iter(f)
+        next(it)  # the pass (and the limit) starts at the first next()
         assert cv2.getNumThreads() == 1
         del it
     assert cv2.getNumThreads() == before

@@ -306,7 +306,8 @@ EXIT_SCRIPT = textwrap.dedent("""
     keep = []
     for _ in range({n}):
         f = Feeder(src, 4, [ops.CenterCrop(32)], decode_threads=2)
-        it = iter(f)  # the pass starts; its reads hang
+        it = iter(f)
+        it._start()  # the pass starts (as a first next() would, without waiting); its reads hang
         keep.append((f, it))
     print("exiting", time.monotonic(), flush=True)
 """)

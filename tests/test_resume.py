@@ -153,15 +153,39 @@ def test_state_outside_a_pass(source, reference, passes_before):
         assert_same(epochs(f, 1)[0], reference[passes_before])
 
 
-def test_state_after_last_batch_before_end(source, reference):
-    """Every batch taken but not yet StopIteration: the resumed pass is empty."""
-    n = len(reference[0])
-    _, state = interrupted(source, n)
-    with make(source) as f:
-        f.load_state_dict(state)
-        rest, following = epochs(f, 2)
-    assert rest == []
-    assert_same(following, reference[1])
+@pytest.mark.parametrize("ordered,on_error,drop_last", [
+    (True, "raise", False), (False, "raise", True), (True, "skip", False), (False, "skip", True)])
+def test_state_after_last_batch_before_end(mixed_blobs, ordered, on_error, drop_last):
+    """Every batch taken but not yet StopIteration (a loop that stops at len(feeder),
+    as Lightning's does): the pass is finished, and the next one is the next
+    epoch, as in the uninterrupted run (not an empty rest of this one)."""
+    source = MemorySource(mixed_blobs[:-1])  # 59 samples: a short last batch, or a dropped tail
+    kw = dict(ordered=ordered, on_error=on_error, drop_last=drop_last)
+    with make(source, **kw) as f:
+        whole = epochs(f, 2)
+    n = len(whole[0])
+    _, state = interrupted(source, n, **kw)
+    assert state["epoch"] is None and state["next_epoch"] == 1
+    # A state saved with the pass marked unfinished loads as finished too.
+    _, unfinished = interrupted(source, n - 1, **kw)
+    with make(source, **kw) as f:
+        f.load_state_dict(unfinished)
+        it = iter(f)
+        next(it)
+        old = f.state_dict()
+        assert old["epoch"] is None and old["next_epoch"] == 1
+    # One written by hand (or by an earlier version) with the epoch still open.
+    bits = np.zeros(len(source), bool)
+    bits[labels_of(whole[0])] = True
+    hand = dict(unfinished, epoch=0, next_epoch=1, batches=n, delivered=np.packbits(bits).tobytes())
+    for saved in (state, old, hand):
+        with make(source, **kw) as f:
+            f.load_state_dict(saved)
+            (following,) = epochs(f, 1)
+        if ordered:
+            assert_same(following, whole[1])
+        else:
+            assert sorted(labels_of(following)) == sorted(labels_of(whole[1]))
 
 
 def test_seed_none_takes_saved_seed(source, reference):
@@ -237,3 +261,23 @@ def test_damaged_ordered_state_is_rejected(source):
     state["delivered"] = np.packbits(bits).tobytes()
     with make(source) as f, pytest.raises(ValueError, match="delivered"):
         f.load_state_dict(state)
+
+
+def test_another_ranks_state_positions_this_rank_by_its_batches(source):
+    """Trainers that checkpoint from rank 0 only (Lightning under DDP): with ordered
+    batches, rank 1 continues its own shard after as many batches as rank 0 took."""
+    ranks = dict(world_size=2)
+    with make(source, rank=1, **ranks) as f:
+        whole = epochs(f, 2)
+    _, state = interrupted(source, 2, rank=0, **ranks)
+    with make(source, rank=1, **ranks) as f:
+        f.load_state_dict(state)
+        rest, following = epochs(f, 2)
+    assert_same(rest, whole[0][2:])
+    assert_same(following, whole[1])
+    for saving, loading in ((dict(ordered=False),) * 2, (dict(on_error="skip"),) * 2,
+                            (dict(world_size=3), {})):
+        _, state = interrupted(source, 1, rank=0, **{**ranks, **saving})
+        with make(source, rank=1, **{**ranks, **loading}) as f:
+            with pytest.raises(ValueError, match=r"cannot resume: (rank|world_size) differs"):
+                f.load_state_dict(state)

@@ -52,6 +52,7 @@ def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
              read_threads=2)
     try:
         it = iter(f)
+        next(it)  # the pass starts at the first next(); then the loop stops reading
         run = it._run
 
         def backed_up():
@@ -80,8 +81,10 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
              read_threads=2)  # few reads in flight: the pool cannot hold the whole source
     try:
         it = iter(f)
-        run = it._run
         consumer, consumer_result = consume_in_thread(it)
+        # The consumer's first next() starts the pass.
+        assert wait_until(lambda: it._run is not None, 10), "the pass never started"
+        run = it._run
 
         def backed_up():
             # Both threads that run the transforms (augment, or decode when inline)
@@ -323,6 +326,7 @@ def stuck(img, rng):
     return img
 f = Feeder(Mem(BLOBS), 2, [stuck, ops.CenterCrop(32)], seed=0, decode_threads=2, augment_threads=1)
 it = iter(f)
+it._start()  # the pass starts (as a first next() would, without waiting for a batch)
 deadline = time.monotonic() + 30
 while not any(t.name.startswith("feeder-augment") and t.is_alive() for t in threading.enumerate()):
     time.sleep(0.01)
