@@ -593,7 +593,7 @@ class _PassIterator:
             self._told.add(threading.get_ident())
             raise err from err.__cause__
         assert isinstance(item, Delivery)
-        images, labels = item.images, item.labels
+        images = item.images
         if item.lent is not None:
             pool.claim(item.lent)
         if self._cuda:
@@ -601,14 +601,14 @@ class _PassIterator:
             stream.wait_event(item.event)
             # See _transfer.py: keep the caching allocator from reusing these
             # blocks while the consumer's stream may still read them.
-            images.record_stream(stream)
-            labels.record_stream(stream)
+            for tensor in item.device_tensors():
+                tensor.record_stream(stream)
         book.delivered(images.shape[0])
         progress = self._progress
         progress.record(item.indices)
         self._feeder.last_batch = BatchInfo(run.epoch, progress.first_batch + item.number,
                                             torch.from_numpy(item.indices))
-        return images, labels
+        return item.batch()
 
     def _get(self, run: Pass, t0: float) -> Any:
         """The next item of the pass's output; raises the timeout error past ``timeout``
