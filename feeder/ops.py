@@ -139,9 +139,10 @@ class Geometry:
             y0, y1 = y1, y0
         x0, x1 = np.clip(x0, 0, self.width), np.clip(x1, 0, self.width)
         y0, y1 = np.clip(y0, 0, self.height), np.clip(y1, 0, self.height)
-        keep = (x1 > x0) & (y1 > y0)
-        out = np.stack([x0, y0, x1, y1], axis=1)[keep].astype(np.float32)
-        return out, keep
+        out = np.stack([x0, y0, x1, y1], axis=1).astype(np.float32)
+        # Decided in float32, as delivered: a sliver can round to no width at all.
+        keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
+        return out[keep], keep
 
     def __repr__(self) -> str:
         return (f"Geometry(y*{self.sy:.4g}+{self.ty:.4g}, x*{self.sx:.4g}+{self.tx:.4g}, "
