@@ -295,3 +295,39 @@ def test_a_sample_transform_that_breaks_the_mask_is_named():
     with Feeder(seg_source(4), 4, [ops.CenterCrop(20), bad]) as f:
         _, err = collect(f)
     assert isinstance(err, SampleError) and err.field == "mask" and "bad" in str(err)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_late_bound_batches_carry_every_field(monkeypatch, ordered):
+    """Every batch starts without a buffer: its first samples wait in scratch arrays,
+    and their mask, boxes and numbers must reach the buffer with their image."""
+    from feeder._batch import BufferPool
+    monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
+    base = seg_source(21)
+
+    def make(i):
+        s = base.read(i)
+        if i % 4 == 0:
+            s["mask"] = png(cell_mask(*((96, 120), (130, 100), (80, 80))[i % 3]).astype(np.uint16) + 256, 16)
+        h, w = ((96, 120), (130, 100), (80, 80))[i % 3]
+        s["boxes"] = [[0, 0, w, h]]  # the whole image: the whole crop
+        s["box_labels"] = [i]
+        s["score"] = np.float32(i / 2)
+        return s
+    chain = [ops.RandomResizedCrop(40, scale=(0.5, 1.0)), ops.RandomHorizontalFlip()]
+    with Feeder(DictSource(21, make), 4, chain, seed=6, decode_threads=3, ordered=ordered,
+                drop_last=False) as f:
+        batches, err = collect(f)
+    assert err is None
+    ids = []
+    for b in batches:
+        for k, i in enumerate(b["id"].tolist()):
+            ids.append(i)
+            assert b["score"][k].item() == i / 2
+            mask = b["mask"][k].numpy().astype(np.int64)
+            if i % 4 == 0:
+                assert b["mask"].dtype == torch.int64 and (mask >= 256).all()
+                mask = mask - 256
+            check_mask_follows_image(b["image"][k].numpy(), mask)
+            assert b["boxes"][k].tolist() == [[0, 0, 40, 40]] and b["box_labels"][k].tolist() == [i]
+    assert sorted(ids) == list(range(21))
