@@ -211,11 +211,15 @@ class Feeder:
 
     Iterate it in the training loop: each pass yields ``(images, labels)`` with
     ``images`` a ``[B, 3, H, W]`` tensor on ``device`` (uint8 in channels_last
-    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``.
+    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``
+    (float, multi-hot or vector labels: a ``[B, ...]`` tensor of their dtype). A
+    source whose ``read`` returns dicts (``"image"``, ``"mask"``, ``"boxes"``,
+    ``"label"``...) yields dicts with the same keys (see :mod:`feeder._sample`).
 
     Args:
         source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
-            object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``.
+            object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``
+            or a dict of fields (see :func:`feeder.check_sample`).
         batch_size: Samples per batch.
         transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
             or plain callables ``fn(img, rng) -> img``.

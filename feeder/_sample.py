@@ -70,7 +70,7 @@ class Spec(NamedTuple):
         if self.kind == NUMERIC:
             return f"{np.dtype(self.dtype).name} of shape {self.shape}"
         if self.kind == PER_BOX:
-            return f"per-box {np.dtype(self.dtype).name} of shape (N, {', '.join(map(str, self.shape))})"
+            return f"per-box {np.dtype(self.dtype).name} of shape {('N', *self.shape)}".replace("'N'", "N")
         return {MASKS: "a mask", BOX_LIST: "boxes", OBJECT: "a passed-through value"}[self.kind]
 
 

@@ -388,7 +388,7 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
     cuda = device.type == "cuda"
     fields: dict[str, Any] = {}
     extra: list[torch.Tensor] = []
-    for name, spec in schema.specs.items():
+    for name, spec in list(schema.specs.items()):
         kind = spec.kind
         if kind == NUMERIC:
             host = buf.labels_t[:n] if name == LABEL and spec == INT_SCALAR else buf.arrays[name][0][:n]

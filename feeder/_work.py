@@ -125,23 +125,17 @@ def as_label(label: Any) -> int:
     return int(box)
 
 
-def read_sample(source: Any, work: SampleWork, task: Task) -> Task:
-    """The read step: ``source.read`` and the checks of its result (see ``_sample.py``).
-
-    A pair of bytes and an int label, once the schema has seen one, is taken as
-    it is; anything else is parsed and checked against the schema.
+def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
+    """The read step's checks of what ``source.read`` returned for ``task`` (see
+    ``_sample.py``); a pair of bytes and an int label, once the schema has seen
+    one, never comes here (see :func:`steps`).
 
     Raises:
         SourceError: ``read`` returned something that is not a sample.
-        FieldError, ConfigError: a field is malformed, or differs from the
-            first sample's (naming the field).
+        FieldError: a field is malformed, or differs from the first sample's
+            (naming the field).
     """
-    sample = source.read(task.index)
     schema = work.schema
-    if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
-            and type(sample[1]) is int and _INT64[0] <= sample[1] < _INT64[1]):
-        task.data, task.label = sample
-        return task
     data, fields, is_dict = parse_sample(sample, source, task.index)
     schema.check(task.index, is_dict, tuple(sample) if is_dict else None, fields)
     task.data = data
@@ -162,8 +156,18 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     yet) and returns the batch when that completes it, else None.
     """
 
+    read_source = source.read
+    schema = work.schema
+    low, high = _INT64
+
     def read(task: Task) -> Task:
-        return read_sample(source, work, task)
+        sample = read_source(task.index)
+        # The classic pair takes no further work once the schema has seen one.
+        if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
+                and type(sample[1]) is int and low <= sample[1] < high):
+            task.data, task.label = sample
+            return task
+        return read_sample(source, work, task, sample)
 
     def decode(task: Task) -> Task:
         task.key = key = sample_key(seed, epoch, task.index)
