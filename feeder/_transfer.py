@@ -39,6 +39,7 @@ CUDA reasoning, in one place:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,8 +326,7 @@ class Transfer(Stage):
         try:
             if self.batch is not None:
                 self.batch.check_label_field(buf, n, self.schema, indices, number)
-            stream = torch.cuda.stream(self.stream) if cuda else _no_stream()
-            with stream:
+            with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
                 if cuda:
                     images = self.convert(buf.images_t[:n].to(self.device, non_blocking=True)
                                           .permute(0, 3, 1, 2))
@@ -370,14 +370,6 @@ class Transfer(Stage):
         if lent is None:
             self.pool.release(buf)
         self.put(c, self.outbox, delivery)
-
-
-class _no_stream:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
