@@ -155,7 +155,6 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     the task's slot of its batch (or a scratch array, when the batch has no buffer
     yet) and returns the batch when that completes it, else None.
     """
-
     read_source = source.read
     schema = work.schema
     low, high = _INT64

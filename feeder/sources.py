@@ -68,6 +68,8 @@ def _labels(labels: Any) -> Any:
             if isinstance(x, (str, bytes)) or x is None:
                 raise ValueError(f"FileList: label {k} is {x!r}; labels must be numbers or "
                                  f"fixed-shape numeric arrays")
+    if len(labels) == 0:
+        return []
     try:
         arr = np.asarray(labels)
     except ValueError:

@@ -11,6 +11,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S
@@ -64,6 +65,7 @@ def run_example(name: str, tmp_path) -> str:
     return out.stdout
 
 
+@pytest.mark.timeout(300)  # a whole training run in a child process, on a possibly busy machine
 def test_the_segmentation_example_trains(tmp_path):
     out = run_example("segmentation", tmp_path)
     losses = [float(m) for m in re.findall(r"loss ([0-9.]+), pixel accuracy", out)]
@@ -71,6 +73,7 @@ def test_the_segmentation_example_trains(tmp_path):
     assert "feeder:" in out and "32 images, 4 classes" in out
 
 
+@pytest.mark.timeout(300)
 def test_the_detection_example_trains(tmp_path):
     out = run_example("detection", tmp_path)
     losses = [float(m) for m in re.findall(r"loss ([0-9.]+), recall", out)]
