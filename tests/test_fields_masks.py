@@ -331,3 +331,28 @@ def test_late_bound_batches_carry_every_field(monkeypatch, ordered):
             check_mask_follows_image(b["image"][k].numpy(), mask)
             assert b["boxes"][k].tolist() == [[0, 0, 40, 40]] and b["box_labels"][k].tolist() == [i]
     assert sorted(ids) == list(range(21))
+
+
+def test_a_resumed_pass_delivers_the_uninterrupted_run_s_masks():
+    chain = [ops.RandomResizedCrop(32, scale=(0.3, 1.0)), ops.RandomHorizontalFlip()]
+
+    def feeder():
+        return Feeder(seg_source(24), 4, chain, seed=12, decode_threads=2)
+    with feeder() as f:
+        f.set_epoch(3)
+        whole, err = collect(f)
+    assert err is None and len(whole) == 6
+    with feeder() as f:
+        f.set_epoch(3)
+        it = iter(f)
+        for _ in range(2):
+            next(it)
+        state = f.state_dict()
+        del it
+    with feeder() as g:
+        g.load_state_dict(state)
+        rest, err = collect(g)
+    assert err is None and len(rest) == 4
+    for a, b in zip(whole[2:], rest):
+        assert torch.equal(a["id"], b["id"]) and torch.equal(a["mask"], b["mask"])
+        assert torch.equal(a["image"], b["image"])
