@@ -13,9 +13,10 @@
 from . import ops
 from ._feeder import BatchInfo, Feeder
 from ._rng import SampleRNG
+from ._sample import check_sample
 from ._stats import QueueStats, StageStats, Stats
-from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, SampleError, StageError,
-                     TransformError)
+from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
+                     SourceError, StageError, TransformError)
 from .shards import TarShards
 from .sources import FileList, ImageFolder, Source
 
@@ -26,17 +27,20 @@ __all__ = [
     "Feeder",
     "FeederError",
     "FeederTimeoutError",
+    "FieldError",
     "FileList",
     "ImageFolder",
     "QueueStats",
     "SampleError",
     "SampleRNG",
     "Source",
+    "SourceError",
     "StageError",
     "StageStats",
     "Stats",
     "TarShards",
     "TransformError",
+    "check_sample",
     "ops",
 ]
 

@@ -5,6 +5,12 @@ The chain is split once, at construction, into a *head* (applied normally), a
 *writer* (the last size-changing transform, given the buffer slot as ``out=``)
 and an in-place *tail* (flips) applied to the slot itself, so the usual
 ``RandomResizedCrop + RandomHorizontalFlip`` costs no copy at all.
+
+:meth:`Chain.run` transforms an image alone. :meth:`Chain.run_fields` does the
+same for a sample with other fields: every transform reports the
+:class:`~feeder.ops.Geometry` it applied, and the mask and boxes are mapped
+once through their composition, at the end (or before a
+:class:`~feeder.ops.SampleTransform`, which gets them in step with the image).
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from ._rng import SampleRNG
-from ._sample import DEFAULT_MAX_PIXELS
-from .errors import ConfigError, TransformError
-from .ops import CenterCrop, Resize, SampleContext, Transform, _ResizeCenterCrop
+from ._sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
+from .errors import ConfigError, FieldError, TransformError
+from .ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
+                  _ResizeCenterCrop)
 
 _VARIABLE = object()  # the output size depends on the input
 
@@ -46,6 +53,61 @@ class _Callable(Transform):
 
     def __repr__(self) -> str:
         return getattr(self.fn, "__qualname__", None) or repr(self.fn)
+
+
+class _SampleStep(Transform):
+    """Adapts an :class:`~feeder.ops.SampleTransform` to the chain: it gets the
+    sample as a dict and returns one, checked here."""
+
+    def __init__(self, t: SampleTransform) -> None:
+        self.t = t
+        self.output_size = t.output_size
+        self.preserves_size = t.output_size is None
+
+    def apply(self, img, rng, out=None, ctx=None):
+        # A chain with sample transforms runs them through run_fields only.
+        raise TypeError(f"{self.t!r} transforms whole samples")
+
+    def run(self, sample: dict[str, Any], rng: SampleRNG) -> dict[str, Any]:
+        result = self.t(sample, rng)
+        if not isinstance(result, dict):
+            raise TransformError(f"transform {self!r} returned {type(result).__name__}, not the sample dict")
+        if result.keys() != sample.keys():
+            raise ConfigError(f"transform {self!r} returned the fields {sorted(result)}, not "
+                              f"{sorted(sample)}; a sample transform keeps the sample's fields")
+        img = result[IMAGE]
+        if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
+                and img.shape[2] == 3):
+            raise TransformError(f"transform {self!r} returned an \"image\" that is not a uint8 "
+                                 f"[H, W, 3] array")
+        checked: dict[str, Any] = {IMAGE: img}
+        for name, value in result.items():
+            if name == IMAGE:
+                continue
+            if name == MASK:
+                if not (isinstance(value, np.ndarray) and value.ndim == 2
+                        and value.dtype in (np.uint8, np.uint16) and value.shape == img.shape[:2]):
+                    raise FieldError(MASK, f"returned by {self!r} is not a uint8/uint16 array of the "
+                                           f"image's size {img.shape[:2]}")
+                checked[name] = value
+                continue
+            new = parse_value(name, value)
+            if spec_of(name, new) != spec_of(name, sample[name]):
+                err = ConfigError(f"transform {self!r} changed field {name!r} from "
+                                  f"{spec_of(name, sample[name]).describe()} to "
+                                  f"{spec_of(name, new).describe()}")
+                err.field = name
+                raise err
+            checked[name] = new
+        if BOXES in checked:
+            n = len(checked[BOXES])
+            for name, value in checked.items():
+                if name.startswith(BOX_PREFIX) and value.shape[0] != n:
+                    raise FieldError(name, f"returned by {self!r} has {value.shape[0]} rows for {n} boxes")
+        return checked
+
+    def __repr__(self) -> str:
+        return repr(self.t)
 
 
 def image_size_pair(value: Any) -> tuple[int, int]:
@@ -103,11 +165,15 @@ class Chain:
         for t in transforms:
             if isinstance(t, Transform):
                 ts.append(t)
+            elif isinstance(t, SampleTransform):
+                ts.append(_SampleStep(t))
             elif callable(t):
                 ts.append(_Callable(t))
             else:
                 raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable")
         self.transforms = ts
+        #: Some transform takes whole samples: every sample goes through run_fields.
+        self.takes_samples = any(isinstance(t, _SampleStep) for t in ts)
         self.max_pixels = max_pixels
         steps = _fuse(ts)
         size: Any = None
@@ -141,7 +207,7 @@ class Chain:
         # transform, if nothing before it but size-preserving built-ins.
         self._hinter: tuple[int, Transform] | None = None
         for i, t in steps:
-            if isinstance(t, _Callable):
+            if isinstance(t, (_Callable, _SampleStep)):
                 break
             if not t.preserves_size:
                 if type(t).decode_hint is not Transform.decode_hint:
@@ -202,6 +268,80 @@ class Chain:
                 exc.add_note(f"in transform {t!r}")
             raise
 
+    def run_fields(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                   fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+        """:meth:`run` for a sample with other fields: the image goes into ``out`` and
+        the fields come back moved with it (the mask resampled to ``out``'s size,
+        the boxes mapped, clipped and filtered, with their per-box fields).
+
+        Args:
+            geometry: From the fields' coordinates (the full-size image's pixels)
+                to ``img``'s (smaller when decoded at a reduced scale).
+
+        Raises:
+            ConfigError: a transform that cannot say how it moves pixels changed
+                the size of a sample with a mask or boxes, or a sample transform
+                changed a field's shape or dtype; and as :meth:`run`.
+        """
+        spatial = MASK in fields or BOXES in fields
+        upto = self._ctx_upto
+        t = None
+        try:
+            for i, t in self._head:
+                if isinstance(t, _SampleStep):
+                    img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
+                    self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+                    continue
+                c = ctx if i <= upto else None
+                self._check_plan(t, img, c)
+                result, moved = t.apply_geometry(img, SampleRNG(key, i), None, c)
+                geometry = self._follow(t, geometry, moved, img, result, spatial)
+                img = result
+                self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+            if self._writer is not None:
+                i, t = self._writer
+                if isinstance(t, _SampleStep):
+                    img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
+                    self._store(img, out, t)
+                else:
+                    c = ctx if i <= upto else None
+                    self._check_plan(t, img, c)
+                    result, moved = t.apply_geometry(img, SampleRNG(key, i), out, c)
+                    geometry = self._follow(t, geometry, moved, img, result, spatial)
+                    if result is not out:
+                        self._store(result, out, t)
+            else:
+                self._store(img, out, None)
+            for i, t in self._tail:
+                _, moved = t.apply_geometry(out, SampleRNG(key, i), out, None)
+                geometry = self._follow(t, geometry, moved, out, out, spatial)
+        except Exception as exc:
+            if t is not None and not isinstance(exc, TransformError):
+                exc.add_note(f"in transform {t!r}")
+            raise
+        return _moved(fields, geometry)
+
+    def _sample_step(self, t: "_SampleStep", img: np.ndarray, fields: dict[str, Any],
+                     geometry: Geometry, key: int, i: int) -> tuple[np.ndarray, dict[str, Any], Geometry]:
+        sample = {IMAGE: img, **_moved(fields, geometry)}
+        result = t.run(sample, SampleRNG(key, i))
+        img = result.pop(IMAGE)
+        return img, result, Geometry.identity(img.shape[0], img.shape[1])
+
+    @staticmethod
+    def _follow(t: Transform, geometry: Geometry, moved: Geometry | None, before: np.ndarray,
+                after: np.ndarray, spatial: bool) -> Geometry:
+        if moved is not None:
+            return geometry.then(moved)
+        if spatial and after.shape[:2] != before.shape[:2]:
+            raise ConfigError(
+                f"transform {t!r} changed the image from {before.shape[1]}x{before.shape[0]} to "
+                f"{after.shape[1]}x{after.shape[0]} (width x height) on a sample with a mask or "
+                f"boxes, and cannot say where it moved their pixels: use the built-in transforms "
+                f"for crops and resizes, or wrap it in ops.SampleTransform to move the mask and "
+                f"boxes itself")
+        return geometry
+
     def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None) -> None:
         # Before computing: a Resize of an elongated image by its shorter side
         # would allocate gigabytes before any check after it could run.
@@ -230,3 +370,19 @@ class Chain:
                 f"batch buffer holds {out.shape} {out.dtype}; make the transforms end at "
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
+
+
+def _moved(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+    """``fields`` with the mask and boxes (and per-box fields) mapped through ``geometry``."""
+    if MASK not in fields and BOXES not in fields:
+        return fields
+    out = dict(fields)
+    if MASK in fields:
+        out[MASK] = geometry.mask(fields[MASK])
+    if BOXES in fields:
+        out[BOXES], keep = geometry.boxes(fields[BOXES])
+        if not keep.all():
+            for name, value in fields.items():
+                if name.startswith(BOX_PREFIX):
+                    out[name] = value[keep]
+    return out

@@ -5,6 +5,12 @@ Memory: the pool holds at most ``Config.num_buffers`` buffers of
 ``batch_size * H * W * 3`` bytes each (plus 8 bytes a label). Decoded samples are
 written by the augment stage straight into their slot of a buffer, so there is
 no per-batch allocation and no collate copy on the normal path.
+
+Samples with more fields than an image and an int label (see ``_sample.py``)
+give each buffer, on the first sample that has them, one preallocated array per
+fixed-shape field: ``batch_size * H * W`` bytes for masks (twice that once a
+16-bit mask appears in it), ``batch_size * value bytes`` for a numeric field;
+boxes and passed-through values are kept per slot, as objects.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import numpy as np
 import torch
 
 from ._queue import Closed
+from ._sample import LABEL, MASKS, NUMERIC
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +41,14 @@ class BatchBuffer:
 
     ``images_t``/``labels_t`` are torch views of the same memory (pinned when
     the target device is CUDA); ``images``/``labels`` are numpy views of it.
+
+    Other fields get their storage on first use (:meth:`array`, :meth:`masks`,
+    :meth:`objects`) and keep it while the buffer lives: every batch of one
+    feeder has the same fields (``_sample.Schema``).
     """
 
-    __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "__weakref__")
+    __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "pin", "arrays",
+                 "lists", "planes", "__weakref__")
 
     def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int) -> None:
         self.images_t = torch.empty((batch_size, height, width, 3), dtype=torch.uint8, pin_memory=pin)
@@ -45,6 +57,123 @@ class BatchBuffer:
         self.labels = self.labels_t.numpy()
         self.indices = np.full((batch_size,), -1, np.int64)
         self.serial = serial
+        self.pin = pin
+        self.arrays: dict[str, tuple[torch.Tensor, np.ndarray]] = {}  # numeric fields
+        self.lists: dict[str, list] = {}  # boxes, per-box and passed-through fields
+        self.planes: MaskPlanes | None = None
+
+    def array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The ``[B, *shape]`` array of numeric field ``name`` (pinned on CUDA)."""
+        entry = self.arrays.get(name)
+        if entry is None:
+            with _ALLOCATING:
+                entry = self.arrays.get(name)
+                if entry is None:
+                    t = torch.empty((len(self.indices), *shape), pin_memory=self.pin,
+                                    dtype=torch.from_numpy(np.empty(0, dtype)).dtype)
+                    entry = self.arrays[name] = (t, t.numpy())
+        return entry[1]
+
+    def objects(self, name: str) -> list:
+        """The per-slot list of a variable-size or passed-through field."""
+        found = self.lists.get(name)
+        if found is None:
+            with _ALLOCATING:
+                found = self.lists.setdefault(name, [None] * len(self.indices))
+        return found
+
+    def masks(self) -> "MaskPlanes":
+        """The mask storage (allocated on the first mask written)."""
+        planes = self.planes
+        if planes is None:
+            with _ALLOCATING:
+                if self.planes is None:
+                    b, h, w = self.images.shape[:3]
+                    self.planes = MaskPlanes(b, h, w, self.pin)
+                planes = self.planes
+        return planes
+
+    def write(self, slot: int, record: list[tuple[str, str, object]]) -> None:
+        """Store one sample's fields (as ``_work`` computed them) in ``slot``."""
+        for name, kind, value in record:
+            if kind == NUMERIC:
+                if name == LABEL and value.dtype == np.int64 and value.ndim == 0:
+                    self.labels[slot] = value
+                else:
+                    self.array(name, value.dtype, value.shape)[slot] = value
+            elif kind == MASKS:
+                self.masks().write(slot, value)
+            else:
+                self.objects(name)[slot] = value
+
+
+# Field storage is allocated by whichever thread first writes a field into a
+# buffer; this lock makes that happen once. Held for an allocation only.
+_ALLOCATING = threading.Lock()
+
+
+class MaskPlanes:
+    """A buffer's masks: a uint8 ``[B, H, W]`` plane of low bytes, and, from the first
+    16-bit mask on, a plane of high bytes.
+
+    A batch whose masks all came from 8-bit PNGs (or uint8 arrays) is delivered
+    as uint8 and copies one byte a pixel; one with any 16-bit mask as int64,
+    ``low | high << 8``. The choice depends on the batch's own samples only, so
+    it is the same for any thread count. Two uint8 planes, rather than one wider
+    array, let a 16-bit mask arrive after 8-bit ones were written without
+    converting what is there (other threads may be writing it).
+    """
+
+    __slots__ = ("low_t", "low", "high_t", "high", "wide", "_pin")
+
+    def __init__(self, batch_size: int, height: int, width: int, pin: bool) -> None:
+        self.low_t = torch.empty((batch_size, height, width), dtype=torch.uint8, pin_memory=pin)
+        self.low = self.low_t.numpy()
+        self.high_t: torch.Tensor | None = None
+        self.high: np.ndarray | None = None
+        self.wide = np.zeros(batch_size, np.bool_)  # slot holds a 16-bit mask
+        self._pin = pin
+
+    def _high(self) -> np.ndarray:
+        if self.high is None:
+            with _ALLOCATING:
+                if self.high is None:
+                    # Zeros: every 8-bit mask already written has no high byte.
+                    self.high_t = torch.zeros(self.low_t.shape, dtype=torch.uint8, pin_memory=self._pin)
+                    self.high = self.high_t.numpy()
+        return self.high
+
+    def write(self, slot: int, mask: np.ndarray) -> None:
+        if mask.dtype == np.uint8:
+            self.low[slot] = mask
+            self.wide[slot] = False
+            high = self.high
+            if high is not None:
+                high[slot] = 0  # left from an earlier batch in this buffer
+        else:
+            np.copyto(self.low[slot], mask, casting="unsafe")  # the low byte
+            np.copyto(self._high()[slot], mask >> 8, casting="unsafe")
+            self.wide[slot] = True
+
+    def is_wide(self, n: int) -> bool:
+        """Whether the first ``n`` slots hold a 16-bit mask (the batch is then int64)."""
+        return bool(self.wide[:n].any())
+
+    def host(self, n: int) -> np.ndarray:
+        """The first ``n`` masks as one host array: uint8, or int64 when wide."""
+        if not self.is_wide(n):
+            return self.low[:n].copy()
+        return self.low[:n].astype(np.int64) | (self.high[:n].astype(np.int64) << 8)
+
+
+def _move_masks(src: MaskPlanes, start: int, dst: MaskPlanes, to: int, n: int) -> None:
+    dst.low[to:to + n] = src.low[start:start + n]
+    wide = src.wide[start:start + n].copy()
+    if wide.any():
+        dst._high()[to:to + n] = src.high[start:start + n]
+    elif dst.high is not None:
+        dst.high[to:to + n] = 0
+    dst.wide[to:to + n] = wide
 
 
 # The states of a buffer in the pool's ledger, and who may move it on:
@@ -316,19 +445,23 @@ class Batch:
         self.holes: list[int] = []  # slots whose sample was skipped
         self.error: BaseException | None = None  # failure of the lowest slot under on_error="raise"
         self.error_slot = -1
-        self._stash: list[tuple[int, np.ndarray, int, int]] = []
+        self._stash: list[tuple[int, np.ndarray, int, int, list | None]] = []
 
     def store(self, slot: int, image: np.ndarray, label: int, give: Callable[[np.ndarray], None],
-              index: int = -1) -> None:
-        """Put a sample computed into a scratch array in its slot (with its label and
-        source index), now or once the buffer is bound."""
+              index: int = -1, record: list | None = None) -> None:
+        """Put a sample computed into a scratch array in its slot (with its label,
+        source index and other fields: ``record``, see :meth:`BatchBuffer.write`),
+        now or once the buffer is bound."""
         with self._lock:
             if self.buffer is None:
-                self._stash.append((slot, image, label, index))
+                self._stash.append((slot, image, label, index, record))
                 return
             buf = self.buffer
         buf.images[slot] = image
-        buf.labels[slot] = label
+        if record is None:
+            buf.labels[slot] = label
+        else:
+            buf.write(slot, record)
         buf.indices[slot] = index
         give(image)
 
@@ -338,9 +471,12 @@ class Batch:
         with self._lock:
             self.buffer = buffer
             stash, self._stash = self._stash, []
-            for slot, image, label, index in stash:
+            for slot, image, label, index, record in stash:
                 buffer.images[slot] = image
-                buffer.labels[slot] = label
+                if record is None:
+                    buffer.labels[slot] = label
+                else:
+                    buffer.write(slot, record)
                 buffer.indices[slot] = index
                 give(image)
             self._remaining -= 1
@@ -376,10 +512,17 @@ class Batch:
 
 
 def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:
-    """Copy ``n`` samples (image, label, source index) from ``src[start:]`` to ``dst[to:]``."""
+    """Copy ``n`` samples (image, label, source index, every other field) from
+    ``src[start:]`` to ``dst[to:]`` (the ranges may overlap within one buffer)."""
     dst.images[to:to + n] = src.images[start:start + n]
     dst.labels[to:to + n] = src.labels[start:start + n]
     dst.indices[to:to + n] = src.indices[start:start + n]
+    for name, (_, arr) in list(src.arrays.items()):
+        dst.array(name, arr.dtype, arr.shape[1:])[to:to + n] = arr[start:start + n]
+    for name, values in list(src.lists.items()):
+        dst.objects(name)[to:to + n] = values[start:start + n]
+    if src.planes is not None:
+        _move_masks(src.planes, start, dst.masks(), to, n)
 
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers

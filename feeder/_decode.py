@@ -1,4 +1,5 @@
-"""Decode stage: read a sample's bytes and decode them to uint8 HWC RGB.
+"""Decode stage: read a sample's bytes and decode them to uint8 HWC RGB (and a
+mask PNG to its integer values: :func:`decode_mask`).
 
 JPEGs go through simplejpeg (libjpeg-turbo), everything else through
 ``cv2.imdecode``; both release the GIL while they work, which is what lets a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import re
 import struct
+import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,7 +28,7 @@ from ._sample import DEFAULT_MAX_PIXELS
 from .errors import DecodeError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "DecodeBuffers", "SUPPORTED_FORMATS", "buffer_of", "decode_image",
-           "decode_planned"]
+           "decode_mask", "decode_planned", "decode_scale"]
 
 # Formats decoded, each with its size read from the header before any pixel
 # memory is allocated. OpenCV can decode more (Radiance HDR, PFM, PAM, Sun
@@ -520,3 +522,104 @@ def buffer_of(img: np.ndarray | None) -> np.ndarray | None:
     """The pool buffer behind an image from :func:`decode_image`, if it has one."""
     base = getattr(img, "base", None)
     return base if isinstance(base, np.ndarray) and base.ndim == 1 else None
+
+
+# -- masks ---------------------------------------------------------------------------
+#
+# A mask's pixel values are class ids, so it is decoded without any colour
+# conversion. libpng (inside OpenCV) expands palette PNGs to their colours and
+# scales 1/2/4-bit gray to 0-255; to get the stored values instead, the PNG is
+# rewritten as a palette PNG whose entry i is the colour (i, i, i) before
+# decoding, so the colour of every pixel is its stored value. Only the small
+# PLTE/IHDR chunks change; the pixel data is decoded by libpng as usual.
+
+_PNG_GRAY, _PNG_PALETTE = 0, 3
+_PNG_COLOR_NAMES = {0: "gray", 2: "RGB", 3: "palette", 4: "gray + alpha", 6: "RGBA"}
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return (len(payload).to_bytes(4, "big") + kind + payload
+            + zlib.crc32(kind + payload).to_bytes(4, "big"))
+
+
+def _identity_palette_png(data: bytes | memoryview, depth: int, color: int) -> bytes:
+    """The PNG with an identity palette (entry i = (i, i, i)) and no transparency; a
+    gray PNG of 1, 2, 4 or 8 bits is made a palette PNG of the same depth (the
+    pixel data of both is one index a pixel)."""
+    raw = bytes(data)
+    out = [raw[:8]]
+    pos = 8
+    entries = 1 << depth
+    while pos + 8 <= len(raw):
+        length = int.from_bytes(raw[pos:pos + 4], "big")
+        kind = raw[pos + 4:pos + 8]
+        end = pos + 12 + length
+        if kind == b"IHDR":
+            ihdr = bytearray(raw[pos + 8:pos + 8 + length])
+            ihdr[9] = _PNG_PALETTE
+            out.append(_png_chunk(b"IHDR", bytes(ihdr)))
+            if color == _PNG_GRAY:
+                out.append(_png_chunk(b"PLTE", bytes(np.repeat(np.arange(entries, dtype=np.uint8), 3))))
+        elif kind == b"PLTE":
+            # Every index the depth allows: libpng would turn an index past the
+            # file's own palette into 0, hiding a value the mask holds.
+            out.append(_png_chunk(b"PLTE", bytes(np.repeat(np.arange(entries, dtype=np.uint8), 3))))
+        elif kind in (b"tRNS", b"bKGD", b"sBIT", b"hIST"):
+            pass  # refer to palette entries or gray values: meaningless once rewritten
+        else:
+            out.append(raw[pos:end])
+        if kind == b"IEND":
+            break
+        pos = end
+    return b"".join(out)
+
+
+def decode_mask(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode a mask PNG to its stored values: a 2-D uint8 array (8-bit or lower
+    gray, palette indices) or uint16 (16-bit gray).
+
+    Raises:
+        DecodeError: not a PNG, not single-channel (RGB, gray + alpha...),
+            corrupt, or larger than ``max_pixels``.
+    """
+    if len(data) == 0:
+        raise DecodeError("empty file (0 bytes)")
+    head = bytes(data[:32])
+    if not head.startswith(_PNG_MAGIC):
+        try:
+            name = "JPEG" if head.startswith(_JPEG_MAGIC) else _read_header(data).format
+        except DecodeError:
+            name = "not an image format feeder reads"
+        raise DecodeError(f"a mask must be a PNG (lossless, single-channel); this one is {name}")
+    header = _read_header(data)
+    _check_pixels(header.height, header.width, max_pixels)
+    _check_png_chunks(data)
+    depth, color = head[24], head[25]
+    if color not in (_PNG_GRAY, _PNG_PALETTE):
+        raise DecodeError(f"a mask must be a single-channel PNG (gray or palette); this one is "
+                          f"{_PNG_COLOR_NAMES.get(color, f'color type {color}')}")
+    if color == _PNG_PALETTE or depth < 8:
+        data = _identity_palette_png(data, depth, color)
+    mask = _cv2_decode(data, cv2.IMREAD_UNCHANGED)
+    if mask.ndim == 3:
+        mask = np.ascontiguousarray(mask[:, :, 0])  # the identity palette's three equal channels
+    if mask.shape != (header.height, header.width) or mask.dtype not in (np.uint8, np.uint16):
+        raise DecodeError(f"the mask decoded to {mask.shape} {mask.dtype}, not its header's "
+                          f"{header.height}x{header.width}")
+    return mask
+
+
+def decode_scale(full: tuple[int, int], decoded: tuple[int, int]) -> tuple[float, float]:
+    """(y, x) scale from the full-size image's pixels to the decoded image's.
+
+    libjpeg-turbo's scaled decode of ``n`` pixels at scale ``k/8`` gives
+    ``ceil(n * k / 8)`` of them, each covering exactly ``8/k`` source pixels
+    (the last one partly past the edge), so the scale is ``k/8``, not the ratio
+    of the sizes.
+    """
+    if full == decoded:
+        return 1.0, 1.0
+    for k in (7, 6, 5, 4, 3, 2, 1):
+        if all(-(-f * k // 8) == d for f, d in zip(full, decoded)):
+            return k / 8, k / 8
+    return decoded[0] / full[0], decoded[1] / full[1]

@@ -243,11 +243,15 @@ class Feeder:
 
     Iterate it in the training loop: each pass yields ``(images, labels)`` with
     ``images`` a ``[B, 3, H, W]`` tensor on ``device`` (uint8 in channels_last
-    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``.
+    layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``
+    (float, multi-hot or vector labels: a ``[B, ...]`` tensor of their dtype). A
+    source whose ``read`` returns dicts (``"image"``, ``"mask"``, ``"boxes"``,
+    ``"label"``...) yields dicts with the same keys (see :mod:`feeder._sample`).
 
     Args:
         source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
-            object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``.
+            object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``
+            or a dict of fields (see :func:`feeder.check_sample`).
         batch_size: Samples per batch.
         transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
             or plain callables ``fn(img, rng) -> img``.
@@ -771,7 +775,7 @@ class _PassIterator:
             self._told.add(threading.get_ident())
             raise err from err.__cause__
         assert isinstance(item, Delivery)
-        images, labels = item.images, item.labels
+        images = item.images
         if item.lent is not None:
             pool.claim(item.lent)
         if self._cuda:
@@ -779,13 +783,13 @@ class _PassIterator:
             stream.wait_event(item.event)
             # See _transfer.py: keep the caching allocator from reusing these
             # blocks while the consumer's stream may still read them.
-            images.record_stream(stream)
-            labels.record_stream(stream)
+            for tensor in item.device_tensors():
+                tensor.record_stream(stream)
         book.delivered(images.shape[0])
         progress.record(item.indices)
         self._feeder.last_batch = BatchInfo(run.epoch, progress.first_batch + item.number,
                                             torch.from_numpy(item.indices))
-        return images, labels
+        return item.batch()
 
     def _get(self, run: Pass, t0: float) -> Any:
         """The next item of the pass's output; raises the timeout error past ``timeout``

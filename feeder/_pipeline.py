@@ -193,7 +193,7 @@ class Pass:
                                                                cfg.memory_format),
                      self.ready, self.output,
                      BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
-                     if cfg.batch_transforms else None),
+                     if cfg.batch_transforms else None, work.schema),
         )
         for ch in self.channels:
             book.attach_channel(ch)

@@ -1,16 +1,338 @@
-"""What travels between the stages for one sample, and the limits every stage shares.
+"""What travels between the stages for one sample, the sample protocol every
+source speaks, and the limits every stage shares.
 
-This module sits below every stage: it imports nothing of feeder's.
+A source's ``read(index)`` returns one of:
+
+* ``(encoded_bytes, label)``: the classic pair; batches are ``(images, labels)``.
+* a dict with an ``"image"`` key holding encoded bytes, and any of:
+
+  ``"mask"``
+      a single-channel PNG (8- or 16-bit gray, or palette: its indices), or a
+      uint8/uint16 ``[H, W]`` array, the image's full size. Moved with the
+      image by every geometric transform (nearest neighbour, never mixing ids).
+  ``"boxes"``
+      float ``[N, 4]``, ``(x0, y0, x1, y1)`` in the image's pixels.
+  ``"box_<name>"``
+      a per-box array ``[N, ...]`` (``"box_labels"``...), filtered with the boxes.
+  any other key
+      a number or fixed-shape numeric array (stacked into ``[B, ...]``), or
+      anything else (str, bytes, dict, None: passed through as a list).
+
+  Batches are then dicts with the same keys.
+
+:func:`check_sample` validates one such value, for any source's own tests;
+the engine runs the same checks (:func:`parse_sample`, :class:`Schema`) on
+every sample it reads. This module imports nothing of feeder's but its errors.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import FieldError, SourceError
 
 # Default ceiling on decoded pixels (width * height): a decompression bomb is
 # rejected from its header before any pixel memory is allocated. 2**28 pixels
 # is 768 MiB of RGB, far beyond any training image.
 DEFAULT_MAX_PIXELS = 1 << 28
+
+IMAGE, MASK, BOXES, LABEL = "image", "mask", "boxes", "label"
+BOX_PREFIX = "box_"
+
+# Field kinds.
+NUMERIC = "numeric"    # stacked into a [B, ...] tensor of one shape and dtype
+MASKS = "mask"         # [B, H, W] integer tensor, moved with the image
+BOX_LIST = "boxes"     # a list of B float32 [Ni, 4] tensors
+PER_BOX = "per-box"    # a list of B [Ni, ...] tensors, filtered with the boxes
+OBJECT = "object"      # a list of B values, as read
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+class Spec(NamedTuple):
+    """What every sample's value of one field must look like.
+
+    Attributes:
+        kind: One of the kinds above.
+        dtype: The delivered numpy dtype (numeric and per-box fields), else None.
+        shape: The shape of one sample's value (numeric), of one box's entry
+            (per-box), else None.
+    """
+
+    kind: str
+    dtype: Any = None
+    shape: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        if self.kind == NUMERIC:
+            return f"{np.dtype(self.dtype).name} of shape {self.shape}"
+        if self.kind == PER_BOX:
+            return f"per-box {np.dtype(self.dtype).name} of shape {('N', *self.shape)}".replace("'N'", "N")
+        return {MASKS: "a mask", BOX_LIST: "boxes", OBJECT: "a passed-through value"}[self.kind]
+
+
+INT_SCALAR = Spec(NUMERIC, np.dtype(np.int64), ())
+
+
+def numeric(value: Any) -> np.ndarray | None:
+    """``value`` as the array it is delivered as, or None when it is not numeric.
+
+    Python ints and every numpy integer dtype become int64, floats keep their
+    dtype (a Python float is float64, as ``default_collate`` makes it), bools
+    stay bool. Lists and tuples of numbers and CPU tensors count as arrays.
+
+    Raises:
+        OverflowError: an integer outside int64.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, int):
+        if not -(1 << 63) <= value < (1 << 63):
+            raise OverflowError(f"{value} does not fit in int64")
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    if type(value).__module__ == "torch" and hasattr(value, "numpy"):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+    elif isinstance(value, (list, tuple)):
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError):  # ragged or mixed: not a fixed-shape array
+            return None
+    else:
+        return None
+    kind = arr.dtype.kind
+    if kind in "iu":
+        if kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) >= 1 << 63:
+            raise OverflowError(f"uint64 value {int(arr.max())} does not fit in int64")
+        return arr.astype(np.int64, copy=False)
+    if kind in "fb":
+        return arr
+    return None
+
+
+def _source_name(source: Any) -> str:
+    return type(source).__name__ if source is not None else "the source"
+
+
+def _what(value: Any) -> str:
+    name = type(value).__name__
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return f"str {shown!r}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} items"
+    if value is None:
+        return "None"
+    module = type(value).__module__
+    return f"{module}.{name}" if module not in ("builtins",) else name
+
+
+_READ_MUST = ("read(index) must return (encoded_image_bytes, label), or a dict with the encoded "
+              "image bytes under \"image\" (see feeder.check_sample)")
+
+
+def _hint(value: Any) -> str:
+    if isinstance(value, str):
+        return " (a path? read the file and return its bytes: open(path, 'rb').read())"
+    if hasattr(value, "getpixel") or (hasattr(value, "mode") and hasattr(value, "size")):
+        return " (a decoded image? return the encoded file bytes; feeder decodes them)"
+    if isinstance(value, np.ndarray):
+        return " (a decoded array? return the encoded file bytes; feeder decodes them)"
+    return ""
+
+
+def _bad_image(value: Any, source: Any, index: Any, where: str) -> SourceError:
+    return SourceError(f"{_source_name(source)}.read({index}) returned {where} {_what(value)}, not "
+                       f"encoded bytes{_hint(value)}; {_READ_MUST}")
+
+
+def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any, dict[str, Any] | None, bool]:
+    """Split a ``read`` result into (encoded image, fields, is_dict).
+
+    ``fields`` maps every field but the image to its checked value: numeric
+    fields as arrays (:func:`numeric`), ``"boxes"`` as float32 ``[N, 4]``,
+    per-box arrays as arrays, masks and other values as given.
+
+    Raises:
+        SourceError: not one of the documented shapes (a mistake in the source:
+            never skipped); the message says what ``read`` must return and names
+            the source class and the sample.
+        FieldError: a field's value is malformed (names the field).
+    """
+    if isinstance(sample, tuple):
+        if len(sample) != 2:
+            raise SourceError(f"{_source_name(source)}.read({index}) returned {_what(sample)}; "
+                              f"{_READ_MUST}")
+        data, label = sample
+        if not isinstance(data, _BYTES):
+            raise _bad_image(data, source, index, "a pair whose image is")
+        return data, {LABEL: parse_value(LABEL, label)}, False
+    if isinstance(sample, dict):
+        if IMAGE not in sample:
+            raise SourceError(f"{_source_name(source)}.read({index}) returned a dict without an "
+                              f"\"image\" key (keys: {sorted(map(str, sample))}); {_READ_MUST}")
+        data = sample[IMAGE]
+        if not isinstance(data, _BYTES):
+            raise _bad_image(data, source, index, "a dict whose \"image\" is")
+        fields: dict[str, Any] = {}
+        for name, value in sample.items():
+            if name == IMAGE:
+                continue
+            if not isinstance(name, str):
+                raise SourceError(f"{_source_name(source)}.read({index}) returned a dict with the "
+                                  f"key {name!r}; field names must be str")
+            fields[name] = parse_value(name, value)
+        if BOXES not in fields and any(n.startswith(BOX_PREFIX) for n in fields):
+            first = next(n for n in fields if n.startswith(BOX_PREFIX))
+            raise FieldError(first, f"per-box field {first!r} without \"boxes\"")
+        if BOXES in fields:
+            n = len(fields[BOXES])
+            for name, value in fields.items():
+                if name.startswith(BOX_PREFIX) and (value.ndim == 0 or value.shape[0] != n):
+                    raise FieldError(name, f"has shape {value.shape} but there are {n} boxes "
+                                           f"(a per-box field is [N, ...])")
+        return data, fields, True
+    raise SourceError(f"{_source_name(source)}.read({index}) returned {_what(sample)}{_hint(sample)}; "
+                      f"{_READ_MUST}")
+
+
+def parse_value(name: str, value: Any) -> Any:
+    """One field's value, checked and converted for the engine (see :func:`parse_sample`)."""
+    try:
+        if name == MASK:
+            if isinstance(value, _BYTES):
+                return value
+            if isinstance(value, np.ndarray) and value.ndim == 2 and value.dtype in (np.uint8, np.uint16):
+                return value
+            raise FieldError(name, f"is {_what(value)}; a mask is encoded PNG bytes or a uint8/uint16 "
+                                   f"[H, W] array")
+        if name == BOXES:
+            arr = numeric(value)
+            if arr is None or arr.dtype.kind == "b":
+                raise FieldError(name, f"is {_what(value)}; boxes are a float [N, 4] array")
+            if arr.size == 0:
+                arr = arr.reshape(0, 4)
+            if arr.ndim != 2 or arr.shape[1] != 4:
+                raise FieldError(name, f"has shape {arr.shape}; boxes are [N, 4] (x0, y0, x1, y1)")
+            boxes = arr.astype(np.float32)
+            if not np.isfinite(boxes).all():
+                raise FieldError(name, "holds a value that is not finite")
+            if (boxes[:, 2] < boxes[:, 0]).any() or (boxes[:, 3] < boxes[:, 1]).any():
+                k = int(np.flatnonzero((boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1]))[0])
+                raise FieldError(name, f"row {k} is {boxes[k].tolist()}: x1 < x0 or y1 < y0 "
+                                       f"(boxes are x0, y0, x1, y1)")
+            return boxes
+        arr = numeric(value)
+        if name.startswith(BOX_PREFIX):
+            if arr is None:
+                raise FieldError(name, f"is {_what(value)}; a per-box field is a numeric [N, ...] array")
+            return arr
+        return arr if arr is not None else value
+    except OverflowError as exc:
+        raise FieldError(name, str(exc)) from None
+
+
+def spec_of(name: str, value: Any) -> Spec:
+    """The :class:`Spec` a checked value (from :func:`parse_sample`) implies."""
+    if name == MASK:
+        return Spec(MASKS)
+    if name == BOXES:
+        return Spec(BOX_LIST)
+    if isinstance(value, np.ndarray):
+        if name.startswith(BOX_PREFIX):
+            return Spec(PER_BOX, value.dtype, value.shape[1:])
+        return Spec(NUMERIC, value.dtype, value.shape)
+    return Spec(OBJECT)
+
+
+def check_sample(sample: Any) -> None:
+    """Check that ``sample`` is something a source's ``read`` may return.
+
+    For a source's own tests: the engine makes the same checks on every
+    sample, and also checks that every sample has the same fields, of the same
+    shapes and dtypes. It does not decode anything.
+
+    Raises:
+        feeder.SourceError: not ``(bytes, label)`` or a dict with ``"image"`` bytes.
+        feeder.FieldError: a field is malformed (boxes not ``[N, 4]`` or not
+            finite, a per-box array of another length, a mask that is neither
+            bytes nor a uint8/uint16 ``[H, W]`` array).
+    """
+    parse_sample(sample, None, "index")
+
+
+class Schema:
+    """Every field's :class:`Spec`, fixed by the first sample read that has it, for
+    one feeder.
+
+    Thread-safe. A sample that disagrees with it fails with a :class:`FieldError`
+    naming the field, the sample and both shapes (a fault of that sample's data:
+    skipped under ``on_error="skip"``). The first sample also fixes whether
+    batches are pairs or dicts (a source mixing both is a :class:`SourceError`)
+    and the dict's keys.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.specs: dict[str, Spec] = {}
+        self.first: dict[str, int] = {}  # field -> the sample that fixed its spec
+        self.keys: tuple[str, ...] | None = None  # the dict samples' keys, image included
+        self.is_dict: bool | None = None
+        self.first_sample = -1
+        #: True once pairs with int labels are known to be the samples: the read
+        #: step then takes them without any of the checks above.
+        self.classic = False
+
+    def check(self, index: int, is_dict: bool, keys: tuple[str, ...] | None,
+              fields: dict[str, Any]) -> None:
+        """Check a parsed sample against the schema, fixing what is not fixed yet.
+
+        Raises:
+            SourceError: pairs and dicts mixed.
+            FieldError: naming the field, this sample, the first sample and both specs.
+        """
+        if self.is_dict is None:
+            with self._lock:
+                if self.is_dict is None:
+                    self.keys, self.first_sample = keys, index
+                    self.is_dict = is_dict
+        if is_dict != self.is_dict:
+            have = "a dict" if is_dict else "a (bytes, label) pair"
+            want = "dicts" if self.is_dict else "(bytes, label) pairs"
+            raise SourceError(f"sample {index} is {have} but sample {self.first_sample} was not: "
+                              f"a source must return {want} for every sample")
+        if is_dict and keys != self.keys and set(keys) != set(self.keys):
+            missing = sorted(set(self.keys) - set(keys))
+            extra = sorted(set(keys) - set(self.keys))
+            name = (missing or extra)[0]
+            raise FieldError(name, f"is {'missing from' if missing else 'extra in'} sample {index}: "
+                                   f"it has the fields {sorted(keys)}, sample {self.first_sample} had "
+                                   f"{sorted(self.keys)}; every sample must have the same fields")
+        specs = self.specs
+        for name, value in fields.items():
+            spec = spec_of(name, value)
+            known = specs.get(name)
+            if known is None:
+                with self._lock:
+                    known = specs.setdefault(name, spec)
+                    self.first.setdefault(name, index)
+            if known != spec:
+                raise FieldError(name, f"of sample {index} is {spec.describe()}{_shown(value)}, but "
+                                       f"sample {self.first[name]} gave {known.describe()}; every "
+                                       f"sample's {name!r} must have one shape and dtype")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return ""
+    text = repr(value)
+    return f" ({text if len(text) <= 40 else text[:37] + '...'})"
 
 
 class Task:
@@ -21,13 +343,16 @@ class Task:
         slot: Its position in that batch.
         index: Its index in the source.
         data: The encoded bytes, between the read and the decode step.
-        label: Its label, as the source gave it.
+        label: Its label, as the source gave it (pairs with an int label).
+        fields: Every field but the image, checked (:func:`parse_sample`), or
+            None for a pair with an int label: that common case takes no
+            per-field work at all.
         key: Its randomness key, from (seed, epoch, index).
         image: The decoded image, between the decode and the transform step.
         ctx: The ``ops.SampleContext`` the decode step computed for the transforms.
     """
 
-    __slots__ = ("batch", "slot", "index", "data", "label", "key", "image", "ctx")
+    __slots__ = ("batch", "slot", "index", "data", "label", "fields", "key", "image", "ctx")
 
     def __init__(self, batch: Any, slot: int, index: int) -> None:
         self.batch = batch
@@ -35,6 +360,7 @@ class Task:
         self.index = index
         self.data: Any = None
         self.label: Any = -1
+        self.fields: dict[str, Any] | None = None
         self.key = 0
         self.image: Any = None
         self.ctx: Any = None

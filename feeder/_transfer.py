@@ -26,10 +26,20 @@ CUDA reasoning, in one place:
   too, after the conversion and before the event is recorded, so the consumer
   never sees a half-mixed batch. Their generators live on the device and their
   draws stay there: nothing in this thread waits for the device per batch.
+* Every other field travels the same way, before the same event: fixed-shape
+  ones (masks, numeric labels) from their own pinned arrays of the buffer, so
+  the buffer's return to the pool after the event covers them too; boxes and
+  other per-box arrays, whose sizes vary, are gathered into one pinned tensor
+  per field and batch (torch's caching host allocator keeps that cheap and
+  holds the block until the copy's stream has passed it), copied once and
+  split on the device into one tensor per sample. A 16-bit mask batch crosses
+  the bus as two uint8 planes and becomes int64 on the device. Every device
+  tensor is ``record_stream``-ed on the consumer's stream, as the images are.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +50,7 @@ from ._batch import BatchBuffer, BufferPool, Collator
 from ._queue import END, Channel
 from ._reaper import watch
 from ._rng import batch_generator
+from ._sample import BOX_LIST, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
 from ._stage import Control, Counters, Stage
 from .errors import FeederError, StageError
 
@@ -48,14 +59,31 @@ from .errors import FeederError, StageError
 class Delivery:
     """A batch ready for the consumer: ``event`` is set for CUDA batches, ``lent``
     for a CPU batch that is a view of a pool buffer; ``indices`` are the source
-    indices of its samples and ``number`` its position among the pass's batches."""
+    indices of its samples and ``number`` its position among the pass's batches.
+
+    ``fields`` holds a dict sample's batch (``"image"`` and every other field),
+    None for pairs; ``extra`` the device tensors behind its other fields, which
+    the consumer's stream must ``record_stream`` as it does the images."""
 
     images: torch.Tensor
-    labels: torch.Tensor
+    labels: Any
     indices: np.ndarray
     number: int
     event: Any
     lent: BatchBuffer | None = None
+    fields: dict[str, Any] | None = None
+    extra: tuple[torch.Tensor, ...] = ()
+
+    def batch(self) -> Any:
+        """What ``next()`` returns: ``(images, labels)``, or the dict of fields."""
+        return (self.images, self.labels) if self.fields is None else self.fields
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the batch whose memory the consumer's stream will read."""
+        found = [self.images, *self.extra]
+        if isinstance(self.labels, torch.Tensor):
+            found.append(self.labels)
+        return found
 
 
 class Failure:
@@ -150,6 +178,19 @@ class BatchTransforms:
                                  f"{int(labels[i])} of sample {int(indices[i])} is out of range "
                                  f"[0, {num_classes}) of batch transform {t!r}")
 
+    def check_label_field(self, buf: BatchBuffer, n: int, schema: Schema, indices: np.ndarray,
+                          number: int) -> None:
+        """:meth:`check_labels` for a batch of samples with fields: the ``"label"``
+        field must be int class labels (checked as pairs' are) or soft ``[C]`` targets."""
+        spec = schema.specs.get(LABEL)
+        if spec == INT_SCALAR:
+            self.check_labels(buf.labels[:n], indices, number)
+        elif spec is None or spec.kind != NUMERIC or len(spec.shape) != 1 or spec.dtype.kind != "f":
+            what = "no \"label\" field" if spec is None else f"a \"label\" field of {spec.describe()}"
+            raise StageError("transfer", f"batch transforms {list(self.transforms)!r} take int class "
+                             f"labels or float [num_classes] targets under \"label\"; the samples "
+                             f"have {what}")
+
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  number: int) -> tuple[torch.Tensor, torch.Tensor]:
         for position, t in enumerate(self.transforms):
@@ -181,13 +222,14 @@ class Transfer(Stage):
 
     def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
                  convert: "Converter", inbox: Channel, outbox: Channel,
-                 batch: BatchTransforms | None = None) -> None:
+                 batch: BatchTransforms | None = None, schema: Schema | None = None) -> None:
         super().__init__("transfer", 1, control, inbox, outbox)
         self.collator = collator
         self.pool = pool
         self.device = device
         self.convert = convert
         self.batch = batch
+        self.schema = schema if schema is not None else Schema()
         self.delivered = 0
 
     def work(self, c: Counters) -> None:
@@ -210,6 +252,10 @@ class Transfer(Stage):
                 return
 
     def deliver(self, buf: BatchBuffer, n: int, c: Counters) -> None:
+        schema = self.schema
+        if schema.is_dict or schema.specs.get(LABEL, INT_SCALAR) != INT_SCALAR:
+            self._deliver_fields(buf, n, c)
+            return
         c.items += 1
         number = self.delivered
         self.delivered += 1
@@ -265,3 +311,111 @@ class Transfer(Stage):
         finally:
             event.synchronize()  # the copy has finished reading the pinned buffer
             self.pool.release(buf)
+
+    # -- samples with fields -----------------------------------------------------
+    def _deliver_fields(self, buf: BatchBuffer, n: int, c: Counters) -> None:
+        """:meth:`deliver` for batches of samples with fields (or non-int labels)."""
+        c.items += 1
+        number = self.delivered
+        self.delivered += 1
+        indices = buf.indices[:n].copy()
+        cuda = self.device.type == "cuda"
+        event = None
+        lent = None
+        keep: list[torch.Tensor] = []  # pinned staging tensors, alive until the copy is done
+        try:
+            if self.batch is not None:
+                self.batch.check_label_field(buf, n, self.schema, indices, number)
+            with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
+                if cuda:
+                    images = self.convert(buf.images_t[:n].to(self.device, non_blocking=True)
+                                          .permute(0, 3, 1, 2))
+                elif self.convert.keeps_buffer_layout:
+                    view = buf.images[:n]
+                    images = torch.from_numpy(view).permute(0, 3, 1, 2)
+                    lent = buf
+                else:
+                    images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
+                fields, extra = _gather(buf, n, self.schema, self.device, keep)
+                labels = fields.get(LABEL)
+                if self.batch is not None:
+                    images, labels = self.batch(images, labels, number)
+                    fields[LABEL] = labels
+                    extra.append(labels)
+                if cuda:
+                    event = torch.cuda.Event()
+                    event.record(self.stream)
+        except BaseException:
+            if cuda:
+                self.stream.synchronize()  # a copy may still be reading the pinned buffer
+            self.pool.release(buf)
+            raise
+        if lent is not None:
+            self.pool.lend(buf)
+            watch(view, self.pool.release, buf)
+        output = None
+        if self.schema.is_dict:
+            output = {}
+            for name in self.schema.keys:
+                output[name] = images if name == "image" else fields[name]
+        delivery = Delivery(images, labels, indices, number, event, lent, output,
+                            tuple(t for t in extra if isinstance(t, torch.Tensor)) if cuda else ())
+        if cuda:
+            try:
+                self.put(c, self.outbox, delivery)
+            finally:
+                event.synchronize()  # the copies have finished reading the pinned memory
+                self.pool.release(buf)
+            return
+        if lent is None:
+            self.pool.release(buf)
+        self.put(c, self.outbox, delivery)
+
+
+def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
+            keep: list[torch.Tensor]) -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """Every field of the first ``n`` slots of ``buf`` but the image, as delivered:
+    tensors on ``device`` (copied there on the current stream) or lists. Returns
+    them with the device tensors the consumer's stream must record."""
+    cuda = device.type == "cuda"
+    fields: dict[str, Any] = {}
+    extra: list[torch.Tensor] = []
+    for name, spec in list(schema.specs.items()):
+        kind = spec.kind
+        if kind == NUMERIC:
+            host = buf.labels_t[:n] if name == LABEL and spec == INT_SCALAR else buf.arrays[name][0][:n]
+            value = host.to(device, non_blocking=True) if cuda else host.clone()
+            extra.append(value)
+        elif kind == MASKS:
+            planes = buf.planes
+            if cuda:
+                value = planes.low_t[:n].to(device, non_blocking=True)
+                extra.append(value)
+                if planes.is_wide(n):
+                    high = planes.high_t[:n].to(device, non_blocking=True)
+                    extra.append(high)
+                    value = value.long() | (high.long() << 8)
+                    extra.append(value)
+            else:
+                value = torch.from_numpy(planes.host(n))
+        elif kind in (BOX_LIST, PER_BOX):
+            arrays = buf.lists[name][:n]
+            if cuda:
+                # One pinned staging tensor and one copy for the whole batch; the
+                # samples' tensors are views of its device copy.
+                counts = [len(a) for a in arrays]
+                trailing = arrays[0].shape[1:]
+                staged = torch.empty((sum(counts), *trailing), pin_memory=True,
+                                     dtype=torch.from_numpy(arrays[0][:0]).dtype)
+                if staged.numel():
+                    np.concatenate(arrays, out=staged.numpy())
+                keep.append(staged)
+                whole = staged.to(device, non_blocking=True)
+                extra.append(whole)
+                value = list(torch.split(whole, counts))
+            else:
+                value = [torch.from_numpy(np.array(a, copy=True)) for a in arrays]
+        else:
+            value = list(buf.lists[name][:n])
+        fields[name] = value
+    return fields, extra

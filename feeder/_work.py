@@ -3,13 +3,21 @@
 ::
 
     read       source, index             -> (encoded bytes, label)     Source.read
+                                          or a dict of fields           (_sample.parse_sample)
     decode     bytes, key                -> (image, SampleContext)     SampleWork.decode
+               mask bytes                -> mask array                 SampleWork.decode_mask
     transform  image, key, context, out  -> None (result in ``out``)   SampleWork.transform
+               ... and the other fields  -> the fields, moved with it  SampleWork.transform_sample
 
 :class:`SampleWork` binds decode and transform to one feeder's settings (the
-compiled chain, ``max_pixels``, EXIF handling, reused decode memory). The
-engine's steps (:func:`steps`) and the benchmarks' "same per-sample work" rows
-both call it, so the two cannot drift apart.
+compiled chain, ``max_pixels``, EXIF handling, reused decode memory, the
+fields' :class:`~feeder._sample.Schema`). The engine's steps (:func:`steps`)
+and the benchmarks' "same per-sample work" rows both call it, so the two cannot
+drift apart.
+
+A pair with an int label, the classic sample, takes the same path as before
+there were fields: no per-field work, the label written straight into the
+batch's int64 labels.
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ from typing import Any
 import numpy as np
 
 from ._augment import Chain
-from ._decode import DecodeBuffers, buffer_of, decode_planned
+from ._decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
 from ._rng import sample_key
-from ._sample import DEFAULT_MAX_PIXELS, Task
+from ._sample import BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, Schema, Task, parse_sample
 from ._stage import Step
-from .ops import SampleContext
+from .errors import FieldError, with_field
+from .ops import Geometry, SampleContext
+
+_INT64 = (-(1 << 63), 1 << 63)
 
 
 class SampleWork:
@@ -46,6 +57,7 @@ class SampleWork:
         self.max_pixels = max_pixels
         self.exif_orientation = exif_orientation
         self.buffers = DecodeBuffers()
+        self.schema = Schema()
 
     def decode(self, data: bytes, key: int) -> tuple[np.ndarray, SampleContext]:
         """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
@@ -58,6 +70,40 @@ class SampleWork:
         """Run the chain on a decoded image into ``out``, then recycle its decode memory."""
         self.chain.run(img, key, ctx, out)
         self.buffers.give(buffer_of(img))
+
+    def decode_mask(self, mask: Any, source_size: tuple[int, int]) -> np.ndarray:
+        """A sample's mask (PNG bytes or an array) as a 2-D uint8/uint16 array of the
+        full-size image's ``source_size``.
+
+        Raises:
+            DecodeError, FieldError: naming the field ``mask``.
+        """
+        try:
+            if not isinstance(mask, np.ndarray):
+                mask = decode_mask(mask, self.max_pixels)
+            if mask.shape != source_size:
+                raise FieldError(MASK, f"is {mask.shape[1]}x{mask.shape[0]} but its image is "
+                                       f"{source_size[1]}x{source_size[0]} (width x height); a mask "
+                                       f"has its image's full size")
+        except Exception as exc:
+            raise with_field(exc, MASK)
+        return mask
+
+    def transform_sample(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                         fields: dict[str, Any]) -> list[tuple[str, str, Any]]:
+        """:meth:`transform` for a sample with fields; returns them as the batch
+        buffer stores them: ``(name, kind, value)``, the mask and boxes moved with
+        the image."""
+        chain = self.chain
+        if chain.takes_samples or MASK in fields or BOXES in fields:
+            h, w = img.shape[:2]
+            sy, sx = decode_scale(ctx.source_size, (h, w))
+            fields = chain.run_fields(img, key, ctx, out, fields, Geometry(sy, 0.0, sx, 0.0, h, w))
+        else:
+            chain.run(img, key, ctx, out)
+        self.buffers.give(buffer_of(img))
+        specs = self.schema.specs
+        return [(name, specs[name].kind, value) for name, value in fields.items()]
 
     def discard(self, img: np.ndarray | None) -> None:
         """A decoded image that will not be transformed (its sample failed): recycle it."""
@@ -79,6 +125,28 @@ def as_label(label: Any) -> int:
     return int(box)
 
 
+def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
+    """The read step's checks of what ``source.read`` returned for ``task`` (see
+    ``_sample.py``); a pair of bytes and an int label, once the schema has seen
+    one, never comes here (see :func:`steps`).
+
+    Raises:
+        SourceError: ``read`` returned something that is not a sample.
+        FieldError: a field is malformed, or differs from the first sample's
+            (naming the field).
+    """
+    schema = work.schema
+    data, fields, is_dict = parse_sample(sample, source, task.index)
+    schema.check(task.index, is_dict, tuple(sample) if is_dict else None, fields)
+    task.data = data
+    if not is_dict and not work.chain.takes_samples and schema.specs[LABEL] == INT_SCALAR:
+        task.label = int(fields[LABEL])
+        schema.classic = True
+    else:
+        task.fields = fields
+    return task
+
+
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
           epoch: int) -> tuple[Step, Step, Step]:
     """The engine's three steps on a :class:`~feeder._sample.Task`, for one pass.
@@ -88,22 +156,35 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     yet) and returns the batch when that completes it, else None.
     """
     read_source = source.read
+    schema = work.schema
+    low, high = _INT64
 
     def read(task: Task) -> Task:
-        task.data, task.label = read_source(task.index)
-        return task
+        sample = read_source(task.index)
+        # The classic pair takes no further work once the schema has seen one.
+        if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
+                and type(sample[1]) is int and low <= sample[1] < high):
+            task.data, task.label = sample
+            return task
+        return read_sample(source, work, task, sample)
 
     def decode(task: Task) -> Task:
         task.key = key = sample_key(seed, epoch, task.index)
         data, task.data = task.data, None
         task.image, task.ctx = work.decode(data, key)
+        fields = task.fields
+        if fields is not None and MASK in fields:
+            fields[MASK] = work.decode_mask(fields[MASK], task.ctx.source_size)
         return task
 
     def augment(task: Task) -> Any:
         batch = task.batch
         slot = task.slot
         buf = batch.buffer
-        if buf is not None:
+        fields = task.fields
+        if fields is not None:
+            augment_fields(task, batch, slot, buf, fields)
+        elif buf is not None:
             work.transform(task.image, task.key, task.ctx, buf.images[slot])
             task.image = None  # its memory is back in the pool (see below)
             buf.labels[slot] = task.label
@@ -123,5 +204,20 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
                 raise
             batch.store(slot, out, label, scratch.give, task.index)
         return batch if batch.finish_slot() else None
+
+    def augment_fields(task: Task, batch: Any, slot: int, buf: Any, fields: dict[str, Any]) -> None:
+        out = buf.images[slot] if buf is not None else scratch.take()
+        try:
+            record = work.transform_sample(task.image, task.key, task.ctx, out, fields)
+            task.image = None  # as above: its memory is back in the pool
+        except BaseException:
+            if buf is None:
+                scratch.give(out)
+            raise
+        if buf is not None:
+            buf.write(slot, record)
+            buf.indices[slot] = task.index
+        else:
+            batch.store(slot, out, -1, scratch.give, task.index, record)
 
     return Step("read", read), Step("decode", decode), Step("augment", augment)

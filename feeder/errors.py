@@ -62,6 +62,8 @@ class SampleError(FeederError):
         path: The sample's path or description, exactly as the source describes
             it (a path that can be opened, even when it is not valid UTF-8); the
             message shows it through :func:`safe_text`.
+        field: The sample's field that failed (``"mask"``, ``"boxes"``,
+            ``"label"``...), when the failure is one field's; else None.
     """
 
     def __init__(self, stage: str, index: int, path: str, cause: BaseException) -> None:
@@ -69,7 +71,10 @@ class SampleError(FeederError):
         notes = getattr(cause, "__notes__", None)
         if notes:
             detail += f" ({'; '.join(str(n) for n in notes)})"
-        super().__init__(safe_text(f"feeder stage {stage!r} failed on sample {index} ({path}): {detail}"))
+        self.field: str | None = getattr(cause, "field", None)
+        where = f", field {self.field!r}" if self.field is not None else ""
+        super().__init__(safe_text(f"feeder stage {stage!r} failed on sample {index} ({path}){where}: "
+                                   f"{detail}"))
         self.stage = stage
         self.index = index
         self.path = path
@@ -89,6 +94,47 @@ class TransformError(ValueError):
 
 class ConfigError(TransformError):
     """The configuration does not fit the data: the transforms' output is not the
-    batch's ``image_size``. Raised whatever ``on_error`` says, since every image of
-    that size would fail alike; reaches the loop as a :class:`SampleError` naming
+    batch's ``image_size``, a field's shape or dtype differs between samples, a
+    plain transform changes the geometry of a sample with a mask or boxes, or
+    the source's ``read`` returns something that is not a sample
+    (:class:`SourceError`). Raised whatever ``on_error`` says, since every
+    sample would fail alike; reaches the loop as a :class:`SampleError` naming
     the first sample found, with this as its cause."""
+
+    #: The field concerned, when there is one (see :attr:`SampleError.field`).
+    field: str | None = None
+
+
+class SourceError(ConfigError, TypeError):
+    """A source's ``read`` returned something that is not a sample: neither
+    ``(encoded_bytes, label)`` nor a dict with encoded bytes under ``"image"``.
+    The message says what ``read`` must return and names the source's class and
+    the sample. A mistake in the source, never skipped."""
+
+
+class FieldError(ValueError):
+    """One field of a sample is malformed (boxes that are not ``[N, 4]``, a mask
+    that is not a single-channel PNG, a per-box array of another length...).
+
+    A fault of that sample's data, so ``on_error="skip"`` skips it.
+
+    Attributes:
+        field: The field's name.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"field {field!r} {message}")
+        self.field = field
+
+    def __reduce__(self):
+        return (self.__class__, (self.field, str(self).split(" ", 2)[2]))
+
+
+def with_field(exc: BaseException, field: str) -> BaseException:
+    """Mark ``exc`` as a failure of ``field`` (shown by :class:`SampleError`); returns it."""
+    if getattr(exc, "field", None) is None:
+        try:
+            exc.field = field  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type with __slots__
+            exc.add_note(f"field {field!r}")
+    return exc

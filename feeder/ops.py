@@ -1,10 +1,16 @@
-"""CPU transforms on uint8 [H, W, 3] RGB arrays.
+"""CPU transforms on uint8 [H, W, 3] RGB arrays, and the fields that follow them.
 
 Any plain callable ``fn(img, rng) -> img`` is a transform: ``rng`` is a
 :class:`~feeder._rng.SampleRNG` drawn from (seed, epoch, sample index, position
 in the chain), so results do not depend on thread counts or scheduling. A
 callable that changes the image size may say so with an ``output_size``
 attribute ``(height, width)``.
+
+On samples with a mask or boxes, every built-in transform reports the
+:class:`Geometry` it applied to the image and the mask and boxes are mapped
+through the same geometry (nearest neighbour for masks), so they always see
+the image's own crop and flip. A plain callable must then keep the geometry;
+:class:`SampleTransform` wraps one that transforms whole samples.
 
 The classes here follow torchvision's semantics and add what the engine uses
 to go fast: ``output_size`` (to size the batch buffers), ``decode_hint`` (the
@@ -28,8 +34,8 @@ import torch
 
 from ._rng import SampleRNG
 
-__all__ = ["CenterCrop", "CutMix", "MixUp", "RandomHorizontalFlip", "RandomResizedCrop", "Resize",
-           "Transform"]
+__all__ = ["CenterCrop", "CutMix", "Geometry", "MixUp", "RandomHorizontalFlip", "RandomResizedCrop",
+           "Resize", "SampleTransform", "Transform"]
 
 _INTERPOLATION = {
     "nearest": cv2.INTER_NEAREST,
@@ -77,6 +83,77 @@ class SampleContext:
         self.plan = plan
 
 
+class Geometry:
+    """Where a transform moved the pixels: an affine map per axis from input to
+    output coordinates, ``y_out = y * sy + ty`` and ``x_out = x * sx + tx``, with
+    coordinates at pixel edges (pixel ``i`` spans ``[i, i + 1)``), and the output size.
+
+    This is how a mask and boxes follow their image: every built-in transform
+    reports the geometry it applied to the image (:meth:`Transform.apply_geometry`),
+    the chain composes them, and the fields are mapped once, at the end.
+    """
+
+    __slots__ = ("sy", "ty", "sx", "tx", "height", "width")
+
+    def __init__(self, sy: float, ty: float, sx: float, tx: float, height: int, width: int) -> None:
+        self.sy, self.ty, self.sx, self.tx = sy, ty, sx, tx
+        self.height, self.width = height, width
+
+    @classmethod
+    def identity(cls, height: int, width: int) -> "Geometry":
+        return cls(1.0, 0.0, 1.0, 0.0, height, width)
+
+    def then(self, other: "Geometry") -> "Geometry":
+        """This geometry followed by ``other``."""
+        return Geometry(self.sy * other.sy, self.ty * other.sy + other.ty,
+                        self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width)
+
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        """``mask`` (in input coordinates) resampled to the output, nearest neighbour.
+
+        Output pixel ``j`` takes the input pixel under its centre, ``floor((j + 0.5
+        - t) / s)`` (as OpenCV's ``INTER_NEAREST_EXACT`` and PIL's nearest), so
+        class ids are never mixed; outside the input (a crop's padding) it is 0.
+        """
+        H, W = mask.shape[:2]
+        iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
+        ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
+        vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
+        out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
+        if not vy.all():
+            out[~vy] = 0
+        if not vx.all():
+            out[:, ~vx] = 0
+        return out
+
+    def boxes(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``boxes`` (float ``[N, 4]``, x0 y0 x1 y1 in input pixels) in output pixels,
+        clipped to the output; returns them as float32 with the keep mask of the
+        input rows: a box left with no area inside the output is dropped."""
+        b = boxes.astype(np.float64)
+        x0, x1 = b[:, 0] * self.sx + self.tx, b[:, 2] * self.sx + self.tx
+        y0, y1 = b[:, 1] * self.sy + self.ty, b[:, 3] * self.sy + self.ty
+        if self.sx < 0:
+            x0, x1 = x1, x0
+        if self.sy < 0:
+            y0, y1 = y1, y0
+        x0, x1 = np.clip(x0, 0, self.width), np.clip(x1, 0, self.width)
+        y0, y1 = np.clip(y0, 0, self.height), np.clip(y1, 0, self.height)
+        out = np.stack([x0, y0, x1, y1], axis=1).astype(np.float32)
+        # Decided in float32, as delivered: a sliver can round to no width at all.
+        keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
+        return out[keep], keep
+
+    def __repr__(self) -> str:
+        return (f"Geometry(y*{self.sy:.4g}+{self.ty:.4g}, x*{self.sx:.4g}+{self.tx:.4g}, "
+                f"{self.height}x{self.width})")
+
+
+def _crop_resize(top: float, left: float, h: float, w: float, oh: int, ow: int) -> Geometry:
+    """The geometry of cropping the box (top, left, h, w) and resizing it to (oh, ow)."""
+    return Geometry(oh / h, -top * oh / h, ow / w, -left * ow / w, oh, ow)
+
+
 class Transform:
     """Base class of the built-in transforms.
 
@@ -97,6 +174,14 @@ class Transform:
               ctx: SampleContext | None = None) -> np.ndarray:
         """Transform ``img``; when ``out`` fits, write into it and return it."""
         raise NotImplementedError
+
+    def apply_geometry(self, img: np.ndarray, rng: SampleRNG, out: np.ndarray | None = None,
+                       ctx: SampleContext | None = None) -> tuple[np.ndarray, Geometry | None]:
+        """:meth:`apply`, and the :class:`Geometry` it applied to ``img`` (what a mask
+        and boxes must follow). The built-ins say; for any other transform the
+        result is None, meaning "unknown": it is then accepted only when the image
+        keeps its size, taken as geometry left alone (a colour change, a blur)."""
+        return self.apply(img, rng, out, ctx), None
 
     def decode_hint(self, height: int, width: int, rng: SampleRNG,
                     ctx: SampleContext | None = None) -> tuple[int, int] | None:
@@ -188,8 +273,7 @@ class RandomResizedCrop(Transform):
         # Decoded at scale s the crop is (h*s, w*s); keep it at least the output size.
         return (min(height, -(-height * oh // h)), min(width, -(-width * ow // w)))
 
-    def apply(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
+    def _box(self, H: int, W: int, rng: SampleRNG, ctx: SampleContext | None) -> tuple[int, int, int, int]:
         if ctx is not None and ctx.source_size != (H, W):
             # Decoded at reduced scale: draw on the full size (same crop as a full
             # decode would get), then map the box onto the decoded pixels.
@@ -198,12 +282,23 @@ class RandomResizedCrop(Transform):
             fy, fx = H / sh, W / sw
             top, left = min(H - 1, round(top * fy)), min(W - 1, round(left * fx))
             h, w = max(1, min(H - top, round(h * fy))), max(1, min(W - left, round(w * fx)))
-        elif ctx is not None and ctx.plan is not None:
-            top, left, h, w = ctx.plan
-        else:
-            top, left, h, w = self.params(H, W, rng)
+            return top, left, h, w
+        if ctx is not None and ctx.plan is not None:
+            return ctx.plan
+        return self.params(H, W, rng)
+
+    def apply(self, img, rng, out=None, ctx=None):
+        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
         crop = img[top:top + h, left:left + w]
         return _resize_into(crop, self.output_size, _choose(self._interp, self.antialias, (h, w), self.output_size), out)
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
+        crop = img[top:top + h, left:left + w]
+        oh, ow = self.output_size
+        result = _resize_into(crop, self.output_size,
+                              _choose(self._interp, self.antialias, (h, w), self.output_size), out)
+        return result, _crop_resize(top, left, h, w, oh, ow)
 
     def __repr__(self) -> str:
         return (f"RandomResizedCrop(size={self.output_size}, scale={self.scale}, ratio="
@@ -253,6 +348,12 @@ class Resize(Transform):
         size = self.planned_size(H, W, ctx)
         return _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
 
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        size = self.planned_size(H, W, ctx)
+        result = _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
+        return result, _crop_resize(0, 0, H, W, size[0], size[1])
+
     def __repr__(self) -> str:
         return f"Resize({self.size!r}, interpolation={self.interpolation!r})"
 
@@ -277,6 +378,15 @@ class CenterCrop(Transform):
             np.copyto(out, crop)
             return out
         return crop
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        h, w = self.output_size
+        # As apply: pad to at least (h, w) (the smaller half before), then crop the centre.
+        py, px = max(0, h - H), max(0, w - W)
+        top, left = int(round((H + py - h) / 2.0)), int(round((W + px - w) / 2.0))
+        return (self.apply(img, rng, out, ctx),
+                Geometry(1.0, float(py // 2 - top), 1.0, float(px // 2 - left), h, w))
 
     def __repr__(self) -> str:
         return f"CenterCrop({self.output_size})"
@@ -400,6 +510,14 @@ class _ResizeCenterCrop(Transform):
         np.copyto(out[oy:oy + ny, ox:ox + nx], window)
         return out
 
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        th, tw = target = self.resize.planned_size(H, W, ctx)
+        (ay, _, oy), (ax, _, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
+        h, w = self.output_size
+        return (self.apply(img, rng, out, ctx),
+                Geometry(th / H, float(oy - ay), tw / W, float(ox - ax), h, w))
+
     def __repr__(self) -> str:
         return f"{self.resize!r} + {self.crop!r}"
 
@@ -425,8 +543,60 @@ class RandomHorizontalFlip(Transform):
             np.copyto(out, img)
         return out
 
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        flipped = rng.random() < self.p
+        if out is None:
+            result = cv2.flip(img, 1) if flipped else img
+        else:
+            if flipped:
+                cv2.flip(img, 1, dst=out)
+            elif out is not img:
+                np.copyto(out, img)
+            result = out
+        return result, (Geometry(1.0, 0.0, -1.0, float(W), H, W) if flipped
+                        else Geometry.identity(H, W))
+
     def __repr__(self) -> str:
         return f"RandomHorizontalFlip(p={self.p})"
+
+
+class SampleTransform:
+    """A transform of whole samples: ``fn(sample, rng) -> sample``.
+
+    A plain callable in ``transforms`` sees the image alone (``fn(img, rng) ->
+    img``) and, on samples with a mask or boxes, must keep the image's size
+    (a size change is a :class:`~feeder.ConfigError` naming it; a same-size
+    callable is taken to leave the geometry alone). Wrap a callable in
+    ``SampleTransform`` (or decorate it with ``@ops.SampleTransform``) to have it
+    see and return the whole sample instead, to move a mask and boxes itself:
+
+    ``sample`` is a dict with the fields of the source's sample, as they stand
+    at that point of the chain: ``"image"`` uint8 ``[H, W, 3]`` RGB, ``"mask"``
+    uint8/uint16 ``[H, W]`` (in step with the image), ``"boxes"`` float32 ``[N,
+    4]`` in the image's pixels, per-box arrays filtered with them, numbers as
+    numpy arrays, other values as read (a pair's label is under ``"label"``).
+    Return a dict with the same keys; a numeric field keeps its shape and
+    dtype, a mask stays the image's size.
+
+    Args:
+        fn: The function.
+        output_size: (height, width) of every image it returns, when fixed (as a
+            plain callable's ``output_size`` attribute).
+    """
+
+    def __init__(self, fn, output_size: tuple[int, int] | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"SampleTransform: {fn!r} is not callable")
+        self.fn = fn
+        size = output_size if output_size is not None else getattr(fn, "output_size", None)
+        self.output_size = None if size is None else _size2(size, "SampleTransform")
+
+    def __call__(self, sample: dict, rng: SampleRNG) -> dict:
+        return self.fn(sample, rng)
+
+    def __repr__(self) -> str:
+        return f"SampleTransform({getattr(self.fn, '__qualname__', None) or self.fn!r})"
 
 
 # -- batch transforms ------------------------------------------------------------

@@ -1,9 +1,14 @@
 """Where samples come from.
 
-A source is any object with ``__len__`` and ``read(index) -> (encoded_bytes, label)``.
-It may also define ``describe(index) -> str`` (a path, a key) that error
-messages use to point at the bad sample. ``read`` is called from several
-decode threads at once, so it must be thread-safe; plain file reads are.
+A source is any object with ``__len__`` and ``read(index)`` returning
+``(encoded_bytes, label)`` or a dict of fields with the encoded image under
+``"image"`` (``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything
+else: see :mod:`feeder._sample` and :func:`feeder.check_sample`). It may also
+define ``describe(index) -> str`` (a path, a key) that error messages use to
+point at the bad sample. ``read`` is called from several decode threads at
+once, so it must be thread-safe; plain file reads are. A sample that cannot be
+read should raise (it is then skipped under ``on_error="skip"``); returning
+anything else than a sample is a mistake in the source, always an error.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import heapq
 import logging
 import os
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 __all__ = ["FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
 
@@ -28,8 +35,9 @@ class Source(Protocol):
 
     def __len__(self) -> int: ...
 
-    def read(self, index: int) -> tuple[bytes, int]:
-        """Return the encoded image bytes and the integer label of sample ``index``."""
+    def read(self, index: int) -> tuple[bytes, Any] | dict[str, Any]:
+        """Return the encoded image bytes and the label of sample ``index``, or a
+        dict of its fields with the encoded image bytes under ``"image"``."""
         ...
 
 
@@ -49,6 +57,38 @@ def describe(source: object, index: int) -> str:
     return f"{type(source).__name__}[{index}]"
 
 
+def _labels(labels: Any) -> Any:
+    """FileList's labels: a list of Python ints when they are all integers (pairs with
+    int labels take the engine's fastest path), else one numeric numpy array."""
+    if type(labels).__module__ == "torch":
+        labels = labels.detach().cpu().numpy()
+    if not isinstance(labels, np.ndarray):
+        labels = list(labels)
+        for k, x in enumerate(labels):
+            if isinstance(x, (str, bytes)) or x is None:
+                raise ValueError(f"FileList: label {k} is {x!r}; labels must be numbers or "
+                                 f"fixed-shape numeric arrays")
+    if len(labels) == 0:
+        return []
+    try:
+        arr = np.asarray(labels)
+    except ValueError:
+        arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        sizes = {np.shape(x) for x in labels}
+        raise ValueError(f"FileList: labels must be numbers or numeric arrays of one shape; got "
+                         f"shapes {sorted(sizes)[:4]}" if len(sizes) > 1 else
+                         f"FileList: labels must be numbers or fixed-shape numeric arrays; got "
+                         f"{type(labels[0]).__name__} values")
+    if arr.ndim == 1 and arr.dtype.kind in "iu":
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 1 << 63:
+            raise ValueError(f"FileList: label {int(arr.argmax())} = {int(arr.max())} does not fit int64")
+        return [int(x) for x in arr]
+    if arr.ndim == 0:
+        raise ValueError("FileList: labels must be a sequence, one label per path")
+    return arr
+
+
 def _read_file(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -59,18 +99,25 @@ class FileList:
 
     Args:
         paths: Image file paths.
-        labels: One integer label per path; ``None`` labels every sample ``-1``.
+        labels: One label per path; ``None`` labels every sample ``-1``. Integer
+            labels are delivered as int64, float labels as float (a list of
+            Python numbers with any float in it is float64; a numpy array keeps
+            its float dtype), and labels of one fixed shape (a ``[N, K]`` array,
+            a list of equal-length lists: multi-hot, soft or vector targets) as
+            ``[B, K]`` tensors. Nothing is truncated or rounded.
 
     Raises:
-        ValueError: the lists differ in length.
+        ValueError: the lists differ in length, or a label is not a number or
+            labels differ in shape (names the first offending label).
     """
 
-    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[int] | None = None) -> None:
+    def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[Any] | None = None) -> None:
         self.paths = [os.fspath(p) for p in paths]
+        self.labels: Any
         if labels is None:
             self.labels = [-1] * len(self.paths)
         else:
-            self.labels = [int(x) for x in labels]
+            self.labels = _labels(labels)
             if len(self.labels) != len(self.paths):
                 raise ValueError(
                     f"FileList: {len(self.paths)} paths but {len(self.labels)} labels")

@@ -21,7 +21,7 @@ from conftest import MemorySource, drain, feeder_threads
 from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, feeder_factory, pixel_hash, reference_hash, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
-from feeder import FeederError, SampleError, TransformError, ops
+from feeder import FeederError, FieldError, SampleError, SourceError, TransformError, ops
 from feeder._sampler import epoch_indices
 
 N = 24
@@ -263,27 +263,33 @@ class OddSource(MemorySource):
         return super().read(index)
 
 
+# (reply, cause, skippable): what read() returns for sample BAD. Anything that is
+# not a sample is the source's mistake (SourceError: never skipped); a label
+# that does not fit the others is that sample's fault (FieldError). Both are
+# found in the read step.
 ODD_READS = {
-    "raises-oserror": (OSError(5, "Input/output error"), "read", OSError),
-    "not-a-tuple": (b"\xff\xd8\xff", "read", ValueError),
-    "none-bytes": ((None, 3), "decode", TypeError),
-    "str-bytes": (("a string", 3), "decode", TypeError),
-    "label-not-int": (("__GOOD__", "cat"), "augment", (ValueError, TypeError)),
+    "raises-oserror": (OSError(5, "Input/output error"), OSError, True),
+    "not-a-tuple": (b"\xff\xd8\xff", SourceError, False),
+    "none-bytes": ((None, 3), SourceError, False),
+    "str-bytes": (("a string", 3), SourceError, False),
+    "label-not-int": (("__GOOD__", "cat"), FieldError, True),
 }
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("case", sorted(ODD_READS))
 def test_source_returning_garbage(blobs, hashes, case, on_error):
-    reply, stage, cause = ODD_READS[case]
+    reply, cause, skippable = ODD_READS[case]
     if isinstance(reply, tuple) and reply[0] == "__GOOD__":
         reply = (blobs[BAD], reply[1])
     with make(OddSource(blobs, reply), [ops.CenterCrop(SIDE)], on_error=on_error) as f:
         batches, err = drain(f, timeout=20)
         skipped = f.stats().skipped
-    if on_error == "raise":
-        assert isinstance(err, SampleError) and err.stage == stage and err.index == BAD, repr(err)
+    if on_error == "raise" or not skippable:
+        assert isinstance(err, SampleError) and err.stage == "read" and err.index == BAD, repr(err)
         assert f"odd/{BAD}.jpg" in str(err) and isinstance(err.__cause__, cause)
+        if cause is SourceError:
+            assert f"OddSource.read({BAD})" in str(err) and "must return" in str(err)
     else:
         assert err is None and skipped == 1
         assert_exactly_once(delivered_hashes(batches), survivors(hashes, BAD))

@@ -847,7 +847,9 @@ def test_a_bad_label_in_a_late_bound_batch_is_that_sample_s_error(mixed_blobs, l
         batches, err = drain(f)
         skipped = f.stats().skipped
     if on_error == "raise":
-        assert isinstance(err, SampleError) and err.stage == "augment" and err.index == bad, repr(err)
+        # Found when the sample is read, and named as the label's fault.
+        assert isinstance(err, SampleError) and err.stage == "read" and err.index == bad, repr(err)
+        assert err.field == "label" and "'cat'" in str(err), str(err)
     else:
         assert err is None and skipped == 1
         assert sorted(labels_of(batches)) == [i for i in range(60) if i != bad]

@@ -1,0 +1,122 @@
+"""The generated segmentation and detection sets, the two examples that train on
+them, and the README's "Masks, boxes and other targets" port, run as written."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import JOIN_TIMEOUT_S
+from feeder.synthetic import (CLASS_COLORS, make_detection_sample, make_detection_set,
+                              make_segmentation_sample, make_segmentation_set)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+
+def test_segmentation_masks_follow_the_image_content():
+    img, mask = make_segmentation_sample(120, 150, seed=3, classes=4)
+    assert img.shape == (120, 150, 3) and mask.shape == (120, 150) and mask.dtype == np.uint8
+    assert set(np.unique(mask)) - {0} and set(np.unique(mask)) <= {0, 1, 2, 3}
+    for c in set(np.unique(mask).tolist()) - {0}:
+        mean = img[mask == c].astype(float).mean(axis=0)
+        assert np.abs(mean - np.array(CLASS_COLORS[c]) * 0.95).max() < 40, (c, mean)
+    gray = img[mask == 0].astype(float)
+    assert np.abs(gray - gray.mean(axis=1, keepdims=True)).mean() < 20  # the background is grayish
+    again = make_segmentation_sample(120, 150, seed=3, classes=4)
+    assert np.array_equal(again[0], img) and np.array_equal(again[1], mask)
+
+
+def test_detection_boxes_hold_their_rectangles():
+    img, boxes, labels = make_detection_sample(128, 160, seed=5, classes=3)
+    assert boxes.dtype == np.float32 and boxes.shape == (len(labels), 4) and len(labels) >= 1
+    for (x0, y0, x1, y1), c in zip(boxes.astype(int), labels):
+        inside = img[y0:y1, x0:x1].astype(float).reshape(-1, 3).mean(axis=0)
+        assert np.abs(inside - np.array(CLASS_COLORS[c + 1]) * 0.95).max() < 40
+        color = np.array(CLASS_COLORS[c + 1]) * 0.95
+        for outside in (img[y0:y1, x0 - 1] if x0 > 0 else None, img[y0:y1, x1] if x1 < 160 else None,
+                        img[y0 - 1, x0:x1] if y0 > 0 else None, img[y1, x0:x1] if y1 < 128 else None):
+            if outside is not None:  # the box is tight: the pixels just outside are not its colour
+                assert np.abs(outside.astype(float).mean(axis=0) - color).max() > 40
+
+
+def test_the_sets_are_written_as_files(tmp_path):
+    pairs = make_segmentation_set(tmp_path / "seg", count=3, size_range=(40, 50), seed=1)
+    assert all(os.path.isfile(a) and os.path.isfile(b) and b.endswith(".png") for a, b in pairs)
+    records = make_detection_set(tmp_path / "det", count=3, size_range=(40, 50), seed=1)
+    assert os.path.isfile(tmp_path / "det" / "annotations.json")
+    assert all(len(r["boxes"]) == len(r["labels"]) for r in records)
+
+
+def run_example(name: str, tmp_path) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", f"train_{name}.py"),
+                          "--epochs", "2", "--images", "32", "--batch-size", "8", "--device", "cpu"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.timeout(300)  # a whole training run in a child process, on a possibly busy machine
+def test_the_segmentation_example_trains(tmp_path):
+    out = run_example("segmentation", tmp_path)
+    losses = [float(m) for m in re.findall(r"loss ([0-9.]+), pixel accuracy", out)]
+    assert len(losses) == 2 and losses[1] < losses[0], out
+    assert "feeder:" in out and "32 images, 4 classes" in out
+
+
+@pytest.mark.timeout(300)
+def test_the_detection_example_trains(tmp_path):
+    out = run_example("detection", tmp_path)
+    losses = [float(m) for m in re.findall(r"loss ([0-9.]+), recall", out)]
+    assert len(losses) == 2 and losses[1] < losses[0], out
+
+
+def section_blocks() -> list[str]:
+    text = open(README, encoding="utf-8").read()
+    section = text[text.index("## Masks, boxes and other targets"):]
+    section = section[:section.index("\n## ", 1)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_port_runs_as_written(tmp_path):
+    before, after = section_blocks()
+    ast.parse(before)  # torchvision is not a dependency: the "before" block is only parsed
+    pairs = make_segmentation_set(tmp_path, count=20, size_range=(100, 140), seed=2)
+    code = (after.replace('pairs = [("data/seg/images/0.jpg", "data/seg/masks/0.png")]', f"pairs = {pairs!r}")
+                 .replace('device="cuda"', 'device="cpu"'))
+    assert f"pairs = {pairs!r}" in code and 'device="cpu"' in code
+    scope: dict = {}
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            exec(compile(code, "README.md (Masks, boxes and other targets, after)", "exec"), scope)
+        except BaseException as exc:  # handed to the test's thread below
+            errors.append(exc)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(JOIN_TIMEOUT_S * 2)
+    assert not t.is_alive(), "the README block did not finish"
+    if errors:
+        raise errors[0]
+    images, masks = scope["images"], scope["masks"]
+    assert images.shape == (16, 3, 96, 96) and images.dtype == torch.float32
+    assert masks.shape == (16, 96, 96) and masks.dtype == torch.int64
+    assert scope["loader"].closed
+    # The crop and flip were the image's: the mask's classes sit on their colours.
+    mean, std = torch.tensor(scope["MEAN"]).view(3, 1, 1), torch.tensor(scope["STD"]).view(3, 1, 1)
+    rgb = ((images * std + mean) * 255).permute(0, 2, 3, 1)
+    for c in range(1, 4):
+        here = masks == c
+        if here.sum() > 50:
+            mean_color = rgb[here].mean(0)
+            assert (mean_color - torch.tensor(CLASS_COLORS[c]) * 0.95).abs().max() < 45, (c, mean_color)
