@@ -383,15 +383,21 @@ class RemoteShard:
         cache = self.store.cache
         if cache is None:
             return None
-        now = time.monotonic()
-        if now - self._checked < _RECHECK_S:
-            return None
-        self._checked = now
-        found = cache.lookup(self.name)
-        if found is not None:
-            cache.touch(found)
-            self.local = found
-        return found
+        # One lookup at a time per store: a thread arriving while another looks
+        # must wait for its answer, not take the throttle below for a miss and
+        # read by range a shard that is in the cache.
+        with self.store.lookup_lock:
+            if self.local is not None:
+                return self.local
+            now = time.monotonic()
+            if now - self._checked < _RECHECK_S:
+                return None
+            found = cache.lookup(self.name)
+            self._checked = now
+            if found is not None:
+                cache.touch(found)
+                self.local = found
+            return found
 
     def pread(self, length: int, offset: int) -> bytes:
         local = self._local_copy()
@@ -450,6 +456,7 @@ class RemoteStore:
             raise ValueError(f"downloads must be a positive int, got {downloads!r}")
         self.downloads = downloads
         self._lock = threading.Lock()
+        self.lookup_lock = threading.Lock()  # RemoteShard._local_copy
         self._idle = threading.Condition(self._lock)
         self._queued: collections.deque[RemoteShard] = collections.deque()
         self._pending: set[str] = set()
@@ -460,6 +467,7 @@ class RemoteStore:
         """In a forked child: the copier threads do not exist here, and a lock they
         held stays held. Start with none; the child copies what it needs itself."""
         self._lock = threading.Lock()
+        self.lookup_lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queued = collections.deque()
         self._pending = set()

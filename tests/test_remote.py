@@ -105,7 +105,7 @@ def test_later_epochs_read_the_cache(packed, server, tmp_path):
     # A new reader (a new process of the same job) finds shards and indices cached.
     with remote(server, n, tmp_path) as src:
         assert Counter(_epoch(src, 3)) == Counter(range(60))
-    assert server.count() == 0
+    assert server.count() == 0, server.requests
 
 
 def test_transient_failures_are_retried(packed, server, tmp_path):
