@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--ceiling-images", type=int, default=100,
                    help="images timed for the single-thread cost (default 100)")
+
+    from .interference import add_parser
+
+    add_parser(sub)
     return parser
 
 
@@ -169,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import overlap as module  # type: ignore[no-redef]
     elif args.command == "sweep":
         from . import sweep as module  # type: ignore[no-redef]
+    elif args.command == "interference":
+        from . import interference as module  # type: ignore[no-redef]
     else:
         from . import scaled as module  # type: ignore[no-redef]
     return module.run(args)
