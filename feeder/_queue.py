@@ -117,9 +117,9 @@ class Channel:
         maxsize: Most items held at once (>= 1).
     """
 
-    __slots__ = ("name", "maxsize", "_low_water", "_items", "_lock", "_not_empty",
-                 "_closed", "puts", "max_depth", "depth_sum", "_getters", "_putters", "_count_lock",
-                 "wakeups", "_room")
+    __slots__ = ("name", "maxsize", "_low_water", "_items", "_lock", "_closed", "puts",
+                 "max_depth", "depth_sum", "_getters", "_putters", "_count_lock", "wakeups", "_room",
+                 "_ready")
 
     def __init__(self, name: str, maxsize: int) -> None:
         if maxsize < 1:
@@ -128,23 +128,21 @@ class Channel:
         self.maxsize = maxsize
         # A blocked producer is woken only once the channel has drained to a
         # quarter (the pipeline's task queues hold 4 items per consumer thread:
-        # one left for each). Every wake-up costs context switches, and while
-        # the consumer is switched out it still holds the GIL: profiled with the
-        # decode thread and the sampler sharing one core, waking the sampler at
-        # half (every 2 samples) cost the decode thread 80 us of GIL per sample,
-        # a fifth of all its GIL time. A quarter wakes it every 3 samples; the
-        # producer refills from what it has in hand, far faster than the
+        # one left for each), so it refills 3 items per wake-up instead of 2 at
+        # half: each wake-up is two context switches on a loaded core, and the
+        # producer refills from what it has in hand far faster than the
         # consumers drain what is left.
         self._low_water = maxsize // 4
         self._items: collections.deque = collections.deque()
-        # Re-entrant: a garbage-collected feeder or pass iterator stops its pass
-        # from a finalizer, which runs in whatever thread the collector
-        # interrupted, possibly one inside this very channel.
+        # Only close() takes it. Re-entrant: a garbage-collected feeder or pass
+        # iterator stops its pass from a finalizer, which runs in whatever thread
+        # the collector interrupted, possibly one inside close().
         self._lock = threading.RLock()
-        self._not_empty = threading.Condition(self._lock)
         self._closed = False
-        # Producers waiting for room sleep on this, not on a Condition: see _Wakeup.
+        # Waiting threads sleep on these, not on a Condition (see _Wakeup):
+        # producers for room, consumers for an item.
         self._room = _Wakeup()
+        self._ready = _Wakeup()
         # Threads waiting (or about to) in get/put; see the note above put().
         self._getters = 0
         self._putters = 0
@@ -161,8 +159,11 @@ class Channel:
     # the lock (a pure-Python Condition) was the largest GIL-held cost per item
     # in profiles. A thread about to sleep registers as a waiter *before* its
     # last look at the deque, and the other side looks at the waiter count
-    # *after* changing the deque, so a wake-up cannot be lost; the short wait
-    # timeout is a second line of defence, not the mechanism.
+    # *after* changing the deque and then posts; a post is kept until a wait
+    # takes it, so a wake-up cannot be lost. A post nobody needed (the waiter
+    # found its item or room on its last look) makes one later wait return
+    # early, to look again. The short wait timeout is a second line of
+    # defence, not the mechanism.
 
     def put(self, item: Any) -> None:
         """Append ``item``, blocking while the channel is full.
@@ -189,8 +190,7 @@ class Channel:
             if depth > self.max_depth:
                 self.max_depth = depth
         if self._getters:
-            with self._lock:
-                self._not_empty.notify()
+            self._ready.post()
 
     def _wait_for_room(self) -> None:
         # A post made between this thread's last look and its wait is kept by
@@ -232,24 +232,25 @@ class Channel:
 
     def _wait_for_item(self, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._count_lock:
+            self._getters += 1  # registered before the last look at the deque (see above)
+        try:
             while True:
                 if self._closed:
                     raise Closed(self.name)
-                self._getters += 1
                 try:
-                    try:
-                        return self._items.popleft()
-                    except IndexError:
-                        pass
-                    wait = _POLL_S
-                    if deadline is not None:
-                        wait = min(wait, deadline - time.monotonic())
-                        if wait <= 0:
-                            raise TimeoutError(f"nothing on channel {self.name!r}") from None
-                    self._not_empty.wait(wait)
-                finally:
-                    self._getters -= 1
+                    return self._items.popleft()
+                except IndexError:
+                    pass
+                wait = _POLL_S
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise TimeoutError(f"nothing on channel {self.name!r}") from None
+                self._ready.wait(wait)
+        finally:
+            with self._count_lock:
+                self._getters -= 1
 
     def close(self) -> list:
         """Close the channel, wake every waiter and return what was still queued. Safe to repeat."""
@@ -257,7 +258,7 @@ class Channel:
             self._closed = True
             left = list(self._items)
             self._items.clear()
-            self._not_empty.notify_all()
+        self._ready.post(self._getters + 1)
         self._room.post(self._putters + 1)
         return left
 
