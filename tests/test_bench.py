@@ -339,3 +339,95 @@ def test_the_regeneration_scripts_write_into_bench_results():
         calls = [line for line in text.splitlines()
                  if line.lstrip().startswith("bench ") and "make-data" not in line]
         assert calls and all('--out "$out' in line for line in calls), script
+
+
+# -- interference ----------------------------------------------------------------------------
+
+def test_interference(tiny, tmp_path):
+    import statistics
+
+    out = str(tmp_path / "out")
+    # The proxy step only: every run is a child process (the model step is covered below).
+    proc = bench("interference", tiny["data"], "--out", out, "--rounds", "2", "--batch-size", "4",
+                 "--steps", "proxy", "--proxy-steps", "3", "--proxy-ops", "20", "--warmup", "1",
+                 "--device", "cpu", cwd=tiny["base"])
+    assert "vs alone" in proc.stdout
+    rows = read_csv(os.path.join(out, "interference.csv"))
+    loaders = ["alone", "work-thread", "feeder", "dataloader"]
+    assert [(r["step"], r["loader"]) for r in rows] == [("proxy", n) for n in loaders]
+    doc = json.load(open(os.path.join(out, "interference.json")))
+    raw = doc["meta"]["raw_rounds"]
+    assert len(raw) == 2 and doc["meta"]["failed_runs"] == 0
+    for row in doc["rows"]:
+        step, name = row["step"], row["loader"]
+        runs = [rnd[f"{step} {name}"] for rnd in raw]
+        alone = [rnd[f"{step} alone"] for rnd in raw]
+        count = 3
+        assert all(len(r["extra"]["step_s"]) == count for r in runs)
+        # The ratio is the median over rounds of (median step fed / median step alone), same round.
+        ratios = [statistics.median(r["extra"]["step_s"]) / statistics.median(a["extra"]["step_s"])
+                  for r, a in zip(runs, alone)]
+        assert row["slowdown"] == pytest.approx(statistics.median(ratios))
+        assert row["step_ms"] == pytest.approx(
+            1e3 * statistics.median(statistics.median(r["extra"]["step_s"]) for r in runs))
+        assert row["runs"] == 2
+        if name == "alone":
+            assert row["slowdown"] == 1.0 and row["images_per_s"] is None
+        else:
+            # Throughput in the same runs: the images the loop took over the timed span.
+            assert row["images_per_s"] == pytest.approx(
+                statistics.median(r["images"] / r["wall_s"] for r in runs))
+            assert all(r["images"] == 4 * count for r in runs)
+            assert 0 <= row["loop_waited"] <= 1
+    pinned = doc["meta"]["loop_cores"] is not None
+    assert pinned == (len(os.sched_getaffinity(0)) >= 2)
+    if pinned:
+        assert not set(doc["meta"]["loop_cores"]) & set(doc["meta"]["loader_cores"])
+
+
+def test_interference_rejects_an_unknown_loader(tiny, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", tiny["data"],
+                           "--out", str(tmp_path), "--loaders", "feeder,nope"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode != 0 and "unknown step or loader 'nope'" in proc.stderr
+
+
+@pytest.mark.parametrize("cores,loop,loader,expected", [
+    ([0, 1], 1, 1, ([0], [1])),
+    ([3, 1, 2, 0], 1, 2, ([0], [1, 2])),
+    ([5], 1, 1, (None, None)),       # not enough cores: not pinned
+    ([0, 1, 2], 2, 2, (None, None)),
+])
+def test_interference_splits_the_cores(cores, loop, loader, expected):
+    from feeder.bench.interference import split_cores
+
+    assert split_cores(cores, loop, loader) == expected
+
+
+def test_interference_feeder_rows_pass_their_options_to_the_feeder(tiny):
+    """A row is a loader kind and its options: an engine option is a one-line entry."""
+    from feeder.bench import interference
+
+    spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 2, "step": "proxy",
+            "loop_cores": None, "loader_cores": None, "loader_threads": 1,
+            "loader": {"kind": "feeder", "options": {"ordered": False}}}
+    got = interference.child(spec)
+    assert len(got["extra"]["step_s"]) == 2 and got["images"] == 8
+    assert got["extra"]["stages"]["decode"]["items"] >= 8
+    spec["loader"] = {"kind": "feeder", "options": {"ordered": "no"}}
+    with pytest.raises(ValueError, match="ordered"):
+        interference.child(spec)
+
+
+def test_interference_model_step_runs_alone_and_fed(tiny):
+    from feeder.bench import interference
+
+    spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 1, "step": "model",
+            "loop_cores": None, "loader_cores": None, "loader_threads": 1, "loader": None}
+    alone = interference.child(spec)
+    assert len(alone["extra"]["step_s"]) == 1 and alone["images"] == 0
+    spec["loader"] = interference.LOADERS["work-thread"]
+    fed = interference.child(spec)
+    assert len(fed["extra"]["step_s"]) == 1 and fed["images"] == 4

@@ -190,7 +190,8 @@ class WorkThreads:
     this costs the training thread is the per-sample work's own GIL traffic.
     """
 
-    def __init__(self, root: str, batch_size: int, threads: int, queue_size: int, seed: int) -> None:
+    def __init__(self, root: str, batch_size: int, threads: int, queue_size: int, seed: int,
+                 device: str = "cpu") -> None:
         from .. import ImageFolder
         from .._rng import sample_key
         from .loaders import sample_work
@@ -200,6 +201,7 @@ class WorkThreads:
         self.key = sample_key
         self.seed = seed
         self.batch_size = batch_size
+        self.device = torch.device(device)
         h, w = self.work.image_size
         # The loop holds one batch and the queue ``queue_size``; each thread fills one more.
         ring = queue_size + 1 + threads
@@ -237,7 +239,10 @@ class WorkThreads:
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
             slot = self.ready.get(timeout=600)
-            yield self.images[slot].permute(0, 3, 1, 2), self.labels[slot]
+            images, labels = self.images[slot].permute(0, 3, 1, 2), self.labels[slot]
+            if self.device.type == "cuda":  # in next(), as the other loaders copy: not in the timed step
+                images, labels = images.to(self.device), labels.to(self.device)
+            yield images, labels
 
     def close(self) -> None:
         self.stop.set()
@@ -288,7 +293,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         if row is None:
             batches = _synthetic(spec["batch_size"], spec["device"])
         elif row["kind"] == "work-thread":
-            wt = WorkThreads(spec["root"], spec["batch_size"], threads, spec["queue_size"], spec["seed"])
+            wt = WorkThreads(spec["root"], spec["batch_size"], threads, spec["queue_size"], spec["seed"],
+                             spec["device"])
             wt.start()
             batches, closer = wt.batches(), wt.close
         else:
