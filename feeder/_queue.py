@@ -26,15 +26,28 @@ class _Timespec(ctypes.Structure):
 
 
 def _libc_semaphores() -> tuple[Any, Any, Any] | None:
-    """libc's ``sem_init``, ``sem_post`` and ``sem_timedwait`` through ctypes, or None."""
+    """libc's ``sem_init``, ``sem_post`` and a wait with an absolute deadline on
+    ``CLOCK_MONOTONIC`` (``sem_clockwait``, glibc 2.30+), through ctypes; or None.
+
+    ``sem_timedwait`` is not used: its deadline is on the wall clock, and a step
+    of the wall clock backwards would stretch every wait (and ``get``'s timeout).
+    """
+    if not hasattr(time, "CLOCK_MONOTONIC"):
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        init, post, wait = libc.sem_init, libc.sem_post, libc.sem_timedwait
+        init, post, clockwait = libc.sem_init, libc.sem_post, libc.sem_clockwait
     except (OSError, AttributeError):
         return None
     init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
     post.argtypes = [ctypes.c_void_p]
-    wait.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timespec)]
+    clockwait.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(_Timespec)]
+
+    def wait(sem: int, timeout: float) -> None:
+        deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + timeout
+        sec = int(deadline)
+        clockwait(sem, time.CLOCK_MONOTONIC,
+                  ctypes.byref(_Timespec(sec, min(999_999_999, int((deadline - sec) * 1e9)))))
     return init, post, wait
 
 
@@ -53,7 +66,8 @@ class _Wakeup:
     thread's GIL time. libc's semaphores called through ctypes release the
     GIL around the call, so the switch happens with the GIL free. Where they
     are missing (not POSIX, or ``sem_init`` unsupported), a ``threading``
-    semaphore does the same job, GIL held.
+    semaphore does the same job, GIL held. A wait that a signal interrupts
+    returns early (the caller looks again), so Ctrl-C stays prompt.
     """
 
     __slots__ = ("_sem", "_fallback")
@@ -83,9 +97,7 @@ class _Wakeup:
         if self._sem is None:
             self._fallback.acquire(timeout=timeout)
             return
-        deadline = time.time() + timeout  # sem_timedwait takes an absolute CLOCK_REALTIME time
-        sec = int(deadline)
-        _SEM[2](ctypes.addressof(self._sem), ctypes.byref(_Timespec(sec, int((deadline - sec) * 1e9))))
+        _SEM[2](ctypes.addressof(self._sem), timeout)
 
 
 class Closed(Exception):
