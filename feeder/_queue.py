@@ -4,6 +4,8 @@ Every edge of the pipeline is a :class:`Channel`. It is bounded (``maxsize``),
 and closing it wakes every thread blocked on it, so shutdown never depends on
 a producer or consumer making progress. Waits also re-check the closed flag on
 a short timeout, which keeps ``KeyboardInterrupt`` prompt on the main thread.
+A blocked thread sleeps on a semaphore that is posted without holding the GIL
+(:class:`_Wakeup`): waking it must not stall the training thread's Python.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class _Wakeup:
     release makes that call holding the GIL, so for the whole switch no
     Python code runs anywhere: the training thread's next torch call waits
     too. Profiled (``bench/experiments/gil_profile.py``, decode thread and
-    sampler sharing a core), those wake-ups were a fifth of the decode
-    thread's GIL time. libc's semaphores called through ctypes release the
+    sampler sharing a core), those wake-ups were about a quarter of the
+    decode thread's GIL time. libc's semaphores called through ctypes release the
     GIL around the call, so the switch happens with the GIL free. Where they
     are missing (not POSIX, or ``sem_init`` unsupported), a ``threading``
     semaphore does the same job, GIL held. A wait that a signal interrupts

@@ -135,6 +135,15 @@ def _callee(frames: list[tuple[str, str]]) -> str:
     return "(outside a stage loop)"
 
 
+# The per-sample work itself (what any loader must do): a stack through one of these.
+_WORK = {"SampleWork.decode", "SampleWork.transform", "SampleWork.__call__", "FileList.read",
+         "ImageFolder.read", "sample_key"}
+
+
+def _is_work(frames: list[tuple[str, str]]) -> bool:
+    return any(fn in _WORK for fn, _ in frames)
+
+
 def _leaf(frames: list[tuple[str, str]]) -> str:
     if not frames:
         return "(no frame)"
@@ -148,11 +157,17 @@ def summarize(threads, rate: float, images: int, seconds: float, top: int) -> st
     lines.append(f"GIL samples: {total} at {rate:g} Hz over {seconds:.1f} s "
                  f"({total / rate / seconds:.0%} of the time some thread held it); "
                  f"{images} images delivered")
-    lines.append(f"{'thread':<22}{'GIL s':>8}{'us/image':>10}{'share':>8}")
+    lines.append(f"{'thread':<22}{'GIL s':>8}{'us/image':>10}{'share':>8}{'work us/img':>13}"
+                 f"{'engine us/img':>15}")
     order = sorted(threads, key=lambda t: -sum(c for _, c in threads[t]))
+    per_image = 1e6 / rate / max(images, 1)
     for t in order:
         n = sum(c for _, c in threads[t])
-        lines.append(f"{t:<22}{n / rate:>8.2f}{1e6 * n / rate / max(images, 1):>10.1f}{n / total:>8.0%}")
+        work = sum(c for frames, c in threads[t] if _is_work(frames))
+        lines.append(f"{t:<22}{n / rate:>8.2f}{n * per_image:>10.1f}{n / total:>8.0%}"
+                     f"{work * per_image:>13.1f}{(n - work) * per_image:>15.1f}")
+    lines.append("(work: stacks through the per-sample work itself, read + decode + transforms + "
+                 "keys; engine: the rest of the thread's GIL time)")
     for t in order:
         stacks = threads[t]
         n = sum(c for _, c in stacks)

@@ -146,9 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceiling-images", type=int, default=100,
                    help="images timed for the single-thread cost (default 100)")
 
-    from .interference import add_parser
+    from . import interference
 
-    add_parser(sub)
+    interference.add_parser(sub, DEFAULT_OUT_HELP)
     return parser
 
 

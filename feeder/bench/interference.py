@@ -65,11 +65,9 @@ import os
 import queue
 import statistics
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import report
@@ -461,10 +459,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def add_parser(sub: Any) -> None:
-    """The ``interference`` subcommand's arguments."""
-    from .cli import DEFAULT_OUT_HELP
-
+def add_parser(sub: Any, default_out_help: str) -> None:
+    """The ``interference`` subcommand's arguments (``default_out_help``: where results
+    go without ``--out``, as the command line module words it)."""
     def names(text: str) -> list[str]:
         return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -472,7 +469,7 @@ def add_parser(sub: Any) -> None:
                                             "loader feeds it (GIL interference)")
     p.add_argument("dir", help="ImageFolder dataset root (root/<class>/<image>)")
     p.add_argument("--out", default=None,
-                   help=f"folder for CSV/JSON results (default: a new folder, {DEFAULT_OUT_HELP})")
+                   help=f"folder for CSV/JSON results (default: a new folder, {default_out_help})")
     p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
     p.add_argument("--steps", type=names, default=list(STEPS),
                    help=f"training steps to time (default {','.join(STEPS)})")
