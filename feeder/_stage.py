@@ -246,7 +246,7 @@ class MapStage(Stage):
         get = self.inbox.get
         begin_wait, end_wait = c.begin_wait, c.end_wait
         while True:
-            begin_wait(1)
+            begin_wait(Counters.WAIT_IN)
             try:
                 task = get()
             finally:
