@@ -431,3 +431,30 @@ def test_interference_model_step_runs_alone_and_fed(tiny):
     spec["loader"] = interference.LOADERS["work-thread"]
     fed = interference.child(spec)
     assert len(fed["extra"]["step_s"]) == 1 and fed["images"] == 4
+
+
+def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):
+    """py-spy names threads by a cached id: a decode thread may carry an old sampler's name."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "experiments"))
+    try:
+        import gil_profile
+    finally:
+        sys.path.pop(0)
+    boot = "Thread._bootstrap (threading.py:1002);Stage._main (feeder/_stage.py:185)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join([
+        f"thread (11): feeder-sampler;{boot};MapStage.work (feeder/_stage.py:251);"
+        "steps.<locals>.decode (feeder/_work.py:99);SampleWork.decode (feeder/_work.py:53) 30",
+        f"thread (12): feeder-decode-0;{boot};MapStage.work (feeder/_stage.py:251);"
+        "Channel.get (feeder/_queue.py:200) 10",
+        f"thread (13): feeder-sampler;{boot};Sampler.work (feeder/_sampler.py:160);"
+        "Stage.put (feeder/_stage.py:210) 5",
+        "thread (14): MainThread;<module> (train.py:3);ProxyStep.__call__ (feeder/bench/interference.py:160) 5",
+    ]) + "\n")
+    threads = gil_profile.parse(str(raw))
+    assert sorted(threads) == ["decode (map stage)", "sampler", "training thread"]
+    text = gil_profile.summarize(threads, rate=100, images=10, seconds=1.0, top=5)
+    # 40 samples at 100 Hz over 10 images: 40 ms per image, 30 of them the per-sample work.
+    decode = next(line for line in text.splitlines() if line.startswith("decode (map stage)"))
+    assert decode.split()[3:] == ["0.40", "40000.0", "80%", "30000.0", "10000.0"]
+    assert "steps.<locals>.decode > SampleWork.decode" in text and "Channel.get" in text
