@@ -114,7 +114,8 @@ class PackResult:
         resumed: Shards found complete from an earlier run (not rewritten).
         reencoded: Images re-encoded for ``max_side``.
         kept: Images kept as they were because they could not be decoded for
-            ``max_side`` (they will fail when read for training, as the original would).
+            ``max_side`` (they will fail when read for training, as the original
+            would): their paths, or a source's descriptions of its samples.
         manifest: The shard list's path.
     """
 
@@ -210,7 +211,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     """
     import numpy as np  # noqa: PLC0415
 
-    from ._sample import BOX_PREFIX, BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
+    from ._sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
     from .errors import FieldError, SourceError  # noqa: PLC0415
 
     where = _describe(source, i)
@@ -273,8 +274,6 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
             except (TypeError, ValueError) as exc:
                 raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
                                 f"packed as JSON, but {exc}") from None
-        if name.startswith(BOX_PREFIX) and BOXES not in fields:  # parse_sample refuses this
-            raise PackError(f"{where}: field {name!r} without 'boxes'")
     return members, status
 
 
@@ -410,7 +409,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
     if not 1 <= quality <= 100:
         raise PackError(f"--quality must be in 1..100, got {quality}")
     obj = None
-    if hasattr(source, "read") and hasattr(source, "__len__"):
+    if hasattr(source, "read") and hasattr(source, "__len__") and not isinstance(source, type):
         obj = source
         n_samples = len(obj)
         classes = getattr(obj, "classes", None)
@@ -576,7 +575,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
 
 def load_source(spec: str) -> Any:
     """The source named by ``module:name`` (``name`` an object with ``__len__`` and
-    ``read``, or a callable returning one without arguments), imported with the
+    ``read``, or a class or function making one without arguments), imported with the
     current directory on the path, as ``python -m`` would.
 
     Raises:
@@ -593,8 +592,9 @@ def load_source(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise PackError(f"{spec!r}: cannot find the source ({type(exc).__name__}: {exc})") from None
-    if callable(obj) and not (hasattr(obj, "read") and hasattr(obj, "__len__")):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not (hasattr(obj, "read")
+                                                         and hasattr(obj, "__len__"))):
+        obj = obj()  # a class, or a function making the source
     if not (hasattr(obj, "read") and hasattr(obj, "__len__")):
         raise PackError(f"{spec!r} is {type(obj).__name__}, not a source (an object with __len__ "
                         f"and read(index))")
