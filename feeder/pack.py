@@ -604,8 +604,9 @@ def load_source(spec: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="feeder-pack",
-        description="Pack an ImageFolder (or a file list) into WebDataset tar shards with "
-                    "offset indices (DALI wds2idx v1.2) and a shard list (<name>.json).")
+        description="Pack an ImageFolder, a file list or any feeder source (module:name; dict "
+                    "samples keep their masks, boxes and other fields) into WebDataset tar "
+                    "shards with offset indices (DALI wds2idx v1.2) and a shard list (<name>.json).")
     p.add_argument("source", metavar="SOURCE_DIR",
                    help="ImageFolder root (root/<class>/<image>), a text file of 'path [label]' "
                         "lines, or module:name of a feeder source (or of a function returning "

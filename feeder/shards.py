@@ -320,7 +320,7 @@ class TarShards:
         #: ``{extension: (field name, format)}`` of the members a dict sample
         #: holds besides its image; None when ``read`` gives pairs.
         self.plan: dict[str, tuple[str, str]] | None = self._make_plan(fields, exts_seen, found)
-        self._required = self.plan is not None and fields != "auto"
+        self._required = self.plan is not None and not isinstance(fields, str)
         if (n and self.plan is None and self.label is not None
                 and not any(m >= 0 for ms in self._label_member for m in ms)):
             raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has a "
