@@ -142,7 +142,7 @@ def test_segmentation_round_trip(seg):
     shards = TarShards(res.manifest)
     assert shards.plan == {"mask.png": ("mask", "bytes"), "name.txt": ("name", "txt"),
                            "weight.npy": ("weight", "npy"), "idx.npy": ("idx", "npy"),
-                           "meta.json": ("meta", "json"), "raw.bin": ("raw", "bin"),
+                           "meta.json": ("meta", "json"), "raw.bin": ("raw", "bytes"),
                            "vec.npy": ("vec", "npy")}
     for i in range(len(src)):
         want, got = src.read(i), shards.read(i)
