@@ -7,10 +7,14 @@
 
 ``SOURCE_DIR`` is an ImageFolder (``root/<class>/**/<image>``) or a file list
 (a text file, one ``path [label]`` per line, paths relative to the list's
-folder). Each sample becomes ``<key>.<ext>`` with the image's bytes (``ext`` is
-the file's own extension, lower case) and ``<key>.cls`` with the class index in
-ASCII (no ``.cls`` for unlabeled samples), keys numbering the samples
-(``000000042``). ``OUT_DIR`` receives:
+folder), or ``module:name`` naming any feeder source (``pack(source, ...)``
+from Python). Each sample becomes ``<key>.<ext>`` with the image's bytes (``ext`` is
+the file's own extension, lower case, or the format's for a source's bytes) and
+``<key>.cls`` with the class index in ASCII (no ``.cls`` for unlabeled samples),
+keys numbering the samples (``000000042``). A dict sample's other fields become
+members too (:func:`sample_members`: ``mask.png``, ``boxes.npy``,
+``box_labels.npy``, ``<name>.npy``/``.txt``/``.bin``/``.json``), which
+:class:`feeder.TarShards` reads back to the same sample. ``OUT_DIR`` receives:
 
 * ``<name>-000000.tar``, ... (each at most ``--shard-size``, unless one image is larger),
 * ``<name>-000000.idx``, ...: the offset index of each shard, in DALI's
@@ -27,7 +31,9 @@ Running it with other settings refuses, naming them (``--overwrite`` starts over
 ``--max-side N`` re-encodes images whose longer side exceeds ``N`` down to it
 (area interpolation; JPEG and WebP at ``--quality``, PNG losslessly); others
 keep their bytes. Re-encoded images lose their metadata (EXIF orientation
-included: pixels stay as stored, feeder's default reading).
+included: pixels stay as stored, feeder's default reading). A dict sample's
+mask is resized with its image (nearest neighbour, re-encoded as a lossless
+PNG: class ids are never blended) and its boxes scaled by the same factors.
 """
 
 from __future__ import annotations
@@ -42,11 +48,12 @@ import tarfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ._tar import ShardIndex, index_path
 from .sources import ImageFolder
 
-__all__ = ["PackError", "PackResult", "main", "pack", "parse_size"]
+__all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -107,7 +114,8 @@ class PackResult:
         resumed: Shards found complete from an earlier run (not rewritten).
         reencoded: Images re-encoded for ``max_side``.
         kept: Images kept as they were because they could not be decoded for
-            ``max_side`` (they will fail when read for training, as the original would).
+            ``max_side`` (they will fail when read for training, as the original
+            would): their paths, or a source's descriptions of its samples.
         manifest: The shard list's path.
     """
 
@@ -122,6 +130,13 @@ class PackResult:
 def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
     """``data`` re-encoded with its longer side at most ``max_side``; the same bytes
     when already small enough; None when it cannot be decoded."""
+    out = _shrink_sized(data, ext, max_side, quality)
+    return None if out is None else out[0]
+
+
+def _shrink_sized(data: bytes, ext: str, max_side: int,
+                  quality: int) -> tuple[bytes, tuple[int, int], tuple[int, int]] | None:
+    """Like :func:`_shrink`, with the image's ``(height, width)`` before and after."""
     import cv2  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
@@ -130,7 +145,7 @@ def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
         return None
     h, w = img.shape[:2]
     if max(h, w) <= max_side:
-        return data
+        return data, (h, w), (h, w)
     scale = max_side / max(h, w)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
@@ -143,6 +158,156 @@ def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
     ok, out = cv2.imencode("." + ext, img, params)
     if not ok:
         ok, out = cv2.imencode(".png", img)
+    return out.tobytes(), (h, w), (size[1], size[0])
+
+
+def image_ext(data: bytes | bytearray | memoryview) -> str | None:
+    """The file extension of encoded image bytes, from their first bytes; None
+    when they are no format feeder reads."""
+    head = bytes(data[:16])
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head.startswith(b"BM"):
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*"):
+        return "tiff"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+        return "pnm"
+    return None
+
+
+# A field's name becomes part of a member name ``<key>.<name>.<format>``: the
+# index format separates by whitespace, tar paths by "/".
+_FIELD_NAME = re.compile(r"[^\s/\\]+")
+
+
+def _describe(source: Any, i: int) -> str:
+    try:
+        return f"sample {i} ({source.describe(i)})"
+    except Exception:  # noqa: BLE001 - no describe(), or one that fails: the index alone
+        return f"sample {i}"
+
+
+def sample_members(source: Any, i: int, max_side: int | None = None,
+                   quality: int = 90) -> tuple[list[tuple[str, bytes]], str]:
+    """The shard members (``(extension, bytes)``, image first) of ``source.read(i)``,
+    and ``"same"``, ``"reencoded"`` or ``"kept"`` (see :class:`PackResult`).
+
+    A pair becomes ``<ext>`` and ``cls`` (none for the label -1); a dict's fields
+    become ``cls`` (an int ``"label"``), ``mask.png``, ``<name>.npy`` (numbers
+    and arrays: ``boxes``, ``box_*``...), ``<name>.txt`` (str), ``<name>.bin``
+    (bytes) and ``<name>.json`` (anything else), which :class:`feeder.TarShards`
+    reads back to the same sample. With ``max_side``, a dict's mask is resized
+    with the image (nearest neighbour, as a lossless PNG) and its boxes scaled.
+
+    Raises:
+        PackError: the sample cannot be packed (names the sample and the field).
+    """
+    import numpy as np  # noqa: PLC0415
+
+    from ._sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
+    from .errors import FieldError, SourceError  # noqa: PLC0415
+
+    where = _describe(source, i)
+    try:
+        data, fields, is_dict = parse_sample(source.read(i), source, i)
+    except (SourceError, FieldError) as exc:
+        raise PackError(f"{where}: {exc}") from exc
+    data = bytes(data)
+    ext = image_ext(data)
+    if ext is None:
+        raise PackError(f"{where}: field 'image' is not an image feeder reads (first bytes "
+                        f"{data[:8]!r})")
+    status = "same"
+    shrunk = None
+    if max_side is not None:
+        shrunk = _shrink_sized(data, ext, max_side, quality)
+        if shrunk is None:
+            status = "kept"
+        elif shrunk[0] is not data:
+            data, status = shrunk[0], "reencoded"
+    members = [(ext, data)]
+    assert fields is not None
+    if not is_dict:
+        label = fields[LABEL]
+        if label.ndim != 0 or label.dtype.kind != "i":
+            raise PackError(f"{where}: its label is {label.dtype.name} of shape {label.shape}; a "
+                            f"pair's label is packed as a class index (.cls), so return a dict "
+                            f"{{\"image\": ..., \"label\": ...}} to pack other labels (as label.npy)")
+        if int(label) < -1:
+            raise PackError(f"{where}: label {int(label)} is negative (-1 means unlabeled)")
+        if int(label) >= 0:
+            members.append(("cls", str(int(label)).encode("ascii")))
+        return members, status
+    resized = status == "reencoded" and shrunk is not None
+    for name, value in fields.items():
+        if not _FIELD_NAME.fullmatch(name):
+            raise PackError(f"{where}: field {name!r}: a packed field's name has no whitespace, "
+                            f"'/' or '\\'")
+        if name == MASK:
+            members.append(("mask.png", _pack_mask(value, shrunk if resized else None, where)))
+        elif name == LABEL and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind == "i":
+            members.append(("cls", str(int(value)).encode("ascii")))
+        elif isinstance(value, np.ndarray):
+            if resized and name == BOXES:
+                (h, w), (h2, w2) = shrunk[1], shrunk[2]
+                value = (value * np.array([w2 / w, h2 / h, w2 / w, h2 / h], np.float32)).astype(np.float32)
+            buf = io.BytesIO()
+            np.save(buf, value, allow_pickle=False)
+            members.append((f"{name}.npy", buf.getvalue()))
+        elif isinstance(value, str):
+            try:
+                members.append((f"{name}.txt", value.encode("utf-8")))
+            except UnicodeEncodeError as exc:
+                raise PackError(f"{where}: field {name!r} is not valid text ({exc})") from None
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            members.append((f"{name}.bin", bytes(value)))
+        else:
+            try:
+                members.append((f"{name}.json", json.dumps(value).encode("utf-8")))
+            except (TypeError, ValueError) as exc:
+                raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
+                                f"packed as JSON, but {exc}") from None
+    return members, status
+
+
+def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
+    """A mask as PNG bytes: as given when nothing is resized, else decoded,
+    resized to the re-encoded image's size by nearest neighbour and re-encoded
+    losslessly (a palette PNG becomes a gray PNG of its indices)."""
+    import cv2  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from ._decode import decode_mask  # noqa: PLC0415
+    from .errors import DecodeError  # noqa: PLC0415
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if shrunk is None:
+            if not bytes(value[:8]) == b"\x89PNG\r\n\x1a\n":
+                raise PackError(f"{where}: field 'mask' is not a PNG (a mask is a single-channel "
+                                f"PNG; first bytes {bytes(value[:8])!r})")
+            return bytes(value)
+        try:
+            mask = decode_mask(value)
+        except DecodeError as exc:
+            raise PackError(f"{where}: field 'mask': {exc}") from None
+    else:
+        mask = value
+    if shrunk is not None:
+        (h, w), (h2, w2) = shrunk[1], shrunk[2]
+        if mask.shape != (h, w):
+            raise PackError(f"{where}: field 'mask' is {mask.shape[1]}x{mask.shape[0]} but its "
+                            f"image is {w}x{h}, so it cannot be resized with it")
+        mask = cv2.resize(mask, (w2, h2), interpolation=cv2.INTER_NEAREST)
+    ok, out = cv2.imencode(".png", np.ascontiguousarray(mask))
+    if not ok:
+        raise PackError(f"{where}: field 'mask' could not be encoded as PNG")
     return out.tobytes()
 
 
@@ -217,16 +382,23 @@ class _ShardWriter:
                 pass
 
 
-def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str = "train",
+def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str = "train",
          max_side: int | None = None, quality: int = 90, workers: int | None = None,
          overwrite: bool = False, progress: bool = False) -> PackResult:
-    """Pack ``source`` (an ImageFolder root or a file list) into shards in ``out_dir``.
+    """Pack ``source`` into shards in ``out_dir``.
 
-    See the module docstring for the layout. Safe to rerun after an interruption.
+    Args:
+        source: An ImageFolder root or a file list (paths), or any feeder source
+            (an object with ``__len__`` and ``read``), pairs or dict samples
+            (see :func:`sample_members` for how fields are stored).
+
+    See the module docstring for the layout. Safe to rerun after an interruption
+    (a source object is recognised by its class and length).
 
     Raises:
         PackError: ``out_dir`` holds a pack of this name made with other settings
-            (and ``overwrite`` is false), or the source is unusable.
+            (and ``overwrite`` is false), or the source or one of its samples
+            is unusable (naming the sample and the field).
         OSError: a source file cannot be read (the message names it).
     """
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]*", name):
@@ -236,7 +408,18 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         raise PackError(f"--max-side must be positive, got {max_side}")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality must be in 1..100, got {quality}")
-    if os.path.isdir(source):
+    obj = None
+    if hasattr(source, "read") and hasattr(source, "__len__") and not isinstance(source, type):
+        obj = source
+        n_samples = len(obj)
+        classes = getattr(obj, "classes", None)
+        classes = list(classes) if isinstance(classes, (list, tuple)) and all(
+            isinstance(c, str) for c in classes) else None
+        origin = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    elif not isinstance(source, (str, os.PathLike)):
+        raise PackError(f"cannot pack {source!r}: give an ImageFolder directory, a file list, or "
+                        f"a source (an object with __len__ and read)")
+    elif os.path.isdir(source):
         folder = ImageFolder(source)
         paths, labels, classes = folder.paths, folder.labels, folder.classes
     elif os.path.isfile(source):
@@ -244,8 +427,13 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         classes = None
     else:
         raise PackError(f"{source!r} is neither an ImageFolder directory nor a file list")
+    if obj is None:
+        n_samples = len(paths)
+        origin = os.path.abspath(source)
+    if not n_samples:
+        raise PackError(f"{origin}: the source has no sample")
     os.makedirs(out_dir, exist_ok=True)
-    settings = {"source": os.path.abspath(source), "samples": len(paths), "shard_size": shard_size,
+    settings = {"source": origin, "samples": n_samples, "shard_size": shard_size,
                 "max_side": max_side, "quality": quality if max_side else None}
     state_path = os.path.join(out_dir, f".{name}-pack.json")
     manifest_path = os.path.join(out_dir, f"{name}.json")
@@ -302,6 +490,9 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
     kept: list[str] = []
 
     def load(i: int) -> tuple[int, list[tuple[str, bytes]], str]:
+        if obj is not None:
+            members, status = sample_members(obj, i, max_side, quality)
+            return i, members, status
         path = paths[i]
         with open(path, "rb") as f:
             data = f.read()
@@ -324,8 +515,8 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         with ThreadPoolExecutor(n_workers, thread_name_prefix="feeder-pack") as pool:
             pending = []
             nxt = start
-            while nxt < len(paths) or pending:
-                while nxt < len(paths) and len(pending) < window:
+            while nxt < n_samples or pending:
+                while nxt < n_samples and len(pending) < window:
                     pending.append(pool.submit(load, nxt))
                     nxt += 1
                 yield pending.pop(0).result()
@@ -334,7 +525,7 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
     if progress:
         from tqdm import tqdm  # noqa: PLC0415
 
-        bar = tqdm(total=len(paths), initial=start, unit="img", desc=f"feeder-pack {name}",
+        bar = tqdm(total=n_samples, initial=start, unit="img", desc=f"feeder-pack {name}",
                    dynamic_ncols=True)
     shards = [s for s, _ in done_shards]
     counts = [n for _, n in done_shards]
@@ -344,7 +535,7 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             if status == "reencoded":
                 reencoded += 1
             elif status == "kept":
-                kept.append(paths[i])
+                kept.append(paths[i] if obj is None else _describe(obj, i))
             size = sum(tarfile.BLOCKSIZE + -(-len(d) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                        for _, d in fields)
             # The end-of-archive blocks and the padding to a whole tar record follow.
@@ -382,13 +573,44 @@ def pack(source: str, out_dir: str, *, shard_size: int = 64_000_000, name: str =
     return PackResult(shards, sum(counts), len(done_shards), reencoded, kept, manifest_path)
 
 
+def load_source(spec: str) -> Any:
+    """The source named by ``module:name`` (``name`` an object with ``__len__`` and
+    ``read``, or a class or function making one without arguments), imported with the
+    current directory on the path, as ``python -m`` would.
+
+    Raises:
+        PackError: the module or the name cannot be found, or it is not a source.
+    """
+    import importlib  # noqa: PLC0415
+
+    module, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise PackError(f"{spec!r}: cannot find the source ({type(exc).__name__}: {exc})") from None
+    if isinstance(obj, type) or (callable(obj) and not (hasattr(obj, "read")
+                                                         and hasattr(obj, "__len__"))):
+        obj = obj()  # a class, or a function making the source
+    if not (hasattr(obj, "read") and hasattr(obj, "__len__")):
+        raise PackError(f"{spec!r} is {type(obj).__name__}, not a source (an object with __len__ "
+                        f"and read(index))")
+    return obj
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="feeder-pack",
-        description="Pack an ImageFolder (or a file list) into WebDataset tar shards with "
-                    "offset indices (DALI wds2idx v1.2) and a shard list (<name>.json).")
+        description="Pack an ImageFolder, a file list or any feeder source (module:name; dict "
+                    "samples keep their masks, boxes and other fields) into WebDataset tar "
+                    "shards with offset indices (DALI wds2idx v1.2) and a shard list (<name>.json).")
     p.add_argument("source", metavar="SOURCE_DIR",
-                   help="ImageFolder root (root/<class>/<image>) or a text file of 'path [label]' lines")
+                   help="ImageFolder root (root/<class>/<image>), a text file of 'path [label]' "
+                        "lines, or module:name of a feeder source (or of a function returning "
+                        "one), whose dict samples keep all their fields")
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the shards go")
     p.add_argument("--shard-size", default="64MB", type=parse_size,
                    help="most bytes per shard (default 64MB; k/M/G = 1000s, KiB/MiB/GiB = 1024s)")
@@ -409,7 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``feeder-pack`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        result = pack(args.source, args.out_dir, shard_size=args.shard_size, name=args.name,
+        source: Any = args.source
+        if not os.path.exists(source) and re.fullmatch(r"[\w.]+:[\w.]+", source):
+            source = load_source(source)
+        result = pack(source, args.out_dir, shard_size=args.shard_size, name=args.name,
                       max_side=args.max_side, quality=args.quality, workers=args.workers,
                       overwrite=args.overwrite, progress=not args.quiet)
     except (PackError, OSError, ValueError) as exc:
@@ -420,7 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               + (f" ({result.resumed} shards kept from an earlier run)" if result.resumed else "")
               + "\n")
     if args.max_side:
-        out.write(f"{result.reencoded} images re-encoded to at most {args.max_side} px\n")
+        out.write(f"{result.reencoded} images re-encoded to at most {args.max_side} px (with "
+                  f"their masks and boxes)\n")
     for path in result.kept:
         out.write(f"kept as is (could not decode to re-encode): {path}\n")
     out.write(f"shard list: {result.manifest}\n")

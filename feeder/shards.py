@@ -10,15 +10,34 @@ global shuffle and exactly-once epochs work as with files.
 
 Fields: the image is the sample's first member among ``image_exts`` (``jpg``,
 ``jpeg``, ``png``, ``webp``...), the label the ASCII integer in its ``cls``
-member. Every field is available raw through :meth:`TarShards.read_fields`;
-:meth:`TarShards.read_record` names them as feeder's records of fields will
-(:data:`FIELD_NAMES`).
+member. Shards holding nothing else give the classic ``(bytes, label)`` pairs;
+shards holding more (a mask, boxes, metadata) give dict samples (see
+:mod:`feeder._sample`), each member a field named and decoded by its extension
+(:func:`field_of`):
+
+==================================  ==========================  ===============================
+member (``key.<ext>``)              field                       value
+==================================  ==========================  ===============================
+``jpg``, ``png``... (image_exts)    ``"image"``                 bytes (the first present wins)
+``cls`` (the ``label`` field)       ``"label"``                 int
+``seg.png``, ``mask.png``           ``"mask"``                  bytes (a PNG of class ids)
+``<name>.npy``                      ``name`` (``npy`` alone)    ``np.load``, no pickles
+``<name>.json``                     ``name`` (``json`` alone)   ``json.loads``
+``<name>.txt``                      ``name`` (``txt`` alone)    str (UTF-8)
+``<name>.cls``                      ``name``                    int
+anything else (``<name>.bin``...)   its extension (``name``     bytes
+                                    for ``.bin``)
+==================================  ==========================  ===============================
+
+so ``boxes.npy`` and ``box_labels.npy`` are the ``"boxes"`` and ``"box_labels"``
+of a detection sample, as ``feeder-pack`` writes them.
 """
 
 from __future__ import annotations
 
 import bisect
 import glob
+import io
 import json
 import logging
 import os
@@ -33,20 +52,41 @@ import numpy as np
 from ._storage import FilePool
 from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
 
-__all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces"]
+__all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
 log = logging.getLogger(__name__)
 
 # Image fields, in the order a sample's image is looked for.
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "tiff", "gif")
 
-# How the fields of a shard sample map to the fields of a feeder record
-# (read_record). Extensions not listed keep their extension as their name.
+# Members whose name is not the rule's (see field_of): the image, the label
+# and the mask. A JPEG mask is not among them: JPEG blends class ids.
 FIELD_NAMES = {
     **{ext: "image" for ext in IMAGE_EXTS},
     "cls": "label",
-    "seg.png": "mask", "mask.png": "mask", "seg.jpg": "mask",
+    "seg.png": "mask", "mask.png": "mask",
 }
+
+# How each format's bytes become a value (see _decode_field).
+_FORMATS = ("npy", "json", "txt", "cls", "bin")
+
+
+def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
+    """``(field name, format)`` of a shard member with extension ``ext``.
+
+    The format (``"npy"``, ``"json"``, ``"txt"``, ``"cls"``, or ``"bytes"``)
+    says how its bytes are decoded; ``label`` is the extension holding the
+    class index (the ``"label"`` field).
+    """
+    if ext == label:
+        return "label", "cls"
+    special = FIELD_NAMES.get(ext)
+    if special is not None and special != "label":
+        return special, "bytes"
+    name, dot, fmt = ext.rpartition(".")
+    if fmt in _FORMATS:
+        return (name if dot else fmt), ("bytes" if fmt == "bin" else fmt)
+    return ext, "bytes"
 
 # A sample's members are read with one call (one request, remotely) when the
 # gaps between them (tar headers, fields not asked for) add at most this much.
@@ -193,8 +233,18 @@ class TarShards:
             as a URL), a local glob, the shard list ``feeder-pack`` writes
             (``train.json``, local or a URL), or a list of shard paths and URLs.
         label: The field holding the class index as ASCII digits (``"cls"``);
-            None for unlabeled data (every label is -1).
+            None for unlabeled data (pairs' labels are -1; dict samples have no
+            ``"label"`` and the ``cls`` members are not read).
         image_exts: Fields that hold the image, the first present wins.
+        fields: What ``read`` returns. ``"auto"``: ``(bytes, label)`` pairs when
+            every member of every sample is an image or the label, else dicts
+            with every member as a field (named and decoded as the module
+            docstring says). None: always pairs (other members are not read).
+            A list of extensions: dicts of the image and those members (each
+            sample must have them all). A mapping ``{extension: field name}``:
+            the same, naming the fields; the name ``"*"`` spreads a JSON
+            object's keys into the sample (``{"json": "*"}`` for a foreign
+            detection set's ``{"boxes": ..., "box_labels": ...}``).
         cache_dir: Local copies of remote shards (see :mod:`feeder._remote`;
             default ``$FEEDER_CACHE`` or ``~/.cache/feeder``); False: no cache.
         cache_bytes: The cache's size bound, bytes (default
@@ -209,12 +259,14 @@ class TarShards:
     Raises:
         FileNotFoundError: a shard (or the directory) does not exist.
         ShardFormatError: an index file is malformed (naming the file and line).
-        ValueError: no sample has the ``label`` field (give ``label=None`` for
-            unlabeled data), or no sample has an image field.
+        ValueError: no sample has the ``label`` field when the samples are pairs
+            (give ``label=None`` for unlabeled data), no sample has an image
+            field, ``fields`` names a field no sample has or an image field, or
+            two members map to one field name.
     """
 
     def __init__(self, spec: Any, *, label: str | None = "cls",
-                 image_exts: Sequence[str] = IMAGE_EXTS, cache_dir: Any = None,
+                 image_exts: Sequence[str] = IMAGE_EXTS, fields: Any = "auto", cache_dir: Any = None,
                  cache_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
                  downloads: int = 2, storage_options: dict | None = None) -> None:
         names, self.classes = resolve(spec, storage_options)
@@ -265,11 +317,67 @@ class TarShards:
             raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has an image "
                              f"field ({', '.join(self.image_exts)}); fields found: {found}; "
                              f"give image_exts=")
-        if n and self.label is not None and not any(m >= 0 for ms in self._label_member for m in ms):
+        #: ``{extension: (field name, format)}`` of the members a dict sample
+        #: holds besides its image; None when ``read`` gives pairs.
+        self.plan: dict[str, tuple[str, str]] | None = self._make_plan(fields, exts_seen, found)
+        self._required = self.plan is not None and not isinstance(fields, str)
+        if (n and self.plan is None and self.label is not None
+                and not any(m >= 0 for ms in self._label_member for m in ms)):
             raise ValueError(f"TarShards: none of the {n} samples in {self._where()} has a "
                              f".{self.label} field holding its label; fields found: {found}; "
                              f"give label=None for unlabeled data (labels -1), or label='<ext>' "
                              f"naming the field that holds the class index")
+
+    def _make_plan(self, fields: Any, exts_seen: set[str], found: str) -> dict[str, tuple[str, str]] | None:
+        images = set(self.image_exts)
+        if fields is None:
+            return None
+        if isinstance(fields, str):
+            if fields != "auto":
+                raise ValueError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
+                                 f"extensions or a mapping {{extension: field name}}")
+            rest = sorted(e for e in exts_seen if e not in images and e != self.label
+                          and not (self.label is None and e == "cls"))
+            if not rest:
+                return None
+            plan = {e: field_of(e, self.label) for e in rest}
+            if self.label is not None and self.label in exts_seen:
+                plan[self.label] = ("label", "cls")
+        else:
+            if isinstance(fields, dict):
+                pairs = [(str(e).lower().lstrip("."), name) for e, name in fields.items()]
+            elif isinstance(fields, Iterable):
+                pairs = [(str(e).lower().lstrip("."), None) for e in fields]
+            else:
+                raise TypeError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
+                                f"extensions or a mapping {{extension: field name}}")
+            plan = {}
+            for ext, name in pairs:
+                if ext in images:
+                    raise ValueError(f"TarShards: fields names .{ext}, an image field: the image "
+                                     f"is the first of image_exts present, always read as \"image\"")
+                if ext not in exts_seen:
+                    raise ValueError(f"TarShards: fields names .{ext} but no sample in "
+                                     f"{self._where()} has it; fields found: {found}")
+                default, fmt = field_of(ext, self.label)
+                if name is not None and not (isinstance(name, str) and name):
+                    raise TypeError(f"TarShards: fields[{ext!r}] = {name!r}: a field name is a "
+                                    f"non-empty str")
+                if name == "*" and fmt != "json":
+                    raise ValueError(f"TarShards: fields[{ext!r}] = '*' spreads a JSON object's "
+                                     f"keys; .{ext} is not JSON")
+                plan[ext] = (name or default, fmt)
+        seen: dict[str, str] = {}
+        for ext, (name, _) in plan.items():
+            if name == "image":
+                raise ValueError(f"TarShards: the field .{ext} would be named \"image\", the "
+                                 f"image's name; give fields={{{ext!r}: '<another name>'}}")
+            if name in seen and name != "*":
+                raise ValueError(f"TarShards: the fields .{seen[name]} and .{ext} would both be "
+                                 f"named {name!r}; give fields= to choose (a list of extensions "
+                                 f"or {{extension: field name}})")
+            seen[name] = ext
+        return plan
 
     def _open_shards(self, names: list[str]) -> None:
         """The per-process access to each shard: descriptors, remote store."""
@@ -371,13 +479,17 @@ class TarShards:
                     f"bytes [{o}, {o + n}) but the shard ends before byte {o + n}")
         return pieces
 
-    def read(self, index: int) -> tuple[bytes, int]:
-        """The image bytes and the label of sample ``index``.
+    def read(self, index: int) -> tuple[bytes, int] | dict[str, Any]:
+        """Sample ``index``: its image bytes and label, or a dict of its fields
+        (see ``fields``).
 
         Raises:
-            ShardFormatError: the sample has no image field, no label field (when
-                ``label`` is set), a label that is not an integer, or the shard is
-                truncated; the message names the shard and the key.
+            ShardFormatError: the sample has no image field, no label field (pairs,
+                when ``label`` is set), a label that is not an integer, a field
+                that cannot be decoded (a bad ``.npy``, ``.json``, ``.txt`` or
+                ``.cls``) or lacks a field ``fields`` names, or the shard is
+                truncated; the message names the shard and the key, and the
+                field (also as the error's ``field``).
             OSError: the shard cannot be read (remote: after the retries).
         """
         s, j = self.locate(index)
@@ -388,6 +500,8 @@ class TarShards:
                 f"{self._shards[s].name}:{ix.keys[j]}: no image field (one of "
                 f"{', '.join(self.image_exts)}); the sample has: "
                 f"{', '.join(ix.exts[m] for m in ix.members(j)) or 'nothing'}")
+        if self.plan is not None:
+            return self._read_dict(s, j, img, self.plan)
         if self.label is None:
             return self._read_members(s, j, [img])[0], -1
         lab = self._label_member[s][j]
@@ -399,6 +513,68 @@ class TarShards:
                 f"sample has: {', '.join(ix.exts[m] for m in ix.members(j))}")
         data, raw = self._read_members(s, j, [img, lab])
         return data, self._parse_label(raw, s, j)
+
+    def _read_dict(self, s: int, j: int, img: int, plan: dict[str, tuple[str, str]]) -> dict[str, Any]:
+        ix = self._indices[s]
+        members = [img]
+        exts = []
+        for m in ix.members(j):
+            e = ix.exts[m]
+            if e in plan and e not in exts:
+                members.append(m)
+                exts.append(e)
+        pieces = self._read_members(s, j, members)
+        if self._required and len(exts) < len(plan):
+            missing = next(e for e in plan if e not in exts)
+            raise self._field_error(s, j, missing, plan[missing][0],
+                                    f"missing (fields= asks for it); the sample has: "
+                                    f"{', '.join(ix.exts[m] for m in ix.members(j))}")
+        out: dict[str, Any] = {"image": pieces[0]}
+        for ext, raw in zip(exts, pieces[1:]):
+            name, fmt = plan[ext]
+            value = self._decode_field(raw, s, j, ext, name, fmt)
+            if name != "*":
+                out[name] = value
+                continue
+            if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+                raise self._field_error(s, j, ext, ext, f"is {type(value).__name__}, not a JSON "
+                                        f"object, so its keys cannot become fields")
+            for k, v in value.items():
+                if k in out or any(plan[e][0] == k for e in exts):
+                    raise self._field_error(s, j, ext, k, "is both a key of this JSON object and "
+                                            "another field of the sample")
+                out[k] = v
+        return out
+
+    def _field_error(self, s: int, j: int, ext: str, name: str, what: str) -> ShardFormatError:
+        exc = ShardFormatError(f"{self._shards[s].name}:{self._indices[s].keys[j]}: field {name!r} "
+                               f"(.{ext}) {what}")
+        exc.field = name  # type: ignore[attr-defined]
+        return exc
+
+    def _decode_field(self, raw: bytes, s: int, j: int, ext: str, name: str, fmt: str) -> Any:
+        """One member's bytes as its field's value (see :func:`field_of`)."""
+        if fmt == "bytes":
+            return raw
+        try:
+            if fmt == "cls":
+                return int(raw.decode("ascii").strip())
+            if fmt == "txt":
+                return raw.decode("utf-8")
+            if fmt == "json":
+                return json.loads(raw)
+            arr = np.load(io.BytesIO(raw), allow_pickle=False)
+            if not isinstance(arr, np.ndarray):  # an .npz archive
+                arr.close()
+                raise ValueError("an .npz archive, not one .npy array")
+            if not arr.dtype.isnative:  # torch takes native byte order only
+                arr = arr.astype(arr.dtype.newbyteorder("="))
+            return arr
+        except (UnicodeDecodeError, ValueError, OSError, EOFError) as exc:
+            what = {"cls": "is not an integer", "txt": "is not UTF-8 text",
+                    "json": "is not JSON", "npy": "is not a .npy array"}[fmt]
+            raise self._field_error(s, j, ext, name, f"{what} ({type(exc).__name__}: {exc}): "
+                                    f"{raw[:40]!r}") from None
 
     def _parse_label(self, raw: bytes, s: int, j: int) -> int:
         try:
@@ -416,24 +592,22 @@ class TarShards:
         return dict(zip((ix.exts[m] for m in members), self._read_members(s, j, members)))
 
     def read_record(self, index: int) -> dict[str, Any]:
-        """Sample ``index`` as a record of named fields (see :data:`FIELD_NAMES`):
-        ``"image"`` (bytes, the same field :meth:`read` returns), ``"label"`` (int,
-        parsed from ``label``'s field), ``"mask"`` (bytes) when the sample has one,
-        and every other field raw under its extension."""
+        """Sample ``index`` as a dict of every member, named and decoded as the
+        module docstring says, whatever ``fields`` is (what ``fields="auto"``
+        gives for shards holding more than images and labels)."""
         s, j = self.locate(index)
-        fields = self.read_fields(index)
-        out: dict[str, Any] = {}
+        ix = self._indices[s]
         img = self._image_member[s][j]
-        for ext, data in fields.items():
-            if img >= 0 and ext == self._indices[s].exts[img]:
-                out["image"] = data
-            elif ext == self.label:
-                out["label"] = self._parse_label(data, s, j)
-            elif FIELD_NAMES.get(ext) == "mask" and "mask" not in out:
-                out["mask"] = data
-            elif FIELD_NAMES.get(ext) != "image":
-                out[ext] = data
-        return out
+        if img < 0:
+            raise ShardFormatError(f"{self._shards[s].name}:{ix.keys[j]}: no image field (one of "
+                                   f"{', '.join(self.image_exts)})")
+        images = set(self.image_exts)
+        plan = {}
+        for m in ix.members(j):
+            e = ix.exts[m]
+            if e not in images and not (self.label is None and e == "cls"):
+                plan[e] = field_of(e, self.label)
+        return self._read_dict(s, j, img, plan)
 
     # -- lifecycle -----------------------------------------------------------
     def wait_downloads(self, timeout: float | None = None) -> bool:

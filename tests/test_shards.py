@@ -91,7 +91,7 @@ def test_foreign_shard(tmp_path, jpeg_blobs):
         _add(tar, "d/b.cls", b"1")
         _add(tar, "d/c.txt", b"no image")
         _add(tar, "d/link.jpg", kind=tarfile.SYMTYPE)
-    shards = TarShards(str(path), label="cls")
+    shards = TarShards(str(path), label="cls", fields=None)  # pairs: the other members unread
     assert len(shards) == 4  # a, the deep one, b, and c (no image: it fails when read)
     assert shards.read(0) == (jpeg_blobs[0], 3)
     assert shards.read(1) == (jpeg_blobs[2], 7)
@@ -99,7 +99,8 @@ def test_foreign_shard(tmp_path, jpeg_blobs):
     assert shards.describe(1) == f"{path}:{deep}"
     assert shards.read_fields(0) == {"cls": b"3", "jpg": jpeg_blobs[0], "seg.png": b"mask-bytes"}
     assert shards.read_record(0) == {"label": 3, "image": jpeg_blobs[0], "mask": b"mask-bytes"}
-    assert shards.read_record(1)["json"] == b'{"k": 1}'
+    assert shards.read_record(1) == {"label": 7, "image": jpeg_blobs[2], "json": {"k": 1}}
+    assert TarShards(str(path)).read(0) == shards.read_record(0)  # auto: more than pairs hold
     assert not os.path.exists(index_path(str(path)))  # nothing written next to user data
     assert not shards.warnings
 
@@ -207,7 +208,7 @@ def test_label_errors(tmp_path, jpeg_blobs):
         _add(tar, "a.cls", b"cat")
         _add(tar, "b.jpg", jpeg_blobs[1])
         _add(tar, "c.txt", b"x")
-    s = TarShards(str(path))
+    s = TarShards(str(path), fields=None)
     with pytest.raises(ShardFormatError, match=r"s\.tar:a: \.cls field is not an integer"):
         s.read(0)
     with pytest.raises(ShardFormatError, match=r"s\.tar:b: no \.cls field"):
