@@ -92,6 +92,8 @@ _EXIT_GRACE_S = 0.4
 # cannot ship more batches than it has buffers, so this is never full in
 # practice; it only must not be the reason the receiver blocks.
 _SHIPPED_CAPACITY = 1 << 12
+# cudaHostRegisterPortable: the registration holds in every CUDA context.
+_CUDA_HOST_REGISTER_PORTABLE = 1
 
 
 def _dumps(obj: Any) -> bytes:
@@ -529,6 +531,7 @@ class ProcessEngine:
         self._mirrors: dict[int, BatchBuffer] = {}  # buffer serial -> this process's view
         self._registered: list[int] = []  # addresses page-locked with cudaHostRegister
         self._cuda = config.device.type == "cuda"
+        self._device_set = False  # the receiving thread's current device (for registration)
         data = payload(config, source, transforms, engine)
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe()
@@ -619,11 +622,19 @@ class ProcessEngine:
         run.deliver(_Shipped(buf, n))
 
     def _register(self, tensor: torch.Tensor) -> None:
-        """Page-lock a shared array in place, so copies from it run asynchronously."""
+        """Page-lock a shared array in place, so copies from it run asynchronously.
+
+        Pageable memory would make every ``non_blocking`` copy wait for the host
+        side (the driver stages it through a pinned bounce buffer). Registered
+        "portable", it counts as pinned in every CUDA context, whichever device
+        this thread has current."""
         ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
         if size == 0:
             return
-        code = torch.cuda.cudart().cudaHostRegister(ptr, size, 0)
+        if not self._device_set:
+            torch.cuda.set_device(self.config.device)
+            self._device_set = True
+        code = torch.cuda.cudart().cudaHostRegister(ptr, size, _CUDA_HOST_REGISTER_PORTABLE)
         if int(code) != 0:
             log.warning("cudaHostRegister of a %d-byte shared batch array failed (%s): copies "
                         "from it will not overlap the training step", size, code)
@@ -713,9 +724,12 @@ class ProcessEngine:
         if conn is not None:
             with self._send_lock:
                 conn.close()
-        # The transfer threads have stopped (or are past their last copy: close()
-        # joined them), so no copy reads the registered memory any more.
+        # No copy may read registered memory once it is unregistered: the transfer
+        # threads wait for each copy's event before a buffer goes back, and were
+        # joined by close(); a collected feeder's are given a moment here.
         if self._registered:
+            for run in self.passes:
+                run.join(0.5)
             cudart = torch.cuda.cudart()
             for ptr in self._registered:
                 cudart.cudaHostUnregister(ptr)
