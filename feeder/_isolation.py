@@ -322,8 +322,11 @@ def worker_main(conn: Any, data: bytes, parent: int) -> None:
         transforms = [ForkingPickler.loads(t) for t in transforms]
         worker = _Worker(conn, engine_class, config, source, transforms)
     except BaseException as exc:  # noqa: BLE001 - the training process must learn why
-        err = FeederError(safe_text(f"the feeder's worker process could not load the source and "
-                                    f"transforms: {type(exc).__name__}: {exc}"))
+        err = FeederError(safe_text(
+            f"the feeder's worker process could not load the source and transforms: "
+            f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
+            f"session, a notebook or 'python -c' live in a __main__ the worker cannot import: "
+            f"move them to a module, or use isolation='thread'"))
         with contextlib.suppress(Exception):
             conn.send_bytes(_dumps(("fatal", 0, err)))
         os._exit(1)

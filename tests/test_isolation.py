@@ -378,6 +378,28 @@ def test_interpreter_exit_and_death_of_the_training_process(ending):
         "the worker process outlived the training process"
 
 
+def test_objects_the_worker_cannot_import_are_named():
+    # ``Mem`` is defined in the script's __main__ ('python -c'): it pickles here, by
+    # reference, but a spawned process cannot import it.
+    child = Child("""
+f = Feeder(Mem(BLOBS), 2, [ops.CenterCrop(24)], seed=0, isolation="process")
+try:
+    next(iter(f))
+    say(error=None)
+except Exception as exc:
+    say(error=f"{type(exc).__name__}: {exc}")
+f.close()
+""")
+    try:
+        report = json.loads(child.expect_line(60))
+        assert child.wait(20) == 0, child.stderr
+    finally:
+        child.kill()
+    assert report["error"] is not None
+    assert report["error"].startswith("FeederError: the feeder's worker process could not load")
+    assert "Mem" in report["error"] and "isolation='thread'" in report["error"]
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
