@@ -807,6 +807,10 @@ def _death_error(process: Any) -> FeederError:
             text += (" (the kernel's OOM killer is a common cause: look for 'Out of memory' in "
                      "dmesg or the system log; fewer decode_threads, a smaller queue_size or "
                      "lighter samples need less memory)")
+        elif -code == signal.SIGBUS:
+            text += (" (a SIGBUS usually means /dev/shm, where the batch buffers live, is full: "
+                     "containers often give it 64 MB; raise it, e.g. docker run --shm-size=2g, "
+                     "or use isolation='thread')")
         return FeederError(text)
     if code is None:
         return FeederError(f"{what} closed its control pipe and did not exit")
