@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every table and plot in bench/results/ (about 20 minutes on a
+# Regenerate every table and plot in bench/results/ (about 30 minutes on a
 # 2-core machine). Run it on a quiet machine: the figures are wall-clock.
 #
 #   bash bench/run_all.sh
@@ -39,6 +39,18 @@ bench remote "$data/imagenet-like" --out "$out" --latency-ms 15 --shard-size 16M
   --workers 2,4,8 | tee "$out/remote.txt"
 bench shards "$data/imagenet-like" --out "$out" --shard-size 64MB --epochs 2 --rounds 3 \
   --workers 2,4 | tee "$out/shards.txt"
+# The training thread's step alone and fed by each loader (GIL interference): proxy and model steps,
+# the loop on one core and the loader on the other.
+bench interference "$data/imagenet-like" --out "$out" --rounds 5 --batch-size 64 | tee "$out/interference.txt"
+# Where each thread holds the GIL per image (py-spy, in the bench extra; needs ptrace permission).
+if "$PYTHON" -c "import shutil, sys, os; sys.exit(0 if shutil.which('py-spy') or os.path.exists(os.path.join(os.path.dirname(sys.executable), 'py-spy')) else 1)"; then
+  { "$PYTHON" bench/experiments/gil_profile.py "$data/imagenet-like" --loader feeder --seconds 20 --rate 500
+    echo
+    "$PYTHON" bench/experiments/gil_profile.py "$data/imagenet-like" --loader work-thread --seconds 20 --rate 500
+  } | tee "$out/gil_profile.txt"
+else
+  echo "py-spy not installed: bench/results/gil_profile.txt not regenerated (pip install py-spy)" >&2
+fi
 # What JPEG decoding costs, by decoder and setting; what a region-of-interest decode could save.
 "$PYTHON" bench/experiments/decode_cost.py "$data/imagenet-like" | tee "$out/decode_cost.txt"
 # Where the feeder's added memory goes.

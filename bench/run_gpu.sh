@@ -7,13 +7,15 @@
 #   bash bench/run_gpu.sh tests      # tests/cuda, verbose
 #   bash bench/run_gpu.sh cpu        # ceiling + compare on CPU, all cores (the DataLoader targets)
 #   bash bench/run_gpu.sh cuda       # compare --device cuda --model, then overlap (profiler trace)
+#   bash bench/run_gpu.sh interference   # the training thread's CUDA step alone and fed (GIL interference)
 #
 # Environment: as bench/run_all.sh (PYTHON, FEEDER_BENCH_DATA, FEEDER_BENCH_OUT).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 part="${1:-all}"
-case "$part" in all|tests|cpu|cuda) ;; *) echo "usage: bash bench/run_gpu.sh [all|tests|cpu|cuda]" >&2; exit 2;; esac
+case "$part" in all|tests|cpu|cuda|interference) ;;
+  *) echo "usage: bash bench/run_gpu.sh [all|tests|cpu|cuda|interference]" >&2; exit 2;; esac
 PYTHON="$(bash bench/python.sh)"
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "run_gpu.sh: torch.cuda.is_available() is False for $PYTHON; this script is for a CUDA machine" >&2
@@ -24,7 +26,7 @@ slug="$(printf '%s' "$gpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//')"
 data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
 out="${FEEDER_BENCH_OUT:-bench/results/gpu-$slug}"
 bench() { "$PYTHON" -m feeder.bench "$@"; }
-mkdir -p "$out/cpu" "$out/cuda"
+mkdir -p "$out/cpu" "$out/cuda" "$out/interference"
 echo "GPU: $gpu; results in $out" >&2
 
 if [ ! -d "$data/imagenet-like" ]; then  # the same dataset as bench/run_all.sh
@@ -46,5 +48,15 @@ if [ "$part" = all ] || [ "$part" = cuda ]; then
     --batch-size 64 --workers-grid 4,8,16 --threads-grid 8x0,16x0 | tee "$out/cuda/compare.txt"
   bench overlap "$data/imagenet-like" --out "$out/cuda" --loaders feeder,dl-cv2 --workers 8 \
     --batches 30 --warmup 10 --batch-size 64 | tee "$out/cuda/overlap.txt"
+fi
+
+if [ "$part" = all ] || [ "$part" = interference ]; then
+  # The synchronized CUDA step (kernel launches: the real thing the proxy stands for) and the
+  # launch-bound proxy, alone and fed, with the loader on one core; then the model step with the
+  # loader on 8 cores (decode_threads=8 against num_workers=8), the loop on its own core throughout.
+  bench interference "$data/imagenet-like" --out "$out/interference" --device cuda --rounds 3 \
+    --batch-size 64 --loader-cores 1 | tee "$out/interference/interference.txt"
+  bench interference "$data/imagenet-like" --out "$out/interference/loader8" --device cuda --rounds 3 \
+    --batch-size 64 --loader-cores 8 --steps model | tee "$out/interference/interference_loader8.txt"
 fi
 echo "results in $out" >&2

@@ -57,14 +57,18 @@ class Counters:
         self.current: tuple[str, int, float] | None = None
 
     # A wait in progress counts too, so a snapshot of a stalled pipeline shows
-    # its threads as waiting, not busy.
-    def begin_wait(self, kind: int) -> None:
+    # its threads as waiting, not busy. Both return the clock they read, so the
+    # stage loop stamps the sample it starts without reading it again.
+    def begin_wait(self, kind: int) -> float:
         wi, wo, inl, _, _ = self._state
-        self._state = (wi, wo, inl, _now(), kind)
+        t = _now()
+        self._state = (wi, wo, inl, t, kind)
+        return t
 
-    def end_wait(self) -> None:
+    def end_wait(self) -> float:
         wi, wo, inl, since, kind = self._state
-        d = _now() - since
+        t = _now()
+        d = t - since
         if kind == 1:
             wi += d
         elif kind == 2:
@@ -72,6 +76,7 @@ class Counters:
         elif kind == 3:
             inl += d
         self._state = (wi, wo, inl, 0.0, 0)
+        return t
 
     def totals(self) -> tuple[float, float, float, float]:
         """(busy, wait in, wait out, inline) seconds so far, ongoing waits included."""
@@ -230,11 +235,22 @@ class MapStage(Stage):
         self.steps = tuple(steps)
 
     def work(self, c: Counters) -> None:
+        # This loop runs once per sample in every worker thread, holding the GIL
+        # for all of it: each clock read, tuple and call here is paid per sample,
+        # and every moment of it can delay the training thread's next torch call.
+        # So the get's wait is timed inline (Stage.get's bookkeeping, without
+        # the call) and its end stamps the first step.
         steps = self.steps
         control = self.control
         outbox = self.outbox
+        get = self.inbox.get
+        begin_wait, end_wait = c.begin_wait, c.end_wait
         while True:
-            task = self.get(c)
+            begin_wait(Counters.WAIT_IN)
+            try:
+                task = get()
+            finally:
+                t = end_wait()
             if task is END:
                 self.end_thread(c)
                 return
@@ -245,9 +261,11 @@ class MapStage(Stage):
                 for step in steps:
                     if step.inline and not inline:
                         inline = True
-                        c.begin_wait(Counters.INLINE)
+                        t = begin_wait(Counters.INLINE)
+                    elif step is not steps[0]:
+                        t = _now()
                     # What this thread works on, for naming samples stuck in a step.
-                    c.current = (step.name, task.index, _now())
+                    c.current = (step.name, task.index, t)
                     item = step.fn(item)
                     if item is None:
                         break

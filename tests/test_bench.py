@@ -365,3 +365,122 @@ def test_storage_benchmarks(tiny, tmp_path, command, extra, name, runs):
         by_run = {r["run"]: r for r in rows}
         assert float(by_run["feeder, epoch 2 (cache)"]["requests"]) == 0
         assert float(by_run["feeder, epoch 1, blocking reads"]["requests"]) >= 24
+
+
+# -- interference ----------------------------------------------------------------------------
+
+def test_interference(tiny, tmp_path):
+    import statistics
+
+    out = str(tmp_path / "out")
+    # The proxy step only: every run is a child process (the model step is covered below).
+    proc = bench("interference", tiny["data"], "--out", out, "--rounds", "2", "--batch-size", "4",
+                 "--steps", "proxy", "--proxy-steps", "3", "--proxy-ops", "20", "--warmup", "1",
+                 "--device", "cpu", cwd=tiny["base"])
+    assert "vs alone" in proc.stdout
+    rows = read_csv(os.path.join(out, "interference.csv"))
+    loaders = ["alone", "work-thread", "feeder", "dataloader"]
+    assert [(r["step"], r["loader"]) for r in rows] == [("proxy", n) for n in loaders]
+    doc = json.load(open(os.path.join(out, "interference.json")))
+    raw = doc["meta"]["raw_rounds"]
+    assert len(raw) == 2 and doc["meta"]["failed_runs"] == 0
+    for row in doc["rows"]:
+        step, name = row["step"], row["loader"]
+        runs = [rnd[f"{step} {name}"] for rnd in raw]
+        alone = [rnd[f"{step} alone"] for rnd in raw]
+        count = 3
+        assert all(len(r["extra"]["step_s"]) == count for r in runs)
+        # The ratio is the median over rounds of (median step fed / median step alone), same round.
+        ratios = [statistics.median(r["extra"]["step_s"]) / statistics.median(a["extra"]["step_s"])
+                  for r, a in zip(runs, alone)]
+        assert row["slowdown"] == pytest.approx(statistics.median(ratios))
+        assert row["step_ms"] == pytest.approx(
+            1e3 * statistics.median(statistics.median(r["extra"]["step_s"]) for r in runs))
+        assert row["runs"] == 2
+        if name == "alone":
+            assert row["slowdown"] == 1.0 and row["images_per_s"] is None
+        else:
+            # Throughput in the same runs: the images the loop took over the timed span.
+            assert row["images_per_s"] == pytest.approx(
+                statistics.median(r["images"] / r["wall_s"] for r in runs))
+            assert all(r["images"] == 4 * count for r in runs)
+            assert 0 <= row["loop_waited"] <= 1
+    pinned = doc["meta"]["loop_cores"] is not None
+    assert pinned == (len(os.sched_getaffinity(0)) >= 2)
+    if pinned:
+        assert not set(doc["meta"]["loop_cores"]) & set(doc["meta"]["loader_cores"])
+
+
+def test_interference_rejects_an_unknown_loader(tiny, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", tiny["data"],
+                           "--out", str(tmp_path), "--loaders", "feeder,nope"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode != 0 and "unknown step or loader 'nope'" in proc.stderr
+
+
+@pytest.mark.parametrize("cores,loop,loader,expected", [
+    ([0, 1], 1, 1, ([0], [1])),
+    ([3, 1, 2, 0], 1, 2, ([0], [1, 2])),
+    ([5], 1, 1, (None, None)),       # not enough cores: not pinned
+    ([0, 1, 2], 2, 2, (None, None)),
+])
+def test_interference_splits_the_cores(cores, loop, loader, expected):
+    from feeder.bench.interference import split_cores
+
+    assert split_cores(cores, loop, loader) == expected
+
+
+def test_interference_feeder_rows_pass_their_options_to_the_feeder(tiny):
+    """A row is a loader kind and its options: an engine option is a one-line entry."""
+    from feeder.bench import interference
+
+    spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 2, "step": "proxy",
+            "loop_cores": None, "loader_cores": None, "loader_threads": 1,
+            "loader": {"kind": "feeder", "options": {"ordered": False}}}
+    got = interference.child(spec)
+    assert len(got["extra"]["step_s"]) == 2 and got["images"] == 8
+    assert got["extra"]["stages"]["decode"]["items"] >= 8
+    spec["loader"] = {"kind": "feeder", "options": {"ordered": "no"}}
+    with pytest.raises(ValueError, match="ordered"):
+        interference.child(spec)
+
+
+def test_interference_model_step_runs_alone_and_fed(tiny):
+    from feeder.bench import interference
+
+    spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 1, "step": "model",
+            "loop_cores": None, "loader_cores": None, "loader_threads": 1, "loader": None}
+    alone = interference.child(spec)
+    assert len(alone["extra"]["step_s"]) == 1 and alone["images"] == 0
+    spec["loader"] = interference.LOADERS["work-thread"]
+    fed = interference.child(spec)
+    assert len(fed["extra"]["step_s"]) == 1 and fed["images"] == 4
+
+
+def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):
+    """py-spy names threads by a cached id: a decode thread may carry an old sampler's name."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "experiments"))
+    try:
+        import gil_profile
+    finally:
+        sys.path.pop(0)
+    boot = "Thread._bootstrap (threading.py:1002);Stage._main (feeder/_stage.py:185)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text("\n".join([
+        f"thread (11): feeder-sampler;{boot};MapStage.work (feeder/_stage.py:251);"
+        "steps.<locals>.decode (feeder/_work.py:99);SampleWork.decode (feeder/_work.py:53) 30",
+        f"thread (12): feeder-decode-0;{boot};MapStage.work (feeder/_stage.py:251);"
+        "Channel.get (feeder/_queue.py:200) 10",
+        f"thread (13): feeder-sampler;{boot};Sampler.work (feeder/_sampler.py:160);"
+        "Stage.put (feeder/_stage.py:210) 5",
+        "thread (14): MainThread;<module> (train.py:3);ProxyStep.__call__ (feeder/bench/interference.py:160) 5",
+    ]) + "\n")
+    threads = gil_profile.parse(str(raw))
+    assert sorted(threads) == ["decode (map stage)", "sampler", "training thread"]
+    text = gil_profile.summarize(threads, rate=100, images=10, seconds=1.0, top=5)
+    # 40 samples at 100 Hz over 10 images: 40 ms per image, 30 of them the per-sample work.
+    decode = next(line for line in text.splitlines() if line.startswith("decode (map stage)"))
+    assert decode.split()[3:] == ["0.40", "40000.0", "80%", "30000.0", "10000.0"]
+    assert "steps.<locals>.decode > SampleWork.decode" in text and "Channel.get" in text

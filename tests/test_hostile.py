@@ -426,16 +426,28 @@ def test_close_frees_the_batch_buffers():
         f.close()
 
 
+def _reaped() -> None:
+    """Wait until the reaper thread has run every clean-up queued so far (it runs
+    them in order): a dropped batch's buffer goes back through it."""
+    from feeder import _reaper
+
+    done = threading.Event()
+    _reaper.defer(done.set)
+    assert done.wait(JOIN_TIMEOUT_S)
+
+
 def test_a_batch_held_across_close_stays_valid(blobs):
     f = make(MemorySource(blobs), batch_size=8)
     it = iter(f)
     x, y = next(it)
     kept = x.clone()
     f.close()
+    _reaped()  # a batch still queued for the loop was dropped by close()
     assert f.stats().buffers == 1  # the one the loop holds
     assert (x == kept).all()
     del x, it
     gc.collect()
+    _reaped()
     assert f.stats().buffers == 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -85,3 +86,63 @@ def test_many_producers_and_consumers_exactly_once_and_bounded():
     flat = sorted(x for g in got for x in g)
     assert flat == list(range(producers * per))
     assert ch.max_depth <= 4 + producers - 1
+
+
+def test_a_blocked_producer_is_woken_once_the_channel_drains_to_a_quarter():
+    """Each wake-up costs the consumer a context switch while it holds the GIL:
+    a full channel of 8 wakes its producer when 2 items are left, not before."""
+    ch = Channel("x", 8)
+    for i in range(8):
+        ch.put(i)
+    waiting = threading.Event()
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def wait(self, timeout):
+            waiting.set()  # the producer is about to sleep on the full channel
+            self.inner.wait(timeout)
+
+        def post(self, n=1):
+            self.inner.post(n)
+
+    ch._room = Spy(ch._room)
+    producer = threading.Thread(target=ch.put, args=(8,))
+    producer.start()
+    assert waiting.wait(5)
+    got = [ch.get(timeout=5) for _ in range(5)]  # 3 left: above a quarter
+    assert ch.wakeups == 0
+    got.append(ch.get(timeout=5))  # 2 left: the producer is woken
+    assert ch.wakeups == 1
+    producer.join(5)
+    assert not producer.is_alive()
+    got += [ch.get(timeout=5) for _ in range(3)]
+    assert got == list(range(9)) and ch.depth() == 0
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_wakeup_keeps_a_post_for_the_next_wait_and_times_out(monkeypatch, native):
+    """A post made before the wait is not lost (a producer registers, looks, then
+    sleeps: the consumer may post in between); without a post the wait times out."""
+    import feeder._queue as q
+
+    if not native:
+        monkeypatch.setattr(q, "_SEM", None)
+    w = q._Wakeup()
+    assert (w._sem is not None) == (native and q._SEM is not None)
+    w.post(2)
+    done = threading.Event()
+
+    def waiter():
+        w.wait(30)  # returns at once: the posts are kept
+        w.wait(30)
+        done.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert done.wait(10)
+    t.join(5)
+    t0 = time.monotonic()
+    w.wait(0.05)  # nothing posted: back after the timeout, not never
+    assert time.monotonic() - t0 >= 0.04

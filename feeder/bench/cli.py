@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .storage import add_parsers
 
     add_parsers(sub, common, _ints)
+
+    from . import interference
+
+    interference.add_parser(sub, DEFAULT_OUT_HELP)
     return parser
 
 
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import sweep as module  # type: ignore[no-redef]
     elif args.command in ("read-latency", "remote", "shards"):
         from . import storage as module  # type: ignore[no-redef]
+    elif args.command == "interference":
+        from . import interference as module  # type: ignore[no-redef]
     else:
         from . import scaled as module  # type: ignore[no-redef]
     return module.run(args)

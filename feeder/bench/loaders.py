@@ -22,8 +22,9 @@ workers are not started again each epoch), ``False`` (the default) for one.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -188,6 +189,18 @@ def _limit_cv2_threads(worker_id: int) -> None:
     cv2.setNumThreads(1)
 
 
+class _WorkerInit:
+    """``worker_init_fn`` for the ``dl-cv2`` workers: OpenCV on one thread, then ``then``."""
+
+    def __init__(self, then: Callable[[int], None] | None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        _limit_cv2_threads(worker_id)
+        if self.then is not None:
+            self.then(worker_id)
+
+
 class Loader:
     """One configured loader: iterate it for one epoch with :meth:`epoch`.
 
@@ -203,23 +216,34 @@ class Loader:
         seed: Shuffle and augmentation seed.
         persistent_workers: DataLoader only: keep workers across epochs (then the
             dataset's epoch attribute no longer reaches them: same speed, other crops).
+        feeder_options: Feeder only: more keyword arguments of :class:`~feeder.Feeder`.
+        worker_init_fn: DataLoader only: run in each worker after OpenCV is limited
+            to one thread (``dl-cv2``), or as the only initializer (``dl-pil``).
+        starting: A context manager factory entered around each ``iter()`` of the
+            underlying loader, where a pass starts its threads or DataLoader its
+            workers (the interference benchmark pins them to the loader's cores there).
     """
 
     def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
                  decode_threads: int | str = "auto", augment_threads: int | str = "auto",
                  queue_size: int = 4, device: str = "cpu", full_decode: bool = False,
-                 seed: int = 0, persistent_workers: bool = False) -> None:
+                 seed: int = 0, persistent_workers: bool = False,
+                 feeder_options: dict[str, Any] | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 starting: Callable[[], Any] = contextlib.nullcontext) -> None:
         if kind not in LOADER_KINDS:
             raise ValueError(f"loader kind must be one of {LOADER_KINDS}, got {kind!r}")
         self.kind = kind
         self.device = torch.device(device)
         self._to_device = self.device.type == "cuda" and kind != "feeder"
         self.feeder: Feeder | None = None
+        self._starting = starting
         if kind == "feeder":
             chain = full_decode_transforms() if full_decode else transforms()
             self.feeder = Feeder(ImageFolder(root), batch_size, chain,
                                  decode_threads=decode_threads, augment_threads=augment_threads,
-                                 queue_size=queue_size, device=device, shuffle=True, seed=seed)
+                                 queue_size=queue_size, device=device, shuffle=True, seed=seed,
+                                 **(feeder_options or {}))
             self.loader: Iterable[Any] = self.feeder
             return
         dataset = PILDataset(root) if kind == "dl-pil" else FeederWorkDataset(root, seed=seed)
@@ -231,19 +255,24 @@ class Loader:
             pin_memory=self.device.type == "cuda", drop_last=False,
             persistent_workers=persistent_workers and workers > 0,
             generator=generator,
-            worker_init_fn=_limit_cv2_threads if kind == "dl-cv2" and workers > 0 else None)
+            worker_init_fn=(None if workers == 0 else _WorkerInit(worker_init_fn) if kind == "dl-cv2"
+                            else worker_init_fn))
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield the batches of one epoch as ``([B, 3, H, W] uint8, [B] int64)`` on the device."""
         if self.feeder is not None:
             self.feeder.set_epoch(epoch)
-            yield from self.feeder
+            with self._starting():
+                it = iter(self.feeder)
+            yield from it
             return
         if isinstance(self.dataset, FeederWorkDataset):
             # Workers fork at iter() with persistent_workers=False, so they see it.
             self.dataset.epoch = epoch
         hwc = self.kind == "dl-cv2"
-        for images, labels in self.loader:
+        with self._starting():
+            it = iter(self.loader)
+        for images, labels in it:
             if hwc:
                 images = images.permute(0, 3, 1, 2)  # the feeder's channels_last layout, no copy
             if self._to_device:

@@ -13,6 +13,7 @@ N times torch's shared libraries.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -155,12 +156,14 @@ class RunResult:
         return self.cpu_s / self.images if self.images else 0.0
 
 
-def run_child(spec: dict[str, Any], timeout_s: float = 900.0) -> RunResult:
+def run_child(spec: dict[str, Any], timeout_s: float = 900.0, memory: bool = True) -> RunResult:
     """Run one measurement in a fresh ``python -m feeder.bench.runner`` process.
 
     Args:
         spec: What to run (see :func:`feeder.bench.runner.execute`).
         timeout_s: Kill the child after this many seconds.
+        memory: Sample the PSS of the child's process tree. Each sample takes the
+            child's memory-map lock, so a run timing short steps goes without.
 
     Returns:
         The child's report, with the peak PSS of its process tree filled in.
@@ -172,14 +175,14 @@ def run_child(spec: dict[str, Any], timeout_s: float = 900.0) -> RunResult:
         cmd = [sys.executable, "-m", "feeder.bench.runner", json.dumps(spec), report]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            with PeakPSS(proc.pid) as pss:
+            with PeakPSS(proc.pid) if memory else contextlib.nullcontext() as pss:
                 _, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
             result.error = f"timed out after {timeout_s:.0f} s"
             return result
-        result.peak_pss = pss.peak
+        result.peak_pss = pss.peak if memory else None
         if proc.returncode != 0 or not os.path.exists(report):
             tail = err.decode(errors="replace")[-2000:]
             result.error = f"exit status {proc.returncode}: {tail}"

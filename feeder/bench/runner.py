@@ -13,6 +13,8 @@ Modes (``spec["mode"]``):
   a GPU step would leave the CPU free) or running a model step on CUDA.
 * ``ceiling``: the single-thread cost of the per-sample work (see :mod:`feeder.bench.ceiling`).
 * ``ceiling-parallel``: that work in one process per core at once.
+* ``interference``: the training thread's step times, alone or fed by a loader
+  (see :mod:`feeder.bench.interference`).
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
                 "extra": p.as_dict()}
     if mode == "loader":
         return _run_loader(spec)
+    if mode == "interference":
+        from . import interference
+
+        return interference.child(spec)
     raise ValueError(f"unknown runner mode {mode!r}")
 
 

@@ -1,0 +1,491 @@
+"""``interference``: how much does the loader slow the training thread's own step?
+
+A loader that works in threads of the training process competes with the
+training thread for the GIL: every torch call the step makes gives the GIL up
+and takes it back, and each time a loader thread may hold it. A loader in
+other processes (DataLoader's workers) competes only for the machine. This
+command times the training thread's step itself, excluding its wait in
+``next()``, with nothing else running (``alone``) and while each loader feeds it.
+
+The steps (``--steps``):
+
+* ``proxy``: a launch-bound step, ``--proxy-ops`` tiny in-place torch ops on a
+  256-element tensor on the device: each op is a short C call that releases and
+  retakes the GIL, as a kernel launch does (on CUDA, each is a real launch).
+* ``model``: one SGD step of the ResNet-style network of
+  :mod:`feeder.bench.model` on the first ``--model-batch`` images of each batch
+  (the whole batch on CUDA by default, 2 images on the CPU, where the step is
+  compute-bound and slow). On CUDA the step is synchronized, so its time
+  includes every kernel it launched.
+
+The rows (``--loaders``, :data:`LOADERS`):
+
+* ``alone``: the step on a synthetic batch prepared beforehand, no loader.
+* ``work-thread``: one plain Python thread per loader core doing only the
+  per-sample work (``ImageFolder.read`` + :func:`~feeder.bench.loaders.sample_work`:
+  the engine's own decode and transform) into preallocated batches handed over
+  a ``queue.Queue``: the least any in-process thread loader can cost.
+* ``feeder``: :class:`feeder.Feeder` with ``decode_threads`` = loader cores,
+  transforms inline (the thread engine).
+* ``dataloader``: ``DataLoader`` with ``num_workers`` = loader cores over the
+  same per-sample work (``dl-cv2`` of :mod:`feeder.bench.loaders`),
+  ``persistent_workers=True``.
+
+A new row is one entry of :data:`LOADERS`: a loader kind and its options (the
+``feeder`` kind passes ``options`` to ``Feeder``, so an engine option is a
+one-line row).
+
+Roles are pinned to cores where the machine has enough (``--loop-cores``,
+``--loader-cores``; default one each). Linux affinity is per thread and a new
+thread or process inherits its creator's, so the child process pins its main
+(training) thread to the loop cores at once, and pins that thread to the loader
+cores only while it builds a loader and calls ``iter()`` on it (which starts
+feeder's pass threads, DataLoader's worker processes and, on CUDA, its
+pin-memory thread), then back. DataLoader's ``worker_init_fn`` also pins each
+worker with ``os.sched_setaffinity``. The training thread's torch runs on
+``--loop-cores`` threads.
+
+Every run is a fresh child process (``feeder.bench.runner``, mode
+``interference``) without memory sampling (reading a process's PSS takes its
+memory-map lock). A round runs every row for every step, in an order rotated
+from round to round; a row's step time in a run is the median of its
+``--*-steps`` timed steps after ``--warmup``. **vs alone** is that median over
+the ``alone`` run's of the same round and step, and the table shows the median
+of those per-round ratios (and their range). **img/s** is what the loader
+delivered while the loop ran (images over the span of the timed steps), **loop
+waited** the share of that span spent in ``next()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import queue
+import statistics
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from . import report
+from .measure import cpu_seconds, now, run_child
+from .report import median
+
+log = logging.getLogger(__name__)
+
+# The rows: name -> loader kind and options (None: no loader, the baseline).
+# ``feeder`` rows pass ``options`` to Feeder as keyword arguments.
+LOADERS: dict[str, dict[str, Any] | None] = {
+    "alone": None,
+    "work-thread": {"kind": "work-thread"},
+    "feeder": {"kind": "feeder", "options": {}},
+    "dataloader": {"kind": "dl-cv2"},
+}
+
+STEPS = ("proxy", "model")
+
+COLUMNS = [
+    ("step", "step", "{}"),
+    ("loader", "loader", "{}"),
+    ("setting", "setting", "{}"),
+    ("step_ms", "step ms", "{:.2f}"),
+    ("step_p90_ms", "p90 ms", "{:.2f}"),
+    ("slowdown", "vs alone", "{:.2f}x"),
+    ("slowdown_range", "range", "{}"),
+    ("images_per_s", "img/s", "{:.0f}"),
+    ("loop_waited", "loop waited", "{:.0%}"),
+    ("runs", "runs", "{:d}"),
+]
+
+
+def split_cores(cores: list[int], loop: int, loader: int) -> tuple[list[int] | None, list[int] | None]:
+    """The training loop's cores and the loader's: the first ``loop`` of ``cores``
+    and the next ``loader``; (None, None) when there are not enough to pin."""
+    cores = sorted(cores)
+    if loop < 1 or loader < 1 or len(cores) < loop + loader:
+        return None, None
+    return cores[:loop], cores[loop:loop + loader]
+
+
+@contextlib.contextmanager
+def on_cores(cores: list[int] | None) -> Iterator[None]:
+    """Run the calling thread on ``cores`` inside the block (threads and processes
+    it starts there inherit them), then on its former cores again."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)  # 0: the calling thread, on Linux
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+class _PinWorker:
+    """DataLoader ``worker_init_fn``: run the worker process on ``cores``."""
+
+    def __init__(self, cores: list[int] | None) -> None:
+        self.cores = cores
+
+    def __call__(self, worker_id: int) -> None:
+        if self.cores is not None:
+            os.sched_setaffinity(0, self.cores)
+
+
+# -- the steps --------------------------------------------------------------------
+
+class ProxyStep:
+    """``ops`` tiny in-place ops on ``device``: launch-bound, like a GPU step's Python side."""
+
+    def __init__(self, device: str, ops: int) -> None:
+        self.device = torch.device(device)
+        self.ops = ops
+        self.x = torch.zeros(256, device=self.device)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        x = self.x
+        for _ in range(self.ops):
+            x.add_(1.0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class ModelTrainStep:
+    """One SGD step of :class:`~feeder.bench.model.ModelStep` on the first ``images``
+    samples of each batch, synchronized on CUDA."""
+
+    def __init__(self, device: str, images: int) -> None:
+        from .model import ModelStep
+
+        self.step = ModelStep(device)
+        self.images = images
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.step(images[:self.images], labels[:self.images])
+        self.step.synchronize()
+
+
+def make_step(spec: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    if spec["step"] == "proxy":
+        return ProxyStep(spec["device"], int(spec["proxy_ops"]))
+    if spec["step"] == "model":
+        return ModelTrainStep(spec["device"], int(spec["model_batch"]))
+    raise ValueError(f"unknown step {spec['step']!r}; expected one of {STEPS}")
+
+
+# -- the loaders --------------------------------------------------------------------
+
+class WorkThreads:
+    """``threads`` plain Python threads doing only the per-sample work into a ring of
+    preallocated batches, handed to the loop through a ``queue.Queue``.
+
+    Each thread fills whole batches on its own (sample ``i`` of the cycle goes to
+    the thread ``i // batch_size % threads``), so there is no engine at all: what
+    this costs the training thread is the per-sample work's own GIL traffic.
+    """
+
+    def __init__(self, root: str, batch_size: int, threads: int, queue_size: int, seed: int,
+                 device: str = "cpu") -> None:
+        from .. import ImageFolder
+        from .._rng import sample_key
+        from .loaders import sample_work
+
+        self.source = ImageFolder(root)
+        self.work = sample_work()
+        self.key = sample_key
+        self.seed = seed
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        h, w = self.work.image_size
+        # The loop holds one batch and the queue ``queue_size``; each thread fills one more.
+        ring = queue_size + 1 + threads
+        self.images = [torch.empty((batch_size, h, w, 3), dtype=torch.uint8) for _ in range(ring)]
+        self.labels = [torch.empty((batch_size,), dtype=torch.int64) for _ in range(ring)]
+        self.ready: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._fill, args=(k, threads, ring), daemon=True,
+                                         name=f"work-thread-{k}") for k in range(threads)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _fill(self, k: int, threads: int, ring: int) -> None:
+        n = len(self.source)
+        B = self.batch_size
+        batch = k
+        while not self.stop.is_set():
+            slot = batch % ring
+            images, labels = self.images[slot].numpy(), self.labels[slot].numpy()
+            for j in range(B):
+                i = (batch * B + j) % n
+                data, label = self.source.read(i)
+                self.work(data, self.key(self.seed, 0, i), images[j])
+                labels[j] = label
+            while not self.stop.is_set():
+                try:
+                    self.ready.put(slot, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            batch += threads
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            slot = self.ready.get(timeout=600)
+            images, labels = self.images[slot].permute(0, 3, 1, 2), self.labels[slot]
+            if self.device.type == "cuda":  # in next(), as the other loaders copy: not in the timed step
+                images, labels = images.to(self.device), labels.to(self.device)
+            yield images, labels
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+def _cycle(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    epoch = 0
+    while True:
+        yield from loader.epoch(epoch)
+        epoch += 1
+
+
+def _synthetic(batch_size: int, device: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (batch_size, 224, 224, 3), dtype=torch.uint8, generator=gen)
+    images = images.to(device).permute(0, 3, 1, 2)  # channels_last, as the loaders deliver
+    labels = torch.randint(0, 1000, (batch_size,), generator=gen).to(device)
+    while True:
+        yield images, labels
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One run, in the child process: pin, build the step and the loader, time the steps.
+
+    Returns:
+        The runner's report: ``images`` delivered and ``wall_s`` spanned while the
+        timed steps ran, ``cpu_s`` of the process tree over the span, and in
+        ``extra`` every step's seconds (``step_s``), the seconds spent in
+        ``next()`` (``wait_s``) and the cores used.
+    """
+    import cv2
+
+    from .loaders import Loader
+
+    loop_cores, loader_cores = spec.get("loop_cores"), spec.get("loader_cores")
+    if loop_cores is not None:
+        os.sched_setaffinity(0, loop_cores)
+        torch.set_num_threads(len(loop_cores))
+    cv2.setNumThreads(1)  # as in every loader here: each of its threads is one core's worth
+    step = make_step(spec)
+    row = spec["loader"]
+    threads = len(loader_cores) if loader_cores is not None else int(spec["loader_threads"])
+    closer: Callable[[], None] = lambda: None
+    feeder = None
+    with on_cores(loader_cores):
+        if row is None:
+            batches = _synthetic(spec["batch_size"], spec["device"])
+        elif row["kind"] == "work-thread":
+            wt = WorkThreads(spec["root"], spec["batch_size"], threads, spec["queue_size"], spec["seed"],
+                             spec["device"])
+            wt.start()
+            batches, closer = wt.batches(), wt.close
+        else:
+            opts: dict[str, Any] = {}
+            if row["kind"] == "feeder":
+                opts = dict(decode_threads=threads, augment_threads=0,
+                            feeder_options=row.get("options") or {})
+            else:
+                opts = dict(workers=threads, persistent_workers=True,
+                            worker_init_fn=_PinWorker(loader_cores))
+            loader = Loader(row["kind"], spec["root"], spec["batch_size"], queue_size=spec["queue_size"],
+                            device=spec["device"], seed=spec["seed"],
+                            starting=lambda: on_cores(loader_cores), **opts)
+            feeder = loader.feeder
+            batches, closer = _cycle(loader), loader.close
+    warmup, count = int(spec["warmup"]), int(spec["count"])
+    step_s: list[float] = []
+    wait_s = 0.0
+    images = 0
+    try:
+        for _ in range(warmup):
+            step(*next(batches))
+        cpu0 = cpu_seconds()
+        t_start = now()
+        for _ in range(count):
+            tw = now()
+            x, y = next(batches)
+            t0 = now()
+            step(x, y)
+            t1 = now()
+            wait_s += t0 - tw
+            step_s.append(t1 - t0)
+            images += x.shape[0]
+        span = now() - t_start
+        cpu_s = cpu_seconds() - cpu0
+        extra: dict[str, Any] = {"step_s": step_s, "wait_s": wait_s, "loop_cores": loop_cores,
+                                 "loader_cores": loader_cores, "loader_threads": threads}
+        if feeder is not None:
+            s = feeder.stats()
+            extra["stages"] = {st.name: {"busy_s": st.busy_s, "wait_input_s": st.wait_input_s,
+                                         "wait_output_s": st.wait_output_s, "items": st.items}
+                               for st in s.stages}
+    finally:
+        closer()
+    return {"images": images if row is not None else 0, "wall_s": span, "cpu_s": cpu_s,
+            "first_batch_s": 0.0, "extra": extra}
+
+
+# -- the parent: rounds, ratios, report -----------------------------------------------
+
+def _setting(name: str, spec: dict[str, Any]) -> str:
+    row = LOADERS[name]
+    if row is None:
+        return "synthetic batch"
+    n = spec["loader_threads"]
+    if row["kind"] == "work-thread":
+        return f"{n} thread(s), work only"
+    if row["kind"] == "feeder":
+        extra = "".join(f" {k}={v}" for k, v in (row.get("options") or {}).items())
+        return f"decode_threads={n} augment_threads=0{extra}"
+    return f"num_workers={n}"
+
+
+def _p90(values: list[float]) -> float:
+    vals = sorted(values)
+    return vals[min(len(vals) - 1, int(0.9 * len(vals)))] if vals else float("nan")
+
+
+def summarize(rounds: list[dict[tuple[str, str], dict[str, Any]]], steps: list[str],
+              loaders: list[str]) -> list[dict[str, Any]]:
+    """The table's rows from the runs of every round.
+
+    ``rounds[r][(step, loader)]`` is that run's report (``ok``, ``images``,
+    ``wall_s``, ``extra.step_s``, ``extra.wait_s``). A run's step time is the
+    median of its steps; a row's ``slowdown`` is the median over rounds of its
+    step time over the ``alone`` run's of the same round and step.
+    """
+    rows = []
+    for step in steps:
+        for name in loaders:
+            runs = [(got[(step, name)], got.get((step, "alone"))) for got in rounds
+                    if got.get((step, name), {}).get("ok")]
+            per_run = [statistics.median(r["extra"]["step_s"]) for r, _ in runs]
+            p90 = [_p90(r["extra"]["step_s"]) for r, _ in runs]
+            ratios = [statistics.median(r["extra"]["step_s"]) / statistics.median(a["extra"]["step_s"])
+                      for r, a in runs if a is not None and a.get("ok")]
+            rates = [r["images"] / r["wall_s"] for r, _ in runs if r["images"] and r["wall_s"] > 0]
+            waited = [r["extra"]["wait_s"] / r["wall_s"] for r, _ in runs if r["wall_s"] > 0]
+            rows.append({
+                "step": step, "loader": name,
+                "step_ms": 1e3 * median(per_run), "step_p90_ms": 1e3 * median(p90),
+                "slowdown": median(ratios),
+                "slowdown_range": f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else None,
+                "images_per_s": median(rates) if rates else None,
+                "loop_waited": median(waited) if name != "alone" else None,
+                "runs": len(runs), "per_round_slowdown": ratios, "per_round_step_ms":
+                    [1e3 * v for v in per_run],
+            })
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``interference`` subcommand."""
+    unknown = [s for s in args.steps if s not in STEPS] + [x for x in args.loaders if x not in LOADERS]
+    if unknown:
+        raise SystemExit(f"interference: unknown step or loader {unknown[0]!r}; steps: "
+                         f"{', '.join(STEPS)}; loaders: {', '.join(LOADERS)}")
+    loaders = ["alone"] + [x for x in args.loaders if x != "alone"]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model_batch = args.model_batch or (args.batch_size if device == "cuda" else 2)
+    cores = sorted(os.sched_getaffinity(0))
+    loop_cores, loader_cores = split_cores(cores, args.loop_cores, args.loader_cores)
+    pinning = (f"training thread on core(s) {loop_cores}, loader on core(s) {loader_cores}"
+               if loop_cores is not None else
+               f"not pinned: {len(cores)} core(s) available, "
+               f"{args.loop_cores} + {args.loader_cores} needed")
+    report.progress(f"interference: {pinning}; device {device}")
+    base = {"mode": "interference", "root": args.dir, "batch_size": args.batch_size,
+            "queue_size": args.queue_size, "seed": args.seed, "device": device,
+            "proxy_ops": args.proxy_ops, "model_batch": model_batch, "warmup": args.warmup,
+            "loop_cores": loop_cores, "loader_cores": loader_cores,
+            "loader_threads": args.loader_cores}
+    counts = {"proxy": args.proxy_steps, "model": args.model_steps}
+    rounds: list[dict[tuple[str, str], dict[str, Any]]] = []
+    for r in range(args.rounds):
+        got: dict[tuple[str, str], dict[str, Any]] = {}
+        for step in args.steps:
+            shift = r % len(loaders)
+            for name in loaders[shift:] + loaders[:shift]:
+                spec = {**base, "step": step, "count": counts[step], "loader": LOADERS[name],
+                        "name": f"{step} {name}"}
+                res = run_child(spec, memory=False)
+                got[(step, name)] = {"ok": res.ok, "images": res.images, "wall_s": res.wall_s,
+                                     "cpu_s": res.cpu_s, "extra": res.extra, "error": res.error}
+                if res.ok:
+                    med = 1e3 * statistics.median(res.extra["step_s"])
+                    rate = f", {res.images_per_s:.0f} img/s" if res.images else ""
+                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
+                                    f"step {med:.2f} ms{rate}")
+                else:
+                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
+                                    f"FAILED ({res.error[:300]})")
+        rounds.append(got)
+    rows = summarize(rounds, list(args.steps), loaders)
+    for row in rows:
+        row["setting"] = _setting(row["loader"], base)
+    machine = report.machine_info()
+    step_text = {"proxy": f"proxy = {args.proxy_ops} tiny in-place ops",
+                 "model": f"model = ResNet-style SGD step on {model_batch} image(s)"}
+    title = (f"interference on {args.dir}: the training thread's step time, alone and fed; "
+             f"{', '.join(step_text[s] for s in args.steps)}; device {device}; batch {args.batch_size}; "
+             f"{pinning}; median of {args.rounds} rounds (vs alone: median of per-round ratios)\n"
+             f"machine: {report.describe_machine(machine)}")
+    print(report.format_table(rows, COLUMNS, title=title))
+    failed = sum(1 for got in rounds for x in got.values() if not x["ok"])
+    meta = {"dir": args.dir, "device": device, "steps": list(args.steps), "loaders": loaders,
+            "rounds": args.rounds, "batch_size": args.batch_size, "queue_size": args.queue_size,
+            "proxy_ops": args.proxy_ops, "proxy_steps": args.proxy_steps,
+            "model_steps": args.model_steps, "model_batch": model_batch, "warmup": args.warmup,
+            "loop_cores": loop_cores, "loader_cores": loader_cores, "pinning": pinning,
+            "failed_runs": failed,
+            "raw_rounds": [{f"{s} {n}": x for (s, n), x in got.items()} for got in rounds]}
+    report.write_outputs(args.out, "interference", rows, meta)
+    return 1 if failed else 0
+
+
+def add_parser(sub: Any, default_out_help: str) -> None:
+    """The ``interference`` subcommand's arguments (``default_out_help``: where results
+    go without ``--out``, as the command line module words it)."""
+    def names(text: str) -> list[str]:
+        return [x.strip() for x in text.split(",") if x.strip()]
+
+    p = sub.add_parser("interference", help="the training thread's step time alone and while each "
+                                            "loader feeds it (GIL interference)")
+    p.add_argument("dir", help="ImageFolder dataset root (root/<class>/<image>)")
+    p.add_argument("--out", default=None,
+                   help=f"folder for CSV/JSON results (default: a new folder, {default_out_help})")
+    p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
+    p.add_argument("--steps", type=names, default=list(STEPS),
+                   help=f"training steps to time (default {','.join(STEPS)})")
+    p.add_argument("--loaders", type=names, default=[x for x in LOADERS if x != "alone"],
+                   help=f"loaders to feed it; alone is always measured (default "
+                        f"{','.join(x for x in LOADERS if x != 'alone')})")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--queue-size", type=int, default=4, help="batches queued ahead (default 4)")
+    p.add_argument("--proxy-ops", type=int, default=400, help="tiny ops per proxy step (default 400)")
+    p.add_argument("--proxy-steps", type=int, default=60, help="timed proxy steps per run (default 60)")
+    p.add_argument("--model-steps", type=int, default=20, help="timed model steps per run (default 20)")
+    p.add_argument("--model-batch", type=int, default=0,
+                   help="images per model step (default: the batch on CUDA, 2 on the CPU)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--loop-cores", type=int, default=1, help="cores of the training thread (default 1)")
+    p.add_argument("--loader-cores", type=int, default=1,
+                   help="cores of the loader, and its threads or workers (default 1)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
