@@ -86,8 +86,12 @@ log = logging.getLogger(__name__)
 # (seconds); a busy worker answers in milliseconds (its control thread does no
 # pipeline work), a dead one never.
 _QUERY_S = 0.5
-# close(): how long the worker may take to exit on its own before it is killed.
-_EXIT_GRACE_S = 0.4
+# close() must return within about a second, whatever the worker is doing: it
+# waits this long for the worker to exit on its own (it does within milliseconds
+# unless a thread holds its GIL in C code), then kills it.
+_EXIT_GRACE_S = 0.3
+# close(): the worker's last figures (for stats() after close) are worth this long.
+_LAST_STATS_S = 0.1
 # The channel between the receiving thread and the transfer thread. The worker
 # cannot ship more batches than it has buffers, so this is never full in
 # practice; it only must not be the reason the receiver blocks.
@@ -702,7 +706,7 @@ class ProcessEngine:
         try:
             first = not self.closed
             if first and self.dead is None:
-                self._query(0.2)  # the worker's last figures, for stats() after close()
+                self._query(_LAST_STATS_S)  # the worker's last figures, for stats() after close()
             self.closed = True
             passes = list(self.passes)
             for run in passes:
@@ -722,7 +726,7 @@ class ProcessEngine:
             process.join(_EXIT_GRACE_S)
             if process.is_alive():
                 process.kill()
-                process.join(0.5)
+                process.join(0.2)
         conn, self.conn = self.conn, None
         if conn is not None:
             with self._send_lock:
@@ -731,8 +735,9 @@ class ProcessEngine:
         # threads wait for each copy's event before a buffer goes back, and were
         # joined by close(); a collected feeder's are given a moment here.
         if self._registered:
+            deadline = time.monotonic() + 0.2
             for run in self.passes:
-                run.join(0.5)
+                run.join(max(0.0, deadline - time.monotonic()))
             cudart = torch.cuda.cudart()
             for ptr in self._registered:
                 cudart.cudaHostUnregister(ptr)
@@ -741,7 +746,7 @@ class ProcessEngine:
 
     def close(self, timeout: float = 1.0) -> None:
         passes = self.stop()
-        deadline = time.monotonic() + timeout / 2
+        deadline = time.monotonic() + 0.3 * timeout
         me = threading.current_thread()
         for run in passes:
             if me not in run.threads():
