@@ -379,6 +379,59 @@ def test_interpreter_exit_and_death_of_the_training_process(ending):
         "the worker process outlived the training process"
 
 
+SIGINT_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from test_isolation import stall
+if __name__ == "__main__":
+    f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process")
+    it = iter(f)
+    main = threading.main_thread()
+
+    def announce():
+        # Say "waiting" only once the main thread is really blocked inside next().
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main.ident)
+            names = set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back
+            if {{"__next__", "get"}} <= names and it._run is not None and it._run.in_flight():
+                say(event="waiting", worker=f._engine.process.pid)
+                return
+            time.sleep(0.01)
+        say(event="never-blocked")
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        next(it)
+        say(event="unexpected-batch")
+    except KeyboardInterrupt:
+        say(event="interrupted", at=time.monotonic(), stopped=it._run.stopped())
+        raise
+"""
+
+
+def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = Child(SIGINT_SCRIPT.format(repo=repo))
+    try:
+        ready = json.loads(child.expect_line(60))
+        assert ready["event"] == "waiting", ready
+        sent = time.monotonic()
+        os.kill(child.proc.pid, signal.SIGINT)
+        report = json.loads(child.expect_line(15))
+        rc = child.wait(20)
+    finally:
+        child.kill()
+    assert report["event"] == "interrupted" and report["stopped"] is True
+    assert report["at"] - sent < 5.0  # a hang bound: the wait in next() is interruptible
+    assert rc in (-signal.SIGINT, 128 + signal.SIGINT), f"rc={rc}; stderr:\n{child.stderr}"
+    assert "KeyboardInterrupt" in child.stderr
+    assert wait_until(lambda: not _alive(ready["worker"]), 10), "the worker outlived the program"
+
+
 def test_objects_the_worker_cannot_import_are_named():
     # ``Mem`` is defined in the script's __main__ ('python -c'): it pickles here, by
     # reference, but a spawned process cannot import it.
