@@ -48,11 +48,15 @@ class BatchBuffer:
     """
 
     __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "pin", "arrays",
-                 "lists", "planes", "__weakref__")
+                 "lists", "planes", "shared", "__weakref__")
 
-    def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int) -> None:
-        self.images_t = torch.empty((batch_size, height, width, 3), dtype=torch.uint8, pin_memory=pin)
-        self.labels_t = torch.empty((batch_size,), dtype=torch.int64, pin_memory=pin)
+    def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int,
+                 shared: bool = False) -> None:
+        # ``shared``: every fixed-shape array in shared memory, for the isolated
+        # engine's worker process to fill and the training process to read.
+        self.shared = shared
+        self.images_t = _host((batch_size, height, width, 3), torch.uint8, pin, shared)
+        self.labels_t = _host((batch_size,), torch.int64, pin, shared)
         self.images = self.images_t.numpy()
         self.labels = self.labels_t.numpy()
         self.indices = np.full((batch_size,), -1, np.int64)
@@ -69,8 +73,8 @@ class BatchBuffer:
             with _ALLOCATING:
                 entry = self.arrays.get(name)
                 if entry is None:
-                    t = torch.empty((len(self.indices), *shape), pin_memory=self.pin,
-                                    dtype=torch.from_numpy(np.empty(0, dtype)).dtype)
+                    t = _host((len(self.indices), *shape),
+                              torch.from_numpy(np.empty(0, dtype)).dtype, self.pin, self.shared)
                     entry = self.arrays[name] = (t, t.numpy())
         return entry[1]
 
@@ -89,7 +93,7 @@ class BatchBuffer:
             with _ALLOCATING:
                 if self.planes is None:
                     b, h, w = self.images.shape[:3]
-                    self.planes = MaskPlanes(b, h, w, self.pin)
+                    self.planes = MaskPlanes(b, h, w, self.pin, self.shared)
                 planes = self.planes
         return planes
 
@@ -105,6 +109,13 @@ class BatchBuffer:
                 self.masks().write(slot, value)
             else:
                 self.objects(name)[slot] = value
+
+
+def _host(shape: tuple[int, ...], dtype: torch.dtype, pin: bool, shared: bool) -> torch.Tensor:
+    """An uninitialized host tensor: pinned, in shared memory, or plain."""
+    if shared:
+        return torch.empty(shape, dtype=dtype).share_memory_()
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
 
 # Field storage is allocated by whichever thread first writes a field into a
@@ -124,10 +135,12 @@ class MaskPlanes:
     converting what is there (other threads may be writing it).
     """
 
-    __slots__ = ("low_t", "low", "high_t", "high", "wide", "_pin")
+    __slots__ = ("low_t", "low", "high_t", "high", "wide", "_pin", "_shared")
 
-    def __init__(self, batch_size: int, height: int, width: int, pin: bool) -> None:
-        self.low_t = torch.empty((batch_size, height, width), dtype=torch.uint8, pin_memory=pin)
+    def __init__(self, batch_size: int, height: int, width: int, pin: bool,
+                 shared: bool = False) -> None:
+        self._shared = shared
+        self.low_t = _host((batch_size, height, width), torch.uint8, pin, shared)
         self.low = self.low_t.numpy()
         self.high_t: torch.Tensor | None = None
         self.high: np.ndarray | None = None
@@ -139,7 +152,8 @@ class MaskPlanes:
             with _ALLOCATING:
                 if self.high is None:
                     # Zeros: every 8-bit mask already written has no high byte.
-                    self.high_t = torch.zeros(self.low_t.shape, dtype=torch.uint8, pin_memory=self._pin)
+                    self.high_t = _host(tuple(self.low_t.shape), torch.uint8, self._pin, self._shared)
+                    self.high_t.zero_()
                     self.high = self.high_t.numpy()
         return self.high
 
@@ -202,9 +216,11 @@ class BufferPool:
     # Buffers always allowed: the batch the training loop holds and the one being filled.
     MINIMUM = 2
 
-    def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool) -> None:
+    def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool,
+                 shared: bool = False) -> None:
         self.capacity = capacity
         self._geometry = (batch_size, height, width, pin)
+        self._shared = shared
         # How many threads of the training loop wait inside next(), and since when
         # it has been busy outside it (None while one waits). While it waits, the
         # batch it holds comes back as soon as the batch being filled is delivered:
@@ -230,6 +246,11 @@ class BufferPool:
     def count(self, *states: str) -> int:
         return sum(1 for entry in list(self._ledger.values()) if entry[0] in states)
 
+    def buffer(self, serial: int) -> BatchBuffer | None:
+        """The live buffer numbered ``serial``, if any."""
+        entry = self._ledger.get(serial)
+        return None if entry is None else entry[2]
+
     def owned_by(self, owner: object) -> list[BatchBuffer]:
         return [e[2] for e in list(self._ledger.values()) if e[1] is owner]
 
@@ -241,7 +262,7 @@ class BufferPool:
 
     def _new(self, owner: object) -> BatchBuffer:
         self._serials += 1
-        buf = BatchBuffer(*self._geometry, serial=self._serials)
+        buf = BatchBuffer(*self._geometry, serial=self._serials, shared=self._shared)
         self._ledger[buf.serial] = [FILLING, owner, buf]
         return buf
 

@@ -198,6 +198,7 @@ class Config:
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
+    isolation: str = _option("thread", _choice("thread", "process"))
 
     @classmethod
     def build(cls, **options: Any) -> "Config":

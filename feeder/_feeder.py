@@ -95,6 +95,9 @@ class _Engine:
         self.passes: list[Pass] = []  # passes whose threads may still be alive
         self.closed = False
         self._limits_held = False
+        # The last stage of every pass: None for the transfer stage; the isolated
+        # engine's worker process ships batches to the training process instead.
+        self.sink: Any = None
         _reaper.ensure_running()
         _live_engines.add(self)
 
@@ -116,11 +119,14 @@ class _Engine:
             self.book.start()
             self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
             run = Pass(self.settings, self.source, self.work, self.pool, self.book, self.scratch,
-                       seed, epoch, rank, world_size, done)
+                       seed, epoch, rank, world_size, done, self.sink)
             self.current = run
             self.passes.append(run)
             run.start()
             return run
+
+    def stats(self) -> Stats:
+        return self.book.snapshot(self.pool.allocated)
 
     def stop(self) -> list[Pass]:
         """Mark the engine closed and stop every pass without waiting; return them."""
@@ -322,6 +328,16 @@ class Feeder:
             ``torch.Generator`` on ``device`` seeded from (seed, epoch, batch
             number), so results do not depend on thread counts. One that needs
             floating images (``needs_float = True``) is refused with uint8 output.
+        isolation: Where the reading, decoding and transforms run. ``"thread"``
+            (default): threads of this process. ``"process"``: the same threads
+            in one worker process (started with ``spawn`` when the feeder is
+            built), writing batches into shared memory; this process keeps only
+            the transfer to ``device``, so the decode threads never hold this
+            process's GIL while the training thread launches kernels. The
+            source and transforms must then be picklable (module-level
+            functions and classes; a :class:`~feeder.errors.ConfigError` names
+            the one that is not), and a script must guard its entry point with
+            ``if __name__ == "__main__":``.
 
     Raises:
         ValueError: an option is invalid, or an epoch would have no batch on
@@ -376,7 +392,14 @@ class Feeder:
         self._progress: Progress | None = None  # the latest pass's
         # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
         self._resume: tuple[Progress, int] | None = None
-        self._engine = _Engine(self.config, source, self.chain)
+        if cfg.isolation == "process":
+            from ._isolation import ProcessEngine
+            engine: Any = ProcessEngine(cfg, source, self.chain, list(transforms), _Engine)
+            _reaper.ensure_running()
+            _live_engines.add(engine)
+        else:
+            engine = _Engine(cfg, source, self.chain)
+        self._engine = engine
         self.sampler = EpochSampler(self)
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
@@ -681,8 +704,7 @@ class Feeder:
 
     def stats(self) -> Stats:
         """A snapshot of where the pipeline's time went (prints as a table)."""
-        engine = self._engine
-        return engine.book.snapshot(engine.pool.allocated)
+        return self._engine.stats()
 
     def __repr__(self) -> str:
         c = self.config

@@ -143,7 +143,7 @@ class Pass:
 
     def __init__(self, cfg: PassSettings, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
-                 world_size: int, done: Any = None) -> None:
+                 world_size: int, done: Any = None, sink: Any = None) -> None:
         self.cfg = cfg
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self.pool = pool
@@ -189,6 +189,9 @@ class Pass:
                     unbuffered=cfg.decode_queue),
             *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
               for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
+            # ``sink``: the isolated engine's worker process ships finished buffers
+            # to the training process instead (see ``_isolation``).
+            sink(self, collator, pool, self.ready, self.output) if sink is not None else
             Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device,
                                                                cfg.memory_format),
                      self.ready, self.output,

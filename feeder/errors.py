@@ -51,6 +51,10 @@ class StageError(FeederError):
     def __init__(self, stage: str, message: str) -> None:
         super().__init__(safe_text(f"feeder stage {stage!r} failed: {message}"))
         self.stage = stage
+        self._message = message
+
+    def __reduce__(self):  # picklable with its attributes (the isolated engine's errors cross processes)
+        return (_rebuild, (self.__class__, (self.stage, self._message), self.__cause__))
 
 
 class SampleError(FeederError):
@@ -82,6 +86,12 @@ class SampleError(FeederError):
 
     def __reduce__(self):  # keep the exception picklable (pytest-xdist, multiprocessing)
         return (self.__class__, (self.stage, self.index, self.path, self.__cause__))
+
+
+def _rebuild(cls: type, args: tuple, cause: BaseException | None) -> BaseException:
+    err = cls(*args)
+    err.__cause__ = cause
+    return err
 
 
 class DecodeError(ValueError):

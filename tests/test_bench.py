@@ -379,7 +379,7 @@ def test_interference(tiny, tmp_path):
                  "--device", "cpu", cwd=tiny["base"])
     assert "vs alone" in proc.stdout
     rows = read_csv(os.path.join(out, "interference.csv"))
-    loaders = ["alone", "work-thread", "feeder", "dataloader"]
+    loaders = ["alone", "work-thread", "feeder", "feeder-process", "dataloader"]
     assert [(r["step"], r["loader"]) for r in rows] == [("proxy", n) for n in loaders]
     doc = json.load(open(os.path.join(out, "interference.json")))
     raw = doc["meta"]["raw_rounds"]

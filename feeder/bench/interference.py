@@ -27,6 +27,9 @@ The rows (``--loaders``, :data:`LOADERS`):
   a ``queue.Queue``: the least any in-process thread loader can cost.
 * ``feeder``: :class:`feeder.Feeder` with ``decode_threads`` = loader cores,
   transforms inline (the thread engine).
+* ``feeder-process``: the same with ``isolation="process"``: the pass's threads
+  in one worker process (started while the training thread is pinned to the
+  loader cores, so it inherits them), only the transfer in this one.
 * ``dataloader``: ``DataLoader`` with ``num_workers`` = loader cores over the
   same per-sample work (``dl-cv2`` of :mod:`feeder.bench.loaders`),
   ``persistent_workers=True``.
@@ -82,6 +85,7 @@ LOADERS: dict[str, dict[str, Any] | None] = {
     "alone": None,
     "work-thread": {"kind": "work-thread"},
     "feeder": {"kind": "feeder", "options": {}},
+    "feeder-process": {"kind": "feeder", "options": {"isolation": "process"}},
     "dataloader": {"kind": "dl-cv2"},
 }
 

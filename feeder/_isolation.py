@@ -1,0 +1,822 @@
+"""The isolated engine (``Feeder(isolation="process")``): the threaded pipeline in one
+worker process, batches in shared memory, the transfer stage in the training process.
+
+Why: the decode threads of the thread engine take the GIL for their Python
+bookkeeping between C calls, and a training thread launching many short
+kernels waits behind them at every launch. In a worker process they have a GIL
+of their own; the training process keeps one receiving thread and the transfer
+thread, which do little Python work per batch.
+
+::
+
+    training process                                  worker process (spawned)
+    ProcessEngine ──── control pipe ────────────────▶ _Worker: an _Engine whose buffer
+      │  start/stop pass, free/claim buffer,             pool is in shared memory; its
+      │  consumer waiting, stats request, close          passes end in a Shipper stage
+      receiver thread ◀──── batch ready / end / error / stats ──── Shipper
+      └▶ [shipped] ─▶ transfer thread (the same Transfer stage) ─▶ [output] ─▶ next()
+
+Every fixed-shape array of a batch buffer (images, labels, numeric fields,
+mask planes) is a torch tensor in shared memory (``share_memory_()``),
+allocated lazily by the worker as in the thread engine and announced to the
+training process once, with the first batch message that uses it: torch's
+multiprocessing pickler sends a file descriptor, so the memory is freed by the
+kernel when both processes have dropped it, even if the worker is killed. A
+batch message carries the buffer's serial, the sample count, the source indices
+and the fields kept per slot (boxes, passed-through values), pickled. The
+training process sends the buffer back (``free``) when the transfer stage is
+done with it: after the copy's event on CUDA, when the loop drops a lent CPU
+batch. On CUDA the shared arrays are page-locked in place with
+``cudaHostRegister``, so the copies from them are asynchronous as from the
+thread engine's pinned buffers; they are unregistered on close.
+
+Start method: ``spawn``. The training process runs threads (feeder's own,
+torch's, often CUDA's); ``fork`` copies locks held by threads that do not exist
+in the child (a deadlock waiting to happen) and CUDA cannot be used in a forked
+child, so fork is unsafe there. ``forkserver`` would fork from a clean server,
+but it starts that server on first use with the same cost and the same
+pickling rules, and behaves differently per platform. ``spawn`` is the same
+everywhere and what DataLoader users know: the source and transforms are
+pickled (module-level functions and classes, no lambdas), and a script must
+guard its entry point with ``if __name__ == "__main__":``. The worker starts
+when the Feeder is built, so its start-up (an interpreter and the imports,
+about a second) overlaps the program's own set-up.
+
+Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
+the training process drives the shutdown), exits at the end of the control
+pipe (the training process closed or died), and on Linux is killed by the
+kernel when the training process dies (``PR_SET_PDEATHSIG``). A worker that
+dies (the OOM killer's SIGKILL) ends the pipe: the pass fails with an error
+naming the signal, never a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
+
+from ._augment import Chain
+from ._batch import BatchBuffer, BufferPool, MaskPlanes
+from ._pipeline import settings, stage_threads
+from ._queue import END, Channel, Closed
+from ._sample import Schema
+from ._stage import Counters, Stage
+from ._stats import Stats, StatsBook
+from ._transfer import BatchTransforms, Converter, Transfer
+from .errors import ConfigError, FeederError, StageError, safe_text
+
+log = logging.getLogger(__name__)
+
+# How long the training process waits for the worker to answer a stats request
+# (seconds); a busy worker answers in milliseconds (its control thread does no
+# pipeline work), a dead one never.
+_QUERY_S = 0.5
+# close() must return within about a second, whatever the worker is doing: it
+# waits this long for the worker to exit on its own (it does within milliseconds
+# unless a thread holds its GIL in C code), then kills it.
+_EXIT_GRACE_S = 0.3
+# close(): the worker's last figures (for stats() after close) are worth this long.
+_LAST_STATS_S = 0.1
+# The channel between the receiving thread and the transfer thread. The worker
+# cannot ship more batches than it has buffers, so this is never full in
+# practice; it only must not be the reason the receiver blocks.
+_SHIPPED_CAPACITY = 1 << 12
+# cudaHostRegisterPortable: the registration holds in every CUDA context.
+_CUDA_HOST_REGISTER_PORTABLE = 1
+
+
+def _dumps(obj: Any) -> bytes:
+    return bytes(ForkingPickler.dumps(obj))
+
+
+def portable(error: BaseException) -> BaseException:
+    """``error`` if it survives pickling (with its cause), else a :class:`FeederError`
+    carrying its text (a cause raised by user code may not pickle)."""
+    try:
+        ForkingPickler.loads(_dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any pickling failure
+        pass
+    text = safe_text(f"{type(error).__name__}: {error}")
+    cause = error.__cause__
+    if cause is not None:
+        text += safe_text(f" (caused by {type(cause).__name__}: {cause})")
+    return FeederError(text)
+
+
+def payload(config: Any, source: Any, transforms: list[Any], engine: type) -> bytes:
+    """What the worker is built from, pickled; an object that cannot be sent is a
+    :class:`~feeder.errors.ConfigError` naming it and how to fix it."""
+    # The worker runs the CPU stages only: dtype, normalization and batch
+    # transforms run in the training process's transfer stage.
+    config = dataclasses.replace(config, device=torch.device("cpu"), dtype=None, normalize=None,
+                                 batch_transforms=(), isolation="thread")
+    parts = [("source", source)] + [(f"transforms[{i}]", t) for i, t in enumerate(transforms)]
+    pickled = []
+    for what, obj in parts:
+        try:
+            pickled.append(_dumps(obj))
+        except Exception as exc:  # noqa: BLE001 - pickle raises many types
+            raise ConfigError(
+                f"isolation='process' sends the {what} ({safe_text(repr(obj))}) to a worker "
+                f"process, but it cannot be pickled ({type(exc).__name__}: {exc}); define it at "
+                f"module level (a module-level function or class instead of a lambda, a local "
+                f"function or a bound object holding open handles), or use isolation='thread'"
+            ) from exc
+    return _dumps((engine, config, pickled[0], pickled[1:]))
+
+
+# -- the worker process --------------------------------------------------------
+class _Link:
+    """One end of the control pipe, shared by several threads: one message at a time."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, message: tuple) -> None:
+        data = _dumps(message)
+        with self.lock:
+            self.conn.send_bytes(data)
+
+    def send_error(self, kind: str, pass_id: int, error: BaseException) -> None:
+        self.send((kind, pass_id, portable(error)))
+
+
+class Shipper(Stage):
+    """The worker's last stage, in place of :class:`~feeder._transfer.Transfer`: collates
+    finished buffers (in order when asked) and announces each to the training process."""
+
+    def __init__(self, control: Any, collator: Any, pool: Any, inbox: Channel, outbox: Channel,
+                 worker: "_Worker", pass_id: int) -> None:
+        super().__init__("transfer", 1, control, inbox, outbox)
+        self.collator = collator
+        self.pool = pool
+        self.worker = worker
+        self.pass_id = pass_id
+        self._skips = 0  # skipped indices already reported
+        self._schema: tuple | None = None  # the schema as last reported
+
+    def work(self, c: Counters) -> None:
+        link = self.worker.link
+        try:
+            while True:
+                batch = self.get(c)
+                if batch is END:
+                    for buf, n in self.collator.finish():
+                        self.ship(buf, n, c)
+                    link.send(("end", self.pass_id, self._new_skips()))
+                    return
+                try:
+                    for buf, n in self.collator.add(batch):
+                        self.ship(buf, n, c)
+                except FeederError as err:
+                    link.send_error("error", self.pass_id, err)
+                    return
+        except Closed:
+            # Stopped: by the training process (nothing to say), or by a failure
+            # of another stage, which the pass holds by now (fail() sets it first).
+            error = getattr(self.control, "error", None)
+            if error is not None:
+                link.send_error("error", self.pass_id, error)
+            raise
+        except (OSError, EOFError):
+            raise Closed("control pipe") from None  # the training process is gone
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the loop
+            err = StageError("transfer", f"{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            link.send_error("error", self.pass_id, err)
+            raise Closed("failed") from None
+
+    def _new_skips(self) -> list[int]:
+        skipped = self.control.skipped_indices
+        new = list(skipped[self._skips:])
+        self._skips += len(new)
+        return new
+
+    def ship(self, buf: BatchBuffer, n: int, c: Counters) -> None:
+        c.items += 1
+        fresh = {}
+        known = self.worker.announced.setdefault(buf.serial, set())
+        for key, tensor in _shared_tensors(buf):
+            if key not in known:
+                fresh[key] = tensor
+        lists = {name: values[:n] for name, values in buf.lists.items()}
+        wide = buf.planes.wide[:n].copy() if buf.planes is not None else None
+        schema = self.worker.schema_state()
+        if schema == self._schema:
+            schema = None
+        self.pool.lend(buf)  # until the training process sends it back
+        message = ("batch", self.pass_id, buf.serial, n, buf.indices[:n].copy(), fresh, lists, wide,
+                   schema, self._new_skips())
+        try:
+            data = _dumps(message)
+        except Exception as exc:
+            self.pool.release(buf)
+            raise StageError("transfer", f"a batch's per-sample fields could not be pickled to "
+                             f"reach the training process ({type(exc).__name__}: {exc}); with "
+                             f"isolation='process' every passed-through field must be "
+                             f"picklable") from exc
+        with self.worker.link.lock:
+            self.worker.link.conn.send_bytes(data)
+        known.update(fresh)
+        if schema is not None:
+            self._schema = schema
+
+
+def _shared_tensors(buf: BatchBuffer) -> Iterator[tuple[str, torch.Tensor]]:
+    yield "images", buf.images_t
+    yield "labels", buf.labels_t
+    for name, (tensor, _) in list(buf.arrays.items()):
+        yield f"array:{name}", tensor
+    planes = buf.planes
+    if planes is not None:
+        yield "low", planes.low_t
+        if planes.high_t is not None:
+            yield "high", planes.high_t
+
+
+class _Worker:
+    """The worker process's side: an engine and the loop serving the control pipe."""
+
+    def __init__(self, conn: Any, engine_class: type, config: Any, source: Any,
+                 transforms: list[Any]) -> None:
+        self.link = _Link(conn)
+        chain = Chain(list(transforms), config.image_size, config.max_pixels)
+        self.engine = engine = engine_class(config, source, chain)
+        h, w = chain.image_size
+        engine.pool = BufferPool(config.num_buffers, config.batch_size, h, w, pin=False, shared=True)
+        engine.sink = self._sink
+        self.pass_id = 0
+        self.announced: dict[int, set[str]] = {}  # buffer serial -> tensors the parent has
+
+    def schema_state(self) -> tuple:
+        schema = self.engine.work.schema
+        return (dict(schema.specs), schema.keys, schema.is_dict, schema.classic)
+
+    def _sink(self, control: Any, collator: Any, pool: Any, inbox: Channel, outbox: Channel) -> Shipper:
+        return Shipper(control, collator, pool, inbox, outbox, self, self.pass_id)
+
+    def serve(self) -> None:
+        conn = self.link.conn
+        engine = self.engine
+        pool = engine.pool
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return  # the training process closed the pipe or died
+            kind = message[0]
+            if kind == "free" or kind == "claim":
+                buf = pool.buffer(message[1])
+                if buf is not None:
+                    (pool.release if kind == "free" else pool.claim)(buf)
+            elif kind == "waiting":
+                pool.set_consumer_waiting(message[1])
+            elif kind == "start":
+                self.pass_id = message[1]
+                try:
+                    engine.start_pass(*message[2:])
+                except BaseException as exc:  # noqa: BLE001 - the loop must learn it
+                    self.link.send_error("error", self.pass_id, exc)
+            elif kind == "stop":
+                run = engine.current
+                if run is not None and self.pass_id == message[1]:
+                    run.stop()
+            elif kind == "stats":
+                run = engine.current
+                rows = run.in_flight() if run is not None else []
+                self.link.send(("stats", message[1], engine.stats(), rows))
+            elif kind == "close":
+                return
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when the training process dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call above
+        os._exit(1)
+
+
+def worker_main(conn: Any, data: bytes, parent: int) -> None:
+    """The worker process's entry point (spawned)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    try:
+        engine_class, config, source, transforms = ForkingPickler.loads(data)
+        source = ForkingPickler.loads(source)
+        transforms = [ForkingPickler.loads(t) for t in transforms]
+        worker = _Worker(conn, engine_class, config, source, transforms)
+    except BaseException as exc:  # noqa: BLE001 - the training process must learn why
+        err = FeederError(safe_text(
+            f"the feeder's worker process could not load the source and transforms: "
+            f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
+            f"session, a notebook or 'python -c' live in a __main__ the worker cannot import: "
+            f"move them to a module, or use isolation='thread'"))
+        with contextlib.suppress(Exception):
+            conn.send_bytes(_dumps(("fatal", 0, err)))
+        os._exit(1)
+    worker.serve()
+    worker.engine.stop()
+    # Daemon threads may be inside user code; nothing here needs an orderly exit
+    # (the shared memory is released by the kernel with the mappings).
+    os._exit(0)
+
+
+# -- the training process ------------------------------------------------------
+class _Shipped:
+    """A batch the worker announced: its buffer's view in this process and how many samples."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, buf: BatchBuffer, n: int) -> None:
+        self.buf, self.n = buf, n
+
+
+class _Passthrough:
+    """The transfer stage's collator here: the worker already sequenced the batches."""
+
+    def add(self, item: Any) -> Iterator[tuple[BatchBuffer, int]]:
+        if isinstance(item, BaseException):
+            raise item if isinstance(item, FeederError) else FeederError(str(item))
+        yield item.buf, item.n
+
+    def finish(self) -> Iterator[tuple[BatchBuffer, int]]:
+        return iter(())
+
+
+class RemotePool:
+    """The buffer pool as the training process sees it: each transition is a message."""
+
+    def __init__(self, engine: "ProcessEngine") -> None:
+        self._engine = engine
+
+    @property
+    def allocated(self) -> int:
+        remote = self._engine.remote
+        return remote.buffers if remote is not None else 0
+
+    def release(self, buf: BatchBuffer) -> None:
+        self._engine.send(("free", buf.serial))
+
+    def lend(self, buf: BatchBuffer) -> None:
+        pass  # the worker marked it lent when it shipped it
+
+    def claim(self, buf: BatchBuffer) -> None:
+        self._engine.send(("claim", buf.serial))
+
+    def set_consumer_waiting(self, waiting: bool) -> None:
+        self._engine.send(("waiting", waiting))
+
+
+class RemotePass:
+    """The training process's side of one pass: the transfer stage and the output.
+
+    It offers what :class:`~feeder._pipeline.Pass` offers the iterator and the
+    engine; the other stages run in the worker under the same pass number."""
+
+    def __init__(self, engine: "ProcessEngine", pass_id: int, epoch: int) -> None:
+        self.engine = engine
+        self.pass_id = pass_id
+        self.cfg = cfg = engine.settings
+        self.pool = engine.pool
+        self.book = engine.book
+        self.epoch = epoch
+        self.error: BaseException | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.finished = threading.Event()
+        self.replaced = False
+        self.output_ended = False
+        self.orphaned = False
+        self.skipped_indices: list[int] = []
+        self.inbox = Channel("shipped", _SHIPPED_CAPACITY)
+        self.output = Channel("output", cfg.queue_size)
+        self.channels = (self.inbox, self.output)
+        self.book.attach_channel(self.output)
+        self.seed = engine.seed_of_pass
+        self.stage = Transfer(self, _Passthrough(), engine.pool, cfg.device,
+                              Converter(cfg.dtype, cfg.normalize, cfg.device, cfg.memory_format),
+                              self.inbox, self.output,
+                              BatchTransforms(cfg.batch_transforms, self.seed, epoch, cfg.device)
+                              if cfg.batch_transforms else None, engine.schema)
+        self.stages = (self.stage,)
+
+    def start(self) -> None:
+        self.stage.start()
+
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        first = not self._stopped
+        self._stopped = True
+        if self.orphaned:
+            return
+        for item in self.inbox.close():
+            if isinstance(item, _Shipped):
+                self.pool.release(item.buf)
+        self.output.close()
+        if first:
+            self.engine.send(("stop", self.pass_id))
+
+    def replace(self) -> None:
+        if self.orphaned:
+            return
+        with self._lock:
+            left = self.output.close()
+            self.replaced = not self.output_ended and not (len(left) == 1 and left[0] is END)
+        self.stop()
+
+    def was_replaced(self) -> bool:
+        with self._lock:
+            return self.replaced
+
+    def orphan(self) -> None:
+        self.orphaned = True
+        self._stopped = True
+        self._lock = threading.Lock()
+        for ch in self.channels:
+            ch.abandon()
+        self.finished = threading.Event()
+        self.finished.set()
+
+    def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
+        rows = self.engine.in_flight()
+        return [row for row in rows if row[3] > older_than]
+
+    def join(self, timeout: float) -> bool:
+        return self.finished.wait(timeout)
+
+    def threads(self) -> list[threading.Thread]:
+        return list(self.stage.threads)
+
+    def fold_output(self) -> None:
+        self.book.fold_channel(self.output)
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self.stop()
+
+    def deliver(self, item: Any) -> None:
+        """The receiving thread hands over a shipped batch, the end, or an error."""
+        try:
+            self.inbox.put(item)
+        except Closed:
+            if isinstance(item, _Shipped):
+                self.pool.release(item.buf)
+
+    def thread_started(self, stage: str, c: Counters) -> None:
+        self.book.attach_thread(stage, c)
+
+    def thread_exited(self, stage: str, c: Counters) -> None:
+        self.book.fold_thread(stage, c)
+        self.finished.set()
+
+    def sample_failed(self, step: str, task: Any, exc: BaseException, c: Counters) -> None:
+        raise AssertionError("no sample is processed in the training process")
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Start the worker with SIGINT ignored: an ignored signal stays ignored across
+    exec, and Python keeps it so, so a Ctrl-C during its start-up cannot kill it
+    with a traceback (the worker ignores it again itself, for other threads)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class ProcessEngine:
+    """The isolated engine's training-process side; the interface of ``_feeder._Engine``."""
+
+    def __init__(self, config: Any, source: Any, chain: Any, transforms: list[Any],
+                 engine: type) -> None:
+        """``engine``: the thread engine's class, which the worker runs (passed in, as
+        it lives in the module that builds this one)."""
+        self.config = config
+        self.settings = settings(config)
+        self.book = StatsBook(stage_threads(self.settings))
+        self.pool = RemotePool(self)
+        self.schema = Schema()
+        self.lock = threading.Lock()
+        self.current: RemotePass | None = None
+        self.passes: list[RemotePass] = []
+        self._by_id: dict[int, RemotePass] = {}
+        self._ids = 0
+        self.seed_of_pass = 0
+        self.closed = False
+        self.dead: BaseException | None = None  # why the worker is gone, once it is
+        self.remote: Stats | None = None  # the worker's latest stats
+        self._rows: list = []  # its samples in flight, as of then
+        self._queries: dict[int, threading.Event] = {}
+        self._mirrors: dict[int, BatchBuffer] = {}  # buffer serial -> this process's view
+        self._registered: list[int] = []  # addresses page-locked with cudaHostRegister
+        self._cuda = config.device.type == "cuda"
+        self._device_set = False  # the receiving thread's current device (for registration)
+        data = payload(config, source, transforms, engine)
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(theirs, data, os.getpid()),
+                                   name="feeder-worker", daemon=True)
+        with _sigint_ignored():
+            self.process.start()
+        theirs.close()  # only the worker holds that end now: its death is EOF here
+        self.conn = mine
+        self._send_lock = threading.Lock()
+        self.receiver = threading.Thread(target=self._receive, name="feeder-receive", daemon=True)
+        self.receiver.start()
+        log.debug("feeder worker process %d started", self.process.pid)
+
+    # -- messages ----------------------------------------------------------------
+    def send(self, message: tuple) -> None:
+        """Send ``message`` to the worker; nothing happens once it is gone (the
+        receiving thread reports that)."""
+        conn = self.conn
+        if conn is None:
+            return
+        with self._send_lock:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(message)
+
+    def _receive(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception as exc:  # noqa: BLE001 - a message that cannot be unpickled
+                self._fail_current(FeederError(f"a message from the feeder's worker process could "
+                                               f"not be read: {type(exc).__name__}: {exc}"))
+                continue
+            kind = message[0]
+            if kind == "batch":
+                self._on_batch(message)
+            elif kind == "end" or kind == "error":
+                run = self._by_id.get(message[1])
+                if run is not None:
+                    if kind == "end":
+                        run.skipped_indices.extend(message[2])
+                        run.deliver(END)
+                    else:
+                        run.deliver(message[2])
+            elif kind == "stats":
+                self.remote, self._rows = message[2], message[3]
+                event = self._queries.pop(message[1], None)
+                if event is not None:
+                    event.set()
+            elif kind == "fatal":
+                self.dead = message[2]
+        if self.closed:
+            return
+        self.dead = self.dead or _death_error(self.process)
+        log.error("%s", self.dead)
+        self._fail_current(self.dead)
+        for event in list(self._queries.values()):
+            event.set()
+
+    def _fail_current(self, error: BaseException) -> None:
+        for run in list(self.passes):
+            run.fail(FeederError(str(error)) if run is not self.current else error)
+
+    def _on_batch(self, message: tuple) -> None:
+        _, pass_id, serial, n, indices, fresh, lists, wide, schema, skips = message
+        buf = self._mirrors.get(serial)
+        if buf is None:
+            buf = self._mirrors[serial] = _mirror(serial)
+        for key, tensor in fresh.items():
+            _attach(buf, key, tensor)
+            if self._cuda:
+                self._register(tensor)
+        buf.indices = indices
+        buf.lists = lists
+        if wide is not None:
+            buf.planes.wide = wide
+        if schema is not None:
+            s = self.schema
+            s.specs, s.keys, s.is_dict, s.classic = schema
+        run = self._by_id.get(pass_id)
+        if run is None or run.stopped():
+            self.send(("free", serial))
+            return
+        run.skipped_indices.extend(skips)
+        run.deliver(_Shipped(buf, n))
+
+    def _register(self, tensor: torch.Tensor) -> None:
+        """Page-lock a shared array in place, so copies from it run asynchronously.
+
+        Pageable memory would make every ``non_blocking`` copy wait for the host
+        side (the driver stages it through a pinned bounce buffer). Registered
+        "portable", it counts as pinned in every CUDA context, whichever device
+        this thread has current."""
+        ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+        if size == 0:
+            return
+        if not self._device_set:
+            torch.cuda.set_device(self.config.device)
+            self._device_set = True
+        code = torch.cuda.cudart().cudaHostRegister(ptr, size, _CUDA_HOST_REGISTER_PORTABLE)
+        if int(code) != 0:
+            log.warning("cudaHostRegister of a %d-byte shared batch array failed (%s): copies "
+                        "from it will not overlap the training step", size, code)
+            return
+        self._registered.append(ptr)
+
+    def _query(self, timeout: float = _QUERY_S) -> None:
+        """Ask the worker for its stats and samples in flight; wait up to ``timeout`` s."""
+        if self.dead is not None or self.closed:
+            return
+        event = threading.Event()
+        token = id(event)
+        self._queries[token] = event
+        self.send(("stats", token))
+        event.wait(timeout)
+        self._queries.pop(token, None)
+
+    def in_flight(self) -> list:
+        self._query()
+        return list(self._rows)
+
+    # -- the _Engine interface -----------------------------------------------------
+    def start_pass(self, seed: int, epoch: int, rank: int, world_size: int,
+                   done: Any = None) -> RemotePass:
+        with self.lock:
+            if self.closed:
+                raise FeederError("the feeder is closed")
+            if self.dead is not None:
+                raise FeederError(str(self.dead))
+            if self.current is not None:
+                self.current.replace()
+                self.current.fold_output()
+            self.passes = [p for p in self.passes if not p.finished.is_set()]
+            self._by_id = {p.pass_id: p for p in self.passes}
+            self.book.start()
+            self._ids += 1
+            self.seed_of_pass = seed
+            run = RemotePass(self, self._ids, epoch)
+            self.current = run
+            self.passes.append(run)
+            self._by_id[run.pass_id] = run
+            run.start()
+            self.send(("start", run.pass_id, seed, epoch, rank, world_size, done))
+            return run
+
+    def stats(self) -> Stats:
+        self._query()
+        local = self.book.snapshot(0)
+        remote = self.remote
+        if remote is None:
+            return local
+        stages = tuple(local.stage("transfer") if s.name == "transfer" else s
+                       for s in remote.stages)
+        queues = (tuple(q for q in remote.queues if q.name != "output")
+                  + tuple(q for q in local.queues if q.name == "output"))
+        return Stats(stages, queues, local.samples, local.batches, remote.skipped,
+                     local.consumer_wait_s, local.elapsed_s, remote.buffers, remote.skipped_paths,
+                     local.waiting_in_next)
+
+    def stop(self) -> list[RemotePass]:
+        locked = self.lock.acquire(timeout=1.0)
+        try:
+            first = not self.closed
+            if first and self.dead is None:
+                self._query(_LAST_STATS_S)  # the worker's last figures, for stats() after close()
+            self.closed = True
+            passes = list(self.passes)
+            for run in passes:
+                run.stop()
+            if self.current is not None:
+                self.current.fold_output()
+            if first:
+                self.send(("close",))
+        finally:
+            if locked:
+                self.lock.release()
+        return passes
+
+    def free(self) -> None:
+        process = self.process
+        if process is not None and self.conn is not None:
+            process.join(_EXIT_GRACE_S)
+            if process.is_alive():
+                process.kill()
+                process.join(0.2)
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with self._send_lock:
+                conn.close()
+        # No copy may read registered memory once it is unregistered: the transfer
+        # threads wait for each copy's event before a buffer goes back, and were
+        # joined by close(); a collected feeder's are given a moment here.
+        if self._registered:
+            deadline = time.monotonic() + 0.2
+            for run in self.passes:
+                run.join(max(0.0, deadline - time.monotonic()))
+            cudart = torch.cuda.cudart()
+            for ptr in self._registered:
+                cudart.cudaHostUnregister(ptr)
+            self._registered = []
+        self._mirrors = {}
+
+    def close(self, timeout: float = 1.0) -> None:
+        passes = self.stop()
+        deadline = time.monotonic() + 0.3 * timeout
+        me = threading.current_thread()
+        for run in passes:
+            if me not in run.threads():
+                run.join(max(0.0, deadline - time.monotonic()))
+        self.free()
+
+    def after_fork(self) -> None:
+        """In a forked child of the training process: the worker is the parent's."""
+        self.lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self.conn = None
+        self.process = None
+        self.dead = FeederError("this feeder's worker process belongs to the process that forked")
+        for run in self.passes:
+            run.orphan()
+        self.passes = []
+
+
+def _mirror(serial: int) -> BatchBuffer:
+    buf = BatchBuffer.__new__(BatchBuffer)
+    buf.serial = serial
+    buf.pin = False
+    buf.shared = True
+    buf.arrays = {}
+    buf.lists = {}
+    buf.planes = None
+    return buf
+
+
+def _attach(buf: BatchBuffer, key: str, tensor: torch.Tensor) -> None:
+    if key == "images":
+        buf.images_t, buf.images = tensor, tensor.numpy()
+    elif key == "labels":
+        buf.labels_t, buf.labels = tensor, tensor.numpy()
+    elif key.startswith("array:"):
+        buf.arrays[key[6:]] = (tensor, tensor.numpy())
+    else:
+        planes = buf.planes
+        if planes is None:
+            planes = buf.planes = MaskPlanes.__new__(MaskPlanes)
+            planes.high_t = planes.high = None
+            planes._pin = False
+            planes._shared = True
+            planes.wide = np.zeros(tensor.shape[0], np.bool_)
+        if key == "low":
+            planes.low_t, planes.low = tensor, tensor.numpy()
+        else:
+            planes.high_t, planes.high = tensor, tensor.numpy()
+
+
+def _death_error(process: Any) -> FeederError:
+    """What the training loop is told when the worker process is gone."""
+    process.join(1.0)
+    code = process.exitcode
+    what = f"the feeder's worker process (pid {process.pid})"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"{what} was killed by {name}"
+        if -code == signal.SIGKILL:
+            text += (" (the kernel's OOM killer is a common cause: look for 'Out of memory' in "
+                     "dmesg or the system log; fewer decode_threads, a smaller queue_size or "
+                     "lighter samples need less memory)")
+        elif -code == signal.SIGBUS:
+            text += (" (a SIGBUS usually means /dev/shm, where the batch buffers live, is full: "
+                     "containers often give it 64 MB; raise it, e.g. docker run --shm-size=2g, "
+                     "or use isolation='thread')")
+        return FeederError(text)
+    if code is None:
+        return FeederError(f"{what} closed its control pipe and did not exit")
+    return FeederError(f"{what} exited unexpectedly with exit code {code}")

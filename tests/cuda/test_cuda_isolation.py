@@ -1,0 +1,113 @@
+"""The isolated engine on CUDA: shared batch arrays page-locked in place
+(cudaHostRegister), copies from them that keep the thread engine's values and
+ordering, released only after their copy, unregistered on close.
+
+Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MemorySource, drain, labels_of
+from feeder import Feeder, ops
+from test_isolation import DictSource, assert_same, collect
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of delay
+
+
+@pytest.fixture
+def big_source(jpeg_blobs):
+    return MemorySource(list(jpeg_blobs) * 4)  # 240 samples
+
+
+def make(source, transforms=AUG, **kw):
+    kw.setdefault("batch_size", 16)
+    kw.setdefault("seed", 5)
+    kw.setdefault("decode_threads", 2)
+    kw.setdefault("timeout", 60)
+    return Feeder(source, transforms=transforms, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)},
+                                {"dtype": torch.float16, "memory_format": "contiguous"}])
+def test_same_batches_as_the_thread_engine(big_source, kw):
+    with make(big_source, device="cuda", **kw) as f:
+        expect, err = drain(f)
+    assert err is None
+    with make(big_source, device="cuda", isolation="process", **kw) as f:
+        got, err = drain(f)
+        engine = f._engine
+        # Every shared array the transfer stage copied from is page-locked in place.
+        assert engine._registered
+        for buf in engine._mirrors.values():
+            assert buf.images_t.is_pinned() and buf.labels_t.is_pinned()
+    assert err is None and len(got) == len(expect)
+    for (xa, ya), (xb, yb) in zip(expect, got):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)  # the same kernels on the same bytes
+    assert engine._registered == [] and engine._mirrors == {}
+
+
+def test_buffers_go_back_only_after_their_copy(big_source, monkeypatch):
+    with make(big_source, device="cuda", isolation="process", queue_size=1) as f:
+        pool = f._engine.pool
+        states = []
+        real_release = pool.release
+
+        def checked_release(buf):
+            run = f._engine.current
+            stream = getattr(run.stage, "stream", None) if run is not None else None
+            states.append(stream is None or stream.query())
+            real_release(buf)
+
+        monkeypatch.setattr(pool, "release", checked_release)
+        batches, err = drain(f)
+    assert err is None and batches
+    assert states and all(states)
+
+
+def test_consumer_stream_lagging_behind(big_source):
+    """A consumer stream that lags: batches keep their values (events, record_stream)."""
+    with make(big_source, device="cpu", shuffle=False) as cpu:
+        expect = [int(x.long().sum()) for x, _ in drain(cpu)[0]]
+    consumer = torch.cuda.Stream()
+    sums = []
+    with make(big_source, device="cuda", shuffle=False, queue_size=2,
+              isolation="process") as gpu, torch.cuda.stream(consumer):
+        for x, _ in gpu:
+            torch.cuda._sleep(SPIN)
+            sums.append(x.long().sum())
+            del x
+        torch.cuda.synchronize()
+    assert [int(s) for s in sums] == expect
+
+
+def test_dict_samples_on_cuda():
+    transforms = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
+    with make(DictSource(), transforms, batch_size=8, device="cuda") as f:
+        expect = [{k: (v.cpu() if isinstance(v, torch.Tensor) else
+                       [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
+                   for k, v in b.items()} for b in f]
+    with make(DictSource(), transforms, batch_size=8, device="cuda", isolation="process") as f:
+        got = [{k: (v.cpu() if isinstance(v, torch.Tensor) else
+                    [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
+                for k, v in b.items()} for b in f]
+    to_np = lambda rows: [{k: (v.numpy() if isinstance(v, torch.Tensor) else  # noqa: E731
+                               [t.numpy() if isinstance(t, torch.Tensor) else t for t in v])
+                           for k, v in b.items()} for b in rows]
+    assert_same(to_np(got), to_np(expect))
+
+
+def test_exactly_once_on_cuda(big_source):
+    with make(big_source, device="cuda", batch_size=10, shuffle=False,
+              isolation="process") as f:
+        batches, err = drain(f)
+    assert err is None
+    assert labels_of(batches) == list(range(len(big_source)))

@@ -1,0 +1,462 @@
+"""The isolated engine (``isolation="process"``): the same batches as the thread engine,
+errors and skips across the process boundary, stats, passes, shutdown, a killed worker.
+
+Each feeder here starts a worker process (spawn: about a second), so tests share
+module-scoped feeders where they can. Sources and transforms live at module
+level: the worker imports them from this module.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pickle
+import signal
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads
+from faults_helpers import Child, wait_until
+from feeder import ConfigError, Feeder, FeederError, SampleError, ops
+from feeder.errors import StageError
+from feeder.synthetic import make_detection_sample, make_image
+
+N = 48
+BATCH = 8
+
+
+def _blobs(n: int = N) -> list[bytes]:
+    return [encode_jpeg(make_image(40 + 4 * (i % 5), 48, seed=i)) for i in range(n)]
+
+
+BLOBS = _blobs()
+TRANSFORMS = [ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()]
+
+
+def shared_threads() -> set[threading.Thread]:
+    """The receiving threads of this module's shared feeders (alive as long as they are)."""
+    return {f._engine.receiver for f in _SHARED if not f.closed}
+
+
+_SHARED: list[Feeder] = []
+
+
+@pytest.fixture(autouse=True)
+def no_feeder_thread_leak():
+    """As conftest's, but a shared feeder's receiving thread outlives each test by design."""
+    yield
+    deadline = time.monotonic() + 2.0
+    alive = [t for t in feeder_threads() if t not in shared_threads()]
+    while alive and time.monotonic() < deadline:
+        for t in alive:
+            t.join(0.02)
+        alive = [t for t in feeder_threads() if t not in shared_threads()]
+    assert not alive, f"feeder threads left running: {[t.name for t in alive]}"
+
+
+def collect(f: Feeder, limit: int | None = None) -> list:
+    """Every batch of one pass as numpy (copies: CPU uint8 batches are buffer views)."""
+    out = []
+    for i, batch in enumerate(f):
+        if isinstance(batch, dict):
+            out.append({k: _np(v) for k, v in batch.items()})
+        else:
+            out.append(tuple(_np(v) for v in batch))
+        if limit is not None and i + 1 == limit:
+            break
+    return out
+
+
+def _np(value):
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, list):
+        return [_np(v) for v in value]
+    return value
+
+
+def assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b), (len(a), len(b))
+    for x, y in zip(a, b):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for k in x:
+                _same(x[k], y[k])
+        else:
+            for u, v in zip(x, y):
+                _same(u, v)
+
+
+def _same(u, v) -> None:
+    if isinstance(u, list):
+        assert len(u) == len(v)
+        for p, q in zip(u, v):
+            _same(p, q)
+    elif isinstance(u, np.ndarray):
+        assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v)
+    else:
+        assert u == v
+
+
+def make(source, transforms=TRANSFORMS, **options) -> Feeder:
+    options.setdefault("seed", 11)
+    options.setdefault("decode_threads", 2)
+    options.setdefault("read_threads", 2)
+    options.setdefault("timeout", JOIN_TIMEOUT_S)
+    return Feeder(source, BATCH, transforms, **options)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """One isolated feeder over pairs, shared by the tests that do not close it."""
+    f = make(MemorySource(BLOBS), isolation="process")
+    _SHARED.append(f)
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The thread engine's epochs 0 and 1 with the same settings."""
+    with make(MemorySource(BLOBS)) as f:
+        return [collect(f), collect(f)]
+
+
+# -- the same batches -------------------------------------------------------------------------------
+
+def test_same_batches_as_the_thread_engine(pairs, reference):
+    pairs.set_epoch(0)
+    first = collect(pairs)
+    second = collect(pairs)
+    assert_same(first, reference[0])
+    assert_same(second, reference[1])
+    assert pairs.last_batch.epoch == 1 and pairs.last_batch.number == len(reference[1]) - 1
+    labels = np.concatenate([y for _, y in first])
+    assert sorted(labels.tolist()) == list(range(N))  # exactly once
+
+
+def make_dict(index: int) -> dict:
+    """A sample with a mask, boxes with their labels, a numeric field and a passthrough."""
+    img, boxes, labels = make_detection_sample(48, 56, seed=index)
+    mask = (np.arange(48 * 56).reshape(48, 56) // 56 + index) % 5
+    return {"image": encode_png(img), "mask": encode_png(mask.astype(np.uint8)), "boxes": boxes,
+            "box_labels": labels, "weight": np.float32(index / 10), "name": f"sample-{index}"}
+
+
+class DictSource:
+    def __len__(self) -> int:
+        return 20
+
+    def read(self, index: int) -> dict:
+        return make_dict(index)
+
+
+def test_dict_samples_same_as_the_thread_engine():
+    transforms = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
+    with make(DictSource(), transforms) as f:
+        expected = collect(f)
+    with make(DictSource(), transforms, isolation="process") as f:
+        got = collect(f)
+        again = collect(f)  # a second pass reuses the buffers: the fields announced once
+    assert_same(got, expected)
+    assert got[0].keys() == {"image", "mask", "boxes", "box_labels", "weight", "name"}
+    assert got[0]["mask"].shape == (BATCH, 32, 32)
+    assert [n for b in got for n in b["name"]] != [n for b in again for n in b["name"]]
+    assert sorted(n for b in again for n in b["name"]) == sorted(f"sample-{i}" for i in range(20))
+
+
+def test_early_break_then_a_new_pass(pairs, reference):
+    pairs.set_epoch(0)
+    head = collect(pairs, limit=2)
+    assert_same(head, reference[0][:2])
+    gc.collect()  # the abandoned iterator's pass stops
+    pairs.set_epoch(0)
+    assert_same(collect(pairs), reference[0])
+
+
+def test_abandoned_pass_raises_when_replaced(pairs):
+    pairs.set_epoch(0)
+    it = iter(pairs)
+    next(it)
+    pairs.set_epoch(1)
+    collect(pairs, limit=1)
+    with pytest.raises(FeederError, match="new pass"):
+        next(it)
+
+
+def test_resume_mid_epoch(pairs, reference):
+    pairs.set_epoch(1)
+    it = iter(pairs)
+    head = [tuple(_np(v) for v in next(it)) for _ in range(3)]
+    state = pairs.state_dict()
+    del it
+    gc.collect()
+    pairs.load_state_dict(state)
+    rest = collect(pairs)
+    assert_same(head + rest, reference[1])
+    pairs.set_epoch(1)
+    pairs.skip(2)
+    assert_same(collect(pairs), reference[1][2:])
+
+
+def test_stats_include_the_worker_stages(pairs):
+    pairs.set_epoch(0)
+    before = pairs.stats()
+    batches = collect(pairs)
+    s = pairs.stats()
+    assert s.batches - before.batches == len(batches)
+    assert s.samples - before.samples == N
+    assert s.stage("decode").items - before.stage("decode").items == N
+    assert s.stage("read").items - before.stage("read").items == N
+    assert s.stage("transfer").items - before.stage("transfer").items == len(batches)
+    assert s.stage("sampler").items > before.stage("sampler").items
+    assert s.buffers >= 2
+    assert {q.name for q in s.queues} >= {"decode", "collate", "output"}
+
+
+def test_worker_ignores_sigint(pairs):
+    # A Ctrl-C reaches the whole process group; the training process decides what stops.
+    pid = pairs._engine.process.pid
+    os.kill(pid, signal.SIGINT)
+    pairs.set_epoch(0)
+    assert len(collect(pairs)) == N // BATCH
+    assert pairs._engine.process.is_alive()
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+class Unpicklable(Exception):
+    """An error whose constructor signature defeats pickling (its cause must not sink the message)."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def raise_unpicklable(img, rng):
+    raise Unpicklable("x", "y")
+
+
+def test_errors_name_the_sample_and_path():
+    blobs = list(BLOBS[:16])
+    blobs[5] = b"\xff\xd8 not a jpeg"
+    names = [f"/data/img{i}.jpg" for i in range(16)]
+    with make(MemorySource(blobs, names=names), isolation="process", shuffle=False) as f:
+        with pytest.raises(SampleError) as info:
+            collect(f)
+    err = info.value
+    assert (err.stage, err.index, err.path) == ("decode", 5, "/data/img5.jpg")
+    assert "/data/img5.jpg" in str(err) and err.__cause__ is not None
+
+
+def test_error_pickling():
+    err = StageError("sampler", "broke")
+    err.__cause__ = KeyError("k")
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.stage, str(back)) == (StageError, "sampler", str(err))
+    assert isinstance(back.__cause__, KeyError)
+    sample = SampleError("read", 3, "/x.jpg", OSError("gone"))
+    back = pickle.loads(pickle.dumps(sample))
+    assert (back.stage, back.index, back.path, str(back)) == ("read", 3, "/x.jpg", str(sample))
+
+
+def test_skip_policy_and_unpicklable_causes():
+    blobs = list(BLOBS[:24])
+    for i in (3, 10):
+        blobs[i] = b"broken"
+    with make(MemorySource(blobs), isolation="process", on_error="skip", shuffle=False) as f:
+        labels = np.concatenate([y for _, y in collect(f)])
+        assert sorted(labels.tolist()) == [i for i in range(24) if i not in (3, 10)]
+        assert f.stats().skipped == 2
+        state = f.state_dict()
+        assert state["skipped_total"] == 2
+    with make(MemorySource(BLOBS[:16]), [raise_unpicklable, ops.CenterCrop(24)],
+              isolation="process") as f:
+        with pytest.raises(FeederError, match="Unpicklable: x/y"):
+            collect(f)
+
+
+def test_unpicklable_source_is_a_config_error():
+    src = MemorySource(BLOBS[:16])
+    with pytest.raises(ConfigError, match=r"transforms\[1\].*cannot be pickled.*isolation='thread'"):
+        make(src, [ops.CenterCrop(24), lambda img, rng: img], isolation="process")
+    src.lock = threading.Lock()
+    with pytest.raises(ConfigError, match=r"the source .*MemorySource.*module level"):
+        make(src, isolation="process")
+
+
+def test_isolation_option_is_checked():
+    with pytest.raises(ValueError, match="isolation"):
+        make(MemorySource(BLOBS[:16]), isolation="processes")
+
+
+# -- shutdown --------------------------------------------------------------------------------------
+
+def stall(img, rng):
+    time.sleep(60)  # a transform stuck in user code in the worker
+    return img
+
+
+def test_close_with_the_worker_stuck_is_bounded():
+    f = make(MemorySource(BLOBS[:16]), [stall, ops.CenterCrop(24)], isolation="process")
+    it = iter(f)
+    it._start()
+    # Until the worker reports a sample in the stuck transform.
+    assert wait_until(lambda: it._run.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
+    process = f._engine.process
+    t0 = time.monotonic()
+    f.close()
+    took = time.monotonic() - t0
+    assert took < 5.0, f"close() took {took:.2f} s"  # a hang bound, not a speed figure
+    process.join(JOIN_TIMEOUT_S)
+    assert process.exitcode is not None
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("sig, why", [(signal.SIGKILL, "OOM killer"), (signal.SIGBUS, "/dev/shm")])
+def test_worker_killed_raises_a_clear_error(sig, why):
+    f = make(MemorySource(BLOBS), isolation="process", queue_size=1)
+    try:
+        it = iter(f)
+        next(it)
+        os.kill(f._engine.process.pid, sig)
+        with pytest.raises(FeederError, match=f"killed by {sig.name}.*{why}"):
+            for _ in range(N):
+                next(it)
+        with pytest.raises(FeederError, match=sig.name):
+            collect(f)  # a new pass says so too
+    finally:
+        f.close()
+
+
+def test_unclosed_feeder_is_collected_and_its_worker_exits():
+    f = make(MemorySource(BLOBS), isolation="process")
+    it = iter(f)
+    next(it)
+    process = f._engine.process
+    del f, it
+    gc.collect()
+    process.join(JOIN_TIMEOUT_S)
+    assert process.exitcode is not None, "the worker outlived its collected feeder"
+
+
+EXIT_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from feeder import Feeder, ops
+if __name__ == "__main__":
+    f = Feeder(MemorySource(BLOBS), 2, [ops.CenterCrop(24)], seed=0, queue_size=1,
+               isolation="process")
+    it = iter(f)
+    next(it)
+    say(event="exiting", worker=f._engine.process.pid)
+    {ending}
+"""
+
+
+@pytest.mark.parametrize("ending", ["pass", "raise RuntimeError('loss is nan')",
+                                    "os.kill(os.getpid(), signal.SIGKILL)"])
+def test_interpreter_exit_and_death_of_the_training_process(ending):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = Child("import signal\n" + EXIT_SCRIPT.format(repo=repo, ending=ending))
+    try:
+        report = json.loads(child.expect_line(60))
+        assert report["event"] == "exiting"
+        rc = child.wait(20)  # a hang fails here
+    finally:
+        child.kill()
+    expected = {"pass": 0, "os.kill(os.getpid(), signal.SIGKILL)": -signal.SIGKILL}.get(ending, 1)
+    assert rc == expected, f"rc={rc}; stderr:\n{child.stderr}"
+    # The worker follows the training process out (pipe end, PR_SET_PDEATHSIG).
+    # Not this process's child: nothing to wait on but its /proc entry.
+    assert wait_until(lambda: not _alive(report["worker"]), 10), \
+        "the worker process outlived the training process"
+
+
+SIGINT_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from test_isolation import stall
+if __name__ == "__main__":
+    f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process")
+    it = iter(f)
+    main = threading.main_thread()
+
+    def announce():
+        # Say "waiting" only once the main thread is really blocked inside next().
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main.ident)
+            names = set()
+            while frame is not None:
+                names.add(frame.f_code.co_name)
+                frame = frame.f_back
+            if {{"__next__", "get"}} <= names and it._run is not None and it._run.in_flight():
+                say(event="waiting", worker=f._engine.process.pid)
+                return
+            time.sleep(0.01)
+        say(event="never-blocked")
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        next(it)
+        say(event="unexpected-batch")
+    except KeyboardInterrupt:
+        say(event="interrupted", at=time.monotonic(), stopped=it._run.stopped())
+        raise
+"""
+
+
+def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = Child(SIGINT_SCRIPT.format(repo=repo))
+    try:
+        ready = json.loads(child.expect_line(60))
+        assert ready["event"] == "waiting", ready
+        sent = time.monotonic()
+        os.kill(child.proc.pid, signal.SIGINT)
+        report = json.loads(child.expect_line(15))
+        rc = child.wait(20)
+    finally:
+        child.kill()
+    assert report["event"] == "interrupted" and report["stopped"] is True
+    assert report["at"] - sent < 5.0  # a hang bound: the wait in next() is interruptible
+    assert rc in (-signal.SIGINT, 128 + signal.SIGINT), f"rc={rc}; stderr:\n{child.stderr}"
+    assert "KeyboardInterrupt" in child.stderr
+    assert wait_until(lambda: not _alive(ready["worker"]), 10), "the worker outlived the program"
+
+
+def test_objects_the_worker_cannot_import_are_named():
+    # ``Mem`` is defined in the script's __main__ ('python -c'): it pickles here, by
+    # reference, but a spawned process cannot import it.
+    child = Child("""
+f = Feeder(Mem(BLOBS), 2, [ops.CenterCrop(24)], seed=0, isolation="process")
+try:
+    next(iter(f))
+    say(error=None)
+except Exception as exc:
+    say(error=f"{type(exc).__name__}: {exc}")
+f.close()
+""")
+    try:
+        report = json.loads(child.expect_line(60))
+        assert child.wait(20) == 0, child.stderr
+    finally:
+        child.kill()
+    assert report["error"] is not None
+    assert report["error"].startswith("FeederError: the feeder's worker process could not load")
+    assert "Mem" in report["error"] and "isolation='thread'" in report["error"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
