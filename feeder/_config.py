@@ -201,9 +201,10 @@ class Config:
     isolation: str = _option("thread", _choice("thread", "process"))
 
     @classmethod
-    def build(cls, **options: Any) -> "Config":
+    def build(cls, _reads_may_block: bool = True, **options: Any) -> "Config":
         """Check every option (unknown names are a TypeError, as for any call) and
-        resolve the ones that depend on others or on the machine."""
+        resolve the ones that depend on others, on the machine or on the source
+        (``_reads_may_block``: see :func:`reads_may_block`)."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(options) - set(known))
         if unknown:
@@ -217,7 +218,11 @@ class Config:
         if values["augment_threads"] == "auto":
             values["augment_threads"] = auto_augment
         if values["read_threads"] == "auto":
-            values["read_threads"] = auto_read_threads(values["decode_threads"])
+            # Local, fast reads cost less in the decode threads than handed over
+            # from a read stage (a queue hop per sample: measurable CPU on a
+            # CPU-bound machine); reads that may wait on storage get their own threads.
+            values["read_threads"] = (auto_read_threads(values["decode_threads"])
+                                      if _reads_may_block else 0)
         dtype = values["dtype"]
         if values["normalize"] is not None:
             if dtype is None:
@@ -279,3 +284,14 @@ def signature_parameters() -> list[inspect.Parameter]:
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                               annotation=f.type)
             for f in fields(Config) if f.name != "batch_size"]
+
+
+def reads_may_block(source: Any) -> bool:
+    """Whether ``source``'s reads may wait on storage: its ``reads_may_block``
+    attribute, True when it has none (a source of unknown speed gets a read stage:
+    a slow read in a decode thread would idle a core)."""
+    try:
+        value = getattr(source, "reads_may_block", True)
+    except Exception:  # noqa: BLE001 - a failing hint must not fail the feeder
+        return True
+    return value if isinstance(value, bool) else True

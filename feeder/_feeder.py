@@ -19,7 +19,7 @@ import torch
 from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
-from ._config import Config, signature_parameters
+from ._config import Config, reads_may_block, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._resume import (FORMAT_VERSION, Progress, check_settings, describe_transforms, pack,
@@ -266,8 +266,10 @@ class Feeder:
             decode threads, or ``"auto"`` (0: measured fastest; see the README).
         read_threads: Threads calling ``source.read``, ahead of the decode
             threads, so that a read waiting on storage never idles a core;
-            ``"auto"``: 16 per decode thread, within [16, 128]; 0 reads in the
-            decode threads.
+            ``"auto"``: 16 per decode thread, within [16, 128], when the
+            source's reads may wait on storage (remote shards, a network or
+            FUSE file system, a source without a ``reads_may_block`` attribute),
+            else 0; 0 reads in the decode threads.
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
@@ -375,7 +377,7 @@ class Feeder:
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
-        self.config = cfg = Config.build(batch_size=batch_size, **options)
+        self.config = cfg = Config.build(reads_may_block(source), batch_size=batch_size, **options)
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels)
         # Ranks are resolved again at every pass (see ``rank``): a feeder built

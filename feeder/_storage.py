@@ -126,3 +126,55 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# File systems whose reads wait on a network or a user-space daemon: a read there
+# can take milliseconds (or hang), so sources on them get a read stage by default.
+NETWORK_FILE_SYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "lustre", "gpfs", "beegfs",
+    "ceph", "cephfs", "glusterfs", "orangefs", "pvfs2", "panfs", "wekafs", "davfs", "fuse",
+    "fuseblk", "sshfs", "s3fs", "gcsfuse", "juicefs", "alluxio", "quobyte",
+})
+
+
+def _read_mounts() -> str | None:
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, file system type) of this process's mounts, longest first;
+    empty where ``/proc/self/mounts`` does not exist (not Linux)."""
+    text = _read_mounts()
+    if text is None:
+        return []
+    rows = [line.split()[1:3] for line in text.splitlines() if len(line.split()) >= 3]
+    # Mount points escape spaces and the like as octal (\040).
+    decoded = [(p.encode().decode("unicode_escape", "surrogateescape"), t) for p, t in rows]
+    return sorted(decoded, key=lambda row: len(row[0]), reverse=True)
+
+
+def file_system_type(path: str, mounts: list[tuple[str, str]] | None = None) -> str | None:
+    """The type of the file system holding ``path`` (``"ext4"``, ``"nfs4"``...), or None
+    when it cannot be told (no ``/proc/self/mounts``)."""
+    mounts = _mounts() if mounts is None else mounts
+    real = os.path.realpath(path)
+    for point, kind in mounts:
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            return kind
+    return None
+
+
+def on_network_storage(paths: list[str]) -> bool:
+    """Whether any of ``paths`` is on a network or FUSE file system (see
+    :data:`NETWORK_FILE_SYSTEMS`; ``fuse.*`` types included). False where the
+    file system cannot be told."""
+    mounts = _mounts()
+    for path in paths:
+        kind = file_system_type(path, mounts)
+        if kind is not None and (kind in NETWORK_FILE_SYSTEMS or kind.startswith("fuse.")):
+            return True
+    return False

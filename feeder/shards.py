@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ._storage import FilePool
+from ._storage import FilePool, on_network_storage
 from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
@@ -447,6 +447,19 @@ class TarShards:
     def key(self, index: int) -> str:
         s, j = self.locate(index)
         return self._indices[s].keys[j]
+
+    @property
+    def reads_may_block(self) -> bool:
+        """True when a shard is remote or on a network or FUSE file system: feeder
+        then reads in threads of their own (``read_threads="auto"``); local shards
+        are read by the decode threads, which costs less CPU per sample."""
+        cached = getattr(self, "_reads_may_block", None)
+        if cached is None:
+            shards = self._shards
+            cached = any(s.remote for s in shards) or on_network_storage(
+                [os.path.dirname(os.path.abspath(s.name)) for s in shards])
+            self._reads_may_block = cached
+        return cached
 
     @property
     def shards(self) -> list[str]:

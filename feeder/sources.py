@@ -5,7 +5,10 @@ A source is any object with ``__len__`` and ``read(index)`` returning
 ``"image"`` (``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything
 else: see :mod:`feeder._sample` and :func:`feeder.check_sample`). It may also
 define ``describe(index) -> str`` (a path, a key) that error messages use to
-point at the bad sample. ``read`` is called from several decode threads at
+point at the bad sample, and ``reads_may_block`` (a bool): False when reads
+are local and fast, so that the decode threads read themselves
+(``read_threads="auto"`` then adds no read stage); a source without it is read
+in threads of its own, in case its reads wait on storage. ``read`` is called from several decode threads at
 once, so it must be thread-safe; plain file reads are. A sample that cannot be
 read should raise (it is then skipped under ``on_error="skip"``); returning
 anything else than a sample is a mistake in the source, always an error.
@@ -20,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from ._storage import on_network_storage
 
 __all__ = ["FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
 
@@ -130,6 +135,21 @@ class FileList:
 
     def describe(self, index: int) -> str:
         return self.paths[index]
+
+    @property
+    def reads_may_block(self) -> bool:
+        """Whether reads may wait on a network or FUSE file system (NFS, SMB,
+        Lustre, s3fs...), judged from the file systems of up to 64 of the paths
+        spread over the list. feeder then reads in threads of their own
+        (``read_threads="auto"``); on a local disk the decode threads read,
+        which costs less CPU per sample."""
+        cached = getattr(self, "_reads_may_block", None)
+        if cached is None:
+            n = len(self.paths)
+            k = min(n, 64)
+            picks = sorted({os.path.dirname(self.paths[i * n // k]) or "." for i in range(k)})
+            cached = self._reads_may_block = on_network_storage(picks)
+        return cached
 
     def __repr__(self) -> str:
         return f"FileList({len(self)} files)"

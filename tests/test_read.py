@@ -161,3 +161,71 @@ def test_read_options_checked():
                 {"read_ahead_bytes": 1.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             Feeder(MemorySource([b""]), 1, [ops.CenterCrop(8)], **bad)
+
+
+# -- read_threads="auto": a read stage only for sources whose reads may wait ---
+
+@pytest.fixture
+def png_bytes(jpeg_blobs):
+    from conftest import encode_png, make_image
+
+    return encode_png(make_image(12, 10, seed=3))
+
+def test_auto_reads_in_the_decode_threads_for_local_files(tmp_path, png_bytes):
+    """Local files are read by the decode threads (no hand-over per sample); a
+    source that says nothing about its reads gets a read stage, in case they wait."""
+    from feeder import FileList
+
+    path = tmp_path / "a.png"
+    path.write_bytes(png_bytes)
+    local = FileList([str(path)] * 4, [0, 1, 2, 3])
+    assert local.reads_may_block is False
+    with Feeder(local, 2, transforms=[ops.Resize((8, 8))], decode_threads=2) as f:
+        assert f.config.read_threads == 0
+        batches, err = drain(f)
+        assert err is None and sorted(labels_of(batches)) == [0, 1, 2, 3]
+        assert "read" not in {s.name for s in f.stats().stages}
+    with Feeder(local, 2, transforms=[ops.Resize((8, 8))], decode_threads=2, read_threads=3) as f:
+        assert f.config.read_threads == 3  # given: used as given
+    unknown = MemorySource([png_bytes] * 4)
+    assert not hasattr(unknown, "reads_may_block")
+    with Feeder(unknown, 2, transforms=[ops.Resize((8, 8))], decode_threads=2) as f:
+        assert f.config.read_threads == 32  # 16 per decode thread
+        batches, err = drain(f)
+        assert err is None and sorted(labels_of(batches)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["nfs4", "cifs", "lustre", "fuse.sshfs", "fuse"])
+def test_files_on_network_storage_get_a_read_stage(tmp_path, monkeypatch, png_bytes, kind):
+    from feeder import FileList, ImageFolder
+    from feeder import _storage
+
+    mounted = tmp_path / "mnt point"  # a space: /proc/self/mounts writes it as \040
+    (mounted / "cls").mkdir(parents=True)
+    (mounted / "cls" / "a.png").write_bytes(png_bytes)
+    (tmp_path / "b.png").write_bytes(png_bytes)
+    escaped = str(mounted).replace(" ", "\\040")
+    table = f"/dev/sda1 / ext4 rw 0 0\nserver:/x {escaped} {kind} rw 0 0\n"
+    monkeypatch.setattr(_storage, "_read_mounts", lambda: table)
+    assert _storage.file_system_type(str(mounted / "cls" / "a.png")) == kind
+    assert _storage.file_system_type(str(tmp_path / "b.png")) == "ext4"
+    assert ImageFolder(str(mounted)).reads_may_block is True
+    assert FileList([str(tmp_path / "b.png")]).reads_may_block is False
+    both = FileList([str(tmp_path / "b.png"), str(mounted / "cls" / "a.png")])
+    assert both.reads_may_block is True
+    with Feeder(ImageFolder(str(mounted)), 1, transforms=[ops.Resize((8, 8))], decode_threads=1) as f:
+        assert f.config.read_threads == 16
+
+
+def test_a_failing_or_odd_hint_means_reads_may_block(png_bytes):
+    class Failing(MemorySource):
+        @property
+        def reads_may_block(self):
+            raise RuntimeError("cannot tell")
+
+    class Odd(MemorySource):
+        reads_may_block = "no"
+
+    for cls in (Failing, Odd):
+        with Feeder(cls([png_bytes] * 2), 1, transforms=[ops.Resize((8, 8))], decode_threads=1) as f:
+            assert f.config.read_threads == 16
