@@ -72,7 +72,7 @@ import torch.multiprocessing  # noqa: F401 - registers the reductions that share
 
 from ._augment import Chain
 from ._batch import BatchBuffer, BufferPool, MaskPlanes
-from ._pipeline import settings, stage_threads
+from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
 from ._sample import Schema
 from ._stage import Counters, Stage
@@ -387,7 +387,7 @@ class RemotePool:
         self._engine.send(("waiting", waiting))
 
 
-class RemotePass:
+class RemotePass(PassEnding):
     """The training process's side of one pass: the transfer stage and the output.
 
     It offers what :class:`~feeder._pipeline.Pass` offers the iterator and the
@@ -437,27 +437,6 @@ class RemotePass:
         self.output.close()
         if first:
             self.engine.send(("stop", self.pass_id))
-
-    def replace(self) -> None:
-        if self.orphaned:
-            return
-        with self._lock:
-            left = self.output.close()
-            self.replaced = not self.output_ended and not (len(left) == 1 and left[0] is END)
-        self.stop()
-
-    def was_replaced(self) -> bool:
-        with self._lock:
-            return self.replaced
-
-    def orphan(self) -> None:
-        self.orphaned = True
-        self._stopped = True
-        self._lock = threading.Lock()
-        for ch in self.channels:
-            ch.abandon()
-        self.finished = threading.Event()
-        self.finished.set()
 
     def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
         rows = self.engine.in_flight()

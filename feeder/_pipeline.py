@@ -134,7 +134,42 @@ def stage_threads(cfg: PassSettings) -> dict[str, int]:
     return names
 
 
-class Pass:
+class PassEnding:
+    """How a pass ends when the feeder moves on without it: a newer pass replaces
+    it, or the process forks. Shared by :class:`Pass` and the isolated engine's
+    ``RemotePass``, which keep ``_lock``, ``output``, ``output_ended``,
+    ``replaced``, ``orphaned``, ``_stopped``, ``channels``, ``finished`` and
+    ``stop()``."""
+
+    def replace(self) -> None:
+        """A newer pass of the same feeder starts: stop this one, and remember whether
+        the training loop had not yet taken everything it would have delivered."""
+        if self.orphaned:
+            return  # a forked child: see orphan()
+        # Decided under the lock: a consumer in another thread, woken by the close,
+        # reads ``replaced`` only after taking the lock (see ``was_replaced``).
+        with self._lock:
+            left = self.output.close()
+            self.replaced = not self.output_ended and not (len(left) == 1 and left[0] is END)
+        self.stop()
+
+    def was_replaced(self) -> bool:
+        with self._lock:
+            return self.replaced
+
+    def orphan(self) -> None:
+        """In a forked child: this pass's threads are gone, and any lock they held
+        at the fork stays held forever. Make every later call return at once."""
+        self.orphaned = True
+        self._stopped = True
+        self._lock = threading.Lock()
+        for ch in self.channels:
+            ch.abandon()  # batches queued for the loop: their buffers come back when freed
+        self.finished = threading.Event()
+        self.finished.set()
+
+
+class Pass(PassEnding):
     """The threads, channels and buffers of one pass over one epoch.
 
     It is the stages' :class:`~feeder._stage.Control`: the stages call it to fail,
@@ -233,33 +268,9 @@ class Pass:
         for ch in self.channels:
             ch.close()
 
-    def replace(self) -> None:
-        """A newer pass of the same feeder starts: stop this one, and remember whether
-        the training loop had not yet taken everything it would have delivered."""
-        if self.orphaned:
-            return  # a forked child: see orphan()
-        # Decided under the lock: a consumer in another thread, woken by the close,
-        # reads ``replaced`` only after taking the lock (see ``was_replaced``).
-        with self._lock:
-            left = self.output.close()
-            self.replaced = not self.output_ended and not (len(left) == 1 and left[0] is END)
-        self.stop()
-
-    def was_replaced(self) -> bool:
-        with self._lock:
-            return self.replaced
-
     def orphan(self) -> None:
-        """In a forked child: this pass's threads are gone, and any lock they held
-        at the fork stays held forever. Make every later call return at once."""
-        self.orphaned = True
-        self._stopped = True
-        self._lock = threading.Lock()
-        for ch in self.channels:
-            ch.abandon()  # batches queued for the loop: their buffers come back when freed
         self._live_threads = 0
-        self.finished = threading.Event()
-        self.finished.set()
+        super().orphan()
 
     def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
         """Samples a thread of this pass has worked on for more than ``older_than``

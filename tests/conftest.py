@@ -154,6 +154,16 @@ def labels_of(batches) -> list[int]:
     return [int(v) for _, y in batches for v in y]
 
 
+def reaped() -> None:
+    """Wait until the reaper thread has run every clean-up queued so far (it runs
+    them in order): a dropped batch's buffer, a collected feeder's close."""
+    from feeder import _reaper
+
+    done = threading.Event()
+    _reaper.defer(done.set)
+    assert done.wait(JOIN_TIMEOUT_S)
+
+
 def run_in_thread(fn, timeout: float = JOIN_TIMEOUT_S):
     """Run ``fn`` in a helper thread; fail the test if it does not return in time."""
     out: list = []

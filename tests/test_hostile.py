@@ -19,7 +19,7 @@ import time
 import pytest
 
 import feeder._feeder as feeder_mod
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, run_in_thread
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, reaped, run_in_thread
 from faults_helpers import distinct_jpegs, feeder_factory, rss_mb
 from feeder import Feeder, FeederError, FeederTimeoutError, SampleError, ops
 
@@ -426,28 +426,18 @@ def test_close_frees_the_batch_buffers():
         f.close()
 
 
-def _reaped() -> None:
-    """Wait until the reaper thread has run every clean-up queued so far (it runs
-    them in order): a dropped batch's buffer goes back through it."""
-    from feeder import _reaper
-
-    done = threading.Event()
-    _reaper.defer(done.set)
-    assert done.wait(JOIN_TIMEOUT_S)
-
-
 def test_a_batch_held_across_close_stays_valid(blobs):
     f = make(MemorySource(blobs), batch_size=8)
     it = iter(f)
     x, y = next(it)
     kept = x.clone()
     f.close()
-    _reaped()  # a batch still queued for the loop was dropped by close()
+    reaped()  # a batch still queued for the loop was dropped by close()
     assert f.stats().buffers == 1  # the one the loop holds
     assert (x == kept).all()
     del x, it
     gc.collect()
-    _reaped()
+    reaped()
     assert f.stats().buffers == 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads
+from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads, reaped
 from faults_helpers import Child, wait_until
 from feeder import ConfigError, Feeder, FeederError, SampleError, ops
 from feeder.errors import StageError
@@ -342,6 +342,9 @@ def test_unclosed_feeder_is_collected_and_its_worker_exits():
     process = f._engine.process
     del f, it
     gc.collect()
+    # The collected feeder's close runs in the reaper thread, which joins (and
+    # reaps) the worker itself: wait for it rather than join concurrently.
+    reaped()
     process.join(JOIN_TIMEOUT_S)
     assert process.exitcode is not None, "the worker outlived its collected feeder"
 
