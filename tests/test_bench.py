@@ -375,9 +375,11 @@ def test_interference(tiny, tmp_path):
     out = str(tmp_path / "out")
     # The proxy step only: every run is a child process (the model step is covered below).
     proc = bench("interference", tiny["data"], "--out", out, "--rounds", "2", "--batch-size", "4",
-                 "--steps", "proxy", "--proxy-steps", "3", "--proxy-ops", "20", "--warmup", "1",
-                 "--device", "cpu", cwd=tiny["base"])
-    assert "vs alone" in proc.stdout
+                 "--steps", "proxy", "--windows", "2", "--window-s", "0.05", "--capacity-s", "0.05",
+                 # A slow pace: each fed window takes one batch, ready in the loader's full queue.
+                 "--feed-share", "0.05",
+                 "--proxy-ops", "20", "--warmup", "1", "--device", "cpu", cwd=tiny["base"])
+    assert "fed/idle" in proc.stdout
     rows = read_csv(os.path.join(out, "interference.csv"))
     loaders = ["alone", "work-thread", "feeder", "feeder-process", "dataloader"]
     assert [(r["step"], r["loader"]) for r in rows] == [("proxy", n) for n in loaders]
@@ -387,28 +389,78 @@ def test_interference(tiny, tmp_path):
     for row in doc["rows"]:
         step, name = row["step"], row["loader"]
         runs = [rnd[f"{step} {name}"] for rnd in raw]
-        alone = [rnd[f"{step} alone"] for rnd in raw]
-        count = 3
-        assert all(len(r["extra"]["step_s"]) == count for r in runs)
-        # The ratio is the median over rounds of (median step fed / median step alone), same round.
-        ratios = [statistics.median(r["extra"]["step_s"]) / statistics.median(a["extra"]["step_s"])
-                  for r, a in zip(runs, alone)]
+        ratios = []
+        for r in runs:
+            idle, fed = r["extra"]["idle"], r["extra"]["fed"]
+            # Every fed window sits between two idle ones, and each window timed steps.
+            assert len(fed) == 2 and len(idle) == 3
+            assert all(w["steps"] for w in idle) and all(w["steps"] for w in fed)
+            med = [statistics.median(w["steps"]) for w in idle]
+            ratios += [statistics.median(w["steps"]) / ((med[k] + med[k + 1]) / 2)
+                       for k, w in enumerate(fed)]
+        # The ratio: each fed window against the mean of its idle neighbours, median of all.
         assert row["slowdown"] == pytest.approx(statistics.median(ratios))
-        assert row["step_ms"] == pytest.approx(
-            1e3 * statistics.median(statistics.median(r["extra"]["step_s"]) for r in runs))
-        assert row["runs"] == 2
+        assert row["pairs"] == 4 and row["runs"] == 2
+        assert row["idle_ms"] == pytest.approx(
+            1e3 * statistics.median(x for r in runs for w in r["extra"]["idle"] for x in w["steps"]))
         if name == "alone":
-            assert row["slowdown"] == 1.0 and row["images_per_s"] is None
+            assert row["images_per_s"] is None and row["loader_busy"] is None
         else:
-            # Throughput in the same runs: the images the loop took over the timed span.
+            # Throughput in the same runs: the images the loop took over the fed windows.
             assert row["images_per_s"] == pytest.approx(
                 statistics.median(r["images"] / r["wall_s"] for r in runs))
-            assert all(r["images"] == 4 * count for r in runs)
-            assert 0 <= row["loop_waited"] <= 1
+            for r in runs:
+                assert r["images"] == sum(w["images"] for w in r["extra"]["fed"]) > 0
+                assert r["images"] % 4 == 0
+                assert r["extra"]["capacity_images_per_s"] > 0
+            assert row["loader_busy"] >= 0 and row["loader_idle"] >= 0
     pinned = doc["meta"]["loop_cores"] is not None
     assert pinned == (len(os.sched_getaffinity(0)) >= 2)
     if pinned:
         assert not set(doc["meta"]["loop_cores"]) & set(doc["meta"]["loader_cores"])
+
+
+def test_interference_idle_windows_wait_until_the_loader_is_dry():
+    """An idle window starts only once the loader's CPU use has fallen, and says so."""
+    from feeder.bench.interference import Windows
+
+    spent = {"cpu": 0.0, "steps": 0}
+
+    def step(*batch):
+        spent["steps"] += 1
+        # A loader that keeps working for the first 50 steps, then stops.
+        if spent["steps"] <= 50:
+            spent["cpu"] += 0.01
+
+    loop = Windows(step, iter(()), ((), ()), lambda: spent["cpu"], window_s=0.01, probe_s=0.0)
+    got = loop.idle()
+    assert got["drained"] and spent["steps"] > 50
+    assert got["steps"] and got["loader_cpu"] == 0.0
+    # A loader that never stops: the drain gives up at its limit and the window says so.
+    busy = Windows(step, iter(()), ((), ()), lambda: spent["steps"] * 1.0, window_s=0.01,
+                   probe_s=0.0, drain_limit_s=0.05)
+    got = busy.idle()
+    assert not got["drained"] and got["loader_cpu"] > 0
+
+
+def test_interference_fed_windows_take_batches_at_the_pace():
+    import torch
+
+    from feeder.bench.interference import Windows
+
+    taken = []
+
+    def batches():
+        while True:
+            taken.append(1)
+            yield (torch.zeros(4, 1), torch.zeros(4))
+
+    loop = Windows(lambda *b: None, batches(), (torch.zeros(4, 1), torch.zeros(4)), lambda: 0.0,
+                   window_s=0.2)
+    got = loop.fed(period_s=1.0)
+    # One batch at the window's start, none after: the next is due after the window.
+    assert got["images"] == 4 and len(taken) == 1
+    assert got["stalls"] == 0 and len(got["steps"]) > 1
 
 
 def test_interference_rejects_an_unknown_loader(tiny, tmp_path):
@@ -435,11 +487,12 @@ def test_interference_feeder_rows_pass_their_options_to_the_feeder(tiny):
     from feeder.bench import interference
 
     spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
-            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 2, "step": "proxy",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 0.05,
+            "feed_share": 0.7, "capacity_s": 0.05, "step": "proxy",
             "loop_cores": None, "loader_cores": None, "loader_threads": 1,
             "loader": {"kind": "feeder", "options": {"ordered": False}}}
     got = interference.child(spec)
-    assert len(got["extra"]["step_s"]) == 2 and got["images"] == 8
+    assert len(got["extra"]["fed"]) == 1 and got["images"] > 0
     assert got["extra"]["stages"]["decode"]["items"] >= 8
     spec["loader"] = {"kind": "feeder", "options": {"ordered": "no"}}
     with pytest.raises(ValueError, match="ordered"):
@@ -450,13 +503,15 @@ def test_interference_model_step_runs_alone_and_fed(tiny):
     from feeder.bench import interference
 
     spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
-            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "count": 1, "step": "model",
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 0.05,
+            "feed_share": 0.7, "capacity_s": 0.05, "step": "model",
             "loop_cores": None, "loader_cores": None, "loader_threads": 1, "loader": None}
     alone = interference.child(spec)
-    assert len(alone["extra"]["step_s"]) == 1 and alone["images"] == 0
+    assert [len(w["steps"]) > 0 for w in alone["extra"]["idle"] + alone["extra"]["fed"]] == [True] * 3
+    assert alone["images"] == 0
     spec["loader"] = interference.LOADERS["work-thread"]
     fed = interference.child(spec)
-    assert len(fed["extra"]["step_s"]) == 1 and fed["images"] == 4
+    assert len(fed["extra"]["fed"]) == 1 and fed["images"] >= 4 and fed["images"] % 4 == 0
 
 
 def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):

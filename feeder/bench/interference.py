@@ -5,7 +5,7 @@ training thread for the GIL: every torch call the step makes gives the GIL up
 and takes it back, and each time a loader thread may hold it. A loader in
 other processes (DataLoader's workers) competes only for the machine. This
 command times the training thread's step itself, excluding its wait in
-``next()``, with nothing else running (``alone``) and while each loader feeds it.
+``next()``, while each loader feeds it and while the same loader sits idle.
 
 The steps (``--steps``):
 
@@ -20,7 +20,8 @@ The steps (``--steps``):
 
 The rows (``--loaders``, :data:`LOADERS`):
 
-* ``alone``: the step on a synthetic batch prepared beforehand, no loader.
+* ``alone``: no loader, a synthetic batch prepared beforehand: its fed and idle
+  windows differ only in time, so its ratio is the method's noise floor.
 * ``work-thread``: one plain Python thread per loader core doing only the
   per-sample work (``ImageFolder.read`` + :func:`~feeder.bench.loaders.sample_work`:
   the engine's own decode and transform) into preallocated batches handed over
@@ -51,12 +52,25 @@ worker with ``os.sched_setaffinity``. The training thread's torch runs on
 Every run is a fresh child process (``feeder.bench.runner``, mode
 ``interference``) without memory sampling (reading a process's PSS takes its
 memory-map lock). A round runs every row for every step, in an order rotated
-from round to round; a row's step time in a run is the median of its
-``--*-steps`` timed steps after ``--warmup``. **vs alone** is that median over
-the ``alone`` run's of the same round and step, and the table shows the median
-of those per-round ratios (and their range). **img/s** is what the loader
-delivered while the loop ran (images over the span of the timed steps), **loop
-waited** the share of that span spent in ``next()``.
+from round to round.
+
+**Windows, not whole runs.** A shared machine's speed drifts by up to 2x
+between seconds, so step times of separate runs cannot be compared. Within a
+run, after ``--warmup`` batches and ``--capacity-s`` of back-to-back batches
+(the loader's capacity), the loop alternates ``--windows`` *fed* windows with
+*idle* ones, each ``--window-s`` of steps (:class:`Windows`). In a fed window
+the loop takes a batch every ``batch / (feed_share x capacity)`` seconds and
+steps continuously on it between batches, so the loader works all through the
+window and the training thread never sleeps in ``next()`` (the first step after
+such a sleep is slow by itself, loader or not; steps after a wait for a late
+batch are not timed, and counted as **stalls**). Before an idle window the loop
+keeps stepping without taking batches until the loader has run dry (its CPU use
+below 5% of a core over 0.2 s: :class:`LoaderCPU`), then times the same steps
+with the loader present and idle. **fed/idle** is each fed window's median step
+over the mean of its two idle neighbours' (seconds apart, so drift cancels),
+the median over every window of every round; **rounds** the range of the
+rounds' own medians. **loader CPU** is the loader's share of a core in fed and
+(at most) in idle windows; **img/s** what it delivered in fed windows.
 """
 
 from __future__ import annotations
@@ -68,13 +82,14 @@ import os
 import queue
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from . import report
-from .measure import cpu_seconds, now, run_child
+from .measure import now, run_child
 from .report import median
 
 log = logging.getLogger(__name__)
@@ -95,13 +110,15 @@ COLUMNS = [
     ("step", "step", "{}"),
     ("loader", "loader", "{}"),
     ("setting", "setting", "{}"),
-    ("step_ms", "step ms", "{:.2f}"),
-    ("step_p90_ms", "p90 ms", "{:.2f}"),
-    ("slowdown", "vs alone", "{:.2f}x"),
-    ("slowdown_range", "range", "{}"),
+    ("idle_ms", "idle ms", "{:.3f}"),
+    ("fed_ms", "fed ms", "{:.3f}"),
+    ("slowdown", "fed/idle", "{:.3f}x"),
+    ("slowdown_range", "rounds", "{}"),
     ("images_per_s", "img/s", "{:.0f}"),
-    ("loop_waited", "loop waited", "{:.0%}"),
-    ("runs", "runs", "{:d}"),
+    ("loader_busy", "loader CPU fed", "{:.0%}"),
+    ("loader_idle", "idle", "{:.0%}"),
+    ("stalls", "stalls", "{:d}"),
+    ("pairs", "pairs", "{:d}"),
 ]
 
 
@@ -252,6 +269,142 @@ class WorkThreads:
             t.join(timeout=10)
 
 
+class LoaderCPU:
+    """CPU seconds the loader has used so far: this process's, less the training
+    thread's own, plus its child processes' (DataLoader's workers, feeder's worker).
+
+    Precise to microseconds (``getrusage``, ``thread_time`` and the children's
+    per-thread ``schedstat``, in nanoseconds), so a window of a fraction of a
+    second tells an idle loader (a few timed-out waits) from a working one.
+    """
+
+    def __init__(self) -> None:
+        self.pids = _child_pids()
+
+    def __call__(self) -> float:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        total = own.ru_utime + own.ru_stime - time.thread_time()
+        for pid in self.pids:
+            try:
+                tasks = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[0]) / 1e9
+                except (OSError, ValueError, IndexError):
+                    continue
+        return total
+
+
+def _child_pids() -> list[int]:
+    """This process's live children (and theirs), from /proc."""
+    parent: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        parent[int(name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        me = frontier.pop()
+        kids = [pid for pid, pp in parent.items() if pp == me]
+        found += kids
+        frontier += kids
+    return found
+
+
+class Windows:
+    """The training loop of one run: alternating idle and fed windows.
+
+    An *idle* window first lets the loader run dry (the loop keeps stepping on its
+    last batch without taking new ones until the loader's CPU use falls below
+    ``idle_share`` of a core over ``probe_s``), then times ``window_s`` of steps:
+    the training thread alone, with the loader present but idle. A *fed* window
+    times ``window_s`` of steps while the loop takes a batch every ``period_s``
+    (a share of the loader's capacity measured in the warm-up), so the loader
+    works all through it and the loop does not sleep in ``next()`` between steps
+    (a step right after a sleep is slower on its own: cold caches, an idle core
+    waking up). Each fed window is compared with the idle windows either side of
+    it, measured seconds apart, so the machine's own drift cancels.
+    """
+
+    def __init__(self, step: Callable[..., None], batches: Iterator, batch: tuple,
+                 cpu: Callable[[], float], window_s: float, idle_share: float = 0.05,
+                 probe_s: float = 0.2, drain_limit_s: float = 10.0) -> None:
+        self.step = step
+        self.batches = batches
+        self.batch = batch
+        self.cpu = cpu
+        self.window_s = window_s
+        self.idle_share = idle_share
+        self.probe_s = probe_s
+        self.drain_limit_s = drain_limit_s
+
+    def idle(self) -> dict[str, Any]:
+        """Drain, then one timed idle window."""
+        t0 = now()
+        c_last, t_last = self.cpu(), now()
+        drained = False
+        while now() - t0 < self.drain_limit_s:
+            self.step(*self.batch)
+            t = now()
+            if t - t_last >= self.probe_s:
+                c = self.cpu()
+                if (c - c_last) / (t - t_last) < self.idle_share:
+                    drained = True
+                    break
+                c_last, t_last = c, t
+        drain_s = now() - t0
+        c0, t_start = self.cpu(), now()
+        steps = []
+        while now() - t_start < self.window_s:
+            a = now()
+            self.step(*self.batch)
+            steps.append(now() - a)
+        span = now() - t_start
+        return {"steps": steps, "span_s": span, "loader_cpu": max(0.0, self.cpu() - c0) / span,
+                "drained": drained, "drain_s": drain_s}
+
+    def fed(self, period_s: float) -> dict[str, Any]:
+        """One timed fed window: a new batch every ``period_s``."""
+        c0, t_start = self.cpu(), now()
+        due = t_start
+        steps: list[float] = []
+        images = 0
+        wait_s = 0.0
+        stalls = 0
+        after_wait = False
+        while True:
+            a = now()
+            if a - t_start >= self.window_s:
+                break
+            if a >= due:
+                self.batch = next(self.batches)
+                b = now()
+                images += self.batch[0].shape[0]
+                wait_s += b - a
+                # Waited for a batch (the loader fell behind the pace): the loop slept.
+                after_wait = b - a > 1e-3
+                stalls += after_wait
+                due = max(due + period_s, b)  # late: the next one is due now, no burst
+            a = now()
+            self.step(*self.batch)
+            if not after_wait:
+                steps.append(now() - a)
+            after_wait = False
+        span = now() - t_start
+        return {"steps": steps, "span_s": span, "loader_cpu": (self.cpu() - c0) / span,
+                "images": images, "wait_s": wait_s, "stalls": stalls}
+
+
 def _cycle(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     epoch = 0
     while True:
@@ -272,10 +425,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One run, in the child process: pin, build the step and the loader, time the steps.
 
     Returns:
-        The runner's report: ``images`` delivered and ``wall_s`` spanned while the
-        timed steps ran, ``cpu_s`` of the process tree over the span, and in
-        ``extra`` every step's seconds (``step_s``), the seconds spent in
-        ``next()`` (``wait_s``) and the cores used.
+        The runner's report: ``images`` delivered and ``wall_s`` spanned in the fed
+        windows, and in ``extra`` the windows (``idle``: one more than ``fed``, each
+        with its steps' seconds and the loader's CPU share; ``fed`` also with its
+        images, seconds waited in ``next()`` and stalls), the loader's capacity,
+        the pace and the cores used.
     """
     import cv2
 
@@ -312,28 +466,31 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                             starting=lambda: on_cores(loader_cores), **opts)
             feeder = loader.feeder
             batches, closer = _cycle(loader), loader.close
-    warmup, count = int(spec["warmup"]), int(spec["count"])
-    step_s: list[float] = []
-    wait_s = 0.0
-    images = 0
+    warmup = int(spec["warmup"])
+    extra: dict[str, Any] = {"loop_cores": loop_cores, "loader_cores": loader_cores,
+                             "loader_threads": threads}
     try:
+        batch = None
         for _ in range(warmup):
-            step(*next(batches))
-        cpu0 = cpu_seconds()
-        t_start = now()
-        for _ in range(count):
-            tw = now()
-            x, y = next(batches)
-            t0 = now()
-            step(x, y)
-            t1 = now()
-            wait_s += t0 - tw
-            step_s.append(t1 - t0)
-            images += x.shape[0]
-        span = now() - t_start
-        cpu_s = cpu_seconds() - cpu0
-        extra: dict[str, Any] = {"step_s": step_s, "wait_s": wait_s, "loop_cores": loop_cores,
-                                 "loader_cores": loader_cores, "loader_threads": threads}
+            batch = next(batches)
+            step(*batch)
+        # The loader's capacity: batches back to back once its queue is empty.
+        for _ in range(int(spec["queue_size"]) + 2):
+            batch = next(batches)
+        t0, n = now(), 0
+        while n == 0 or now() - t0 < float(spec["capacity_s"]):
+            batch = next(batches)
+            n += batch[0].shape[0]
+        capacity = n / max(now() - t0, 1e-9)
+        period = spec["batch_size"] / (float(spec["feed_share"]) * capacity) if row is not None else 0.0
+        loop = Windows(step, batches, batch, LoaderCPU(), float(spec["window_s"]))
+        idle = [loop.idle()]
+        fed = []
+        for _ in range(int(spec["windows"])):
+            fed.append(loop.fed(period))
+            idle.append(loop.idle())
+        extra.update({"capacity_images_per_s": capacity if row is not None else None,
+                      "period_s": period, "idle": idle, "fed": fed})
         if feeder is not None:
             s = feeder.stats()
             extra["stages"] = {st.name: {"busy_s": st.busy_s, "wait_input_s": st.wait_input_s,
@@ -341,8 +498,17 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                                for st in s.stages}
     finally:
         closer()
-    return {"images": images if row is not None else 0, "wall_s": span, "cpu_s": cpu_s,
+    images = sum(w["images"] for w in extra["fed"])
+    span = sum(w["span_s"] for w in extra["fed"])
+    return {"images": images if row is not None else 0, "wall_s": span, "cpu_s": 0.0,
             "first_batch_s": 0.0, "extra": extra}
+
+
+def pair_ratios(extra: dict[str, Any]) -> list[float]:
+    """Each fed window's median step over the mean of its two idle neighbours' medians."""
+    idle = [statistics.median(w["steps"]) for w in extra["idle"]]
+    return [statistics.median(w["steps"]) / ((idle[k] + idle[k + 1]) / 2)
+            for k, w in enumerate(extra["fed"]) if w["steps"]]
 
 
 # -- the parent: rounds, ratios, report -----------------------------------------------
@@ -370,30 +536,36 @@ def summarize(rounds: list[dict[tuple[str, str], dict[str, Any]]], steps: list[s
     """The table's rows from the runs of every round.
 
     ``rounds[r][(step, loader)]`` is that run's report (``ok``, ``images``,
-    ``wall_s``, ``extra.step_s``, ``extra.wait_s``). A run's step time is the
-    median of its steps; a row's ``slowdown`` is the median over rounds of its
-    step time over the ``alone`` run's of the same round and step.
+    ``wall_s``, ``extra`` with its ``idle`` and ``fed`` windows). A row's
+    ``slowdown`` is the median over every fed window of every round of its
+    :func:`pair_ratios`; ``slowdown_range`` the range of the rounds' own medians.
     """
     rows = []
     for step in steps:
         for name in loaders:
-            runs = [(got[(step, name)], got.get((step, "alone"))) for got in rounds
-                    if got.get((step, name), {}).get("ok")]
-            per_run = [statistics.median(r["extra"]["step_s"]) for r, _ in runs]
-            p90 = [_p90(r["extra"]["step_s"]) for r, _ in runs]
-            ratios = [statistics.median(r["extra"]["step_s"]) / statistics.median(a["extra"]["step_s"])
-                      for r, a in runs if a is not None and a.get("ok")]
-            rates = [r["images"] / r["wall_s"] for r, _ in runs if r["images"] and r["wall_s"] > 0]
-            waited = [r["extra"]["wait_s"] / r["wall_s"] for r, _ in runs if r["wall_s"] > 0]
+            runs = [got[(step, name)] for got in rounds if got.get((step, name), {}).get("ok")]
+            per_round = [pair_ratios(r["extra"]) for r in runs]
+            ratios = [x for rr in per_round for x in rr]
+            medians = [statistics.median(rr) for rr in per_round if rr]
+            idle = [x for r in runs for w in r["extra"]["idle"] for x in w["steps"]]
+            fed = [x for r in runs for w in r["extra"]["fed"] for x in w["steps"]]
+            rates = [r["images"] / r["wall_s"] for r in runs if r["images"] and r["wall_s"] > 0]
+            busy = [w["loader_cpu"] for r in runs for w in r["extra"]["fed"]]
+            rest = [w["loader_cpu"] for r in runs for w in r["extra"]["idle"][1:]]
             rows.append({
                 "step": step, "loader": name,
-                "step_ms": 1e3 * median(per_run), "step_p90_ms": 1e3 * median(p90),
-                "slowdown": median(ratios),
-                "slowdown_range": f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else None,
+                "idle_ms": 1e3 * median(idle) if idle else None,
+                "fed_ms": 1e3 * median(fed) if fed else None,
+                "slowdown": median(ratios) if ratios else None,
+                "slowdown_range": f"{min(medians):.2f}-{max(medians):.2f}" if medians else None,
                 "images_per_s": median(rates) if rates else None,
-                "loop_waited": median(waited) if name != "alone" else None,
-                "runs": len(runs), "per_round_slowdown": ratios, "per_round_step_ms":
-                    [1e3 * v for v in per_run],
+                "loader_busy": median(busy) if busy and name != "alone" else None,
+                "loader_idle": max(rest) if rest and name != "alone" else None,
+                "stalls": sum(w["stalls"] for r in runs for w in r["extra"]["fed"]),
+                "pairs": len(ratios), "runs": len(runs),
+                "undrained": sum(1 for r in runs for w in r["extra"]["idle"] if not w["drained"]),
+                "per_round_slowdown": medians,
+                "capacity_images_per_s": [r["extra"]["capacity_images_per_s"] for r in runs],
             })
     return rows
 
@@ -417,25 +589,26 @@ def run(args: argparse.Namespace) -> int:
     base = {"mode": "interference", "root": args.dir, "batch_size": args.batch_size,
             "queue_size": args.queue_size, "seed": args.seed, "device": device,
             "proxy_ops": args.proxy_ops, "model_batch": model_batch, "warmup": args.warmup,
-            "loop_cores": loop_cores, "loader_cores": loader_cores,
+            "windows": args.windows, "window_s": args.window_s, "feed_share": args.feed_share,
+            "capacity_s": args.capacity_s, "loop_cores": loop_cores, "loader_cores": loader_cores,
             "loader_threads": args.loader_cores}
-    counts = {"proxy": args.proxy_steps, "model": args.model_steps}
     rounds: list[dict[tuple[str, str], dict[str, Any]]] = []
     for r in range(args.rounds):
         got: dict[tuple[str, str], dict[str, Any]] = {}
         for step in args.steps:
             shift = r % len(loaders)
             for name in loaders[shift:] + loaders[:shift]:
-                spec = {**base, "step": step, "count": counts[step], "loader": LOADERS[name],
+                spec = {**base, "step": step, "loader": LOADERS[name],
                         "name": f"{step} {name}"}
                 res = run_child(spec, memory=False)
                 got[(step, name)] = {"ok": res.ok, "images": res.images, "wall_s": res.wall_s,
                                      "cpu_s": res.cpu_s, "extra": res.extra, "error": res.error}
                 if res.ok:
-                    med = 1e3 * statistics.median(res.extra["step_s"])
+                    ratios = pair_ratios(res.extra)
                     rate = f", {res.images_per_s:.0f} img/s" if res.images else ""
-                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
-                                    f"step {med:.2f} ms{rate}")
+                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: fed/idle "
+                                    f"{statistics.median(ratios):.3f}x over {len(ratios)} "
+                                    f"windows{rate}")
                 else:
                     report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
                                     f"FAILED ({res.error[:300]})")
@@ -448,14 +621,17 @@ def run(args: argparse.Namespace) -> int:
                  "model": f"model = ResNet-style SGD step on {model_batch} image(s)"}
     title = (f"interference on {args.dir}: the training thread's step time, alone and fed; "
              f"{', '.join(step_text[s] for s in args.steps)}; device {device}; batch {args.batch_size}; "
-             f"{pinning}; median of {args.rounds} rounds (vs alone: median of per-round ratios)\n"
+             f"{pinning}; {args.rounds} rounds of {args.windows} fed windows of {args.window_s:g} s, "
+             f"each against the idle windows either side (the loader present, run dry); "
+             f"fed at {args.feed_share:.0%} of the loader's capacity\n"
              f"machine: {report.describe_machine(machine)}")
     print(report.format_table(rows, COLUMNS, title=title))
     failed = sum(1 for got in rounds for x in got.values() if not x["ok"])
     meta = {"dir": args.dir, "device": device, "steps": list(args.steps), "loaders": loaders,
             "rounds": args.rounds, "batch_size": args.batch_size, "queue_size": args.queue_size,
-            "proxy_ops": args.proxy_ops, "proxy_steps": args.proxy_steps,
-            "model_steps": args.model_steps, "model_batch": model_batch, "warmup": args.warmup,
+            "proxy_ops": args.proxy_ops, "windows": args.windows, "window_s": args.window_s,
+            "feed_share": args.feed_share, "capacity_s": args.capacity_s,
+            "model_batch": model_batch, "warmup": args.warmup,
             "loop_cores": loop_cores, "loader_cores": loader_cores, "pinning": pinning,
             "failed_runs": failed,
             "raw_rounds": [{f"{s} {n}": x for (s, n), x in got.items()} for got in rounds]}
@@ -484,8 +660,13 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--queue-size", type=int, default=4, help="batches queued ahead (default 4)")
     p.add_argument("--proxy-ops", type=int, default=400, help="tiny ops per proxy step (default 400)")
-    p.add_argument("--proxy-steps", type=int, default=60, help="timed proxy steps per run (default 60)")
-    p.add_argument("--model-steps", type=int, default=20, help="timed model steps per run (default 20)")
+    p.add_argument("--windows", type=int, default=8,
+                   help="fed windows per run, each between two idle ones (default 8)")
+    p.add_argument("--window-s", type=float, default=1.0, help="seconds of steps per window (default 1)")
+    p.add_argument("--feed-share", type=float, default=0.7,
+                   help="fed windows take batches at this share of the loader's capacity (default 0.7)")
+    p.add_argument("--capacity-s", type=float, default=1.5,
+                   help="seconds of back-to-back batches that measure the capacity (default 1.5)")
     p.add_argument("--model-batch", type=int, default=0,
                    help="images per model step (default: the batch on CUDA, 2 on the CPU)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
