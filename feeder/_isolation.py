@@ -321,13 +321,15 @@ class _Worker:
                 return
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this process when the training process dies (Linux)."""
+def _die_with_parent(parent: int | None) -> None:
+    """Have the kernel kill this process when its parent dies (Linux): the training
+    process, or with ``forkserver`` (``parent`` None) the fork server, which exits
+    when the training process is gone."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the call above
+    if parent is not None and os.getppid() != parent:  # it died before the call above
         os._exit(1)
 
 
@@ -358,7 +360,7 @@ def _one_thread_pools() -> None:
     cv2.setNumThreads(1)  # the parent parked its pool for the fork (LibraryThreads.parked)
 
 
-def worker_main(conn: Any, data: Any, parent: int, inherited: Any = None) -> None:
+def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None) -> None:
     """The worker process's entry point. ``data``: the pickled :func:`payload`
     (spawn, forkserver), or the objects themselves with the parent's end of the
     pipe as ``inherited`` (fork)."""
@@ -387,8 +389,17 @@ def worker_main(conn: Any, data: Any, parent: int, inherited: Any = None) -> Non
     worker.serve()
     worker.engine.stop()
     # Daemon threads may be inside user code; nothing here needs an orderly exit
-    # (the shared memory is released by the kernel with the mappings).
+    # (the shared memory is released by the kernel with the mappings). os._exit
+    # runs no atexit handler (a forked worker has the parent's); what the
+    # worker's own code printed is flushed (the parent flushed before a fork).
+    _flush_stdio()
     os._exit(0)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 # -- starting the worker -------------------------------------------------------
@@ -674,7 +685,8 @@ class ProcessEngine:
         ctx = multiprocessing.get_context(method)
         mine, theirs = ctx.Pipe()
         # A forked worker closes its copy of this process's end first thing.
-        args = (theirs, data, os.getpid()) + ((mine,) if method == "fork" else ())
+        parent = None if method == "forkserver" else os.getpid()
+        args = (theirs, data, parent) + ((mine,) if method == "fork" else ())
         process = ctx.Process(target=worker_main, args=args, name="feeder-worker", daemon=True)
         try:
             with _sigint_ignored():
