@@ -246,7 +246,7 @@ def test_forked_worker_neither_repeats_the_parents_output_nor_runs_its_atexit():
 
 
 POOLS_SCRIPT = """
-import os, sys
+import os, sys, threading, time
 import cv2, numpy as np, torch
 sys.path.insert(0, os.path.join({repo!r}, "tests"))
 from conftest import MemorySource
@@ -259,7 +259,7 @@ def tasks():
 def torch_work(img, rng):
     # A multi-threaded op in the parent; in the worker it must not wait for the
     # parent's OpenMP threads, which do not exist there.
-    a = torch.from_numpy(img[:16, :16, 0].astype(np.float32))
+    a = torch.from_numpy(np.resize(img, (256, 256)).astype(np.float32))
     (a @ a).sum()
     return img
 
@@ -272,6 +272,21 @@ for _ in range(3):
     m @ m  # so do torch's OpenMP threads
     np.ones((400, 400)) @ np.ones((400, 400))  # and the BLAS's
 started = tasks() - before
+
+def all_idle():
+    # The pools' threads asleep on their condition variables (OpenCV's spin for a
+    # few milliseconds after a job first): the state a training process forks in.
+    me = str(threading.get_native_id())
+    states = []
+    for tid in os.listdir("/proc/self/task"):
+        if tid != me:
+            with open(f"/proc/self/task/{{tid}}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+    return all(s == "S" for s in states)
+
+deadline = time.monotonic() + 20
+while not all_idle() and time.monotonic() < deadline:
+    time.sleep(0.005)
 f = Feeder(MemorySource(BLOBS), 4, [ops.RandomResizedCrop(48), torch_work], seed=0,
            isolation="process", start_method="fork", timeout=30, decode_threads=2)
 labels = sorted(int(y) for _, ys in f for y in ys)
