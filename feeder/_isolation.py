@@ -9,7 +9,7 @@ thread, which do little Python work per batch.
 
 ::
 
-    training process                                  worker process (spawned)
+    training process                                  worker process (forked or spawned)
     ProcessEngine ──── control pipe ────────────────▶ _Worker: an _Engine whose buffer
       │  start/stop pass, free/claim buffer,             pool is in shared memory; its
       │  consumer waiting, stats request, close          passes end in a Shipper stage
@@ -30,17 +30,63 @@ batch. On CUDA the shared arrays are page-locked in place with
 ``cudaHostRegister``, so the copies from them are asynchronous as from the
 thread engine's pinned buffers; they are unregistered on close.
 
-Start method: ``spawn``. The training process runs threads (feeder's own,
-torch's, often CUDA's); ``fork`` copies locks held by threads that do not exist
-in the child (a deadlock waiting to happen) and CUDA cannot be used in a forked
-child, so fork is unsafe there. ``forkserver`` would fork from a clean server,
-but it starts that server on first use with the same cost and the same
-pickling rules, and behaves differently per platform. ``spawn`` is the same
-everywhere and what DataLoader users know: the source and transforms are
-pickled (module-level functions and classes, no lambdas), and a script must
-guard its entry point with ``if __name__ == "__main__":``. The worker starts
-when the Feeder is built, so its start-up (an interpreter and the imports,
-about a second) overlaps the program's own set-up.
+Start method (``start_method``): ``"auto"`` forks where that is safe, else
+spawns. A spawned worker is a fresh interpreter that imports torch and the
+main module again: its first batch comes seconds after ``Feeder(...)``
+(1.7 s against the thread engine's 0.1 s, ``bench/experiments/isolation_ab.py``).
+A forked one is a copy of the training process, ready at once, and takes the
+source and transforms as they are (nothing is pickled: lambdas and objects
+defined in ``__main__`` work). The worker never uses CUDA and starts threads of
+its own, so what makes a fork unsafe is what the copy inherits:
+
+* CUDA initialized in the training process (``torch.cuda.is_initialized()``):
+  the driver's state is not fork-safe and a forked child cannot use CUDA.
+  -> spawn.
+* Any other running Python thread (the main thread when the feeder is built
+  in another one, a user's prefetcher, a thread engine's pass): it may hold a
+  lock (a logging handler's, a library's, one of the user's) that the child
+  inherits held, with no thread to release it. -> spawn. feeder's own idle
+  threads do not count: the reaper and the other isolated engines' receiving
+  threads hold a lock while they work, and the fork goes ahead only if it can
+  take each of them without waiting (the thread is then blocked on its queue or
+  pipe, holding nothing) and keeps them until the child exists.
+* Native thread pools, present in nearly every process (torch's OpenMP pool,
+  OpenBLAS's, OpenCV's): measured, not assumed. OpenBLAS resets itself at
+  fork. torch's OpenMP pool does not exist in the child and a parallel region
+  there would wait for it forever, so the worker sets one torch thread before
+  any work (as DataLoader's workers do; feeder's threads also limit their own).
+  OpenCV's pthreads pool is not fork-safe: once its threads have gone to sleep,
+  ``cv2.setNumThreads`` in a forked child waits forever for threads that exist
+  only in the parent. So the fork is made with OpenCV's pool parked (one
+  thread, which stops its threads) and the parent's count is restored
+  afterwards; the worker then uses OpenCV with one thread per decode thread.
+* Not Linux: macOS's system frameworks are not fork-safe and Windows has no
+  fork. -> spawn.
+
+Other libraries' native threads (a gRPC client, say) cannot be told apart from
+these; if one is not fork-safe, give ``start_method="spawn"``. The choice and its
+reason are logged at INFO and ``Feeder.start_method`` says which ran. An
+explicit ``"fork"`` forks even with other threads running (with a warning
+naming them), as DataLoader does; ``"forkserver"`` forks from a server started
+by the first use (the same pickling rules as spawn, the server's start-up
+cost once per program).
+
+The forked worker first drops what it must not keep: its copy of the training
+process's end of the control pipe (while it held one, the pipe would never end
+when the training process dies), the parent's Python signal handlers (a
+trainer's SIGTERM handler must not run in the worker) and wakeup fd; the
+at-fork hooks of ``_feeder`` and ``_reaper`` orphan the parent's other feeders
+(their threads do not exist in the child; their locks are replaced; their pipe
+ends are closed) and restart the reaper on first use. The parent forks with its
+objects in the collector's permanent generation (``gc.freeze``), so the worker
+never traverses them and copies no page for it, and flushes its stdio before
+(``multiprocessing`` does); the worker ends with ``os._exit``, so neither the
+parent's atexit handlers nor its buffered output run or appear twice. Under
+spawn and forkserver the source and transforms are pickled (module-level
+functions and classes; a :class:`~feeder.errors.ConfigError` names the one that
+is not), and a script must guard its entry point with ``if __name__ ==
+"__main__":``. The worker starts when the Feeder is built, so a spawned one's
+start-up overlaps the program's own set-up.
 
 Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
 the training process drives the shutdown), exits at the end of the control
