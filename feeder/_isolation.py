@@ -424,11 +424,16 @@ def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None)
             engine_class, config, source, transforms = data
         worker = _Worker(conn, engine_class, config, source, transforms)
     except BaseException as exc:  # noqa: BLE001 - the training process must learn why
-        err = FeederError(safe_text(
-            f"the feeder's worker process could not load the source and transforms: "
-            f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
-            f"session, a notebook or 'python -c' live in a __main__ the worker cannot import: "
-            f"move them to a module, or use isolation='thread'"))
+        if isinstance(data, bytes):
+            text = (f"the feeder's worker process could not load the source and transforms: "
+                    f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
+                    f"session, a notebook or 'python -c' live in a __main__ the worker cannot "
+                    f"import: move them to a module, use start_method='fork' (Linux), or use "
+                    f"isolation='thread'")
+        else:
+            text = (f"the feeder's worker process could not set up its engine: "
+                    f"{type(exc).__name__}: {exc}")
+        err = FeederError(safe_text(text))
         with contextlib.suppress(Exception):
             conn.send_bytes(_dumps(("fatal", 0, err)))
         os._exit(1)
