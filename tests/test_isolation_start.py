@@ -118,6 +118,17 @@ def test_auto_names_the_running_thread_it_spawns_for(caplog):
     assert "my-prefetcher" in started[0]
 
 
+@pytest.mark.parametrize("platform, methods", [("darwin", ["spawn", "fork", "forkserver"]),
+                                               ("win32", ["spawn"]), ("linux", ["spawn"])])
+def test_auto_spawns_where_fork_is_missing_or_unsafe(monkeypatch, platform, methods):
+    from feeder import _isolation
+
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: methods)
+    method, why = _isolation.start_rule()
+    assert method == "spawn" and platform in why
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_explicit_start_methods_are_honoured(method, expected):
     with make(MemorySource(BLOBS[:16]), isolation="process", start_method=method) as f:
@@ -314,3 +325,11 @@ def test_fork_after_native_thread_pools_started():
     assert report["labels"] == list(range(len(BLOBS)))  # every sample, once
     assert report["cv_after"] == report["cv_threads"]  # the parent's pool is back as it was
     assert report["resize_after"] == [100, 100, 3]
+
+
+def test_start_method_the_platform_lacks_is_a_config_error(monkeypatch):
+    from feeder import _isolation
+
+    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(ConfigError, match=r"start_method='fork' is not available on this platform"):
+        make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
