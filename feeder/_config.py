@@ -14,6 +14,7 @@ import torch
 from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
+from .errors import ConfigError
 
 _ON_ERROR = ("raise", "skip")
 
@@ -92,6 +93,16 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         return value  # type: ignore[return-value]
     return check
+
+
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+
+
+def _start_method(name: str, value: object) -> str:
+    if not isinstance(value, str) or value not in START_METHODS:
+        raise ConfigError(f"{name} must be one of {START_METHODS} (how isolation='process' "
+                          f"starts its worker), got {value!r}")
+    return value
 
 
 def _optional_count(name: str, value: object) -> int | None:
@@ -199,6 +210,7 @@ class Config:
     exif_orientation: bool = _option(False, _flag)
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
+    start_method: str = _option("auto", _start_method)
 
     @classmethod
     def build(cls, _reads_may_block: bool = True, **options: Any) -> "Config":
@@ -241,6 +253,11 @@ class Config:
         if (values["rank"] is None) != (values["world_size"] is None):
             raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
                              f"world_size={values['world_size']})")
+        if values["isolation"] == "thread" and values["start_method"] != "auto":
+            # A start method with threads would be silently ignored: say which option is missing.
+            raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "
+                              f"process of isolation='process', but isolation='thread'; give "
+                              f"isolation='process' or leave start_method at 'auto'")
         if values["rank"] is not None and values["rank"] >= values["world_size"]:
             raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
                              f"world_size={values['world_size']}")

@@ -332,14 +332,23 @@ class Feeder:
             floating images (``needs_float = True``) is refused with uint8 output.
         isolation: Where the reading, decoding and transforms run. ``"thread"``
             (default): threads of this process. ``"process"``: the same threads
-            in one worker process (started with ``spawn`` when the feeder is
-            built), writing batches into shared memory; this process keeps only
-            the transfer to ``device``, so the decode threads never hold this
-            process's GIL while the training thread launches kernels. The
-            source and transforms must then be picklable (module-level
-            functions and classes; a :class:`~feeder.errors.ConfigError` names
-            the one that is not), and a script must guard its entry point with
-            ``if __name__ == "__main__":``.
+            in one worker process (started when the feeder is built, see
+            ``start_method``), writing batches into shared memory; this process
+            keeps only the transfer to ``device``, so the decode threads never
+            hold this process's GIL while the training thread launches kernels.
+        start_method: How ``isolation="process"`` starts its worker (a
+            :class:`~feeder.errors.ConfigError` with ``isolation="thread"``).
+            ``"auto"`` (default): ``"fork"`` where it is safe (Linux, CUDA not
+            initialized in this process, no other thread running than feeder's
+            idle ones), else ``"spawn"``; :attr:`start_method` says which ran.
+            ``"fork"``: a copy of this process, batches within a tenth of a
+            second; the source and transforms are not pickled (lambdas work).
+            ``"spawn"`` / ``"forkserver"``: a fresh interpreter (seconds: it
+            imports torch again); the source and transforms must be picklable
+            (module-level functions and classes; a
+            :class:`~feeder.errors.ConfigError` names the one that is not), and
+            a script must guard its entry point with ``if __name__ ==
+            "__main__":``.
 
     Raises:
         ValueError: an option is invalid, or an epoch would have no batch on
@@ -697,6 +706,13 @@ class Feeder:
     @property
     def closed(self) -> bool:
         return self._engine.closed
+
+    @property
+    def start_method(self) -> str | None:
+        """How the worker process was started with ``isolation="process"``:
+        ``"fork"``, ``"spawn"`` or ``"forkserver"`` (``"auto"`` resolved; the
+        reason is logged at INFO by ``feeder._isolation``); None with threads."""
+        return getattr(self._engine, "start_method", None)
 
     def __enter__(self) -> "Feeder":
         return self

@@ -9,7 +9,7 @@ thread, which do little Python work per batch.
 
 ::
 
-    training process                                  worker process (spawned)
+    training process                                  worker process (forked or spawned)
     ProcessEngine ──── control pipe ────────────────▶ _Worker: an _Engine whose buffer
       │  start/stop pass, free/claim buffer,             pool is in shared memory; its
       │  consumer waiting, stats request, close          passes end in a Shipper stage
@@ -30,17 +30,63 @@ batch. On CUDA the shared arrays are page-locked in place with
 ``cudaHostRegister``, so the copies from them are asynchronous as from the
 thread engine's pinned buffers; they are unregistered on close.
 
-Start method: ``spawn``. The training process runs threads (feeder's own,
-torch's, often CUDA's); ``fork`` copies locks held by threads that do not exist
-in the child (a deadlock waiting to happen) and CUDA cannot be used in a forked
-child, so fork is unsafe there. ``forkserver`` would fork from a clean server,
-but it starts that server on first use with the same cost and the same
-pickling rules, and behaves differently per platform. ``spawn`` is the same
-everywhere and what DataLoader users know: the source and transforms are
-pickled (module-level functions and classes, no lambdas), and a script must
-guard its entry point with ``if __name__ == "__main__":``. The worker starts
-when the Feeder is built, so its start-up (an interpreter and the imports,
-about a second) overlaps the program's own set-up.
+Start method (``start_method``): ``"auto"`` forks where that is safe, else
+spawns. A spawned worker is a fresh interpreter that imports torch and the
+main module again: its first batch comes seconds after ``Feeder(...)``
+(1.7 s against the thread engine's 0.1 s, ``bench/experiments/isolation_ab.py``).
+A forked one is a copy of the training process, ready at once, and takes the
+source and transforms as they are (nothing is pickled: lambdas and objects
+defined in ``__main__`` work). The worker never uses CUDA and starts threads of
+its own, so what makes a fork unsafe is what the copy inherits:
+
+* CUDA initialized in the training process (``torch.cuda.is_initialized()``):
+  the driver's state is not fork-safe and a forked child cannot use CUDA.
+  -> spawn.
+* Any other running Python thread (the main thread when the feeder is built
+  in another one, a user's prefetcher, a thread engine's pass): it may hold a
+  lock (a logging handler's, a library's, one of the user's) that the child
+  inherits held, with no thread to release it. -> spawn. feeder's own idle
+  threads do not count: the reaper and the other isolated engines' receiving
+  threads hold a lock while they work, and the fork goes ahead only if it can
+  take each of them without waiting (the thread is then blocked on its queue or
+  pipe, holding nothing) and keeps them until the child exists.
+* Native thread pools, present in nearly every process (torch's OpenMP pool,
+  OpenBLAS's, OpenCV's): measured, not assumed. OpenBLAS resets itself at
+  fork. torch's OpenMP pool does not exist in the child and a parallel region
+  there would wait for it forever, so the worker sets one torch thread before
+  any work (as DataLoader's workers do; feeder's threads also limit their own).
+  OpenCV's pthreads pool is not fork-safe: once its threads have gone to sleep,
+  ``cv2.setNumThreads`` in a forked child waits forever for threads that exist
+  only in the parent. So the fork is made with OpenCV's pool parked (one
+  thread, which stops its threads) and the parent's count is restored
+  afterwards; the worker then uses OpenCV with one thread per decode thread.
+* Not Linux: macOS's system frameworks are not fork-safe and Windows has no
+  fork. -> spawn.
+
+Other libraries' native threads (a gRPC client, say) cannot be told apart from
+these; if one is not fork-safe, give ``start_method="spawn"``. The choice and its
+reason are logged at INFO and ``Feeder.start_method`` says which ran. An
+explicit ``"fork"`` forks even with other threads running (with a warning
+naming them), as DataLoader does; ``"forkserver"`` forks from a server started
+by the first use (the same pickling rules as spawn, the server's start-up
+cost once per program).
+
+The forked worker first drops what it must not keep: its copy of the training
+process's end of the control pipe (while it held one, the pipe would never end
+when the training process dies), the parent's Python signal handlers (a
+trainer's SIGTERM handler must not run in the worker) and wakeup fd; the
+at-fork hooks of ``_feeder`` and ``_reaper`` orphan the parent's other feeders
+(their threads do not exist in the child; their locks are replaced; their pipe
+ends are closed) and restart the reaper on first use. The parent forks with its
+objects in the collector's permanent generation (``gc.freeze``), so the worker
+never traverses them and copies no page for it, and flushes its stdio before
+(``multiprocessing`` does); the worker ends with ``os._exit``, so neither the
+parent's atexit handlers nor its buffered output run or appear twice. Under
+spawn and forkserver the source and transforms are pickled (module-level
+functions and classes; a :class:`~feeder.errors.ConfigError` names the one that
+is not), and a script must guard its entry point with ``if __name__ ==
+"__main__":``. The worker starts when the Feeder is built, so a spawned one's
+start-up overlaps the program's own set-up.
 
 Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
 the training process drives the shutdown), exits at the end of the control
@@ -55,6 +101,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import logging
 import multiprocessing
 import os
@@ -62,21 +109,26 @@ import signal
 import sys
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
 
 from ._augment import Chain
+from . import _reaper
 from ._batch import BatchBuffer, BufferPool, MaskPlanes
 from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
 from ._sample import Schema
 from ._stage import Counters, Stage
 from ._stats import Stats, StatsBook
+from ._threads import LibraryThreads
 from ._transfer import BatchTransforms, Converter, Transfer
 from .errors import ConfigError, FeederError, StageError, safe_text
 
@@ -90,6 +142,8 @@ _QUERY_S = 0.5
 # waits this long for the worker to exit on its own (it does within milliseconds
 # unless a thread holds its GIL in C code), then kills it.
 _EXIT_GRACE_S = 0.3
+# A message that cannot be read: how long to wait to see whether the worker died.
+_DEATH_CHECK_S = 0.2
 # close(): the worker's last figures (for stats() after close) are worth this long.
 _LAST_STATS_S = 0.1
 # The channel between the receiving thread and the transfer thread. The worker
@@ -119,13 +173,18 @@ def portable(error: BaseException) -> BaseException:
     return FeederError(text)
 
 
-def payload(config: Any, source: Any, transforms: list[Any], engine: type) -> bytes:
+def worker_config(config: Any) -> Any:
+    """The worker's configuration: the CPU stages only (dtype, normalization and
+    batch transforms run in the training process's transfer stage)."""
+    return dataclasses.replace(config, device=torch.device("cpu"), dtype=None, normalize=None,
+                               batch_transforms=(), isolation="thread", start_method="auto")
+
+
+def payload(config: Any, source: Any, transforms: list[Any], engine: type,
+            method: str = "spawn") -> bytes:
     """What the worker is built from, pickled; an object that cannot be sent is a
     :class:`~feeder.errors.ConfigError` naming it and how to fix it."""
-    # The worker runs the CPU stages only: dtype, normalization and batch
-    # transforms run in the training process's transfer stage.
-    config = dataclasses.replace(config, device=torch.device("cpu"), dtype=None, normalize=None,
-                                 batch_transforms=(), isolation="thread")
+    config = worker_config(config)
     parts = [("source", source)] + [(f"transforms[{i}]", t) for i, t in enumerate(transforms)]
     pickled = []
     for what, obj in parts:
@@ -133,10 +192,12 @@ def payload(config: Any, source: Any, transforms: list[Any], engine: type) -> by
             pickled.append(_dumps(obj))
         except Exception as exc:  # noqa: BLE001 - pickle raises many types
             raise ConfigError(
-                f"isolation='process' sends the {what} ({safe_text(repr(obj))}) to a worker "
-                f"process, but it cannot be pickled ({type(exc).__name__}: {exc}); define it at "
-                f"module level (a module-level function or class instead of a lambda, a local "
-                f"function or a bound object holding open handles), or use isolation='thread'"
+                f"isolation='process' with start_method={method!r} sends the {what} "
+                f"({safe_text(repr(obj))}) to a worker process, but it cannot be pickled "
+                f"({type(exc).__name__}: {exc}); define it at module level (a module-level "
+                f"function or class instead of a lambda, a local function or a bound object "
+                f"holding open handles), use start_method='fork' (Linux: nothing is pickled), "
+                f"or isolation='thread'"
             ) from exc
     return _dumps((engine, config, pickled[0], pickled[1:]))
 
@@ -306,39 +367,155 @@ class _Worker:
                 return
 
 
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel kill this process when the training process dies (Linux)."""
+def _die_with_parent(parent: int | None) -> None:
+    """Have the kernel kill this process when its parent dies (Linux): the training
+    process, or with ``forkserver`` (``parent`` None) the fork server, which exits
+    when the training process is gone."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the call above
+    if parent is not None and os.getppid() != parent:  # it died before the call above
         os._exit(1)
 
 
-def worker_main(conn: Any, data: bytes, parent: int) -> None:
-    """The worker process's entry point (spawned)."""
+def _forget_parent(inherited: Any) -> None:
+    """In a forked worker: drop what it inherited from the training process and must
+    not keep or run. The parent's end of the control pipe: while the worker holds
+    a copy, the pipe never ends when the training process closes it or dies. The
+    parent's Python signal handlers (a trainer's SIGTERM checkpoint handler must
+    not run here) and its wakeup fd (an event loop's socket). The other feeders'
+    engines, threads and pipe ends are dealt with by the at-fork hooks of
+    ``_feeder`` and ``_reaper``."""
+    inherited.close()
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+
+
+def _one_thread_pools() -> None:
+    """Library pools of one thread: the worker's decode threads are its parallelism.
+
+    In a forked worker this must come before any torch op: the parent's OpenMP
+    pool does not exist here, and a parallel region would wait for it forever.
+    With one thread torch never enters one (what DataLoader's workers do)."""
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)  # the parent parked its pool for the fork (LibraryThreads.parked)
+
+
+def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None) -> None:
+    """The worker process's entry point. ``data``: the pickled :func:`payload`
+    (spawn, forkserver), or the objects themselves with the parent's end of the
+    pipe as ``inherited`` (fork)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
+    if inherited is not None:
+        _forget_parent(inherited)
+    _one_thread_pools()
     try:
-        engine_class, config, source, transforms = ForkingPickler.loads(data)
-        source = ForkingPickler.loads(source)
-        transforms = [ForkingPickler.loads(t) for t in transforms]
+        if isinstance(data, bytes):
+            engine_class, config, source, transforms = ForkingPickler.loads(data)
+            source = ForkingPickler.loads(source)
+            transforms = [ForkingPickler.loads(t) for t in transforms]
+        else:
+            engine_class, config, source, transforms = data
         worker = _Worker(conn, engine_class, config, source, transforms)
     except BaseException as exc:  # noqa: BLE001 - the training process must learn why
-        err = FeederError(safe_text(
-            f"the feeder's worker process could not load the source and transforms: "
-            f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
-            f"session, a notebook or 'python -c' live in a __main__ the worker cannot import: "
-            f"move them to a module, or use isolation='thread'"))
+        if isinstance(data, bytes):
+            text = (f"the feeder's worker process could not load the source and transforms: "
+                    f"{type(exc).__name__}: {exc}. Classes and functions defined in an interactive "
+                    f"session, a notebook or 'python -c' live in a __main__ the worker cannot "
+                    f"import: move them to a module, use start_method='fork' (Linux), or use "
+                    f"isolation='thread'")
+        else:
+            text = (f"the feeder's worker process could not set up its engine: "
+                    f"{type(exc).__name__}: {exc}")
+        err = FeederError(safe_text(text))
         with contextlib.suppress(Exception):
             conn.send_bytes(_dumps(("fatal", 0, err)))
         os._exit(1)
     worker.serve()
     worker.engine.stop()
     # Daemon threads may be inside user code; nothing here needs an orderly exit
-    # (the shared memory is released by the kernel with the mappings).
+    # (the shared memory is released by the kernel with the mappings). os._exit
+    # runs no atexit handler (a forked worker has the parent's); what the
+    # worker's own code printed is flushed (the parent flushed before a fork).
+    _flush_stdio()
     os._exit(0)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+# -- starting the worker -------------------------------------------------------
+# The isolated engines of this process: their receiving threads are held still for a fork.
+_engines: "weakref.WeakSet[ProcessEngine]" = weakref.WeakSet()
+
+
+def start_rule() -> tuple[str, str]:
+    """``start_method="auto"`` before looking at the threads: the method and why."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return "spawn", f"auto: no safe fork on {sys.platform}"
+    if torch.cuda.is_initialized():
+        return "spawn", "auto: CUDA is initialized in this process, and its state is not fork-safe"
+    return "fork", "auto: Linux, CUDA not initialized, no other thread running"
+
+
+@contextlib.contextmanager
+def quiet_threads() -> Iterator[list[str]]:
+    """Hold feeder's own idle threads still; yield the names of every other running thread.
+
+    The reaper and the isolated engines' receiving threads hold a lock while
+    they work. Taking it without waiting shows one idle (blocked on its queue or
+    pipe, holding nothing) and keeps it so until the fork is done; one at work,
+    and any other thread but the caller, is named."""
+    me = threading.current_thread()
+    quiet: dict[threading.Thread, threading.Lock] = {}
+    reaper = _reaper._thread
+    if reaper is not None:
+        quiet[reaper] = _reaper.busy
+    for engine in list(_engines):
+        receiver = getattr(engine, "receiver", None)
+        if receiver is not None:
+            quiet[receiver] = engine.busy
+    held: list[threading.Lock] = []
+    others: list[str] = []
+    try:
+        for thread in threading.enumerate():
+            if thread is me:
+                continue
+            lock = quiet.get(thread)
+            if lock is not None and lock.acquire(blocking=False):
+                held.append(lock)
+            else:
+                others.append(thread.name)
+        yield others
+    finally:
+        for lock in held:
+            lock.release()
+
+
+@contextlib.contextmanager
+def _gc_frozen() -> Iterator[None]:
+    """Fork with the parent's objects in the collector's permanent generation.
+
+    The child then never traverses them: a collection writes to every object it
+    visits, which would copy the parent's whole heap page by page into the
+    worker (copy-on-write)."""
+    if gc.get_freeze_count():  # the program freezes objects itself: leave it alone
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # -- the training process ------------------------------------------------------
@@ -518,19 +695,67 @@ class ProcessEngine:
         self._registered: list[int] = []  # addresses page-locked with cudaHostRegister
         self._cuda = config.device.type == "cuda"
         self._device_set = False  # the receiving thread's current device (for registration)
-        data = payload(config, source, transforms, engine)
-        ctx = multiprocessing.get_context("spawn")
-        mine, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, args=(theirs, data, os.getpid()),
-                                   name="feeder-worker", daemon=True)
-        with _sigint_ignored():
-            self.process.start()
-        theirs.close()  # only the worker holds that end now: its death is EOF here
-        self.conn = mine
+        self.conn: Any = None
+        self.process: Any = None
+        self.start_method = ""
         self._send_lock = threading.Lock()
+        # Held while the receiving thread handles a message (see quiet_threads).
+        self.busy = threading.Lock()
+        self._start_worker(config, source, transforms, engine)
         self.receiver = threading.Thread(target=self._receive, name="feeder-receive", daemon=True)
         self.receiver.start()
-        log.debug("feeder worker process %d started", self.process.pid)
+        _engines.add(self)
+
+    def _start_worker(self, config: Any, source: Any, transforms: list[Any], engine: type) -> None:
+        """Start the worker by the start-method rule (the module's docstring)."""
+        requested = config.start_method
+        if requested == "auto":
+            method, why = start_rule()
+        else:
+            if requested not in multiprocessing.get_all_start_methods():
+                raise ConfigError(f"start_method={requested!r} is not available on this platform "
+                                  f"({sys.platform}); it offers "
+                                  f"{multiprocessing.get_all_start_methods()}")
+            method, why = requested, "given"
+        if method == "fork":
+            with quiet_threads() as others:
+                if not others or requested == "fork":
+                    if others:
+                        log.warning("start_method='fork' while other threads run (%s): a lock "
+                                    "one of them holds stays held in the worker process; "
+                                    "start_method='auto' would spawn", ", ".join(others))
+                    self._launch("fork", (engine, worker_config(config), source, list(transforms)),
+                                 why)
+                    return
+                why = (f"other threads are running ({', '.join(others)}): a lock one of them "
+                       f"holds would stay held in a forked child")
+                method = "spawn"
+        self._launch(method, payload(config, source, transforms, engine, method), why)
+
+    def _launch(self, method: str, data: Any, why: str) -> None:
+        ctx = multiprocessing.get_context(method)
+        mine, theirs = ctx.Pipe()
+        # A forked worker closes its copy of this process's end first thing.
+        parent = None if method == "forkserver" else os.getpid()
+        args = (theirs, data, parent) + ((mine,) if method == "fork" else ())
+        process = ctx.Process(target=worker_main, args=args, name="feeder-worker", daemon=True)
+        try:
+            with _sigint_ignored():
+                if method == "fork":
+                    with LibraryThreads.parked(), _gc_frozen(), warnings.catch_warnings():
+                        # Python 3.12+ warns of any fork with threads: these were checked.
+                        warnings.filterwarnings("ignore", r".*fork\(\) may lead to deadlocks",
+                                                DeprecationWarning)
+                        process.start()
+                else:
+                    process.start()
+        except BaseException:
+            mine.close()
+            theirs.close()
+            raise
+        theirs.close()  # only the worker holds that end now: its death is EOF here
+        self.conn, self.process, self.start_method = mine, process, method
+        log.info("feeder worker process %d started with %s (%s)", process.pid, method, why)
 
     # -- messages ----------------------------------------------------------------
     def send(self, message: tuple) -> None:
@@ -547,31 +772,12 @@ class ProcessEngine:
         conn = self.conn
         while True:
             try:
-                message = conn.recv()
+                data = conn.recv_bytes()
             except (EOFError, OSError):
                 break
-            except Exception as exc:  # noqa: BLE001 - a message that cannot be unpickled
-                self._fail_current(FeederError(f"a message from the feeder's worker process could "
-                                               f"not be read: {type(exc).__name__}: {exc}"))
-                continue
-            kind = message[0]
-            if kind == "batch":
-                self._on_batch(message)
-            elif kind == "end" or kind == "error":
-                run = self._by_id.get(message[1])
-                if run is not None:
-                    if kind == "end":
-                        run.skipped_indices.extend(message[2])
-                        run.deliver(END)
-                    else:
-                        run.deliver(message[2])
-            elif kind == "stats":
-                self.remote, self._rows = message[2], message[3]
-                event = self._queries.pop(message[1], None)
-                if event is not None:
-                    event.set()
-            elif kind == "fatal":
-                self.dead = message[2]
+            with self.busy:
+                if not self._handle(data):
+                    break
         if self.closed:
             return
         self.dead = self.dead or _death_error(self.process)
@@ -579,6 +785,39 @@ class ProcessEngine:
         self._fail_current(self.dead)
         for event in list(self._queries.values()):
             event.set()
+
+    def _handle(self, data: bytes) -> bool:
+        """Act on one message; False when the worker is gone."""
+        try:
+            message = ForkingPickler.loads(data)
+        except Exception as exc:  # noqa: BLE001 - a message that cannot be unpickled
+            # A batch's shared arrays are fetched from the worker while unpickling:
+            # a worker killed meanwhile is its death, not an unreadable message.
+            self.process.join(_DEATH_CHECK_S)
+            if self.process.exitcode is not None:
+                return False
+            self._fail_current(FeederError(f"a message from the feeder's worker process could "
+                                           f"not be read: {type(exc).__name__}: {exc}"))
+            return True
+        kind = message[0]
+        if kind == "batch":
+            self._on_batch(message)
+        elif kind == "end" or kind == "error":
+            run = self._by_id.get(message[1])
+            if run is not None:
+                if kind == "end":
+                    run.skipped_indices.extend(message[2])
+                    run.deliver(END)
+                else:
+                    run.deliver(message[2])
+        elif kind == "stats":
+            self.remote, self._rows = message[2], message[3]
+            event = self._queries.pop(message[1], None)
+            if event is not None:
+                event.set()
+        elif kind == "fatal":
+            self.dead = message[2]
+        return True
 
     def _fail_current(self, error: BaseException) -> None:
         for run in list(self.passes):
@@ -733,10 +972,17 @@ class ProcessEngine:
         self.free()
 
     def after_fork(self) -> None:
-        """In a forked child of the training process: the worker is the parent's."""
+        """In a forked child of the training process: the worker is the parent's.
+
+        The child closes its copy of the pipe's end: while a copy is open, the
+        worker would not see the pipe end when the training process dies."""
         self.lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self.conn = None
+        self.busy = threading.Lock()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.close()
         self.process = None
         self.dead = FeederError("this feeder's worker process belongs to the process that forked")
         for run in self.passes:

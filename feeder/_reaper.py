@@ -62,6 +62,10 @@ _start_lock = threading.Lock()
 _STOP = object()  # tells the reaper thread to return
 _LOOK_AGAIN_S = 0.5  # see the note on fork above
 _exiting = False
+# Held while the reaper runs a call: an isolated engine forks only while it can
+# take this (see ``_isolation.quiet_threads``), so no clean-up is half-way
+# through, holding a lock, in the forked child.
+busy = threading.Lock()
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
@@ -115,10 +119,11 @@ def _run() -> None:
         else:
             fn, args = item
             del item
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - cleanup must never kill the reaper
-            log.exception("feeder cleanup %r failed", fn)
+        with busy:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - cleanup must never kill the reaper
+                log.exception("feeder cleanup %r failed", fn)
         # Drop the references before waiting: an engine held here while the
         # reaper idles would never be freed.
         del fn, args
@@ -144,9 +149,10 @@ atexit.register(_stop_at_exit)
 
 def _after_fork_in_child() -> None:
     # The reaper thread does not exist in the child: the next feeder call starts one.
-    global _thread, _start_lock
+    global _thread, _start_lock, busy
     _thread = None
     _start_lock = threading.Lock()
+    busy = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

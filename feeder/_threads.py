@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import glob
 import os
 import threading
+from collections.abc import Iterator
 
 import cv2
 import torch
@@ -136,6 +138,26 @@ class LibraryThreads:
         count the parent saved stays, so the child's last close restores the real one."""
         cls._lock = threading.Lock()
         cls._users = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def parked(cls) -> Iterator[None]:
+        """OpenCV's pool without threads for the duration (for a ``fork``).
+
+        OpenCV's pthreads pool is not fork-safe: in a child forked after the
+        pool started its threads, ``cv2.setNumThreads`` waits forever for
+        threads that exist only in the parent. With one thread the pool stops
+        its threads; the count is restored afterwards (the pool restarts them
+        on its next parallel call)."""
+        with cls._lock:
+            count = cv2.getNumThreads()
+            if count != 1:
+                cv2.setNumThreads(1)
+            try:
+                yield
+            finally:
+                if count != 1:
+                    cv2.setNumThreads(count)
 
     @classmethod
     def release(cls) -> None:

@@ -1,9 +1,10 @@
 """The isolated engine (``isolation="process"``): the same batches as the thread engine,
 errors and skips across the process boundary, stats, passes, shutdown, a killed worker.
 
-Each feeder here starts a worker process (spawn: about a second), so tests share
-module-scoped feeders where they can. Sources and transforms live at module
-level: the worker imports them from this module.
+Every test runs with the worker forked and spawned (``start_method``). A spawned
+worker takes about a second to start, so tests share module-scoped feeders where
+they can. Sources and transforms live at module level: a spawned worker imports
+them from this module.
 """
 
 from __future__ import annotations
@@ -104,7 +105,21 @@ def _same(u, v) -> None:
         assert u == v
 
 
+START = "spawn"  # the start method of this module's isolated feeders (see start_method)
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"], autouse=True)
+def start_method(request):
+    """Run the module once per start method: every promise holds under both."""
+    global START
+    START = request.param
+    yield request.param
+    START = "spawn"
+
+
 def make(source, transforms=TRANSFORMS, **options) -> Feeder:
+    if options.get("isolation") == "process":
+        options.setdefault("start_method", START)
     options.setdefault("seed", 11)
     options.setdefault("decode_threads", 2)
     options.setdefault("read_threads", 2)
@@ -113,9 +128,10 @@ def make(source, transforms=TRANSFORMS, **options) -> Feeder:
 
 
 @pytest.fixture(scope="module")
-def pairs():
+def pairs(start_method):
     """One isolated feeder over pairs, shared by the tests that do not close it."""
     f = make(MemorySource(BLOBS), isolation="process")
+    assert f.start_method == start_method
     _SHARED.append(f)
     yield f
     f.close()
@@ -281,13 +297,22 @@ def test_skip_policy_and_unpicklable_causes():
             collect(f)
 
 
-def test_unpicklable_source_is_a_config_error():
+def test_unpicklable_source_and_transforms(start_method):
     src = MemorySource(BLOBS[:16])
-    with pytest.raises(ConfigError, match=r"transforms\[1\].*cannot be pickled.*isolation='thread'"):
-        make(src, [ops.CenterCrop(24), lambda img, rng: img], isolation="process")
     src.lock = threading.Lock()
-    with pytest.raises(ConfigError, match=r"the source .*MemorySource.*module level"):
-        make(src, isolation="process")
+    transforms = [ops.CenterCrop(24), lambda img, rng: img]
+    if start_method == "spawn":
+        with pytest.raises(ConfigError, match=r"transforms\[1\].*cannot be pickled.*"
+                                              r"start_method='fork'.*isolation='thread'"):
+            make(MemorySource(BLOBS[:16]), transforms, isolation="process")
+        with pytest.raises(ConfigError, match=r"the source .*MemorySource.*module level"):
+            make(src, isolation="process")
+        return
+    # A forked worker gets the objects themselves: nothing is pickled.
+    with make(MemorySource(BLOBS[:16]), [ops.CenterCrop(24)]) as f:
+        expected = collect(f)
+    with make(src, transforms, isolation="process") as f:
+        assert_same(collect(f), expected)
 
 
 def test_isolation_option_is_checked():
@@ -355,7 +380,7 @@ from conftest import MemorySource
 from feeder import Feeder, ops
 if __name__ == "__main__":
     f = Feeder(MemorySource(BLOBS), 2, [ops.CenterCrop(24)], seed=0, queue_size=1,
-               isolation="process")
+               isolation="process", start_method={start!r})
     it = iter(f)
     next(it)
     say(event="exiting", worker=f._engine.process.pid)
@@ -365,9 +390,9 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("ending", ["pass", "raise RuntimeError('loss is nan')",
                                     "os.kill(os.getpid(), signal.SIGKILL)"])
-def test_interpreter_exit_and_death_of_the_training_process(ending):
+def test_interpreter_exit_and_death_of_the_training_process(ending, start_method):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = Child("import signal\n" + EXIT_SCRIPT.format(repo=repo, ending=ending))
+    child = Child("import signal\n" + EXIT_SCRIPT.format(repo=repo, ending=ending, start=start_method))
     try:
         report = json.loads(child.expect_line(60))
         assert report["event"] == "exiting"
@@ -387,7 +412,8 @@ sys.path.insert(0, os.path.join({repo!r}, "tests"))
 from conftest import MemorySource
 from test_isolation import stall
 if __name__ == "__main__":
-    f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process")
+    f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process",
+               start_method={start!r})
     it = iter(f)
     main = threading.main_thread()
 
@@ -416,9 +442,9 @@ if __name__ == "__main__":
 """
 
 
-def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows():
+def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows(start_method):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    child = Child(SIGINT_SCRIPT.format(repo=repo))
+    child = Child(SIGINT_SCRIPT.format(repo=repo, start=start_method))
     try:
         ready = json.loads(child.expect_line(60))
         assert ready["event"] == "waiting", ready
@@ -435,16 +461,16 @@ def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows():
     assert wait_until(lambda: not _alive(ready["worker"]), 10), "the worker outlived the program"
 
 
-def test_objects_the_worker_cannot_import_are_named():
+def test_objects_the_worker_cannot_import_are_named(start_method):
     # ``Mem`` is defined in the script's __main__ ('python -c'): it pickles here, by
-    # reference, but a spawned process cannot import it.
-    child = Child("""
-f = Feeder(Mem(BLOBS), 2, [ops.CenterCrop(24)], seed=0, isolation="process")
+    # reference, but a spawned process cannot import it; a forked one has it.
+    child = Child(f"""
+f = Feeder(Mem(BLOBS), 2, [ops.CenterCrop(24)], seed=0, isolation="process",
+           start_method={start_method!r})
 try:
-    next(iter(f))
-    say(error=None)
+    say(error=None, batch=len(next(iter(f))[1]))
 except Exception as exc:
-    say(error=f"{type(exc).__name__}: {exc}")
+    say(error=f"{{type(exc).__name__}}: {{exc}}")
 f.close()
 """)
     try:
@@ -452,6 +478,9 @@ f.close()
         assert child.wait(20) == 0, child.stderr
     finally:
         child.kill()
+    if start_method == "fork":
+        assert report == {"error": None, "batch": 2}
+        return
     assert report["error"] is not None
     assert report["error"].startswith("FeederError: the feeder's worker process could not load")
     assert "Mem" in report["error"] and "isolation='thread'" in report["error"]

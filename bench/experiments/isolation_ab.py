@@ -1,4 +1,5 @@
-"""A/B of ``isolation="thread"`` and ``isolation="process"`` on the same data and settings.
+"""A/B of ``isolation="thread"`` and ``isolation="process"`` (its worker forked and
+spawned: ``start_method``) on the same data and settings.
 
 Alternating rounds, each run a fresh child process (so neither inherits the
 other's warm caches or threads). Per run it reports:
@@ -14,10 +15,14 @@ other's warm caches or threads). Per run it reports:
 * CPU ms per image after the first batch, of this process and the worker.
 
     python bench/experiments/isolation_ab.py DATA [--rounds 5] [--epochs 3] [--batch-size 64]
+        [--settings thread,fork,spawn]
     python bench/experiments/isolation_ab.py --make /tmp/isoab 2000   # write a synthetic set first
 
-Prints the medians per setting and the median over rounds of process/thread
-measured in the same round (the machine's drift cancels in the ratio).
+Settings: ``thread``, and ``fork`` / ``spawn`` / ``forkserver`` / ``auto`` for
+``isolation="process"`` with that start method. Prints the medians per setting,
+the first batch of each as a ratio to the thread engine's, and the median over
+rounds of images/s against the thread engine measured in the same round (the
+machine's drift cancels in the ratio).
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ import sys
 CHILD = r"""
 import json, os, resource, sys, time
 from feeder import Feeder, ImageFolder, ops
-root, epochs, batch, decode, isolation, setup_s = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                                   sys.argv[4], sys.argv[5], float(sys.argv[6]))
+root, epochs, batch, decode, setting, setup_s = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                                 sys.argv[4], sys.argv[5], float(sys.argv[6]))
 decode = decode if decode == "auto" else int(decode)
+options = ({"isolation": "thread"} if setting == "thread"
+           else {"isolation": "process", "start_method": setting})
 TICK = os.sysconf("SC_CLK_TCK")
 
 def cpu(f):
@@ -52,7 +59,7 @@ if __name__ == "__main__":
     src = ImageFolder(root)
     t_build = time.perf_counter()
     f = Feeder(src, batch, [ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()], seed=0,
-               decode_threads=decode, isolation=isolation)
+               decode_threads=decode, **options)
     if setup_s:
         time.sleep(setup_s)  # the training script's own set-up (model, optimizer)
     t0 = time.perf_counter()
@@ -71,16 +78,19 @@ if __name__ == "__main__":
     f.close()
     print(json.dumps({"img_s": n / wall, "cpu_ms": 1000 * (cpu1 - cpu0) / n,
                       "first_s": first - t_build, "first_after_setup_s": first - t0,
-                      "feeder": __import__("feeder").__file__}))
+                      "method": f.start_method, "feeder": __import__("feeder").__file__}))
 """
 
 
-def run(args: argparse.Namespace, isolation: str, setup_s: float) -> dict:
+SETTINGS = ("thread", "fork", "spawn", "forkserver", "auto")
+
+
+def run(args: argparse.Namespace, setting: str, setup_s: float) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, args.data, str(args.epochs),
-                          str(args.batch_size), args.decode_threads, isolation, str(setup_s)],
+                          str(args.batch_size), args.decode_threads, setting, str(setup_s)],
                          capture_output=True, text=True, timeout=900)
     if out.returncode:
-        raise SystemExit(f"{isolation} run failed:\n{out.stderr}")
+        raise SystemExit(f"{setting} run failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -93,6 +103,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--decode-threads", default="auto")
+    p.add_argument("--settings", default="thread,fork,spawn",
+                   help=f"comma-separated, from {SETTINGS}: 'thread', or isolation='process' with "
+                        f"that start method")
     p.add_argument("--setup-s", type=float, default=2.0,
                    help="seconds the program spends elsewhere between Feeder() and the first next()")
     args = p.parse_args()
@@ -105,33 +118,53 @@ def main() -> None:
         args.data = root
     if not args.data:
         p.error("give DATA or --make DIR COUNT")
-    settings = ("thread", "process")
+    settings = tuple(args.settings.split(","))
+    bad = [x for x in settings if x not in SETTINGS]
+    if bad or "thread" not in settings:
+        p.error(f"--settings: a comma-separated list of {SETTINGS} including 'thread', got {args.settings!r}")
     results: dict[str, list[dict]] = {s: [] for s in settings}
     setup: dict[str, list[float]] = {s: [] for s in settings}
-    ratios = []
+    ratios: dict[str, list[float]] = {s: [] for s in settings}
     for r in range(args.rounds):
         got = {}
-        for isolation in settings if r % 2 == 0 else settings[::-1]:
-            got[isolation] = run(args, isolation, 0.0)
-            results[isolation].append(got[isolation])
+        # Each round in another order (rotated), so no setting always runs first.
+        order = settings[r % len(settings):] + settings[:r % len(settings)]
+        for setting in order:
+            got[setting] = run(args, setting, 0.0)
+            results[setting].append(got[setting])
             if args.setup_s:
-                setup[isolation].append(run(args, isolation, args.setup_s)["first_after_setup_s"])
-            print(f"round {r + 1} {isolation}: {got[isolation]['img_s']:.0f} img/s, first batch "
-                  f"{got[isolation]['first_s']:.2f} s", file=sys.stderr, flush=True)
-        ratios.append(got["process"]["img_s"] / got["thread"]["img_s"])
+                setup[setting].append(run(args, setting, args.setup_s)["first_after_setup_s"])
+            print(f"round {r + 1} {setting} ({got[setting]['method'] or 'threads'}): "
+                  f"{got[setting]['img_s']:.0f} img/s, first batch {got[setting]['first_s']:.3f} s",
+                  file=sys.stderr, flush=True)
+        for setting in settings:
+            ratios[setting].append(got[setting]["img_s"] / got["thread"]["img_s"])
     print(f"data {args.data}; RandomResizedCrop(224) + flip, batch {args.batch_size}, {args.epochs} "
           f"epochs, decode_threads={args.decode_threads}, uint8 on CPU, empty consumer; "
-          f"{args.rounds} alternating rounds, medians; cores: {os.cpu_count()}")
-    print(f"{'isolation':<10}{'img/s':>8}{'CPU ms/img':>12}{'1st batch s':>13}"
-          f"{f'1st after {args.setup_s:g} s set-up':>28}")
+          f"{args.rounds} rounds, order rotated, medians; cores: {os.cpu_count()}")
+    print("first batch: from Feeder(...) (cold); and from the first next() after "
+          f"{args.setup_s:g} s of other set-up; x: the setting's median / the thread engine's")
+    print(f"{'setting':<12}{'img/s':>8}{'vs thread':>11}{'CPU ms/img':>12}{'1st batch s':>13}"
+          f"{'x':>7}{f'1st after {args.setup_s:g} s':>17}{'x':>7}")
+    first_thread = statistics.median(x["first_s"] for x in results["thread"])
+    setup_thread = statistics.median(setup["thread"]) if setup["thread"] else None
     for s in settings:
         rs = results[s]
-        after = f"{statistics.median(setup[s]):.3f}" if setup[s] else "-"
-        print(f"{s:<10}{statistics.median(x['img_s'] for x in rs):>8.0f}"
+        name = "thread" if s == "thread" else f"process+{s}"
+        first = statistics.median(x["first_s"] for x in rs)
+        if setup[s]:
+            after = statistics.median(setup[s])
+            after_cols = f"{after:>17.3f}{after / setup_thread:>7.2f}"
+        else:
+            after_cols = f"{'-':>17}{'-':>7}"
+        print(f"{name:<12}{statistics.median(x['img_s'] for x in rs):>8.0f}"
+              f"{statistics.median(ratios[s]):>11.3f}"
               f"{statistics.median(x['cpu_ms'] for x in rs):>12.2f}"
-              f"{statistics.median(x['first_s'] for x in rs):>13.3f}{after:>28}")
-    print(f"process/thread images/s, same round: median {statistics.median(ratios):.3f} "
-          f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})")
+              f"{first:>13.3f}{first / first_thread:>7.2f}{after_cols}")
+    for s in settings:
+        if s != "thread":
+            print(f"process+{s}/thread images/s, same round: "
+                  f"{', '.join(f'{x:.3f}' for x in ratios[s])}")
 
 
 if __name__ == "__main__":

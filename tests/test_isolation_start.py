@@ -1,0 +1,335 @@
+"""How ``isolation="process"`` starts its worker (``start_method``): the "auto" rule's
+choice in each case, explicit values, bad values, and what a forked worker must
+not inherit (the parent's pipe end, signal handlers, atexit handlers, stdio
+buffers, library thread pools that are not fork-safe).
+
+The promises of the isolated engine under each start method (batches, errors,
+skips, stats, shutdown, a killed worker) are tested in ``test_isolation``, which
+runs under both fork and spawn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import JOIN_TIMEOUT_S, MemorySource
+from faults_helpers import Child
+from feeder import ConfigError, Feeder, FeederError, ops
+from test_isolation import BLOBS, assert_same, collect, make
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """The thread engine's first pass over the first 16 samples."""
+    with make(MemorySource(BLOBS[:16])) as f:
+        return collect(f)
+
+
+# -- the "auto" rule ---------------------------------------------------------------------------------
+
+RULE_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+
+def build():
+    # A picklable source and transforms: each start method can take them.
+    return Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24)], seed=0, isolation="process",
+                  timeout=30)
+
+if __name__ == "__main__":
+    first = build()
+    next(iter(first))  # its receiving thread and the reaper run, idle
+    say(case="clean, another isolated feeder idle", method=first.start_method)
+
+    release = threading.Event()
+    user = threading.Thread(target=release.wait, name="user-thread", daemon=True)
+    user.start()
+    f = build()
+    say(case="a user thread runs", method=f.start_method)
+    f.close()
+    release.set()
+    user.join(10)
+
+    busy = Feeder(MemorySource(BLOBS), 4, [ops.CenterCrop(24)], seed=0, queue_size=1, timeout=30)
+    it = iter(busy)
+    next(it)  # a thread engine mid-pass: its stage threads run
+    f = build()
+    say(case="a thread engine runs a pass", method=f.start_method)
+    f.close()
+    busy.close()
+
+    f = build()
+    say(case="clean again", method=f.start_method, batches=len(list(f)))
+    f.close()
+    first.close()
+"""
+
+
+def test_auto_forks_only_when_no_other_thread_runs():
+    child = Child(RULE_SCRIPT.format(repo=REPO))
+    try:
+        reports = [json.loads(child.expect_line(90)) for _ in range(4)]
+        assert child.wait(30) == 0, child.stderr
+    finally:
+        child.kill()
+    assert [(r["case"], r["method"]) for r in reports] == [
+        ("clean, another isolated feeder idle", "fork"),
+        ("a user thread runs", "spawn"),
+        ("a thread engine runs a pass", "spawn"),
+        ("clean again", "fork"),
+    ]
+    assert reports[3]["batches"] == 4
+
+
+def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    caplog.set_level(logging.INFO, logger="feeder._isolation")
+    with make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto") as f:
+        assert f.start_method == "spawn"
+        assert_same(collect(f), expected)
+    assert any("spawn (auto: CUDA is initialized" in r.getMessage() for r in caplog.records)
+
+
+def test_auto_names_the_running_thread_it_spawns_for(caplog):
+    caplog.set_level(logging.INFO, logger="feeder._isolation")
+    release = threading.Event()
+    user = threading.Thread(target=release.wait, name="my-prefetcher", daemon=True)
+    user.start()
+    try:
+        with make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto") as f:
+            assert f.start_method == "spawn"
+    finally:
+        release.set()
+        user.join(JOIN_TIMEOUT_S)
+    started = [r.getMessage() for r in caplog.records if "started with" in r.getMessage()]
+    assert len(started) == 1 and "spawn (other threads are running" in started[0]
+    assert "my-prefetcher" in started[0]
+
+
+@pytest.mark.parametrize("platform, methods", [("darwin", ["spawn", "fork", "forkserver"]),
+                                               ("win32", ["spawn"]), ("linux", ["spawn"])])
+def test_auto_spawns_where_fork_is_missing_or_unsafe(monkeypatch, platform, methods):
+    from feeder import _isolation
+
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: methods)
+    method, why = _isolation.start_rule()
+    assert method == "spawn" and platform in why
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_explicit_start_methods_are_honoured(method, expected):
+    with make(MemorySource(BLOBS[:16]), isolation="process", start_method=method) as f:
+        assert f.start_method == method
+        assert_same(collect(f), expected)
+
+
+def test_explicit_fork_with_a_thread_running_forks_and_warns(caplog, expected):
+    release = threading.Event()
+    user = threading.Thread(target=release.wait, name="my-prefetcher", daemon=True)
+    user.start()
+    try:
+        with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as f:
+            assert f.start_method == "fork"
+            assert_same(collect(f), expected)
+    finally:
+        release.set()
+        user.join(JOIN_TIMEOUT_S)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("my-prefetcher" in m and "start_method='auto' would spawn" in m for m in warned)
+
+
+def test_thread_engine_has_no_start_method():
+    with make(MemorySource(BLOBS[:16])) as f:
+        assert f.start_method is None
+
+
+@pytest.mark.parametrize("value", ["vfork", "Fork", None, 1, ""])
+def test_bad_start_method_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=r"start_method must be one of .*auto.*fork.*spawn"):
+        make(MemorySource(BLOBS[:16]), isolation="process", start_method=value)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_start_method_with_threads_is_a_config_error(method):
+    with pytest.raises(ConfigError, match=rf"start_method='{method}'.*isolation='thread'.*"
+                                          r"isolation='process'"):
+        make(MemorySource(BLOBS[:16]), start_method=method)
+
+
+# -- what a forked worker inherits ---------------------------------------------------------------------
+
+def _socket_inode(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def _fd_targets(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return out
+
+
+def test_forked_worker_holds_no_parent_end_of_any_pipe():
+    # While the worker held a copy of the training process's end, the pipe would
+    # never end when the training process closes it or dies.
+    with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as first, \
+         make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as second:
+        assert len(collect(second)) == 2
+        ours = {_socket_inode(first._engine.conn.fileno()), _socket_inode(second._engine.conn.fileno())}
+        assert all(target.startswith("socket:") for target in ours)
+        assert not ours & _fd_targets(second._engine.process.pid)
+        assert not ours & _fd_targets(first._engine.process.pid)
+
+
+def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
+    # A trainer's SIGTERM handler (save a checkpoint, say) must not run in the worker.
+    marker = tmp_path / "handler-ran"
+
+    def handler(signum, frame):
+        marker.write_text(str(os.getpid()))
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        f = make(MemorySource(BLOBS), isolation="process", start_method="fork", queue_size=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        it = iter(f)
+        next(it)
+        process = f._engine.process
+        os.kill(process.pid, signal.SIGTERM)
+        process.join(JOIN_TIMEOUT_S)
+        assert process.exitcode == -signal.SIGTERM
+        assert not marker.exists(), "the parent's SIGTERM handler ran in the worker"
+        with pytest.raises(FeederError, match="killed by SIGTERM"):
+            for _ in range(len(BLOBS)):
+                next(it)
+    finally:
+        f.close()
+
+
+STDIO_SCRIPT = """
+import atexit, os, sys
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from feeder import Feeder, ops
+from test_isolation import BLOBS
+
+def shout(img, rng):
+    print("worker-line")
+    return img
+
+atexit.register(lambda: print("atexit-ran"))
+sys.stdout.write("parent-line\\n")  # buffered (stdout is a pipe), not yet flushed
+f = Feeder(MemorySource(BLOBS[:16]), 4, [shout, ops.CenterCrop(24)], seed=0, isolation="process",
+           start_method="fork", timeout=30)
+print("batches", len(list(f)), f.start_method)
+f.close()
+"""
+
+
+def test_forked_worker_neither_repeats_the_parents_output_nor_runs_its_atexit():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    out = subprocess.run([sys.executable, "-c", STDIO_SCRIPT.format(repo=REPO)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines.count("parent-line") == 1
+    assert lines.count("atexit-ran") == 1
+    assert lines.count("worker-line") == 16  # the worker's own output, flushed once, not lost
+    assert "batches 4 fork" in lines
+
+
+POOLS_SCRIPT = """
+import os, sys, threading, time
+import cv2, numpy as np, torch
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from feeder import Feeder, ops
+from test_isolation import BLOBS
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+def torch_work(img, rng):
+    # A multi-threaded op in the parent; in the worker it must not wait for the
+    # parent's OpenMP threads, which do not exist there.
+    a = torch.from_numpy(np.resize(img, (256, 256)).astype(np.float32))
+    (a @ a).sum()
+    return img
+
+before = tasks()
+count = cv2.getNumThreads()
+big = np.random.default_rng(0).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)
+for _ in range(3):
+    cv2.resize(big, (1500, 1500))  # OpenCV's pool starts its threads
+    m = torch.randn(600, 600)
+    m @ m  # so do torch's OpenMP threads
+    np.ones((400, 400)) @ np.ones((400, 400))  # and the BLAS's
+started = tasks() - before
+
+def all_idle():
+    # The pools' threads asleep on their condition variables (OpenCV's spin for a
+    # few milliseconds after a job first): the state a training process forks in.
+    me = str(threading.get_native_id())
+    states = []
+    for tid in os.listdir("/proc/self/task"):
+        if tid != me:
+            with open(f"/proc/self/task/{{tid}}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+    return all(s == "S" for s in states)
+
+deadline = time.monotonic() + 20
+while not all_idle() and time.monotonic() < deadline:
+    time.sleep(0.005)
+f = Feeder(MemorySource(BLOBS), 4, [ops.RandomResizedCrop(48), torch_work], seed=0,
+           isolation="process", start_method="fork", timeout=30, decode_threads=2)
+labels = sorted(int(y) for _, ys in f for y in ys)
+print(json.dumps({{"started": started, "cv_threads": count, "labels": labels,
+                   "cv_after": cv2.getNumThreads(), "method": f.start_method,
+                   "resize_after": cv2.resize(big, (100, 100)).shape}}), flush=True)
+f.close()
+"""
+
+
+def test_fork_after_native_thread_pools_started():
+    # OpenCV's pthreads pool is not fork-safe (setNumThreads in the child waits for
+    # the parent's pool threads), torch's OpenMP pool neither (a parallel region
+    # in the child waits for the parent's team): the worker must still deliver
+    # every sample, within the feeder's timeout, never hang.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    script = "import json\n" + POOLS_SCRIPT.format(repo=REPO)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    if report["cv_threads"] < 2 or report["started"] < 1:
+        pytest.skip("one core: the libraries start no pool threads to inherit")
+    assert report["method"] == "fork"
+    assert report["labels"] == list(range(len(BLOBS)))  # every sample, once
+    assert report["cv_after"] == report["cv_threads"]  # the parent's pool is back as it was
+    assert report["resize_after"] == [100, 100, 3]
+
+
+def test_start_method_the_platform_lacks_is_a_config_error(monkeypatch):
+    from feeder import _isolation
+
+    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(ConfigError, match=r"start_method='fork' is not available on this platform"):
+        make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
