@@ -69,33 +69,43 @@ class SampleRNG:
     use; :meth:`numpy` returns a full generator seeded from the same stream for
     anything else. Draw ``n`` (from 1) of stream ``s`` of ``key`` is
     ``_mix(_mix(key + (s + 1) * golden) + n * golden)``: a counter-based stream,
-    so creating one costs a single mix.
+    so creating one costs next to nothing.
     """
 
     __slots__ = ("_state",)
 
     def __init__(self, key: int, stream: int = 0) -> None:
-        z = (key + (stream + 1) * _GOLDEN) & _MASK
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-        self._state = z ^ (z >> 31)
+        # The start, ``_mix(key + (stream + 1) * golden)``, is mixed at the first
+        # draw: the chain makes a stream for every transform of every sample, and
+        # some never draw (a crop whose box was drawn for the decode hint). Until
+        # then the state holds the unmixed start, bit-inverted (so negative).
+        self._state = ~((key + (stream + 1) * _GOLDEN) & _MASK)
 
     def _next(self) -> int:
-        self._state = z = (self._state + _GOLDEN) & _MASK
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
         return z ^ (z >> 31)
 
     def random(self) -> float:
         """A float uniformly drawn from [0, 1)."""
-        self._state = z = (self._state + _GOLDEN) & _MASK
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
         return ((z ^ (z >> 31)) >> 11) * _UNIT
 
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
         """A float uniformly drawn from [low, high)."""
-        self._state = z = (self._state + _GOLDEN) & _MASK
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
         return low + (high - low) * (((z ^ (z >> 31)) >> 11) * _UNIT)
@@ -107,7 +117,10 @@ class SampleRNG:
         span = high - low
         if span <= 0:
             raise ValueError(f"integers: high ({high}) must be greater than low ({low})")
-        self._state = z = (self._state + _GOLDEN) & _MASK
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
         return low + ((z ^ (z >> 31)) * span >> 64)
