@@ -216,6 +216,23 @@ class Chain:
         # The context (full-size dims) is only true for transforms that see the
         # decoded image unchanged in size.
         self._ctx_upto = next((i for i, t in steps if not t.preserves_size), len(ts))
+        # What run() does per step, decided here once rather than per sample:
+        # (position, transform, gets the context, check its planned size, check
+        # what it produced).
+        self._run_head = [self._compile(i, t) for i, t in self._head]
+        self._run_writer = None if self._writer is None else self._compile(*self._writer)
+
+    def _compile(self, i: int, t: Transform) -> tuple[int, Transform, bool, bool, bool]:
+        # Every image entering a step is within max_pixels (the decoder checks it,
+        # and each step's output is checked or known). A step whose planned size
+        # is its fixed output size (checked against max_pixels in __init__) or its
+        # input's size therefore needs no per-sample plan check, and a built-in of
+        # that kind makes exactly that size, so needs no check of what it produced
+        # either; a callable or a sample transform may produce anything.
+        known = (type(t).planned_size is Transform.planned_size
+                 and (t.output_size is not None or t.preserves_size))
+        builtin = type(t).__module__ == Transform.__module__
+        return i, t, i <= self._ctx_upto, not known, not (known and builtin)
 
     @property
     def plan(self) -> Callable[[int, int, int], tuple[tuple[int, int] | None, SampleContext]] | None:
@@ -244,18 +261,20 @@ class Chain:
                 ``max_pixels`` pixels, or returned something that is not an image.
             ConfigError: the result does not have the batch buffer's size.
         """
-        upto = self._ctx_upto
         t = None
         try:
-            for i, t in self._head:
-                c = ctx if i <= upto else None
-                self._check_plan(t, img, c)
+            for i, t, with_ctx, check_plan, check_out in self._run_head:
+                c = ctx if with_ctx else None
+                if check_plan:
+                    self._check_plan(t, img, c)
                 img = t.apply(img, SampleRNG(key, i), None, c)
-                self._check_pixels(t, img.shape[0], img.shape[1], "produced")
-            if self._writer is not None:
-                i, t = self._writer
-                c = ctx if i <= upto else None
-                self._check_plan(t, img, c)
+                if check_out:
+                    self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+            if self._run_writer is not None:
+                i, t, with_ctx, check_plan, _ = self._run_writer
+                c = ctx if with_ctx else None
+                if check_plan:
+                    self._check_plan(t, img, c)
                 result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)

@@ -15,6 +15,7 @@ boxes and passed-through values are kept per slot, as objects.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -454,14 +455,19 @@ class Batch:
     complete when every slot is done and it has its buffer.
     """
 
-    __slots__ = ("index", "buffer", "size", "_remaining", "_lock", "holes", "error", "error_slot",
+    __slots__ = ("index", "buffer", "size", "_steps", "_done", "_lock", "holes", "error", "error_slot",
                  "_stash")
 
     def __init__(self, index: int, buffer: BatchBuffer | None, size: int) -> None:
         self.index = index
         self.buffer = buffer
         self.size = size
-        self._remaining = size + (buffer is None)  # binding the buffer counts as one more step
+        self._steps = size + (buffer is None)  # binding the buffer counts as one more step
+        # Steps are counted without the lock: ``next()`` of an ``itertools.count``
+        # runs in C without releasing the GIL, so concurrent calls each get a
+        # distinct number and exactly one gets ``_steps``. (A free-threaded build
+        # would need the lock back.)
+        self._done = itertools.count(1)
         self._lock = threading.Lock()
         self.holes: list[int] = []  # slots whose sample was skipped
         self.error: BaseException | None = None  # failure of the lowest slot under on_error="raise"
@@ -500,8 +506,7 @@ class Batch:
                     buffer.write(slot, record)
                 buffer.indices[slot] = index
                 give(image)
-            self._remaining -= 1
-            return self._remaining == 0
+            return next(self._done) == self._steps
 
     def fail(self, slot: int, error: BaseException) -> None:
         """Record ``error`` for ``slot``; the lowest failing slot's error is kept, so the
@@ -512,9 +517,7 @@ class Batch:
 
     def finish_slot(self) -> bool:
         """Count one slot as done (filled or failed); true for the call that completes the batch."""
-        with self._lock:
-            self._remaining -= 1
-            return self._remaining == 0
+        return next(self._done) == self._steps
 
     def compact(self) -> int:
         """Move the good samples to the front of the buffer, in slot order; return their count."""

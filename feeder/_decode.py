@@ -459,7 +459,7 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     """
     if len(data) == 0:
         raise DecodeError("empty file (0 bytes)")
-    if bytes(data[:3]) == _JPEG_MAGIC:
+    if (data[:3] if type(data) is bytes else bytes(data[:3])) == _JPEG_MAGIC:
         return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation)
     header = _read_header(data)
     _check_pixels(header.height, header.width, max_pixels)
@@ -484,7 +484,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError as exc:
         raise DecodeError(f"corrupt JPEG header: {exc}") from exc
-    _check_pixels(h, w, max_pixels)
+    if h <= 0 or w <= 0 or h * w > max_pixels:
+        _check_pixels(h, w, max_pixels)  # raises, saying which
     orientation = _orientation(None, data) if exif_orientation else 1
     swap = orientation >= 5  # transposing orientations: the shown image is w x h
     size = (w, h) if swap else (h, w)

@@ -17,6 +17,7 @@ import torch
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
+_UNIT = 1.0 / 9007199254740992.0  # 2**-53: a 53-bit integer to a float in [0, 1)
 
 
 def _mix(z: int) -> int:
@@ -26,11 +27,34 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
+# The functions below run for every sample with the GIL held, so they spell
+# ``_mix`` out inline: a Python call costs as much as the mix itself. They must
+# stay bit-identical to the composition of ``_mix`` they replace (the stream is
+# part of the determinism promise; tests/test_rng.py pins it).
+
+def epoch_key(seed: int, epoch: int) -> int:
+    """What :func:`sample_key` derives from ``(seed, epoch)`` alone: computed once per
+    pass, then :func:`index_key` gives each sample's key with a single mix."""
+    z = (seed & _MASK) ^ _GOLDEN
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    z = ((z ^ (z >> 31)) + (epoch & _MASK) * _GOLDEN) & _MASK
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    return z ^ (z >> 31)
+
+
+def index_key(epoch_key: int, index: int) -> int:
+    """``sample_key(seed, epoch, index)`` from ``epoch_key(seed, epoch)``."""
+    z = epoch_key ^ ((index & _MASK) * 0xD1B54A32D192ED03) & _MASK
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    return z ^ (z >> 31)
+
+
 def sample_key(seed: int, epoch: int, index: int) -> int:
     """The 64-bit key of one sample in one epoch."""
-    k = _mix((seed & _MASK) ^ _GOLDEN)
-    k = _mix((k + (epoch & _MASK) * _GOLDEN) & _MASK)
-    return _mix((k ^ ((index & _MASK) * 0xD1B54A32D192ED03)) & _MASK)
+    return index_key(epoch_key(seed, epoch), index)
 
 
 def order_key(seed: int, epoch: int) -> int:
@@ -43,25 +67,48 @@ class SampleRNG:
 
     Offers the small subset of ``numpy.random.Generator`` that image transforms
     use; :meth:`numpy` returns a full generator seeded from the same stream for
-    anything else.
+    anything else. Draw ``n`` (from 1) of stream ``s`` of ``key`` is
+    ``_mix(_mix(key + (s + 1) * golden) + n * golden)``: a counter-based stream,
+    so creating one costs next to nothing.
     """
 
     __slots__ = ("_state",)
 
     def __init__(self, key: int, stream: int = 0) -> None:
-        self._state = _mix((key + (stream + 1) * _GOLDEN) & _MASK)
+        # The start, ``_mix(key + (stream + 1) * golden)``, is mixed at the first
+        # draw: the chain makes a stream for every transform of every sample, and
+        # some never draw (a crop whose box was drawn for the decode hint). Until
+        # then the state holds the unmixed start, bit-inverted (so negative).
+        self._state = ~((key + (stream + 1) * _GOLDEN) & _MASK)
 
     def _next(self) -> int:
-        self._state = (self._state + _GOLDEN) & _MASK
-        return _mix(self._state)
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return z ^ (z >> 31)
 
     def random(self) -> float:
         """A float uniformly drawn from [0, 1)."""
-        return (self._next() >> 11) * (1.0 / 9007199254740992.0)
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return ((z ^ (z >> 31)) >> 11) * _UNIT
 
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
         """A float uniformly drawn from [low, high)."""
-        return low + (high - low) * self.random()
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return low + (high - low) * (((z ^ (z >> 31)) >> 11) * _UNIT)
 
     def integers(self, low: int, high: int | None = None) -> int:
         """An int uniformly drawn from [low, high), like ``Generator.integers``."""
@@ -70,7 +117,13 @@ class SampleRNG:
         span = high - low
         if span <= 0:
             raise ValueError(f"integers: high ({high}) must be greater than low ({low})")
-        return low + (self._next() * span >> 64)
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return low + ((z ^ (z >> 31)) * span >> 64)
 
     def log_uniform(self, low: float, high: float) -> float:
         """``exp(uniform(log(low), log(high)))``: a ratio drawn evenly in log space."""

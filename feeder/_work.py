@@ -28,7 +28,7 @@ import numpy as np
 
 from ._augment import Chain
 from ._decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
-from ._rng import sample_key
+from ._rng import epoch_key, index_key
 from ._sample import BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, Schema, Task, parse_sample
 from ._stage import Step
 from .errors import FieldError, with_field
@@ -158,6 +158,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     read_source = source.read
     schema = work.schema
     low, high = _INT64
+    pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
 
     def read(task: Task) -> Task:
         sample = read_source(task.index)
@@ -169,7 +170,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         return read_sample(source, work, task, sample)
 
     def decode(task: Task) -> Task:
-        task.key = key = sample_key(seed, epoch, task.index)
+        task.key = key = index_key(pass_key, task.index)
         data, task.data = task.data, None
         task.image, task.ctx = work.decode(data, key)
         fields = task.fields

@@ -246,13 +246,17 @@ class RandomResizedCrop(Transform):
 
     def params(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int, int, int]:
         """(top, left, crop_height, crop_width), as torchvision's ``get_params``."""
+        # Runs once per sample with the GIL held: bound methods and bounds kept in
+        # locals (the draws and the arithmetic are exactly as written out plainly).
         area = height * width
+        lo, hi = self.scale
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        uniform, sqrt, exp = rng.uniform, math.sqrt, math.exp
         for _ in range(10):
-            target = area * rng.uniform(*self.scale)
-            aspect = math.exp(rng.uniform(log_lo, log_hi))
-            w = int(round(math.sqrt(target * aspect)))
-            h = int(round(math.sqrt(target / aspect)))
+            target = area * uniform(lo, hi)
+            aspect = exp(uniform(log_lo, log_hi))
+            w = round(sqrt(target * aspect))
+            h = round(sqrt(target / aspect))
             if 0 < w <= width and 0 < h <= height:
                 return rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
         in_ratio = width / height

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -152,6 +153,33 @@ def test_batch_completes_on_binding_when_every_sample_is_done():
     b.holes += [0, 1]
     assert not b.finish_slot() and not b.finish_slot()
     assert b.bind(pool.acquire(lambda: False), lambda arr: None)
+
+
+def test_exactly_one_concurrent_finish_completes_the_batch():
+    # finish_slot takes no lock: with threads switching every few bytecodes, each of
+    # 8 x 500 concurrent calls must still count once, and only the last one completes.
+    n_threads, per_thread = 8, 500
+    b = Batch(0, None, n_threads * per_thread - 1)  # the bind counts as the last step
+    start = threading.Barrier(n_threads)
+    wins: list[bool] = []
+
+    def finish() -> None:
+        start.wait(timeout=10)
+        wins.extend(b.finish_slot() for _ in range(per_thread))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=finish) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        sys.setswitchinterval(old)
+    assert not any(t.is_alive() for t in threads)
+    assert len(wins) == n_threads * per_thread and sum(wins) == 1
+    assert not b.finish_slot()  # a call past the end never completes it again
 
 
 def test_double_release_is_ignored():

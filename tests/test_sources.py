@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
 from feeder import FileList, ImageFolder
-from feeder.sources import describe
+from feeder.sources import _read_file, describe
 
 
 def test_image_folder_classes_sorted_and_files_found(image_folder):
@@ -98,3 +99,46 @@ def test_image_folder_link_to_outside_data_dir(tmp_path, jpeg_blobs):
     src = ImageFolder(root)
     assert [os.path.relpath(p, root) for p in src.paths] == [os.path.join("cat", "1.jpg"),
                                                              os.path.join("cat", "more", "2.jpg")]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 70_000])
+def test_read_file_returns_the_whole_file(tmp_path, size):
+    p = tmp_path / "f.bin"
+    data = os.urandom(size)
+    p.write_bytes(data)
+    assert _read_file(str(p)) == data
+
+
+def test_read_file_reads_files_whose_size_lies():
+    # /proc files report size 0 but have content: read on to the end, as open().read().
+    with open("/proc/self/mounts", "rb") as f:
+        expected = f.read()
+    assert expected and _read_file("/proc/self/mounts")[:64] == expected[:64]
+
+
+def test_read_file_reads_a_pipe_to_its_end(tmp_path):
+    p = tmp_path / "fifo"
+    os.mkfifo(p)
+    payload = os.urandom(200_000)  # more than a pipe holds: several reads
+
+    def write() -> None:
+        with open(p, "wb") as f:
+            f.write(payload)
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        assert _read_file(str(p)) == payload
+    finally:
+        t.join(timeout=10)
+    assert not t.is_alive()
+
+
+def test_read_file_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        _read_file(str(tmp_path / "missing.jpg"))
+    assert info.value.filename == str(tmp_path / "missing.jpg")
+    (tmp_path / "dir.jpg").mkdir()
+    with pytest.raises(IsADirectoryError) as info:
+        _read_file(str(tmp_path / "dir.jpg"))
+    assert info.value.filename == str(tmp_path / "dir.jpg") and "dir.jpg" in str(info.value)
