@@ -539,3 +539,39 @@ def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):
     decode = next(line for line in text.splitlines() if line.startswith("decode (map stage)"))
     assert decode.split()[3:] == ["0.40", "40000.0", "80%", "30000.0", "10000.0"]
     assert "steps.<locals>.decode > SampleWork.decode" in text and "Channel.get" in text
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin apart")
+def test_interference_pins_a_feeders_pass_threads_to_the_loader_cores(tiny):
+    """A pass starts its threads at its first next(): that must happen on the loader's cores."""
+    import threading
+
+    from feeder.bench.interference import on_cores
+    from feeder.bench.loaders import Loader
+
+    cores = sorted(os.sched_getaffinity(0))
+    loop, loader_cores = cores[:1], cores[1:2]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, loop)
+    try:
+        loader = Loader("feeder", tiny["data"], 4, decode_threads=1, augment_threads=0,
+                        starting=lambda: on_cores(loader_cores))
+        try:
+            batches = loader.epoch(0)
+            next(batches)
+            # Back on the loop's cores between batches; the pass's threads stay on the loader's.
+            assert sorted(os.sched_getaffinity(0)) == loop
+            mine = [t for t in threading.enumerate()
+                    if t.name.startswith("feeder-") and t.name != "feeder-reaper" and t.is_alive()]
+            assert mine, [t.name for t in threading.enumerate()]
+            for t in mine:
+                try:
+                    got = sorted(os.sched_getaffinity(t.native_id))
+                except ProcessLookupError:
+                    continue  # ended meanwhile
+                assert got == loader_cores, t.name
+            batches.close()
+        finally:
+            loader.close()
+    finally:
+        os.sched_setaffinity(0, before)

@@ -220,8 +220,9 @@ class Loader:
         worker_init_fn: DataLoader only: run in each worker after OpenCV is limited
             to one thread (``dl-cv2``), or as the only initializer (``dl-pil``).
         starting: A context manager factory entered around each ``iter()`` of the
-            underlying loader, where a pass starts its threads or DataLoader its
-            workers (the interference benchmark pins them to the loader's cores there).
+            underlying loader and, for a feeder, its first ``next()``: where a pass
+            starts its threads or DataLoader its workers (the interference benchmark
+            pins them to the loader's cores there).
     """
 
     def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
@@ -263,8 +264,12 @@ class Loader:
         if self.feeder is not None:
             self.feeder.set_epoch(epoch)
             with self._starting():
+                # A pass starts its threads at its first next(), not at iter().
                 it = iter(self.feeder)
-            yield from it
+                first = next(it, None)
+            if first is not None:
+                yield first
+                yield from it
             return
         if isinstance(self.dataset, FeederWorkDataset):
             # Workers fork at iter() with persistent_workers=False, so they see it.
