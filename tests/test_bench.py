@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import subprocess
+import threading
 import sys
 
 import pytest
@@ -389,20 +390,27 @@ def test_interference(tiny, tmp_path):
     for row in doc["rows"]:
         step, name = row["step"], row["loader"]
         runs = [rnd[f"{step} {name}"] for rnd in raw]
-        ratios = []
+        loop, mean = [], []
         for r in runs:
             idle, fed = r["extra"]["idle"], r["extra"]["fed"]
             # Every fed window sits between two idle ones, and each window timed steps.
             assert len(fed) == 2 and len(idle) == 3
             assert all(w["steps"] for w in idle) and all(w["steps"] for w in fed)
-            med = [statistics.median(w["steps"]) for w in idle]
-            ratios += [statistics.median(w["steps"]) / ((med[k] + med[k + 1]) / 2)
-                       for k, w in enumerate(fed)]
-        # The ratio: each fed window against the mean of its idle neighbours, median of all.
-        assert row["slowdown"] == pytest.approx(statistics.median(ratios))
+            ref = [statistics.mean(w["steps"]) for w in idle]
+            for k, w in enumerate(fed):
+                # The loop's busy time per step: every step it ran and its work in next(),
+                # not its sleep waiting for a late batch.
+                busy = (w["span_s"] - w["slept_s"]) / (len(w["steps"]) + w["stalls"])
+                loop.append(busy / ((ref[k] + ref[k + 1]) / 2))
+                mean.append(statistics.mean(w["steps"]) / ((ref[k] + ref[k + 1]) / 2))
+                assert 0 <= w["slept_s"] <= w["wait_s"] <= w["span_s"]
+                assert w["batches"] * 4 == w["images"]
+        # Each fed window against the mean of its idle neighbours, median of all.
+        assert row["slowdown"] == pytest.approx(statistics.median(loop))
+        assert row["step_mean"] == pytest.approx(statistics.median(mean))
         assert row["pairs"] == 4 and row["runs"] == 2
         assert row["idle_ms"] == pytest.approx(
-            1e3 * statistics.median(x for r in runs for w in r["extra"]["idle"] for x in w["steps"]))
+            1e3 * statistics.mean(x for r in runs for w in r["extra"]["idle"] for x in w["steps"]))
         if name == "alone":
             assert row["images_per_s"] is None and row["loader_busy"] is None
         else:
@@ -575,3 +583,79 @@ def test_interference_pins_a_feeders_pass_threads_to_the_loader_cores(tiny):
             loader.close()
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_interference_report_recomputes_a_saved_run(tiny, tmp_path):
+    """--report renders the table of a saved interference.json without measuring."""
+    out = str(tmp_path / "out")
+    bench("interference", tiny["data"], "--out", out, "--rounds", "1", "--batch-size", "4",
+          "--steps", "proxy", "--loaders", "feeder", "--windows", "1", "--window-s", "0.05",
+          "--capacity-s", "0.05", "--feed-share", "0.05", "--proxy-ops", "20", "--warmup", "1",
+          "--device", "cpu", cwd=tiny["base"])
+    again = str(tmp_path / "again")
+    proc = bench("interference", "--report", os.path.join(out, "interference.json"), "--out", again,
+                 cwd=tiny["base"])
+    assert "recomputed from the measurements saved in" in proc.stdout
+    first = read_csv(os.path.join(out, "interference.csv"))
+    second = read_csv(os.path.join(again, "interference.csv"))
+    assert [(r["loader"], r["slowdown"], r["step_mean"]) for r in first] == \
+        [(r["loader"], r["slowdown"], r["step_mean"]) for r in second]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"meta": {}}')
+    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", "--report", str(bad)],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tiny["base"])
+    assert proc.returncode != 0 and "holds no windowed interference measurements" in proc.stderr
+
+
+def test_interference_measures_count_the_slow_tail_and_skip_undrained_windows():
+    from feeder.bench.interference import pair_ratios
+
+    idle = {"steps": [1.0] * 100, "span_s": 100.0, "drained": True}
+    # 5% of the fed steps wait 4 extra units behind a loader thread: the median does not move.
+    fed = {"steps": [1.0] * 95 + [5.0] * 5, "span_s": 130.0, "slept_s": 10.0, "stalls": 0,
+           "batches": 10, "images": 40}
+    extra = {"idle": [idle, idle], "fed": [fed]}
+    assert pair_ratios(extra, "median") == [1.0]
+    assert pair_ratios(extra, "mean") == [pytest.approx(1.2)]
+    # The loop: 130 s less 10 s asleep in next(), over 100 steps, against 1.0 per idle step.
+    assert pair_ratios(extra, "loop") == [pytest.approx(1.2)]
+    # An idle neighbour that never ran dry is no reference: the window is left out.
+    wet = {**idle, "drained": False}
+    assert pair_ratios({"idle": [idle, wet], "fed": [fed]}, "mean") == []
+    # Runs saved before the loop's sleep was recorded have no loop measure.
+    old = {k: v for k, v in fed.items() if k != "slept_s"}
+    assert pair_ratios({"idle": [idle, idle], "fed": [old]}, "loop") == []
+
+
+def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
+    """A step after next() slept for a late batch is not timed; next() doing work is no stall."""
+    import time as _time
+
+    import torch
+
+    from feeder.bench.interference import Windows
+
+    def batches(kind):
+        while True:
+            if kind == "sleeps":
+                threading.Event().wait(0.005)  # the batch is late: the loop sleeps
+            else:
+                end = _time.thread_time() + 0.005  # the loop's own work receiving the batch
+                while _time.thread_time() < end:
+                    pass
+            yield (torch.zeros(4, 1), torch.zeros(4))
+
+    batch = (torch.zeros(4, 1), torch.zeros(4))
+    for kind, stalls in (("sleeps", True), ("works", False)):
+        loop = Windows(lambda *b: None, batches(kind), batch, lambda: 0.0, window_s=0.1)
+        got = loop.fed(period_s=0.02)
+        assert got["batches"] >= 2
+        # Sleep in next() is its wall time less the training thread's CPU time there.
+        assert got["slept_s"] == pytest.approx(got["wait_s"] - got["next_cpu_s"], abs=1e-3)
+        if stalls:
+            assert got["stalls"] == got["batches"] and got["slept_s"] >= 0.004 * got["batches"]
+            assert got["next_cpu_s"] < 0.3 * got["wait_s"]
+        else:
+            # Work, not sleep (a loaded machine may deschedule the thread a little meanwhile).
+            assert got["next_cpu_s"] >= 0.004 * got["batches"]
+            assert got["next_cpu_s"] > 0.3 * got["wait_s"]

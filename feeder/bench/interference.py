@@ -61,22 +61,34 @@ run, after ``--warmup`` batches and ``--capacity-s`` of back-to-back batches
 *idle* ones, each ``--window-s`` of steps (:class:`Windows`). In a fed window
 the loop takes a batch every ``batch / (feed_share x capacity)`` seconds and
 steps continuously on it between batches, so the loader works all through the
-window and the training thread never sleeps in ``next()`` (the first step after
-such a sleep is slow by itself, loader or not; steps after a wait for a late
-batch are not timed, and counted as **stalls**). Before an idle window the loop
-keeps stepping without taking batches until the loader has run dry (its CPU use
-below 5% of a core over 0.2 s: :class:`LoaderCPU`), then times the same steps
-with the loader present and idle. **fed/idle** is each fed window's median step
-over the mean of its two idle neighbours' (seconds apart, so drift cancels),
-the median over every window of every round; **rounds** the range of the
-rounds' own medians. **loader CPU** is the loader's share of a core in fed and
-(at most) in idle windows; **img/s** what it delivered in fed windows.
+window and the training thread does not sleep in ``next()`` between steps
+unless a batch is late (the first step after such a sleep is slow by itself,
+loader or not; it is not timed, and counted as a **stall**). Before an idle
+window the loop keeps stepping without taking batches until the loader has run
+dry (its CPU use below 5% of a core over 0.2 s: :class:`LoaderCPU`), then times
+the same steps with the loader present and idle. Each fed window is compared
+with the mean of its two idle neighbours (seconds apart, so drift cancels):
+
+* **loop fed/idle** (the headline): the loop's busy seconds per step, its work
+  in ``next()`` and its slow steps included, its sleep waiting for late batches
+  not: how much slower the training loop runs;
+* **step mean**: the mean timed step. GIL waits make a tail of slow steps (up
+  to the interpreter's 5 ms switch interval each), which a mean counts;
+* **median**: the median timed step, which that tail does not move.
+
+Each is the median over every fed window of every round; **rounds** the range
+of the rounds' own medians of the loop measure; **p99** the slow tail of the
+steps. **next() CPU** is the training thread's own work per batch taken.
+**loader CPU** is the loader's share of a core in fed and (at most) in idle
+windows; **img/s** what it delivered in fed windows. ``--report FILE``
+recomputes the table from a saved ``interference.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import queue
@@ -110,10 +122,15 @@ COLUMNS = [
     ("step", "step", "{}"),
     ("loader", "loader", "{}"),
     ("setting", "setting", "{}"),
-    ("idle_ms", "idle ms", "{:.3f}"),
-    ("fed_ms", "fed ms", "{:.3f}"),
-    ("slowdown", "fed/idle", "{:.3f}x"),
+    ("slowdown", "loop fed/idle", "{:.3f}x"),
     ("slowdown_range", "rounds", "{}"),
+    ("step_mean", "step mean", "{:.3f}x"),
+    ("step_median", "median", "{:.3f}x"),
+    ("idle_ms", "idle ms", "{:.2f}"),
+    ("fed_ms", "fed ms", "{:.2f}"),
+    ("idle_p99_ms", "p99 idle", "{:.2f}"),
+    ("fed_p99_ms", "fed", "{:.2f}"),
+    ("next_ms", "next() CPU ms", "{:.2f}"),
     ("images_per_s", "img/s", "{:.0f}"),
     ("loader_busy", "loader CPU fed", "{:.0%}"),
     ("loader_idle", "idle", "{:.0%}"),
@@ -378,8 +395,8 @@ class Windows:
         c0, t_start = self.cpu(), now()
         due = t_start
         steps: list[float] = []
-        images = 0
-        wait_s = 0.0
+        images = taken = 0
+        next_s = next_cpu_s = slept_s = 0.0
         stalls = 0
         after_wait = False
         while True:
@@ -387,12 +404,20 @@ class Windows:
             if a - t_start >= self.window_s:
                 break
             if a >= due:
+                ca = time.thread_time()
                 self.batch = next(self.batches)
                 b = now()
+                cpu = time.thread_time() - ca
                 images += self.batch[0].shape[0]
-                wait_s += b - a
-                # Waited for a batch (the loader fell behind the pace): the loop slept.
-                after_wait = b - a > 1e-3
+                taken += 1
+                next_s += b - a
+                next_cpu_s += cpu
+                # Slept in next() (the batch was late): the next step starts cold. Time the
+                # training thread spent working in next() (DataLoader rebuilds the batch
+                # there) is not a wait.
+                slept = max(0.0, (b - a) - cpu)
+                after_wait = slept > 1e-3
+                slept_s += slept
                 stalls += after_wait
                 due = max(due + period_s, b)  # late: the next one is due now, no burst
             a = now()
@@ -401,8 +426,9 @@ class Windows:
                 steps.append(now() - a)
             after_wait = False
         span = now() - t_start
-        return {"steps": steps, "span_s": span, "loader_cpu": (self.cpu() - c0) / span,
-                "images": images, "wait_s": wait_s, "stalls": stalls}
+        return {"steps": steps, "span_s": span, "loader_cpu": max(0.0, self.cpu() - c0) / span,
+                "images": images, "batches": taken, "wait_s": next_s, "next_cpu_s": next_cpu_s,
+                "slept_s": slept_s, "stalls": stalls}
 
 
 def _cycle(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -504,20 +530,49 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             "first_batch_s": 0.0, "extra": extra}
 
 
-def pair_ratios(extra: dict[str, Any]) -> list[float]:
-    """Each fed window's median step over the mean of its two idle neighbours' medians."""
-    idle = [statistics.median(w["steps"]) for w in extra["idle"]]
-    return [statistics.median(w["steps"]) / ((idle[k] + idle[k + 1]) / 2)
-            for k, w in enumerate(extra["fed"]) if w["steps"]]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _loop_s(window: dict[str, Any]) -> float:
+    """The loop's busy seconds per step in a window: its steps (the slow ones after a
+    late batch too) and its work in ``next()``, not its sleep there waiting for a
+    late batch (that is the loader's capacity, not its interference). An idle
+    window has no ``next()``: its steps' mean."""
+    if "batches" not in window:  # an idle window
+        return _mean(window["steps"])
+    return (window["span_s"] - window["slept_s"]) / (len(window["steps"]) + window["stalls"])
+
+
+def pair_ratios(extra: dict[str, Any], measure: str = "median") -> list[float]:
+    """Each fed window over the mean of its two idle neighbours, by ``measure``:
+
+    * ``loop``: the loop's busy seconds per step (:func:`_loop_s`): what the
+      training loop's own rate loses, its work taking batches included (needs
+      ``slept_s``, recorded since that measure exists: none for older runs);
+    * ``mean``: the mean timed step: GIL waits are a tail of slow steps, which a
+      mean counts and a median does not;
+    * ``median``: the median timed step.
+    """
+    of = {"loop": _loop_s, "mean": lambda w: _mean(w["steps"]),
+          "median": lambda w: statistics.median(w["steps"])}[measure]
+    if measure == "loop" and not all("slept_s" in w for w in extra["fed"]):
+        return []
+    idle = [of(w) if w["steps"] else float("nan") for w in extra["idle"]]
+    dry = [w.get("drained", True) for w in extra["idle"]]
+    # A fed window next to an idle one that never ran dry has no clean reference.
+    return [of(w) / ((idle[k] + idle[k + 1]) / 2)
+            for k, w in enumerate(extra["fed"]) if w["steps"] and dry[k] and dry[k + 1]]
 
 
 # -- the parent: rounds, ratios, report -----------------------------------------------
 
 def _setting(name: str, spec: dict[str, Any]) -> str:
+    """The row's loader settings in words (``spec``: the run's base spec or saved meta)."""
     row = LOADERS[name]
     if row is None:
         return "synthetic batch"
-    n = spec["loader_threads"]
+    n = spec.get("loader_threads") or len(spec.get("loader_cores") or [None])
     if row["kind"] == "work-thread":
         return f"{n} thread(s), work only"
     if row["kind"] == "feeder":
@@ -531,38 +586,57 @@ def _p90(values: list[float]) -> float:
     return vals[min(len(vals) - 1, int(0.9 * len(vals)))] if vals else float("nan")
 
 
+def _p99(values: list[float]) -> float:
+    vals = sorted(values)
+    return vals[min(len(vals) - 1, int(0.99 * len(vals)))] if vals else float("nan")
+
+
 def summarize(rounds: list[dict[tuple[str, str], dict[str, Any]]], steps: list[str],
-              loaders: list[str]) -> list[dict[str, Any]]:
+              loaders: list[str], batch_size: int = 1) -> list[dict[str, Any]]:
     """The table's rows from the runs of every round.
 
     ``rounds[r][(step, loader)]`` is that run's report (``ok``, ``images``,
     ``wall_s``, ``extra`` with its ``idle`` and ``fed`` windows). A row's
     ``slowdown`` is the median over every fed window of every round of its
-    :func:`pair_ratios`; ``slowdown_range`` the range of the rounds' own medians.
+    ``loop`` :func:`pair_ratios` (``step_mean``, ``step_median``: the same by the
+    other measures); ``slowdown_range`` the range of the rounds' own medians.
     """
     rows = []
     for step in steps:
         for name in loaders:
             runs = [got[(step, name)] for got in rounds if got.get((step, name), {}).get("ok")]
-            per_round = [pair_ratios(r["extra"]) for r in runs]
-            ratios = [x for rr in per_round for x in rr]
-            medians = [statistics.median(rr) for rr in per_round if rr]
+            by = {m: [pair_ratios(r["extra"], m) for r in runs] for m in ("loop", "mean", "median")}
+            ratios = {m: [x for rr in per_round for x in rr] for m, per_round in by.items()}
+            medians = [statistics.median(rr) for rr in by["loop"] if rr]
             idle = [x for r in runs for w in r["extra"]["idle"] for x in w["steps"]]
             fed = [x for r in runs for w in r["extra"]["fed"] for x in w["steps"]]
+            fed_windows = [w for r in runs for w in r["extra"]["fed"]]
+            # (``batches`` per window; runs saved before it was recorded: images / batch size)
+            batches = sum(w.get("batches", w["images"] / batch_size) for w in fed_windows)
             rates = [r["images"] / r["wall_s"] for r in runs if r["images"] and r["wall_s"] > 0]
-            busy = [w["loader_cpu"] for r in runs for w in r["extra"]["fed"]]
+            busy = [w["loader_cpu"] for w in fed_windows]
             rest = [w["loader_cpu"] for r in runs for w in r["extra"]["idle"][1:]]
+            # The training thread's own work in next() (its CPU there; runs saved before
+            # that was recorded: none).
+            next_cpu = (sum(w["next_cpu_s"] for w in fed_windows)
+                        if fed_windows and all("next_cpu_s" in w for w in fed_windows) else None)
             rows.append({
                 "step": step, "loader": name,
-                "idle_ms": 1e3 * median(idle) if idle else None,
-                "fed_ms": 1e3 * median(fed) if fed else None,
-                "slowdown": median(ratios) if ratios else None,
+                "idle_ms": 1e3 * _mean(idle) if idle else None,
+                "fed_ms": 1e3 * _mean(fed) if fed else None,
+                "slowdown": median(ratios["loop"]) if ratios["loop"] else None,
                 "slowdown_range": f"{min(medians):.2f}-{max(medians):.2f}" if medians else None,
+                "step_mean": median(ratios["mean"]) if ratios["mean"] else None,
+                "step_median": median(ratios["median"]) if ratios["median"] else None,
+                "idle_p99_ms": 1e3 * _p99(idle) if idle else None,
+                "fed_p99_ms": 1e3 * _p99(fed) if fed else None,
+                "next_ms": (1e3 * next_cpu / batches if batches and next_cpu is not None
+                            and name != "alone" else None),
                 "images_per_s": median(rates) if rates else None,
                 "loader_busy": median(busy) if busy and name != "alone" else None,
                 "loader_idle": max(rest) if rest and name != "alone" else None,
-                "stalls": sum(w["stalls"] for r in runs for w in r["extra"]["fed"]),
-                "pairs": len(ratios), "runs": len(runs),
+                "stalls": sum(w["stalls"] for w in fed_windows),
+                "pairs": len(ratios["mean"]), "runs": len(runs),
                 "undrained": sum(1 for r in runs for w in r["extra"]["idle"] if not w["drained"]),
                 "per_round_slowdown": medians,
                 "capacity_images_per_s": [r["extra"]["capacity_images_per_s"] for r in runs],
@@ -572,6 +646,10 @@ def summarize(rounds: list[dict[tuple[str, str], dict[str, Any]]], steps: list[s
 
 def run(args: argparse.Namespace) -> int:
     """The ``interference`` subcommand."""
+    if args.report:
+        return rereport(args)
+    if not args.dir:
+        raise SystemExit("interference: give a dataset folder (DIR), or --report FILE")
     unknown = [s for s in args.steps if s not in STEPS] + [x for x in args.loaders if x not in LOADERS]
     if unknown:
         raise SystemExit(f"interference: unknown step or loader {unknown[0]!r}; steps: "
@@ -613,30 +691,52 @@ def run(args: argparse.Namespace) -> int:
                     report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
                                     f"FAILED ({res.error[:300]})")
         rounds.append(got)
-    rows = summarize(rounds, list(args.steps), loaders)
-    for row in rows:
-        row["setting"] = _setting(row["loader"], base)
-    machine = report.machine_info()
-    step_text = {"proxy": f"proxy = {args.proxy_ops} tiny in-place ops",
-                 "model": f"model = ResNet-style SGD step on {model_batch} image(s)"}
-    title = (f"interference on {args.dir}: the training thread's step time, alone and fed; "
-             f"{', '.join(step_text[s] for s in args.steps)}; device {device}; batch {args.batch_size}; "
-             f"{pinning}; {args.rounds} rounds of {args.windows} fed windows of {args.window_s:g} s, "
-             f"each against the idle windows either side (the loader present, run dry); "
-             f"fed at {args.feed_share:.0%} of the loader's capacity\n"
-             f"machine: {report.describe_machine(machine)}")
-    print(report.format_table(rows, COLUMNS, title=title))
-    failed = sum(1 for got in rounds for x in got.values() if not x["ok"])
     meta = {"dir": args.dir, "device": device, "steps": list(args.steps), "loaders": loaders,
             "rounds": args.rounds, "batch_size": args.batch_size, "queue_size": args.queue_size,
             "proxy_ops": args.proxy_ops, "windows": args.windows, "window_s": args.window_s,
             "feed_share": args.feed_share, "capacity_s": args.capacity_s,
             "model_batch": model_batch, "warmup": args.warmup,
             "loop_cores": loop_cores, "loader_cores": loader_cores, "pinning": pinning,
-            "failed_runs": failed,
+            "loader_threads": args.loader_cores, "failed_runs": sum(1 for got in rounds for x in got.values() if not x["ok"]),
             "raw_rounds": [{f"{s} {n}": x for (s, n), x in got.items()} for got in rounds]}
-    report.write_outputs(args.out, "interference", rows, meta)
-    return 1 if failed else 0
+    _report(meta, args.out, report.machine_info())
+    return 1 if meta["failed_runs"] else 0
+
+
+def _report(meta: dict[str, Any], out: str | None, machine: dict[str, Any],
+            source: str | None = None) -> None:
+    """Print the table of a run's measurements (``meta``) and write its files."""
+    rounds = [{tuple(key.split(" ", 1)): x for key, x in got.items()} for got in meta["raw_rounds"]]
+    rows = summarize(rounds, meta["steps"], meta["loaders"], meta["batch_size"])
+    for row in rows:
+        row["setting"] = _setting(row["loader"], meta)
+    step_text = {"proxy": f"proxy = {meta['proxy_ops']} tiny in-place ops",
+                 "model": f"model = ResNet-style SGD step on {meta['model_batch']} image(s)"}
+    title = (f"interference on {meta['dir']}: the training loop's time per step and its step "
+             f"time, fed against idle; {', '.join(step_text[s] for s in meta['steps'])}; "
+             f"device {meta['device']}; batch {meta['batch_size']}; {meta['pinning']}; "
+             f"{meta['rounds']} rounds of {meta['windows']} fed windows of {meta['window_s']:g} s, "
+             f"each against the idle windows either side (the loader present, run dry); "
+             f"fed at {meta['feed_share']:.0%} of the loader's capacity\n"
+             f"machine: {report.describe_machine(machine)}")
+    if source:
+        title += f"\nrecomputed from the measurements saved in {source}"
+    print(report.format_table(rows, COLUMNS, title=title))
+    if out:
+        report.write_outputs(out, "interference", rows, meta, machine=machine)
+
+
+def rereport(args: argparse.Namespace) -> int:
+    """``interference --report FILE``: the table of a saved run, by the current measures."""
+    with open(args.report) as f:
+        doc = json.load(f)
+    meta = doc.get("meta", {})
+    if "raw_rounds" not in meta or not all("idle" in x.get("extra", {}) for got in meta["raw_rounds"]
+                                           for x in got.values() if x.get("ok")):
+        raise SystemExit(f"interference --report: {args.report} holds no windowed interference "
+                         f"measurements (meta.raw_rounds with idle and fed windows)")
+    _report(meta, args.out, doc.get("machine") or report.machine_info(), source=args.report)
+    return 0
 
 
 def add_parser(sub: Any, default_out_help: str) -> None:
@@ -647,9 +747,12 @@ def add_parser(sub: Any, default_out_help: str) -> None:
 
     p = sub.add_parser("interference", help="the training thread's step time alone and while each "
                                             "loader feeds it (GIL interference)")
-    p.add_argument("dir", help="ImageFolder dataset root (root/<class>/<image>)")
+    p.add_argument("dir", nargs="?", help="ImageFolder dataset root (root/<class>/<image>)")
     p.add_argument("--out", default=None,
                    help=f"folder for CSV/JSON results (default: a new folder, {default_out_help})")
+    p.add_argument("--report", default=None, metavar="FILE",
+                   help="measure nothing: print the table of a saved interference.json (and write "
+                        "it to --out) by the current measures")
     p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
     p.add_argument("--steps", type=names, default=list(STEPS),
                    help=f"training steps to time (default {','.join(STEPS)})")

@@ -164,14 +164,18 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def write_outputs(out_dir: str, name: str, rows: Sequence[dict[str, Any]], meta: dict[str, Any],
-                  extra_tables: dict[str, Sequence[dict[str, Any]]] | None = None) -> list[str]:
+                  extra_tables: dict[str, Sequence[dict[str, Any]]] | None = None,
+                  machine: dict[str, Any] | None = None) -> list[str]:
     """Write ``<name>.csv`` (+ one CSV per extra table), ``<name>.json`` and ``machine.json``.
+
+    ``machine``: the machine the figures were measured on, when not this one (a
+    report recomputed from saved measurements).
 
     Returns:
         The paths written.
     """
     os.makedirs(out_dir, exist_ok=True)
-    machine = machine_info()
+    machine = machine or machine_info()
     paths = []
     csv_path = os.path.join(out_dir, f"{name}.csv")
     write_csv(csv_path, rows)
