@@ -682,11 +682,12 @@ def run(args: argparse.Namespace) -> int:
                 got[(step, name)] = {"ok": res.ok, "images": res.images, "wall_s": res.wall_s,
                                      "cpu_s": res.cpu_s, "extra": res.extra, "error": res.error}
                 if res.ok:
-                    ratios = pair_ratios(res.extra)
+                    loop, mean = pair_ratios(res.extra, "loop"), pair_ratios(res.extra, "mean")
                     rate = f", {res.images_per_s:.0f} img/s" if res.images else ""
-                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: fed/idle "
-                                    f"{statistics.median(ratios):.3f}x over {len(ratios)} "
-                                    f"windows{rate}")
+                    text = (f"loop fed/idle {statistics.median(loop):.3f}x, step mean "
+                            f"{statistics.median(mean):.3f}x over {len(mean)} windows"
+                            if loop and mean else "no window with timed steps")
+                    report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: {text}{rate}")
                 else:
                     report.progress(f"  round {r + 1}/{args.rounds} {step} {name}: "
                                     f"FAILED ({res.error[:300]})")
