@@ -102,6 +102,39 @@ def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
     assert any("spawn (auto: CUDA is initialized" in r.getMessage() for r in caplog.records)
 
 
+def test_auto_forks_with_a_cuda_device_when_cuda_is_not_initialized(monkeypatch):
+    """device="cuda" without an index must not initialize CUDA while the options are
+    checked: the start rule runs after, and would then always spawn."""
+    calls = []
+
+    def current_device():
+        calls.append("current_device")
+        raise AssertionError("torch.cuda.current_device() initializes CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", current_device)
+    f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto", device="cuda")
+    try:
+        # A fresh process's current device is its first one.
+        assert f.config.device == torch.device("cuda", 0)
+        assert f.start_method == "fork"
+    finally:
+        f.close()
+    assert calls == []
+
+
+def test_cuda_device_without_index_is_the_current_one_once_cuda_is_initialized(monkeypatch):
+    from feeder._config import parse_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert parse_device("cuda") == torch.device("cuda", 1)
+
+
 def test_auto_names_the_running_thread_it_spawns_for(caplog):
     caplog.set_level(logging.INFO, logger="feeder._isolation")
     release = threading.Event()
