@@ -126,7 +126,7 @@ from ._batch import BatchBuffer, BufferPool, MaskPlanes
 from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
 from ._sample import Schema
-from ._stage import Counters, Stage
+from ._stage import Counters, Stage, of_ended_pass
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import BatchTransforms, Converter, Transfer
@@ -138,6 +138,9 @@ log = logging.getLogger(__name__)
 # (seconds); a busy worker answers in milliseconds (its control thread does no
 # pipeline work), a dead one never.
 _QUERY_S = 0.5
+# How long the fork check waits, in all, for the threads of ended passes to exit
+# (see quiet_threads); they have left their loops, so it is milliseconds.
+_SETTLE_S = 0.5
 # close() must return within about a second, whatever the worker is doing: it
 # waits this long for the worker to exit on its own (it does within milliseconds
 # unless a thread holds its GIL in C code), then kills it.
@@ -181,9 +184,10 @@ def worker_config(config: Any) -> Any:
 
 
 def payload(config: Any, source: Any, transforms: list[Any], engine: type,
-            method: str = "spawn") -> bytes:
+            method: str = "spawn", chosen: str = "") -> bytes:
     """What the worker is built from, pickled; an object that cannot be sent is a
-    :class:`~feeder.errors.ConfigError` naming it and how to fix it."""
+    :class:`~feeder.errors.ConfigError` naming it and how to fix it. ``chosen``:
+    why ``start_method="auto"`` chose ``method`` (empty when it was given)."""
     config = worker_config(config)
     parts = [("source", source)] + [(f"transforms[{i}]", t) for i, t in enumerate(transforms)]
     pickled = []
@@ -191,8 +195,10 @@ def payload(config: Any, source: Any, transforms: list[Any], engine: type,
         try:
             pickled.append(_dumps(obj))
         except Exception as exc:  # noqa: BLE001 - pickle raises many types
+            # Under "auto" the user never asked for a pickling start method: say why it ran.
+            auto = f"start_method='auto' chose {method} because {chosen}; " if chosen else ""
             raise ConfigError(
-                f"isolation='process' with start_method={method!r} sends the {what} "
+                f"{auto}isolation='process' with start_method={method!r} sends the {what} "
                 f"({safe_text(repr(obj))}) to a worker process, but it cannot be pickled "
                 f"({type(exc).__name__}: {exc}); define it at module level (a module-level "
                 f"function or class instead of a lambda, a local function or a bound object "
@@ -474,8 +480,18 @@ def quiet_threads() -> Iterator[list[str]]:
     The reaper and the isolated engines' receiving threads hold a lock while
     they work. Taking it without waiting shows one idle (blocked on its queue or
     pipe, holding nothing) and keeps it so until the fork is done; one at work,
-    and any other thread but the caller, is named."""
+    and any other thread but the caller, is named.
+
+    The threads of a pass that has ended (the loop took its end, or it was
+    stopped) are still exiting for a moment after: a pass run to its end just
+    before ``Feeder(...)`` would otherwise make the choice depend on timing.
+    They are joined first, for up to ``_SETTLE_S`` in all; one still alive
+    after that is named like any other."""
     me = threading.current_thread()
+    deadline = time.monotonic() + _SETTLE_S
+    for thread in threading.enumerate():
+        if thread is not me and of_ended_pass(thread):
+            thread.join(max(0.0, deadline - time.monotonic()))
     quiet: dict[threading.Thread, threading.Lock] = {}
     reaper = _reaper._thread
     if reaper is not None:
@@ -730,7 +746,8 @@ class ProcessEngine:
                 why = (f"other threads are running ({', '.join(others)}): a lock one of them "
                        f"holds would stay held in a forked child")
                 method = "spawn"
-        self._launch(method, payload(config, source, transforms, engine, method), why)
+        chosen = why.removeprefix("auto: ") if requested == "auto" else ""
+        self._launch(method, payload(config, source, transforms, engine, method, chosen), why)
 
     def _launch(self, method: str, data: Any, why: str) -> None:
         ctx = multiprocessing.get_context(method)

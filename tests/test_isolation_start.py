@@ -93,6 +93,57 @@ def test_auto_forks_only_when_no_other_thread_runs():
     assert reports[3]["batches"] == 4
 
 
+ENDED_PASS_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from feeder import ConfigError
+
+if __name__ == "__main__":
+    val = Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24)], seed=0, timeout=30)
+    methods = []
+    for _ in range(10):
+        assert len(list(val)) == 4  # a pass of a thread engine runs to its end...
+        try:  # ...and the next feeder is built at once, its pass threads still exiting
+            f = Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24), lambda img, rng: img],
+                       seed=0, isolation="process", timeout=30)
+        except ConfigError as exc:
+            methods.append(str(exc))
+            continue
+        methods.append(f.start_method)
+        f.close()
+    say(methods=methods)
+
+    it = iter(val)
+    next(it)  # a pass still running counts
+    try:
+        Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24), lambda img, rng: img],
+               seed=0, isolation="process", timeout=30)
+        say(error=None)
+    except ConfigError as exc:
+        say(error=str(exc))
+    val.close()
+"""
+
+
+def test_auto_forks_right_after_a_thread_engines_pass_ended():
+    """The threads of a pass that has ended are waited for, not taken for running
+    threads: the choice does not depend on how fast they exit. A pass still
+    running still makes "auto" spawn, and a transform that cannot be pickled is
+    then an error that says why "auto" chose spawn."""
+    child = Child(ENDED_PASS_SCRIPT.format(repo=REPO))
+    try:
+        methods = json.loads(child.expect_line(120))["methods"]
+        error = json.loads(child.expect_line(60))["error"]
+        assert child.wait(30) == 0, child.stderr
+    finally:
+        child.kill()
+    assert methods == ["fork"] * 10
+    assert error is not None
+    assert error.startswith("start_method='auto' chose spawn because other threads are running "
+                            "(feeder-"), error
+    assert "transforms[1]" in error and "cannot be pickled" in error
+
+
 def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     caplog.set_level(logging.INFO, logger="feeder._isolation")
