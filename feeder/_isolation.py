@@ -90,8 +90,10 @@ start-up overlaps the program's own set-up.
 
 Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
 the training process drives the shutdown), exits at the end of the control
-pipe (the training process closed or died), and on Linux is killed by the
-kernel when the training process dies (``PR_SET_PDEATHSIG``). A worker that
+pipe (the training process closed or died), and on Linux, when the feeder
+was built in the main thread, is also killed by the kernel when the training
+process dies (``PR_SET_PDEATHSIG``, which fires when the thread that started
+the worker ends, so it is not used from other threads). A worker that
 dies (the OOM killer's SIGKILL) ends the pipe: the pass fails with an error
 naming the signal, never a hang.
 """
@@ -373,10 +375,18 @@ class _Worker:
                 return
 
 
-def _die_with_parent(parent: int | None) -> None:
+def _die_with_parent(parent: int | None, watch: bool) -> None:
     """Have the kernel kill this process when its parent dies (Linux): the training
     process, or with ``forkserver`` (``parent`` None) the fork server, which exits
-    when the training process is gone."""
+    when the training process is gone.
+
+    The kernel's "parent" is the thread that started the process, not its
+    process: a worker started from a thread other than the main one would be
+    killed when that thread ends (a set-up thread, a pool building loaders), so
+    then ``watch`` is False and the end of the control pipe alone ends the
+    worker when the training process dies."""
+    if not watch:
+        return
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
@@ -412,12 +422,14 @@ def _one_thread_pools() -> None:
     cv2.setNumThreads(1)  # the parent parked its pool for the fork (LibraryThreads.parked)
 
 
-def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None) -> None:
+def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None,
+                watch_parent: bool = True) -> None:
     """The worker process's entry point. ``data``: the pickled :func:`payload`
     (spawn, forkserver), or the objects themselves with the parent's end of the
-    pipe as ``inherited`` (fork)."""
+    pipe as ``inherited`` (fork). ``watch_parent``: whether to be killed with the
+    thread that started this process (see :func:`_die_with_parent`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+    _die_with_parent(parent, watch_parent)
     if inherited is not None:
         _forget_parent(inherited)
     _one_thread_pools()
@@ -754,7 +766,9 @@ class ProcessEngine:
         mine, theirs = ctx.Pipe()
         # A forked worker closes its copy of this process's end first thing.
         parent = None if method == "forkserver" else os.getpid()
-        args = (theirs, data, parent) + ((mine,) if method == "fork" else ())
+        # The fork server's worker is its child, whichever thread asked for it.
+        watch = method == "forkserver" or threading.current_thread() is threading.main_thread()
+        args = (theirs, data, parent, mine if method == "fork" else None, watch)
         process = ctx.Process(target=worker_main, args=args, name="feeder-worker", daemon=True)
         try:
             with _sigint_ignored():
