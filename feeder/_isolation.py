@@ -1018,7 +1018,13 @@ class ProcessEngine:
         self.dead = FeederError("this feeder's worker process belongs to the process that forked")
         for run in self.passes:
             run.orphan()
+        # The views of this feeder's shared batch buffers: kept, they would keep the
+        # buffers mapped in the child (another feeder's worker, say) until it
+        # exits, holding their /dev/shm memory after this feeder is closed.
         self.passes = []
+        self._by_id = {}
+        self.current = None
+        self._mirrors = {}
 
 
 def _mirror(serial: int) -> BatchBuffer:

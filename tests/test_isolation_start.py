@@ -281,6 +281,36 @@ def test_forked_worker_holds_no_parent_end_of_any_pipe():
         assert not ours & _fd_targets(first._engine.process.pid)
 
 
+def _shm_mappings(pid: int) -> set[str]:
+    """The shared-memory files ``pid`` maps (torch's shared tensors), with their inodes."""
+    out = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and any(k in parts[5] for k in ("torch_", "/dev/shm", "memfd")):
+                out.add(f"{parts[5]} {parts[4]}")
+    return out
+
+
+def test_forked_worker_maps_no_batch_buffer_of_another_feeder():
+    """A worker forked while another isolated feeder is alive must not keep that
+    feeder's shared batch buffers mapped: they would hold /dev/shm memory after
+    the other feeder is closed, until this worker exits."""
+    before = _shm_mappings(os.getpid())
+    a = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
+    try:
+        assert len(collect(a)) == 2
+        mine_a = _shm_mappings(os.getpid()) - before
+        assert mine_a, "the first feeder's batches came through no shared mapping"
+        with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as b:
+            assert len(collect(b)) == 2  # its worker is up and has served a pass
+            a.close()
+            assert not mine_a & _shm_mappings(b._engine.process.pid)
+    finally:
+        a.close()
+
+
+
 def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
     # A trainer's SIGTERM handler (save a checkpoint, say) must not run in the worker.
     marker = tmp_path / "handler-ran"
