@@ -43,13 +43,16 @@ its own, so what makes a fork unsafe is what the copy inherits:
   the driver's state is not fork-safe and a forked child cannot use CUDA.
   -> spawn.
 * Any other running Python thread (the main thread when the feeder is built
-  in another one, a user's prefetcher, a thread engine's pass): it may hold a
-  lock (a logging handler's, a library's, one of the user's) that the child
-  inherits held, with no thread to release it. -> spawn. feeder's own idle
-  threads do not count: the reaper and the other isolated engines' receiving
-  threads hold a lock while they work, and the fork goes ahead only if it can
-  take each of them without waiting (the thread is then blocked on its queue or
-  pipe, holding nothing) and keeps them until the child exists.
+  in another one, a user's prefetcher, a thread engine's pass that is still
+  running): it may hold a lock (a logging handler's, a library's, one of the
+  user's) that the child inherits held, with no thread to release it. -> spawn.
+  feeder's own idle threads do not count: the reaper and the other isolated
+  engines' receiving threads hold a lock while they work, and the fork goes
+  ahead only if it can take each of them (the thread is then blocked on its
+  queue or pipe, holding nothing) and keeps them until the child exists. What
+  feeder's threads are finishing (the threads of a pass that has ended, still
+  exiting; the reaper's or a receiving thread's current item) is waited for, up
+  to half a second in all, so the choice does not depend on their timing.
 * Native thread pools, present in nearly every process (torch's OpenMP pool,
   OpenBLAS's, OpenCV's): measured, not assumed. OpenBLAS resets itself at
   fork. torch's OpenMP pool does not exist in the child and a parallel region
@@ -490,15 +493,17 @@ def quiet_threads() -> Iterator[list[str]]:
     """Hold feeder's own idle threads still; yield the names of every other running thread.
 
     The reaper and the isolated engines' receiving threads hold a lock while
-    they work. Taking it without waiting shows one idle (blocked on its queue or
-    pipe, holding nothing) and keeps it so until the fork is done; one at work,
-    and any other thread but the caller, is named.
+    they work. Taking it shows one idle (blocked on its queue or pipe, holding
+    nothing) and keeps it so until the fork is done; one still at work when the
+    wait below ends, and any other thread but the caller, is named.
 
-    The threads of a pass that has ended (the loop took its end, or it was
-    stopped) are still exiting for a moment after: a pass run to its end just
-    before ``Feeder(...)`` would otherwise make the choice depend on timing.
-    They are joined first, for up to ``_SETTLE_S`` in all; one still alive
-    after that is named like any other."""
+    feeder's own threads finish what they do in moments: the threads of a pass
+    that has ended (the loop took its end, or it was stopped) are still exiting,
+    the reaper may be closing a feeder just dropped, a receiving thread handling
+    a message. Not waiting for them would make the choice depend on timing (a
+    pass run to its end just before ``Feeder(...)``). So the ended passes'
+    threads are joined and the locks taken with a wait, ``_SETTLE_S`` in all;
+    the reaper's first, as its work may wait for a receiving thread's answer."""
     me = threading.current_thread()
     deadline = time.monotonic() + _SETTLE_S
     for thread in threading.enumerate():
@@ -513,17 +518,13 @@ def quiet_threads() -> Iterator[list[str]]:
         if receiver is not None:
             quiet[receiver] = engine.busy
     held: list[threading.Lock] = []
-    others: list[str] = []
+    idle: set[threading.Thread] = set()
     try:
-        for thread in threading.enumerate():
-            if thread is me:
-                continue
-            lock = quiet.get(thread)
-            if lock is not None and lock.acquire(blocking=False):
+        for thread, lock in quiet.items():  # in insertion order: the reaper's first
+            if thread.is_alive() and lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 held.append(lock)
-            else:
-                others.append(thread.name)
-        yield others
+                idle.add(thread)
+        yield [t.name for t in threading.enumerate() if t is not me and t not in idle]
     finally:
         for lock in held:
             lock.release()

@@ -113,14 +113,16 @@ if __name__ == "__main__":
         f.close()
     say(methods=methods)
 
-    it = iter(val)
-    next(it)  # a pass still running counts
+    busy = Feeder(MemorySource(BLOBS), 4, [ops.CenterCrop(24)], seed=0, queue_size=1, timeout=30)
+    it = iter(busy)
+    next(it)  # a pass still running (its threads wait on the full queue) counts
     try:
         Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24), lambda img, rng: img],
                seed=0, isolation="process", timeout=30)
         say(error=None)
     except ConfigError as exc:
         say(error=str(exc))
+    busy.close()
     val.close()
 """
 
