@@ -812,11 +812,14 @@ class ProcessEngine:
                     break
         if self.closed:
             return
-        self.dead = self.dead or _death_error(self.process)
-        log.error("%s", self.dead)
-        self._fail_current(self.dead)
-        for event in list(self._queries.values()):
-            event.set()
+        # Held as for a message: failing the passes takes their locks, which a
+        # fork must not copy held (see quiet_threads).
+        with self.busy:
+            self.dead = self.dead or _death_error(self.process)
+            log.error("%s", self.dead)
+            self._fail_current(self.dead)
+            for event in list(self._queries.values()):
+                event.set()
 
     def _handle(self, data: bytes) -> bool:
         """Act on one message; False when the worker is gone."""

@@ -313,6 +313,34 @@ def test_forked_worker_maps_no_batch_buffer_of_another_feeder():
 
 
 
+def test_receiving_thread_is_not_taken_for_idle_while_it_reports_a_dead_worker():
+    """After its loop the receiving thread fails the passes (taking their locks):
+    the fork check must see it at work then, not idle."""
+    from feeder import _isolation
+
+    f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
+    engine = f._engine
+    inside, release = threading.Event(), threading.Event()
+    fail_current = engine._fail_current
+
+    def held_fail_current(error):
+        inside.set()
+        release.wait(JOIN_TIMEOUT_S)
+        fail_current(error)
+
+    engine._fail_current = held_fail_current
+    try:
+        engine.process.kill()
+        assert inside.wait(JOIN_TIMEOUT_S), "the receiving thread never saw the worker die"
+        with _isolation.quiet_threads() as others:
+            assert engine.receiver.name in others
+    finally:
+        release.set()
+        engine.receiver.join(JOIN_TIMEOUT_S)
+        f.close()
+    assert not engine.receiver.is_alive()
+
+
 def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
     # A trainer's SIGTERM handler (save a checkpoint, say) must not run in the worker.
     marker = tmp_path / "handler-ran"
