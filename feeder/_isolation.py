@@ -31,11 +31,12 @@ batch. On CUDA the shared arrays are page-locked in place with
 thread engine's pinned buffers; they are unregistered on close.
 
 Start method (``start_method``): ``"auto"`` forks where that is safe, else
-spawns. A spawned worker is a fresh interpreter that imports torch and the
-main module again: its first batch comes seconds after ``Feeder(...)``
-(1.7 s against the thread engine's 0.1 s, ``bench/experiments/isolation_ab.py``).
-A forked one is a copy of the training process, ready at once, and takes the
-source and transforms as they are (nothing is pickled: lambdas and objects
+spawns. A spawned worker is a fresh interpreter that imports torch and the main
+module again: its first batch comes seconds after ``Feeder(...)`` (1.9 s against
+the thread engine's 0.10 s in ``bench/results/isolation_ab.txt``, measured by
+``bench/experiments/isolation_ab.py``). A forked one is a copy of the training
+process, its first batch a fraction of a second after (0.16 s there), and takes
+the source and transforms as they are (nothing is pickled: lambdas and objects
 defined in ``__main__`` work). The worker never uses CUDA and starts threads of
 its own, so what makes a fork unsafe is what the copy inherits:
 
