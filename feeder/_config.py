@@ -59,7 +59,8 @@ def parse_device(device: str | torch.device) -> torch.device:
             # current_device() initializes CUDA, after which an isolated feeder's
             # "auto" start method can no longer fork; uninitialized, the current
             # device is the one a fresh process has: the first.
-            dev = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+            dev = torch.device("cuda", index)
         elif dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s)")
     return dev
