@@ -56,7 +56,11 @@ def parse_device(device: str | torch.device) -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but CUDA is not available")
         if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+            # current_device() initializes CUDA, after which an isolated feeder's
+            # "auto" start method can no longer fork; uninitialized, the current
+            # device is the one a fresh process has: the first.
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+            dev = torch.device("cuda", index)
         elif dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s)")
     return dev

@@ -341,8 +341,10 @@ class Feeder:
             ``"auto"`` (default): ``"fork"`` where it is safe (Linux, CUDA not
             initialized in this process, no other thread running than feeder's
             idle ones), else ``"spawn"``; :attr:`start_method` says which ran.
-            ``"fork"``: a copy of this process, batches within a tenth of a
-            second; the source and transforms are not pickled (lambdas work).
+            ``"fork"``: a copy of this process, its first batch a fraction of
+            a second after ``Feeder(...)`` (0.16 s against the thread engine's
+            0.10 s in ``bench/results/isolation_ab.txt``); the source and
+            transforms are not pickled (lambdas work).
             ``"spawn"`` / ``"forkserver"``: a fresh interpreter (seconds: it
             imports torch again); the source and transforms must be picklable
             (module-level functions and classes; a

@@ -31,11 +31,12 @@ batch. On CUDA the shared arrays are page-locked in place with
 thread engine's pinned buffers; they are unregistered on close.
 
 Start method (``start_method``): ``"auto"`` forks where that is safe, else
-spawns. A spawned worker is a fresh interpreter that imports torch and the
-main module again: its first batch comes seconds after ``Feeder(...)``
-(1.7 s against the thread engine's 0.1 s, ``bench/experiments/isolation_ab.py``).
-A forked one is a copy of the training process, ready at once, and takes the
-source and transforms as they are (nothing is pickled: lambdas and objects
+spawns. A spawned worker is a fresh interpreter that imports torch and the main
+module again: its first batch comes seconds after ``Feeder(...)`` (1.9 s against
+the thread engine's 0.10 s in ``bench/results/isolation_ab.txt``, measured by
+``bench/experiments/isolation_ab.py``). A forked one is a copy of the training
+process, its first batch a fraction of a second after (0.16 s there), and takes
+the source and transforms as they are (nothing is pickled: lambdas and objects
 defined in ``__main__`` work). The worker never uses CUDA and starts threads of
 its own, so what makes a fork unsafe is what the copy inherits:
 
@@ -43,13 +44,16 @@ its own, so what makes a fork unsafe is what the copy inherits:
   the driver's state is not fork-safe and a forked child cannot use CUDA.
   -> spawn.
 * Any other running Python thread (the main thread when the feeder is built
-  in another one, a user's prefetcher, a thread engine's pass): it may hold a
-  lock (a logging handler's, a library's, one of the user's) that the child
-  inherits held, with no thread to release it. -> spawn. feeder's own idle
-  threads do not count: the reaper and the other isolated engines' receiving
-  threads hold a lock while they work, and the fork goes ahead only if it can
-  take each of them without waiting (the thread is then blocked on its queue or
-  pipe, holding nothing) and keeps them until the child exists.
+  in another one, a user's prefetcher, a thread engine's pass that is still
+  running): it may hold a lock (a logging handler's, a library's, one of the
+  user's) that the child inherits held, with no thread to release it. -> spawn.
+  feeder's own idle threads do not count: the reaper and the other isolated
+  engines' receiving threads hold a lock while they work, and the fork goes
+  ahead only if it can take each of them (the thread is then blocked on its
+  queue or pipe, holding nothing) and keeps them until the child exists. What
+  feeder's threads are finishing (the threads of a pass that has ended, still
+  exiting; the reaper's or a receiving thread's current item) is waited for, up
+  to half a second in all, so the choice does not depend on their timing.
 * Native thread pools, present in nearly every process (torch's OpenMP pool,
   OpenBLAS's, OpenCV's): measured, not assumed. OpenBLAS resets itself at
   fork. torch's OpenMP pool does not exist in the child and a parallel region
@@ -90,8 +94,10 @@ start-up overlaps the program's own set-up.
 
 Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
 the training process drives the shutdown), exits at the end of the control
-pipe (the training process closed or died), and on Linux is killed by the
-kernel when the training process dies (``PR_SET_PDEATHSIG``). A worker that
+pipe (the training process closed or died), and on Linux, when the feeder
+was built in the main thread, is also killed by the kernel when the training
+process dies (``PR_SET_PDEATHSIG``, which fires when the thread that started
+the worker ends, so it is not used from other threads). A worker that
 dies (the OOM killer's SIGKILL) ends the pipe: the pass fails with an error
 naming the signal, never a hang.
 """
@@ -126,7 +132,7 @@ from ._batch import BatchBuffer, BufferPool, MaskPlanes
 from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
 from ._sample import Schema
-from ._stage import Counters, Stage
+from ._stage import Counters, Stage, of_ended_pass
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import BatchTransforms, Converter, Transfer
@@ -138,6 +144,9 @@ log = logging.getLogger(__name__)
 # (seconds); a busy worker answers in milliseconds (its control thread does no
 # pipeline work), a dead one never.
 _QUERY_S = 0.5
+# How long the fork check waits, in all, for the threads of ended passes to exit
+# (see quiet_threads); they have left their loops, so it is milliseconds.
+_SETTLE_S = 0.5
 # close() must return within about a second, whatever the worker is doing: it
 # waits this long for the worker to exit on its own (it does within milliseconds
 # unless a thread holds its GIL in C code), then kills it.
@@ -181,9 +190,10 @@ def worker_config(config: Any) -> Any:
 
 
 def payload(config: Any, source: Any, transforms: list[Any], engine: type,
-            method: str = "spawn") -> bytes:
+            method: str = "spawn", chosen: str = "") -> bytes:
     """What the worker is built from, pickled; an object that cannot be sent is a
-    :class:`~feeder.errors.ConfigError` naming it and how to fix it."""
+    :class:`~feeder.errors.ConfigError` naming it and how to fix it. ``chosen``:
+    why ``start_method="auto"`` chose ``method`` (empty when it was given)."""
     config = worker_config(config)
     parts = [("source", source)] + [(f"transforms[{i}]", t) for i, t in enumerate(transforms)]
     pickled = []
@@ -191,8 +201,10 @@ def payload(config: Any, source: Any, transforms: list[Any], engine: type,
         try:
             pickled.append(_dumps(obj))
         except Exception as exc:  # noqa: BLE001 - pickle raises many types
+            # Under "auto" the user never asked for a pickling start method: say why it ran.
+            auto = f"start_method='auto' chose {method} because {chosen}; " if chosen else ""
             raise ConfigError(
-                f"isolation='process' with start_method={method!r} sends the {what} "
+                f"{auto}isolation='process' with start_method={method!r} sends the {what} "
                 f"({safe_text(repr(obj))}) to a worker process, but it cannot be pickled "
                 f"({type(exc).__name__}: {exc}); define it at module level (a module-level "
                 f"function or class instead of a lambda, a local function or a bound object "
@@ -367,10 +379,18 @@ class _Worker:
                 return
 
 
-def _die_with_parent(parent: int | None) -> None:
+def _die_with_parent(parent: int | None, watch: bool) -> None:
     """Have the kernel kill this process when its parent dies (Linux): the training
     process, or with ``forkserver`` (``parent`` None) the fork server, which exits
-    when the training process is gone."""
+    when the training process is gone.
+
+    The kernel's "parent" is the thread that started the process, not its
+    process: a worker started from a thread other than the main one would be
+    killed when that thread ends (a set-up thread, a pool building loaders), so
+    then ``watch`` is False and the end of the control pipe alone ends the
+    worker when the training process dies."""
+    if not watch:
+        return
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
@@ -406,12 +426,14 @@ def _one_thread_pools() -> None:
     cv2.setNumThreads(1)  # the parent parked its pool for the fork (LibraryThreads.parked)
 
 
-def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None) -> None:
+def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None,
+                watch_parent: bool = True) -> None:
     """The worker process's entry point. ``data``: the pickled :func:`payload`
     (spawn, forkserver), or the objects themselves with the parent's end of the
-    pipe as ``inherited`` (fork)."""
+    pipe as ``inherited`` (fork). ``watch_parent``: whether to be killed with the
+    thread that started this process (see :func:`_die_with_parent`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+    _die_with_parent(parent, watch_parent)
     if inherited is not None:
         _forget_parent(inherited)
     _one_thread_pools()
@@ -472,10 +494,22 @@ def quiet_threads() -> Iterator[list[str]]:
     """Hold feeder's own idle threads still; yield the names of every other running thread.
 
     The reaper and the isolated engines' receiving threads hold a lock while
-    they work. Taking it without waiting shows one idle (blocked on its queue or
-    pipe, holding nothing) and keeps it so until the fork is done; one at work,
-    and any other thread but the caller, is named."""
+    they work. Taking it shows one idle (blocked on its queue or pipe, holding
+    nothing) and keeps it so until the fork is done; one still at work when the
+    wait below ends, and any other thread but the caller, is named.
+
+    feeder's own threads finish what they do in moments: the threads of a pass
+    that has ended (the loop took its end, or it was stopped) are still exiting,
+    the reaper may be closing a feeder just dropped, a receiving thread handling
+    a message. Not waiting for them would make the choice depend on timing (a
+    pass run to its end just before ``Feeder(...)``). So the ended passes'
+    threads are joined and the locks taken with a wait, ``_SETTLE_S`` in all;
+    the reaper's first, as its work may wait for a receiving thread's answer."""
     me = threading.current_thread()
+    deadline = time.monotonic() + _SETTLE_S
+    for thread in threading.enumerate():
+        if thread is not me and of_ended_pass(thread):
+            thread.join(max(0.0, deadline - time.monotonic()))
     quiet: dict[threading.Thread, threading.Lock] = {}
     reaper = _reaper._thread
     if reaper is not None:
@@ -485,17 +519,13 @@ def quiet_threads() -> Iterator[list[str]]:
         if receiver is not None:
             quiet[receiver] = engine.busy
     held: list[threading.Lock] = []
-    others: list[str] = []
+    idle: set[threading.Thread] = set()
     try:
-        for thread in threading.enumerate():
-            if thread is me:
-                continue
-            lock = quiet.get(thread)
-            if lock is not None and lock.acquire(blocking=False):
+        for thread, lock in quiet.items():  # in insertion order: the reaper's first
+            if thread.is_alive() and lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 held.append(lock)
-            else:
-                others.append(thread.name)
-        yield others
+                idle.add(thread)
+        yield [t.name for t in threading.enumerate() if t is not me and t not in idle]
     finally:
         for lock in held:
             lock.release()
@@ -730,14 +760,17 @@ class ProcessEngine:
                 why = (f"other threads are running ({', '.join(others)}): a lock one of them "
                        f"holds would stay held in a forked child")
                 method = "spawn"
-        self._launch(method, payload(config, source, transforms, engine, method), why)
+        chosen = why.removeprefix("auto: ") if requested == "auto" else ""
+        self._launch(method, payload(config, source, transforms, engine, method, chosen), why)
 
     def _launch(self, method: str, data: Any, why: str) -> None:
         ctx = multiprocessing.get_context(method)
         mine, theirs = ctx.Pipe()
         # A forked worker closes its copy of this process's end first thing.
         parent = None if method == "forkserver" else os.getpid()
-        args = (theirs, data, parent) + ((mine,) if method == "fork" else ())
+        # The fork server's worker is its child, whichever thread asked for it.
+        watch = method == "forkserver" or threading.current_thread() is threading.main_thread()
+        args = (theirs, data, parent, mine if method == "fork" else None, watch)
         process = ctx.Process(target=worker_main, args=args, name="feeder-worker", daemon=True)
         try:
             with _sigint_ignored():
@@ -780,11 +813,14 @@ class ProcessEngine:
                     break
         if self.closed:
             return
-        self.dead = self.dead or _death_error(self.process)
-        log.error("%s", self.dead)
-        self._fail_current(self.dead)
-        for event in list(self._queries.values()):
-            event.set()
+        # Held as for a message: failing the passes takes their locks, which a
+        # fork must not copy held (see quiet_threads).
+        with self.busy:
+            self.dead = self.dead or _death_error(self.process)
+            log.error("%s", self.dead)
+            self._fail_current(self.dead)
+            for event in list(self._queries.values()):
+                event.set()
 
     def _handle(self, data: bytes) -> bool:
         """Act on one message; False when the worker is gone."""
@@ -987,7 +1023,13 @@ class ProcessEngine:
         self.dead = FeederError("this feeder's worker process belongs to the process that forked")
         for run in self.passes:
             run.orphan()
+        # The views of this feeder's shared batch buffers: kept, they would keep the
+        # buffers mapped in the child (another feeder's worker, say) until it
+        # exits, holding their /dev/shm memory after this feeder is closed.
         self.passes = []
+        self._by_id = {}
+        self.current = None
+        self._mirrors = {}
 
 
 def _mirror(serial: int) -> BatchBuffer:

@@ -136,6 +136,17 @@ class Control(Protocol):
         """A thread of ``stage`` has left its loop (normally, on close, or failing)."""
 
 
+def of_ended_pass(thread: threading.Thread) -> bool:
+    """True if ``thread`` is a stage thread of a pass that has ended: stopped, or
+    its end taken by the training loop. Such a thread has left its loop or
+    leaves it at its next queue operation; it is only finishing its exit.
+
+    The isolated engine waits a moment for these before deciding whether it may
+    fork (see ``_isolation.quiet_threads``)."""
+    control = getattr(thread, "_feeder_control", None)
+    return control is not None and (control.stopped() or getattr(control, "output_ended", False))
+
+
 @dataclass(frozen=True)
 class Step:
     """One function of the per-sample work: ``fn(item) -> item``, or None when the
@@ -181,6 +192,7 @@ class Stage:
             self.control.thread_started(self.name, c)
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
+            t._feeder_control = self.control  # type: ignore[attr-defined] # see of_ended_pass
             self.threads.append(t)
             t.start()
 

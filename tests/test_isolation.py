@@ -407,6 +407,32 @@ def test_interpreter_exit_and_death_of_the_training_process(ending, start_method
         "the worker process outlived the training process"
 
 
+def test_feeder_built_in_a_thread_that_ends_keeps_its_worker(start_method):
+    """The kernel's parent-death signal fires when the thread that started a process
+    ends, not the process: a feeder built in a short-lived thread (a set-up thread,
+    a pool building loaders) keeps its worker once that thread is gone."""
+    built: dict = {}
+
+    def build() -> None:
+        f = built["feeder"] = make(MemorySource(BLOBS[:16]), [ops.CenterCrop(24)],
+                                   isolation="process")
+        # A whole pass here: the worker has started up (and set what it sets) while
+        # this thread still runs.
+        built["batches"] = len(collect(f))
+
+    setup = threading.Thread(target=build, name="set-up", daemon=True)
+    setup.start()
+    setup.join(JOIN_TIMEOUT_S)
+    assert not setup.is_alive()
+    with built["feeder"] as f:
+        assert built["batches"] == 16 // BATCH
+        assert f.start_method == start_method
+        for _ in range(3):
+            batches = collect(f)
+            assert sum(len(b[1]) for b in batches) == 16
+        assert f._engine.process.is_alive()
+
+
 SIGINT_SCRIPT = """
 sys.path.insert(0, os.path.join({repo!r}, "tests"))
 from conftest import MemorySource

@@ -93,6 +93,59 @@ def test_auto_forks_only_when_no_other_thread_runs():
     assert reports[3]["batches"] == 4
 
 
+ENDED_PASS_SCRIPT = """
+sys.path.insert(0, os.path.join({repo!r}, "tests"))
+from conftest import MemorySource
+from feeder import ConfigError
+
+if __name__ == "__main__":
+    val = Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24)], seed=0, timeout=30)
+    methods = []
+    for _ in range(10):
+        assert len(list(val)) == 4  # a pass of a thread engine runs to its end...
+        try:  # ...and the next feeder is built at once, its pass threads still exiting
+            f = Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24), lambda img, rng: img],
+                       seed=0, isolation="process", timeout=30)
+        except ConfigError as exc:
+            methods.append(str(exc))
+            continue
+        methods.append(f.start_method)
+        f.close()
+    say(methods=methods)
+
+    busy = Feeder(MemorySource(BLOBS), 4, [ops.CenterCrop(24)], seed=0, queue_size=1, timeout=30)
+    it = iter(busy)
+    next(it)  # a pass still running (its threads wait on the full queue) counts
+    try:
+        Feeder(MemorySource(BLOBS[:16]), 4, [ops.CenterCrop(24), lambda img, rng: img],
+               seed=0, isolation="process", timeout=30)
+        say(error=None)
+    except ConfigError as exc:
+        say(error=str(exc))
+    busy.close()
+    val.close()
+"""
+
+
+def test_auto_forks_right_after_a_thread_engines_pass_ended():
+    """The threads of a pass that has ended are waited for, not taken for running
+    threads: the choice does not depend on how fast they exit. A pass still
+    running still makes "auto" spawn, and a transform that cannot be pickled is
+    then an error that says why "auto" chose spawn."""
+    child = Child(ENDED_PASS_SCRIPT.format(repo=REPO))
+    try:
+        methods = json.loads(child.expect_line(120))["methods"]
+        error = json.loads(child.expect_line(60))["error"]
+        assert child.wait(30) == 0, child.stderr
+    finally:
+        child.kill()
+    assert methods == ["fork"] * 10
+    assert error is not None
+    assert error.startswith("start_method='auto' chose spawn because other threads are running "
+                            "(feeder-"), error
+    assert "transforms[1]" in error and "cannot be pickled" in error
+
+
 def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     caplog.set_level(logging.INFO, logger="feeder._isolation")
@@ -100,6 +153,39 @@ def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
         assert f.start_method == "spawn"
         assert_same(collect(f), expected)
     assert any("spawn (auto: CUDA is initialized" in r.getMessage() for r in caplog.records)
+
+
+def test_auto_forks_with_a_cuda_device_when_cuda_is_not_initialized(monkeypatch):
+    """device="cuda" without an index must not initialize CUDA while the options are
+    checked: the start rule runs after, and would then always spawn."""
+    calls = []
+
+    def current_device():
+        calls.append("current_device")
+        raise AssertionError("torch.cuda.current_device() initializes CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", current_device)
+    f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto", device="cuda")
+    try:
+        # A fresh process's current device is its first one.
+        assert f.config.device == torch.device("cuda", 0)
+        assert f.start_method == "fork"
+    finally:
+        f.close()
+    assert calls == []
+
+
+def test_cuda_device_without_index_is_the_current_one_once_cuda_is_initialized(monkeypatch):
+    from feeder._config import parse_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert parse_device("cuda") == torch.device("cuda", 1)
 
 
 def test_auto_names_the_running_thread_it_spawns_for(caplog):
@@ -195,6 +281,64 @@ def test_forked_worker_holds_no_parent_end_of_any_pipe():
         assert all(target.startswith("socket:") for target in ours)
         assert not ours & _fd_targets(second._engine.process.pid)
         assert not ours & _fd_targets(first._engine.process.pid)
+
+
+def _shm_mappings(pid: int) -> set[str]:
+    """The shared-memory files ``pid`` maps (torch's shared tensors), with their inodes."""
+    out = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            if len(parts) >= 6 and any(k in parts[5] for k in ("torch_", "/dev/shm", "memfd")):
+                out.add(f"{parts[5]} {parts[4]}")
+    return out
+
+
+def test_forked_worker_maps_no_batch_buffer_of_another_feeder():
+    """A worker forked while another isolated feeder is alive must not keep that
+    feeder's shared batch buffers mapped: they would hold /dev/shm memory after
+    the other feeder is closed, until this worker exits."""
+    before = _shm_mappings(os.getpid())
+    a = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
+    try:
+        assert len(collect(a)) == 2
+        mine_a = _shm_mappings(os.getpid()) - before
+        assert mine_a, "the first feeder's batches came through no shared mapping"
+        with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as b:
+            assert len(collect(b)) == 2  # its worker is up and has served a pass
+            a.close()
+            assert not mine_a & _shm_mappings(b._engine.process.pid)
+    finally:
+        a.close()
+
+
+
+def test_receiving_thread_is_not_taken_for_idle_while_it_reports_a_dead_worker():
+    """After its loop the receiving thread fails the passes (taking their locks):
+    the fork check must see it at work then, not idle."""
+    from feeder import _isolation
+
+    f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
+    engine = f._engine
+    inside, release = threading.Event(), threading.Event()
+    fail_current = engine._fail_current
+
+    def held_fail_current(error):
+        inside.set()
+        release.wait(JOIN_TIMEOUT_S)
+        fail_current(error)
+
+    engine._fail_current = held_fail_current
+    try:
+        engine.process.kill()
+        assert inside.wait(JOIN_TIMEOUT_S), "the receiving thread never saw the worker die"
+        with _isolation.quiet_threads() as others:
+            assert engine.receiver.name in others
+    finally:
+        release.set()
+        engine.receiver.join(JOIN_TIMEOUT_S)
+        f.close()
+    assert not engine.receiver.is_alive()
 
 
 def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):

@@ -125,7 +125,9 @@ def test_read_file_reads_a_pipe_to_its_end(tmp_path):
         with open(p, "wb") as f:
             f.write(payload)
 
-    t = threading.Thread(target=write)
+    # A daemon: if the read failed before opening the FIFO, the writer would wait
+    # in open() forever, and a non-daemon thread would keep pytest from exiting.
+    t = threading.Thread(target=write, name="test-fifo-writer", daemon=True)
     t.start()
     try:
         assert _read_file(str(p)) == payload
