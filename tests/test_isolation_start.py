@@ -358,12 +358,14 @@ def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
         next(it)
         process = f._engine.process
         os.kill(process.pid, signal.SIGTERM)
-        process.join(JOIN_TIMEOUT_S)
-        assert process.exitcode == -signal.SIGTERM
-        assert not marker.exists(), "the parent's SIGTERM handler ran in the worker"
+        # The receiving thread reaps the worker to name its death: let it, rather than
+        # join concurrently (two waitpid calls race; the loser sees no exit code).
         with pytest.raises(FeederError, match="killed by SIGTERM"):
             for _ in range(len(BLOBS)):
                 next(it)
+        process.join(JOIN_TIMEOUT_S)
+        assert process.exitcode == -signal.SIGTERM
+        assert not marker.exists(), "the parent's SIGTERM handler ran in the worker"
     finally:
         f.close()
 
