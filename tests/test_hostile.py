@@ -269,8 +269,9 @@ def test_without_timeout_a_stuck_sample_is_named_and_the_wait_is_counted(blobs, 
             consumer = threading.Thread(target=lambda: result.append(next(it)), daemon=True)
             consumer.start()
             assert handler.seen.wait(10), handler.messages
-            # The loop is still waiting: its ongoing wait shows in stats().
-            assert consumer.is_alive() and f.stats().consumer_wait_s >= 0.2
+            # The loop is still waiting: its ongoing wait shows in stats() (the warning
+            # times the sample, which started before the loop's next(): no lower bound).
+            assert consumer.is_alive() and f.stats().consumer_wait_s > 0
             src.release.set()
             consumer.join(JOIN_TIMEOUT_S)
             assert not consumer.is_alive() and [int(v) for v in result[0][1]] == [8, 9, 10, 11]

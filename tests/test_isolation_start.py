@@ -294,20 +294,34 @@ def _shm_mappings(pid: int) -> set[str]:
     return out
 
 
-def test_forked_worker_maps_no_batch_buffer_of_another_feeder():
-    """A worker forked while another isolated feeder is alive must not keep that
-    feeder's shared batch buffers mapped: they would hold /dev/shm memory after
-    the other feeder is closed, until this worker exits."""
-    before = _shm_mappings(os.getpid())
+def test_a_forked_child_drops_another_feeders_batch_buffers():
+    """A process forked while an isolated feeder is alive (another feeder's worker,
+    a DataLoader worker) must drop that feeder's views of its shared batch buffers:
+    kept, they would hold /dev/shm memory after the feeder is closed, until that
+    process exits."""
+    import select
+
     a = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
     try:
         assert len(collect(a)) == 2
-        mine_a = _shm_mappings(os.getpid()) - before
-        assert mine_a, "the first feeder's batches came through no shared mapping"
-        with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as b:
-            assert len(collect(b)) == 2  # its worker is up and has served a pass
-            a.close()
-            assert not mine_a & _shm_mappings(b._engine.process.pid)
+        assert a._engine._mirrors, "the feeder's batches came through no shared buffer"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: feeder's at-fork hook has run
+            try:
+                engine = a._engine
+                ok = not engine._mirrors and engine.current is None and not engine._by_id
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], JOIN_TIMEOUT_S)
+            assert ready, "the forked child did not answer"
+            assert os.read(r, 1) == b"1", "the forked child kept the feeder's buffers"
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
     finally:
         a.close()
 
