@@ -27,21 +27,15 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-# The functions below run for every sample with the GIL held, so they spell
-# ``_mix`` out inline: a Python call costs as much as the mix itself. They must
-# stay bit-identical to the composition of ``_mix`` they replace (the stream is
-# part of the determinism promise; tests/test_rng.py pins it).
+# ``index_key`` and ``SampleRNG._next`` run for every sample (and draw) with the
+# GIL held, so they spell ``_mix`` out inline: a Python call costs as much as the
+# mix itself. They must stay bit-identical to the composition of ``_mix`` they
+# replace (the stream is part of the determinism promise; tests/test_rng.py pins it).
 
 def epoch_key(seed: int, epoch: int) -> int:
     """What :func:`sample_key` derives from ``(seed, epoch)`` alone: computed once per
     pass, then :func:`index_key` gives each sample's key with a single mix."""
-    z = (seed & _MASK) ^ _GOLDEN
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-    z = ((z ^ (z >> 31)) + (epoch & _MASK) * _GOLDEN) & _MASK
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-    return z ^ (z >> 31)
+    return _mix((_mix((seed & _MASK) ^ _GOLDEN) + (epoch & _MASK) * _GOLDEN) & _MASK)
 
 
 def index_key(epoch_key: int, index: int) -> int:
@@ -92,23 +86,11 @@ class SampleRNG:
 
     def random(self) -> float:
         """A float uniformly drawn from [0, 1)."""
-        z = self._state
-        if z < 0:
-            z = _mix(~z)
-        self._state = z = (z + _GOLDEN) & _MASK
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-        return ((z ^ (z >> 31)) >> 11) * _UNIT
+        return (self._next() >> 11) * _UNIT
 
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
         """A float uniformly drawn from [low, high)."""
-        z = self._state
-        if z < 0:
-            z = _mix(~z)
-        self._state = z = (z + _GOLDEN) & _MASK
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-        return low + (high - low) * (((z ^ (z >> 31)) >> 11) * _UNIT)
+        return low + (high - low) * ((self._next() >> 11) * _UNIT)
 
     def integers(self, low: int, high: int | None = None) -> int:
         """An int uniformly drawn from [low, high), like ``Generator.integers``."""
@@ -117,13 +99,7 @@ class SampleRNG:
         span = high - low
         if span <= 0:
             raise ValueError(f"integers: high ({high}) must be greater than low ({low})")
-        z = self._state
-        if z < 0:
-            z = _mix(~z)
-        self._state = z = (z + _GOLDEN) & _MASK
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-        return low + ((z ^ (z >> 31)) * span >> 64)
+        return low + (self._next() * span >> 64)
 
     def log_uniform(self, low: float, high: float) -> float:
         """``exp(uniform(log(low), log(high)))``: a ratio drawn evenly in log space."""
