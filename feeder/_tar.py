@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 BLOCK = 512
 INDEX_VERSION = "v1.2"
+# The largest long-name or pax header record read while indexing, bytes: real
+# ones hold a path and a few numbers.
+MAX_RECORD_BYTES = 1 << 20
 
 # Regular file members (tarfile's REGTYPE, AREGTYPE and CONTTYPE).
 _FILE_TYPES = (b"0", b"\0", b"7")
@@ -265,17 +268,30 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         The index. A member cut short by the end of the shard stays in it (reading
         it fails, naming the shard and key); after a corrupt header the scan looks
         for the next valid header and warns how many bytes it passed over.
+
+    Raises:
+        ShardFormatError: the file is empty or holds no tar header at all (an
+            error page, another format), it ends after a complete member
+            without the end-of-archive marker (cut short: whatever followed is
+            lost, and nothing else would say so), or a header record (long
+            name, pax) claims more than :data:`MAX_RECORD_BYTES`.
     """
+    if size == 0:
+        raise ShardFormatError(f"{where}: empty file (0 bytes), not a tar shard")
     members: list[tuple[str, int, int]] = []
     pos = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
     global_pax: dict[str, str] = {}
+    ended = False  # the end-of-archive marker was seen
+    cut = False  # the last member runs past the end of the file
+    valid = 0  # valid headers seen
     while pos + BLOCK <= size:
         block = pread(BLOCK, pos)
         if len(block) < BLOCK:
             break
         if block == bytes(BLOCK):
+            ended = True
             break  # the end-of-archive marker
         if not _valid_header(block):
             bad = pos
@@ -287,11 +303,16 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
                  f"(samples stored there are lost)")
             long_name, pax = None, {}
             continue
+        valid += 1
         kind = block[156:157]
         length = _octal(block[124:136])
         data_at = pos + BLOCK
         nxt = data_at + -(-length // BLOCK) * BLOCK
         if kind in (b"x", b"g", b"L", b"K"):
+            if length > MAX_RECORD_BYTES:
+                raise ShardFormatError(f"{where}: the {kind.decode()!r} header record at byte {pos} "
+                                       f"claims {length} bytes (at most {MAX_RECORD_BYTES} are "
+                                       f"read): not a shard feeder can index")
             data = pread(length, data_at)
             if len(data) < length:
                 warn(f"{where}: shard ends inside a {kind.decode()!r} header record at byte {pos}")
@@ -320,8 +341,19 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         long_name, pax = None, {}
         if kind in _FILE_TYPES:
             if data_at + length > size:
+                cut = True
                 warn(f"{where}: shard ends inside member {name!r} (needs bytes up to "
                      f"{data_at + length}, the shard has {size}): the shard is truncated")
             members.append((name, data_at, length))
         pos = nxt
+    if not valid and not ended:
+        head = pread(min(size, 32), 0)
+        raise ShardFormatError(f"{where}: not a tar shard: no valid tar header in its {size} "
+                               f"bytes (it starts with {head!r})")
+    if not ended and not cut:
+        last = f"after member {members[-1][0]!r}" if members else "before any member"
+        raise ShardFormatError(
+            f"{where}: ends at byte {size} {last} without the tar end-of-archive marker: the "
+            f"shard is cut short and the samples stored after that point are lost (copy or "
+            f"re-pack it whole)")
     return ShardIndex.from_members(members, lambda msg: warn(f"{where}: {msg}"))

@@ -39,6 +39,7 @@ PNG: class ids are never blended) and its boxes scaled by the same factors.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -565,12 +566,23 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             bar.close()
     manifest = {
         "__kind__": _MANIFEST_KIND, "wids_version": 1, "name": name,
-        "shardlist": [{"url": os.path.basename(s), "nsamples": n} for s, n in zip(shards, counts)],
+        # filesize and sha256 let a reader check a copy of each shard (TarShards
+        # does, for remote shards, before using a copy).
+        "shardlist": [{"url": os.path.basename(s), "nsamples": n, "filesize": os.path.getsize(s),
+                       "sha256": _sha256(s)} for s, n in zip(shards, counts)],
         "classes": classes,
         "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
     }
     _write_atomic(manifest_path, json.dumps(manifest, indent=1))
     return PackResult(shards, sum(counts), len(done_shards), reencoded, kept, manifest_path)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_source(spec: str) -> Any:

@@ -43,12 +43,14 @@ import logging
 import os
 import re
 import threading
+import time
+import weakref
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from ._sample import DEFAULT_MAX_PIXELS
 from ._storage import FilePool, on_network_storage
 from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
 
@@ -92,6 +94,11 @@ def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
 # gaps between them (tar headers, fields not asked for) add at most this much.
 _SPAN_SLACK = 64 << 10
 
+# TarShards(deadline_s=): building a remote source as a whole, seconds.
+DEFAULT_DEADLINE_S = 60.0
+# TarShards(max_field_bytes=): the largest non-image member read, bytes.
+DEFAULT_MAX_FIELD_BYTES = 256 << 20
+
 _BRACE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -129,28 +136,75 @@ def _local(name: str) -> str:
     return name[len("file://"):] if name.startswith("file://") else name
 
 
-def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None]:
-    """Shard names and classes of a shard list (``wids-shard-index-v1`` JSON, as
-    ``feeder-pack`` writes it), names relative to the list's own location."""
+class ListEntry(dict):
+    """What a shard list says of one shard: ``nsamples``, ``sha256`` (hex) and
+    ``filesize`` (bytes), each only when the list gives it."""
+
+
+def _join_remote(base_url: str, entry: str, where: str) -> str:
+    """A remote shard list's entry as a URL: relative names resolve against the
+    list's own location; local paths and ``file://`` are refused (a list fetched
+    from a server must not make this process open its local files)."""
+    from urllib.parse import urljoin  # noqa: PLC0415
+
+    if entry.startswith("file:") or os.path.isabs(entry) or entry.startswith("~") or "\0" in entry:
+        raise ShardFormatError(f"{where}: entry {entry!r} names a local file; a remote shard "
+                               f"list may name only remote shards (relative names or URLs)")
+    if _is_url(entry):
+        return entry
+    if ":" in entry.split("/", 1)[0]:
+        raise ShardFormatError(f"{where}: entry {entry!r}: not a relative name or a URL")
+    return urljoin(base_url, entry)
+
+
+def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
+    """Shard names, classes and per-shard facts of a shard list
+    (``wids-shard-index-v1`` JSON, as ``feeder-pack`` writes it), names relative
+    to the list's own location."""
     try:
         doc = json.loads(text)
         shards = [entry["url"] for entry in doc["shardlist"]]
+        if not all(isinstance(u, str) and u for u in shards):
+            raise TypeError("every 'url' must be a non-empty string")
+    except RecursionError:
+        raise ShardFormatError(f"{where}: not a shard list: JSON nested too deeply") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardFormatError(f"{where}: not a shard list (JSON with a 'shardlist' of "
                                f"{{'url': ...}} entries): {exc}") from exc
+    remote = _is_url(where)
     base = where.rsplit("/", 1)[0] if "/" in where else ""
     out = []
-    for s in shards:
-        if _is_url(s) or os.path.isabs(s) or not base:
-            out.append(s)
+    facts: dict[str, ListEntry] = {}
+    for s, entry in zip(shards, doc["shardlist"]):
+        if remote:
+            name = _join_remote(where, s, where)
+        elif _is_url(s) or os.path.isabs(s) or not base:
+            name = _local(s)
         else:
-            out.append(f"{base}/{s}")
+            name = f"{base}/{s}"
+        out.append(name)
+        fact = ListEntry()
+        for key, kind in (("nsamples", int), ("filesize", int), ("sha256", str)):
+            value = entry.get(key)
+            if value is None:
+                continue
+            ok = (isinstance(value, kind) and not isinstance(value, bool)
+                  and (kind is str or value >= 0))
+            if kind is str:
+                ok = ok and len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower())
+            if not ok:
+                raise ShardFormatError(f"{where}: shard {s!r}: {key} {value!r} is not "
+                                       f"{'a sha256 hex digest' if kind is str else 'an int >= 0'}")
+            fact[key] = value.lower() if kind is str else value
+        facts[name] = fact
     classes = doc.get("classes")
-    return out, list(classes) if isinstance(classes, list) else None
+    return out, list(classes) if isinstance(classes, list) else None, facts
 
 
-def resolve(spec: Any, options: dict | None = None) -> tuple[list[str], list[str] | None]:
-    """The shard names of ``spec`` and the class names of its shard list, if any.
+def resolve(spec: Any, options: dict | None = None, deadline: float | None = None
+            ) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
+    """The shard names of ``spec``, the class names of its shard list, if any, and
+    what the list says of each shard (sample count, size, hash).
 
     Args:
         spec: A directory (its ``*.tar``, sorted), a shard path or URL, a brace
@@ -162,28 +216,33 @@ def resolve(spec: Any, options: dict | None = None) -> tuple[list[str], list[str
     if isinstance(spec, (str, os.PathLike)):
         name = os.fspath(spec)
         if _BRACE.search(name):
-            return expand_braces(name), None
-        if name.endswith(".json"):
+            return expand_braces(name), None, {}
+        if name.split("?", 1)[0].endswith(".json"):
             if _is_url(name):
                 from ._remote import fetch_small  # noqa: PLC0415 - fsspec only when remote
 
-                return _manifest(fetch_small(name, options=options).decode("utf-8"), name)
+                raw = fetch_small(name, options=options, deadline=deadline)
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ShardFormatError(f"{name}: not a shard list: not UTF-8 ({exc})") from None
+                return _manifest(text, name)
             with open(_local(name), encoding="utf-8") as f:
                 return _manifest(f.read(), _local(name))
         if _is_url(name):
-            return [name], None
+            return [name], None, {}
         path = _local(name)
         if os.path.isdir(path):
             found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
             if not found:
                 raise FileNotFoundError(f"TarShards: no *.tar shard in directory {path!r}")
-            return found, None
+            return found, None, {}
         if any(ch in path for ch in "*?["):
             found = sorted(glob.glob(path))
             if not found:
                 raise FileNotFoundError(f"TarShards: no file matches {path!r}")
-            return found, None
-        return [path], None
+            return found, None, {}
+        return [path], None, {}
     if isinstance(spec, Iterable):
         names: list[str] = []
         for item in spec:
@@ -191,9 +250,58 @@ def resolve(spec: Any, options: dict | None = None) -> tuple[list[str], list[str
                 raise TypeError(f"TarShards: shard names must be str or path-like, got {item!r}")
             name = os.fspath(item)
             names.extend(expand_braces(name) if _BRACE.search(name) else [_local(name)])
-        return names, None
+        return names, None, {}
     raise TypeError(f"TarShards: expected a directory, a shard path or URL, a pattern or a "
                     f"list of them, got {spec!r}")
+
+
+def _json_value(raw: bytes) -> Any:
+    """A JSON field's value. Nesting deeper than the interpreter's recursion limit
+    raises RecursionError (CPython's parser guards its recursion), which the
+    caller reports as a bad field, naming it."""
+    return json.loads(raw)
+
+
+def _npy(raw: bytes) -> np.ndarray:
+    """One ``.npy`` array from its bytes: the header's shape and dtype are checked
+    against the bytes that follow before anything is allocated (``np.load``
+    allocates what the header claims first); object arrays (pickles) are refused."""
+    buf = io.BytesIO(raw)
+    try:
+        major, minor = np.lib.format.read_magic(buf)
+    except ValueError:
+        if raw[:2] == b"PK":
+            raise ValueError("an .npz archive, not one .npy array") from None
+        raise
+    if (major, minor) == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+    elif major in (2, 3):
+        shape, fortran, dtype = np.lib.format._read_array_header(buf, version=(major, minor))
+    else:
+        raise ValueError(f"unknown .npy version {major}.{minor}")
+    if dtype.hasobject:
+        raise ValueError("an object array (a pickle): refused")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    need = count * dtype.itemsize
+    have = len(raw) - buf.tell()
+    if need != have:
+        raise ValueError(f"its header claims shape {tuple(shape)} of {dtype} ({need} bytes) but "
+                         f"{have} bytes follow")
+    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=buf.tell())
+    arr = arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
+    if not arr.dtype.isnative:  # torch takes native byte order only
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    else:
+        arr = arr.copy()  # writable, and not a view holding the shard's bytes
+    return arr
+
+
+def _release(files: FilePool, store: Any, wait: bool = False) -> None:
+    if store is not None:
+        store.close(wait)
+    files.close()
 
 
 class _LocalShard:
@@ -208,7 +316,7 @@ class _LocalShard:
     def pread(self, length: int, offset: int) -> bytes:
         return self.files.pread(self.name, length, offset)
 
-    def load_index(self, warn: Any) -> ShardIndex:
+    def load_index(self, warn: Any, deadline: float | None = None) -> ShardIndex:
         idx = index_path(self.name)
         if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
             with open(idx, encoding="utf-8", errors="surrogateescape") as f:
@@ -255,10 +363,27 @@ class TarShards:
         downloads: Remote shards copied into the cache at once, in the background.
         storage_options: Passed to the fsspec file system of remote shards
             (credentials, endpoints; see fsspec's and the backend's docs).
+        deadline_s: Bound on building the source as a whole, seconds: the
+            shard list and every index (or, without one, the copy of the shard
+            to index it) must arrive within it, retries included, or the error
+            names the URLs that had not answered. None: no bound.
+        max_pixels: The largest image the feeder will decode (the
+            ``Feeder(max_pixels=)`` default): an image member larger than an
+            uncompressed image of that many pixels could be (4 bytes a pixel,
+            plus 1 MiB) is refused before it is read, naming the shard, key and
+            field.
+        max_field_bytes: The largest non-image member read, bytes (a mask,
+            boxes, JSON): larger ones are refused before they are read, naming
+            the shard, key and field.
 
     Raises:
         FileNotFoundError: a shard (or the directory) does not exist.
-        ShardFormatError: an index file is malformed (naming the file and line).
+        ShardFormatError: an index file is malformed (naming the file and line),
+            a shard without an index is not a whole tar (empty, not a tar,
+            cut short after a member), a shard's sample count differs from the
+            shard list's, or a remote shard list names local files.
+        RemoteError: a remote shard, index or list could not be read, or did
+            not arrive within ``deadline_s`` (naming the URL).
         ValueError: no sample has the ``label`` field when the samples are pairs
             (give ``label=None`` for unlabeled data), no sample has an image
             field, ``fields`` names a field no sample has or an image field, or
@@ -268,8 +393,20 @@ class TarShards:
     def __init__(self, spec: Any, *, label: str | None = "cls",
                  image_exts: Sequence[str] = IMAGE_EXTS, fields: Any = "auto", cache_dir: Any = None,
                  cache_bytes: int | None = None, retries: int = 5, backoff_s: float = 0.2,
-                 downloads: int = 2, storage_options: dict | None = None) -> None:
-        names, self.classes = resolve(spec, storage_options)
+                 downloads: int = 2, storage_options: dict | None = None,
+                 deadline_s: float | None = DEFAULT_DEADLINE_S, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES) -> None:
+        if deadline_s is not None and not (isinstance(deadline_s, (int, float))
+                                           and not isinstance(deadline_s, bool) and deadline_s > 0):
+            raise ValueError(f"TarShards: deadline_s must be a number of seconds > 0 or None, "
+                             f"got {deadline_s!r}")
+        for opt, value in (("max_pixels", max_pixels), ("max_field_bytes", max_field_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"TarShards: {opt} must be an int > 0, got {value!r}")
+        self.max_image_bytes = 4 * max_pixels + (1 << 20)
+        self.max_field_bytes = max_field_bytes
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        names, self.classes, facts = resolve(spec, storage_options, deadline)
         if not names:
             raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
         self.label = None if label is None else label.lower().lstrip(".")
@@ -290,13 +427,18 @@ class TarShards:
                 self.warnings.append(msg)
             log.warning("%s", msg)
 
-        remote = [s for s in shards if s.remote]
-        if len(remote) > 1:
-            # Index files one by one would cost a round trip each.
-            with ThreadPoolExecutor(16, thread_name_prefix="feeder-index") as pool:
-                indices = list(pool.map(lambda s: s.load_index(warn), shards))
-        else:
-            indices = [s.load_index(warn) for s in shards]
+        for shard in shards:
+            fact = facts.get(shard.name, {})
+            if shard.remote:
+                shard.sha256 = fact.get("sha256")
+                shard.list_size = fact.get("filesize")
+        indices = self._load_indices(shards, warn, deadline, deadline_s)
+        for shard, ix in zip(shards, indices):
+            expected = facts.get(shard.name, {}).get("nsamples")
+            if expected is not None and expected != len(ix):
+                raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard list "
+                                       f"says {expected}: the shard or the list is damaged or "
+                                       f"out of date (re-pack, or fix the list)")
         self._indices: list[ShardIndex] = indices
         counts = [len(ix) for ix in indices]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
@@ -327,6 +469,62 @@ class TarShards:
                              f".{self.label} field holding its label; fields found: {found}; "
                              f"give label=None for unlabeled data (labels -1), or label='<ext>' "
                              f"naming the field that holds the class index")
+
+    def _load_indices(self, shards: list[Any], warn: Any, deadline: float | None,
+                      deadline_s: float | None) -> list[ShardIndex]:
+        """Every shard's index; remote ones in parallel (one round trip each, at
+        most 16 at once), all within the deadline."""
+        if not any(s.remote for s in shards):
+            return [s.load_index(warn) for s in shards]
+        results: list[Any] = [None] * len(shards)
+        done = threading.Event()
+        lock = threading.Lock()
+        todo = list(range(len(shards)))
+        busy: dict[int, str] = {}
+        left = [len(shards)]
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not todo or done.is_set():
+                        return
+                    k = todo.pop(0)
+                    busy[k] = shards[k].name
+                try:
+                    results[k] = (True, shards[k].load_index(warn, deadline))
+                except BaseException as exc:  # noqa: BLE001 - handed to the constructor
+                    results[k] = (False, exc)
+                with lock:
+                    busy.pop(k, None)
+                    left[0] -= 1
+                    if left[0] == 0 or not results[k][0]:
+                        done.set()
+
+        # Daemon threads, not a ThreadPoolExecutor: a request stalled past the
+        # deadline must not hold up the constructor's error or the interpreter's exit.
+        for n in range(min(16, len(shards))):
+            threading.Thread(target=worker, name=f"feeder-index-{n}", daemon=True).start()
+        finished = done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if not finished:
+            with lock:
+                done.set()
+                stalled = sorted(busy.values())
+            if self._store is not None:
+                self._store.cancel.set()  # cuts the stalled requests and the retry waits short
+                self._store.stop.set()
+            from ._remote import RemoteError  # noqa: PLC0415
+
+            raise RemoteError(f"TarShards: building the source took longer than deadline_s="
+                              f"{deadline_s} s; no answer yet from {', '.join(stalled[:5])}"
+                              f"{' ...' if len(stalled) > 5 else ''} (raise deadline_s, or check "
+                              f"the storage)")
+        for r in results:
+            if r is not None and not r[0]:
+                if self._store is not None:
+                    self._store.cancel.set()
+                    self._store.stop.set()
+                raise r[1]
+        return [r[1] for r in results]
 
     def _make_plan(self, fields: Any, exts_seen: set[str], found: str) -> dict[str, tuple[str, str]] | None:
         images = set(self.image_exts)
@@ -394,19 +592,28 @@ class TarShards:
             else:
                 shards.append(_LocalShard(name, self.files))
         self._shards = shards
+        # A dropped source releases its descriptors and stops its copies: a job
+        # that builds sources in a loop must not run out of file descriptors.
+        self._finalizer = weakref.finalize(self, _release, self.files, self._store)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a spawned process (a DataLoader worker): descriptors, locks
         # and copier threads are per process; the indices travel as they are.
         state = self.__dict__.copy()
         state["_shards"] = [shard.name for shard in self._shards]
-        del state["files"], state["_store"]
+        state["_shard_facts"] = [(s.sha256, s.list_size, s.index_end, s.validator)
+                                 if s.remote else None for s in self._shards]
+        del state["files"], state["_store"], state["_finalizer"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         names = state.pop("_shards")
+        facts = state.pop("_shard_facts", None) or [None] * len(names)
         self.__dict__.update(state)
         self._open_shards(names)
+        for shard, fact in zip(self._shards, facts):
+            if fact is not None:
+                shard.sha256, shard.list_size, shard.index_end, shard.validator = fact
 
     def _where(self) -> str:
         first = self._shards[0].name
@@ -478,6 +685,16 @@ class TarShards:
         all_offs, all_sizes = self._offsets[s], self._sizes[s]
         offs = [all_offs[m] for m in members]
         sizes = [all_sizes[m] for m in members]
+        for m, n in zip(members, sizes):
+            # Sizes come from tar headers or an index: bound them before reading.
+            if n > self.max_field_bytes:
+                ext = ix.exts[m]
+                limit, opt = ((self.max_image_bytes, "max_pixels") if ext in self.image_exts
+                              else (self.max_field_bytes, "max_field_bytes"))
+                if n > limit:
+                    name = "image" if ext in self.image_exts else field_of(ext, self.label)[0]
+                    raise self._field_error(s, j, ext, name, f"holds {n} bytes, more than the "
+                                            f"{limit} this source reads (TarShards({opt}=...))")
         lo = min(offs)
         hi = max(o + n for o, n in zip(offs, sizes))
         if hi - lo <= sum(sizes) + _SPAN_SLACK:
@@ -575,15 +792,9 @@ class TarShards:
             if fmt == "txt":
                 return raw.decode("utf-8")
             if fmt == "json":
-                return json.loads(raw)
-            arr = np.load(io.BytesIO(raw), allow_pickle=False)
-            if not isinstance(arr, np.ndarray):  # an .npz archive
-                arr.close()
-                raise ValueError("an .npz archive, not one .npy array")
-            if not arr.dtype.isnative:  # torch takes native byte order only
-                arr = arr.astype(arr.dtype.newbyteorder("="))
-            return arr
-        except (UnicodeDecodeError, ValueError, OSError, EOFError) as exc:
+                return _json_value(raw)
+            return _npy(raw)
+        except (UnicodeDecodeError, ValueError, OSError, EOFError, RecursionError) as exc:
             what = {"cls": "is not an integer", "txt": "is not UTF-8 text",
                     "json": "is not JSON", "npy": "is not a .npy array"}[fmt]
             raise self._field_error(s, j, ext, name, f"{what} ({type(exc).__name__}: {exc}): "
@@ -629,11 +840,10 @@ class TarShards:
         return True if self._store is None else self._store.wait(timeout)
 
     def close(self) -> None:
-        """Stop background downloads and close open files. Reads after it reopen
-        what they need. Safe to repeat."""
-        if self._store is not None:
-            self._store.close()
-        self.files.close()
+        """Stop background downloads, close open files and remove private copies.
+        Reads after it reopen what they need. Safe to repeat; also done when the
+        source is garbage-collected."""
+        _release(self.files, self._store, True)
 
     def __enter__(self) -> "TarShards":
         return self
