@@ -108,6 +108,10 @@ class RemoteError(OSError):
     """A remote read failed (the message names the URL and what happened)."""
 
 
+class HashMismatch(_http.BadAnswer):
+    """A copy whose hash is not the shard list's (fetched again, as a cut copy is)."""
+
+
 class ShardChangedError(RemoteError):
     """A remote shard is not the version its index was read from (re-published
     under the same URL, or cut), or a cached copy of it is damaged."""
@@ -598,33 +602,50 @@ class RemoteShard:
         self.list_size: int | None = None
         self._index_entry: str | None = None  # the cached index, to record the validator in
         self._damaged = 0  # local copies found damaged (one is fetched again, then it fails)
+        self.broken: str | None = None  # why every read of this shard fails (a hash mismatch)
         self._checked = 0.0
         self._copy_after = 0.0  # when a failed copy may be tried again
 
     # -- the version being read -------------------------------------------------
-    def confirm(self, seen: Validator, where: str = "the server") -> None:
+    def confirm(self, seen: Validator, where: str = "the server", copy: bool = False) -> None:
         """Check an answer's validator against the version this process reads.
+
+        A copy whose size alone is wrong was cut on its way (transient: it is
+        fetched again); a changed ``ETag`` or ``Last-Modified``, or a server
+        saying the shard is smaller than its index, is another version.
 
         Raises:
             ShardChangedError: another version (the stale cache entries are removed).
+            BadAnswer: a copy of the wrong size.
         """
+        if self.broken is not None:
+            raise ShardChangedError(self.broken)
         with self.store.version_lock:
             known = self.validator
             if known is None:
-                if seen.size is not None and seen.size < self.index_end:
+                short = seen.size is not None and seen.size < self.index_end
+                listed = self.list_size is not None and seen.size is not None and seen.size != self.list_size
+                if (short or listed) and copy:
+                    raise _http.BadAnswer(f"the copy holds {seen.size} bytes, but the shard "
+                                          f"{'list says ' + str(self.list_size) if listed else 'index needs ' + str(self.index_end)}")
+                if short:
                     self._changed(f"{where} says it holds {seen.size} bytes but its index points "
                                   f"at bytes up to {self.index_end}")
-                if self.list_size is not None and seen.size is not None and seen.size != self.list_size:
+                if listed:
                     self._changed(f"{where} says it holds {seen.size} bytes, the shard list "
                                   f"says {self.list_size}")
                 self.validator = seen
                 if self._index_entry is not None and self.store.cache is not None:
                     self.store.cache.update_record(self._index_entry, shard=seen.to_dict())
                 return
-            change = seen.change_from(known)
-            if change:
-                self._changed(f"changed since its index was read ({change}): re-published "
+            versions = Validator(None, seen.etag, seen.modified).change_from(known)
+            if versions:
+                self._changed(f"changed since its index was read ({versions}): re-published "
                               f"under the same URL")
+            sized = Validator(seen.size).change_from(known)
+            if sized:
+                raise _http.BadAnswer(f"{where}: {sized} with the same version: a cut or "
+                                      f"inconsistent answer")
             self.validator = known.merged(seen)
 
     def _changed(self, what: str) -> None:
@@ -662,6 +683,8 @@ class RemoteShard:
             return found
 
     def pread(self, length: int, offset: int) -> bytes:
+        if self.broken is not None:
+            raise ShardChangedError(self.broken)
         local = self._local_copy()
         if local is not None:
             try:
@@ -736,7 +759,7 @@ class RemoteShard:
         path = store.copy_now(self, deadline)
         try:
             return scan(lambda n, o: store.files.pread(path, n, o), os.path.getsize(path),
-                        self.name, warn)
+                        self.name, warn, strict=True)
         except ShardFormatError:
             # A copy that is not a whole tar must not stay cached as if it were.
             if store.cache is not None:
@@ -924,16 +947,25 @@ class RemoteStore:
                                                            deadline=deadline)
                     else:
                         seen, digest = self._download(fs, path, out, limit, stop)
-                shard.confirm(seen, "the copy")
+                shard.confirm(seen, "the copy", copy=True)
                 if shard.sha256 is not None and digest != shard.sha256:
-                    raise _http.BadAnswer(f"the copy's sha256 is {digest}, the shard list says "
-                                          f"{shard.sha256}")
+                    raise HashMismatch(f"the copy's sha256 is {digest}, the shard list says "
+                                       f"{shard.sha256}")
                 return seen, digest
             except BaseException:
                 _unlink(dest)
                 raise
 
-        return self.retrier(url, "download", copy, deadline)
+        try:
+            return self.retrier(url, "download", copy, deadline)
+        except RemoteError as exc:
+            if isinstance(exc.__cause__, HashMismatch):
+                # Copied again and still not the listed bytes: the server holds
+                # something else; no read of it (by range either) is trusted.
+                shard.broken = (f"{url}: its content does not match the shard list's sha256 "
+                                f"({exc.__cause__}): the shard or the list is damaged or out of date")
+                raise ShardChangedError(shard.broken) from exc
+            raise
 
     def _download(self, fs: Any, path: str, out: Any, limit: int | None,
                   stop: threading.Event) -> tuple[Validator, str]:

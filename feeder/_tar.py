@@ -255,7 +255,7 @@ def _valid_header(block: bytes) -> bool:
 
 
 def scan(pread: Callable[[int, int], bytes], size: int, where: str,
-         warn: Callable[[str], None]) -> ShardIndex:
+         warn: Callable[[str], None], strict: bool = False) -> ShardIndex:
     """Index a tar shard from its headers.
 
     Args:
@@ -263,6 +263,8 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         size: The shard's size, bytes.
         where: The shard's name, for messages.
         warn: Called with a message for each damaged spot (the scan goes on past it).
+        strict: A member cut short by the end of the file is an error too (a copy
+            of a remote shard: the copy, not the shard, may have been cut).
 
     Returns:
         The index. A member cut short by the end of the shard stays in it (reading
@@ -342,6 +344,11 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         if kind in _FILE_TYPES:
             if data_at + length > size:
                 cut = True
+                if strict:
+                    raise ShardFormatError(
+                        f"{where}: ends inside member {name!r} (needs bytes up to "
+                        f"{data_at + length}, the copy has {size}): the shard or its copy is "
+                        f"truncated")
                 warn(f"{where}: shard ends inside member {name!r} (needs bytes up to "
                      f"{data_at + length}, the shard has {size}): the shard is truncated")
             members.append((name, data_at, length))

@@ -70,7 +70,20 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if owner.latency_s:
             time.sleep(owner.latency_s)  # the storage's answer time
-        fault = owner._take_fault(self.path)
+        fault = owner._take_fault(self.path, self.command == "GET" and "Range" not in self.headers)
+        if fault == "stall":
+            # No answer until the server closes (a stalled storage back-end).
+            self._record(0)
+            owner._closing.wait(60)
+            self.close_connection = True
+            return
+        if fault == "redirect":  # a loop: the path redirects to itself
+            self._record(302)
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if fault == "reset":
             self._record(0)
             self.close_connection = True
@@ -90,9 +103,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        size = os.path.getsize(path)
+        st = os.stat(path)
+        size = st.st_size
         start, end, status = 0, size, 200
-        header = self.headers.get("Range")
+        header = None if owner.ignore_ranges else self.headers.get("Range")
         if header:
             m = _RANGE.match(header.strip())
             if m is None or (not m.group(1) and not m.group(2)):
@@ -118,18 +132,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(status)
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Accept-Ranges", "bytes")
+        if not owner.ignore_ranges:
+            self.send_header("Accept-Ranges", "bytes")
+        if owner.validators:
+            # As nginx does: the ETag from the modification time and size.
+            self.send_header("ETag", f'"{st.st_mtime_ns:x}-{size:x}"')
+            self.send_header("Last-Modified", self.date_time_string(int(st.st_mtime)))
+        cut = fault in ("truncate", "shortlen")
+        if fault == "shortlen":  # a proxy that cut the body and its length alike
+            end = start + (end - start) // 2
         self.send_header("Content-Length", str(end - start))
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
         if not body:
             return
-        cut = fault == "truncate"
         with open(path, "rb") as f:
             f.seek(start)
             left = end - start
-            if cut:
+            if fault == "truncate":
                 left //= 2
             while left > 0:
                 chunk = f.read(min(left, 1 << 20))
@@ -151,18 +172,29 @@ class _Server(ThreadingHTTPServer):
 class FileServer:
     """Serves the files under ``root`` at ``http://127.0.0.1:<port>/``.
 
+    Faults: :meth:`fail` queues what the next requests for a path get: an HTTP
+    status (503, 404...), ``"reset"`` (the connection closes with no answer),
+    ``"truncate"`` (half the body, then the connection closes), ``"shortlen"``
+    (half the body with a ``Content-Length`` saying so: a cut that looks
+    complete), ``"redirect"`` (a redirect to the same path: a loop) or
+    ``"stall"`` (no answer until the server closes).
+
     Args:
         root: The folder served.
         latency_s: Delay before every answer, seconds.
-
-    Faults: :meth:`fail` queues what the next requests for a path get: an HTTP
-    status (503, 404...), ``"reset"`` (the connection closes with no answer) or
-    ``"truncate"`` (half the body, then the connection closes).
+        ignore_ranges: Answer every request with the whole file (status 200), as
+            ``python -m http.server`` does.
+        validators: Send ``ETag`` and ``Last-Modified`` (from the file's
+            modification time and size, as nginx does).
     """
 
-    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0) -> None:
+    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, ignore_ranges: bool = False,
+                 validators: bool = True) -> None:
         self.root = os.fspath(root)
         self.latency_s = latency_s
+        self.ignore_ranges = ignore_ranges
+        self.validators = validators
+        self._closing = threading.Event()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._faults: list[tuple[Callable[[str], bool], Any]] = []
@@ -177,17 +209,18 @@ class FileServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def fail(self, match: str | Callable[[str], bool], *faults: Any) -> None:
+    def fail(self, match: str | Callable[[str], bool], *faults: Any, whole: bool = False) -> None:
         """The next ``len(faults)`` requests whose path ends with ``match`` (or for
-        which ``match(path)`` is true) get these faults, in order."""
+        which ``match(path)`` is true) get these faults, in order; with ``whole``,
+        only GETs of the whole file (no ``Range``) count."""
         test = match if callable(match) else (lambda p, m=match: p.split("?", 1)[0].endswith(m))
         with self._lock:
-            self._faults.extend((test, f) for f in faults)
+            self._faults.extend((test, f, whole) for f in faults)
 
-    def _take_fault(self, path: str) -> Any:
+    def _take_fault(self, path: str, whole_get: bool = False) -> Any:
         with self._lock:
-            for i, (test, fault) in enumerate(self._faults):
-                if test(path):
+            for i, (test, fault, whole) in enumerate(self._faults):
+                if test(path) and (whole_get or not whole):
                     del self._faults[i]
                     return fault
         return None
@@ -205,6 +238,7 @@ class FileServer:
             self.requests.clear()
 
     def close(self) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)

@@ -1,0 +1,528 @@
+"""Untrusted storage: every remote answer, copy, cache entry, shard list and
+member size is checked against what it claims before its bytes become a sample.
+
+Each test puts feeder in front of one way storage goes wrong (a server that
+ignores ``Range``, a proxy that cuts bodies, a shard re-published under the
+same URL, a damaged cache, hostile shard lists and payloads, leaks) and asserts
+the outcome: the right bytes, or an error naming the file, and never a hang.
+The server is feeder's own loopback HTTP server (see ``tests/test_remote.py``
+for why), with ``ETag``/``Last-Modified`` as nginx sends them.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import logging
+import os
+import shutil
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+
+from feeder import Feeder, SampleError, ops
+from feeder._remote import RemoteError, ShardCache, ShardChangedError
+from feeder._tar import ShardFormatError
+from feeder.bench.httpserver import FileServer
+from feeder.pack import pack, parse_size
+from feeder.shards import TarShards
+
+from conftest import JOIN_TIMEOUT_S, drain, labels_of, run_in_thread
+
+T = JOIN_TIMEOUT_S
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, jpeg_blobs):
+    """60 samples (label = sample number) in several shards, with indices and a list."""
+    root = tmp_path_factory.mktemp("hostile-storage")
+    lines = []
+    for i, blob in enumerate(jpeg_blobs):
+        (root / f"{i}.jpg").write_bytes(blob)
+        lines.append(f"{i}.jpg {i}")
+    (root / "list.txt").write_text("\n".join(lines))
+    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
+    assert len(res.shards) >= 4
+    return str(root / "out"), len(res.shards)
+
+
+def _tree(packed, tmp_path, name="srv", index=True):
+    """A private copy of the packed shards to serve (tests change files in it)."""
+    out, n = packed
+    d = tmp_path / name
+    d.mkdir()
+    for f in os.listdir(out):
+        if index or not f.endswith(".idx"):
+            shutil.copy2(os.path.join(out, f), d / f)
+    return d, n
+
+
+def _pattern(srv, n):
+    return srv.url + "/train-{000000..%06d}.tar" % (n - 1)
+
+
+def _all(src):
+    return [src.read(i) for i in range(len(src))]
+
+
+# -- a server that ignores ranges ------------------------------------------------
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_server_ignoring_ranges_gives_the_right_bytes(packed, tmp_path, caplog, cache):
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    local = _all(TarShards(out))
+    with FileServer(d, ignore_ranges=True) as srv:
+        cache_dir = str(tmp_path / "cache") if cache else False
+        with caplog.at_level(logging.WARNING, logger="feeder._remote"):
+            with TarShards(_pattern(srv, n), cache_dir=cache_dir, backoff_s=0.01) as src:
+                assert _all(src) == local  # byte for byte, every sample
+                told = [r for r in caplog.records if "ignores range requests" in r.getMessage()]
+                # Said once per shard's first read, not once per sample.
+                assert 1 <= len(told) <= n
+                # Each shard was copied whole about once (the first range answer, then the copy).
+                whole = srv.count(lambda r: r.method == "GET" and r.path.endswith(".tar"))
+                assert whole <= 3 * n
+        if not cache:
+            assert not [f for f in os.listdir(tmp_path) if f.startswith("feeder-shard-")]
+
+
+def test_feeder_over_a_range_ignoring_server_delivers_every_sample_once(packed, tmp_path):
+    d, n = _tree(packed, tmp_path)
+    with FileServer(d, ignore_ranges=True) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
+            with Feeder(src, 8, [ops.Resize(24), ops.CenterCrop(16)], seed=1) as f:
+                batches, err = drain(f)
+    assert err is None, err
+    assert sorted(labels_of(batches)) == list(range(60))
+
+
+# -- cut copies --------------------------------------------------------------------
+
+def test_a_copy_cut_with_a_matching_length_is_never_cached(packed, tmp_path):
+    """A proxy cuts the whole-shard copy and its Content-Length alike: the copy is
+    checked against the shard's size (learned from the range answers) and fetched
+    again; the cache never holds the cut copy."""
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    local = TarShards(out)
+    with FileServer(d) as srv:
+        srv.fail("train-000000.tar", "shortlen", whole=True)
+        with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
+            assert src.read(0) == local.read(0)  # by range; the copy starts behind it
+            assert src.wait_downloads(T)
+            assert _all(src) == _all(local)
+            copies = [r.status for r in srv.requests
+                      if r.path == "/train-000000.tar" and r.method == "GET" and r.range is None]
+            assert copies == [200, 200]  # the cut copy, then the whole one
+        entry = ShardCache(str(tmp_path / "c"), 1 << 30).lookup(f"{srv.url}/train-000000.tar")
+        assert open(entry, "rb").read() == open(os.path.join(out, "train-000000.tar"), "rb").read()
+
+
+def test_a_cut_range_answer_is_read_again(packed, tmp_path):
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    local = TarShards(out)
+    with FileServer(d) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
+            srv.fail("train-000003.tar", "shortlen")
+            first = src.shard_ranges()[3][0]
+            assert src.read(first) == local.read(first)
+            tries = [r.status for r in srv.requests if r.path == "/train-000003.tar"]
+            assert tries == [206, 206]
+
+
+def test_a_cut_copy_of_a_shard_without_index_is_fetched_again(packed, tmp_path):
+    out, _ = packed
+    d, _ = _tree(packed, tmp_path, index=False)
+    local = TarShards(os.path.join(out, "train-000001.tar"))
+    with FileServer(d) as srv:
+        url = srv.url + "/train-000001.tar"
+        # The list says how large the shard is and what it hashes to: the cut
+        # copy (with a matching Content-Length) fails those checks and is retried.
+        listing = {"shardlist": [{"url": "train-000001.tar", "nsamples": len(local),
+                                  "filesize": os.path.getsize(os.path.join(out, "train-000001.tar"))}]}
+        (d / "one.json").write_text(json.dumps(listing))
+        srv.fail("train-000001.tar", "shortlen", whole=True)
+        with TarShards(srv.url + "/one.json", cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
+            assert _all(src) == _all(local)
+        gets = [r.status for r in srv.requests if r.path == "/train-000001.tar" and r.method == "GET"]
+        assert gets[:2] == [200, 200]  # the cut copy, then the whole one
+        # Without a list, the cut copy's missing tar end marker gives it away: an
+        # error naming the shard, and no cache entry left behind.
+        srv.fail("train-000001.tar", "shortlen", whole=True)
+        with pytest.raises(ShardFormatError, match=r"train-000001\.tar.*(end-of-archive|inside member)"):
+            TarShards(url, cache_dir=str(tmp_path / "c2"), backoff_s=0.01)
+        cache = ShardCache(str(tmp_path / "c2"), 1 << 30)
+        assert cache.lookup(url) is None
+
+
+def test_copy_whose_hash_differs_from_the_list_is_refused(packed, tmp_path):
+    out, _ = packed
+    d, _ = _tree(packed, tmp_path)
+    doc = json.loads(open(os.path.join(out, "train.json")).read())
+    entry = doc["shardlist"][0]
+    assert len(entry["sha256"]) == 64 and entry["filesize"] > 0  # feeder-pack writes both
+    entry["sha256"] = "0" * 64
+    (d / "bad.json").write_text(json.dumps(doc))
+    with FileServer(d) as srv:
+        with TarShards(srv.url + "/bad.json", cache_dir=str(tmp_path / "c"), retries=1,
+                       backoff_s=0.01) as src:
+            src.read(0)  # by range, while the copy is checked
+            assert src.wait_downloads(T)
+            with pytest.raises(ShardChangedError, match=r"train-000000\.tar.*sha256"):
+                src.read(1)
+            assert ShardCache(str(tmp_path / "c"), 1 << 30).lookup(src.shards[0]) is None
+
+
+# -- re-published shards -------------------------------------------------------------
+
+def _republish(d, name, other):
+    """Replace shard ``name`` (and its index) in the served tree by shard ``other``'s."""
+    for ext in (".tar", ".idx"):
+        tmp = d / f".{name}{ext}"
+        shutil.copy(d / f"{other}{ext}", tmp)
+        os.replace(tmp, d / f"{name}{ext}")
+    st = os.stat(d / f"{name}.tar")
+    os.utime(d / f"{name}.tar", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def test_a_shard_republished_mid_run_is_reported_not_read_with_old_offsets(packed, tmp_path):
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    local = TarShards(out)
+    with FileServer(d) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
+            assert src.read(0) == local.read(0)
+            _republish(d, "train-000000", "train-000002")
+            with pytest.raises(ShardChangedError, match=r"train-000000\.tar.*re-published"):
+                src.read(1)
+            # Through a feeder: the sample is named; skip counts the shard's samples.
+            first, stop = src.shard_ranges()[0]
+            with Feeder(src, 8, [ops.Resize(24), ops.CenterCrop(16)], on_error="skip") as f:
+                got = labels_of(drain(f)[0])
+                stats = f.stats()
+            assert sorted(got) == sorted(set(range(60)) - set(range(first, stop)))
+            assert stats.skipped == stop - first
+        # Built again, the source indexes the shard as it is now.
+        with TarShards(_pattern(srv, n), cache_dir=False) as src:
+            assert len(src) == len(local) - (stop - first) + len(TarShards(os.path.join(out, "train-000002.tar")))
+            assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
+
+
+def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_path):
+    """The index is cached with the version of the shard it was read against; the
+    next run, reading the shard by range, compares: old offsets are never used on
+    new bytes, and the stale index leaves the cache."""
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    cache = str(tmp_path / "c")
+    with FileServer(d) as srv:
+        # cache_bytes fits the indices but not the shards: reads stay by range.
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+            src.read(0)
+            assert src.wait_downloads(T)
+        _republish(d, "train-000000", "train-000002")
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+            with pytest.raises(ShardChangedError, match=r"train-000000\.tar"):
+                src.read(0)
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+            assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
+
+
+# -- damaged cache entries ---------------------------------------------------------------
+
+def test_a_truncated_cache_entry_is_fetched_again(packed, tmp_path):
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    cache_dir = str(tmp_path / "c")
+    local = _all(TarShards(out))
+    with FileServer(d) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=cache_dir) as src:
+            assert _all(src) == local and src.wait_downloads(T)
+            shard0 = src.shards[0]
+        cache = ShardCache(cache_dir, 1 << 30)
+        entry = cache.lookup(shard0)
+        assert entry is not None
+        with open(entry, "r+b") as f:  # damaged outside feeder
+            f.truncate(os.path.getsize(entry) // 2)
+        srv.reset_counts()
+        with TarShards(_pattern(srv, n), cache_dir=cache_dir) as src:
+            assert _all(src) == local
+            assert src.wait_downloads(T)
+        assert srv.count(lambda r: r.path == "/train-000000.tar") >= 1  # fetched again
+        assert open(cache.lookup(shard0), "rb").read() == open(os.path.join(out, "train-000000.tar"), "rb").read()
+
+
+def test_a_cache_entry_damaged_while_in_use_is_replaced_once(packed, tmp_path):
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    local = _all(TarShards(out))
+    with FileServer(d) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c")) as src:
+            assert _all(src) == local and src.wait_downloads(T)
+            entry = ShardCache(str(tmp_path / "c"), 1 << 30).lookup(src.shards[0])
+            with open(entry, "r+b") as f:
+                f.truncate(100)
+            assert _all(src) == local  # the short read is noticed, the shard read again
+
+
+# -- hostile shard lists ----------------------------------------------------------------
+
+@pytest.mark.parametrize("entry", ["/etc/passwd", "file:///etc/passwd", "~/x.tar", "c:x.tar"])
+def test_a_remote_list_may_not_name_local_files(packed, tmp_path, entry):
+    d, _ = _tree(packed, tmp_path)
+    (d / "evil.json").write_text(json.dumps({"shardlist": [{"url": entry}]}))
+    with FileServer(d) as srv:
+        with pytest.raises(ShardFormatError, match=r"evil\.json.*(local file|not a relative name)"):
+            TarShards(srv.url + "/evil.json", cache_dir=False)
+
+
+def test_remote_list_entries_resolve_against_the_list(packed, tmp_path, jpeg_blobs):
+    out, _ = packed
+    d, _ = _tree(packed, tmp_path)
+    (d / "sub").mkdir()
+    (d / "sub" / "up.json").write_text(json.dumps({"shardlist": [{"url": "../train-000001.tar"}]}))
+    with FileServer(d) as srv:
+        with TarShards(srv.url + "/sub/up.json", cache_dir=False) as src:
+            assert src.shards == [srv.url + "/train-000001.tar"]
+            assert _all(src) == _all(TarShards(os.path.join(out, "train-000001.tar")))
+
+
+def test_list_counts_are_checked(packed, tmp_path):
+    out, _ = packed
+    doc = json.loads(open(os.path.join(out, "train.json")).read())
+    doc["shardlist"][1]["nsamples"] += 1
+    bad = tmp_path / "train.json"
+    for f in os.listdir(out):
+        if f.endswith((".tar", ".idx")):
+            os.link(os.path.join(out, f), tmp_path / f)
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ShardFormatError, match=r"train-000001\.tar: holds \d+ samples but the shard list says"):
+        TarShards(str(bad))
+
+
+def test_hostile_list_documents(packed, tmp_path):
+    d, _ = _tree(packed, tmp_path)
+    (d / "deep.json").write_text("[" * 100_000)
+    (d / "notlist.json").write_text(json.dumps({"shardlist": [{"url": 5}]}))
+    (d / "hash.json").write_text(json.dumps({"shardlist": [{"url": "train-000000.tar", "sha256": "zz"}]}))
+    with FileServer(d) as srv:
+        with pytest.raises(ShardFormatError, match=r"deep\.json.*nested too deeply"):
+            TarShards(srv.url + "/deep.json", cache_dir=False)
+        with pytest.raises(ShardFormatError, match=r"notlist\.json.*non-empty string"):
+            TarShards(srv.url + "/notlist.json", cache_dir=False)
+        with pytest.raises(ShardFormatError, match=r"hash\.json.*sha256 'zz'"):
+            TarShards(srv.url + "/hash.json", cache_dir=False)
+
+
+# -- object-store ways: queries, 403, redirects, stalls ---------------------------------
+
+def test_presigned_urls_keep_their_query_and_a_forbidden_index_means_scan(packed, tmp_path):
+    out, _ = packed
+    d, _ = _tree(packed, tmp_path)
+    with FileServer(d) as srv:
+        url = srv.url + "/train-000002.tar?X-Signature=abc%2Fdef&Expires=9"
+        srv.fail("train-000002.idx", 403)  # the signature covers the shard only
+        with TarShards(url, cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
+            assert _all(src) == _all(TarShards(os.path.join(out, "train-000002.tar")))
+        paths = [r.path for r in srv.requests]
+        assert "/train-000002.idx?X-Signature=abc%2Fdef&Expires=9" in paths
+        assert all("X-Signature" in p for p in paths)
+        cached = os.listdir(tmp_path / "c" / "shards")
+        assert not [f for f in cached if "?" in f or "&" in f]
+
+
+def test_a_redirect_loop_says_redirect(packed, tmp_path):
+    d, _ = _tree(packed, tmp_path)
+    with FileServer(d) as srv:
+        srv.fail("train-000000.idx", *["redirect"] * 30)
+        with pytest.raises(RemoteError, match=r"train-000000\.idx.*redirect loop"):
+            TarShards(srv.url + "/train-000000.tar", cache_dir=False, backoff_s=0.01)
+
+
+def test_a_stalled_index_request_ends_at_the_construction_deadline(packed, tmp_path):
+    d, n = _tree(packed, tmp_path)
+    with FileServer(d) as srv:
+        srv.fail("train-000001.idx", "stall")
+        with pytest.raises(RemoteError, match=r"train-000001.*deadline"):
+            run_in_thread(lambda: TarShards(_pattern(srv, n), cache_dir=False, deadline_s=1.0))
+
+
+def test_deadline_is_checked(tmp_path):
+    for bad in (0, -1, "60", True):
+        with pytest.raises(ValueError, match="deadline_s"):
+            TarShards(str(tmp_path), deadline_s=bad)
+
+
+# -- damaged and hostile shards -----------------------------------------------------------
+
+def _tar(path, members):
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_shards_that_are_not_whole_tars_are_errors_naming_the_file(tmp_path, jpeg_blobs):
+    (tmp_path / "empty.tar").write_bytes(b"")
+    with pytest.raises(ShardFormatError, match=r"empty\.tar: empty file"):
+        TarShards(str(tmp_path / "empty.tar"))
+    (tmp_path / "page.tar").write_bytes(b"<!DOCTYPE html><html>404 Not Found</html>" * 40)
+    with pytest.raises(ShardFormatError, match=r"page\.tar: not a tar shard.*DOCTYPE"):
+        TarShards(str(tmp_path / "page.tar"))
+    # Cut at a member boundary: the samples after the cut would vanish without a word.
+    _tar(tmp_path / "whole.tar", [(f"{k}.jpg", jpeg_blobs[k]) for k in range(4)]
+         + [(f"{k}.cls", b"1") for k in range(4)])
+    data = open(tmp_path / "whole.tar", "rb").read()
+    ix = TarShards(str(tmp_path / "whole.tar"), label=None)
+    boundary = 512 + -(-len(jpeg_blobs[0]) // 512) * 512  # after the first member
+    assert boundary < len(data) and len(ix) == 4
+    (tmp_path / "cut.tar").write_bytes(data[:boundary + 512 + -(-len(jpeg_blobs[1]) // 512) * 512])
+    with pytest.raises(ShardFormatError, match=r"cut\.tar: ends at byte \d+ after member '1\.jpg' "
+                                               r"without the tar end-of-archive marker"):
+        TarShards(str(tmp_path / "cut.tar"), label=None)
+
+
+def test_oversized_members_are_refused_before_reading(tmp_path, jpeg_blobs):
+    path = tmp_path / "big.tar"
+    _tar(path, [("a.jpg", jpeg_blobs[0]), ("a.cls", b"1"), ("a.json", b"{}")])
+    src = TarShards(str(path))
+    assert src.read(0)["label"] == 1  # readable as written
+    ix = src._indices[0]
+    offs = {ix.exts[m]: int(ix.offsets[m]) for m in range(len(ix.exts))}
+    idx = tmp_path / "big.idx"
+    idx.write_text(f"v1.2 1\njpg {offs['jpg']} {10**15} a.jpg cls {offs['cls']} 1 a.cls "
+                   f"json {offs['json']} 2 a.json\n")
+    os.utime(idx, (os.path.getmtime(path) + 5,) * 2)
+    with pytest.raises(ShardFormatError, match=r"big\.tar:a: field 'image' \(\.jpg\) holds "
+                                               r"1000000000000000 bytes.*max_pixels") as err:
+        TarShards(str(path)).read(0)
+    assert err.value.field == "image"
+    idx.write_text(f"v1.2 1\njpg {offs['jpg']} {len(jpeg_blobs[0])} a.jpg cls {offs['cls']} 1 a.cls "
+                   f"json {offs['json']} {5 << 30} a.json\n")
+    os.utime(idx, (os.path.getmtime(path) + 5,) * 2)
+    with pytest.raises(ShardFormatError, match=r"field 'json' \(\.json\) holds 5368709120 bytes.*"
+                                               r"max_field_bytes"):
+        TarShards(str(path)).read(0)
+    # The bound is an option: a smaller one refuses the JSON member as written.
+    os.unlink(idx)
+    with pytest.raises(ShardFormatError, match=r"field 'json' \(\.json\) holds 2 bytes"):
+        TarShards(str(path), max_field_bytes=1).read(0)
+
+
+def test_huge_header_records_are_refused(tmp_path):
+    block = bytearray(tarfile.TarInfo("x" * 10).tobuf(format=tarfile.USTAR_FORMAT))
+    block[156:157] = b"x"  # a pax record...
+    block[124:136] = b"%011o\0" % (5 << 30)  # ...claiming 5 GB
+    chk = sum(block[:148]) + 8 * 32 + sum(block[156:512])
+    block[148:156] = b"%06o\0 " % chk
+    (tmp_path / "pax.tar").write_bytes(bytes(block) + bytes(2048))
+    with pytest.raises(ShardFormatError, match=r"pax\.tar: the 'x' header record at byte 0 claims "
+                                               r"5368709120 bytes"):
+        TarShards(str(tmp_path / "pax.tar"), label=None)
+
+
+def test_npy_and_json_bombs_name_the_field(tmp_path, jpeg_blobs):
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(4, np.float32))
+    raw = buf.getvalue()
+    header_end = raw.index(b"\n") + 1
+    # The same bytes, the header claiming 8 TB (shape 2**41 float32).
+    claim = raw[:header_end].replace(b"(4,)", b"(2199023255552,)")
+    pad = len(raw[:header_end]) - len(claim)
+    bomb = claim[:-1] + b" " * pad + b"\n" + raw[header_end:] if pad >= 0 else claim + raw[header_end:]
+    _tar(tmp_path / "b.tar", [("a.jpg", jpeg_blobs[0]), ("a.boxes.npy", bomb), ("a.meta.json", b"[" * 100_000),
+                              ("b.jpg", jpeg_blobs[1]), ("b.boxes.npy", b"\x93NUMPY garbage"),
+                              ("b.meta.json", b"{}")])
+    src = TarShards(str(tmp_path / "b.tar"), fields=["boxes.npy"], label=None)
+    with pytest.raises(ShardFormatError, match=r"b\.tar:a: field 'boxes' \(\.boxes\.npy\) is not a "
+                                               r"\.npy array.*claims shape \(2199023255552,\)") as err:
+        src.read(0)
+    assert err.value.field == "boxes"
+    with pytest.raises(ShardFormatError, match=r"b\.tar:b: field 'boxes'"):
+        src.read(1)
+    src = TarShards(str(tmp_path / "b.tar"), fields=["meta.json"], label=None)
+    with pytest.raises(ShardFormatError, match=r"b\.tar:a: field 'meta' \(\.meta\.json\) is not JSON "
+                                               r"\(RecursionError") as err:
+        src.read(0)
+    assert err.value.field == "meta" and src.read(1)["meta"] == {}
+
+
+def test_hostile_members_are_counted_skips_in_a_feeder(tmp_path, jpeg_blobs):
+    members = []
+    for k in range(6):
+        members += [(f"{k}.jpg", jpeg_blobs[k]), (f"{k}.cls", b"%d" % k),
+                    (f"{k}.meta.json", b"[" * 50_000 if k == 2 else b"{}")]
+    _tar(tmp_path / "h.tar", members)
+    src = TarShards(str(tmp_path / "h.tar"), fields=["cls", "meta.json"])
+    with Feeder(src, 2, [ops.Resize(24), ops.CenterCrop(16)], shuffle=False, on_error="skip") as f:
+        labels = run_in_thread(lambda: [int(v) for b in f for v in b["label"]])
+        stats = f.stats()
+    assert sorted(labels) == [0, 1, 3, 4, 5]  # each once; a skip refills its batch
+    assert stats.skipped == 1 and any("h.tar:2" in p for p in stats.skipped_paths)
+
+
+# -- resources ------------------------------------------------------------------------------
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_dropped_sources_release_their_descriptors(packed):
+    out, n = packed
+    TarShards(out).read(0)  # warm imports and lazily opened files
+    gc.collect()
+    before = _fds()
+    for _ in range(40):
+        src = TarShards(out)
+        for i in range(0, len(src), 7):
+            src.read(i)  # one descriptor per shard touched
+        del src
+    gc.collect()
+    assert _fds() <= before + 2  # flat: not one per shard per cycle
+
+
+def test_partial_copies_of_dead_processes_are_removed_at_open(tmp_path):
+    cache = ShardCache(str(tmp_path), 1 << 20)
+    dead = cache.path("http://h/x.tar") + ".part-999999999-abcd"
+    mine = cache.temp("http://h/y.tar")
+    for p in (dead, mine):
+        with open(p, "wb") as f:
+            f.write(b"z" * 1000)
+    assert cache.partial_bytes() == 2000
+    ShardCache(str(tmp_path), 1 << 20)  # a new run opens the cache
+    assert not os.path.exists(dead) and os.path.exists(mine)
+    assert cache.partial_bytes() == 1000
+
+
+def test_cache_names_cannot_escape_the_cache_folder(tmp_path):
+    cache = ShardCache(str(tmp_path), 1 << 20)
+    for url in ("http://h/../../etc/passwd", "http://h/a/..", "http://h/x\x00y", "http://h/.hidden",
+                "http://h/a?b=/../../c"):
+        p = cache.path(url)
+        assert os.path.dirname(p) == cache.dir and not os.path.basename(p).startswith(".")
+        assert "\x00" not in p
+
+
+def test_closing_a_remote_source_mid_copy_returns(packed, tmp_path):
+    d, n = _tree(packed, tmp_path)
+    with FileServer(d, latency_s=0.0) as srv:
+        src = TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"))
+        for i in range(0, len(src), 5):
+            src.read(i)
+        done = threading.Event()
+
+        def close():
+            src.close()
+            done.set()
+
+        threading.Thread(target=close, daemon=True).start()
+        assert done.wait(T)
+        assert src.read(0)[1] == 0  # reads after close reopen what they need
+        src.close()
