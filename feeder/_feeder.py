@@ -292,7 +292,12 @@ class Feeder:
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``"cuda"`` is the current
+            device of the thread that starts each pass (its first ``next()``),
+            so a feeder built before ``torch.cuda.set_device(local_rank)``
+            delivers on that rank's GPU. Only the stream current at ``next()``
+            waits for the batch's copy: a batch used on another stream needs
+            your own ``wait_stream`` and ``record_stream``.
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
             ``device`` after the copy, so only uint8 crosses the bus.
         normalize: ``(mean, std)``, three values each on the [0, 1] scale (as

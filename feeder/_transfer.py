@@ -184,6 +184,8 @@ class SideStream:
                         "host memory it may read is left registered", timeout)
             return False
         try:
+            if self.closed:
+                return True  # drained then, and nothing queued since
             self.closed = True
             for index, stream in list(self._streams.items()):
                 with torch.cuda.device(index):

@@ -132,3 +132,30 @@ def test_collection_fails_on_a_gpu_test_naming_a_missing_fixture(tmp_path):
 def test_the_gpu_suite_names_only_existing_fixtures():
     result = _collect(TESTS / "cuda")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpu_check_script_parts_without_a_gpu(monkeypatch):
+    """scripts/gpu-check's device-independent parts: the byte-for-byte comparison,
+    the copy-slowing patch (restored after), its feeders, and a clear exit without CUDA."""
+    sys.path.insert(0, str(TESTS.parent / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    from feeder import _transfer
+    a = [(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2))]
+    b = [(a[0][0].clone(), a[0][1].clone())]
+    assert gpu_check.identical(a, b) == ""
+    b[0][0][1, 2, 3, 3] = 1
+    assert "batch 0: images differ" == gpu_check.identical(a, b)
+    assert "labels differ" in gpu_check.identical(a, [(a[0][0], torch.arange(1, 3))])
+    real = _transfer.SideStream.copying
+    with gpu_check.slowed_copies():
+        assert _transfer.SideStream.copying is not real
+    assert _transfer.SideStream.copying is real
+    with gpu_check.make(gpu_check.MemorySource(8), batch_size=4, num_buffers=2) as f:
+        assert f._engine.pool.capacity == 2 and len(list(f)) == 2
+    assert gpu_check.error_lines("ok\nTraceback (most recent call last):\n") == [
+        "Traceback (most recent call last):"]
+    if not torch.cuda.is_available():
+        assert gpu_check.main([]) == 2
