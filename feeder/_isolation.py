@@ -892,7 +892,7 @@ class ProcessEngine:
         "portable", it counts as pinned in every CUDA context, whichever device
         this thread has current. It is made with the pass's device current (for
         the context it needs): this thread's own would be GPU 0, a context there
-        in every torchrun rank (test_isolated_registration_uses_the_pass_device)."""
+        in every torchrun rank (test_side_stream_drained_before_unregister)."""
         ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
         if size == 0:
             return

@@ -460,7 +460,9 @@ class Transfer(Stage):
         device = self.device
         try:
             with torch.cuda.stream(self.stream):
-                with self.side.copying():  # none queued once teardown has drained the stream
+                # None queued once teardown has drained the stream
+                # (test_teardown_waits_for_a_copy_being_queued).
+                with self.side.copying():
                     images = buf.images_t[:n].to(device, non_blocking=True)
                     labels = buf.labels_t[:n].to(device, non_blocking=True)
                 images = self.convert(images.permute(0, 3, 1, 2))

@@ -5,19 +5,19 @@ CI has no GPU, so the CUDA-only logic is checked there against a faked
 risks on a real GPU, once, and prints one table row per check:
 
 * ``gpu suite``: ``pytest tests/cuda``.
-* ``slowed copy``: every copy delayed with ``torch.cuda._sleep`` queued ahead of
+* ``copy slowed on the side stream``: every copy delayed with ``torch.cuda._sleep`` queued ahead of
   it on the side stream, two batch buffers (``num_buffers=2``): a buffer reused
   before its copy finished would change the bytes; batches are compared byte
   for byte with the CPU path's.
-* ``transfer CPU``: the transfer thread's CPU time against its busy (wall)
+* ``transfer CPU / wall``: the transfer thread's CPU time against its busy (wall)
   time over the slowed pass, where it waits for every copy: a spinning wait
   would make them equal; the target is below 10%.
 * ``set_device after build``: a feeder built before ``set_device(1)`` delivers
   on GPU 1, and no CUDA context is created on GPU 0 (needs two GPUs).
-* ``busy teardown``: close and garbage collection while the side stream is
+* ``teardown while the side stream is busy``: close and garbage collection while the side stream is
   busy (thread and isolated engine): no error, every registered array
   unregistered, pinned host memory back to where it was.
-* ``user stream x40``: 40 passes consumed on a user stream that lags behind
+* ``40 passes against a user stream``: 40 passes consumed on a user stream that lags behind
   (values against the CPU path; one side stream throughout).
 * ``exit mid-epoch``: a script leaving mid-epoch with copies in flight exits
   with code 0 and prints no error.
@@ -303,11 +303,11 @@ def check_exit_mid_epoch(args):
 
 CHECKS = [
     ("gpu suite (pytest tests/cuda)", check_suite, False),
-    ("slowed copy, num_buffers=2, bytes vs CPU", check_slowed_copy, True),
-    ("transfer thread CPU / wall", check_transfer_cpu, True),
-    ("set_device(1) after build", check_set_device_after_build, False),
-    ("teardown, side stream busy", check_busy_teardown, False),
-    ("40 passes on a user stream", check_user_stream, False),
+    ("copy slowed on the side stream", check_slowed_copy, True),
+    ("transfer CPU / wall", check_transfer_cpu, True),
+    ("set_device after build", check_set_device_after_build, False),
+    ("teardown while the side stream is busy", check_busy_teardown, False),
+    ("40 passes against a user stream", check_user_stream, False),
     ("exit mid-epoch", check_exit_mid_epoch, False),
 ]
 
