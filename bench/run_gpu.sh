@@ -4,7 +4,7 @@
 # parts can also be run one by one:
 #
 #   bash bench/run_gpu.sh            # all parts
-#   bash bench/run_gpu.sh tests      # tests/cuda, verbose
+#   bash bench/run_gpu.sh tests      # tests/cuda, verbose, then scripts/gpu-check (its table)
 #   bash bench/run_gpu.sh cpu        # ceiling + compare on CPU, all cores (the DataLoader targets)
 #   bash bench/run_gpu.sh cuda       # compare --device cuda --model, then overlap (profiler trace)
 #   bash bench/run_gpu.sh interference   # the training thread's CUDA step alone and fed (GIL interference)
@@ -35,6 +35,8 @@ fi
 
 if [ "$part" = all ] || [ "$part" = tests ]; then
   "$PYTHON" -m pytest tests/cuda -v 2>&1 | tee "$out/cuda_tests.txt"
+  # The acceptance table of the CUDA transfer path (the suite ran just above).
+  PYTHON="$PYTHON" bash scripts/gpu-check --skip-suite 2>&1 | tee "$out/gpu_check.txt"
 fi
 
 if [ "$part" = all ] || [ "$part" = cpu ]; then

@@ -112,10 +112,21 @@ class BatchBuffer:
                 self.objects(name)[slot] = value
 
 
-def _host(shape: tuple[int, ...], dtype: torch.dtype, pin: bool, shared: bool) -> torch.Tensor:
-    """An uninitialized host tensor: pinned, in shared memory, or plain."""
+def _host(shape: tuple[int, ...], dtype: torch.dtype, pin: "bool | torch.device",
+          shared: bool) -> torch.Tensor:
+    """An uninitialized host tensor: pinned, in shared memory, or plain.
+
+    ``pin`` a CUDA device: pinned with that device current. Page-locked memory
+    serves every device, but allocating it needs a CUDA context, and torch's
+    host allocator takes the calling thread's current device when no context
+    exists yet: the sampler thread's is GPU 0, so a torchrun rank would create
+    a context there. (test_pinned_buffers_allocated_with_the_pass_device_current.)
+    """
     if shared:
         return torch.empty(shape, dtype=dtype).share_memory_()
+    if isinstance(pin, torch.device):
+        with torch.cuda.device(pin):
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
     return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
 
@@ -211,7 +222,8 @@ class BufferPool:
     Args:
         capacity: Most buffers allocated in normal operation.
         batch_size, height, width: Buffer geometry.
-        pin: Allocate page-locked memory (for asynchronous copies to CUDA).
+        pin: Allocate page-locked memory (for asynchronous copies to CUDA);
+            with which device current is set per pass by :meth:`pin_with`.
     """
 
     # Buffers always allowed: the batch the training loop holds and the one being filled.
@@ -281,6 +293,15 @@ class BufferPool:
         if n < self.capacity and busy is not None and _now() - busy >= _BUSY_S:
             return self._new(owner)
         return None
+
+    def pin_with(self, device: torch.device) -> None:
+        """Allocate the pinned buffers from now on with ``device`` current (the
+        pass's resolved CUDA device; see ``_host``). Buffers made before stay:
+        pinned memory serves every device."""
+        with self._cond:
+            b, h, w, pin = self._geometry
+            if pin:
+                self._geometry = (b, h, w, device)
 
     def try_acquire(self, owner: object = None) -> BatchBuffer | None:
         """A buffer for ``owner`` now (free, or newly allocated where the policy allows), else None."""

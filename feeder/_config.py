@@ -46,6 +46,16 @@ def _timeout(value: object) -> float | None:
 
 
 def parse_device(device: str | torch.device) -> torch.device:
+    """Check ``device`` (``"cpu"``, ``"cuda"`` or ``"cuda:N"``) without initializing CUDA.
+
+    ``"cuda"`` keeps no index: it is resolved by :func:`resolve_device` when each
+    pass starts, so a feeder built before ``torch.cuda.set_device(local_rank)``
+    (the usual torchrun script: data first, model second) delivers on the rank's
+    device, not on GPU 0 (tests/test_cuda_logic.py, scripts/gpu-check "set_device
+    after build"). Resolving here would also initialize CUDA, after which an
+    isolated feeder's "auto" start method can no longer fork
+    (tests/test_isolation_start.py).
+    """
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -55,15 +65,18 @@ def parse_device(device: str | torch.device) -> torch.device:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but CUDA is not available")
-        if dev.index is None:
-            # current_device() initializes CUDA, after which an isolated feeder's
-            # "auto" start method can no longer fork; uninitialized, the current
-            # device is the one a fresh process has: the first.
-            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-            dev = torch.device("cuda", index)
-        elif dev.index >= torch.cuda.device_count():
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def resolve_device(device: torch.device) -> torch.device:
+    """The device a pass delivers to: ``device`` itself when it has an index (or is
+    the CPU); for ``"cuda"``, the current device of the thread starting the pass
+    (its first ``next()``), as ``torch.cuda.set_device`` left it."""
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:

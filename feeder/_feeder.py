@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import logging
 import os
@@ -27,7 +28,7 @@ from ._resume import (FORMAT_VERSION, Progress, check_settings, describe_transfo
 from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
-from ._transfer import Delivery, Failure
+from ._transfer import Delivery, Failure, SideStream
 from ._work import SampleWork
 from .errors import FeederError, FeederTimeoutError, safe_text
 from .sources import Source
@@ -98,6 +99,8 @@ class _Engine:
         # The last stage of every pass: None for the transfer stage; the isolated
         # engine's worker process ships batches to the training process instead.
         self.sink: Any = None
+        # CUDA: the side stream(s), made once, and the device resolved per pass.
+        self.side = SideStream(config.device) if config.device.type == "cuda" else None
         _reaper.ensure_running()
         _live_engines.add(self)
 
@@ -118,8 +121,15 @@ class _Engine:
                 self._limits_held = True
             self.book.start()
             self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
-            run = Pass(self.settings, self.source, self.work, self.pool, self.book, self.scratch,
-                       seed, epoch, rank, world_size, done, self.sink)
+            cfg = self.settings
+            if self.side is not None:
+                # "cuda" is this thread's current device now, not when the feeder was
+                # built (test_cuda_device_resolved_when_the_pass_starts).
+                device = self.side.begin_pass()
+                self.pool.pin_with(device)
+                cfg = dataclasses.replace(cfg, device=device)
+            run = Pass(cfg, self.source, self.work, self.pool, self.book, self.scratch,
+                       seed, epoch, rank, world_size, done, self.sink, self.side)
             self.current = run
             self.passes.append(run)
             run.start()
@@ -153,13 +163,22 @@ class _Engine:
         self.pool.close()
         self.work.buffers.close()
         self.scratch.close()
-        if self.config.device.type == "cuda":
+        side = self.side
+        if side is not None and side.device is not None:
+            # Copies still queued keep their pinned blocks in torch's host cache (it
+            # holds a block until its copy's event): wait for them first, asleep, so
+            # that the cache can give every block back. No new copy starts after.
+            # gpu-check: "teardown while the side stream is busy", "exit mid-epoch".
+            drained = side.close()
             # Freed pinned buffers go to torch's caching host allocator, which keeps
-            # them for reuse; give the unused ones back to the system (torch >= 2.9).
+            # them for reuse; give the unused ones back to the system (torch >= 2.9),
+            # with the pass's device current: this may be the reaper or the exit
+            # thread, whose current device (GPU 0) may have no context.
             memory = getattr(getattr(torch, "accelerator", None), "memory", None)
             empty = getattr(memory, "empty_host_cache", None)
-            if empty is not None:
-                empty()
+            if empty is not None and drained:
+                with side.current():
+                    empty()
         # Bounded, as in stop(): exit must not hang on a thread stuck holding it.
         locked = self.lock.acquire(timeout=_CLOSE_TIMEOUT_S)
         try:
@@ -273,7 +292,12 @@ class Feeder:
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``"cuda"`` is the current
+            device of the thread that starts each pass (its first ``next()``),
+            so a feeder built before ``torch.cuda.set_device(local_rank)``
+            delivers on that rank's GPU. Only the stream current at ``next()``
+            waits for the batch's copy: a batch used on another stream needs
+            your own ``wait_stream`` and ``record_stream``.
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
             ``device`` after the copy, so only uint8 crosses the bus.
         normalize: ``(mean, std)``, three values each on the [0, 1] scale (as

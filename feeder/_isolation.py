@@ -135,7 +135,7 @@ from ._sample import Schema
 from ._stage import Counters, Stage, of_ended_pass
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
-from ._transfer import BatchTransforms, Converter, Transfer
+from ._transfer import BatchTransforms, Converter, SideStream, Transfer
 from .errors import ConfigError, FeederError, StageError, safe_text
 
 log = logging.getLogger(__name__)
@@ -600,10 +600,11 @@ class RemotePass(PassEnding):
     It offers what :class:`~feeder._pipeline.Pass` offers the iterator and the
     engine; the other stages run in the worker under the same pass number."""
 
-    def __init__(self, engine: "ProcessEngine", pass_id: int, epoch: int) -> None:
+    def __init__(self, engine: "ProcessEngine", pass_id: int, epoch: int, cfg: Any) -> None:
+        """``cfg``: the engine's settings with the pass's resolved device."""
         self.engine = engine
         self.pass_id = pass_id
-        self.cfg = cfg = engine.settings
+        self.cfg = cfg
         self.pool = engine.pool
         self.book = engine.book
         self.epoch = epoch
@@ -624,7 +625,7 @@ class RemotePass(PassEnding):
                               Converter(cfg.dtype, cfg.normalize, cfg.device, cfg.memory_format),
                               self.inbox, self.output,
                               BatchTransforms(cfg.batch_transforms, self.seed, epoch, cfg.device)
-                              if cfg.batch_transforms else None, engine.schema)
+                              if cfg.batch_transforms else None, engine.schema, engine.side)
         self.stages = (self.stage,)
 
     def start(self) -> None:
@@ -724,7 +725,8 @@ class ProcessEngine:
         self._mirrors: dict[int, BatchBuffer] = {}  # buffer serial -> this process's view
         self._registered: list[int] = []  # addresses page-locked with cudaHostRegister
         self._cuda = config.device.type == "cuda"
-        self._device_set = False  # the receiving thread's current device (for registration)
+        # CUDA: the side stream(s), made once, and the device resolved per pass.
+        self.side = SideStream(config.device) if self._cuda else None
         self.conn: Any = None
         self.process: Any = None
         self.start_method = ""
@@ -888,14 +890,14 @@ class ProcessEngine:
         Pageable memory would make every ``non_blocking`` copy wait for the host
         side (the driver stages it through a pinned bounce buffer). Registered
         "portable", it counts as pinned in every CUDA context, whichever device
-        this thread has current."""
+        this thread has current. It is made with the pass's device current (for
+        the context it needs): this thread's own would be GPU 0, a context there
+        in every torchrun rank (test_side_stream_drained_before_unregister)."""
         ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
         if size == 0:
             return
-        if not self._device_set:
-            torch.cuda.set_device(self.config.device)
-            self._device_set = True
-        code = torch.cuda.cudart().cudaHostRegister(ptr, size, _CUDA_HOST_REGISTER_PORTABLE)
+        with self.side.current():
+            code = torch.cuda.cudart().cudaHostRegister(ptr, size, _CUDA_HOST_REGISTER_PORTABLE)
         if int(code) != 0:
             log.warning("cudaHostRegister of a %d-byte shared batch array failed (%s): copies "
                         "from it will not overlap the training step", size, code)
@@ -933,7 +935,12 @@ class ProcessEngine:
             self.book.start()
             self._ids += 1
             self.seed_of_pass = seed
-            run = RemotePass(self, self._ids, epoch)
+            cfg = self.settings
+            if self.side is not None:
+                # Before the worker is told to start: its first batch is registered
+                # with this device current (see _register).
+                cfg = dataclasses.replace(cfg, device=self.side.begin_pass())
+            run = RemotePass(self, self._ids, epoch, cfg)
             self.current = run
             self.passes.append(run)
             self._by_id[run.pass_id] = run
@@ -987,15 +994,24 @@ class ProcessEngine:
                 conn.close()
         # No copy may read registered memory once it is unregistered: the transfer
         # threads wait for each copy's event before a buffer goes back, and were
-        # joined by close(); a collected feeder's are given a moment here.
+        # joined by close(); a collected feeder's are given a moment here. A
+        # transfer thread still running (or stuck) may have copies in flight: the
+        # side streams are drained first and take no new copy after
+        # (test_side_stream_drained_before_unregister; gpu-check "teardown while
+        # the side stream is busy").
         if self._registered:
             deadline = time.monotonic() + 0.2
             for run in self.passes:
                 run.join(max(0.0, deadline - time.monotonic()))
-            cudart = torch.cuda.cudart()
-            for ptr in self._registered:
-                cudart.cudaHostUnregister(ptr)
-            self._registered = []
+            side = self.side
+            if side is not None and side.close():
+                cudart = torch.cuda.cudart()
+                with side.current():  # this thread's own device may have no context
+                    for ptr in self._registered:
+                        cudart.cudaHostUnregister(ptr)
+                self._registered = []
+        elif self.side is not None:
+            self.side.close()
         self._mirrors = {}
 
     def close(self, timeout: float = 1.0) -> None:

@@ -178,7 +178,7 @@ class Pass(PassEnding):
 
     def __init__(self, cfg: PassSettings, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
-                 world_size: int, done: Any = None, sink: Any = None) -> None:
+                 world_size: int, done: Any = None, sink: Any = None, side: Any = None) -> None:
         self.cfg = cfg
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self.pool = pool
@@ -231,7 +231,7 @@ class Pass(PassEnding):
                                                                cfg.memory_format),
                      self.ready, self.output,
                      BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
-                     if cfg.batch_transforms else None, work.schema),
+                     if cfg.batch_transforms else None, work.schema, side),
         )
         for ch in self.channels:
             book.attach_channel(ch)

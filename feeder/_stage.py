@@ -37,7 +37,7 @@ class Counters:
     finished wait both added to its total and still counted as ongoing.
     """
 
-    __slots__ = ("items", "_state", "started", "ended", "inline_items", "current")
+    __slots__ = ("items", "_state", "started", "ended", "inline_items", "current", "cpu_s")
 
     # What the thread is doing, as kept in the state tuple.
     WORKING, WAIT_IN, WAIT_OUT, INLINE = 0, 1, 2, 3
@@ -55,6 +55,8 @@ class Counters:
         # (phase, sample index, since): the sample this thread works on, for
         # naming samples stuck in a stage (``Feeder(timeout=...)``); None between samples.
         self.current: tuple[str, int, float] | None = None
+        # CPU seconds the thread has used (kept by the transfer stage only; 0 elsewhere).
+        self.cpu_s = 0.0
 
     # A wait in progress counts too, so a snapshot of a stalled pipeline shows
     # its threads as waiting, not busy. Both return the clock they read, so the

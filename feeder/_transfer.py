@@ -1,7 +1,9 @@
 """Transfer stage: sequence finished buffers into batches and hand them to the
 training loop, copied to the device on a side CUDA stream when the target is CUDA.
 
-CUDA reasoning, in one place:
+CUDA reasoning, in one place (CI has no GPU: each point names the CPU test in
+``tests/test_cuda_logic.py`` that checks it with a faked ``torch.cuda``, and
+the ``scripts/gpu-check`` row that checks it on a GPU):
 
 * The copy runs on a dedicated stream from page-locked (pinned) memory with
   ``non_blocking=True``, so it overlaps the model's kernels on the consumer's
@@ -10,12 +12,43 @@ CUDA reasoning, in one place:
   So does the change to contiguous NCHW (``memory_format="contiguous"``):
   done there, it costs the training loop nothing, and it is fused with the
   dtype conversion, one pass over the batch.
+* One side stream per engine (:class:`SideStream`), made once per device on
+  that device, with the highest priority torch offers. ``torch.cuda.Stream()``
+  hands out streams of a shared pool round robin, so a stream made per pass at
+  the default priority may be the one the model or another library uses; the
+  conversion and batch-transform kernels would then queue behind the model's
+  kernels, and the batch's event (so the next training step) behind them.
+  High priority lets the scheduler run them between the model's kernels.
+  (test_side_stream_made_once_per_device_with_the_highest_priority; gpu-check
+  "40 passes against a user stream".)
+* ``device="cuda"`` is resolved when each pass starts (``_config.resolve_device``:
+  the current device of the thread that calls the first ``next()``), and the
+  stream, the pinned buffers and every CUDA call of a thread that is not the
+  transfer thread (registration, unregistration, freeing host memory) run with
+  that device current (``torch.cuda.device``): a torchrun rank that builds its
+  feeder before ``set_device(local_rank)`` touches only its own GPU, never
+  creating a context on GPU 0. (test_cuda_device_resolved_when_the_pass_starts,
+  test_pinned_buffers_allocated_with_the_pass_device_current; gpu-check
+  "set_device after build".)
 * An event is recorded on the side stream after that work. The consumer's
   ``next()`` makes *its* current stream wait on the event before the batch is
-  returned, so no kernel of the training step can read the batch early.
+  returned, so no kernel of the training step can read the batch early. Only
+  that stream is protected: a batch used on another stream needs the user's own
+  ``wait_stream``/``record_stream`` (README, "CUDA").
 * The pinned source buffer goes back to the pool only after the event has
   completed (``event.synchronize()`` in this thread): reusing it earlier would
-  let the decoders overwrite memory the DMA engine is still reading.
+  let the decoders overwrite memory the DMA engine is still reading. The events
+  are made with ``blocking=True`` (:func:`blocking_event`): a default event's
+  ``synchronize()`` spins a CPU core for as long as the copy runs, a core taken
+  from the decoders; a blocking one sleeps. ``stats().stage("transfer").cpu_s``
+  reports the thread's CPU time. (test_events_are_blocking; gpu-check "copy
+  slowed on the side stream" and "transfer CPU / wall".)
+* Teardown: before host memory a copy may still read is unregistered
+  (``cudaHostUnregister``, the isolated engine) or handed back to the system
+  (``empty_host_cache``), :meth:`SideStream.close` refuses new copies and
+  waits, with a blocking event, for everything queued on the side streams.
+  (test_side_stream_drained_before_unregister; gpu-check "teardown while the
+  side stream is busy" and "exit mid-epoch".)
 * The device tensors are allocated by PyTorch's caching allocator on the side
   stream. When the training loop drops them, the allocator would hand that
   memory to the next allocation on the side stream at once, although kernels
@@ -40,6 +73,10 @@ CUDA reasoning, in one place:
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +84,125 @@ import numpy as np
 import torch
 
 from ._batch import BatchBuffer, BufferPool, Collator
-from ._queue import END, Channel
+from ._config import resolve_device
+from ._queue import END, Channel, Closed
 from ._reaper import watch
 from ._rng import batch_generator
 from ._sample import BOX_LIST, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
 from ._stage import Control, Counters, Stage
 from .errors import FeederError, StageError
+
+log = logging.getLogger(__name__)
+
+# How long SideStream.close() waits for a copy being queued by the transfer
+# thread (a few launches: microseconds, unless the thread is descheduled).
+_CLOSE_LOCK_S = 1.0
+
+
+def blocking_event() -> Any:
+    """A CUDA event whose ``synchronize()`` sleeps instead of spinning a core
+    (``cudaEventBlockingSync``). test_events_are_blocking."""
+    return torch.cuda.Event(blocking=True)
+
+
+def wait_idle(stream: Any) -> None:
+    """Wait, asleep, until everything queued on ``stream`` so far has run.
+    (``stream.synchronize()`` spins under the default device flags.)"""
+    event = blocking_event()
+    event.record(stream)
+    event.synchronize()
+
+
+def _highest_priority() -> int:
+    """The highest stream priority torch gives out (lower is higher); -1 when the
+    range cannot be read (torch maps an out-of-range value to the nearest one)."""
+    try:
+        return int(torch.cuda.Stream.priority_range()[1])
+    except (AttributeError, RuntimeError, TypeError, IndexError):
+        return -1
+
+
+class SideStream:
+    """An engine's side CUDA streams: one per device the engine's passes deliver
+    to (one, unless the program changes its current device between passes),
+    made once, on that device, with the highest priority (see the module's
+    docstring); and the guard that stops new copies before teardown.
+
+    Args:
+        requested: The feeder's ``device`` (``"cuda"`` or ``"cuda:N"``).
+    """
+
+    def __init__(self, requested: torch.device) -> None:
+        self.requested = requested
+        self.device: torch.device | None = None  # the latest pass's, resolved
+        self._streams: dict[int, Any] = {}
+        # Held while the transfer thread queues copies from host memory, and by
+        # close(): once close() has drained the streams, no copy can be queued
+        # behind its back from memory about to be unregistered.
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def begin_pass(self) -> torch.device:
+        """Resolve the device of the pass starting now (in the thread calling its
+        first ``next()``) and make its stream if this is the first pass there."""
+        device = resolve_device(self.requested)
+        self.stream(device)
+        self.device = device
+        return device
+
+    def stream(self, device: torch.device) -> Any:
+        """The side stream of ``device`` (an indexed CUDA device), made on first use."""
+        with self._lock:
+            found = self._streams.get(device.index)
+            if found is None:
+                # Made with the device current: the stream, and the context it
+                # needs, on that device only.
+                with torch.cuda.device(device):
+                    found = torch.cuda.Stream(device=device, priority=_highest_priority())
+                self._streams[device.index] = found
+            return found
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        """Held while copies from host memory are queued; raises :class:`Closed`
+        after :meth:`close` (the transfer thread then exits quietly)."""
+        with self._lock:
+            if self.closed:
+                raise Closed("side stream")
+            yield
+
+    def close(self, timeout: float = _CLOSE_LOCK_S) -> bool:
+        """Refuse new copies and wait (asleep) until every copy queued on the side
+        streams has finished reading host memory. Safe to repeat, from any thread.
+
+        Returns:
+            False when a copy being queued held the lock past ``timeout`` seconds:
+            the caller must then not free or unregister the memory it may read.
+        """
+        if not self._lock.acquire(timeout=timeout):
+            log.warning("feeder: the transfer thread is still queuing a copy after %.1f s; "
+                        "host memory it may read is left registered", timeout)
+            return False
+        try:
+            if self.closed:
+                return True  # drained then, and nothing queued since
+            self.closed = True
+            for index, stream in list(self._streams.items()):
+                with torch.cuda.device(index):
+                    wait_idle(stream)
+        finally:
+            self._lock.release()
+        return True
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The latest pass's device current in this thread (a no-op before any pass):
+        for CUDA calls made outside the transfer thread."""
+        if self.device is None:
+            yield
+            return
+        with torch.cuda.device(self.device):
+            yield
 
 
 @dataclass(slots=True)
@@ -218,11 +368,13 @@ class Transfer(Stage):
         convert: uint8 -> the output dtype, on ``device``.
         inbox: Completed batches; outbox: deliveries for ``next()``.
         batch: Batch transforms run after ``convert``, or None.
+        side: The engine's side streams (CUDA; None on the CPU).
     """
 
     def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
                  convert: "Converter", inbox: Channel, outbox: Channel,
-                 batch: BatchTransforms | None = None, schema: Schema | None = None) -> None:
+                 batch: BatchTransforms | None = None, schema: Schema | None = None,
+                 side: SideStream | None = None) -> None:
         super().__init__("transfer", 1, control, inbox, outbox)
         self.collator = collator
         self.pool = pool
@@ -230,26 +382,39 @@ class Transfer(Stage):
         self.convert = convert
         self.batch = batch
         self.schema = schema if schema is not None else Schema()
+        self.side = side
         self.delivered = 0
 
     def work(self, c: Counters) -> None:
         if self.device.type == "cuda":
+            if self.side is None or self.device.index is None:
+                raise FeederError("a CUDA transfer stage needs its engine's side stream and "
+                                  "the pass's resolved device")
             torch.cuda.set_device(self.device)
-            self.stream = torch.cuda.Stream(self.device)
+            self.stream = self.side.stream(self.device)
         collator = self.collator
-        while True:
-            batch = self.get(c)
-            if batch is END:
-                for buf, n in collator.finish():
-                    self.deliver(buf, n, c)
-                self.put(c, self.outbox, END)
-                return
-            try:
-                for buf, n in collator.add(batch):
-                    self.deliver(buf, n, c)
-            except FeederError as err:
-                self.put(c, self.outbox, Failure(err))
-                return
+        # This thread's CPU time, for stats(): on CUDA it shows whether waiting for
+        # the copies costs a core (a spinning wait would; see blocking_event).
+        # One clock read per batch.
+        cpu0 = time.thread_time()
+        try:
+            while True:
+                batch = self.get(c)
+                if batch is END:
+                    for buf, n in collator.finish():
+                        self.deliver(buf, n, c)
+                        c.cpu_s = time.thread_time() - cpu0
+                    self.put(c, self.outbox, END)
+                    return
+                try:
+                    for buf, n in collator.add(batch):
+                        self.deliver(buf, n, c)
+                        c.cpu_s = time.thread_time() - cpu0
+                except FeederError as err:
+                    self.put(c, self.outbox, Failure(err))
+                    return
+        finally:
+            c.cpu_s = time.thread_time() - cpu0
 
     def deliver(self, buf: BatchBuffer, n: int, c: Counters) -> None:
         schema = self.schema
@@ -295,21 +460,26 @@ class Transfer(Stage):
         device = self.device
         try:
             with torch.cuda.stream(self.stream):
-                images = buf.images_t[:n].to(device, non_blocking=True)
-                labels = buf.labels_t[:n].to(device, non_blocking=True)
+                # None queued once teardown has drained the stream
+                # (test_teardown_waits_for_a_copy_being_queued).
+                with self.side.copying():
+                    images = buf.images_t[:n].to(device, non_blocking=True)
+                    labels = buf.labels_t[:n].to(device, non_blocking=True)
                 images = self.convert(images.permute(0, 3, 1, 2))
                 if self.batch is not None:
                     images, labels = self.batch(images, labels, number)
-                event = torch.cuda.Event()
+                event = blocking_event()
                 event.record(self.stream)
         except BaseException:
-            self.stream.synchronize()  # the copy may still be reading the pinned buffer
+            wait_idle(self.stream)  # the copy may still be reading the pinned buffer
             self.pool.release(buf)
             raise
         try:
             self.put(c, self.outbox, Delivery(images, labels, indices, number, event))
         finally:
-            event.synchronize()  # the copy has finished reading the pinned buffer
+            # Asleep (a blocking event) until the copy has finished reading the
+            # pinned buffer. gpu-check: "copy slowed on the side stream".
+            event.synchronize()
             self.pool.release(buf)
 
     # -- samples with fields -----------------------------------------------------
@@ -328,26 +498,29 @@ class Transfer(Stage):
                 self.batch.check_label_field(buf, n, self.schema, indices, number)
             with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
                 if cuda:
-                    images = self.convert(buf.images_t[:n].to(self.device, non_blocking=True)
-                                          .permute(0, 3, 1, 2))
-                elif self.convert.keeps_buffer_layout:
-                    view = buf.images[:n]
-                    images = torch.from_numpy(view).permute(0, 3, 1, 2)
-                    lent = buf
+                    with self.side.copying():  # see _deliver_cuda
+                        images = buf.images_t[:n].to(self.device, non_blocking=True)
+                        fields, extra = _gather(buf, n, self.schema, self.device, keep)
+                    images = self.convert(images.permute(0, 3, 1, 2))
                 else:
-                    images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-                fields, extra = _gather(buf, n, self.schema, self.device, keep)
+                    if self.convert.keeps_buffer_layout:
+                        view = buf.images[:n]
+                        images = torch.from_numpy(view).permute(0, 3, 1, 2)
+                        lent = buf
+                    else:
+                        images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
+                    fields, extra = _gather(buf, n, self.schema, self.device, keep)
                 labels = fields.get(LABEL)
                 if self.batch is not None:
                     images, labels = self.batch(images, labels, number)
                     fields[LABEL] = labels
                     extra.append(labels)
                 if cuda:
-                    event = torch.cuda.Event()
+                    event = blocking_event()
                     event.record(self.stream)
         except BaseException:
             if cuda:
-                self.stream.synchronize()  # a copy may still be reading the pinned buffer
+                wait_idle(self.stream)  # a copy may still be reading the pinned buffer
             self.pool.release(buf)
             raise
         if lent is not None:
@@ -364,7 +537,7 @@ class Transfer(Stage):
             try:
                 self.put(c, self.outbox, delivery)
             finally:
-                event.synchronize()  # the copies have finished reading the pinned memory
+                event.synchronize()  # asleep until the copies have read the pinned memory
                 self.pool.release(buf)
             return
         if lent is None:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import threading
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -16,6 +17,38 @@ import simplejpeg
 from feeder.synthetic import make_image
 
 JOIN_TIMEOUT_S = 30.0  # bound on any wait for a whole pass in a test
+
+# The GPU suite: skipped without a GPU, and a skipped test's fixtures are never
+# looked up, so a test naming a fixture that does not exist (a misplaced
+# @pytest.fixture) would error on the first GPU and pass unnoticed here.
+CUDA_TESTS = Path(__file__).resolve().parent / "cuda"
+
+
+def missing_fixtures(items) -> list[str]:
+    """``"test id: name"`` for every fixture a test under ``tests/cuda`` names
+    (directly or through its fixtures) that no conftest, plugin or module defines."""
+    problems = []
+    for item in items:
+        if CUDA_TESTS not in Path(str(item.path)).resolve().parents:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.params) if callspec is not None else set()
+        for name in item.fixturenames:
+            if name != "request" and name not in params and name not in info.name2fixturedefs:
+                problems.append(f"{item.nodeid}: {name}")
+    return problems
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Fail the run at collection when a GPU test names a fixture that does not exist
+    (checked on every machine; see ``missing_fixtures``)."""
+    problems = missing_fixtures(items)
+    if problems:
+        raise pytest.UsageError("tests under tests/cuda name fixtures that do not exist (they "
+                                "would error on a GPU): " + "; ".join(problems))
 
 
 def feeder_threads() -> list[threading.Thread]:

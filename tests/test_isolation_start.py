@@ -170,22 +170,24 @@ def test_auto_forks_with_a_cuda_device_when_cuda_is_not_initialized(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", current_device)
     f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto", device="cuda")
     try:
-        # A fresh process's current device is its first one.
-        assert f.config.device == torch.device("cuda", 0)
+        # Not resolved yet: "cuda" is the current device when a pass starts.
+        assert f.config.device == torch.device("cuda")
         assert f.start_method == "fork"
     finally:
         f.close()
     assert calls == []
 
 
-def test_cuda_device_without_index_is_the_current_one_once_cuda_is_initialized(monkeypatch):
-    from feeder._config import parse_device
+def test_cuda_device_without_index_is_the_current_one_when_resolved(monkeypatch):
+    from feeder._config import parse_device, resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert parse_device("cuda") == torch.device("cuda", 1)
+    assert parse_device("cuda") == torch.device("cuda")
+    assert resolve_device(parse_device("cuda")) == torch.device("cuda", 1)
+    assert resolve_device(parse_device("cuda:0")) == torch.device("cuda", 0)
 
 
 def test_auto_names_the_running_thread_it_spawns_for(caplog):

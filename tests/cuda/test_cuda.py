@@ -8,42 +8,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, labels_of
-from feeder import Feeder, ops
+from conftest import drain, labels_of
+from cuda_helpers import (MEAN, SPIN, STD, assert_same_batches, assert_sums, batch_sum,
+                          close_after_layout, close_to_cpu_path, make, reference_sums)
+from cuda_helpers import big_source as _big_source
 from feeder import _transfer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of delay
-
 
 @pytest.fixture
-
-def assert_same_batches(a, err_a, b, err_b, close_floats):
-    """Two drained passes delivered the same labels, the same uint8 images, and float
-    images that ``close_floats`` accepts (float kernels may differ in the last bit)."""
-    assert err_a is None and err_b is None and len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        np.testing.assert_array_equal(ya, yb)
-        if xa.dtype == np.uint8:
-            np.testing.assert_array_equal(xa, xb)
-        else:
-            close_floats(xa, xb)
-
 def big_source(jpeg_blobs):
-    return MemorySource(list(jpeg_blobs) * 4)  # 240 samples
-
-
-def make(source, **kw):
-    kw.setdefault("transforms", AUG)
-    kw.setdefault("seed", 11)
-    return Feeder(source, kw.pop("batch_size", 16), **kw)
+    return _big_source(jpeg_blobs)  # 240 samples
 
 
 def test_batches_on_device_with_layout_and_pinned_buffers(big_source):
@@ -69,8 +48,7 @@ def test_contiguous_memory_format_on_device(big_source, kw):
         del it, x
         gpu.set_epoch(1)
         b, err_b = drain(gpu)
-    assert_same_batches(a, err_a, b, err_b, lambda xa, xb: np.testing.assert_allclose(
-        xa, xb, rtol=1e-3, atol=1e-3))
+    assert_same_batches(a, err_a, b, err_b, close_after_layout)
 
 
 @pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)}, {"dtype": torch.float16,
@@ -81,9 +59,7 @@ def test_values_identical_to_cpu_path(big_source, kw):
         gpu.set_epoch(2)
         a, err_a = drain(cpu)
         b, err_b = drain(gpu)
-    assert_same_batches(a, err_a, b, err_b, lambda xa, xb: np.testing.assert_allclose(
-        xa.astype(np.float32), xb.astype(np.float32), rtol=0,
-        atol=1e-5 if xa.dtype == np.float32 else 1e-2))
+    assert_same_batches(a, err_a, b, err_b, close_to_cpu_path)
 
 
 def test_copies_run_on_a_side_stream(big_source, tmp_path):
@@ -119,16 +95,18 @@ def test_consumer_stream_waits_for_the_batch_event(big_source, monkeypatch):
     real_wait = torch.cuda.Stream.wait_event
     monkeypatch.setattr(torch.cuda.Stream, "wait_event",
                         lambda self, ev: (waits.append(ev), real_wait(self, ev))[1])
+    # The CPU half (reference_sums, batch_sum, assert_sums) runs in CI:
+    # tests/test_cuda_helpers.py::test_consumer_stream_waits_for_the_batch_event_cpu_half.
     with make(big_source, device="cpu", normalize=(MEAN, STD)) as cpu:
-        expect = [x.double().sum().item() for x, _ in drain(cpu)[0]]
+        expect = reference_sums(cpu, "float")
     consumer = torch.cuda.Stream()
     got = []
     with make(big_source, device="cuda", normalize=(MEAN, STD)) as gpu, torch.cuda.stream(consumer):
         for x, _ in gpu:
-            got.append(x.double().sum())  # queued on `consumer` right away
+            got.append(batch_sum(x, "float"))  # queued on `consumer` right away
         torch.cuda.synchronize()
     assert len(waits) == len(expect)
-    np.testing.assert_allclose([g.item() for g in got], expect, rtol=1e-6)
+    assert_sums(got, expect, "float")
 
 
 def test_pinned_buffer_reused_only_after_its_copy_completed(big_source, monkeypatch):
@@ -139,7 +117,7 @@ def test_pinned_buffer_reused_only_after_its_copy_completed(big_source, monkeypa
 
         def checked_release(buf):
             run = f._engine.current
-            stream = run.stages[3].stream if run is not None and hasattr(run.stages[3], "stream") else None
+            stream = getattr(run.stages[-1], "stream", None) if run is not None else None
             states.append(stream is None or stream.query())
             real_release(buf)
 
@@ -153,17 +131,18 @@ def test_caching_allocator_does_not_recycle_batches_still_in_use(big_source):
     """Each batch is read by a delayed kernel on the consumer stream after the loop
     dropped it; without record_stream the allocator would hand its memory to the
     next batch's copy while that kernel is still queued."""
+    # CPU half: tests/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
     with make(big_source, device="cpu", shuffle=False) as cpu:
-        expect = [int(x.long().sum()) for x, _ in drain(cpu)[0]]
+        expect = reference_sums(cpu, "int")
     consumer = torch.cuda.Stream()
     sums = []
     with make(big_source, device="cuda", shuffle=False, queue_size=2) as gpu, torch.cuda.stream(consumer):
         for x, _ in gpu:
             torch.cuda._sleep(SPIN)  # the consumer stream lags behind the side stream
-            sums.append(x.long().sum())
+            sums.append(batch_sum(x, "int"))
             del x
         torch.cuda.synchronize()
-    assert [int(s) for s in sums] == expect
+    assert_sums(sums, expect, "int")
 
 
 def test_exactly_once_and_order_on_cuda(big_source):

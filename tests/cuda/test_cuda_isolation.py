@@ -11,28 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, labels_of
-from feeder import Feeder, ops
-from test_isolation import DictSource, assert_same, collect
+from conftest import drain, labels_of
+from cuda_helpers import (MEAN, SPIN, STD, assert_sums, batch_sum, make_isolated as make,
+                          reference_sums)
+from cuda_helpers import big_source as _big_source
+from feeder import ops
+from test_isolation import DictSource, assert_same
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of delay
 
 
 @pytest.fixture
 def big_source(jpeg_blobs):
-    return MemorySource(list(jpeg_blobs) * 4)  # 240 samples
-
-
-def make(source, transforms=AUG, **kw):
-    kw.setdefault("batch_size", 16)
-    kw.setdefault("seed", 5)
-    kw.setdefault("decode_threads", 2)
-    kw.setdefault("timeout", 60)
-    return Feeder(source, transforms=transforms, **kw)
+    return _big_source(jpeg_blobs)  # 240 samples
 
 
 @pytest.mark.parametrize("kw", [{}, {"normalize": (MEAN, STD)},
@@ -75,18 +66,19 @@ def test_buffers_go_back_only_after_their_copy(big_source, monkeypatch):
 
 def test_consumer_stream_lagging_behind(big_source):
     """A consumer stream that lags: batches keep their values (events, record_stream)."""
+    # CPU half: tests/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
     with make(big_source, device="cpu", shuffle=False) as cpu:
-        expect = [int(x.long().sum()) for x, _ in drain(cpu)[0]]
+        expect = reference_sums(cpu, "int")
     consumer = torch.cuda.Stream()
     sums = []
     with make(big_source, device="cuda", shuffle=False, queue_size=2,
               isolation="process") as gpu, torch.cuda.stream(consumer):
         for x, _ in gpu:
             torch.cuda._sleep(SPIN)
-            sums.append(x.long().sum())
+            sums.append(batch_sum(x, "int"))
             del x
         torch.cuda.synchronize()
-    assert [int(s) for s in sums] == expect
+    assert_sums(sums, expect, "int")
 
 
 def test_dict_samples_on_cuda():

@@ -1,0 +1,161 @@
+"""The GPU suite's device-independent halves, run on the CPU in every CI run:
+the CPU reference each GPU test drains, the comparison helpers on what
+``drain()`` returns (numpy) and on tensors, and the collection-time check that
+every fixture a GPU test names exists."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import drain
+from cuda_helpers import (MEAN, STD, assert_same_batches, assert_sums, batch_sum, big_source,
+                          close_after_layout, close_to_cpu_path, make, make_isolated,
+                          reference_sums)
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def source(jpeg_blobs):
+    return big_source(jpeg_blobs)
+
+
+def test_consumer_stream_waits_for_the_batch_event_cpu_half(source):
+    """tests/cuda/test_cuda.py::test_consumer_stream_waits_for_the_batch_event with the
+    CPU in place of the GPU: the reference sums (numpy) equal the per-batch tensor sums."""
+    with make(source, device="cpu", normalize=(MEAN, STD)) as cpu:
+        expect = reference_sums(cpu, "float")
+    with make(source, device="cpu", normalize=(MEAN, STD)) as other:
+        got = [batch_sum(x, "float") for x, _ in other]
+    assert len(expect) == 15
+    assert_sums(got, expect, "float")
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_lagging_consumer_cpu_half(source, isolated):
+    """The caching-allocator tests of tests/cuda (thread and isolated engine), CPU half."""
+    build = make_isolated if isolated else make
+    kw = {"isolation": "process"} if isolated else {}
+    with build(source, device="cpu", shuffle=False) as cpu:
+        expect = reference_sums(cpu, "int")
+    with build(source, device="cpu", shuffle=False, queue_size=2, **kw) as other:
+        sums = [batch_sum(x, "int") for x, _ in other]
+    assert len(expect) == 15 and all(isinstance(v, int) for v in expect)
+    assert_sums(sums, expect, "int")
+
+
+@pytest.mark.parametrize("kw, close", [
+    ({}, close_after_layout),
+    ({"dtype": torch.float32}, close_after_layout),
+    ({"dtype": torch.float16, "normalize": (MEAN, STD)}, close_after_layout),
+    ({"normalize": (MEAN, STD)}, close_to_cpu_path),
+    ({"dtype": torch.float16, "normalize": (MEAN, STD)}, close_to_cpu_path),
+])
+def test_same_batches_cpu_half(source, kw, close):
+    """test_contiguous_memory_format_on_device and test_values_identical_to_cpu_path:
+    their CPU reference against the same settings in the other layout, compared as
+    the GPU tests compare; a changed value is caught."""
+    with make(source, device="cpu", **kw) as a, make(source, device="cpu",
+                                                     memory_format="contiguous", **kw) as b:
+        a.set_epoch(1)
+        b.set_epoch(1)
+        first, err_a = drain(a)
+        second, err_b = drain(b)
+    assert_same_batches(first, err_a, second, err_b, close)
+    changed = [(x.copy(), y) for x, y in second]
+    changed[3][0].flat[5] = changed[3][0].flat[5] + (1 if changed[3][0].dtype == np.uint8 else 0.5)
+    with pytest.raises(AssertionError):
+        assert_same_batches(first, err_a, changed, err_b, close)
+    relabelled = [(x, y.copy()) for x, y in second]
+    relabelled[0][1][0] += 1
+    with pytest.raises(AssertionError):
+        assert_same_batches(first, err_a, relabelled, err_b, close)
+
+
+def test_sum_helpers_catch_a_difference():
+    x = torch.arange(12, dtype=torch.uint8).view(1, 3, 2, 2)
+    assert_sums([batch_sum(x, "int")], [66], "int")
+    assert_sums([batch_sum(x, "float")], [66.0], "float")
+    with pytest.raises(AssertionError):
+        assert_sums([batch_sum(x, "int")], [65], "int")
+    with pytest.raises(AssertionError):
+        assert_sums([batch_sum(x, "float")], [66.5], "float")
+
+
+def _collect(directory: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", str(directory)],
+                          cwd=directory, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_collection_fails_on_a_gpu_test_naming_a_missing_fixture(tmp_path):
+    """The conftest check: a misplaced @pytest.fixture in tests/cuda fails CPU CI at
+    collection (the module is skipped without a GPU, so nothing else would)."""
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
+    (tmp_path / "cuda").mkdir()
+    body = textwrap.dedent("""
+        import pytest
+        pytestmark = pytest.mark.skipif(True, reason="needs a CUDA GPU")
+
+        @pytest.fixture
+        def helper(a, b):
+            pass
+
+        def big_source(jpeg_blobs):
+            return jpeg_blobs
+
+        @pytest.mark.parametrize("kw", [1, 2])
+        def test_uses_it(big_source, kw, tmp_path):
+            pass
+    """)
+    (tmp_path / "cuda" / "test_bad.py").write_text(body)
+    bad = _collect(tmp_path)
+    assert bad.returncode != 0
+    assert "test_uses_it[1]: big_source" in bad.stderr + bad.stdout
+    (tmp_path / "cuda" / "test_bad.py").write_text(body.replace("def big_source",
+                                                                "@pytest.fixture\ndef big_source"))
+    good = _collect(tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "2 tests collected" in good.stdout
+
+
+def test_the_gpu_suite_names_only_existing_fixtures():
+    result = _collect(TESTS / "cuda")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gpu_check_script_parts_without_a_gpu(monkeypatch):
+    """scripts/gpu-check's device-independent parts: the byte-for-byte comparison,
+    the copy-slowing patch (restored after), its feeders, and a clear exit without CUDA."""
+    sys.path.insert(0, str(TESTS.parent / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    from feeder import _transfer
+    a = [(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2))]
+    b = [(a[0][0].clone(), a[0][1].clone())]
+    assert gpu_check.identical(a, b) == ""
+    b[0][0][1, 2, 3, 3] = 1
+    assert "batch 0: images differ" == gpu_check.identical(a, b)
+    assert "labels differ" in gpu_check.identical(a, [(a[0][0], torch.arange(1, 3))])
+    real = _transfer.SideStream.copying
+    with gpu_check.slowed_copies():
+        assert _transfer.SideStream.copying is not real
+    assert _transfer.SideStream.copying is real
+    with gpu_check.make(gpu_check.MemorySource(8), batch_size=4, num_buffers=2) as f:
+        assert f._engine.pool.capacity == 2 and len(list(f)) == 2
+    assert gpu_check.error_lines("ok\nTraceback (most recent call last):\n") == [
+        "Traceback (most recent call last):"]
+    if not torch.cuda.is_available():
+        assert gpu_check.main([]) == 2
