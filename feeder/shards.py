@@ -41,6 +41,7 @@ import io
 import json
 import logging
 import os
+import posixpath
 import re
 import threading
 import time
@@ -154,7 +155,14 @@ def _join_remote(base_url: str, entry: str, where: str) -> str:
         return entry
     if ":" in entry.split("/", 1)[0]:
         raise ShardFormatError(f"{where}: entry {entry!r}: not a relative name or a URL")
-    return urljoin(base_url, entry)
+    scheme, _, rest = base_url.split("?", 1)[0].partition("://")
+    if scheme in ("http", "https"):
+        return urljoin(base_url, entry)
+    # urljoin knows only the schemes of the web: join other ones (s3://, gs://...)
+    # the same way, '..' staying inside the bucket.
+    host, _, path = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/" + posixpath.dirname(path), entry)).lstrip("/")
+    return f"{scheme}://{host}/{joined}"
 
 
 def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
