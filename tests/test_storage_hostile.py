@@ -7,6 +7,10 @@ same URL, a damaged cache, hostile shard lists and payloads, leaks) and asserts
 the outcome: the right bytes, or an error naming the file, and never a hang.
 The server is feeder's own loopback HTTP server (see ``tests/test_remote.py``
 for why), with ``ETag``/``Last-Modified`` as nginx sends them.
+
+The file is named to run after the start-method tests: fsspec's event-loop
+thread, started here, lives as long as the process, and a running thread makes
+``start_method="auto"`` spawn.
 """
 
 from __future__ import annotations
