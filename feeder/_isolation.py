@@ -111,6 +111,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -131,12 +132,12 @@ from . import _reaper
 from ._batch import BatchBuffer, BufferPool, MaskPlanes
 from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
-from ._sample import Schema
+from ._sample import OBJECT, Schema
 from ._stage import Counters, Stage, of_ended_pass
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import BatchTransforms, Converter, Transfer
-from .errors import ConfigError, FeederError, StageError, safe_text
+from .errors import ConfigError, FeederError, FieldError, StageError, safe_text
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +325,51 @@ def _shared_tensors(buf: BatchBuffer) -> Iterator[tuple[str, torch.Tensor]]:
             yield "high", planes.high_t
 
 
+def _check_fields_cross(work: Any) -> None:
+    """Make ``work``'s per-sample step check that each passed-through field value
+    can be pickled to the training process.
+
+    Checked per sample, in the worker's augment step: a value that cannot cross
+    (a lock, a lambda a custom source put in a dict) is then that sample's
+    :class:`~feeder.errors.FieldError`, naming the field, and the engine names
+    the sample and follows ``on_error`` (skipped and counted under ``"skip"``).
+    Found only when the whole batch is pickled, it could name neither and would
+    fail the pass. Only passed-through values are checked: arrays, masks and
+    boxes always pickle.
+    """
+    transform_sample = work.transform_sample
+
+    def checked(*args: Any, **kwargs: Any) -> list[tuple[str, str, Any]]:
+        record = transform_sample(*args, **kwargs)
+        for name, kind, value in record:
+            if kind == OBJECT:
+                _check_picklable(name, value)
+        return record
+
+    work.transform_sample = checked
+
+
+def _check_picklable(name: str, value: Any) -> None:
+    """Raise :class:`FieldError` naming ``name`` when ``value`` cannot be sent."""
+    try:
+        # Plain pickle: multiprocessing's pickler would move a tensor's memory
+        # into a shared segment just to check it.
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return
+    except Exception as exc:  # noqa: BLE001 - pickle raises many types
+        first = exc
+    try:
+        _dumps(value)  # what multiprocessing's own reductions can send (a socket...)
+        return
+    except Exception:  # noqa: BLE001 - reported with the first failure
+        pass
+    raise FieldError(name, f"holds {safe_text(type(value).__name__)}, which cannot be pickled to "
+                           f"the training process ({type(first).__name__}: {first}); with "
+                           f"isolation='process' every passed-through field crosses a process "
+                           f"boundary: return a picklable value (str, numbers, lists, dicts, "
+                           f"arrays), drop the field, or use isolation='thread'") from None
+
+
 class _Worker:
     """The worker process's side: an engine and the loop serving the control pipe."""
 
@@ -337,6 +383,7 @@ class _Worker:
         engine.sink = self._sink
         self.pass_id = 0
         self.announced: dict[int, set[str]] = {}  # buffer serial -> tensors the parent has
+        _check_fields_cross(engine.work)
 
     def schema_state(self) -> tuple:
         schema = self.engine.work.schema

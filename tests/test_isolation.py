@@ -187,6 +187,37 @@ def test_dict_samples_same_as_the_thread_engine():
     assert sorted(n for b in again for n in b["name"]) == sorted(f"sample-{i}" for i in range(20))
 
 
+class UnpicklableFieldSource:
+    """Dict samples whose passed-through ``meta`` holds a lock (sample 3) or a lambda
+    (sample 10): values a custom source may build that cannot cross to the training process."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def read(self, index: int) -> dict:
+        meta = {3: threading.Lock(), 10: lambda: index}.get(index, f"meta-{index}")
+        return {"image": BLOBS[index], "label": index, "meta": meta}
+
+
+def test_unpicklable_field_names_the_field_and_the_sample():
+    with make(UnpicklableFieldSource(), isolation="process", shuffle=False) as f:
+        with pytest.raises(SampleError) as info:
+            collect(f)
+    err = info.value
+    assert err.index == 3 and "field 'meta'" in str(err) and "cannot be pickled" in str(err)
+    assert "lock" in str(err)
+
+
+def test_unpicklable_field_is_skipped_and_counted_under_skip():
+    with make(UnpicklableFieldSource(), isolation="process", shuffle=False, on_error="skip") as f:
+        batches = collect(f)
+        assert f.stats().skipped == 2
+    labels = sorted(int(v) for b in batches for v in b["label"])
+    assert labels == [i for i in range(24) if i not in (3, 10)]
+    assert sorted(m for b in batches for m in b["meta"]) == sorted(
+        f"meta-{i}" for i in range(24) if i not in (3, 10))
+
+
 def test_early_break_then_a_new_pass(pairs, reference):
     pairs.set_epoch(0)
     head = collect(pairs, limit=2)
