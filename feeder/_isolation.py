@@ -865,6 +865,8 @@ class ProcessEngine:
         with self.busy:
             self.dead = self.dead or _death_error(self.process)
             log.error("%s", self.dead)
+            if self.process is not None and self.process.exitcode is not None:
+                reclaim_segments(self.process.pid)
             self._fail_current(self.dead)
             for event in list(self._queries.values()):
                 event.set()
@@ -1028,6 +1030,8 @@ class ProcessEngine:
             if process.is_alive():
                 process.kill()
                 process.join(0.2)
+        if process is not None and process.exitcode is not None:
+            reclaim_segments(process.pid)  # killed above, or by a signal during the run
         conn, self.conn = self.conn, None
         if conn is not None:
             with self._send_lock:
@@ -1109,6 +1113,49 @@ def _attach(buf: BatchBuffer, key: str, tensor: torch.Tensor) -> None:
             planes.low_t, planes.low = tensor, tensor.numpy()
         else:
             planes.high_t, planes.high = tensor, tensor.numpy()
+
+
+# Where torch's shared-memory segments have names (Linux), and how it names them:
+# torch_<pid of the allocating process>_<random>_<counter>.
+_SHM_DIR = "/dev/shm"
+
+
+def reclaim_segments(pid: int) -> list[str]:
+    """Unlink the shared-memory segments that the exited worker ``pid`` left named.
+
+    The worker's batch buffers are torch shared memory: torch creates each under
+    a name made from the worker's pid, maps it and unlinks the name at once, so
+    the memory lives as long as a mapping does. A worker killed (SIGKILL: the OOM
+    killer, or close() after its grace) between the creation and the unlink
+    leaves the name, and its memory, in ``/dev/shm`` until reboot. Once the
+    worker has exited no name with its pid can still be in use (the training
+    process maps its buffers through descriptors, not names), so every one of
+    ours is removed. Called only after the worker has exited: a live worker's
+    name may be between its creation and its unlink.
+
+    Returns:
+        The names removed (logged at WARNING).
+    """
+    prefix = f"torch_{pid}_"
+    try:
+        names = [n for n in os.listdir(_SHM_DIR) if n.startswith(prefix)]
+    except OSError:  # no /dev/shm (not Linux): torch's segments have no names there
+        return []
+    uid = os.getuid()
+    removed = []
+    for name in names:
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            if os.lstat(path).st_uid != uid:
+                continue  # another user's: a reused pid, never this feeder's
+            os.unlink(path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        removed.append(name)
+    if removed:
+        log.warning("removed %d shared-memory segment(s) the exited worker process (pid %d) "
+                    "left in %s: %s", len(removed), pid, _SHM_DIR, ", ".join(removed))
+    return removed
 
 
 def _death_error(process: Any) -> FeederError:

@@ -391,6 +391,44 @@ def test_worker_killed_raises_a_clear_error(sig, why):
         f.close()
 
 
+class LeavesASegment(MemorySource):
+    """Reading sample 0 leaves a named segment in /dev/shm under the worker's pid, as
+    torch's allocation of a batch buffer does when the worker is killed between
+    creating the name and unlinking it (a window too short to hit on purpose)."""
+
+    def read(self, index):
+        if index == 0:
+            fd = os.open(f"/dev/shm/torch_{os.getpid()}_4242_{index}", os.O_CREAT | os.O_RDWR, 0o600)
+            os.ftruncate(fd, 4096)
+            os.close(fd)
+        return super().read(index)
+
+
+def _worker_segments(pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{pid}_")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named shared memory is Linux's /dev/shm")
+@pytest.mark.parametrize("when", ["seen-dead", "closed"])
+def test_killed_worker_leaves_no_shared_memory_segment(when):
+    f = make(LeavesASegment(BLOBS), isolation="process", queue_size=1, shuffle=False)
+    pid = f._engine.process.pid
+    try:
+        it = iter(f)
+        next(it)  # sample 0 was read (its batch came): the segment exists
+        assert _worker_segments(pid), "the worker did not leave its segment"
+        os.kill(pid, signal.SIGKILL)
+        if when == "seen-dead":
+            # The training process reclaims what the worker left when it sees it die.
+            with pytest.raises(FeederError, match="SIGKILL"):
+                for _ in range(N):
+                    next(it)
+            assert not _worker_segments(pid)
+    finally:
+        f.close()
+    assert not _worker_segments(pid)
+
+
 def test_unclosed_feeder_is_collected_and_its_worker_exits():
     f = make(MemorySource(BLOBS), isolation="process")
     it = iter(f)
