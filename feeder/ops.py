@@ -712,7 +712,8 @@ class _Mixing:
 class MixUp(_Mixing):
     """MixUp (Zhang et al., 2018; timm's batch mode): ``x = lam * x + (1 - lam) * x.flip(0)``
     with ``lam ~ Beta(alpha, alpha)`` drawn once per batch; labels become soft
-    targets mixed with the same ``lam``.
+    targets mixed with the same ``lam``. A batch with a mask or boxes is refused
+    (see :meth:`check_fields`): a blended pixel has no class id.
 
     Args:
         alpha: Beta distribution parameter (> 0).
@@ -735,7 +736,8 @@ class CutMix(_Mixing):
     """CutMix (Yun et al., 2019; timm's batch mode): a box of area about ``1 - lam``
     (``lam ~ Beta(alpha, alpha)``) is pasted from ``x.flip(0)``; ``lam`` is then
     corrected to the box's actual area (clipped at the borders) and mixes the
-    soft targets.
+    soft targets. Each mask field of a dict batch gets the same box pasted from
+    its partner's mask; a batch with boxes is refused (see :meth:`check_fields`).
 
     The box is timm's ``rand_bbox``: ``cut = int(side * sqrt(1 - lam))`` per side,
     a centre drawn uniformly in ``[0, H)`` then ``[0, W)``, and edges
