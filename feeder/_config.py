@@ -146,11 +146,39 @@ def _normalize(name: str, value: object) -> Any:
         raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}") from exc
     if len(mean) != 3 or len(std) != 3:
         raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}")
-    if any(s == 0 or not math.isfinite(s) for s in std):
-        raise ValueError(f"{name}: std must be finite and non-zero, got {std}")
-    if not all(math.isfinite(m) for m in mean):
-        raise ValueError(f"{name}: mean must be finite, got {mean}")
+    for channel, (m, s) in enumerate(zip(mean, std)):
+        if s == 0 or not math.isfinite(s):
+            raise ValueError(f"{name}: std of channel {channel} must be finite and non-zero, "
+                             f"got {s!r} (std={std})")
+        if not math.isfinite(m):
+            raise ValueError(f"{name}: mean of channel {channel} must be finite, got {m!r} "
+                             f"(mean={mean})")
     return mean, std
+
+
+def _check_normalize_range(mean: tuple[float, ...], std: tuple[float, ...],
+                           dtype: torch.dtype) -> None:
+    """Refuse a ``(mean, std)`` whose conversion would give inf, NaN or zeros.
+
+    The conversion computes ``x * (1 / (255 * std)) + (-mean / std)`` in float32
+    (float64 for a float64 output) and rounds the result to ``dtype``: a std that
+    is denormal or underflows there (1e-300 is 0 in float32) gives inf and NaN
+    pixels, and an output range beyond ``dtype``'s largest value gives inf.
+    """
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    work, out = torch.finfo(compute), torch.finfo(dtype)
+    for channel, (m, s) in enumerate(zip(mean, std)):
+        scale, shift = 1.0 / (255.0 * s), -m / s
+        if abs(s) < work.tiny or not (work.tiny <= abs(scale) <= work.max) or abs(shift) > work.max:
+            raise ValueError(f"normalize: std {s!r} of channel {channel} is out of {compute}'s "
+                             f"normal range ({work.tiny:.3g} to {work.max:.3g}), where the "
+                             f"conversion computes (x / 255 - mean) / std: the pixels would be "
+                             f"inf or NaN")
+        widest = max(abs(m / s), abs((1.0 - m) / s))  # the images' values span [0, 1] before
+        if widest > out.max:
+            raise ValueError(f"normalize: (mean {m!r}, std {s!r}) of channel {channel} maps "
+                             f"[0, 1] pixels to values up to {widest:.3g}, beyond {dtype}'s "
+                             f"largest {out.max:.3g}: the pixels would be inf")
 
 
 def _seed(name: str, value: object) -> int | None:
@@ -258,6 +286,7 @@ class Config:
                 dtype = torch.float32
             elif not dtype.is_floating_point:
                 raise ValueError(f"normalize needs a floating dtype, got {dtype}")
+            _check_normalize_range(*values["normalize"], dtype)
         values["dtype"] = None if dtype == torch.uint8 else dtype
         if values["dtype"] is None:
             for t in values["batch_transforms"]:

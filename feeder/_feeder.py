@@ -23,8 +23,8 @@ from ._batch import BufferPool, Scratch
 from ._config import Config, reads_may_block, signature_parameters
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._resume import (FORMAT_VERSION, Progress, check_settings, describe_transforms, pack,
-                      pass_finished, unpack)
+from ._resume import (FORMAT_VERSION, Progress, check_progress, check_settings,
+                      describe_transforms, pack, pass_finished, unpack)
 from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
@@ -626,7 +626,8 @@ class Feeder:
         settings = state.get("settings")
         current = self._settings()
         if (self.config.seed is None and isinstance(settings, dict)
-                and isinstance(settings.get("seed"), int)):
+                and isinstance(settings.get("seed"), int) and not isinstance(settings["seed"], bool)
+                and 0 <= settings["seed"] < 2**64):
             current["seed"] = settings["seed"]
         c = self.config
         saved_rank = current["rank"]
@@ -645,16 +646,26 @@ class Feeder:
             if not (value is None and name == "epoch") and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
+        total = state.get("skipped_total")
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise ValueError(f"state['skipped_total'] must be an int >= 0, got {total!r}")
+        if epoch is None:
+            for name in ("delivered", "skipped"):
+                if state.get(name) is not None:
+                    raise ValueError(f"state[{name!r}] must be None when state['epoch'] is None "
+                                     f"(no unfinished pass), got {type(state[name]).__name__}")
         resume = None
         if epoch is not None:
             length = len(self.source)
             done = unpack(state.get("delivered"), length, "delivered")
             skipped = unpack(state.get("skipped"), length, "skipped")
+            skip = c.on_error == "skip"
+            order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, skip,
+                               current["seed"], epoch, saved_rank, self.world_size, self._layout)
+            check_progress(done, skipped, state["batches"], order, c.batch_size, skip, epoch)
             if c.ordered and c.on_error == "raise":
                 # The delivered samples must be the head of the epoch's order,
                 # else the rest would not be the uninterrupted run's batches.
-                order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                   current["seed"], epoch, saved_rank, self.world_size, self._layout)
                 n = int(done.sum())
                 whole = n in (state["batches"] * c.batch_size, len(order))
                 if not whole or not done[order[:n]].all():

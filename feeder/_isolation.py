@@ -111,6 +111,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -131,12 +132,12 @@ from . import _reaper
 from ._batch import BatchBuffer, BufferPool, MaskPlanes
 from ._pipeline import PassEnding, settings, stage_threads
 from ._queue import END, Channel, Closed
-from ._sample import Schema
+from ._sample import OBJECT, Schema
 from ._stage import Counters, Stage, of_ended_pass
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import BatchTransforms, Converter, SideStream, Transfer
-from .errors import ConfigError, FeederError, StageError, safe_text
+from .errors import ConfigError, FeederError, FieldError, StageError, safe_text
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +325,51 @@ def _shared_tensors(buf: BatchBuffer) -> Iterator[tuple[str, torch.Tensor]]:
             yield "high", planes.high_t
 
 
+def _check_fields_cross(work: Any) -> None:
+    """Make ``work``'s per-sample step check that each passed-through field value
+    can be pickled to the training process.
+
+    Checked per sample, in the worker's augment step: a value that cannot cross
+    (a lock, a lambda a custom source put in a dict) is then that sample's
+    :class:`~feeder.errors.FieldError`, naming the field, and the engine names
+    the sample and follows ``on_error`` (skipped and counted under ``"skip"``).
+    Found only when the whole batch is pickled, it could name neither and would
+    fail the pass. Only passed-through values are checked: arrays, masks and
+    boxes always pickle.
+    """
+    transform_sample = work.transform_sample
+
+    def checked(*args: Any, **kwargs: Any) -> list[tuple[str, str, Any]]:
+        record = transform_sample(*args, **kwargs)
+        for name, kind, value in record:
+            if kind == OBJECT:
+                _check_picklable(name, value)
+        return record
+
+    work.transform_sample = checked
+
+
+def _check_picklable(name: str, value: Any) -> None:
+    """Raise :class:`FieldError` naming ``name`` when ``value`` cannot be sent."""
+    try:
+        # Plain pickle: multiprocessing's pickler would move a tensor's memory
+        # into a shared segment just to check it.
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return
+    except Exception as exc:  # noqa: BLE001 - pickle raises many types
+        first = exc
+    try:
+        _dumps(value)  # what multiprocessing's own reductions can send (a socket...)
+        return
+    except Exception:  # noqa: BLE001 - reported with the first failure
+        pass
+    raise FieldError(name, f"holds {safe_text(type(value).__name__)}, which cannot be pickled to "
+                           f"the training process ({type(first).__name__}: {first}); with "
+                           f"isolation='process' every passed-through field crosses a process "
+                           f"boundary: return a picklable value (str, numbers, lists, dicts, "
+                           f"arrays), drop the field, or use isolation='thread'") from None
+
+
 class _Worker:
     """The worker process's side: an engine and the loop serving the control pipe."""
 
@@ -337,6 +383,7 @@ class _Worker:
         engine.sink = self._sink
         self.pass_id = 0
         self.announced: dict[int, set[str]] = {}  # buffer serial -> tensors the parent has
+        _check_fields_cross(engine.work)
 
     def schema_state(self) -> tuple:
         schema = self.engine.work.schema
@@ -820,6 +867,8 @@ class ProcessEngine:
         with self.busy:
             self.dead = self.dead or _death_error(self.process)
             log.error("%s", self.dead)
+            if self.process is not None and self.process.exitcode is not None:
+                reclaim_segments(self.process.pid)
             self._fail_current(self.dead)
             for event in list(self._queries.values()):
                 event.set()
@@ -988,6 +1037,8 @@ class ProcessEngine:
             if process.is_alive():
                 process.kill()
                 process.join(0.2)
+        if process is not None and process.exitcode is not None:
+            reclaim_segments(process.pid)  # killed above, or by a signal during the run
         conn, self.conn = self.conn, None
         if conn is not None:
             with self._send_lock:
@@ -1078,6 +1129,49 @@ def _attach(buf: BatchBuffer, key: str, tensor: torch.Tensor) -> None:
             planes.low_t, planes.low = tensor, tensor.numpy()
         else:
             planes.high_t, planes.high = tensor, tensor.numpy()
+
+
+# Where torch's shared-memory segments have names (Linux), and how it names them:
+# torch_<pid of the allocating process>_<random>_<counter>.
+_SHM_DIR = "/dev/shm"
+
+
+def reclaim_segments(pid: int) -> list[str]:
+    """Unlink the shared-memory segments that the exited worker ``pid`` left named.
+
+    The worker's batch buffers are torch shared memory: torch creates each under
+    a name made from the worker's pid, maps it and unlinks the name at once, so
+    the memory lives as long as a mapping does. A worker killed (SIGKILL: the OOM
+    killer, or close() after its grace) between the creation and the unlink
+    leaves the name, and its memory, in ``/dev/shm`` until reboot. Once the
+    worker has exited no name with its pid can still be in use (the training
+    process maps its buffers through descriptors, not names), so every one of
+    ours is removed. Called only after the worker has exited: a live worker's
+    name may be between its creation and its unlink.
+
+    Returns:
+        The names removed (logged at WARNING).
+    """
+    prefix = f"torch_{pid}_"
+    try:
+        names = [n for n in os.listdir(_SHM_DIR) if n.startswith(prefix)]
+    except OSError:  # no /dev/shm (not Linux): torch's segments have no names there
+        return []
+    uid = os.getuid()
+    removed = []
+    for name in names:
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            if os.lstat(path).st_uid != uid:
+                continue  # another user's: a reused pid, never this feeder's
+            os.unlink(path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        removed.append(name)
+    if removed:
+        log.warning("removed %d shared-memory segment(s) the exited worker process (pid %d) "
+                    "left in %s: %s", len(removed), pid, _SHM_DIR, ", ".join(removed))
+    return removed
 
 
 def _death_error(process: Any) -> FeederError:

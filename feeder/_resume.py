@@ -101,7 +101,67 @@ def unpack(data: Any, length: int, field: str) -> np.ndarray:
         raise ValueError(f"state[{field!r}]: expected {(length + 7) // 8} bytes for "
                          f"{length} samples, got {type(data).__name__} "
                          f"of length {len(data) if hasattr(data, '__len__') else '?'}")
-    return np.unpackbits(np.frombuffer(bytes(data), np.uint8), count=length).astype(bool)
+    bits = np.unpackbits(np.frombuffer(bytes(data), np.uint8)).astype(bool)
+    if bits[length:].any():
+        # np.packbits pads with zeros: a set bit past the last sample is damage.
+        raise ValueError(f"state[{field!r}]: a bit is set past the last of the {length} samples "
+                         f"(the padding of the last byte): the state is damaged")
+    return bits[:length]
+
+
+def _first(bits: np.ndarray) -> str:
+    where = np.flatnonzero(bits)
+    more = f" (and {where.size - 1} more)" if where.size > 1 else ""
+    return f"sample {int(where[0])}{more}"
+
+
+def check_progress(delivered: np.ndarray, skipped: np.ndarray, batches: int, order: list[int],
+                   batch_size: int, skip: bool, epoch: int) -> None:
+    """Refuse a saved pass that no pass could have left: samples marked that this
+    rank's pass never hands out, skips under ``on_error="raise"``, a sample both
+    delivered and skipped, or a batch count that does not fit the delivered samples.
+    Such a state would lose samples (a marked sample is never dispatched again)
+    or deliver some twice.
+
+    Args:
+        delivered, skipped: The state's bitmaps, one bit per source sample.
+        batches: The state's delivered batch count.
+        order: The samples the saving rank's pass of ``epoch`` dispatches.
+        skip: ``on_error="skip"``.
+
+    Raises:
+        ValueError: naming the field and the first offending sample or count.
+    """
+    damaged = "the state is damaged or from other settings"
+    if not skip and skipped.any():
+        raise ValueError(f"state['skipped'] marks {_first(skipped)} as skipped, but under "
+                         f"on_error='raise' no sample is ever skipped (a resume would never "
+                         f"deliver it): {damaged}")
+    both = delivered & skipped
+    if both.any():
+        raise ValueError(f"state['delivered'] and state['skipped'] both mark {_first(both)}: "
+                         f"{damaged}")
+    dispatched = np.zeros(len(delivered), bool)
+    dispatched[np.asarray(order, dtype=np.intp)] = True
+    for field, bits in (("delivered", delivered), ("skipped", skipped)):
+        outside = bits & ~dispatched
+        if outside.any():
+            raise ValueError(f"state[{field!r}] marks {_first(outside)}, which this rank's pass of "
+                             f"epoch {epoch} never hands out: {damaged}")
+    n = int(delivered.sum())
+    most = -(-len(order) // batch_size)
+    if batches > most:
+        raise ValueError(f"state['batches'] is {batches}, more than the {most} batches of "
+                         f"epoch {epoch}'s pass: {damaged}")
+    if skip:
+        # Skipped samples leave holes the tail may not refill: a batch holds 1 to batch_size.
+        if not batches <= n <= batches * batch_size:
+            raise ValueError(f"state['delivered'] marks {n} samples, which {batches} batches of "
+                             f"1 to {batch_size} samples cannot hold: {damaged}")
+    elif n not in (batches * batch_size, len(order)):
+        # Without skips every batch is full but the pass's last.
+        raise ValueError(f"state['delivered'] marks {n} samples, but {batches} full batches of "
+                         f"{batch_size} hold {batches * batch_size}: {damaged}")
 
 
 def check_settings(saved: Any, current: dict[str, Any]) -> None:
@@ -124,4 +184,8 @@ def _normal(value: Any) -> Any:
     # A state through torch.save/load or JSON-like tools may turn tuples into lists.
     if isinstance(value, (list, tuple)):
         return tuple(_normal(v) for v in value)
+    # True == 1 and 8.0 == 8 in Python: a bool or a float where the feeder has an
+    # int (or the reverse) is another setting, or a damaged state.
+    if isinstance(value, (bool, float)):
+        return (type(value).__name__, value)
     return value

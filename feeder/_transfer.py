@@ -315,6 +315,7 @@ class BatchTransforms:
         # Transforms with a class count take labels in [0, num_classes).
         self.bounds = [(t, t.num_classes) for t in transforms
                        if isinstance(getattr(t, "num_classes", None), int)]
+        self.fields_checked = False  # the fields are fixed by the first sample: checked once
 
     def check_labels(self, labels: np.ndarray, indices: np.ndarray, number: int) -> None:
         """Raise :class:`StageError` naming the batch, sample and label when a label
@@ -341,12 +342,38 @@ class BatchTransforms:
                              f"labels or float [num_classes] targets under \"label\"; the samples "
                              f"have {what}")
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
-                 number: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def check_fields(self, schema: Schema, number: int) -> None:
+        """Raise :class:`StageError` when a transform that says which fields it can
+        move with the images (``check_fields``, as MixUp and CutMix do) would leave
+        one of the batch's fields (a mask, boxes) paired with pixels that are no
+        longer its own. A plain callable sees images and labels only, and says nothing."""
+        if self.fields_checked:
+            return
+        kinds = {name: spec.kind for name, spec in schema.specs.items() if name != LABEL}
+        for t in self.transforms:
+            check = getattr(t, "check_fields", None)
+            if check is None:
+                continue
+            try:
+                check(kinds)
+            except ValueError as exc:
+                raise StageError("transfer", f"batch transform {t!r} refused batch {number} of "
+                                 f"epoch {self.epoch}: {exc}") from exc
+        self.fields_checked = True
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, number: int,
+                 masks: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply the transforms to one batch; ``masks`` (field name -> ``[B, H, W]``),
+        when given, are replaced in it by the masks as the transforms moved them."""
         for position, t in enumerate(self.transforms):
             gen = batch_generator(self.seed, self.epoch, number, position, self.device)
             try:
-                images, labels = t(images, labels, gen)
+                if masks and hasattr(t, "apply_with_masks"):
+                    images, labels, moved = t.apply_with_masks(images, labels, gen, dict(masks))
+                    masks.update(moved)
+                else:
+                    images, labels = t(images, labels, gen)
             except Exception as exc:
                 raise StageError("transfer", f"batch transform {t!r} failed on batch {number} of "
                                  f"epoch {self.epoch}: {type(exc).__name__}: {exc}") from exc
@@ -496,6 +523,7 @@ class Transfer(Stage):
         try:
             if self.batch is not None:
                 self.batch.check_label_field(buf, n, self.schema, indices, number)
+                self.batch.check_fields(self.schema, number)
             with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
                 if cuda:
                     with self.side.copying():  # see _deliver_cuda
@@ -512,9 +540,15 @@ class Transfer(Stage):
                     fields, extra = _gather(buf, n, self.schema, self.device, keep)
                 labels = fields.get(LABEL)
                 if self.batch is not None:
-                    images, labels = self.batch(images, labels, number)
+                    masks = {name: fields[name] for name, spec in self.schema.specs.items()
+                             if spec.kind == MASKS}
+                    images, labels = self.batch(images, labels, number, masks)
                     fields[LABEL] = labels
                     extra.append(labels)
+                    for name, mask in masks.items():
+                        if mask is not fields[name]:
+                            fields[name] = mask
+                            extra.append(mask)
                 if cuda:
                     event = blocking_event()
                     event.record(self.stream)

@@ -39,22 +39,27 @@ PNG: class ids are never blended) and its boxes scaled by the same factors.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import io
 import json
+import logging
 import os
 import re
+import stat
 import sys
 import tarfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._tar import ShardIndex, index_path
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
@@ -118,6 +123,9 @@ class PackResult:
             ``max_side`` (they will fail when read for training, as the original
             would): their paths, or a source's descriptions of its samples.
         manifest: The shard list's path.
+        skipped: Files of an ImageFolder or file list passed over because they
+            are not regular files (a FIFO, a device, a socket named ``.jpg``),
+            each with what it is: ``"path (FIFO)"``. They are never opened.
     """
 
     shards: list[str]
@@ -126,6 +134,75 @@ class PackResult:
     reencoded: int
     kept: list[str]
     manifest: str
+    skipped: list[str] = field(default_factory=list)
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _regular_files(paths: list[str], labels: list[int]) -> tuple[list[str], list[int], list[str]]:
+    """The paths that are regular files (links followed), their labels, and the
+    others as ``"path (kind)"``. Decided from ``os.stat`` before any is opened:
+    opening a FIFO blocks until a writer comes, which may be never. A path that
+    cannot be stat'ed stays: reading it fails with an error naming it."""
+    keep_paths, keep_labels, skipped = [], [], []
+    for path, label in zip(paths, labels):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if stat.S_ISREG(mode):
+            keep_paths.append(path)
+            keep_labels.append(label)
+        else:
+            skipped.append(f"{path} ({_file_kind(mode)})")
+            logger.warning("feeder-pack: skipping %s: not a regular file (%s)", path, _file_kind(mode))
+    return keep_paths, keep_labels, skipped
+
+
+def _read_input(path: str) -> bytes:
+    """The bytes of the input file ``path``; errors name it.
+
+    Opened without blocking: a path replaced by a FIFO since it was listed would
+    otherwise block the open until a writer comes. Then refused unless it is a
+    regular file (checked on the open descriptor, so no later swap can fool it).
+
+    Raises:
+        PackError: ``path`` is not a regular file any more.
+        OSError: opening or reading failed (EIO...), with ``path`` as its filename.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise PackError(f"{path}: input is not a regular file ({_file_kind(mode)}); it was one "
+                            f"when the files were listed: rerun the pack")
+        with open(fd, "rb", closefd=False) as f:
+            try:
+                return f.read()
+            except OSError as exc:
+                # A read's error has no filename: the packer's must say which input failed.
+                raise OSError(exc.errno, f"reading input file: {exc.strerror}", path) from exc
+    finally:
+        os.close(fd)
+
+
+def _output_error(exc: OSError, path: str, out_dir: str) -> OSError:
+    """``exc`` (from writing ``path``) as an error naming the file and the output folder."""
+    hint = {errno.ENOSPC: "the output folder's file system is full",
+            errno.EROFS: "the output folder is on a read-only file system",
+            errno.EDQUOT: "the disk quota of the output folder is exceeded"}.get(exc.errno)
+    what = exc.strerror or str(exc)
+    return OSError(exc.errno, f"writing to output folder {out_dir}: {what}"
+                   + (f" ({hint}; nothing partial is left under a final name)" if hint else ""),
+                   path)
 
 
 def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
@@ -322,19 +399,49 @@ def _names(out_dir: str, name: str, k: int) -> tuple[str, str, str, str]:
 
 def _write_atomic(path: str, text: str) -> None:
     tmp = path + ".part"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise _output_error(exc, path, os.path.dirname(path) or ".") from exc
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make the renames in ``folder`` durable (a crash after the rename could
+    otherwise leave the old names); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a folder: the data is synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:  # absent, or a read-only folder: nothing more to do on the way out
+        pass
 
 
 class _ShardWriter:
     """One shard being written: a tar under a temporary name, and its index."""
 
     def __init__(self, out_dir: str, name: str, k: int) -> None:
+        self.out_dir = out_dir
         self.path, self.idx, self.tmp, self.tmp_idx = _names(out_dir, name, k)
-        self.file = open(self.tmp, "wb")
+        try:
+            self.file = open(self.tmp, "wb")
+        except OSError as exc:
+            raise _output_error(exc, self.tmp, out_dir) from exc
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
         self.members: list[tuple[str, int, int]] = []
         self.samples = 0
@@ -344,6 +451,12 @@ class _ShardWriter:
         return self.tar.offset
 
     def add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:
+        try:
+            self._add(key, fields)
+        except OSError as exc:
+            raise _output_error(exc, self.tmp, self.out_dir) from exc
+
+    def _add(self, key: str, fields: Sequence[tuple[str, bytes]]) -> None:
         for ext, data in fields:
             info = tarfile.TarInfo(f"{key}.{ext}")
             info.size = len(data)
@@ -357,6 +470,12 @@ class _ShardWriter:
     def finish(self) -> None:
         """Close the tar, write the index, then rename both: index first, so a
         shard under its final name always has its index."""
+        try:
+            self._finish()
+        except OSError as exc:
+            raise _output_error(exc, exc.filename or self.tmp, self.out_dir) from exc
+
+    def _finish(self) -> None:
         self.tar.close()
         self.file.flush()
         os.fsync(self.file.fileno())
@@ -369,6 +488,7 @@ class _ShardWriter:
             os.fsync(f.fileno())
         os.replace(self.tmp_idx, self.idx)
         os.replace(self.tmp, self.path)
+        _fsync_dir(self.out_dir)
 
     def abandon(self) -> None:
         for f in (self.tar, self.file):
@@ -377,10 +497,7 @@ class _ShardWriter:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
         for p in (self.tmp, self.tmp_idx):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+            _remove(p)
 
 
 def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str = "train",
@@ -428,11 +545,15 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         classes = None
     else:
         raise PackError(f"{source!r} is neither an ImageFolder directory nor a file list")
+    skipped: list[str] = []
     if obj is None:
+        paths, labels, skipped = _regular_files(list(paths), list(labels))
         n_samples = len(paths)
         origin = os.path.abspath(source)
     if not n_samples:
-        raise PackError(f"{origin}: the source has no sample")
+        raise PackError(f"{origin}: the source has no sample"
+                        + (f" (skipped, not regular files: {', '.join(skipped[:5])}"
+                           f"{', ...' if len(skipped) > 5 else ''})" if skipped else ""))
     os.makedirs(out_dir, exist_ok=True)
     settings = {"source": origin, "samples": n_samples, "shard_size": shard_size,
                 "max_side": max_side, "quality": quality if max_side else None}
@@ -492,11 +613,17 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
 
     def load(i: int) -> tuple[int, list[tuple[str, bytes]], str]:
         if obj is not None:
-            members, status = sample_members(obj, i, max_side, quality)
+            try:
+                members, status = sample_members(obj, i, max_side, quality)
+            except OSError as exc:
+                if exc.filename is not None:
+                    raise
+                # The source's read failed without saying on what (os.read's
+                # errors name no file): name the sample.
+                raise OSError(exc.errno, f"reading {_describe(obj, i)}: {exc.strerror or exc}") from exc
             return i, members, status
         path = paths[i]
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_input(path)
         ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
         status = "same"
         if max_side is not None:
@@ -574,7 +701,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
     }
     _write_atomic(manifest_path, json.dumps(manifest, indent=1))
-    return PackResult(shards, sum(counts), len(done_shards), reencoded, kept, manifest_path)
+    return PackResult(shards, sum(counts), len(done_shards), reencoded, kept, manifest_path, skipped)
 
 
 def _sha256(path: str) -> str:
@@ -661,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"their masks and boxes)\n")
     for path in result.kept:
         out.write(f"kept as is (could not decode to re-encode): {path}\n")
+    for path in result.skipped:
+        out.write(f"skipped, not a regular file: {path}\n")
     out.write(f"shard list: {result.manifest}\n")
     out.write(f"train with: TarShards({result.manifest!r})\n")
     return 0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain
+from conftest import MemorySource, drain, run_in_thread
 from feeder import Feeder, FeederError, ops
 from feeder._rng import batch_generator
 
@@ -200,3 +200,98 @@ def test_failing_transform_names_batch(small):
         batches, err = drain(f)
     assert isinstance(err, FeederError)
     assert "failed on batch 0 of epoch 0" in str(err) and "boom" in str(err)
+
+
+# -- dict batches with masks and boxes ---------------------------------------------
+
+
+def colour_of(i: int) -> tuple[int, int, int]:
+    return (20 * i + 10, 255 - 20 * i, (60 * i) % 256)
+
+
+@pytest.fixture(scope="module")
+def solid_pngs():
+    from conftest import encode_png
+    return [encode_png(np.full((16, 16, 3), colour_of(i), np.uint8)) for i in range(8)]
+
+
+def collect(feeder):
+    """Every dict batch of one pass, and the error that ended it (or None)."""
+    out: list = []
+
+    def run():
+        try:
+            for batch in feeder:
+                out.append(batch)
+        except FeederError as exc:
+            return exc
+        return None
+    return out, run_in_thread(run)
+
+
+def masked_source(blobs, boxes: bool = False):
+    from fields_helpers import DictSource
+
+    def make_sample(i):
+        # Sample i is one colour and its mask is class i + 1 everywhere: after
+        # mixing, a pixel's mask value says which sample its colour must be.
+        sample = {"image": blobs[i], "mask": np.full((16, 16), i + 1, np.uint8), "label": i % 5}
+        if boxes:
+            sample["boxes"] = np.array([[1, 1, 8, 8]], np.float32)
+            sample["box_class"] = np.array([i], np.int64)
+        return sample
+    return DictSource(len(blobs), make_sample)
+
+
+def test_cutmix_pastes_the_mask_region_with_the_image_region(solid_pngs):
+    mixed = 0
+    with Feeder(masked_source(solid_pngs), 4, [], image_size=(16, 16), shuffle=False, seed=1, dtype=torch.float32,
+                decode_threads=1, batch_transforms=[ops.CutMix(1.0, 5)]) as f:
+        batches, err = collect(f)
+    assert err is None and len(batches) == 2
+    colours = torch.tensor([colour_of(i) for i in range(8)], dtype=torch.float32) / 255
+    for b in batches:
+        mask = b["mask"]
+        assert mask.shape == (4, 16, 16) and mask.dtype == torch.uint8
+        for img, m, own in zip(b["image"], mask, b["label"].argmax(1)):
+            # Every pixel's colour is the colour of the sample its mask names.
+            want = colours[m.long() - 1].permute(2, 0, 1)
+            assert torch.allclose(img, want, atol=1e-6)
+            mixed += int((m != m.flatten().mode().values).sum() > 0)
+    # The transform did paste something (a batch of unmixed masks would pass above too).
+    assert mixed > 0
+
+
+@pytest.mark.parametrize("boxes", [False, True])
+def test_mixup_refuses_masks_naming_the_field(solid_pngs, boxes):
+    with Feeder(masked_source(solid_pngs, boxes), 4, [], image_size=(16, 16), seed=1, dtype=torch.float32,
+                decode_threads=1, batch_transforms=[ops.MixUp(1.0, 5)]) as f:
+        batches, err = collect(f)
+    assert batches == [] and isinstance(err, FeederError)
+    msg = str(err)
+    assert "MixUp" in msg and "mask" in msg and "['mask']" in msg and "CutMix" in msg
+
+
+def test_mixing_refuses_boxes_naming_the_fields(solid_pngs):
+    with Feeder(masked_source(solid_pngs, boxes=True), 4, [], image_size=(16, 16), seed=1, dtype=torch.float32,
+                decode_threads=1, batch_transforms=[ops.CutMix(1.0, 5)]) as f:
+        batches, err = collect(f)
+    assert batches == [] and isinstance(err, FeederError)
+    msg = str(err)
+    assert "CutMix" in msg and "['box_class', 'boxes']" in msg and "batch 0" in msg
+
+
+def test_cutmix_moves_masks_directly():
+    x, y = batch_of(2)
+    masks = {"mask": torch.arange(6, dtype=torch.uint8).view(6, 1, 1).expand(6, 8, 10).clone()}
+    op = ops.CutMix(1.0, 10)
+    out_x, out_y, out_m = op.apply_with_masks(x, y, torch.Generator().manual_seed(2), masks)
+    ref_x, ref_y = op(x, y, torch.Generator().manual_seed(2))
+    assert torch.equal(out_x, ref_x) and torch.equal(out_y, ref_y)
+    pasted = out_m["mask"] != masks["mask"]
+    assert pasted.any()
+    # Where the mask was pasted the image was too, from the same partner.
+    assert torch.equal(pasted[:, None].expand_as(x), out_x != x)
+    assert torch.equal(out_m["mask"][pasted], masks["mask"].flip(0)[pasted])
+    with pytest.raises(ValueError, match="MixUp cannot mix the mask field"):
+        ops.MixUp(1.0, 10).apply_with_masks(x, y, torch.Generator(), masks)

@@ -216,6 +216,36 @@ def test_bad_option_rejected_naming_it(source, option, value):
     assert repr(value) in shown or str(value) in shown or option == "normalize"
 
 
+@pytest.mark.parametrize("std, dtype, words", [
+    (1e-300, torch.float32, "std 1e-300 of channel 1"),   # 0 in float32
+    (1e-40, torch.float32, "std 1e-40 of channel 1"),     # a float32 denormal
+    (-1e-300, torch.float16, "std -1e-300 of channel 1"),
+    (1e39, torch.float32, "std 1e+39 of channel 1"),      # 1 / std underflows in float32
+    (1e-6, torch.float16, "channel 1 maps"),               # values up to 5e5: inf in float16
+    (0.0, torch.float64, "std of channel 1"),
+    (float("inf"), torch.float32, "std of channel 1"),
+    (float("nan"), torch.float32, "std of channel 1"),
+])
+def test_normalize_std_that_gives_inf_or_nan_is_refused_naming_the_channel(source, std, dtype, words):
+    with pytest.raises(ValueError, match="normalize") as info:
+        Feeder(source, 4, [ops.CenterCrop(16)], dtype=dtype,
+               normalize=((0.5, 0.5, 0.5), (0.2, std, 0.2)))
+    assert words in str(info.value)
+
+
+def test_normalize_mean_not_finite_names_the_channel(source):
+    with pytest.raises(ValueError, match="mean of channel 2 must be finite"):
+        Feeder(source, 4, [ops.CenterCrop(16)], normalize=((0.5, 0.5, float("-inf")), (0.2,) * 3))
+
+
+def test_normalize_tiny_std_is_accepted_where_the_dtype_holds_it(source):
+    # 1e-300 is a normal float64: a float64 feeder computes in float64 and holds the result.
+    with Feeder(source, 4, [ops.CenterCrop(16)], dtype=torch.float64, seed=0,
+                normalize=((0.5, 0.5, 0.5), (0.2, 1e-300, 0.2))) as f:
+        batches, err = drain(f, limit=1)
+    assert err is None and np.isfinite(batches[0][0]).all()
+
+
 @pytest.mark.parametrize("option, value", [
     ("dtype", torch.uint8), ("dtype", torch.float16), ("dtype", torch.bfloat16),
     ("dtype", torch.float32), ("dtype", torch.float64), ("shuffle", np.bool_(False)),

@@ -187,6 +187,37 @@ def test_dict_samples_same_as_the_thread_engine():
     assert sorted(n for b in again for n in b["name"]) == sorted(f"sample-{i}" for i in range(20))
 
 
+class UnpicklableFieldSource:
+    """Dict samples whose passed-through ``meta`` holds a lock (sample 3) or a lambda
+    (sample 10): values a custom source may build that cannot cross to the training process."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def read(self, index: int) -> dict:
+        meta = {3: threading.Lock(), 10: lambda: index}.get(index, f"meta-{index}")
+        return {"image": BLOBS[index], "label": index, "meta": meta}
+
+
+def test_unpicklable_field_names_the_field_and_the_sample():
+    with make(UnpicklableFieldSource(), isolation="process", shuffle=False) as f:
+        with pytest.raises(SampleError) as info:
+            collect(f)
+    err = info.value
+    assert err.index == 3 and "field 'meta'" in str(err) and "cannot be pickled" in str(err)
+    assert "lock" in str(err)
+
+
+def test_unpicklable_field_is_skipped_and_counted_under_skip():
+    with make(UnpicklableFieldSource(), isolation="process", shuffle=False, on_error="skip") as f:
+        batches = collect(f)
+        assert f.stats().skipped == 2
+    labels = sorted(int(v) for b in batches for v in b["label"])
+    assert labels == [i for i in range(24) if i not in (3, 10)]
+    assert sorted(m for b in batches for m in b["meta"]) == sorted(
+        f"meta-{i}" for i in range(24) if i not in (3, 10))
+
+
 def test_early_break_then_a_new_pass(pairs, reference):
     pairs.set_epoch(0)
     head = collect(pairs, limit=2)
@@ -358,6 +389,44 @@ def test_worker_killed_raises_a_clear_error(sig, why):
             collect(f)  # a new pass says so too
     finally:
         f.close()
+
+
+class LeavesASegment(MemorySource):
+    """Reading sample 0 leaves a named segment in /dev/shm under the worker's pid, as
+    torch's allocation of a batch buffer does when the worker is killed between
+    creating the name and unlinking it (a window too short to hit on purpose)."""
+
+    def read(self, index):
+        if index == 0:
+            fd = os.open(f"/dev/shm/torch_{os.getpid()}_4242_{index}", os.O_CREAT | os.O_RDWR, 0o600)
+            os.ftruncate(fd, 4096)
+            os.close(fd)
+        return super().read(index)
+
+
+def _worker_segments(pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{pid}_")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named shared memory is Linux's /dev/shm")
+@pytest.mark.parametrize("when", ["seen-dead", "closed"])
+def test_killed_worker_leaves_no_shared_memory_segment(when):
+    f = make(LeavesASegment(BLOBS), isolation="process", queue_size=1, shuffle=False)
+    pid = f._engine.process.pid
+    try:
+        it = iter(f)
+        next(it)  # sample 0 was read (its batch came): the segment exists
+        assert _worker_segments(pid), "the worker did not leave its segment"
+        os.kill(pid, signal.SIGKILL)
+        if when == "seen-dead":
+            # The training process reclaims what the worker left when it sees it die.
+            with pytest.raises(FeederError, match="SIGKILL"):
+                for _ in range(N):
+                    next(it)
+            assert not _worker_segments(pid)
+    finally:
+        f.close()
+    assert not _worker_segments(pid)
 
 
 def test_unclosed_feeder_is_collected_and_its_worker_exits():

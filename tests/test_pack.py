@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
 import subprocess
@@ -18,7 +21,7 @@ from feeder._storage import FilePool
 from feeder.pack import PackError, main, pack, parse_size
 from feeder.shards import TarShards
 
-from conftest import encode_jpeg, encode_png
+from conftest import encode_jpeg, encode_png, run_in_thread
 from feeder.synthetic import make_image
 
 
@@ -181,3 +184,154 @@ def test_cli(tmp_path, image_folder, capsys):
     assert proc.returncode == 0, proc.stderr
     assert "16/16" in proc.stderr and "img" in proc.stderr
     assert len(ShardIndex.from_text((tmp_path / "o3" / "train-000000.idx").read_text(), "x")) == 16
+
+
+# -- hostile inputs and failing storage ------------------------------------------------------
+
+def _assert_only_complete_shards(out):
+    """Every shard under its final name is whole (its index's members all read back)
+    and no temporary file is left."""
+    assert not [f for f in os.listdir(out) if f.endswith(".part")]
+    for f in shard_files(out):
+        with tarfile.open(out / f) as tar:
+            names = tar.getnames()
+        ix = ShardIndex.from_text((out / f.replace(".tar", ".idx")).read_text(), f)
+        assert len(ix) and all(any(n.startswith(k) for n in names) for k in ix.keys)
+
+
+def test_fifo_named_jpg_is_skipped_never_opened(tmp_path, jpeg_blobs):
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs, 6)
+    fifo = src / "c1" / "002b.jpg"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes: never
+    res = run_in_thread(lambda: pack(str(src), str(tmp_path / "out")), timeout=60)
+    assert res.samples == 6 and res.skipped == [f"{fifo} (FIFO)"]
+    assert len(TarShards(res.manifest)) == 6
+    # The command says so.
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert run_in_thread(lambda: main([str(src), str(tmp_path / "out2"), "-q"]), timeout=60) == 0
+    assert f"skipped, not a regular file: {fifo} (FIFO)" in buf.getvalue()
+
+
+def test_input_replaced_by_a_fifo_after_listing_fails_naming_it(tmp_path):
+    from feeder.pack import _read_input
+    fifo = tmp_path / "late.jpg"
+    os.mkfifo(fifo)
+    with pytest.raises(PackError, match=r"late\.jpg: input is not a regular file \(FIFO\)"):
+        run_in_thread(lambda: _read_input(str(fifo)), timeout=30)
+
+
+class _FailingFile:
+    """A file whose writes fail with ``code`` once ``budget`` bytes were written (a
+    disk that fills up), or whose reads fail (a failing disk)."""
+
+    def __init__(self, real, code, budget=None, fail_reads=False):
+        self.real, self.code, self.budget, self.fail_reads = real, code, budget, fail_reads
+
+    def write(self, data):
+        if self.budget is not None:
+            if len(data) > self.budget:
+                raise OSError(self.code, os.strerror(self.code))
+            self.budget -= len(data)
+        return self.real.write(data)
+
+    def read(self, *args):
+        if self.fail_reads:
+            raise OSError(self.code, os.strerror(self.code))
+        return self.real.read(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.real.close()
+
+
+def test_disk_full_names_the_shard_and_folder_and_leaves_no_truncated_shard(tmp_path, jpeg_blobs,
+                                                                            monkeypatch):
+    import builtins
+    import feeder.pack as packmod
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs)
+    out = tmp_path / "out"
+    shards_opened = []
+
+    def fake_open(file, mode="r", *args, **kw):
+        f = builtins.open(file, mode, *args, **kw)
+        if isinstance(file, str) and file.endswith(".tar.part"):
+            shards_opened.append(file)
+            # The third shard meets a full disk part-way through.
+            return _FailingFile(f, errno.ENOSPC, 10_000) if len(shards_opened) == 3 else f
+        return f
+    monkeypatch.setattr(packmod, "open", fake_open, raising=False)
+    with pytest.raises(OSError) as info:
+        pack(str(src), str(out), shard_size=parse_size("25KB"))
+    msg = str(info.value)
+    assert info.value.errno == errno.ENOSPC
+    assert str(out) in msg and ".train-000002.tar.part" in msg and "full" in msg
+    assert shard_files(out) == ["train-000000.tar", "train-000001.tar"]
+    _assert_only_complete_shards(out)
+    assert not (out / "train.json").exists()
+    # The same command, once there is room, completes the pack from there.
+    monkeypatch.undo()
+    res = pack(str(src), str(out), shard_size=parse_size("25KB"))
+    assert res.resumed == 2 and len(TarShards(res.manifest)) == 30
+
+
+def test_read_only_output_names_the_folder(tmp_path, jpeg_blobs, monkeypatch):
+    import builtins
+    import feeder.pack as packmod
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs, 6)
+    out = tmp_path / "out"
+
+    def fake_open(file, mode="r", *args, **kw):
+        if isinstance(file, str) and "w" in mode:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), file)
+        return builtins.open(file, mode, *args, **kw)
+    monkeypatch.setattr(packmod, "open", fake_open, raising=False)
+    with pytest.raises(OSError, match="read-only") as info:
+        pack(str(src), str(out))
+    assert str(out) in str(info.value) and info.value.errno == errno.EROFS
+    assert not [f for f in os.listdir(out) if f.endswith(".part")]
+    assert main([str(src), str(tmp_path / "out2"), "-q"]) == 2
+
+
+def test_failing_input_read_names_the_file(tmp_path, jpeg_blobs, monkeypatch):
+    import builtins
+    import feeder.pack as packmod
+    src = tmp_path / "src"
+    _make_folder(src, jpeg_blobs, 9)
+    victim = str(src / "c1" / "004.jpg")
+
+    def fake_open(file, mode="r", *args, **kw):
+        f = builtins.open(file, mode, *args, **kw)
+        if isinstance(file, int) and os.path.realpath(f"/proc/self/fd/{file}") == victim:
+            return _FailingFile(f, errno.EIO, fail_reads=True)
+        return f
+    monkeypatch.setattr(packmod, "open", fake_open, raising=False)
+    with pytest.raises(OSError, match="004.jpg") as info:
+        pack(str(src), str(tmp_path / "out"))
+    assert info.value.errno == errno.EIO and "reading input file" in str(info.value)
+    _assert_only_complete_shards(tmp_path / "out")
+
+
+def test_source_read_error_without_a_filename_names_the_sample(tmp_path, jpeg_blobs):
+
+    class Flaky:
+        def __len__(self):
+            return 4
+
+        def read(self, i):
+            if i == 2:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return jpeg_blobs[i], 0
+
+        def describe(self, i):
+            return f"blob://{i}"
+    with pytest.raises(OSError, match=r"reading sample 2 \(blob://2\): Input/output error"):
+        pack(Flaky(), str(tmp_path / "out"))

@@ -281,3 +281,99 @@ def test_another_ranks_state_positions_this_rank_by_its_batches(source):
         with make(source, rank=1, **{**ranks, **loading}) as f:
             with pytest.raises(ValueError, match=r"cannot resume: (rank|world_size) differs"):
                 f.load_state_dict(state)
+
+
+# -- impossible states are refused, naming the field ---------------------------------------
+
+def bits_of(state, field, n=60):
+    return np.unpackbits(np.frombuffer(state[field], np.uint8), count=n).astype(bool)
+
+
+def with_bits(state, field, bits):
+    return {**state, field: np.packbits(bits).tobytes()}
+
+
+def refused(source, state, match, **kw):
+    with make(source, **kw) as f:
+        with pytest.raises(ValueError, match=match) as info:
+            f.load_state_dict(state)
+        # A refused state changes nothing: the next pass is a first pass of epoch 0.
+        assert f.state_dict()["epoch"] is None and f.state_dict()["next_epoch"] == 0
+    return str(info.value)
+
+
+def test_skipped_bit_under_raise_is_refused(source):
+    """A skipped bit for a sample never handed out would drop that sample from the
+    resumed pass: under on_error="raise" nothing is ever skipped."""
+    for ordered in (True, False):
+        _, state = interrupted(source, 2, ordered=ordered)
+        delivered = bits_of(state, "delivered")
+        skipped = np.zeros(60, bool)
+        skipped[int(np.flatnonzero(~delivered)[0])] = True
+        msg = refused(source, with_bits(state, "skipped", skipped), r"state\['skipped'\]",
+                      ordered=ordered)
+        assert f"sample {int(np.flatnonzero(skipped)[0])}" in msg and "on_error='raise'" in msg
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_sample_both_delivered_and_skipped_is_refused(source, ordered):
+    _, state = interrupted(source, 2, on_error="skip", ordered=ordered)
+    skipped = bits_of(state, "delivered").copy()
+    msg = refused(source, with_bits(state, "skipped", skipped),
+                  r"state\['delivered'\] and state\['skipped'\] both mark", on_error="skip",
+                  ordered=ordered)
+    assert "sample" in msg
+
+
+def test_sample_outside_this_ranks_pass_is_refused(source):
+    kw = dict(rank=0, world_size=2, ordered=False)
+    _, state = interrupted(source, 1, **kw)
+    # Rank 1's first sample is never handed out by rank 0's pass.
+    from feeder._sampler import pass_order
+    theirs = pass_order(60, B, True, False, False, 5, 0, 1, 2)
+    marked = bits_of(state, "delivered").copy()
+    marked[theirs[0]] = True
+    msg = refused(source, with_bits(state, "delivered", marked), r"state\['delivered'\] marks", **kw)
+    assert f"sample {theirs[0]}" in msg and "never hands out" in msg
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(batches=2), "delivered"),        # 8 samples cannot fill 2 batches without skips
+    (dict(batches=0), "delivered"),        # delivered samples but no batch
+    (dict(batches=99), "batches"),         # more batches than the pass has
+    (dict(batches=1.0), "batches"), (dict(batches=True), "batches"),
+    (dict(epoch="0"), "epoch"), (dict(epoch=-1), "epoch"), (dict(next_epoch=None), "next_epoch"),
+    (dict(skipped_total=-1), "skipped_total"), (dict(skipped_total=None), "skipped_total"),
+    (dict(delivered=b"\x00"), "delivered"), (dict(skipped=None), "skipped"),
+])
+def test_counts_and_types_out_of_range_are_refused(source, change, field):
+    _, state = interrupted(source, 1, ordered=False)
+    refused(source, {**state, **change}, rf"state\['{field}'\]", ordered=False)
+
+
+def test_batch_count_under_skip_fits_the_delivered_samples(source):
+    _, state = interrupted(source, 1, ordered=False, on_error="skip")
+    refused(source, {**state, "batches": 0}, r"state\['delivered'\] marks 8 samples",
+            ordered=False, on_error="skip")
+
+
+def test_padding_bits_and_bitmaps_without_a_pass_are_refused(source):
+    _, state = interrupted(source, 1, ordered=False)
+    padded = bytearray(state["skipped"])
+    padded[-1] |= 1  # 60 samples: the last byte's low 4 bits are padding
+    refused(source, {**state, "skipped": bytes(padded)}, r"state\['skipped'\].*past the last",
+            ordered=False)
+    with make(source) as f:
+        idle = f.state_dict()
+    refused(source, {**idle, "delivered": state["delivered"]},
+            r"state\['delivered'\] must be None when state\['epoch'\] is None")
+
+
+@pytest.mark.parametrize("name, value", [("seed", True), ("batch_size", 8.0), ("drop_last", 0)])
+def test_settings_of_another_type_are_refused(source, name, value):
+    _, state = interrupted(source, 1, seed=1)
+    state = {**state, "settings": {**state["settings"], name: value}}
+    refused(source, state, f"{name} differs", seed=1)
+    if name == "seed":
+        with Feeder(source, B, transforms(), seed=None) as f, pytest.raises(ValueError, match="seed"):
+            f.load_state_dict(state)
