@@ -309,9 +309,11 @@ class Feeder:
             and later samples fill its place.
         max_skipped: With ``on_error="skip"``, raise once more than this many
             samples were skipped (None: no limit).
-        rank, world_size: This process's shard (disjoint shards cut from one
-            shared order per epoch; see ``drop_last``). Default: from
-            ``torch.distributed`` when it is initialized.
+        rank: This process's shard (disjoint shards cut from one shared order
+            per epoch; see ``drop_last``). Default: from ``torch.distributed``
+            when it is initialized, read when each pass starts.
+        world_size: The number of shards (default: from ``torch.distributed``,
+            as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
