@@ -282,7 +282,8 @@ class Feeder:
             or plain callables ``fn(img, rng) -> img``.
         decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2).
         augment_threads: Threads running the transforms, or 0 to run them in the
-            decode threads, or ``"auto"`` (0: measured fastest; see the README).
+            decode threads, or ``"auto"`` (0: measured fastest; see the docs'
+            results page).
         read_threads: Threads calling ``source.read``, ahead of the decode
             threads, so that a read waiting on storage never idles a core;
             ``"auto"``: 16 per decode thread, within [16, 128], when the
@@ -332,9 +333,11 @@ class Feeder:
             and later samples fill its place.
         max_skipped: With ``on_error="skip"``, raise once more than this many
             samples were skipped (None: no limit).
-        rank, world_size: This process's shard (disjoint shards cut from one
-            shared order per epoch; see ``drop_last``). Default: from
-            ``torch.distributed`` when it is initialized.
+        rank: This process's shard (disjoint shards cut from one shared order
+            per epoch; see ``drop_last``). Default: from ``torch.distributed``
+            when it is initialized, read when each pass starts.
+        world_size: The number of shards (default: from ``torch.distributed``,
+            as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
@@ -366,9 +369,8 @@ class Feeder:
             initialized in this process, no other thread running than feeder's
             idle ones), else ``"spawn"``; :attr:`start_method` says which ran.
             ``"fork"``: a copy of this process, its first batch a fraction of
-            a second after ``Feeder(...)`` (0.16 s against the thread engine's
-            0.10 s in ``bench/results/isolation_ab.txt``); the source and
-            transforms are not pickled (lambdas work).
+            a second after ``Feeder(...)``; the source and transforms are not
+            pickled (lambdas work).
             ``"spawn"`` / ``"forkserver"``: a fresh interpreter (seconds: it
             imports torch again); the source and transforms must be picklable
             (module-level functions and classes; a
@@ -382,27 +384,23 @@ class Feeder:
             ``drop_last=True``, ``batch_size`` above the shard size); the message
             names the numbers.
 
-    Memory: at most ``Feeder.num_buffers`` batch buffers of ``batch_size * H * W * 3``
-    bytes (pinned when ``device`` is CUDA); two while the training loop keeps up,
-    more only while it spends 20 ms or more outside ``next()`` or keeps uint8
-    batches. Plus up to ``4 * decode_threads`` one-sample scratch arrays, and the
-    decoded images in flight: one per decode thread with ``augment_threads=0``,
-    else up to ``decode_threads + 5 * augment_threads``.
+    Attributes:
+        source: The source the feeder reads.
+        seed: The base seed in use (drawn from torch's generator when ``seed=None``;
+            rank 0's under ``torch.distributed``).
+        last_batch: A :class:`BatchInfo` for the batch ``next()`` last returned
+            (its epoch, its number in the epoch, its samples' source indices).
+        sampler: A sampler-like handle: ``feeder.sampler.set_epoch(e)`` is
+            ``feeder.set_epoch(e)`` (Lightning calls it on a loader's ``sampler``).
 
-    ``feeder.last_batch`` (a :class:`BatchInfo`) says which source samples the
-    last batch ``next()`` returned holds, its epoch and its number in the epoch.
+    One pass at a time: a pass starts at its iterator's first ``next()`` and
+    stops an unfinished one, whose iterator then raises a
+    :class:`~feeder.FeederError`. ``close()`` is safe from any thread and twice.
 
-    One pass at a time: a pass starts at its iterator's first ``next()``
-    (``iter(feeder)`` alone starts nothing and uses no epoch number) and stops
-    an unfinished pass, whose iterator then raises a
-    :class:`~feeder.FeederError` saying so. One iterator may be shared by
-    several threads (each batch goes to one of them; all see the end).
-    ``close()`` may be called from any thread.
-
-    For trainers: ``feeder.sampler.set_epoch(e)`` is ``feeder.set_epoch(e)``
-    (Lightning calls it on a loader's ``sampler`` every epoch), ``state_dict``
-    / ``load_state_dict`` resume mid-epoch, and :meth:`skip` is the
-    equivalent of Accelerate's ``skip_first_batches``.
+    The docs site says more: "Getting started" and "From DataLoader" (defaults
+    and output), the guides (``docs/guides/``: resume, distributed, trainers,
+    isolation, reliability), and the design notes ``docs/design/memory.md``
+    (the memory formula) and ``docs/design/how-it-works.md``.
     """
 
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),

@@ -1,12 +1,6 @@
 """The isolated engine (``Feeder(isolation="process")``): the threaded pipeline in one
 worker process, batches in shared memory, the transfer stage in the training process.
 
-Why: the decode threads of the thread engine take the GIL for their Python
-bookkeeping between C calls, and a training thread launching many short
-kernels waits behind them at every launch. In a worker process they have a GIL
-of their own; the training process keeps one receiving thread and the transfer
-thread, which do little Python work per batch.
-
 ::
 
     training process                                  worker process (forked or spawned)
@@ -16,90 +10,13 @@ thread, which do little Python work per batch.
       receiver thread ◀──── batch ready / end / error / stats ──── Shipper
       └▶ [shipped] ─▶ transfer thread (the same Transfer stage) ─▶ [output] ─▶ next()
 
-Every fixed-shape array of a batch buffer (images, labels, numeric fields,
-mask planes) is a torch tensor in shared memory (``share_memory_()``),
-allocated lazily by the worker as in the thread engine and announced to the
-training process once, with the first batch message that uses it: torch's
-multiprocessing pickler sends a file descriptor, so the memory is freed by the
-kernel when both processes have dropped it, even if the worker is killed. A
-batch message carries the buffer's serial, the sample count, the source indices
-and the fields kept per slot (boxes, passed-through values), pickled. The
-training process sends the buffer back (``free``) when the transfer stage is
-done with it: after the copy's event on CUDA, when the loop drops a lent CPU
-batch. On CUDA the shared arrays are page-locked in place with
-``cudaHostRegister``, so the copies from them are asynchronous as from the
-thread engine's pinned buffers; they are unregistered on close.
-
-Start method (``start_method``): ``"auto"`` forks where that is safe, else
-spawns. A spawned worker is a fresh interpreter that imports torch and the main
-module again: its first batch comes seconds after ``Feeder(...)`` (1.9 s against
-the thread engine's 0.10 s in ``bench/results/isolation_ab.txt``, measured by
-``bench/experiments/isolation_ab.py``). A forked one is a copy of the training
-process, its first batch a fraction of a second after (0.16 s there), and takes
-the source and transforms as they are (nothing is pickled: lambdas and objects
-defined in ``__main__`` work). The worker never uses CUDA and starts threads of
-its own, so what makes a fork unsafe is what the copy inherits:
-
-* CUDA initialized in the training process (``torch.cuda.is_initialized()``):
-  the driver's state is not fork-safe and a forked child cannot use CUDA.
-  -> spawn.
-* Any other running Python thread (the main thread when the feeder is built
-  in another one, a user's prefetcher, a thread engine's pass that is still
-  running): it may hold a lock (a logging handler's, a library's, one of the
-  user's) that the child inherits held, with no thread to release it. -> spawn.
-  feeder's own idle threads do not count: the reaper and the other isolated
-  engines' receiving threads hold a lock while they work, and the fork goes
-  ahead only if it can take each of them (the thread is then blocked on its
-  queue or pipe, holding nothing) and keeps them until the child exists. What
-  feeder's threads are finishing (the threads of a pass that has ended, still
-  exiting; the reaper's or a receiving thread's current item) is waited for, up
-  to half a second in all, so the choice does not depend on their timing.
-* Native thread pools, present in nearly every process (torch's OpenMP pool,
-  OpenBLAS's, OpenCV's): measured, not assumed. OpenBLAS resets itself at
-  fork. torch's OpenMP pool does not exist in the child and a parallel region
-  there would wait for it forever, so the worker sets one torch thread before
-  any work (as DataLoader's workers do; feeder's threads also limit their own).
-  OpenCV's pthreads pool is not fork-safe: once its threads have gone to sleep,
-  ``cv2.setNumThreads`` in a forked child waits forever for threads that exist
-  only in the parent. So the fork is made with OpenCV's pool parked (one
-  thread, which stops its threads) and the parent's count is restored
-  afterwards; the worker then uses OpenCV with one thread per decode thread.
-* Not Linux: macOS's system frameworks are not fork-safe and Windows has no
-  fork. -> spawn.
-
-Other libraries' native threads (a gRPC client, say) cannot be told apart from
-these; if one is not fork-safe, give ``start_method="spawn"``. The choice and its
-reason are logged at INFO and ``Feeder.start_method`` says which ran. An
-explicit ``"fork"`` forks even with other threads running (with a warning
-naming them), as DataLoader does; ``"forkserver"`` forks from a server started
-by the first use (the same pickling rules as spawn, the server's start-up
-cost once per program).
-
-The forked worker first drops what it must not keep: its copy of the training
-process's end of the control pipe (while it held one, the pipe would never end
-when the training process dies), the parent's Python signal handlers (a
-trainer's SIGTERM handler must not run in the worker) and wakeup fd; the
-at-fork hooks of ``_feeder`` and ``_reaper`` orphan the parent's other feeders
-(their threads do not exist in the child; their locks are replaced; their pipe
-ends are closed) and restart the reaper on first use. The parent forks with its
-objects in the collector's permanent generation (``gc.freeze``), so the worker
-never traverses them and copies no page for it, and flushes its stdio before
-(``multiprocessing`` does); the worker ends with ``os._exit``, so neither the
-parent's atexit handlers nor its buffered output run or appear twice. Under
-spawn and forkserver the source and transforms are pickled (module-level
-functions and classes; a :class:`~feeder.errors.ConfigError` names the one that
-is not), and a script must guard its entry point with ``if __name__ ==
-"__main__":``. The worker starts when the Feeder is built, so a spawned one's
-start-up overlaps the program's own set-up.
-
-Lifetime: the worker ignores SIGINT (a Ctrl-C reaches the whole process group;
-the training process drives the shutdown), exits at the end of the control
-pipe (the training process closed or died), and on Linux, when the feeder
-was built in the main thread, is also killed by the kernel when the training
-process dies (``PR_SET_PDEATHSIG``, which fires when the thread that started
-the worker ends, so it is not used from other threads). A worker that
-dies (the OOM killer's SIGKILL) ends the pipe: the pass fails with an error
-naming the signal, never a hang.
+The design note ``docs/design/isolated-engine.md`` ("The isolated engine" in
+the docs site) explains why it exists, how buffers are shared, how the start
+method is chosen (what makes a fork unsafe, and what the fork does about
+OpenCV's pool, the reaper and the receiving threads), what a forked worker
+drops, and its lifetime; the measured start-up times are on the site's
+results page (from ``bench/results/isolation_ab.txt``). Comments below give
+the local reasons.
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ def auto_threads(cores: int) -> tuple[int, int]:
     (``augment=0``). Decoding, cropping and resizing all release the GIL, so
     these threads keep every core busy, and skipping the hand-off to a separate
     augment pool saves a queue round trip, a thread wake-up and a decoded image
-    crossing cores per sample: 6-20% more images/s on the 2-core development
-    machine (``bench/results/sweep.txt``). Run ``feeder-bench sweep`` to check
-    the choice on other machines.
+    crossing cores per sample (measured: the docs' results page, "Threads and
+    cores", from ``bench/results/sweep.txt``). Run ``feeder-bench sweep`` to
+    check the choice on other machines.
     """
     return max(2, cores), 0
 

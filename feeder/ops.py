@@ -27,7 +27,7 @@ seeded from (seed, epoch, batch number).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import cv2
 import numpy as np
 import torch
@@ -589,7 +589,8 @@ class SampleTransform:
             plain callable's ``output_size`` attribute).
     """
 
-    def __init__(self, fn, output_size: tuple[int, int] | None = None) -> None:
+    def __init__(self, fn: Callable[[dict, SampleRNG], dict],
+                 output_size: tuple[int, int] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"SampleTransform: {fn!r} is not callable")
         self.fn = fn

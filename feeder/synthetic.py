@@ -74,7 +74,8 @@ def make_image_folder(root: str | os.PathLike, classes: int = 10, per_class: int
 
     Args:
         root: Folder to write into (created).
-        classes, per_class: Dataset shape.
+        classes: Number of class folders.
+        per_class: Images per class.
         size_range: Each side drawn uniformly from this range, in pixels (ImageNet-like).
         quality: JPEG quality range.
         seed: Makes the whole dataset deterministic.

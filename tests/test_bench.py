@@ -7,6 +7,7 @@ shape of the outputs is checked: speed figures are measured, never asserted.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import subprocess
@@ -379,12 +380,22 @@ def test_interference(tiny, tmp_path):
                  "--steps", "proxy", "--windows", "2", "--window-s", "0.05", "--capacity-s", "0.05",
                  # A slow pace: each fed window takes one batch, ready in the loader's full queue.
                  "--feed-share", "0.05",
-                 "--proxy-ops", "20", "--warmup", "1", "--device", "cpu", cwd=tiny["base"])
+                 "--proxy-ops", "20", "--warmup", "1", "--device", "cpu", cwd=tiny["base"],
+                 # Without --raw-out the per-step data goes under the cache folder.
+                 env={"FEEDER_CACHE": str(tmp_path / "cache")})
     assert "fed/idle" in proc.stdout
     rows = read_csv(os.path.join(out, "interference.csv"))
     loaders = ["alone", "work-thread", "feeder", "feeder-process", "dataloader"]
     assert [(r["step"], r["loader"]) for r in rows] == [("proxy", n) for n in loaders]
-    doc = json.load(open(os.path.join(out, "interference.json")))
+    # The results folder keeps the summary (settings, machine, rows), not the step times:
+    # those are in the compressed raw file the summary names, outside the results folder.
+    summary = json.load(open(os.path.join(out, "interference.json")))
+    assert "raw_rounds" not in summary["meta"] and summary["meta"]["failed_runs"] == 0
+    raw_path = summary["meta"]["raw"]
+    assert os.path.dirname(raw_path) == str(tmp_path / "cache" / "bench") and raw_path.endswith(".json.gz")
+    with gzip.open(raw_path, "rt") as f:
+        doc = json.load(f)
+    assert doc["rows"] == summary["rows"] and doc["command"] == summary["command"]
     raw = doc["meta"]["raw_rounds"]
     assert len(raw) == 2 and doc["meta"]["failed_runs"] == 0
     for row in doc["rows"]:
@@ -588,23 +599,36 @@ def test_interference_pins_a_feeders_pass_threads_to_the_loader_cores(tiny):
 def test_interference_report_recomputes_a_saved_run(tiny, tmp_path):
     """--report renders the table of a saved interference.json without measuring."""
     out = str(tmp_path / "out")
+    raw = str(tmp_path / "raw" / "run.json.gz")
     bench("interference", tiny["data"], "--out", out, "--rounds", "1", "--batch-size", "4",
           "--steps", "proxy", "--loaders", "feeder", "--windows", "1", "--window-s", "0.05",
           "--capacity-s", "0.05", "--feed-share", "0.05", "--proxy-ops", "20", "--warmup", "1",
-          "--device", "cpu", cwd=tiny["base"])
-    again = str(tmp_path / "again")
-    proc = bench("interference", "--report", os.path.join(out, "interference.json"), "--out", again,
-                 cwd=tiny["base"])
-    assert "recomputed from the measurements saved in" in proc.stdout
+          "--device", "cpu", "--raw-out", raw, cwd=tiny["base"])
+    assert json.load(open(os.path.join(out, "interference.json")))["meta"]["raw"] == raw
     first = read_csv(os.path.join(out, "interference.csv"))
-    second = read_csv(os.path.join(again, "interference.csv"))
-    assert [(r["loader"], r["slowdown"], r["step_mean"]) for r in first] == \
-        [(r["loader"], r["slowdown"], r["step_mean"]) for r in second]
+    # The compressed raw file, and the same data uncompressed (as an earlier version's
+    # interference.json held it), recompute the same table.
+    plain = tmp_path / "plain.json"
+    with gzip.open(raw, "rt") as f:
+        plain.write_text(f.read())
+    for i, saved in enumerate((raw, str(plain))):
+        again = str(tmp_path / f"again{i}")
+        proc = bench("interference", "--report", saved, "--out", again, cwd=tiny["base"])
+        assert "recomputed from the measurements saved in" in proc.stdout
+        second = read_csv(os.path.join(again, "interference.csv"))
+        assert [(r["loader"], r["slowdown"], r["step_mean"]) for r in first] == \
+            [(r["loader"], r["slowdown"], r["step_mean"]) for r in second]
+        assert json.load(open(os.path.join(again, "interference.json")))["meta"]["raw"] == saved
     bad = tmp_path / "bad.json"
     bad.write_text('{"meta": {}}')
     proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", "--report", str(bad)],
                           capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tiny["base"])
     assert proc.returncode != 0 and "holds no windowed interference measurements" in proc.stderr
+    # A summary names where its raw data went.
+    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", "--report",
+                           os.path.join(out, "interference.json")],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tiny["base"])
+    assert proc.returncode != 0 and f"raw measurements were written to {raw}" in proc.stderr
 
 
 def test_interference_measures_count_the_slow_tail_and_skip_undrained_windows():

@@ -1,5 +1,6 @@
 """The generated segmentation and detection sets, the two examples that train on
-them, and the README's "Masks, boxes and other targets" port, run as written."""
+them, and the segmentation guide's DataLoader port (docs/guides/segmentation.md), run as
+written."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from feeder.synthetic import (CLASS_COLORS, make_detection_sample, make_detectio
                               make_segmentation_sample, make_segmentation_set)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+GUIDE = os.path.join(ROOT, "docs", "guides", "segmentation.md")
 
 
 def test_segmentation_masks_follow_the_image_content():
@@ -81,31 +82,35 @@ def test_the_detection_example_trains(tmp_path):
 
 
 def section_blocks() -> list[str]:
-    text = open(README, encoding="utf-8").read()
-    section = text[text.index("## Masks, boxes and other targets"):]
-    section = section[:section.index("\n## ", 1)]
+    text = open(GUIDE, encoding="utf-8").read()
+    section = text[text.index("## From a DataLoader segmentation loop"):]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_the_readme_port_runs_as_written(tmp_path):
+def test_the_guide_port_runs_as_written(tmp_path):
     before, after = section_blocks()
-    ast.parse(before)  # torchvision is not a dependency: the "before" block is only parsed
-    pairs = make_segmentation_set(tmp_path, count=20, size_range=(100, 140), seed=2)
-    code = (after.replace('pairs = [("data/seg/images/0.jpg", "data/seg/masks/0.png")]', f"pairs = {pairs!r}")
-                 .replace('device="cuda"', 'device="cpu"'))
-    assert f"pairs = {pairs!r}" in code and 'device="cpu"' in code
+    ast.parse(before)  # torchvision is not a dependency: the "before" block is only parsed here
+    make_segmentation_set(tmp_path / "data" / "seg", count=20, size_range=(100, 140), seed=2)
+    code = after.replace('device="cuda"', 'device="cpu"')
+    assert 'device="cpu"' in code
     scope: dict = {}
     errors: list[BaseException] = []
 
     def run():
         try:
-            exec(compile(code, "README.md (Masks, boxes and other targets, after)", "exec"), scope)
+            exec(compile(code, "docs/guides/segmentation.md (From a DataLoader segmentation loop, after)",
+                         "exec"), scope)
         except BaseException as exc:  # handed to the test's thread below
             errors.append(exc)
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(JOIN_TIMEOUT_S * 2)
-    assert not t.is_alive(), "the README block did not finish"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # the block reads data/seg/ under the working directory
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(JOIN_TIMEOUT_S * 2)
+    finally:
+        os.chdir(cwd)
+    assert not t.is_alive(), "the guide's block did not finish"
     if errors:
         raise errors[0]
     images, masks = scope["images"], scope["masks"]

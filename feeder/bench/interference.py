@@ -80,19 +80,29 @@ Each is the median over every fed window of every round; **rounds** the range
 of the rounds' own medians of the loop measure; **p99** the slow tail of the
 steps. **next() CPU** is the training thread's own work per batch taken.
 **loader CPU** is the loader's share of a core in fed and (at most) in idle
-windows; **img/s** what it delivered in fed windows. ``--report FILE``
-recomputes the table from a saved ``interference.json``.
+windows; **img/s** what it delivered in fed windows.
+
+**Raw data stays out of the results folder.** ``--out`` gets the report
+(``interference.csv``, and ``interference.json`` with the command, machine,
+settings and rows: kilobytes); every step time of every window (megabytes) is
+written gzip-compressed to ``--raw-out`` (default
+``$FEEDER_CACHE/bench/interference-<UTC time>.json.gz``, else under
+``~/.cache/feeder/bench/``), whose path the summary records. ``--report
+FILE`` recomputes the table from such a raw file, compressed or not (also a
+full ``interference.json`` of an earlier version).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import logging
 import os
 import queue
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -700,13 +710,53 @@ def run(args: argparse.Namespace) -> int:
             "loop_cores": loop_cores, "loader_cores": loader_cores, "pinning": pinning,
             "loader_threads": args.loader_cores, "failed_runs": sum(1 for got in rounds for x in got.values() if not x["ok"]),
             "raw_rounds": [{f"{s} {n}": x for (s, n), x in got.items()} for got in rounds]}
-    _report(meta, args.out, report.machine_info())
+    machine = report.machine_info()
+    raw_path = args.raw_out or default_raw_path()
+    _report(meta, args.out, machine, raw_path=raw_path)
     return 1 if meta["failed_runs"] else 0
 
 
+def default_raw_path() -> str:
+    """Where a run's raw measurements go without ``--raw-out``: a new file under the
+    feeder cache folder (``$FEEDER_CACHE``, else ``~/.cache/feeder``), outside any
+    repository, so that a results folder under version control keeps only the report."""
+    from .._remote import cache_root
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return os.path.join(cache_root(None) or ".", "bench", f"interference-{stamp}-{os.getpid()}.json.gz")
+
+
+def write_raw(path: str, doc: dict[str, Any]) -> None:
+    """Write the whole run (``doc``: command, machine, meta with ``raw_rounds``, rows) to
+    ``path``: gzip-compressed unless the name ends in ``.json`` (the step times
+    compress about 4x). Written to a temporary name and renamed, so a reader never
+    sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    opener = open if path.endswith(".json") else gzip.open
+    with opener(tmp, "wt") as f:
+        json.dump(doc, f, default=str)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+    """A JSON file, plain or gzip-compressed (told by its first bytes, not its name)."""
+    with open(path, "rb") as f:
+        compressed = f.read(2) == b"\x1f\x8b"
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rt") as f:
+            return json.load(f)
+    except (OSError, EOFError, ValueError) as exc:
+        raise SystemExit(f"interference --report: {path} is not a readable "
+                         f"{'gzip-compressed ' if compressed else ''}JSON file: {exc}") from exc
+
+
 def _report(meta: dict[str, Any], out: str | None, machine: dict[str, Any],
-            source: str | None = None) -> None:
-    """Print the table of a run's measurements (``meta``) and write its files."""
+            source: str | None = None, raw_path: str | None = None) -> None:
+    """Print the table of a run's measurements (``meta``) and write its files: the
+    report to ``out`` (the summary JSON without the per-step data), the whole run
+    to ``raw_path`` when given."""
     rounds = [{tuple(key.split(" ", 1)): x for key, x in got.items()} for got in meta["raw_rounds"]]
     rows = summarize(rounds, meta["steps"], meta["loaders"], meta["batch_size"])
     for row in rows:
@@ -723,20 +773,30 @@ def _report(meta: dict[str, Any], out: str | None, machine: dict[str, Any],
     if source:
         title += f"\nrecomputed from the measurements saved in {source}"
     print(report.format_table(rows, COLUMNS, title=title))
+    summary = {k: v for k, v in meta.items() if k != "raw_rounds"}
+    if raw_path:
+        write_raw(raw_path, {"command": " ".join(["feeder-bench", *sys.argv[1:]]), "machine": machine,
+                             "meta": meta, "rows": rows})
+        summary["raw"] = os.path.abspath(raw_path)
+        report.progress(f"wrote the raw measurements to {raw_path}")
+    elif source:
+        summary["raw"] = source
     if out:
-        report.write_outputs(out, "interference", rows, meta, machine=machine)
+        report.write_outputs(out, "interference", rows, summary, machine=machine)
 
 
 def rereport(args: argparse.Namespace) -> int:
     """``interference --report FILE``: the table of a saved run, by the current measures."""
-    with open(args.report) as f:
-        doc = json.load(f)
-    meta = doc.get("meta", {})
+    doc = read_json(args.report)
+    meta = doc.get("meta", {}) if isinstance(doc, dict) else {}
     if "raw_rounds" not in meta or not all("idle" in x.get("extra", {}) for got in meta["raw_rounds"]
                                            for x in got.values() if x.get("ok")):
+        where = (f"; it is a summary, its run's raw measurements were written to {meta['raw']}"
+                 if isinstance(meta.get("raw"), str) else "")
         raise SystemExit(f"interference --report: {args.report} holds no windowed interference "
-                         f"measurements (meta.raw_rounds with idle and fed windows)")
-    _report(meta, args.out, doc.get("machine") or report.machine_info(), source=args.report)
+                         f"measurements (meta.raw_rounds with idle and fed windows){where}")
+    _report(meta, args.out, doc.get("machine") or report.machine_info(), source=args.report,
+            raw_path=args.raw_out)
     return 0
 
 
@@ -752,8 +812,13 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--out", default=None,
                    help=f"folder for CSV/JSON results (default: a new folder, {default_out_help})")
     p.add_argument("--report", default=None, metavar="FILE",
-                   help="measure nothing: print the table of a saved interference.json (and write "
-                        "it to --out) by the current measures")
+                   help="measure nothing: print the table of a run's saved raw measurements "
+                        "(.json or .json.gz, as --raw-out writes them; and write it to --out) by "
+                        "the current measures")
+    p.add_argument("--raw-out", default=None, metavar="PATH",
+                   help="file for the run's raw per-step measurements, gzip-compressed unless it "
+                        "ends in .json (default: a new file under $FEEDER_CACHE/bench or "
+                        "~/.cache/feeder/bench, outside the results folder)")
     p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed")
     p.add_argument("--steps", type=names, default=list(STEPS),
                    help=f"training steps to time (default {','.join(STEPS)})")
