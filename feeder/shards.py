@@ -512,11 +512,20 @@ class TarShards:
         # deadline must not hold up the constructor's error or the interpreter's exit.
         for n in range(min(16, len(shards))):
             threading.Thread(target=worker, name=f"feeder-index-{n}", daemon=True).start()
-        finished = done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if not finished:
-            with lock:
-                done.set()
-                stalled = sorted(busy.values())
+        done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with lock:
+            done.set()
+            stalled = sorted(busy.values()) + [shards[k].name for k in todo]
+            failed = [r[1] for r in results if r is not None and not r[0]]
+            missing = any(r is None for r in results)
+            got = list(results)  # what the workers handed in by now (later ones are dropped)
+        if failed:
+            # An error that arrived as the deadline passed names its URL itself.
+            if self._store is not None:
+                self._store.cancel.set()
+                self._store.stop.set()
+            raise failed[0]
+        if missing:
             if self._store is not None:
                 self._store.cancel.set()  # cuts the stalled requests and the retry waits short
                 self._store.stop.set()
@@ -526,13 +535,7 @@ class TarShards:
                               f"{deadline_s} s; no answer yet from {', '.join(stalled[:5])}"
                               f"{' ...' if len(stalled) > 5 else ''} (raise deadline_s, or check "
                               f"the storage)")
-        for r in results:
-            if r is not None and not r[0]:
-                if self._store is not None:
-                    self._store.cancel.set()
-                    self._store.stop.set()
-                raise r[1]
-        return [r[1] for r in results]
+        return [r[1] for r in got]
 
     def _make_plan(self, fields: Any, exts_seen: set[str], found: str) -> dict[str, tuple[str, str]] | None:
         images = set(self.image_exts)
