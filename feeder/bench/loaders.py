@@ -53,10 +53,13 @@ class _FullDecodeCrop(ops.RandomResizedCrop):
     ``Transform.decode_hint``; restoring the base method turns the hint off while
     the chain, its random streams (keyed by position) and the crop box stay the
     same. (Prepending an identity callable also disables the hint, but shifts
-    every transform's stream index, so the crops would differ.)
+    every transform's stream index, so the crops would differ.) ``decode_box`` is
+    restored too, so that the region decoder is not used either: the whole image
+    is decoded, then cropped.
     """
 
     decode_hint = ops.Transform.decode_hint
+    decode_box = ops.Transform.decode_box
 
 
 def full_decode_transforms() -> list[ops.Transform]:
