@@ -17,6 +17,7 @@ EXIF orientation is ignored unless asked for, the same way for every format.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -51,10 +52,12 @@ def _load_extension() -> tuple[Any, str | None]:
     """The region decoder, or None and why it is not used."""
     if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
         return None, f"{NO_EXTENSION_ENV}={os.environ[NO_EXTENSION_ENV]} is set"
+    if importlib.util.find_spec(f"{__package__}._jpeg") is None:
+        return None, "the extension feeder._jpeg is not built"
     try:
         from . import _jpeg  # type: ignore[attr-defined]
-    except ImportError as exc:
-        return None, f"the extension feeder._jpeg is not built ({exc})"
+    except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
+        return None, f"the extension feeder._jpeg could not be loaded ({exc})"
     return _jpeg, None
 
 

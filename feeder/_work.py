@@ -97,9 +97,11 @@ class SampleWork:
         chain = self.chain
         if chain.takes_samples or MASK in fields or BOXES in fields:
             h, w = img.shape[:2]
-            if ctx.origin is not None:  # a region decode: a window of the image at ctx.scale
+            if ctx.origin is not None:
+                # A region decode: the transforms report their geometry from the
+                # whole image at ctx.scale (of which img is a window).
                 s = ctx.scale
-                geometry = Geometry(s, -float(ctx.origin[0]), s, -float(ctx.origin[1]), h, w)
+                geometry = Geometry(s, 0.0, s, 0.0, *ctx.scaled_size)
             else:
                 sy, sx = decode_scale(ctx.source_size, (h, w))
                 geometry = Geometry(sy, 0.0, sx, 0.0, h, w)

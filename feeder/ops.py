@@ -223,7 +223,8 @@ class Transform:
     def apply_geometry(self, img: np.ndarray, rng: SampleRNG, out: np.ndarray | None = None,
                        ctx: SampleContext | None = None) -> tuple[np.ndarray, Geometry | None]:
         """:meth:`apply`, and the :class:`Geometry` it applied to ``img`` (what a mask
-        and boxes must follow). The built-ins say; for any other transform the
+        and boxes must follow); for a region-decoded ``img`` (``ctx.origin`` set),
+        from the pixels of the whole image at the decode's scale. The built-ins say; for any other transform the
         result is None, meaning "unknown": it is then accepted only when the image
         keeps its size, taken as geometry left alone (a colour change, a blur)."""
         return self.apply(img, rng, out, ctx), None
@@ -334,17 +335,10 @@ class RandomResizedCrop(Transform):
 
     def _box(self, H: int, W: int, rng: SampleRNG, ctx: SampleContext | None) -> tuple[int, int, int, int]:
         if ctx is not None and ctx.origin is not None:
-            # Region-decoded: the same box as below, in the pixels of the whole
-            # image at the decode's scale, then moved into the decoded window.
-            sh, sw = ctx.source_size
-            Hs, Ws = ctx.scaled_size  # type: ignore[misc]
-            top, left, h, w = ctx.plan if ctx.plan is not None else self.params(sh, sw, rng)
-            if (Hs, Ws) != (sh, sw):
-                fy, fx = Hs / sh, Ws / sw
-                top, left = min(Hs - 1, round(top * fy)), min(Ws - 1, round(left * fx))
-                h, w = max(1, min(Hs - top, round(h * fy))), max(1, min(Ws - left, round(w * fx)))
-            top, left = _window_box(ctx, top, left, h, w, (H, W), self)
-            return top, left, h, w
+            # Region-decoded: ``img`` is a window of the whole image at the
+            # decode's scale; the box is computed in that whole image's pixels,
+            # exactly as below (see _crop for the window).
+            H, W = ctx.scaled_size  # type: ignore[misc]
         if ctx is not None and ctx.source_size != (H, W):
             # Decoded at reduced scale: draw on the full size (same crop as a full
             # decode would get), then map the box onto the decoded pixels.
@@ -358,14 +352,21 @@ class RandomResizedCrop(Transform):
             return ctx.plan
         return self.params(H, W, rng)
 
+    def _crop(self, img: np.ndarray, box: tuple[int, int, int, int], ctx: SampleContext | None) -> np.ndarray:
+        top, left, h, w = box
+        if ctx is not None and ctx.origin is not None:
+            top, left = _window_box(ctx, top, left, h, w, img.shape[:2], self)
+        return img[top:top + h, left:left + w]
+
     def apply(self, img, rng, out=None, ctx=None):
-        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = img[top:top + h, left:left + w]
+        box = self._box(img.shape[0], img.shape[1], rng, ctx)
+        crop = self._crop(img, box, ctx)
+        h, w = box[2:]
         return _resize_into(crop, self.output_size, _choose(self._interp, self.antialias, (h, w), self.output_size), out)
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = img[top:top + h, left:left + w]
+        top, left, h, w = box = self._box(img.shape[0], img.shape[1], rng, ctx)
+        crop = self._crop(img, box, ctx)
         oh, ow = self.output_size
         result = _resize_into(crop, self.output_size,
                               _choose(self._interp, self.antialias, (h, w), self.output_size), out)
@@ -477,8 +478,7 @@ class CenterCrop(Transform):
         h, w = self.output_size
         if ctx is not None and ctx.origin is not None:
             top, left = self._centre(*ctx.scaled_size)
-            oy, ox = ctx.origin
-            return self.apply(img, rng, out, ctx), Geometry(1.0, float(oy - top), 1.0, float(ox - left), h, w)
+            return self.apply(img, rng, out, ctx), Geometry(1.0, float(-top), 1.0, float(-left), h, w)
         H, W = img.shape[:2]
         # As apply: pad to at least (h, w) (the smaller half before), then crop the centre.
         py, px = max(0, h - H), max(0, w - W)
@@ -668,12 +668,11 @@ class _ResizeCenterCrop(Transform):
     def apply_geometry(self, img, rng, out=None, ctx=None):
         windowed = ctx is not None and ctx.origin is not None
         H, W = ctx.scaled_size if windowed else img.shape[:2]
-        wy, wx = ctx.origin if windowed else (0, 0)  # the decoded window's place in the (H, W) image
         th, tw = target = self.resize.planned_size(H, W, ctx)
         (ay, _, oy), (ax, _, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
         h, w = self.output_size
         return (self.apply(img, rng, out, ctx),
-                Geometry(th / H, wy * th / H + float(oy - ay), tw / W, wx * tw / W + float(ox - ax), h, w))
+                Geometry(th / H, float(oy - ay), tw / W, float(ox - ax), h, w))
 
     def __repr__(self) -> str:
         return f"{self.resize!r} + {self.crop!r}"
