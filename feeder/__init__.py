@@ -13,6 +13,7 @@
 from . import ops
 from ._feeder import BatchInfo, Feeder
 from ._rng import SampleRNG
+from ._decode import jpeg_decoder as _jpeg_decoder
 from ._sample import check_sample
 from ._stats import QueueStats, StageStats, Stats
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
@@ -41,7 +42,22 @@ __all__ = [
     "TarShards",
     "TransformError",
     "check_sample",
+    "info",
     "ops",
 ]
 
 __version__ = "0.1.0"
+
+
+def info() -> dict:
+    """What this feeder install runs with.
+
+    Returns:
+        ``{"version": ..., "jpeg": {...}}``; ``"jpeg"`` says which JPEG decoder
+        runs: ``"decoder"`` is ``"feeder._jpeg"`` (the region decoder built
+        against the system's libjpeg-turbo, with its ``"libjpeg_turbo"``
+        version) or ``"simplejpeg"`` (a whole-image decode before every crop),
+        ``"region_decode"`` whether only the crop is decoded, and ``"reason"``
+        why the region decoder is not used (None when it is).
+    """
+    return {"version": __version__, "jpeg": _jpeg_decoder()}

@@ -204,14 +204,20 @@ class Chain:
         self._writer = steps[k] if k >= 0 else None
         self._tail = steps[k + 1:]
         # Reduced-scale decode is driven by the first size-changing built-in
-        # transform, if nothing before it but size-preserving built-ins.
+        # transform, if nothing before it but size-preserving built-ins. A region
+        # decode only when it is the very first step: a transform before it would
+        # see (and flip, say) the region instead of the image.
         self._hinter: tuple[int, Transform] | None = None
-        for i, t in steps:
+        self._boxer = False
+        for k, (i, t) in enumerate(steps):
             if isinstance(t, (_Callable, _SampleStep)):
                 break
             if not t.preserves_size:
-                if type(t).decode_hint is not Transform.decode_hint:
+                hints = type(t).decode_hint is not Transform.decode_hint
+                boxes = type(t).decode_box is not Transform.decode_box
+                if hints or boxes:
                     self._hinter = (i, t)
+                    self._boxer = boxes and k == 0
                 break
         # The context (full-size dims) is only true for transforms that see the
         # decoded image unchanged in size.
@@ -241,11 +247,19 @@ class Chain:
 
         ``need`` is the smallest (height, width) the transforms need from a
         (height, width) image, and ``ctx`` the :class:`~feeder.ops.SampleContext` to
-        pass to :meth:`run`, holding what the transform drew to compute ``need``.
-        Both are functions of the arguments alone."""
+        pass to :meth:`run`, holding what the transform drew to compute ``need``
+        and, when the first transform reads only part of the image, that part
+        (``ctx.box``, for a region decode). All are functions of the arguments alone."""
         if self._hinter is None:
             return None
         i, t = self._hinter
+        if self._boxer:
+            def plan(height: int, width: int, key: int) -> tuple[tuple[int, int] | None, SampleContext]:
+                ctx = SampleContext((height, width))
+                need = t.decode_hint(height, width, SampleRNG(key, i), ctx)
+                ctx.box = t.decode_box(height, width, ctx)
+                return need, ctx
+            return plan
 
         def plan(height: int, width: int, key: int) -> tuple[tuple[int, int] | None, SampleContext]:
             ctx = SampleContext((height, width))

@@ -1,10 +1,13 @@
 """Decode stage: read a sample's bytes and decode them to uint8 HWC RGB (and a
 mask PNG to its integer values: :func:`decode_mask`).
 
-JPEGs go through simplejpeg (libjpeg-turbo), everything else through
-``cv2.imdecode``; both release the GIL while they work, which is what lets a
-pool of threads use every core. Grayscale, RGBA, CMYK and 16-bit inputs all
-become 3-channel uint8.
+JPEGs go through feeder's own extension ``feeder._jpeg`` when it was built
+(the system's libjpeg-turbo, decoding only the region the first transform
+reads, at DCT scale 1/1, 1/2, 1/4 or 1/8: see :func:`jpeg_decoder`), else
+through simplejpeg (libjpeg-turbo, whole image, reduced scale when it covers);
+everything else through ``cv2.imdecode``. All release the GIL while they work,
+which is what lets a pool of threads use every core. Grayscale, RGBA, CMYK and
+16-bit inputs all become 3-channel uint8.
 
 Only the formats in :data:`SUPPORTED_FORMATS` are decoded, because their size
 is read from the header and checked against ``max_pixels`` before decoding;
@@ -14,6 +17,9 @@ EXIF orientation is ignored unless asked for, the same way for every format.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
 import re
 import struct
 import zlib
@@ -26,9 +32,67 @@ import simplejpeg
 
 from ._sample import DEFAULT_MAX_PIXELS
 from .errors import DecodeError
+from .ops import SampleContext, dct_denom
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "DecodeBuffers", "SUPPORTED_FORMATS", "buffer_of", "decode_image",
-           "decode_mask", "decode_planned", "decode_scale"]
+           "decode_mask", "decode_planned", "decode_scale", "jpeg_decoder", "note_jpeg_decoder"]
+
+#: Setting this environment variable to 1 (before feeder is imported) makes
+#: feeder decode JPEGs with simplejpeg even when its extension is built.
+NO_EXTENSION_ENV = "FEEDER_NO_JPEG_EXT"
+
+_HOW_TO_BUILD = ("install libjpeg-turbo's headers and a C compiler (apt-get install gcc libjpeg-dev, "
+                 "or libjpeg62-turbo-dev / libjpeg-turbo8-dev; dnf install gcc libjpeg-turbo-devel; "
+                 "conda install libjpeg-turbo) and reinstall feeder (pip install -e .)")
+
+
+def _load_extension() -> tuple[Any, str | None]:
+    """The region decoder, or None and why it is not used."""
+    if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
+        return None, f"{NO_EXTENSION_ENV}={os.environ[NO_EXTENSION_ENV]} is set"
+    if importlib.util.find_spec(f"{__package__}._jpeg") is None:
+        return None, "the extension feeder._jpeg is not built"
+    try:
+        from . import _jpeg  # type: ignore[attr-defined]
+    except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
+        return None, f"the extension feeder._jpeg could not be loaded ({exc})"
+    return _jpeg, None
+
+
+_jpeg, _jpeg_missing = _load_extension()
+_noted = False
+
+
+def jpeg_decoder() -> dict[str, Any]:
+    """Which JPEG decoder feeder uses in this process.
+
+    Returns:
+        ``{"decoder": "feeder._jpeg" or "simplejpeg", "region_decode": bool,
+        "libjpeg_turbo": version or None, "reason": why the extension is not used, or None}``.
+    """
+    if _jpeg is not None:
+        return {"decoder": "feeder._jpeg", "region_decode": True,
+                "libjpeg_turbo": _jpeg.LIBJPEG_TURBO_VERSION, "reason": None}
+    return {"decoder": "simplejpeg", "region_decode": False, "libjpeg_turbo": None,
+            "reason": _jpeg_missing}
+
+
+def note_jpeg_decoder() -> None:
+    """Log once per process which JPEG decoder runs (called by the first Feeder)."""
+    global _noted
+    if _noted:
+        return
+    _noted = True
+    if _jpeg is not None:
+        log.debug("JPEG decoding: feeder._jpeg (libjpeg-turbo %s), region + DCT-scaled",
+                  _jpeg.LIBJPEG_TURBO_VERSION)
+    elif _jpeg_missing is not None and _jpeg_missing.startswith(NO_EXTENSION_ENV):
+        log.info("JPEG decoding: simplejpeg (whole image before every crop): %s", _jpeg_missing)
+    else:
+        log.warning("JPEG decoding: simplejpeg, which decodes the whole image before every crop: %s. "
+                    "For the faster region decoder, %s.", _jpeg_missing, _HOW_TO_BUILD)
 
 # Formats decoded, each with its size read from the header before any pixel
 # memory is allocated. OpenCV can decode more (Radiance HDR, PFM, PAM, Sun
@@ -477,13 +541,83 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     return img, (img.shape[0], img.shape[1]), None
 
 
+# Orientation o maps a stored pixel (r, c) of an h x w image to the shown one:
+# the box (top, left, bh, bw) goes to ..., and _INVERSE[o] maps it back.
+_INVERSE = {6: 8, 8: 6}
+
+
+def _orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
+                orientation: int) -> tuple[int, int, int, int]:
+    """Where ``box`` (top, left, height, width) of an image of ``size`` lands in
+    ``_orient(image, orientation)``."""
+    t, l, bh, bw = box
+    h, w = size
+    if orientation == 2:
+        return t, w - l - bw, bh, bw
+    if orientation == 3:
+        return h - t - bh, w - l - bw, bh, bw
+    if orientation == 4:
+        return h - t - bh, l, bh, bw
+    if orientation == 5:
+        return l, t, bw, bh
+    if orientation == 6:
+        return l, h - t - bh, bw, bh
+    if orientation == 7:
+        return w - l - bw, h - t - bh, bw, bh
+    if orientation == 8:
+        return w - l - bw, t, bw, bh
+    return box
+
+
+def _decode_region(data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
+                   ctx: SampleContext, orientation: int, max_pixels: int,
+                   buffers: DecodeBuffers | None) -> np.ndarray:
+    """Decode the part of a stored ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown
+    image's pixels) names, at the largest DCT reduction that still covers ``need``;
+    fills in ``ctx.origin``, ``ctx.scaled_size`` and ``ctx.scale``."""
+    swap = orientation >= 5
+    d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
+    hs, ws = -(-h // d), -(-w // d)
+    shown = (ws, hs) if swap else (hs, ws)
+    t, l, bh, bw = _orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
+                               _INVERSE.get(orientation, orientation))
+    # To the scaled image's pixels, one pixel wider each side when scaled: the
+    # transforms map their box with the ratio of the scaled to the full size
+    # (as for a whole scaled decode), which can round a pixel beyond t / d.
+    m = 0 if d == 1 else 2
+    y0, x0 = max(0, t // d - m), max(0, l // d - m)
+    y1, x1 = min(hs, -(-(t + bh) // d) + m), min(ws, -(-(l + bw) // d) + m)
+    rh, rw = y1 - y0, x1 - x0
+    # libjpeg writes rows of the region widened to the iMCU grid (at most 32
+    # pixels) and by _jpeg.PAD each side.
+    nbytes = rh * (rw + 2 * _jpeg.PAD + 32) * 3
+    buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
+    try:
+        stride, offset = _jpeg.decode(data, y0, x0, rh, rw, d, buf, max_pixels)
+    except BaseException:
+        if buffers is not None:
+            buffers.give(buf)
+        raise
+    img = buf[:rh * stride * 3].reshape(rh, stride, 3)[:, offset:offset + rw]
+    top, left, _, _ = _orient_box((y0, x0, rh, rw), (hs, ws), orientation)
+    ctx.origin, ctx.scaled_size, ctx.scale = (top, left), shown, 1.0 / d
+    if orientation != 1:
+        img = _orient(img, orientation)  # a new array: the pool buffer is free again
+        if buffers is not None:
+            buffers.give(buf)
+    return img
+
+
 def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
                  buffers: DecodeBuffers | None, exif_orientation: bool
                  ) -> tuple[np.ndarray, tuple[int, int], Any]:
-    try:
-        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError as exc:
-        raise DecodeError(f"corrupt JPEG header: {exc}") from exc
+    if _jpeg is not None:
+        w, h, _, colorspace, _, _ = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
+    else:
+        try:
+            h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError as exc:
+            raise DecodeError(f"corrupt JPEG header: {exc}") from exc
     if h <= 0 or w <= 0 or h * w > max_pixels:
         _check_pixels(h, w, max_pixels)  # raises, saying which
     orientation = _orientation(None, data) if exif_orientation else 1
@@ -498,6 +632,9 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
     planned = None
     if plan is not None:
         need, planned = plan(size[0], size[1], key)
+        if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
+                and getattr(planned, "box", None) is not None):
+            return _decode_region(data, h, w, need, planned, orientation, max_pixels, buffers), size, planned
         if need is not None and swap:
             need = (need[1], need[0])
         # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1

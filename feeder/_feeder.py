@@ -21,6 +21,7 @@ from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
 from ._config import Config, reads_may_block, signature_parameters
+from ._decode import note_jpeg_decoder
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._resume import (FORMAT_VERSION, Progress, check_progress, check_settings,
@@ -427,6 +428,7 @@ class Feeder:
         self._progress: Progress | None = None  # the latest pass's
         # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
         self._resume: tuple[Progress, int] | None = None
+        note_jpeg_decoder()  # once per process: which JPEG decoder runs, and how to get the fast one
         if cfg.isolation == "process":
             from ._isolation import ProcessEngine
             engine: Any = ProcessEngine(cfg, source, self.chain, list(transforms), _Engine)

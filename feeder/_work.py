@@ -97,8 +97,15 @@ class SampleWork:
         chain = self.chain
         if chain.takes_samples or MASK in fields or BOXES in fields:
             h, w = img.shape[:2]
-            sy, sx = decode_scale(ctx.source_size, (h, w))
-            fields = chain.run_fields(img, key, ctx, out, fields, Geometry(sy, 0.0, sx, 0.0, h, w))
+            if ctx.origin is not None:
+                # A region decode: the transforms report their geometry from the
+                # whole image at ctx.scale (of which img is a window).
+                s = ctx.scale
+                geometry = Geometry(s, 0.0, s, 0.0, *ctx.scaled_size)
+            else:
+                sy, sx = decode_scale(ctx.source_size, (h, w))
+                geometry = Geometry(sy, 0.0, sx, 0.0, h, w)
+            fields = chain.run_fields(img, key, ctx, out, fields, geometry)
         else:
             chain.run(img, key, ctx, out)
         self.buffers.give(buffer_of(img))

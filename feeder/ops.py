@@ -74,13 +74,58 @@ class SampleContext:
             reduced-scale decode.
         plan: What the decode-hinting transform already drew for this sample in
             ``decode_hint`` (so ``apply`` need not draw it again), or None.
+        box: The region (top, left, height, width) of the full-size image the
+            first transform will read (from :meth:`Transform.decode_box`), for a
+            decoder that can decode a region only; None: the whole image.
+        origin: Set by a region decode (None otherwise): the decoded image is the
+            window of the full image decoded at scale ``scale`` (of size
+            ``scaled_size``) whose top-left pixel is ``origin`` (y, x).
+        scaled_size: (height, width) of the whole image at ``scale``.
+        scale: The decode's scale (1, 1/2, 1/4 or 1/8): pixel ``i`` of the scaled
+            image covers full-size pixels ``[i / scale, (i + 1) / scale)``.
     """
 
-    __slots__ = ("source_size", "plan")
+    __slots__ = ("source_size", "plan", "box", "origin", "scaled_size", "scale")
 
     def __init__(self, source_size: tuple[int, int], plan: object = None) -> None:
         self.source_size = source_size
         self.plan = plan
+        self.box: tuple[int, int, int, int] | None = None
+        self.origin: tuple[int, int] | None = None
+        self.scaled_size: tuple[int, int] | None = None
+        self.scale = 1.0
+
+
+#: JPEG DCT scale denominators used for region decoding: libjpeg-turbo's scales
+#: between 1/2 and 1 (7/8, 3/4, 5/8) have no fast IDCT and cost more than a
+#: full decode.
+DCT_DENOMS = (8, 4, 2, 1)
+
+
+def dct_denom(height: int, width: int, need: tuple[int, int] | None) -> int:
+    """The largest reduction (8, 4, 2 or 1) at which a ``height`` x ``width`` JPEG,
+    decoded as ``ceil(height / d)`` x ``ceil(width / d)``, still covers ``need``
+    (the transforms' smallest decoded size; None: full size)."""
+    if need is None:
+        return 1
+    nh, nw = need
+    for d in DCT_DENOMS:
+        if -(-height // d) >= nh and -(-width // d) >= nw:
+            return d
+    return 1
+
+
+def _window_box(ctx: SampleContext, top: int, left: int, h: int, w: int, shape: tuple[int, int],
+                who: object) -> tuple[int, int]:
+    """(top, left) of the box (top, left, h, w), given in the scaled image's pixels, in
+    a region-decoded image of ``shape`` (height, width); the decoder widened the
+    region so that the box lies inside."""
+    oy, ox = ctx.origin  # type: ignore[misc]
+    t, l = top - oy, left - ox
+    if t < 0 or l < 0 or t + h > shape[0] or l + w > shape[1]:
+        raise RuntimeError(f"{who!r}: box {(top, left, h, w)} is outside the decoded region at "
+                           f"{ctx.origin} of {shape} (a bug in feeder's region decode)")
+    return t, l
 
 
 class Geometry:
@@ -178,7 +223,8 @@ class Transform:
     def apply_geometry(self, img: np.ndarray, rng: SampleRNG, out: np.ndarray | None = None,
                        ctx: SampleContext | None = None) -> tuple[np.ndarray, Geometry | None]:
         """:meth:`apply`, and the :class:`Geometry` it applied to ``img`` (what a mask
-        and boxes must follow). The built-ins say; for any other transform the
+        and boxes must follow); for a region-decoded ``img`` (``ctx.origin`` set),
+        from the pixels of the whole image at the decode's scale. The built-ins say; for any other transform the
         result is None, meaning "unknown": it is then accepted only when the image
         keeps its size, taken as geometry left alone (a colour change, a blur)."""
         return self.apply(img, rng, out, ctx), None
@@ -188,6 +234,13 @@ class Transform:
         """Smallest (height, width) of the decoded image this transform needs, given the
         full size; ``rng`` is the same stream ``apply`` will get, and ``ctx`` the one
         ``apply`` will get (``ctx.plan`` may keep what was drawn). None: the full size."""
+        return None
+
+    def decode_box(self, height: int, width: int, ctx: SampleContext) -> tuple[int, int, int, int] | None:
+        """The region (top, left, height, width) of a ``height`` x ``width`` image this
+        transform reads, called after :meth:`decode_hint` with the same ``ctx``; None:
+        all of it. A transform that returns a box must handle a region-decoded
+        image in ``apply`` (``ctx.origin`` set: see :class:`SampleContext`)."""
         return None
 
     def planned_size(self, height: int, width: int,
@@ -277,7 +330,15 @@ class RandomResizedCrop(Transform):
         # Decoded at scale s the crop is (h*s, w*s); keep it at least the output size.
         return (min(height, -(-height * oh // h)), min(width, -(-width * ow // w)))
 
+    def decode_box(self, height, width, ctx):
+        return ctx.plan  # drawn by decode_hint
+
     def _box(self, H: int, W: int, rng: SampleRNG, ctx: SampleContext | None) -> tuple[int, int, int, int]:
+        if ctx is not None and ctx.origin is not None:
+            # Region-decoded: ``img`` is a window of the whole image at the
+            # decode's scale; the box is computed in that whole image's pixels,
+            # exactly as below (see _crop for the window).
+            H, W = ctx.scaled_size  # type: ignore[misc]
         if ctx is not None and ctx.source_size != (H, W):
             # Decoded at reduced scale: draw on the full size (same crop as a full
             # decode would get), then map the box onto the decoded pixels.
@@ -291,14 +352,21 @@ class RandomResizedCrop(Transform):
             return ctx.plan
         return self.params(H, W, rng)
 
+    def _crop(self, img: np.ndarray, box: tuple[int, int, int, int], ctx: SampleContext | None) -> np.ndarray:
+        top, left, h, w = box
+        if ctx is not None and ctx.origin is not None:
+            top, left = _window_box(ctx, top, left, h, w, img.shape[:2], self)
+        return img[top:top + h, left:left + w]
+
     def apply(self, img, rng, out=None, ctx=None):
-        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = img[top:top + h, left:left + w]
+        box = self._box(img.shape[0], img.shape[1], rng, ctx)
+        crop = self._crop(img, box, ctx)
+        h, w = box[2:]
         return _resize_into(crop, self.output_size, _choose(self._interp, self.antialias, (h, w), self.output_size), out)
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        top, left, h, w = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = img[top:top + h, left:left + w]
+        top, left, h, w = box = self._box(img.shape[0], img.shape[1], rng, ctx)
+        crop = self._crop(img, box, ctx)
         oh, ow = self.output_size
         result = _resize_into(crop, self.output_size,
                               _choose(self._interp, self.antialias, (h, w), self.output_size), out)
@@ -344,6 +412,11 @@ class Resize(Transform):
     def decode_hint(self, height, width, rng, ctx=None):
         return self.target(height, width)
 
+    def decode_box(self, height, width, ctx):
+        # All of it, at the smallest DCT scale that covers the target: ``apply``
+        # then sees the whole image at that scale (``ctx.origin`` is (0, 0)).
+        return 0, 0, height, width
+
     def planned_size(self, height, width, ctx=None):
         return self.target(*(ctx.source_size if ctx is not None else (height, width)))
 
@@ -368,9 +441,27 @@ class CenterCrop(Transform):
     def __init__(self, size: int | Sequence[int]) -> None:
         self.output_size = _size2(size, "CenterCrop")
 
-    def apply(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
+    def _centre(self, H: int, W: int) -> tuple[int, int]:
         h, w = self.output_size
+        return int(round((H - h) / 2.0)), int(round((W - w) / 2.0))
+
+    def decode_box(self, height, width, ctx):
+        h, w = self.output_size
+        if height < h or width < w:
+            return None  # padded: the whole image is kept
+        return (*self._centre(height, width), h, w)
+
+    def apply(self, img, rng, out=None, ctx=None):
+        h, w = self.output_size
+        if ctx is not None and ctx.origin is not None:  # region-decoded (see decode_box)
+            top, left = self._centre(*ctx.scaled_size)
+            t, l = _window_box(ctx, top, left, h, w, img.shape[:2], self)
+            crop = img[t:t + h, l:l + w]
+            if out is not None and out.shape == crop.shape:
+                np.copyto(out, crop)
+                return out
+            return crop
+        H, W = img.shape[:2]
         if H < h or W < w:
             py, px = max(0, h - H), max(0, w - W)
             img = cv2.copyMakeBorder(img, py // 2, py - py // 2, px // 2, px - px // 2,
@@ -384,8 +475,11 @@ class CenterCrop(Transform):
         return crop
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
         h, w = self.output_size
+        if ctx is not None and ctx.origin is not None:
+            top, left = self._centre(*ctx.scaled_size)
+            return self.apply(img, rng, out, ctx), Geometry(1.0, float(-top), 1.0, float(-left), h, w)
+        H, W = img.shape[:2]
         # As apply: pad to at least (h, w) (the smaller half before), then crop the centre.
         py, px = max(0, h - H), max(0, w - W)
         top, left = int(round((H + py - h) / 2.0)), int(round((W + px - w) / 2.0))
@@ -413,47 +507,85 @@ _MARGIN = 5
 _WARP_LIMIT = 32000
 
 
+def _span(a: int, n: int, f: float, length: int) -> tuple[int, int]:
+    """Source pixels cv2.resize reads for resized pixels [a, a + n) at ``f`` source
+    pixels per resized pixel (it samples resized pixel j at (j + 0.5) * f - 0.5)."""
+    lo = math.floor((a + 0.5) * f - 0.5) - _MARGIN
+    hi = math.ceil((a + n - 0.5) * f - 0.5) + _MARGIN + 1
+    return max(0, lo), min(length, hi)
+
+
+def _window_spans(target: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
+                  interpolation: int, size: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The rows and columns of a ``size`` image that :func:`_resize_window` reads, or None
+    when it needs the whole image (an area shrink, a window too long for warpAffine)."""
+    H, W = size
+    th, tw = target
+    (ay, ny), (ax, nx) = rows, cols
+    fy, fx = H / th, W / tw
+    if interpolation == cv2.INTER_AREA and th <= H and tw <= W:
+        return None
+    if interpolation in (cv2.INTER_NEAREST, cv2.INTER_AREA):
+        # Nearest and the area upscale read around floor(j * f), within the margin.
+        def wide(a: int, n: int, f: float, length: int) -> tuple[int, int]:
+            return (max(0, math.floor(a * f) - _MARGIN - 1),
+                    min(length, math.ceil((a + n) * f) + _MARGIN + 2))
+        return wide(ay, ny, fy, H), wide(ax, nx, fx, W)
+    (y0, y1), (x0, x1) = _span(ay, ny, fy, H), _span(ax, nx, fx, W)
+    if max(y1 - y0, x1 - x0) >= _WARP_LIMIT:
+        return None
+    return (y0, y1), (x0, x1)
+
+
 def _resize_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, int],
-                   cols: tuple[int, int], interpolation: int) -> np.ndarray:
+                   cols: tuple[int, int], interpolation: int, full: tuple[int, int] | None = None,
+                   origin: tuple[int, int] = (0, 0)) -> np.ndarray:
     """Pixels ``rows`` x ``cols`` ((first, count) each) of ``img`` resized to
-    ``target``, computed without the rest of the resized image."""
-    H, W = img.shape[:2]
+    ``target``, computed without the rest of the resized image.
+
+    ``full`` and ``origin``: ``img`` is only the window at ``origin`` (y, x) of a
+    ``full``-sized image (a region decode), holding at least what
+    :func:`_window_spans` names; the result is the same as from the whole image."""
+    whole = full is None
+    H, W = img.shape[:2] if whole else full
+    oy, ox = origin
     th, tw = target
     (ay, ny), (ax, nx) = rows, cols
     if interpolation == cv2.INTER_AREA and th <= H and tw <= W:
         # A shrink: the whole resized image is smaller than the decoded one, so
         # computing it costs less than decoding did, and is exact.
+        _need_whole(whole)
         return cv2.resize(img, (tw, th), interpolation=interpolation)[ay:ay + ny, ax:ax + nx]
     if interpolation == cv2.INTER_NEAREST:
         # cv2.resize's nearest neighbour: source pixel floor(j / (T / L)), clamped.
         ys = np.minimum(np.floor(np.arange(ay, ay + ny) * (1.0 / (th / H))).astype(np.intp), H - 1)
         xs = np.minimum(np.floor(np.arange(ax, ax + nx) * (1.0 / (tw / W))).astype(np.intp), W - 1)
-        return img[ys[:, None], xs[None, :]]
+        return img[(ys - oy)[:, None], (xs - ox)[None, :]]
     if interpolation == cv2.INTER_AREA:
-        return _area_upscale_window(img, target, rows, cols)
+        return _area_upscale_window(img, target, rows, cols, (H, W), origin)
     fy, fx = H / th, W / tw  # source pixels per resized pixel
-
-    def span(a: int, n: int, f: float, length: int) -> tuple[int, int]:
-        # cv2.resize samples resized pixel j at source coordinate (j + 0.5) * f - 0.5.
-        lo = math.floor((a + 0.5) * f - 0.5) - _MARGIN
-        hi = math.ceil((a + n - 0.5) * f - 0.5) + _MARGIN + 1
-        return max(0, lo), min(length, hi)
-
-    y0, y1 = span(ay, ny, fy, H)
-    x0, x1 = span(ax, nx, fx, W)
+    y0, y1 = _span(ay, ny, fy, H)
+    x0, x1 = _span(ax, nx, fx, W)
     if max(y1 - y0, x1 - x0) >= _WARP_LIMIT:
         # A window too long for warpAffine (a large shrink without antialiasing):
         # resizing the whole image costs no more than decoding it did.
+        _need_whole(whole)
         return cv2.resize(img, (tw, th), interpolation=interpolation)[ay:ay + ny, ax:ax + nx]
     # The same sampling positions as cv2.resize, over the window only.
     m = np.array([[fx, 0.0, (ax + 0.5) * fx - 0.5 - x0],
                   [0.0, fy, (ay + 0.5) * fy - 0.5 - y0]])
-    return cv2.warpAffine(img[y0:y1, x0:x1], m, (nx, ny), flags=interpolation | cv2.WARP_INVERSE_MAP,
-                          borderMode=cv2.BORDER_REPLICATE)
+    return cv2.warpAffine(img[y0 - oy:y1 - oy, x0 - ox:x1 - ox], m, (nx, ny),
+                          flags=interpolation | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+
+
+def _need_whole(whole: bool) -> None:
+    if not whole:  # _window_spans said None: the decoder was asked for the whole image
+        raise RuntimeError("a resize window needs the whole image but got a region (a bug in feeder)")
 
 
 def _area_upscale_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, int],
-                         cols: tuple[int, int]) -> np.ndarray:
+                         cols: tuple[int, int], full: tuple[int, int],
+                         origin: tuple[int, int]) -> np.ndarray:
     """As :func:`_resize_window` for INTER_AREA when not shrinking both sides:
     cv2.resize then blends two source pixels with weights of its own, reproduced
     here as sampling positions for cv2.remap."""
@@ -468,12 +600,13 @@ def _area_upscale_window(img: np.ndarray, target: tuple[int, int], rows: tuple[i
         hi = min(length, int(sx[-1]) + _MARGIN + 2)
         return (sx + frac - lo).astype(np.float32), lo, hi
 
-    H, W = img.shape[:2]
+    H, W = full
+    oy, ox = origin
     ys, y0, y1 = coords(rows[0], rows[1], target[0], H)
     xs, x0, x1 = coords(cols[0], cols[1], target[1], W)
     map_x = np.broadcast_to(xs[None, :], (rows[1], cols[1]))
     map_y = np.broadcast_to(ys[:, None], (rows[1], cols[1]))
-    return cv2.remap(img[y0:y1, x0:x1], np.ascontiguousarray(map_x), np.ascontiguousarray(map_y),
+    return cv2.remap(img[y0 - oy:y1 - oy, x0 - ox:x1 - ox], np.ascontiguousarray(map_x), np.ascontiguousarray(map_y),
                      cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
@@ -500,12 +633,30 @@ class _ResizeCenterCrop(Transform):
     def decode_hint(self, height, width, rng, ctx=None):
         return self.resize.decode_hint(height, width, rng, ctx)
 
+    def decode_box(self, height, width, ctx):
+        # What the resize window reads, at the scale the decoder will pick for
+        # this target (dct_denom), in full-size pixels.
+        target = self.resize.target(height, width)
+        d = dct_denom(height, width, target)
+        size = (-(-height // d), -(-width // d))
+        interp = _choose(self.resize._interp, self.resize.antialias, size, target)
+        (ay, ny, _), (ax, nx, _) = (_kept(t, c) for t, c in zip(target, self.output_size))
+        spans = _window_spans(target, (ay, ny), (ax, nx), interp, size)
+        if spans is None:
+            return 0, 0, height, width
+        (y0, y1), (x0, x1) = spans
+        return y0 * d, x0 * d, min(height, y1 * d) - y0 * d, min(width, x1 * d) - x0 * d
+
     def apply(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
+        windowed = ctx is not None and ctx.origin is not None
+        H, W = ctx.scaled_size if windowed else img.shape[:2]
         target = self.resize.planned_size(H, W, ctx)
         interp = _choose(self.resize._interp, self.resize.antialias, (H, W), target)
         (ay, ny, oy), (ax, nx, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
-        window = _resize_window(img, target, (ay, ny), (ax, nx), interp)
+        if windowed and img.shape[:2] != (H, W):
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp, (H, W), ctx.origin)
+        else:
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp)
         h, w = self.output_size
         if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8:
             out = np.empty((h, w, 3), np.uint8)
@@ -515,7 +666,8 @@ class _ResizeCenterCrop(Transform):
         return out
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
+        windowed = ctx is not None and ctx.origin is not None
+        H, W = ctx.scaled_size if windowed else img.shape[:2]
         th, tw = target = self.resize.planned_size(H, W, ctx)
         (ay, _, oy), (ax, _, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
         h, w = self.output_size

@@ -21,13 +21,32 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 vpy="$venv/bin/python"
+# feeder's optional JPEG region decoder (feeder/_jpeg.c) builds against the
+# system's libjpeg-turbo headers: install them where we can (root with apt-get),
+# else say so once and go on (feeder then decodes JPEGs with simplejpeg).
+has_jpeg_headers() { printf '#include <stdio.h>\n#include <jpeglib.h>\n' | "${CC:-cc}" -E - >/dev/null 2>&1; }
+if ! has_jpeg_headers; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "feeder: installing gcc and libjpeg-dev (libjpeg-turbo headers) for the JPEG region decoder" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -q gcc libjpeg-dev >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q gcc libjpeg-dev >/dev/null 2>&1; }; } \
+      || echo "feeder: apt-get could not install gcc libjpeg-dev; JPEGs will decode with simplejpeg" >&2
+  else
+    echo "feeder: no C compiler with libjpeg headers (apt-get install gcc libjpeg-dev, or dnf install" \
+         "gcc libjpeg-turbo-devel, as root); JPEGs will decode with simplejpeg" >&2
+  fi
+fi
 if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
   echo "feeder: installing ${FEEDER_TORCH:-torch==2.13.0}" >&2
   "$vpy" -m pip install -q "${FEEDER_TORCH:-torch==2.13.0}" >&2
 fi
 # Reinstall only when the package metadata or the extras changed.
 stamp="$venv/.feeder-install"
-want="$(cat "$root/setup.cfg" "$root/pyproject.toml" | cksum) $extras"
+# The extension's sources and whether its headers are there count too, so that
+# installing the headers later rebuilds it.
+want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root/feeder/_jpeg.c" | cksum) $extras"
+want="$want jpeg=$(has_jpeg_headers && echo yes || echo no)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "feeder: installing feeder[$extras] (editable)" >&2
   "$vpy" -m pip install -q -e "$root[$extras]" >&2

@@ -119,7 +119,14 @@ def test_chain_only_flips_needs_image_size_and_copies():
 def test_chain_hint_only_from_leading_builtin():
     assert Chain([ops.RandomHorizontalFlip(), ops.RandomResizedCrop(8)], None).plan is not None
     assert Chain([lambda i, r: i, ops.RandomResizedCrop(8)], None).plan is None
-    assert Chain([ops.CenterCrop(8)], None).plan is None
+    assert Chain([lambda i, r: i, ops.CenterCrop(8)], None).plan is None
+    # CenterCrop needs the full resolution (no hint) but reads only its box, which
+    # a region decoder can use: it plans, with no reduced size and the centre box.
+    need, ctx = Chain([ops.CenterCrop(8)], None).plan(20, 30, 0)
+    assert need is None and ctx.box == (6, 11, 8, 8)
+    # A region only for the first step: a flip before the crop must see the whole image.
+    need, ctx = Chain([ops.RandomHorizontalFlip(), ops.RandomResizedCrop(8)], None).plan(20, 30, 0)
+    assert need is not None and ctx.box is None
 
 
 def test_sample_rng_is_deterministic_and_in_range():

@@ -53,10 +53,31 @@ class _FullDecodeCrop(ops.RandomResizedCrop):
     ``Transform.decode_hint``; restoring the base method turns the hint off while
     the chain, its random streams (keyed by position) and the crop box stay the
     same. (Prepending an identity callable also disables the hint, but shifts
-    every transform's stream index, so the crops would differ.)
+    every transform's stream index, so the crops would differ.) ``decode_box`` is
+    restored too, so that the region decoder is not used either: the whole image
+    is decoded, then cropped.
     """
 
     decode_hint = ops.Transform.decode_hint
+    decode_box = ops.Transform.decode_box
+
+
+class _FullDecodeResizeCenterCrop(ops._ResizeCenterCrop):
+    """The fused Resize + CenterCrop with no hint and no box: the whole image is decoded."""
+
+    decode_hint = ops.Transform.decode_hint
+    decode_box = ops.Transform.decode_box
+
+
+EVAL_RESIZE = 256
+
+
+def eval_transforms(full_decode: bool = False) -> list[ops.Transform]:
+    """The evaluation transform, Resize(256) + CenterCrop(224) (fused by the chain);
+    ``full_decode``: the same step decoding whole images at full size."""
+    if full_decode:
+        return [_FullDecodeResizeCenterCrop(ops.Resize(EVAL_RESIZE), ops.CenterCrop(CROP))]
+    return [ops.Resize(EVAL_RESIZE), ops.CenterCrop(CROP)]
 
 
 def full_decode_transforms() -> list[ops.Transform]:
@@ -223,6 +244,8 @@ class Loader:
             underlying loader and, for a feeder, its first ``next()``: where a pass
             starts its threads or DataLoader its workers (the interference benchmark
             pins them to the loader's cores there).
+        evaluation: Feeder and ``dl-cv2``: the evaluation transform
+            (:func:`eval_transforms`) instead of RandomResizedCrop + flip.
     """
 
     def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
@@ -231,7 +254,7 @@ class Loader:
                  seed: int = 0, persistent_workers: bool = False,
                  feeder_options: dict[str, Any] | None = None,
                  worker_init_fn: Callable[[int], None] | None = None,
-                 starting: Callable[[], Any] = contextlib.nullcontext) -> None:
+                 starting: Callable[[], Any] = contextlib.nullcontext, evaluation: bool = False) -> None:
         if kind not in LOADER_KINDS:
             raise ValueError(f"loader kind must be one of {LOADER_KINDS}, got {kind!r}")
         self.kind = kind
@@ -240,14 +263,16 @@ class Loader:
         self.feeder: Feeder | None = None
         self._starting = starting
         if kind == "feeder":
-            chain = full_decode_transforms() if full_decode else transforms()
+            chain = (eval_transforms(full_decode) if evaluation
+                     else full_decode_transforms() if full_decode else transforms())
             self.feeder = Feeder(ImageFolder(root), batch_size, chain,
                                  decode_threads=decode_threads, augment_threads=augment_threads,
                                  queue_size=queue_size, device=device, shuffle=True, seed=seed,
                                  **(feeder_options or {}))
             self.loader: Iterable[Any] = self.feeder
             return
-        dataset = PILDataset(root) if kind == "dl-pil" else FeederWorkDataset(root, seed=seed)
+        dataset = (PILDataset(root) if kind == "dl-pil" else
+                   FeederWorkDataset(root, eval_transforms() if evaluation else None, seed=seed))
         self.dataset = dataset
         generator = torch.Generator()
         generator.manual_seed(seed)

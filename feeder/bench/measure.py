@@ -173,7 +173,9 @@ def run_child(spec: dict[str, Any], timeout_s: float = 900.0, memory: bool = Tru
     with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = [sys.executable, "-m", "feeder.bench.runner", json.dumps(spec), report]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # spec["env"]: variables for this child only (FEEDER_NO_JPEG_EXT=1: the simplejpeg path).
+        env = {**os.environ, **{str(k): str(v) for k, v in spec.get("env", {}).items()}}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         try:
             with PeakPSS(proc.pid) if memory else contextlib.nullcontext() as pss:
                 _, err = proc.communicate(timeout=timeout_s)

@@ -1,0 +1,388 @@
+/*
+ * feeder._jpeg: decode only a region of a JPEG, at a DCT scale, with the
+ * system's libjpeg-turbo (an optional extension; feeder falls back to
+ * simplejpeg without it, see feeder/_decode.py).
+ *
+ * Why a C extension: no package on the index exposes libjpeg-turbo's partial
+ * decompression (jpeg_crop_scanline + jpeg_skip_scanlines) together with DCT
+ * scaling. A random crop keeps on average about half of an image; decoding
+ * only its rows and columns skips the IDCT, upsampling and colour conversion
+ * of the rest, and stops reading the file after the crop's last row.
+ *
+ * Two functions:
+ *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
+ *   decode(data, top, left, height, width, denom, out, max_pixels, compact)
+ *       -> (stride, col_offset)
+ * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
+ * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
+ * slower than a full decode). Row r of the region is written at out + r *
+ * stride * 3, its first wanted pixel at column col_offset: "direct" mode lets
+ * libjpeg write straight into `out` (its row is the region widened to the iMCU
+ * grid and by a few pixels, see PAD), "compact" mode copies only the wanted
+ * columns (stride = width, col_offset = 0).
+ *
+ * The decode runs without the GIL and calls no Python API; libjpeg's
+ * errors come back through setjmp/longjmp, and its warnings (corrupt data,
+ * which it would otherwise paper over with grey) are errors too. Every error
+ * becomes feeder.errors.DecodeError with libjpeg's message.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+#include <jerror.h>
+
+/* Pixels added on each side of the requested columns: libjpeg treats the
+ * edges of a cropped row as the image's edges for "fancy" chroma upsampling
+ * (h2v1, h2v2), so the outermost columns of a crop differ from a full decode.
+ * The upsampler reads one chroma sample beyond each output pixel (two pixels
+ * at 4:2:x); four pixels keep the wanted columns away from the window's edges
+ * at every subsampling and scale, so they are bit-identical to a full decode
+ * (tests/test_jpeg.py checks this for 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1 at
+ * every scale). */
+#ifndef PAD
+#define PAD 4
+#endif
+
+/* A progressive file may hold any number of scans, each a pass over the whole
+ * coefficient buffer: a small hostile file with thousands of scans takes
+ * seconds. Real encoders write about ten; libjpeg-turbo's own tools use a limit
+ * of this kind (djpeg -maxscans). */
+#define MAX_SCANS 500
+
+static PyObject *DecodeError; /* feeder.errors.DecodeError */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    struct jpeg_progress_mgr progress;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX + 64];
+} ErrorManager;
+
+static void on_error(j_common_ptr cinfo)
+{
+    ErrorManager *err = (ErrorManager *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void on_message(j_common_ptr cinfo, int level)
+{
+    /* level -1: a warning, i.e. corrupt data that libjpeg would decode as grey
+     * or garbage; fail like an error. Trace messages (level >= 0) are ignored. */
+    if (level < 0)
+        on_error(cinfo);
+}
+
+static void on_progress(j_common_ptr cinfo)
+{
+    if (cinfo->is_decompressor) {
+        j_decompress_ptr d = (j_decompress_ptr)cinfo;
+        if (d->input_scan_number > MAX_SCANS) {
+            ErrorManager *err = (ErrorManager *)cinfo->err;
+            snprintf(err->message, sizeof err->message,
+                     "more than %d scans (a real encoder writes about ten)", MAX_SCANS);
+            longjmp(err->jump, 1);
+        }
+    }
+}
+
+/* Set up the decompressor on `data` and read its header. Errors longjmp to
+ * err->jump: call it inside the caller's setjmp. */
+static void open_jpeg(struct jpeg_decompress_struct *cinfo, ErrorManager *err,
+                      const unsigned char *data, size_t size)
+{
+    cinfo->err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = on_error;
+    err->pub.emit_message = on_message;
+    jpeg_create_decompress(cinfo);
+    err->progress.progress_monitor = on_progress;
+    cinfo->progress = &err->progress;
+    jpeg_mem_src(cinfo, data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+}
+
+static const char *colorspace_name(J_COLOR_SPACE cs)
+{
+    switch (cs) {
+    case JCS_GRAYSCALE: return "Gray";
+    case JCS_RGB: return "RGB";
+    case JCS_YCbCr: return "YCbCr";
+    case JCS_CMYK: return "CMYK";
+    case JCS_YCCK: return "YCCK";
+    default: return "unknown";
+    }
+}
+
+static void subsampling_name(struct jpeg_decompress_struct *cinfo, char *out, size_t n)
+{
+    if (cinfo->num_components == 1) {
+        snprintf(out, n, "gray");
+        return;
+    }
+    int h = cinfo->comp_info[0].h_samp_factor, v = cinfo->comp_info[0].v_samp_factor;
+    int same = 1;
+    for (int c = 1; c < cinfo->num_components; c++)
+        same &= cinfo->comp_info[c].h_samp_factor == 1 && cinfo->comp_info[c].v_samp_factor == 1;
+    if (same && h == 1 && v == 1) snprintf(out, n, "4:4:4");
+    else if (same && h == 2 && v == 1) snprintf(out, n, "4:2:2");
+    else if (same && h == 2 && v == 2) snprintf(out, n, "4:2:0");
+    else if (same && h == 1 && v == 2) snprintf(out, n, "4:4:0");
+    else if (same && h == 4 && v == 1) snprintf(out, n, "4:1:1");
+    else snprintf(out, n, "other");
+}
+
+static PyObject *jpeg_header(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    volatile int ok = 0;
+    unsigned width = 0, height = 0;
+    int components = 0, progressive = 0;
+    const char *cs = "unknown";
+    char sub[16] = "";
+    /* The GIL stays held: reading a header takes microseconds, and giving the
+     * GIL up for that little would cost a wait to get it back whenever another
+     * thread took it meanwhile (up to the 5 ms switch interval). */
+    if (setjmp(err.jump) == 0) {
+        open_jpeg(&cinfo, &err, view.buf, (size_t)view.len);
+        width = cinfo.image_width;
+        height = cinfo.image_height;
+        components = cinfo.num_components;
+        progressive = jpeg_has_multiple_scans(&cinfo);
+        cs = colorspace_name(cinfo.jpeg_color_space);
+        subsampling_name(&cinfo, sub, sizeof sub);
+        ok = 1;
+    }
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&view);
+    if (!ok) {
+        PyErr_Format(DecodeError, "corrupt JPEG header: %s", err.message);
+        return NULL;
+    }
+    return Py_BuildValue("(IIissO)", width, height, components, cs, sub,
+                         progressive ? Py_True : Py_False);
+}
+
+typedef struct {
+    /* in */
+    const unsigned char *data;
+    size_t size;
+    unsigned top, left, height, width, denom;
+    unsigned char *out;
+    size_t out_size;
+    unsigned long long max_pixels;
+    int compact;
+    /* out */
+    unsigned stride, col_offset;
+    int status;  /* 0 ok, 1 libjpeg error (message in err), 2 our own check (message in note) */
+    char note[JMSG_LENGTH_MAX + 128];
+} Job;
+
+/* The decode proper: no Python API, run with the GIL released. */
+static void run_decode(Job *job)
+{
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    unsigned char *volatile scratch = NULL;
+    JSAMPROW row;
+
+    if (setjmp(err.jump)) {
+        job->status = 1;
+        snprintf(job->note, sizeof job->note, "%s", err.message);
+        jpeg_destroy_decompress(&cinfo);
+        free(scratch);
+        return;
+    }
+    open_jpeg(&cinfo, &err, job->data, job->size);
+    if ((unsigned long long)cinfo.image_width * cinfo.image_height > job->max_pixels
+        || cinfo.image_width == 0 || cinfo.image_height == 0) {
+        job->status = 2;
+        snprintf(job->note, sizeof job->note, "image of %ux%u pixels exceeds max_pixels=%llu",
+                 cinfo.image_width, cinfo.image_height, job->max_pixels);
+        goto done;
+    }
+    if (!(cinfo.jpeg_color_space == JCS_GRAYSCALE || cinfo.jpeg_color_space == JCS_YCbCr
+          || cinfo.jpeg_color_space == JCS_RGB)) {
+        job->status = 2;
+        snprintf(job->note, sizeof job->note, "colour space %s is not decoded here",
+                 colorspace_name(cinfo.jpeg_color_space));
+        goto done;
+    }
+    /* libjpeg-turbo converts gray to RGB by replicating the channel. */
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = job->denom;
+    /* jpeg_start_decompress allocates from the header's sizes (a progressive
+     * file's whole coefficient buffer: 2 bytes per coefficient per component),
+     * bounded above by the max_pixels check; this caps what a hostile header
+     * with odd sampling factors could still make it allocate. */
+    cinfo.mem->max_memory_to_use = (long)(job->max_pixels * 24 + (64u << 20));
+    /* For a progressive file this reads every scan (the coefficients of the
+     * whole image) before any output: skipping rows can save the IDCT and
+     * colour conversion only, not the entropy decoding (about 5% saved). */
+    jpeg_start_decompress(&cinfo);
+    if (job->top + (unsigned long long)job->height > cinfo.output_height
+        || job->left + (unsigned long long)job->width > cinfo.output_width
+        || job->height == 0 || job->width == 0) {
+        job->status = 2;
+        snprintf(job->note, sizeof job->note,
+                 "region %u+%u x %u+%u is outside the %ux%u image at scale 1/%u",
+                 job->left, job->width, job->top, job->height,
+                 cinfo.output_width, cinfo.output_height, job->denom);
+        jpeg_abort_decompress(&cinfo);
+        goto done;
+    }
+    {
+        JDIMENSION x0 = job->left > PAD ? job->left - PAD : 0;
+        JDIMENSION x1 = job->left + job->width + PAD;
+        if (x1 > cinfo.output_width) x1 = cinfo.output_width;
+        JDIMENSION xoff = x0, cw = x1 - x0;
+        if (xoff != 0 || cw != cinfo.output_width)
+            jpeg_crop_scanline(&cinfo, &xoff, &cw); /* moves xoff left to the iMCU grid */
+        unsigned offset = job->left - xoff;
+        unsigned stride = job->compact ? job->width : cinfo.output_width;
+        size_t need = (size_t)job->height * stride * 3;
+        if (need > job->out_size) {
+            job->status = 2;
+            snprintf(job->note, sizeof job->note,
+                     "output buffer of %zu bytes is smaller than the %zu the region needs",
+                     job->out_size, need);
+            jpeg_abort_decompress(&cinfo);
+            goto done;
+        }
+        if (job->compact) {
+            scratch = malloc((size_t)cinfo.output_width * 3);
+            if (scratch == NULL) {
+                job->status = 2;
+                snprintf(job->note, sizeof job->note, "out of memory");
+                jpeg_abort_decompress(&cinfo);
+                goto done;
+            }
+        }
+        /* Rows above the region: no IDCT or colour conversion for whole iMCU
+         * rows (the entropy decoding cannot be skipped: Huffman codes have no
+         * byte alignment). libjpeg-turbo decodes the context rows fancy
+         * upsampling needs, so the first kept row matches a full decode. */
+        if (job->top > 0)
+            jpeg_skip_scanlines(&cinfo, job->top);
+        for (unsigned r = 0; r < job->height; r++) {
+            unsigned char *dst = job->out + (size_t)r * stride * 3;
+            row = job->compact ? scratch : dst;
+            if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+                /* A memory source never suspends, and the end of its data is a
+                 * warning (an error here): no row is not expected, but is no loop. */
+                job->status = 2;
+                snprintf(job->note, sizeof job->note, "corrupt JPEG: no data for row %u",
+                         job->top + r);
+                jpeg_abort_decompress(&cinfo);
+                goto done;
+            }
+            if (job->compact)
+                memcpy(dst, scratch + (size_t)offset * 3, (size_t)job->width * 3);
+        }
+        job->stride = stride;
+        job->col_offset = job->compact ? 0 : offset;
+        /* Stop here: the rows below the region are never read. */
+        jpeg_abort_decompress(&cinfo);
+    }
+done:
+    jpeg_destroy_decompress(&cinfo);
+    free(scratch);
+}
+
+static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"data", "top", "left", "height", "width", "denom", "out",
+                            "max_pixels", "compact", NULL};
+    Py_buffer data, out;
+    unsigned top, left, height, width, denom;
+    unsigned long long max_pixels;
+    int compact = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIIIIw*K|p", names, &data, &top, &left,
+                                     &height, &width, &denom, &out, &max_pixels, &compact))
+        return NULL;
+    if (!(denom == 1 || denom == 2 || denom == 4 || denom == 8)) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
+    }
+    if (!PyBuffer_IsContiguous(&out, 'C')) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer");
+    }
+    Job job;
+    memset(&job, 0, sizeof job);
+    job.data = data.buf;
+    job.size = (size_t)data.len;
+    job.top = top;
+    job.left = left;
+    job.height = height;
+    job.width = width;
+    job.denom = denom;
+    job.out = out.buf;
+    job.out_size = (size_t)out.len;
+    job.max_pixels = max_pixels;
+    job.compact = compact;
+    Py_BEGIN_ALLOW_THREADS
+    run_decode(&job);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (job.status == 1)
+        return PyErr_Format(DecodeError, "corrupt JPEG: %s", job.note);
+    if (job.status == 2)
+        return PyErr_Format(DecodeError, "%s", job.note);
+    return Py_BuildValue("(II)", job.stride, job.col_offset);
+}
+
+static PyMethodDef methods[] = {
+    {"header", jpeg_header, METH_O,
+     "header(data) -> (width, height, components, colorspace, subsampling, progressive)\n\n"
+     "Read a JPEG's header. Raises feeder.errors.DecodeError when it cannot."},
+    {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
+     "decode(data, top, left, height, width, denom, out, max_pixels, compact=False)"
+     " -> (stride, col_offset)\n\n"
+     "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
+     "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
+     "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "feeder._jpeg",
+    "Region and scaled JPEG decoding with the system's libjpeg-turbo.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__jpeg(void)
+{
+    PyObject *errors = PyImport_ImportModule("feeder.errors");
+    if (errors == NULL)
+        return NULL;
+    DecodeError = PyObject_GetAttrString(errors, "DecodeError");
+    Py_DECREF(errors);
+    if (DecodeError == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+#ifdef LIBJPEG_TURBO_VERSION
+#define FEEDER_STR2(x) #x
+#define FEEDER_STR(x) FEEDER_STR2(x)
+    PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", FEEDER_STR(LIBJPEG_TURBO_VERSION));
+#else
+    PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", "unknown");
+#endif
+    PyModule_AddIntConstant(m, "PAD", PAD);
+    PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS);
+    return m;
+}

@@ -1,0 +1,460 @@
+"""The JPEG region decoder (``feeder._jpeg``, built against the system's
+libjpeg-turbo) and the fallback to simplejpeg without it.
+
+* The region it decodes is bit-identical to a full decode (at the same DCT
+  scale) cropped, for every subsampling, gray, progressive and restart-marker
+  files, at 1/1, 1/2, 1/4 and 1/8.
+* Through the transforms: RandomResizedCrop, Resize + CenterCrop, CenterCrop
+  and Resize give the same pixels as the simplejpeg path wherever both decode at
+  the same scale (always at 1/1: the crop before the resize is a full decode's),
+  with EXIF orientation, masks and boxes; at 1/2..1/8 against a full-size
+  decode within the stated tolerance (:data:`SCALED_TOLERANCE`).
+* Errors and libjpeg warnings are ``DecodeError``; ``max_pixels`` is checked
+  before decoding.
+* ``FEEDER_NO_JPEG_EXT=1`` forces the fallback (checked in a subprocess), and
+  the in-process tests compare against the fallback by switching the module's
+  decoder off.
+* Fuzzing: mutated JPEGs of every kind give an image or ``DecodeError``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from feeder import DecodeError, Feeder, info, ops
+from feeder import _decode
+from feeder._augment import Chain
+from feeder._work import SampleWork
+from feeder.synthetic import make_image
+
+ext = _decode._jpeg
+needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {_decode._jpeg_missing}")
+
+#: At DCT scales 1/2..1/8, the delivered image against "full decode, crop,
+#: resize" differs by at most this mean absolute difference per image, in grey
+#: levels (the reduced IDCT averages blocks where the resize would interpolate:
+#: the same difference as the simplejpeg path's reduced-scale decode, which it
+#: equals at the same scale). Measured on make-data's photograph-like images:
+#: 2.3-4.1 on average, 5.6 for the worst image; on this file's synthetic images
+#: (hard edges, fine texture) up to 11 at 1/4 (bench/README.md).
+SCALED_TOLERANCE = 12.0
+
+SUBSAMPLING = {"4:4:4": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, "4:2:2": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+               "4:2:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, "4:4:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
+               "4:1:1": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411}
+
+
+def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90) -> bytes:
+    """A JPEG of RGB ``img``: ``kind`` a subsampling, ``gray``, ``progressive`` or ``restart``."""
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality]
+    if kind in SUBSAMPLING:
+        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SUBSAMPLING[kind]]
+    elif kind == "progressive":
+        params += [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
+    elif kind == "restart":
+        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, 3]
+    src = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY) if kind == "gray" else img[..., ::-1]
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(src), params)
+    assert ok
+    return buf.tobytes()
+
+
+KINDS = [*SUBSAMPLING, "gray", "progressive", "restart"]
+
+
+def full_at_scale(data: bytes, denom: int) -> np.ndarray:
+    """simplejpeg's whole-image decode at 1/denom: the reference."""
+    h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+    if denom == 1:
+        return simplejpeg.decode_jpeg(data, colorspace="RGB")
+    img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-h // denom), min_width=-(-w // denom))
+    assert img.shape[:2] == (-(-h // denom), -(-w // denom))
+    return img
+
+
+def region(data: bytes, top: int, left: int, h: int, w: int, denom: int, compact: bool) -> np.ndarray:
+    buf = np.empty(h * (w + 2 * ext.PAD + 32) * 3, np.uint8)
+    stride, offset = ext.decode(data, top, left, h, w, denom, buf, 1 << 30, compact)
+    return buf[:h * stride * 3].reshape(h, stride, 3)[:, offset:offset + w]
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", KINDS)
+def test_region_is_bit_identical_to_a_full_decode_cropped(kind):
+    rng = np.random.default_rng(KINDS.index(kind))
+    data = jpeg(make_image(203, 317, seed=3), kind)
+    for denom in (1, 2, 4, 8):
+        ref = full_at_scale(data, denom)
+        H, W = ref.shape[:2]
+        boxes = [(0, 0, H, W), (H - 1, W - 1, 1, 1)]
+        for _ in range(25):
+            t, l = int(rng.integers(0, H)), int(rng.integers(0, W))
+            boxes.append((t, l, int(rng.integers(1, H - t + 1)), int(rng.integers(1, W - l + 1))))
+        for t, l, h, w in boxes:
+            for compact in (False, True):
+                got = region(data, t, l, h, w, denom, compact)
+                np.testing.assert_array_equal(got, ref[t:t + h, l:l + w],
+                                              err_msg=f"{kind} 1/{denom} box {(t, l, h, w)}")
+
+
+@needs_ext
+def test_header_reports_size_colour_space_subsampling_and_progressive():
+    img = make_image(40, 60, seed=1)
+    assert ext.header(jpeg(img, "4:2:2")) == (60, 40, 3, "YCbCr", "4:2:2", False)
+    assert ext.header(jpeg(img, "gray")) == (60, 40, 1, "Gray", "gray", False)
+    assert ext.header(jpeg(img, "progressive"))[5] is True
+
+
+@needs_ext
+def test_errors_and_warnings_are_decode_errors():
+    data = jpeg(make_image(120, 160, seed=2), "4:2:0")
+    with pytest.raises(DecodeError, match="corrupt JPEG header"):
+        ext.header(b"\xff\xd8\xff" + bytes(range(200)))
+    # Cut in the scan: libjpeg only warns ("Premature end of JPEG file") and
+    # would fill the rest with grey; here it is an error.
+    with pytest.raises(DecodeError, match="corrupt JPEG: Premature end"):
+        region(data[:len(data) // 2], 0, 0, 120, 160, 1, False)
+    with pytest.raises(DecodeError, match="outside"):
+        region(data, 100, 0, 21, 160, 1, False)
+    with pytest.raises(DecodeError, match="max_pixels"):
+        ext.decode(data, 0, 0, 1, 1, 1, np.empty(1 << 16, np.uint8), 120 * 160 - 1)
+    with pytest.raises(DecodeError, match="smaller"):
+        ext.decode(data, 0, 0, 120, 160, 1, np.empty(100, np.uint8), 1 << 30)
+    with pytest.raises(ValueError, match="denom"):
+        ext.decode(data, 0, 0, 1, 1, 3, np.empty(1 << 16, np.uint8), 1 << 30)
+    with pytest.raises((TypeError, BufferError)):
+        ext.decode(data, 0, 0, 1, 1, 1, bytes(1 << 16), 1 << 30)  # read-only output
+
+
+@needs_ext
+def test_rows_below_the_crop_are_never_read():
+    """Reading stops after the crop's last row: a file cut below it decodes (the
+    cut is found when a crop reaches it, or by a full decode)."""
+    data = jpeg(make_image(256, 64, seed=4), "4:2:0")
+    cut = data[:int(len(data) * 0.7)]
+    np.testing.assert_array_equal(region(cut, 8, 8, 32, 40, 1, False), full_at_scale(data, 1)[8:40, 8:48])
+    with pytest.raises(DecodeError):
+        region(cut, 200, 0, 56, 64, 1, False)
+
+
+def _no_ext(monkeypatch):
+    monkeypatch.setattr(_decode, "_jpeg", None)
+
+
+def _outputs(chain: list, blobs: list[bytes], exif: bool = False) -> tuple[list[np.ndarray], list]:
+    work = SampleWork(Chain(chain, None), exif_orientation=exif)
+    h, w = work.image_size
+    outs, ctxs = [], []
+    for i, data in enumerate(blobs):
+        out = np.empty((h, w, 3), np.uint8)
+        img, ctx = work.decode(data, 1000 + i)
+        if ctx.origin is None:  # the simplejpeg path: note its scale, as the region path does
+            ctx.scale = _decode.decode_scale(ctx.source_size, img.shape[:2])[0]
+        work.transform(img, 1000 + i, ctx, out)
+        outs.append(out)
+        ctxs.append(ctx)
+    return outs, ctxs
+
+
+def _denom(ctx) -> int:
+    return round(1 / ctx.scale) if ctx.origin is not None else 0
+
+
+BLOBS = [jpeg(make_image(*size, seed=i), kind) for i, (size, kind) in enumerate(
+    [((300, 400), "4:2:0"), ((480, 360), "4:2:2"), ((333, 517), "4:4:4"), ((250, 250), "gray"),
+     ((400, 600), "progressive"), ((360, 480), "restart"), ((700, 1000), "4:2:0"), ((1100, 1500), "4:2:0")])]
+
+
+@needs_ext
+@pytest.mark.parametrize("chain", [
+    lambda: [ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()],
+    lambda: [ops.RandomResizedCrop(64, scale=(0.3, 1.0))],
+    lambda: [ops.Resize(256), ops.CenterCrop(224)],
+    lambda: [ops.Resize(100, interpolation="nearest"), ops.CenterCrop(90)],
+    lambda: [ops.Resize(120, interpolation="area"), ops.CenterCrop(100)],
+    lambda: [ops.Resize(100, interpolation="bicubic"), ops.CenterCrop(96)],
+    lambda: [ops.CenterCrop(200)],
+    lambda: [ops.Resize((150, 170))],
+], ids=["rrc224", "rrc64", "eval", "eval-nearest", "eval-area", "eval-bicubic", "centercrop", "resize"])
+def test_transforms_match_the_fallback_at_the_same_scale(chain, monkeypatch):
+    got, ctxs = _outputs(chain(), BLOBS)
+    assert all(c.origin is not None for c in ctxs), "every JPEG went through the region decoder"
+    _no_ext(monkeypatch)
+    want, fctxs = _outputs(chain(), BLOBS)
+    same = 0
+    for g, w, c, f, data in zip(got, want, ctxs, fctxs, BLOBS):
+        assert c.source_size == f.source_size
+        if c.scale == f.scale:
+            np.testing.assert_array_equal(g, w)
+            same += 1
+    assert same >= len(BLOBS) // 2
+
+
+@needs_ext
+def test_reduced_scales_are_within_the_stated_tolerance_of_a_full_decode(monkeypatch):
+    """At 1/2..1/8 the result differs from full decode + crop + resize by at most
+    SCALED_TOLERANCE grey levels on average; at 1/1 it is identical."""
+    class FullCrop(ops.RandomResizedCrop):  # same boxes, no hint and no box: a full decode
+        decode_hint = ops.Transform.decode_hint
+        decode_box = ops.Transform.decode_box
+
+    seen = set()
+    for size in (64, 224):
+        got, ctxs = _outputs([ops.RandomResizedCrop(size, scale=(0.2, 1.0))], BLOBS)
+        want, _ = _outputs([FullCrop(size, scale=(0.2, 1.0))], BLOBS)
+        for g, w, c in zip(got, want, ctxs):
+            d = _denom(c)
+            seen.add(d)
+            diff = np.abs(g.astype(np.int16) - w.astype(np.int16))
+            if d == 1:
+                np.testing.assert_array_equal(g, w)
+            else:
+                assert diff.mean() <= SCALED_TOLERANCE, (d, diff.mean())
+    assert {1, 2, 4} <= seen, seen  # the set reaches full and reduced scales
+
+
+def exif_jpeg(data: bytes, orientation: int) -> bytes:
+    tiff = (b"II" + struct.pack("<HIH", 42, 8, 1) + struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0)
+            + struct.pack("<I", 0))
+    payload = b"Exif\x00\x00" + tiff
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + data[2:]
+
+
+@needs_ext
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_draws_the_box_in_the_shown_frame(orientation, monkeypatch):
+    blobs = [exif_jpeg(jpeg(make_image(150, 230, seed=s), "4:2:0"), orientation) for s in range(4)]
+    chains = ([ops.RandomResizedCrop(48, scale=(0.3, 1.0))], [ops.Resize(64), ops.CenterCrop(56)],
+              [ops.CenterCrop((100, 90))])
+    got = [_outputs(c, blobs, exif=True) for c in chains]
+    _no_ext(monkeypatch)
+    for (g, ctxs), c in zip(got, chains):
+        want, fctxs = _outputs(c, blobs, exif=True)
+        same = 0
+        for a, b, ctx, fctx in zip(g, want, ctxs, fctxs):
+            assert ctx.source_size == fctx.source_size
+            if ctx.scale == fctx.scale:
+                np.testing.assert_array_equal(a, b)
+                same += 1
+        assert same >= 2, [(x.scale, y.scale) for x, y in zip(ctxs, fctxs)]
+
+
+def _seg_source(n: int):
+    from fields_helpers import DictSource, coordinate_image
+    rng = np.random.default_rng(0)
+
+    def make(i):
+        h, w = (180, 240) if i % 2 else (260, 200)
+        img = coordinate_image(h, w)
+        mask = ((np.arange(h)[:, None] // 16 + np.arange(w)[None, :] // 16) % 5).astype(np.uint8)
+        boxes = np.array([[10, 20, 90, 120], [100, 5, 190, 60]], np.float32)
+        return {"image": jpeg(img, "4:4:4", 95), "mask": mask, "boxes": boxes,
+                "label": int(rng.integers(0, 5))}
+    return DictSource(n, make)
+
+
+@needs_ext
+@pytest.mark.parametrize("chain", [
+    # Sizes at which both paths decode at the same scale (1/1, and 1/2 for the
+    # eval chain's 260x200 images), so that the same pixels are expected.
+    lambda: [ops.RandomResizedCrop(120, scale=(0.3, 1.0)), ops.RandomHorizontalFlip()],
+    lambda: [ops.Resize(100), ops.CenterCrop(90)],
+    lambda: [ops.CenterCrop(120)],
+], ids=["rrc", "eval", "centercrop"])
+def test_masks_and_boxes_follow_as_with_the_fallback(chain, monkeypatch):
+    def run():
+        with Feeder(_seg_source(8), 4, chain(), seed=3, decode_threads=2, ordered=True) as f:
+            batches, err = drain_dicts(f)
+        assert err is None
+        return batches
+
+    got = run()
+    _no_ext(monkeypatch)
+    want = run()
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a["mask"], b["mask"])
+        assert len(a["boxes"]) == len(b["boxes"])
+        for x, y in zip(a["boxes"], b["boxes"]):
+            np.testing.assert_allclose(x, y, atol=1e-4)
+        np.testing.assert_array_equal(a["image"], b["image"])
+
+
+def drain_dicts(feeder):
+    import threading
+    out, err = [], []
+
+    def go():
+        try:
+            for b in feeder:
+                out.append({k: (v.numpy().copy() if hasattr(v, "numpy") else
+                                [t.numpy().copy() for t in v] if isinstance(v, list) else v)
+                            for k, v in b.items()})
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            err.append(exc)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(JOIN_TIMEOUT_S)
+    assert not t.is_alive(), "the pass did not finish (hang)"
+    return out, (err[0] if err else None)
+
+
+@needs_ext
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ordered_batches_identical_across_thread_counts_and_engines(isolation):
+    blobs = BLOBS[:6] * 3
+    chain = [ops.RandomResizedCrop(64), ops.RandomHorizontalFlip()]
+    runs = []
+    for threads in (1, 3):
+        with Feeder(MemorySource(blobs), 4, chain, seed=7, decode_threads=threads, ordered=True,
+                    isolation=isolation) as f:
+            batches, err = drain(f)
+        assert err is None
+        runs.append(batches)
+    with Feeder(MemorySource(blobs), 4, chain, seed=7, decode_threads=2, ordered=True) as f:
+        reference, err = drain(f)
+    assert err is None
+    for run in runs:
+        assert len(run) == len(reference)
+        for (x, y), (rx, ry) in zip(run, reference):
+            np.testing.assert_array_equal(x, rx)
+            np.testing.assert_array_equal(y, ry)
+
+
+def test_info_says_which_decoder_runs():
+    jpeg_info = info()["jpeg"]
+    assert jpeg_info["decoder"] == ("feeder._jpeg" if ext is not None else "simplejpeg")
+    assert jpeg_info["region_decode"] is (ext is not None)
+    assert (jpeg_info["reason"] is None) is (ext is not None)
+
+
+def _has_jpeg_headers() -> bool:
+    cc = os.environ.get("CC", "cc")
+    try:
+        r = subprocess.run([cc, "-E", "-"], input=b"#include <stdio.h>\n#include <jpeglib.h>\n",
+                           capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def test_extension_is_built_where_its_headers_are():
+    """scripts/env.sh installs the headers where it can and pip builds the
+    extension: CI must test the region decoder, not silently the fallback."""
+    if os.environ.get(_decode.NO_EXTENSION_ENV, "") not in ("", "0"):
+        pytest.skip("the fallback is forced for this run")
+    if not _has_jpeg_headers():
+        pytest.skip("no C compiler with libjpeg headers here")
+    assert ext is not None, _decode._jpeg_missing
+
+
+def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
+    code = textwrap.dedent("""
+        import logging, numpy as np, feeder
+        from feeder import Feeder, ops
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        assert feeder.info()["jpeg"]["decoder"] == "simplejpeg", feeder.info()
+        import cv2
+        ok, buf = cv2.imencode(".jpg", np.full((80, 90, 3), 120, np.uint8))
+
+        class Src:
+            def __len__(self): return 6
+            def read(self, i): return buf.tobytes(), i
+        with Feeder(Src(), 3, [ops.RandomResizedCrop(32)], seed=1) as f:
+            n = sum(len(y) for _, y in f)
+        print("samples", n)
+    """)
+    env = {**os.environ, "FEEDER_NO_JPEG_EXT": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(_decode.__file__))),
+                                          os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "samples 6" in r.stdout
+    assert "JPEG decoding: simplejpeg" in r.stderr and "FEEDER_NO_JPEG_EXT=1" in r.stderr
+
+
+def test_the_missing_extension_says_how_to_get_it(monkeypatch, caplog):
+    monkeypatch.setattr(_decode, "_jpeg", None)
+    monkeypatch.setattr(_decode, "_jpeg_missing", "the extension feeder._jpeg is not built")
+    monkeypatch.setattr(_decode, "_noted", False)
+    with caplog.at_level("WARNING", logger="feeder._decode"):
+        _decode.note_jpeg_decoder()
+        _decode.note_jpeg_decoder()  # once per process
+    lines = [r.getMessage() for r in caplog.records if r.name == "feeder._decode"]
+    assert len(lines) == 1 and "libjpeg-dev" in lines[0] and "libjpeg-turbo-devel" in lines[0]
+
+
+# -- fuzzing ------------------------------------------------------------------------
+
+FUZZ_EXAMPLES = int(os.environ.get("FEEDER_FUZZ_EXAMPLES", "150"))
+FUZZ_SEEDS = [jpeg(make_image(48, 72, seed=9), kind, 85) for kind in KINDS]
+_position = st.one_of(st.integers(0, 700), st.integers(0, 1 << 14))
+_mutation = st.one_of(
+    st.tuples(st.just("flip"), _position, st.integers(0, 7)),
+    st.tuples(st.just("truncate"), _position),
+    st.tuples(st.just("insert"), _position, st.binary(min_size=1, max_size=16)),
+    st.tuples(st.just("overwrite"), _position, st.binary(min_size=1, max_size=8)),
+    st.tuples(st.just("delete"), _position, st.integers(1, 32)),
+)
+
+
+def mutate(data: bytes, edits: list) -> bytes:
+    buf = bytearray(data)
+    for op in edits:
+        at = op[1] % (len(buf) + 1)
+        if op[0] == "flip" and buf:
+            buf[at % len(buf)] ^= 1 << op[2]
+        elif op[0] == "truncate":
+            del buf[at:]
+        elif op[0] == "insert":
+            buf[at:at] = op[2]
+        elif op[0] == "overwrite":
+            buf[at:at + len(op[2])] = op[2]
+        elif op[0] == "delete":
+            del buf[at:at + op[2]]
+    return bytes(buf)
+
+
+@needs_ext
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(seed=st.sampled_from(range(len(FUZZ_SEEDS))), edits=st.lists(_mutation, min_size=1, max_size=5),
+       box=st.tuples(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1)),
+       denom=st.sampled_from([1, 2, 4, 8]), key=st.integers(0, 1 << 20))
+def test_mutated_jpegs_decode_or_raise_decode_error(seed, edits, box, denom, key):
+    data = mutate(FUZZ_SEEDS[seed], edits)
+    try:
+        width, height, *_ = ext.header(data)
+    except DecodeError:
+        return
+    if not 0 < width * height <= 1 << 20:
+        with pytest.raises(DecodeError):
+            ext.decode(data, 0, 0, 1, 1, denom, np.empty(64, np.uint8), 1 << 20)
+        return
+    H, W = -(-height // denom), -(-width // denom)
+    t, l = int(box[0] * (H - 1)), int(box[1] * (W - 1))
+    h, w = 1 + int(box[2] * (H - t - 1)), 1 + int(box[3] * (W - l - 1))
+    try:
+        img = region(data, t, l, h, w, denom, bool(key & 1))
+        assert img.shape == (h, w, 3)
+    except DecodeError:
+        pass
+    # And through the decode stage, with a random crop's plan.
+    work = SampleWork(Chain([ops.RandomResizedCrop(16)], None), max_pixels=1 << 20)
+    try:
+        img, ctx = work.decode(data, key)
+    except DecodeError:
+        return
+    out = np.empty((16, 16, 3), np.uint8)
+    work.transform(img, key, ctx, out)
