@@ -3,7 +3,7 @@
 
     from feeder import Feeder, ImageFolder, ops
 
-    with Feeder(ImageFolder("data/train"), batch_size=256,
+    with Feeder(ImageFolder("data/train"), batch_size=256, shuffle=True,
                 transforms=[ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()],
                 device="cuda") as feeder:
         for images, labels in feeder:
@@ -11,21 +11,25 @@
 """
 
 from . import ops
+from ._dataset import FeederDataset
 from ._feeder import BatchInfo, Feeder
 from ._rng import SampleRNG
 from ._decode import jpeg_decoder as _jpeg_decoder
 from ._sample import check_sample
 from ._stats import QueueStats, StageStats, Stats
+from ._transfer import Batch
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
 from .shards import TarShards
 from .sources import FileList, ImageFolder, Source
 
 __all__ = [
+    "Batch",
     "BatchInfo",
     "ConfigError",
     "DecodeError",
     "Feeder",
+    "FeederDataset",
     "FeederError",
     "FeederTimeoutError",
     "FieldError",

@@ -240,7 +240,7 @@ class Config:
     dtype: torch.dtype | None = _option(None, _dtype)
     normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
     memory_format: str = _option("channels_last", _memory_format)
-    shuffle: bool | str = _option(True, _shuffle)
+    shuffle: bool | str = _option(False, _shuffle)
     shuffle_window: int = _option(8192, _positive)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)

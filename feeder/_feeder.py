@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ import torch
 from . import _reaper
 from ._augment import Chain
 from ._batch import BufferPool, Scratch
+from ._dataset import FeederDataset
 from ._config import Config, reads_may_block, signature_parameters
 from ._decode import note_jpeg_decoder
 from ._pipeline import Pass, settings, stage_threads
@@ -311,7 +313,8 @@ class Feeder:
             -1)`` needs; made on ``device`` after the copy, by the transfer
             thread). ``torch.channels_last`` and ``torch.contiguous_format`` are
             accepted too.
-        shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch). ``"shards"``:
+        shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch); off by
+            default, as in ``DataLoader``: pass ``shuffle=True`` for training. ``"shards"``:
             the order for streaming storage, for a source made of shards
             (:class:`~feeder.TarShards`): shards shuffled per epoch, samples
             shuffled within windows of ``shuffle_window`` consecutive samples,
@@ -336,7 +339,9 @@ class Feeder:
             samples were skipped (None: no limit).
         rank: This process's shard (disjoint shards cut from one shared order
             per epoch; see ``drop_last``). Default: from ``torch.distributed``
-            when it is initialized, read when each pass starts.
+            when it is initialized, else from ``torchrun``'s ``RANK`` and
+            ``WORLD_SIZE`` environment variables (so ``len(feeder)`` is right
+            before ``init_process_group``), else 0; read when each pass starts.
         world_size: The number of shards (default: from ``torch.distributed``,
             as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
@@ -438,6 +443,7 @@ class Feeder:
             engine = _Engine(cfg, source, self.chain)
         self._engine = engine
         self.sampler = EpochSampler(self)
+        self._dataset: FeederDataset | None = None  # made on first use
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
@@ -447,15 +453,24 @@ class Feeder:
     batch_sampler = None
 
     @property
-    def dataset(self) -> Any:
-        # Tools that rebuild a DataLoader around ``loader.dataset`` (Accelerate's
-        # skip_first_batches) would read every skipped sample through it; say
-        # what to use instead. An AttributeError keeps hasattr() false.
-        raise AttributeError(
-            "Feeder has no 'dataset' (it is not a DataLoader, and cannot be rebuilt as one): "
-            "to skip the first batches of an epoch use feeder.skip(num_batches) after "
-            "feeder.set_epoch(epoch); to resume, feeder.load_state_dict(state); the samples "
-            "come from feeder.source")
+    def dataset(self) -> FeederDataset:
+        """The source as a map-style dataset: ``len(feeder.dataset)`` and
+        ``feeder.dataset[i]`` (sample ``i`` decoded and transformed as in a
+        batch, as ``(image, label)`` or ``(image, target)``), for the scripts
+        and evaluation helpers that read ``loader.dataset``. See
+        :class:`~feeder.FeederDataset`. Not a way to load batches."""
+        # Accelerate's skip_first_batches rebuilds a DataLoader around
+        # ``loader.dataset`` and would read every skipped sample through it,
+        # one at a time: it alone gets the AttributeError saying what to use.
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "accelerate" or caller.startswith("accelerate."):
+            raise AttributeError(
+                "Feeder cannot be rebuilt as a DataLoader around its dataset: to skip the first "
+                "batches of an epoch use feeder.skip(num_batches) after feeder.set_epoch(epoch); "
+                "to resume, feeder.load_state_dict(state)")
+        if self._dataset is None:
+            self._dataset = FeederDataset(self)
+        return self._dataset
 
     # -- shape of an epoch --------------------------------------------------
     @property
@@ -972,7 +987,12 @@ def _agreed_seed(seed: int, world_size: int) -> int:
     """
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
-        return seed
+        # Ranks from the launcher's environment or given by hand, and no group
+        # to agree through: every rank uses seed 0, as DistributedSampler does.
+        if seed != 0:
+            log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
+                     world_size)
+        return 0
     box = [seed]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])
@@ -981,7 +1001,7 @@ def _agreed_seed(seed: int, world_size: int) -> int:
 def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """This process's (rank, world_size): from ``torch.distributed`` when it is
     initialized (given values must agree with it), else as given (checked by
-    Config), else (0, 1).
+    Config), else from the launcher's environment, else (0, 1).
 
     Raises:
         ValueError: ``rank``/``world_size`` were given and contradict the process group.
@@ -997,7 +1017,33 @@ def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
             return actual
     if rank is not None and world_size is not None:
         return rank, world_size
-    return 0, 1
+    return _launcher_shard()
+
+
+def _launcher_shard() -> tuple[int, int]:
+    """(rank, world_size) from the launcher's environment (``torchrun`` sets
+    ``RANK`` and ``WORLD_SIZE`` before the script starts), else (0, 1): so
+    ``len(feeder)`` is this rank's from the start, before ``init_process_group``.
+
+    Raises:
+        ValueError: the variables are set but are not a rank in ``[0, WORLD_SIZE)``.
+    """
+    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if env_rank is None or env_world is None:
+        # Launchers that set only some (Lightning's ddp launcher sets WORLD_SIZE
+        # and LOCAL_RANK, and the group exists before the first pass) are read
+        # from torch.distributed at the pass instead.
+        return 0, 1
+    try:
+        world_size = int(env_world)
+        rank = int(env_rank) if env_rank is not None else -1
+    except ValueError:
+        world_size = rank = -1
+    if not 0 <= rank < world_size:
+        raise ValueError(f"the environment's RANK={env_rank!r} and WORLD_SIZE={env_world!r} are not a rank "
+                         f"in [0, WORLD_SIZE) (torchrun sets both); fix or unset them, or pass "
+                         f"Feeder(rank=, world_size=)")
+    return rank, world_size
 
 
 Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -229,6 +229,10 @@ def parse_value(name: str, value: Any) -> Any:
                                        f"(boxes are x0, y0, x1, y1)")
             return boxes
         arr = numeric(value)
+        if name == LABEL and arr is None:
+            # It would reach the batch as a Python list and fail later, in the loss.
+            raise FieldError(name, f"is {_what(value)}; a label is a number or a numeric array (map "
+                                   f"class names to int indices in the source, as ImageFolder does)")
         if name.startswith(BOX_PREFIX):
             if arr is None:
                 raise FieldError(name, f"is {_what(value)}; a per-box field is a numeric [N, ...] array")

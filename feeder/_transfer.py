@@ -205,6 +205,59 @@ class SideStream:
             yield
 
 
+class Batch(dict):
+    """A batch of named fields: a ``dict`` (``"image"``, ``"label"``, ``"mask"``,
+    ``"boxes"``...) that cannot be silently unpacked as a pair.
+
+    ``images, targets = batch`` (or ``for images, targets in feeder``) on a
+    plain dict of two fields binds the two *key names*, and the mistake
+    surfaces much later (in the loss, or never). A two-field ``Batch`` raises
+    a ``TypeError`` that says what to write instead when iterated directly;
+    with more fields, unpacking into two names fails anyway (Python's "too
+    many values to unpack"), so iterating gives the keys as a dict does. Take
+    fields by name, or iterate ``batch.keys()``, ``batch.values()`` or
+    ``batch.items()``, which work for any batch. Everything else is a dict's:
+    ``dict(batch)``, ``{**batch}``, ``len``, ``in``, pickling, torch's pytree,
+    and the trainers' device moves (which rebuild mappings from ``items()``).
+    """
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[str]:
+        if len(self) == 2:
+            a, b = self.keys()
+            raise TypeError(
+                f"a feeder batch of named fields is a dict: `x, y = batch` would bind its key names "
+                f"({a!r}, {b!r}), so it is not iterated directly; take the fields by name, "
+                f"batch[{a!r}], batch[{b!r}], or iterate batch.keys() / batch.items()")
+        return super().__iter__()
+
+
+def _register_batch_with_pytree() -> None:
+    # torch's pytree (tree_map, torch.compile's input handling) treats an
+    # unregistered dict subclass as a leaf; flatten a Batch like a dict.
+    try:
+        from torch.utils import _pytree
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return
+    def flatten(batch: Batch) -> tuple[list[Any], list[str]]:
+        keys = list(batch.keys())
+        return [batch[k] for k in keys], keys
+
+    def unflatten(values: Any, keys: Any) -> Batch:
+        return Batch(zip(keys, values))
+
+    register = getattr(_pytree, "register_pytree_node", None)
+    if register is not None:
+        try:
+            register(Batch, flatten, unflatten, serialized_type_name="feeder.Batch")
+        except (TypeError, ValueError):  # an older signature, or registered already
+            pass
+
+
+_register_batch_with_pytree()
+
+
 @dataclass(slots=True)
 class Delivery:
     """A batch ready for the consumer: ``event`` is set for CUDA batches, ``lent``
@@ -226,7 +279,9 @@ class Delivery:
 
     def batch(self) -> Any:
         """What ``next()`` returns: ``(images, labels)``, or the dict of fields."""
-        return (self.images, self.labels) if self.fields is None else self.fields
+        if self.fields is None:
+            return self.images, self.labels
+        return Batch(self.fields.items()) if type(self.fields) is dict else self.fields
 
     def device_tensors(self) -> list[torch.Tensor]:
         """Every tensor of the batch whose memory the consumer's stream will read."""

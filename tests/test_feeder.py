@@ -19,7 +19,7 @@ from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stat
 AUG = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
 
 
-make = feeder_factory(batch_size=8, transforms=AUG, seed=7)
+make = feeder_factory(batch_size=8, transforms=AUG, seed=7, shuffle=True)
 
 
 # -- shapes and basic contract ---------------------------------------------------

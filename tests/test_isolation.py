@@ -121,6 +121,7 @@ def make(source, transforms=TRANSFORMS, **options) -> Feeder:
     if options.get("isolation") == "process":
         options.setdefault("start_method", START)
     options.setdefault("seed", 11)
+    options.setdefault("shuffle", True)
     options.setdefault("decode_threads", 2)
     options.setdefault("read_threads", 2)
     options.setdefault("timeout", JOIN_TIMEOUT_S)

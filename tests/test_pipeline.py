@@ -26,7 +26,7 @@ def batches_with_info(f):
 
 @pytest.mark.parametrize("threads", [(2, 0), (2, 2)])
 def test_each_batch_knows_its_epoch_number_and_source_indices(source, threads):
-    with Feeder(source, 8, [ops.CenterCrop(40)], seed=3, decode_threads=threads[0],
+    with Feeder(source, 8, [ops.CenterCrop(40)], shuffle=True, seed=3, decode_threads=threads[0],
                 augment_threads=threads[1]) as f:
         assert f.last_batch is None
         f.set_epoch(4)

@@ -95,7 +95,7 @@ class WorkDataset(torch.utils.data.Dataset):
 
 
 def _time_feeder(source: Any, batch_size: int, epochs: int, seed: int, **options: Any) -> tuple[float, Any]:
-    with Feeder(source, batch_size, transforms(), seed=seed, **options) as f:
+    with Feeder(source, batch_size, transforms(), shuffle=True, seed=seed, **options) as f:
         n = 0
         t0 = time.perf_counter()
         for epoch in range(epochs):

@@ -54,7 +54,7 @@ def measure_point(source: ImageFolder, batch_size: int, decode: int, augment: in
     cpu0 = cpu_seconds()
     t0 = now()
     images = 0
-    with Feeder(source, batch_size, transforms(), decode_threads=decode, augment_threads=augment,
+    with Feeder(source, batch_size, transforms(), shuffle=True, decode_threads=decode, augment_threads=augment,
                 queue_size=queue, seed=seed) as feeder:
         for _ in range(epochs):
             for batch, _labels in feeder:

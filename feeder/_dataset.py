@@ -1,0 +1,102 @@
+"""``Feeder.dataset``: the source seen as a map-style dataset, one sample at a time.
+
+Reference training scripts read ``loader.dataset`` for things other than
+loading batches: ``len(loader.dataset)`` for logging and schedules, and
+evaluation helpers index it (torchvision's detection reference builds its COCO
+ground truth with ``img, target = dataset[i]`` for every ``i``). This view
+answers those uses with the feeder's own per-sample work (the same read
+checks, decode and transforms as a batch, on the calling thread), so a sample
+it returns is exactly the one a batch holds for that index and epoch.
+
+It is not a way to load batches: it has no threads and no read-ahead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._rng import epoch_key, index_key
+from ._sample import IMAGE, MASK, Task
+from ._work import SampleWork, read_sample
+from .errors import SampleError
+from .sources import describe
+
+
+class FeederDataset:
+    """``feeder.dataset``: ``len()`` and ``[index]`` over the feeder's source.
+
+    ``dataset[i]`` reads sample ``i``, decodes it and runs the feeder's
+    transforms with the randomness of ``(seed, epoch, i)``, ``epoch`` being
+    the next pass's (so deterministic transforms give exactly the batch's
+    sample), and returns it as torchvision datasets do: ``(image, label)`` for
+    a pair, ``(image, target)`` for a sample of named fields, ``target`` the
+    dict of its other fields (arrays as tensors, scalars as Python numbers).
+    ``image`` is a uint8 ``[3, H, W]`` tensor.
+
+    Attributes:
+        source: The feeder's source (``feeder.source``).
+    """
+
+    def __init__(self, feeder: Any) -> None:
+        self._feeder = weakref.ref(feeder)
+        self.source = feeder.source
+        self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"feeder.dataset indices are ints, got {type(index).__name__}")
+        n = len(self.source)
+        i = int(index) + n if index < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {index} is out of range for a source of {n} samples")
+        feeder = self._feeder()
+        if feeder is None:
+            raise ReferenceError("the feeder of this dataset was garbage-collected")
+        work = self._work
+        stage = "read"  # the engine's stage names, for the error
+        try:
+            task = Task(None, 0, i)
+            read_sample(self.source, work, task, self.source.read(i))
+            stage = "decode"
+            key = index_key(epoch_key(feeder.seed, feeder._next_epoch), i)
+            image, ctx = work.decode(task.data, key)
+            fields = task.fields
+            if fields is not None and MASK in fields:
+                fields[MASK] = work.decode_mask(fields[MASK], ctx.source_size)
+            stage = "augment"
+            out = np.empty((*work.image_size, 3), np.uint8)
+            if fields is None:
+                work.transform(image, key, ctx, out)
+                return _chw(out), task.label
+            record = work.transform_sample(image, key, ctx, out, fields)
+        except Exception as exc:
+            raise SampleError(stage, i, describe(self.source, i), exc) from exc
+        target = {name: _tensor(value) for name, _kind, value in record if name != IMAGE}
+        if set(target) == {"label"}:
+            return _chw(out), target["label"]
+        return _chw(out), target
+
+    def __repr__(self) -> str:
+        return f"FeederDataset({self.source!r}, {len(self)} samples)"
+
+
+def _chw(hwc: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(hwc).permute(2, 0, 1)
+
+
+def _tensor(value: Any) -> Any:
+    """A field as a torchvision dataset gives it: a scalar as a Python number (as
+    the source gave it), an array as a tensor, anything else as it is."""
+    if isinstance(value, np.ndarray):
+        return value.item() if value.ndim == 0 else torch.from_numpy(value.copy())
+    return value

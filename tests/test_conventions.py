@@ -1,0 +1,234 @@
+"""DataLoader's conventions where a user porting a script relies on them: no
+shuffle unless asked, ranks from torchrun's environment before the process
+group exists, labels that are numbers, dict batches that refuse to be
+unpacked as pairs, ``feeder.sampler`` and ``feeder.dataset``."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MemorySource, drain, labels_of
+from feeder import Batch, Feeder, SampleError, ops
+from fields_helpers import DictSource
+
+RESIZE = [ops.Resize((24, 24))]
+
+
+def make(source, batch_size=4, **kw):
+    kw.setdefault("decode_threads", 2)
+    return Feeder(source, batch_size, RESIZE, **kw)
+
+
+def collect(feeder):
+    out = []
+    for batch in feeder:
+        out.append(batch)
+    return out
+
+
+# -- shuffle -----------------------------------------------------------------------------------
+
+def test_shuffle_is_off_by_default_as_in_dataloader(jpeg_blobs):
+    src = MemorySource(jpeg_blobs[:20])
+    with make(src, ordered=True) as f:
+        assert f.config.shuffle is False
+        batches, err = drain(f)
+    assert err is None
+    assert labels_of(batches) == list(range(20))
+    with make(src, shuffle=True, seed=3) as f:
+        batches, err = drain(f)
+    assert err is None
+    got = labels_of(batches)
+    assert sorted(got) == list(range(20)) and got != list(range(20))
+
+
+# -- ranks from the launcher's environment ------------------------------------------------------
+
+def test_ranks_come_from_torchruns_environment_before_the_process_group(jpeg_blobs, monkeypatch):
+    src = MemorySource(jpeg_blobs[:24])
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with make(src, shuffle=True) as f:  # seed=None: no group to agree through
+            assert (f.rank, f.world_size) == (rank, 2)
+            assert len(f) == 3 and f.num_samples == 12 and len(f.sampler) == 12
+            batches, err = drain(f)
+        assert err is None
+        seen.append(labels_of(batches))
+    # Disjoint shards of one order: every sample once across the two ranks.
+    assert len(seen[0]) == len(seen[1]) == 12
+    assert sorted(seen[0] + seen[1]) == list(range(24))
+
+
+def test_given_ranks_win_over_the_environment(jpeg_blobs, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with make(MemorySource(jpeg_blobs[:12]), rank=0, world_size=3) as f:
+        assert (f.rank, f.world_size) == (0, 3) and f.num_samples == 4
+
+
+@pytest.mark.parametrize("rank, world", [("2", "2"), ("x", "2"), ("0", "zero"), ("-1", "2")])
+def test_a_broken_launcher_environment_is_an_error(jpeg_blobs, monkeypatch, rank, world):
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(ValueError, match=r"RANK=.*WORLD_SIZE="):
+        make(MemorySource(jpeg_blobs[:8]))
+
+
+@pytest.mark.parametrize("env", [{}, {"WORLD_SIZE": "2"}, {"RANK": "1"}])
+def test_without_both_variables_the_launcher_environment_is_not_read(jpeg_blobs, monkeypatch, env):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with make(MemorySource(jpeg_blobs[:8])) as f:
+        assert (f.rank, f.world_size) == (0, 1) and len(f) == 2
+
+
+# -- labels ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("label", ["cat", b"cat", None, {"a": 1}, ["x", "y"]])
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_label_that_is_not_a_number_is_refused_naming_the_sample(jpeg_blobs, label, as_dict):
+    blob = jpeg_blobs[0]
+
+    def sample(i):
+        return {"image": blob, "label": label} if as_dict else (blob, label)
+
+    src = DictSource(6, sample, names=[f"img{i}.jpg" for i in range(6)])
+    with make(src) as f:
+        batches, err = drain(f)
+    assert isinstance(err, SampleError)
+    assert err.field == "label" and err.index == 0 and "img0.jpg" in str(err)
+    assert "a label is a number" in str(err)
+
+
+def test_numeric_labels_of_every_kind_still_arrive(jpeg_blobs):
+    blob = jpeg_blobs[0]
+    for label, dtype in [(np.int16(3), torch.int64), (2.5, torch.float64), ([0.1, 0.9], torch.float64),
+                         (True, torch.bool)]:
+        src = DictSource(4, lambda i, label=label: (blob, label))
+        with make(src) as f:
+            x, y = next(iter(f))
+        assert y.dtype == dtype and y.shape[0] == 4
+
+
+# -- dict batches --------------------------------------------------------------------------------
+
+def fields_source(jpeg_blobs, n=8, weight=True):
+    def sample(i):
+        out = {"image": jpeg_blobs[i], "label": i}
+        if weight:
+            out["weight"] = float(i) / 2
+        return out
+    return DictSource(n, sample)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_two_field_batch_refuses_to_be_unpacked_as_a_pair(jpeg_blobs, isolation):
+    with make(fields_source(jpeg_blobs, weight=False), isolation=isolation) as f:
+        it = iter(f)
+        batch = next(it)
+        assert isinstance(batch, Batch) and isinstance(batch, dict)
+        with pytest.raises(TypeError, match=r"batch\['image'\], batch\['label'\]"):
+            images, targets = batch
+        with pytest.raises(TypeError, match="by name"):
+            for images, targets in [batch]:
+                pass
+        # Everything a dict does by name still works.
+        assert list(batch.keys()) == ["image", "label"]
+        assert batch["label"].tolist() == [0, 1, 2, 3]
+        assert {**batch}.keys() == dict(batch).keys() == batch.keys()
+        assert "image" in batch and len(batch) == 2
+        moved = {k: v for k, v in batch.items()}
+        assert moved["label"].dtype == torch.int64
+        again = pickle.loads(pickle.dumps(batch))
+        assert isinstance(again, Batch) and torch.equal(again["image"], batch["image"])
+        for _ in it:
+            pass
+
+
+def test_a_batch_of_more_fields_iterates_its_keys_and_cannot_unpack_into_two(jpeg_blobs):
+    with make(fields_source(jpeg_blobs)) as f:
+        batch = next(iter(f))
+        assert isinstance(batch, Batch)
+        assert list(batch) == ["image", "label", "weight"]
+        with pytest.raises(ValueError, match="too many values to unpack"):
+            images, targets = batch
+        for _ in f:
+            pass
+
+
+def test_a_dict_batch_maps_through_torchs_pytree(jpeg_blobs):
+    from torch.utils._pytree import tree_map
+
+    with make(fields_source(jpeg_blobs)) as f:
+        batch = next(iter(f))
+        doubled = tree_map(lambda t: t * 2, batch)
+        assert isinstance(doubled, Batch)
+        assert doubled["label"].tolist() == [0, 2, 4, 6]
+        for _ in f:
+            pass
+
+
+def test_a_pair_batch_still_unpacks(jpeg_blobs):
+    with make(MemorySource(jpeg_blobs[:8])) as f:
+        for images, labels in f:
+            assert images.shape == (4, 3, 24, 24) and labels.dtype == torch.int64
+
+
+# -- feeder.sampler and feeder.dataset -----------------------------------------------------------
+
+def test_dataset_has_the_sources_length_and_the_batches_samples(jpeg_blobs):
+    src = MemorySource(jpeg_blobs[:10])
+    with make(src, ordered=True) as f:
+        ds = f.dataset
+        assert len(ds) == 10 and ds.source is src and f.dataset is ds
+        batches, err = drain(f)
+        assert err is None
+        images = np.concatenate([x for x, _ in batches])
+        for i in (0, 3, 9, -1):
+            image, label = ds[i]
+            assert image.dtype == torch.uint8 and image.shape == (3, 24, 24)
+            assert label == i % 10
+            np.testing.assert_array_equal(image.numpy(), images[i % 10])
+        with pytest.raises(IndexError, match="out of range"):
+            ds[10]
+        with pytest.raises(TypeError):
+            ds["0"]
+        assert len(list(ds)) == 10  # iterating stops at the end
+
+
+def test_dataset_gives_torchvision_style_targets(jpeg_blobs):
+    def sample(i):
+        return {"image": jpeg_blobs[i], "boxes": [[1.0, 2.0, 10.0, 12.0]], "labels": [i],
+                "image_id": 100 + i}
+
+    with make(DictSource(6, sample)) as f:
+        image, target = f.dataset[2]
+    assert image.shape == (3, 24, 24)
+    assert target["image_id"] == 102
+    assert target["boxes"].shape == (1, 4) and target["boxes"].dtype == torch.float32
+    assert target["labels"].tolist() == [2]
+
+
+def test_dataset_names_a_bad_sample(jpeg_blobs):
+    src = MemorySource([jpeg_blobs[0], b"not an image"], names=["good.jpg", "bad.jpg"])
+    with make(src, batch_size=1) as f:
+        with pytest.raises(SampleError, match=r"sample 1 \(bad\.jpg\)") as info:
+            f.dataset[1]
+    assert info.value.stage == "decode" and info.value.index == 1
+
+
+def test_dataset_is_not_what_accelerate_rebuilds_a_dataloader_around(jpeg_blobs):
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    with make(MemorySource(jpeg_blobs[:8])) as f:
+        assert len(f.dataset) == 8
+        with pytest.raises(AttributeError, match=r"feeder\.skip\(num_batches\) after feeder\.set_epoch"):
+            accelerator.skip_first_batches(f, 1)
