@@ -155,6 +155,25 @@ def image_folder(tmp_path_factory, jpeg_blobs) -> str:
     return str(root)
 
 
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, jpeg_blobs):
+    """The 60 ``jpeg_blobs`` (label = sample number) packed by ``feeder-pack`` into
+    several shards of about 40 KB, with their indices and ``train.json`` list:
+    ``(folder, number of shards)``. One copy per test module; tests that change
+    files serve a copy of their own."""
+    from feeder.pack import pack, parse_size
+
+    root = tmp_path_factory.mktemp("packed")
+    lines = []
+    for i, blob in enumerate(jpeg_blobs):
+        (root / f"{i}.jpg").write_bytes(blob)
+        lines.append(f"{i}.jpg {i}")
+    (root / "list.txt").write_text("\n".join(lines))
+    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
+    assert len(res.shards) >= 4
+    return str(root / "out"), len(res.shards)
+
+
 def content_hash(img) -> str:
     return hashlib.sha1(np.ascontiguousarray(img).tobytes()).hexdigest()
 

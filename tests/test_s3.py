@@ -15,22 +15,9 @@ boto3 = pytest.importorskip("boto3")
 
 from feeder import Feeder, ops  # noqa: E402
 from feeder._remote import ShardChangedError  # noqa: E402
-from feeder.pack import pack, parse_size  # noqa: E402
 from feeder.shards import TarShards  # noqa: E402
 
 from conftest import drain, labels_of  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory, jpeg_blobs):
-    root = tmp_path_factory.mktemp("s3")
-    lines = []
-    for i, blob in enumerate(jpeg_blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
-    return str(root / "out"), len(res.shards)
 
 
 @pytest.fixture(scope="module")

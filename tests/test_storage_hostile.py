@@ -31,26 +31,11 @@ from feeder import Feeder, SampleError, ops
 from feeder._remote import RemoteError, ShardCache, ShardChangedError
 from feeder._tar import ShardFormatError
 from feeder.bench.httpserver import FileServer
-from feeder.pack import pack, parse_size
 from feeder.shards import TarShards
 
 from conftest import JOIN_TIMEOUT_S, drain, labels_of, run_in_thread
 
 T = JOIN_TIMEOUT_S
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory, jpeg_blobs):
-    """60 samples (label = sample number) in several shards, with indices and a list."""
-    root = tmp_path_factory.mktemp("hostile-storage")
-    lines = []
-    for i, blob in enumerate(jpeg_blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
-    assert len(res.shards) >= 4
-    return str(root / "out"), len(res.shards)
 
 
 def _tree(packed, tmp_path, name="srv", index=True):
