@@ -51,7 +51,7 @@ def test_exactly_once_by_content(matrix_data, threads, queue_size, ordered, faul
     # Every label is 0: only the pixels can tell the samples apart.
     src = MemorySource(data, labels=[0] * len(data))
     expect = [h for i, h in enumerate(hashes) if not (faults and i in bad)]
-    with Feeder(src, 8, [ops.CenterCrop(SIDE)], seed=4, decode_threads=threads[0],
+    with Feeder(src, 8, [ops.CenterCrop(SIDE)], shuffle=True, seed=4, decode_threads=threads[0],
                 augment_threads=threads[1], queue_size=queue_size, ordered=ordered,
                 on_error="skip") as f:
         per_epoch = []
@@ -71,7 +71,7 @@ def test_ordered_output_is_identical_across_configurations(matrix_data):
     _, broken, _, _ = matrix_data
     runs = []
     for dt, at, q in [(1, 1, 1), (4, 2, 3), (2, 4, 1)]:
-        with Feeder(MemorySource(broken), 8, [ops.CenterCrop(SIDE)], seed=9, decode_threads=dt,
+        with Feeder(MemorySource(broken), 8, [ops.CenterCrop(SIDE)], shuffle=True, seed=9, decode_threads=dt,
                     augment_threads=at, queue_size=q, on_error="skip") as f:
             f.set_epoch(5)
             batches, err = drain(f, timeout=30)
