@@ -276,6 +276,7 @@ def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_p
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 
+@pytest.mark.timeout(TIMEOUT_S + 30)  # several loaders in subprocesses: minutes on a loaded 2-core machine
 def test_compare_with_a_model_step_reports_the_loop_wait(tiny, tmp_path):
     out = str(tmp_path / "out")
     proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
