@@ -25,6 +25,7 @@ from ._sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_v
 from .errors import ConfigError, FieldError, TransformError
 from .ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
                   _ResizeCenterCrop)
+from .ops.base import foreign_transform, move_fields as _moved
 
 _VARIABLE = object()  # the output size depends on the input
 
@@ -163,6 +164,9 @@ class Chain:
             image_size = image_size_pair(image_size)
         ts: list[Transform] = []
         for t in transforms:
+            foreign = foreign_transform(t, "transforms")
+            if foreign is not None:
+                raise TypeError(foreign)
             if isinstance(t, Transform):
                 ts.append(t)
             elif isinstance(t, SampleTransform):
@@ -170,7 +174,9 @@ class Chain:
             elif callable(t):
                 ts.append(_Callable(t))
             else:
-                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable")
+                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable; use "
+                                f"the feeder.ops transforms, a function fn(img, rng) -> img, "
+                                f"ops.SampleTransform(fn) or ops.Albumentations(A.Compose([...]))")
         self.transforms = ts
         #: Some transform takes whole samples: every sample goes through run_fields.
         self.takes_samples = any(isinstance(t, _SampleStep) for t in ts)
@@ -237,7 +243,10 @@ class Chain:
         # either; a callable or a sample transform may produce anything.
         known = (type(t).planned_size is Transform.planned_size
                  and (t.output_size is not None or t.preserves_size))
-        builtin = type(t).__module__ == Transform.__module__
+        # feeder's own transforms make exactly their planned size; the adapters run
+        # other libraries' code, which is checked like a callable.
+        module = type(t).__module__
+        builtin = module.startswith("feeder.ops.") and module != "feeder.ops.adapters"
         return i, t, i <= self._ctx_upto, not known, not (known and builtin)
 
     @property
@@ -327,6 +336,11 @@ class Chain:
                     continue
                 c = ctx if i <= upto else None
                 self._check_plan(t, img, c)
+                if t.moves_fields:
+                    img, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields, geometry,
+                                                           None, c)
+                    self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+                    continue
                 result, moved = t.apply_geometry(img, SampleRNG(key, i), None, c)
                 geometry = self._follow(t, geometry, moved, img, result, spatial)
                 img = result
@@ -339,8 +353,12 @@ class Chain:
                 else:
                     c = ctx if i <= upto else None
                     self._check_plan(t, img, c)
-                    result, moved = t.apply_geometry(img, SampleRNG(key, i), out, c)
-                    geometry = self._follow(t, geometry, moved, img, result, spatial)
+                    if t.moves_fields:
+                        result, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields,
+                                                                  geometry, out, c)
+                    else:
+                        result, moved = t.apply_geometry(img, SampleRNG(key, i), out, c)
+                        geometry = self._follow(t, geometry, moved, img, result, spatial)
                     if result is not out:
                         self._store(result, out, t)
             else:
@@ -404,18 +422,3 @@ class Chain:
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
 
-
-def _moved(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
-    """``fields`` with the mask and boxes (and per-box fields) mapped through ``geometry``."""
-    if MASK not in fields and BOXES not in fields:
-        return fields
-    out = dict(fields)
-    if MASK in fields:
-        out[MASK] = geometry.mask(fields[MASK])
-    if BOXES in fields:
-        out[BOXES], keep = geometry.boxes(fields[BOXES])
-        if not keep.all():
-            for name, value in fields.items():
-                if name.startswith(BOX_PREFIX):
-                    out[name] = value[keep]
-    return out

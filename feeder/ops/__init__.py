@@ -17,19 +17,30 @@ to go fast: ``output_size`` (to size the batch buffers), ``decode_hint`` (the
 smallest decoded size they need, for reduced-scale JPEG decoding) and writing
 the final result straight into the batch buffer (``out=``).
 
+The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
+the mask's ignore-index padding) for segmentation, ``Resize(..., max_size=)`` for
+detection, :class:`ColorJitter`, :class:`TrivialAugmentWide` and
+:class:`RandAugment` for classification. For the rest, :class:`Albumentations`
+runs an albumentations pipeline per sample, seeded from the sample's stream.
+
 Batch transforms (``Feeder(batch_transforms=[...])``) run on the device, on
 whole ``[B, 3, H, W]`` batches after the dtype conversion: :class:`MixUp`,
-:class:`CutMix`, or any callable ``fn(images, labels, generator) -> (images,
+:class:`CutMix`, :class:`RandomErasing`, :class:`Kornia` (a kornia module), or any callable ``fn(images, labels, generator) -> (images,
 labels)`` whose ``generator`` (a ``torch.Generator`` on the batch's device) is
 seeded from (seed, epoch, batch number).
 """
 
 from __future__ import annotations
 
-from .base import (DCT_DENOMS, Geometry, SampleContext, SampleTransform, Transform, dct_denom)
-from .batch import CutMix, MixUp
+from .adapters import Albumentations, Kornia
+from .autoaugment import RandAugment, TrivialAugmentWide
+from .base import DCT_DENOMS, Geometry, SampleContext, SampleTransform, Transform, dct_denom
+from .batch import CutMix, MixUp, RandomErasing
+from .color import ColorJitter
 from .fused import _ResizeCenterCrop
-from .geometry import CenterCrop, RandomHorizontalFlip, RandomResizedCrop, Resize
+from .geometry import (CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResize, RandomResizedCrop,
+                       Resize)
 
-__all__ = ["CenterCrop", "CutMix", "Geometry", "MixUp", "RandomHorizontalFlip", "RandomResizedCrop",
-           "Resize", "SampleTransform", "Transform"]
+__all__ = ["Albumentations", "CenterCrop", "ColorJitter", "CutMix", "Geometry", "Kornia", "MixUp",
+           "RandAugment", "RandomCrop", "RandomErasing", "RandomHorizontalFlip", "RandomResize",
+           "RandomResizedCrop", "Resize", "SampleTransform", "TrivialAugmentWide", "Transform"]

@@ -4,12 +4,15 @@ helpers every transform module shares."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 
 from .._rng import SampleRNG
+from .._sample import BOX_PREFIX, BOXES, MASK
 
 _INTERPOLATION = {
     "nearest": cv2.INTER_NEAREST,
@@ -112,11 +115,21 @@ class Geometry:
     the chain composes them, and the fields are mapped once, at the end.
     """
 
-    __slots__ = ("sy", "ty", "sx", "tx", "height", "width")
+    __slots__ = ("sy", "ty", "sx", "tx", "height", "width", "fill", "valid")
 
-    def __init__(self, sy: float, ty: float, sx: float, tx: float, height: int, width: int) -> None:
+    def __init__(self, sy: float, ty: float, sx: float, tx: float, height: int, width: int,
+                 fill: int | None = None,
+                 valid: tuple[float, float, float, float] | None = None) -> None:
         self.sy, self.ty, self.sx, self.tx = sy, ty, sx, tx
         self.height, self.width = height, width
+        #: The mask value of output pixels outside the input (a crop's padding);
+        #: None: 0. Composed geometries keep the last one given.
+        self.fill = fill
+        #: (y0, y1, x0, x1) of the output that still holds input pixels after every
+        #: step composed so far: a step that shifts pixels out of its frame loses
+        #: them, even when a later crop's window reaches where they would be. None:
+        #: no step has cut anything yet.
+        self.valid = valid
 
     @classmethod
     def identity(cls, height: int, width: int) -> "Geometry":
@@ -124,25 +137,45 @@ class Geometry:
 
     def then(self, other: "Geometry") -> "Geometry":
         """This geometry followed by ``other``."""
+        if self.valid is None:
+            y0, y1, x0, x1 = -math.inf, math.inf, -math.inf, math.inf
+        else:
+            y0, y1, x0, x1 = self.valid
+            y0, y1 = sorted((y0 * other.sy + other.ty, y1 * other.sy + other.ty))
+            x0, x1 = sorted((x0 * other.sx + other.tx, x1 * other.sx + other.tx))
+        # This geometry's own frame, mapped by ``other``, bounds what ``other``
+        # can show of the input; so does ``other``'s output frame.
+        fy = sorted((other.ty, self.height * other.sy + other.ty))
+        fx = sorted((other.tx, self.width * other.sx + other.tx))
+        valid = (max(y0, fy[0], 0.0), min(y1, fy[1], float(other.height)),
+                 max(x0, fx[0], 0.0), min(x1, fx[1], float(other.width)))
         return Geometry(self.sy * other.sy, self.ty * other.sy + other.ty,
-                        self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width)
+                        self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width,
+                        other.fill if other.fill is not None else self.fill, valid)
 
     def mask(self, mask: np.ndarray) -> np.ndarray:
         """``mask`` (in input coordinates) resampled to the output, nearest neighbour.
 
         Output pixel ``j`` takes the input pixel under its centre, ``floor((j + 0.5
         - t) / s)`` (as OpenCV's ``INTER_NEAREST_EXACT`` and PIL's nearest), so
-        class ids are never mixed; outside the input (a crop's padding) it is 0.
+        class ids are never mixed; outside the input (a crop's padding) it is
+        :attr:`fill` (0 when None).
         """
         H, W = mask.shape[:2]
         iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
         ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
         vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
+        if self.valid is not None:
+            y0, y1, x0, x1 = self.valid
+            cy, cx = np.arange(self.height) + 0.5, np.arange(self.width) + 0.5
+            vy &= (cy >= y0) & (cy < y1)
+            vx &= (cx >= x0) & (cx < x1)
         out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
+        fill = self.fill or 0
         if not vy.all():
-            out[~vy] = 0
+            out[~vy] = fill
         if not vx.all():
-            out[:, ~vx] = 0
+            out[:, ~vx] = fill
         return out
 
     def boxes(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,8 +189,9 @@ class Geometry:
             x0, x1 = x1, x0
         if self.sy < 0:
             y0, y1 = y1, y0
-        x0, x1 = np.clip(x0, 0, self.width), np.clip(x1, 0, self.width)
-        y0, y1 = np.clip(y0, 0, self.height), np.clip(y1, 0, self.height)
+        vy0, vy1, vx0, vx1 = (0.0, self.height, 0.0, self.width) if self.valid is None else self.valid
+        x0, x1 = np.clip(x0, vx0, vx1), np.clip(x1, vx0, vx1)
+        y0, y1 = np.clip(y0, vy0, vy1), np.clip(y1, vy0, vy1)
         out = np.stack([x0, y0, x1, y1], axis=1).astype(np.float32)
         # Decided in float32, as delivered: a sliver can round to no width at all.
         keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
@@ -166,6 +200,36 @@ class Geometry:
     def __repr__(self) -> str:
         return (f"Geometry(y*{self.sy:.4g}+{self.ty:.4g}, x*{self.sx:.4g}+{self.tx:.4g}, "
                 f"{self.height}x{self.width})")
+
+
+def move_fields(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+    """``fields`` with the mask and boxes (and their per-box fields) mapped through
+    ``geometry``: the mask resampled (nearest), the boxes mapped, clipped, and
+    dropped with their per-box rows when nothing of them is left."""
+    if MASK not in fields and BOXES not in fields:
+        return fields
+    out = dict(fields)
+    if MASK in fields:
+        out[MASK] = geometry.mask(fields[MASK])
+    if BOXES in fields:
+        out[BOXES], keep = geometry.boxes(fields[BOXES])
+        if not keep.all():
+            for name, value in fields.items():
+                if name.startswith(BOX_PREFIX):
+                    out[name] = value[keep]
+    return out
+
+
+def keep_boxes(fields: dict[str, Any], boxes: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
+    """``fields`` with ``boxes`` in place of the boxes and every per-box field
+    filtered by ``keep`` (a bool mask of the old rows)."""
+    out = dict(fields)
+    out[BOXES] = boxes
+    if not keep.all():
+        for name, value in fields.items():
+            if name.startswith(BOX_PREFIX):
+                out[name] = value[keep]
+    return out
 
 
 def _crop_resize(top: float, left: float, h: float, w: float, oh: int, ow: int) -> Geometry:
@@ -185,6 +249,9 @@ class Transform:
     output_size: tuple[int, int] | None = None
     preserves_size = False
     inplace = False
+    #: The transform moves a mask and boxes itself (:meth:`apply_fields`), for
+    #: moves a :class:`Geometry` cannot say (a rotation, a shear).
+    moves_fields = False
 
     def __call__(self, img: np.ndarray, rng: SampleRNG) -> np.ndarray:
         return self.apply(img, rng)
@@ -202,6 +269,20 @@ class Transform:
         result is None, meaning "unknown": it is then accepted only when the image
         keeps its size, taken as geometry left alone (a colour change, a blur)."""
         return self.apply(img, rng, out, ctx), None
+
+    def apply_fields(self, img: np.ndarray, rng: SampleRNG, fields: dict[str, Any],
+                     geometry: Geometry, out: np.ndarray | None = None,
+                     ctx: SampleContext | None = None
+                     ) -> tuple[np.ndarray, dict[str, Any], Geometry]:
+        """For a transform with ``moves_fields``: :meth:`apply` on a sample with a
+        mask or boxes. ``fields`` are in the coordinates of the input of
+        ``geometry`` (the chain maps them lazily); returns the image, the fields and
+        the geometry still to apply to them (the transform may map the fields
+        itself with :func:`move_fields` and return an identity geometry)."""
+        result, moved = self.apply_geometry(img, rng, out, ctx)
+        if moved is None:
+            return result, fields, geometry
+        return result, fields, geometry.then(moved)
 
     def decode_hint(self, height: int, width: int, rng: SampleRNG,
                     ctx: SampleContext | None = None) -> tuple[int, int] | None:
@@ -283,3 +364,38 @@ class SampleTransform:
 
     def __repr__(self) -> str:
         return f"SampleTransform({getattr(self.fn, '__qualname__', None) or self.fn!r})"
+
+
+# torchvision transforms with a feeder equivalent, by class name.
+_TORCHVISION_EQUIVALENT = {
+    **{n: f"ops.{n}" for n in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip",
+                               "RandomCrop", "RandomResize", "ColorJitter", "TrivialAugmentWide",
+                               "RandAugment")},
+    "Normalize": "Feeder(normalize=(mean, std)) (done on the device, after the batch is made)",
+    "ToTensor": "nothing: feeder delivers tensors (choose the type with Feeder(dtype=...))",
+    "PILToTensor": "nothing: feeder delivers tensors",
+    "ToImage": "nothing: feeder delivers tensors",
+    "ToDtype": "Feeder(dtype=...)",
+    "ConvertImageDtype": "Feeder(dtype=...)",
+    "Compose": "the list of its transforms, each replaced by its feeder equivalent",
+    "RandomErasing": "Feeder(batch_transforms=[ops.RandomErasing(...)])",
+    "MixUp": "Feeder(batch_transforms=[ops.MixUp(...)])",
+    "CutMix": "Feeder(batch_transforms=[ops.CutMix(...)])",
+}
+
+
+def foreign_transform(t: Any, where: str) -> str | None:
+    """The error message for ``t`` when it is a torchvision transform (recognised by
+    its module name; torchvision is never imported), else None."""
+    module = type(t).__module__ or ""
+    if not module.startswith("torchvision.transforms"):
+        return None
+    name = type(t).__name__
+    fix = _TORCHVISION_EQUIVALENT.get(name)
+    advice = (f"use {fix}" if fix is not None else
+              "use the albumentations equivalent through ops.Albumentations(A.Compose([...])), or "
+              "wrap a function of your own in ops.SampleTransform (it gets the sample as numpy "
+              "HWC uint8 arrays)")
+    return (f"{where}: {t!r} is a torchvision transform ({module}.{name}); feeder's transforms work "
+            f"on numpy uint8 [H, W, 3] images with per-sample random streams, not on PIL images or "
+            f"tensors with torch's global generator: {advice}")

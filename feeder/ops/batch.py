@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .._rng import SampleRNG
+
 class _Mixing:
     """Shared by :class:`MixUp` and :class:`CutMix`: arguments, lam and soft targets.
 
@@ -191,3 +193,113 @@ class CutMix(_Mixing):
                                  f"the images are {(h, w)}")
             moved[name] = torch.where(box, mask.flip(0), mask)
         return torch.where(box, images.flip(0), images), self.targets(labels, p["lam"]), moved
+
+
+class RandomErasing:
+    """Random erasing (Zhong et al., 2020), torchvision's ``RandomErasing``, as a batch
+    transform on the device: each sample, with probability ``p``, gets one
+    rectangle of area ``scale`` x its area and aspect ratio ``ratio`` (drawn
+    log-uniformly) set to ``value``; after 10 draws that do not fit, the sample is
+    left as it is.
+
+    The draws are per sample, from the sample's own random stream (seed, epoch,
+    index), on the host (no wait for the device): a sample is erased the same way
+    whichever batch or thread it comes through. The rectangles are written on the
+    device, one slice per erased sample. It runs after the dtype conversion and
+    ``normalize``, so ``value=0`` is the mean colour, as in torchvision's recipes
+    (RandomErasing after Normalize). Masks and boxes are left alone (as torchvision).
+
+    Args:
+        p: Probability that a sample is erased.
+        scale: Range of the erased area as a fraction of the image's.
+        ratio: Range of the rectangle's aspect ratio (height / width).
+        value: A number, a per-channel sequence, or ``"random"`` (standard normal
+            noise per pixel, torchvision's ``value="random"`` and timm's "pixel" mode).
+
+    Raises:
+        ValueError: bad parameters, with the value.
+    """
+
+    def __init__(self, p: float = 0.5, scale: tuple[float, float] = (0.02, 0.33),
+                 ratio: tuple[float, float] = (0.3, 3.3), value: float | str | tuple = 0.0) -> None:
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"RandomErasing: p must be in [0, 1], got {p!r}")
+        if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"RandomErasing: scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
+        if len(ratio) != 2 or not 0.0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"RandomErasing: ratio must be (min, max) with 0 < min <= max, got {ratio!r}")
+        if isinstance(value, str):
+            if value != "random":
+                raise ValueError(f"RandomErasing: value must be a number, a per-channel sequence or "
+                                 f"'random', got {value!r}")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = float(value)
+        else:
+            try:
+                value = tuple(float(v) for v in value)  # type: ignore[union-attr]
+            except TypeError:
+                raise ValueError(f"RandomErasing: value must be a number, a per-channel sequence or "
+                                 f"'random', got {value!r}") from None
+        self.p, self.value = float(p), value
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def params(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int, int, int] | None:
+        """(top, left, h, w) of one sample's rectangle, or None when it is not erased
+        (torchvision's ``get_params``, after the ``p`` draw)."""
+        if not rng.random() < self.p:
+            return None
+        area = height * width
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            erase = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(lo, hi))
+            h = int(round(math.sqrt(erase * aspect)))
+            w = int(round(math.sqrt(erase / aspect)))
+            if h < height and w < width:
+                return rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
+        return None
+
+    def apply_keyed(self, images: torch.Tensor, labels: torch.Tensor, rngs: list[SampleRNG]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder._rng.SampleRNG`
+        per sample (what the feeder calls)."""
+        if images.dim() != 4 or len(rngs) != images.shape[0]:
+            raise ValueError(f"RandomErasing: expected [B, C, H, W] images and B random streams, "
+                             f"got {tuple(images.shape)} and {len(rngs)}")
+        if not images.is_floating_point() and self.value == "random":
+            raise ValueError("RandomErasing: value='random' needs floating images")
+        C, H, W = images.shape[1:]
+        fill = None
+        if isinstance(self.value, tuple):
+            if len(self.value) not in (1, C):
+                raise ValueError(f"RandomErasing: value has {len(self.value)} entries for {C} channels")
+            fill = torch.tensor(self.value, dtype=images.dtype, device=images.device).view(-1, 1, 1)
+        out = None
+        for b, rng in enumerate(rngs):
+            box = self.params(H, W, rng)
+            if box is None:
+                continue
+            if out is None:
+                out = images.clone()  # torchvision's inplace=False
+            top, left, h, w = box
+            region = out[b, :, top:top + h, left:left + w]
+            if self.value == "random":
+                gen = torch.Generator(device=images.device)
+                gen.manual_seed(rng.integers(0, 1 << 63))
+                region.copy_(torch.randn((C, h, w), generator=gen, device=images.device,
+                                         dtype=torch.float32))
+            elif fill is not None:
+                region.copy_(fill.expand(C, h, w))
+            else:
+                region.fill_(self.value)
+        return (images if out is None else out), labels
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Called outside a feeder: the per-sample streams come from the generator's seed."""
+        seed = generator.initial_seed()
+        return self.apply_keyed(images, labels, [SampleRNG(seed, i) for i in range(images.shape[0])])
+
+    def __repr__(self) -> str:
+        return f"RandomErasing(p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value!r})"

@@ -13,6 +13,18 @@ from .._rng import SampleRNG
 from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _size2, _window_box)
 
+def _shorter_side(height: int, width: int, size: int, max_size: int | None) -> tuple[int, int]:
+    """(height, width) with the shorter side ``size``, torchvision's ``_compute_resized_output_size``:
+    the longer side ``int(size * long / short)``; when that exceeds ``max_size``, the
+    longer side becomes ``max_size`` and the shorter ``int(max_size * short / long)``."""
+    short, long = (height, width) if height <= width else (width, height)
+    new_short, new_long = size, int(size * long / short)
+    if max_size is not None and new_long > max_size:
+        new_short, new_long = int(max_size * new_short / new_long), max_size
+    new_short, new_long = max(1, new_short), max(1, new_long)
+    return (new_short, new_long) if height <= width else (new_long, new_short)
+
+
 class RandomResizedCrop(Transform):
     """Crop a random area and aspect ratio, then resize to ``size`` (torchvision semantics).
 
@@ -119,17 +131,26 @@ class RandomResizedCrop(Transform):
 
 
 class Resize(Transform):
-    """Resize so the shorter side is ``size`` (an int), or to exactly (height, width).
+    """Resize so the shorter side is ``size`` (an int), or to exactly (height, width)
+    (torchvision semantics).
 
     Args:
         size: Shorter-side length, or (height, width).
         interpolation: As in :class:`RandomResizedCrop`.
         antialias: Use area averaging when bilinear would shrink by more than 2x.
+        max_size: With an int ``size``: the longest the longer side may be. An
+            image whose longer side would exceed it is resized so that the longer
+            side is ``max_size`` instead, and the shorter side is then below ``size``
+            (torchvision's ``max_size``: detection's ``Resize(800, max_size=1333)``).
+
+    Raises:
+        ValueError: a size that is not positive, or ``max_size`` with a (height,
+            width) size or not above ``size``.
     """
 
     def __init__(self, size: int | Sequence[int], interpolation: str = "bilinear",
-                 antialias: bool = True) -> None:
-        if isinstance(size, int):
+                 antialias: bool = True, max_size: int | None = None) -> None:
+        if isinstance(size, int) and not isinstance(size, bool):
             if size <= 0:
                 raise ValueError(f"Resize: size must be positive, got {size}")
             self.shorter: int | None = size
@@ -137,6 +158,13 @@ class Resize(Transform):
         else:
             self.shorter = None
             self.output_size = _size2(size, "Resize")
+        if max_size is not None:
+            if self.shorter is None:
+                raise ValueError(f"Resize: max_size applies to an int size (the shorter side), "
+                                 f"got size={size!r}")
+            if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= self.shorter:
+                raise ValueError(f"Resize: max_size must be an int above size={size}, got {max_size!r}")
+        self.max_size = max_size
         self.size = size
         self.interpolation = interpolation
         self._interp = _interp(interpolation, "Resize")
@@ -145,10 +173,7 @@ class Resize(Transform):
     def target(self, height: int, width: int) -> tuple[int, int]:
         if self.shorter is None:
             return self.output_size  # type: ignore[return-value]
-        s = self.shorter
-        if height <= width:
-            return s, max(1, int(s * width / height))
-        return max(1, int(s * height / width)), s
+        return _shorter_side(height, width, self.shorter, self.max_size)
 
     def decode_hint(self, height, width, rng, ctx=None):
         return self.target(height, width)
@@ -173,7 +198,8 @@ class Resize(Transform):
         return result, _crop_resize(0, 0, H, W, size[0], size[1])
 
     def __repr__(self) -> str:
-        return f"Resize({self.size!r}, interpolation={self.interpolation!r})"
+        extra = f", max_size={self.max_size}" if self.max_size is not None else ""
+        return f"Resize({self.size!r}, interpolation={self.interpolation!r}{extra})"
 
 
 class CenterCrop(Transform):
@@ -268,3 +294,167 @@ class RandomHorizontalFlip(Transform):
 
     def __repr__(self) -> str:
         return f"RandomHorizontalFlip(p={self.p})"
+
+
+class RandomResize(Transform):
+    """Resize so the shorter side is a random length in ``[min_size, max_size]``, drawn
+    per sample (torchvision's segmentation reference ``RandomResize``; both ends
+    included). A mask follows with nearest neighbour, boxes are scaled.
+
+    The output size varies from sample to sample: follow it with a fixed-size
+    transform (:class:`RandomCrop`, :class:`CenterCrop`, ``Resize((h, w))``) or give
+    the feeder a way to batch variable sizes.
+
+    Args:
+        min_size: Smallest shorter side.
+        max_size: Largest shorter side (default ``min_size``).
+        interpolation: As in :class:`RandomResizedCrop`.
+        antialias: Use area averaging when bilinear would shrink by more than 2x.
+        max_long: The longest the longer side may be (as :class:`Resize`'s ``max_size``); None: no cap.
+
+    Raises:
+        ValueError: sizes that are not positive ints with ``min_size <= max_size``.
+    """
+
+    def __init__(self, min_size: int, max_size: int | None = None, interpolation: str = "bilinear",
+                 antialias: bool = True, max_long: int | None = None) -> None:
+        max_size = min_size if max_size is None else max_size
+        for name, v in (("min_size", min_size), ("max_size", max_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"RandomResize: {name} must be a positive int, got {v!r}")
+        if min_size > max_size:
+            raise ValueError(f"RandomResize: min_size ({min_size}) is above max_size ({max_size})")
+        if max_long is not None and (isinstance(max_long, bool) or not isinstance(max_long, int)
+                                     or max_long < max_size):
+            raise ValueError(f"RandomResize: max_long must be an int >= max_size ({max_size}), "
+                             f"got {max_long!r}")
+        self.min_size, self.max_size, self.max_long = min_size, max_size, max_long
+        self.interpolation = interpolation
+        self._interp = _interp(interpolation, "RandomResize")
+        self.antialias = antialias
+
+    def target(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int]:
+        """The output size for one sample (one draw from ``rng``)."""
+        size = rng.integers(self.min_size, self.max_size + 1)
+        return _shorter_side(height, width, size, self.max_long)
+
+    def apply(self, img, rng, out=None, ctx=None):
+        return self.apply_geometry(img, rng, out, ctx)[0]
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        size = self.target(H, W, rng)
+        result = _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
+        return result, _crop_resize(0, 0, H, W, size[0], size[1])
+
+    def __repr__(self) -> str:
+        extra = f", max_long={self.max_long}" if self.max_long is not None else ""
+        return (f"RandomResize({self.min_size}, {self.max_size}, "
+                f"interpolation={self.interpolation!r}{extra})")
+
+
+def _padding4(padding: int | Sequence[int] | None) -> tuple[int, int, int, int]:
+    """torchvision's padding forms as (left, top, right, bottom)."""
+    if padding is None:
+        return 0, 0, 0, 0
+    if isinstance(padding, int) and not isinstance(padding, bool):
+        p = (padding,) * 4
+    else:
+        p = tuple(padding)
+        if len(p) == 2:
+            p = (p[0], p[1], p[0], p[1])
+    if len(p) != 4 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in p):
+        raise ValueError(f"RandomCrop: padding must be an int >= 0, (left/right, top/bottom) or "
+                         f"(left, top, right, bottom), got {padding!r}")
+    return p  # type: ignore[return-value]
+
+
+def _fill3(fill: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    f = (fill,) * 3 if isinstance(fill, int) and not isinstance(fill, bool) else tuple(fill)
+    if len(f) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255 for v in f):
+        raise ValueError(f"{what}: fill must be an int in [0, 255] or three of them (R, G, B), got {fill!r}")
+    return f  # type: ignore[return-value]
+
+
+def _mask_fill(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ValueError(f"{what}: mask_fill must be an int in [0, 65535], got {value!r}")
+    return value
+
+
+class RandomCrop(Transform):
+    """Crop a random ``size`` region (torchvision's ``RandomCrop``), padding first
+    where asked or needed.
+
+    The image is padded by ``padding``, then, with ``pad_if_needed``, on each side
+    where it is still smaller than ``size``: by the shortfall on both sides
+    (torchvision's ``RandomCrop``: ``pad_at="both"``) or on the right and bottom
+    only (torchvision's segmentation reference ``pad_if_smaller``: ``pad_at="end"``).
+    Then a ``size`` window is drawn uniformly. Image padding is ``fill``, mask
+    padding ``mask_fill`` (255, the ignore index of the segmentation losses); boxes
+    are shifted, clipped to the crop and dropped when nothing of them is inside.
+
+    Args:
+        size: Output size, an int (square) or (height, width).
+        padding: Pixels added on every side (int), (left/right, top/bottom) or
+            (left, top, right, bottom), before the crop.
+        pad_if_needed: Pad an image smaller than ``size``; without it, such an image
+            is an error naming its size.
+        fill: Image padding value, an int or (R, G, B).
+        mask_fill: Mask padding value.
+        pad_at: ``"both"`` or ``"end"`` (see above).
+
+    Raises:
+        ValueError: bad parameters, with the value.
+    """
+
+    def __init__(self, size: int | Sequence[int], padding: int | Sequence[int] | None = None,
+                 pad_if_needed: bool = True, fill: int | Sequence[int] = 0, mask_fill: int = 255,
+                 pad_at: str = "both") -> None:
+        self.output_size = _size2(size, "RandomCrop")
+        self.padding = _padding4(padding)
+        if not isinstance(pad_if_needed, bool):
+            raise ValueError(f"RandomCrop: pad_if_needed must be True or False, got {pad_if_needed!r}")
+        if pad_at not in ("both", "end"):
+            raise ValueError(f"RandomCrop: pad_at must be 'both' or 'end', got {pad_at!r}")
+        self.pad_if_needed, self.pad_at = pad_if_needed, pad_at
+        self.fill = _fill3(fill, "RandomCrop")
+        self.mask_fill = _mask_fill(mask_fill, "RandomCrop")
+
+    def window(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int]:
+        """(top, left) of the crop in input pixels (negative: in the padding)."""
+        h, w = self.output_size
+        left, top, right, bottom = self.padding
+        ph, pw = height + top + bottom, width + left + right
+        if self.pad_if_needed:
+            dy, dx = max(0, h - ph), max(0, w - pw)
+            if self.pad_at == "both":
+                top, bottom, left, right = top + dy, bottom + dy, left + dx, right + dx
+            else:
+                bottom, right = bottom + dy, right + dx
+            ph, pw = height + top + bottom, width + left + right
+        if ph < h or pw < w:
+            raise ValueError(f"RandomCrop: a {width}x{height} image (width x height), padded to "
+                             f"{pw}x{ph}, is smaller than the crop {w}x{h}; pass pad_if_needed=True")
+        return rng.integers(0, ph - h + 1) - top, rng.integers(0, pw - w + 1) - left
+
+    def apply(self, img, rng, out=None, ctx=None):
+        return self.apply_geometry(img, rng, out, ctx)[0]
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        H, W = img.shape[:2]
+        h, w = self.output_size
+        top, left = self.window(H, W, rng)
+        y0, y1, x0, x1 = max(0, top), min(H, top + h), max(0, left), min(W, left + w)
+        inside = img[y0:y1, x0:x1]
+        if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8:
+            out = np.empty((h, w, 3), np.uint8)
+        if inside.shape[:2] != (h, w):
+            out[...] = self.fill  # some of the window is padding
+        if y1 > y0 and x1 > x0:
+            out[y0 - top:y1 - top, x0 - left:x1 - left] = inside
+        return out, Geometry(1.0, float(-top), 1.0, float(-left), h, w, self.mask_fill)
+
+    def __repr__(self) -> str:
+        return (f"RandomCrop({self.output_size}, padding={self.padding}, pad_if_needed="
+                f"{self.pad_if_needed}, fill={self.fill}, mask_fill={self.mask_fill}, pad_at={self.pad_at!r})")

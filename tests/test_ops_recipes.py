@@ -1,0 +1,611 @@
+"""The recipes' augmentations (#24): Resize(max_size), RandomResize, RandomCrop,
+ColorJitter, TrivialAugmentWide, RandAugment, RandomErasing, each against a numpy
+transcription of torchvision's documented behaviour, with masks and boxes,
+deterministic across thread counts, and bad parameters refused by name."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import threading
+
+from conftest import JOIN_TIMEOUT_S
+from feeder import Feeder, ops
+from feeder._rng import SampleRNG
+from feeder.ops import autoaugment, color
+from feeder.ops.base import Geometry
+from fields_helpers import DictSource, rgb_png
+
+RNG = np.random.default_rng(0)
+
+
+def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A smooth image with texture: not constant anywhere, every value range used."""
+    r = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255.0 / w, y * 255.0 / h, (x + y) * 127.0 / (h + w) + 64], -1)
+    return np.clip(base + r.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def drain(feeder, timeout: float = JOIN_TIMEOUT_S) -> list:
+    """Every batch of one pass (dicts or pairs), iterated in a helper thread with a timeout."""
+    out, err = [], []
+
+    def run():
+        try:
+            out.extend(feeder)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            err.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "the pass did not finish (hang)"
+    if err:
+        raise err[0]
+    return out
+
+
+# -- Resize(max_size) and RandomResize ----------------------------------------------
+
+def tv_resized_size(h: int, w: int, size: int, max_size: int | None) -> tuple[int, int]:
+    """torchvision's _compute_resized_output_size for an int size, written out."""
+    short, long = min(h, w), max(h, w)
+    new_short, new_long = size, int(size * long / short)
+    if max_size is not None and new_long > max_size:
+        new_short, new_long = int(max_size * new_short / new_long), max_size
+    return (new_short, new_long) if h <= w else (new_long, new_short)
+
+
+@pytest.mark.parametrize("hw", [(480, 640), (640, 480), (375, 500), (100, 1000), (333, 333)])
+def test_resize_max_size_matches_torchvision(hw):
+    img = photo(*hw)
+    for size, max_size in ((800, 1333), (200, None), (300, 400)):
+        out = ops.Resize(size, max_size=max_size).apply(img, SampleRNG(0))
+        assert out.shape[:2] == tv_resized_size(*hw, size, max_size)
+    if hw == (100, 1000):
+        assert ops.Resize(800, max_size=1333).apply(img, SampleRNG(0)).shape[:2] == (133, 1333)
+
+
+def test_resize_max_size_refuses_bad_values():
+    with pytest.raises(ValueError, match="max_size applies to an int size"):
+        ops.Resize((10, 20), max_size=30)
+    with pytest.raises(ValueError, match="max_size must be an int above size=800"):
+        ops.Resize(800, max_size=800)
+
+
+def test_random_resize_draws_every_shorter_side_in_range_both_ends_included():
+    t = ops.RandomResize(20, 24)
+    img = photo(40, 60)
+    seen = set()
+    for k in range(300):
+        out, g = t.apply_geometry(img, SampleRNG(k))
+        h, w = out.shape[:2]
+        assert h == min(h, w) and 20 <= h <= 24 and (h, w) == tv_resized_size(40, 60, h, None)
+        assert g.sy == pytest.approx(h / 40) and g.sx == pytest.approx(w / 60)
+        seen.add(h)
+    assert seen == {20, 21, 22, 23, 24}
+    capped = ops.RandomResize(50, 60, max_long=70).apply(photo(30, 90), SampleRNG(1))
+    assert capped.shape[:2] == (23, 70)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(min_size=0), "min_size must be a positive int"),
+    (dict(min_size=10, max_size=5), "min_size \\(10\\) is above max_size \\(5\\)"),
+    (dict(min_size=10, max_size=20, max_long=15), "max_long must be an int >= max_size"),
+    (dict(min_size=10, interpolation="cubic"), "interpolation must be one of"),
+])
+def test_random_resize_refuses_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.RandomResize(**kwargs)
+
+
+# -- RandomCrop --------------------------------------------------------------------
+
+def tv_random_crop(img, size, padding, pad_at, fill, rng):
+    """torchvision's RandomCrop with pad_if_needed (or the segmentation reference's
+    pad_if_smaller, pad_at="end"), in numpy, drawing the window as documented."""
+    h, w = size
+    l, t, r, b = padding
+    img = np.pad(img, ((t, b), (l, r), (0, 0)), constant_values=fill)
+    H, W = img.shape[:2]
+    dy, dx = max(0, h - H), max(0, w - W)
+    if pad_at == "both":  # torchvision pads both sides by the shortfall
+        img = np.pad(img, ((dy, dy), (dx, dx), (0, 0)), constant_values=fill)
+    else:
+        img = np.pad(img, ((0, dy), (0, dx), (0, 0)), constant_values=fill)
+    H, W = img.shape[:2]
+    i, j = rng.integers(0, H - h + 1), rng.integers(0, W - w + 1)
+    return img[i:i + h, j:j + w]
+
+
+@pytest.mark.parametrize("hw", [(40, 50), (20, 70), (10, 12), (64, 64)])
+@pytest.mark.parametrize("padding, pad_at", [(None, "both"), (3, "both"), ((1, 2, 3, 4), "end"),
+                                             (None, "end")])
+def test_random_crop_matches_torchvision_with_padding(hw, padding, pad_at):
+    img = photo(*hw, seed=hw[0])
+    t = ops.RandomCrop((32, 48), padding=padding, fill=7, pad_at=pad_at)
+    pad4 = (0, 0, 0, 0) if padding is None else ((padding,) * 4 if isinstance(padding, int) else padding)
+    for k in range(5):
+        got = t.apply(img, SampleRNG(k))
+        want = tv_random_crop(img, (32, 48), pad4, pad_at, 7, SampleRNG(k))
+        assert np.array_equal(got, want), k
+
+
+def test_random_crop_pads_the_mask_with_mask_fill_and_clips_boxes():
+    img = photo(20, 30)
+    mask = np.tile(np.arange(30, dtype=np.uint8), (20, 1))
+    boxes = np.array([[0, 0, 10, 10], [25, 15, 30, 20]], np.float32)
+    t = ops.RandomCrop(40, pad_at="end")  # image at the top-left, padding after it
+    out, g = t.apply_geometry(img, SampleRNG(0))
+    assert np.array_equal(out[:20, :30], img) and (out[20:] == 0).all() and (out[:, 30:] == 0).all()
+    m = g.mask(mask)
+    assert np.array_equal(m[:20, :30], mask) and (m[20:] == 255).all() and (m[:, 30:] == 255).all()
+    moved, keep = g.boxes(boxes)
+    assert keep.all() and np.array_equal(moved, boxes)
+    # A crop inside the image: boxes shift and are clipped; one outside is dropped.
+    inner = ops.RandomCrop(10)
+    for k in range(20):
+        top, left = inner.window(20, 30, SampleRNG(k))
+        _, g = inner.apply_geometry(img, SampleRNG(k))
+        moved, keep = g.boxes(boxes)
+        want = np.clip(boxes - [left, top, left, top], 0, 10)
+        alive = (want[:, 2] > want[:, 0]) & (want[:, 3] > want[:, 1])
+        assert np.array_equal(keep, alive) and np.allclose(moved, want[alive])
+
+
+def test_random_crop_without_padding_names_a_too_small_image():
+    with pytest.raises(ValueError, match="a 30x20 image .* is smaller than the crop 40x40"):
+        ops.RandomCrop(40, pad_if_needed=False).apply(photo(20, 30), SampleRNG(0))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(size=0), "size must be positive"),
+    (dict(size=8, padding=-1), "padding must be"),
+    (dict(size=8, padding=(1, 2, 3)), "padding must be"),
+    (dict(size=8, fill=300), "fill must be an int in \\[0, 255\\]"),
+    (dict(size=8, mask_fill=-1), "mask_fill must be an int"),
+    (dict(size=8, pad_at="start"), "pad_at must be 'both' or 'end'"),
+    (dict(size=8, pad_if_needed="yes"), "pad_if_needed must be True or False"),
+])
+def test_random_crop_refuses_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.RandomCrop(**kwargs)
+
+
+# -- ColorJitter and the photometric adjustments --------------------------------------
+
+def tv_gray(img):
+    f = img.astype(np.float64)
+    return 0.2989 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+
+
+def tv_blend(a, b, ratio):
+    return np.clip(ratio * a.astype(np.float64) + (1 - ratio) * b, 0, 255).astype(np.uint8)
+
+
+def tv_rgb_to_hsv(f):
+    r, g, b = f[..., 0], f[..., 1], f[..., 2]
+    maxc, minc = f.max(-1), f.min(-1)
+    eqc = maxc == minc
+    cr = maxc - minc
+    s = cr / np.where(eqc, 1.0, maxc)
+    crd = np.where(eqc, 1.0, cr)
+    rc, gc, bc = (maxc - r) / crd, (maxc - g) / crd, (maxc - b) / crd
+    hr = (maxc == r) * (bc - gc)
+    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
+    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
+    h = np.mod((hr + hg + hb) / 6.0 + 1.0, 1.0)
+    return h, s, maxc
+
+
+def tv_hsv_to_rgb(h, s, v):
+    i = np.floor(h * 6.0)
+    f = h * 6.0 - i
+    i = i.astype(np.int64) % 6
+    p, q, t = np.clip(v * (1 - s), 0, 1), np.clip(v * (1 - s * f), 0, 1), np.clip(v * (1 - s * (1 - f)), 0, 1)
+    table = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)]
+    out = np.zeros(h.shape + (3,))
+    for k, (a, b, c) in enumerate(table):
+        sel = i == k
+        out[sel] = np.stack([a[sel], b[sel], c[sel]], -1)
+    return out
+
+
+def tv_adjust_hue(img, shift):
+    h, s, v = tv_rgb_to_hsv(img.astype(np.float64) / 255.0)
+    h = np.mod(h + shift, 1.0)
+    return (tv_hsv_to_rgb(h, s, v) * 255.999).astype(np.uint8)
+
+
+def tv_sharpness(img, factor):
+    k = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float64) / 13
+    f = img.astype(np.float64)
+    smooth = f.copy()
+    H, W = img.shape[:2]
+    acc = np.zeros((H - 2, W - 2, 3))
+    for dy in range(3):
+        for dx in range(3):
+            acc += k[dy, dx] * f[dy:dy + H - 2, dx:dx + W - 2]
+    smooth[1:-1, 1:-1] = np.round(acc)
+    return tv_blend(img, smooth, factor)
+
+
+def tv_equalize(img):
+    out = np.empty_like(img)
+    for c in range(3):
+        ch = img[..., c]
+        hist = np.bincount(ch.ravel(), minlength=256)
+        nz = hist[hist != 0]
+        step = (nz.sum() - nz[-1]) // 255
+        if step == 0:
+            out[..., c] = ch
+            continue
+        lut = (np.cumsum(hist) + step // 2) // step
+        lut = np.clip(np.concatenate(([0], lut[:-1])), 0, 255)
+        out[..., c] = lut[ch]
+    return out
+
+
+def tv_autocontrast(img):
+    f = img.astype(np.float64)
+    lo, hi = f.min((0, 1)), f.max((0, 1))
+    eq = hi == lo
+    scale = np.where(eq, 1.0, 255.0 / np.where(eq, 1, hi - lo))
+    lo = np.where(eq, 0, lo)
+    return np.clip((f - lo) * scale, 0, 255).astype(np.uint8)
+
+
+def close(a, b, atol):
+    d = np.abs(a.astype(np.int64) - b.astype(np.int64))
+    assert d.max() <= atol, f"max difference {d.max()} > {atol}"
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.3, 1.0, 1.7])
+def test_photometric_adjustments_match_torchvision(factor):
+    img = photo(37, 53, seed=3)
+    gray = tv_gray(img)
+    close(color.adjust_brightness(img, factor), tv_blend(img, 0, factor), 1)
+    close(color.adjust_contrast(img, factor), tv_blend(img, gray.mean(), factor), 1)
+    close(color.adjust_saturation(img, factor), tv_blend(img, np.floor(gray)[..., None], factor), 2)
+    close(color.adjust_sharpness(img, factor), tv_sharpness(img, factor), 1)
+    shift = (factor - 0.85) / 2  # in [-0.425, 0.425]
+    close(color.adjust_hue(img, shift), tv_adjust_hue(img, shift), 1)
+
+
+def test_histogram_ops_match_torchvision_exactly():
+    img = photo(31, 47, seed=5)
+    img[..., 2] = 77  # a constant channel: autocontrast and equalize leave it alone
+    assert np.array_equal(color.equalize(img), tv_equalize(img))
+    assert np.array_equal(color.autocontrast(img), tv_autocontrast(img))
+    for bits in range(1, 9):
+        assert np.array_equal(color.posterize(img, bits), img & np.uint8((0xFF << (8 - bits)) & 0xFF))
+    for thr in (0.0, 100.5, 128.0, 255.0):
+        want = np.where(img >= thr, 255 - img, img)
+        assert np.array_equal(color.solarize(img, thr), want)
+
+
+def test_color_jitter_draws_torchvision_ranges_in_a_random_order():
+    t = ops.ColorJitter(brightness=0.4, contrast=(0.5, 0.6), saturation=0.2, hue=0.1)
+    orders = set()
+    for k in range(200):
+        params = t.params(SampleRNG(k))
+        assert sorted(i for i, _ in params) == [0, 1, 2, 3]
+        f = dict(params)
+        assert 0.6 <= f[0] <= 1.4 and 0.5 <= f[1] <= 0.6 and 0.8 <= f[2] <= 1.2 and -0.1 <= f[3] <= 0.1
+        orders.add(tuple(i for i, _ in params))
+    assert len(orders) == 24  # every order occurs
+    img = photo(20, 30)
+    # Applying equals the adjustments in the drawn order, with the drawn factors.
+    fns = (color.adjust_brightness, color.adjust_contrast, color.adjust_saturation, color.adjust_hue)
+    want = img
+    for i, f in t.params(SampleRNG(9)):
+        want = fns[i](want, f)
+    assert np.array_equal(t.apply(img, SampleRNG(9)), want)
+    assert ops.ColorJitter(brightness=0.5).params(SampleRNG(1))[0][0] == 0  # off ones skipped
+    assert len(ops.ColorJitter(brightness=0.5).params(SampleRNG(1))) == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(brightness=-0.1), "brightness must be non-negative"),
+    (dict(contrast=(1.5, 0.5)), "contrast must be \\(min, max\\)"),
+    (dict(hue=0.6), "hue must be in \\[0, 0.5\\]"),
+    (dict(hue=(-0.7, 0.1)), "hue must be \\(min, max\\)"),
+    (dict(saturation="a lot"), "saturation must be a number or \\(min, max\\)"),
+])
+def test_color_jitter_refuses_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.ColorJitter(**kwargs)
+
+
+# -- TrivialAugmentWide and RandAugment -----------------------------------------------
+
+def tv_warp_nearest(img, m, fill):
+    """Output pixel centre (x + 0.5, y + 0.5) in edge coordinates, mapped back through
+    the inverse of the forward map ``m``, nearest source pixel (torchvision's grid_sample)."""
+    H, W = img.shape[:2]
+    a, t = m[:, :2], m[:, 2]
+    inv = np.linalg.inv(a)
+    y, x = np.mgrid[0:H, 0:W]
+    pts = np.stack([x + 0.5 - t[0], y + 0.5 - t[1]], -1) @ inv.T
+    sx, sy = np.floor(pts[..., 0]).astype(int), np.floor(pts[..., 1]).astype(int)
+    ok = (sx >= 0) & (sx < W) & (sy >= 0) & (sy < H)
+    out = np.full_like(img, fill)
+    out[ok] = img[sy[ok], sx[ok]]
+    return out
+
+
+@pytest.mark.parametrize("name, mag", [("ShearX", 0.3), ("ShearX", -0.5), ("ShearY", 0.2),
+                                       ("TranslateX", 7.9), ("TranslateY", -5.0), ("Rotate", 30.0),
+                                       ("Rotate", -135.0), ("Rotate", 90.0)])
+def test_geometric_ops_match_torchvision_geometry(name, mag):
+    img, _ = coordinate_sample(40, 56)  # R = x, G = y: each pixel says where it came from
+    m = autoaugment.affine(name, mag, 40, 56)
+    got = autoaugment.apply_op(img, name, mag, autoaugment.cv2.INTER_NEAREST, (0, 0, 0)).astype(int)
+    want = tv_warp_nearest(img, m, 0).astype(int)
+    both = (got[..., 2] == 128) & (want[..., 2] == 128)
+    # OpenCV quantizes nearest sampling positions to 1/32 pixel: a position that
+    # close to a pixel boundary may take the neighbouring pixel, never further.
+    assert np.abs(got - want)[both].max() <= 1
+    assert (np.abs(got - want)[both].max(-1) > 0).mean() < 0.1
+    assert ((got[..., 2] == 128) != (want[..., 2] == 128)).mean() < 0.05  # the same pixels inside
+    if name.startswith("Translate"):
+        assert np.array_equal(got, want)
+
+
+def test_rotation_by_90_degrees_is_counter_clockwise():
+    img = np.zeros((8, 8, 3), np.uint8)
+    img[3:5, 6:8] = 255  # right edge, middle
+    got = autoaugment.apply_op(img, "Rotate", 90.0, autoaugment.cv2.INTER_NEAREST, 0)
+    assert (got[0:2, 3:5] == 255).all() and got.sum() == img.sum()  # now at the top
+
+
+def test_policies_draw_torchvision_magnitude_tables():
+    space = dict((n, (m, s)) for n, m, s in autoaugment._space("wide", 31, 100, 200))
+    assert space["Rotate"][0][-1] == 135.0 and space["ShearX"][0][-1] == 0.99
+    assert space["TranslateX"][0][-1] == 32.0 and list(space["Posterize"][0][[0, -1]]) == [8, 2]
+    assert space["Solarize"][0][0] == 255.0 and not space["Solarize"][1]
+    space = dict((n, (m, s)) for n, m, s in autoaugment._space("rand", 31, 100, 200))
+    assert space["TranslateX"][0][-1] == pytest.approx(150 / 331 * 200)
+    assert space["TranslateY"][0][-1] == pytest.approx(150 / 331 * 100)
+    assert list(space["Posterize"][0][[0, -1]]) == [8, 4] and space["Rotate"][0][-1] == 30.0
+    names, signs, ops_per = set(), set(), set()
+    for k in range(2000):
+        (name, mag), = ops.TrivialAugmentWide().draw(SampleRNG(k), 100, 200)
+        names.add(name)
+        signs.add(np.sign(mag))
+        drawn = ops.RandAugment(num_ops=3, magnitude=9).draw(SampleRNG(k), 100, 200)
+        ops_per.add(len(drawn))
+        for n, m in drawn:
+            table = dict((a, b) for a, b, _ in autoaugment._space("rand", 31, 100, 200))[n]
+            assert (m == 0.0) if table is None else abs(m) == pytest.approx(float(table[9]))
+    assert len(names) == 14 and signs == {-1.0, 0.0, 1.0} and ops_per == {3}
+
+
+def test_policy_ops_apply_what_they_draw():
+    img = photo(33, 41)
+    for k in range(40):
+        t = ops.RandAugment(num_ops=2, magnitude=12)
+        want = img
+        for name, mag in t.draw(SampleRNG(k), 33, 41):
+            want = autoaugment.apply_op(want, name, mag, autoaugment.cv2.INTER_NEAREST, (0, 0, 0))
+        assert np.array_equal(t.apply(img, SampleRNG(k)), want)
+
+
+def coordinate_sample(h, w):
+    """Image R = x, G = y, B = 128; the mask = x: wherever a nearest warp moves the
+    image, the mask must say the same x."""
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([x, y, np.full_like(x, 128)], -1).astype(np.uint8)
+    return img, x.astype(np.uint8)
+
+
+@pytest.mark.parametrize("name, mag", [("ShearX", 0.4), ("ShearY", -0.3), ("Rotate", 40.0),
+                                       ("TranslateX", -9.0), ("TranslateY", 6.0), ("Equalize", 0.0)])
+def test_policy_ops_move_masks_and_boxes_with_the_image(name, mag):
+    img, mask = coordinate_sample(48, 64)
+    boxes = np.array([[10, 12, 30, 20], [40, 30, 60, 44]], np.float32)
+    t = ops.TrivialAugmentWide()
+    fields = {"mask": mask, "boxes": boxes, "box_labels": np.array([5, 6])}
+    # Replay the op through the policy's field path.
+    out, moved, geometry = t.apply_fields(img, autoaugment._Replay([(name, mag)]), fields,
+                                          Geometry.identity(48, 64))
+    from feeder.ops.base import move_fields
+    moved = move_fields(moved, geometry)
+    inside = out[..., 2] == 128
+    if name != "Equalize":
+        assert np.array_equal(moved["mask"][inside], out[..., 0][inside])
+        assert (moved["mask"][~inside] == 255).all()
+    else:
+        assert np.array_equal(moved["mask"], mask)
+    m = autoaugment.affine(name, mag, 48, 64) if name != "Equalize" else np.eye(2, 3)
+    for box, label in zip(moved["boxes"], moved["box_labels"]):
+        src = boxes[label - 5]
+        xs, ys = src[[0, 2, 0, 2]], src[[1, 1, 3, 3]]
+        nx, ny = m[0, 0] * xs + m[0, 1] * ys + m[0, 2], m[1, 0] * xs + m[1, 1] * ys + m[1, 2]
+        want = np.clip([nx.min(), ny.min(), nx.max(), ny.max()], 0, [64, 48, 64, 48])
+        assert np.allclose(box, want, atol=1e-4)
+
+
+def test_a_box_rotated_out_of_the_image_is_dropped_with_its_per_box_fields():
+    img, mask = coordinate_sample(40, 40)
+    boxes = np.array([[0, 0, 3, 3], [15, 15, 25, 25]], np.float32)
+    t = ops.RandAugment()
+    _, moved, _ = t.apply_fields(img, autoaugment._Replay([("TranslateX", -5.0), ("Rotate", 10.0)]),
+                                 {"boxes": boxes, "box_labels": np.array([1, 2])},
+                                 Geometry.identity(40, 40))
+    assert moved["box_labels"].tolist() == [2] and moved["boxes"].shape == (1, 4)
+
+
+@pytest.mark.parametrize("cls, kwargs, match", [
+    (ops.TrivialAugmentWide, dict(num_magnitude_bins=1), "num_magnitude_bins must be an int >= 2"),
+    (ops.TrivialAugmentWide, dict(interpolation="bicubic"), "interpolation must be 'nearest' or"),
+    (ops.RandAugment, dict(magnitude=31), "magnitude must be an int in \\[0, 31\\)"),
+    (ops.RandAugment, dict(num_ops=-1), "num_ops must be an int >= 0"),
+    (ops.RandAugment, dict(fill=(1, 2)), "fill must be"),
+])
+def test_policies_refuse_bad_parameters(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)
+
+
+# -- through the feeder: masks, boxes, determinism across threads --------------------------
+
+def seg_source(n=12):
+    def make(i):
+        h, w = 40 + 7 * (i % 4), 56 + 5 * (i % 3)
+        img, mask = coordinate_sample(h, w)
+        return {"image": rgb_png(img), "mask": mask,
+                "boxes": np.array([[5, 5, 20, 30], [30, 10, 50, 35]], np.float32),
+                "box_labels": np.array([1, 2])}
+    return DictSource(n, make)
+
+
+class GeometricOnly(ops.TrivialAugmentWide):
+    """The policy's field path, with its geometric ops only (the photometric ones
+    would change the pixels that tell where each came from)."""
+
+    def draw(self, rng, height, width):
+        if isinstance(rng, autoaugment._Replay):
+            return rng.ops
+        name = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")[rng.integers(0, 5)]
+        return [(name, rng.uniform(-0.3, 0.3) if name.startswith("Shear") else rng.uniform(-30, 30))]
+
+
+RECIPE = [ops.RandomResize(60, 80, interpolation="nearest"), GeometricOnly(),
+          ops.RandomCrop(64, pad_at="end"), GeometricOnly()]
+
+
+def test_the_recipe_keeps_masks_in_step_with_images_through_the_feeder():
+    f = Feeder(seg_source(), 4, RECIPE, seed=5, decode_threads=2, shuffle=False)
+    checked = 0
+    for batch in drain(f):
+        for img, mask in zip(batch["image"].numpy(), batch["mask"].numpy()):
+            img = img.transpose(1, 2, 0) if img.shape[0] == 3 else img
+            inside = img[..., 2] == 128
+            # Nearest upscaling: neighbouring pixels differ by <= 1 in x; the mask's
+            # and cv2's nearest rules may pick neighbours.
+            assert np.abs(mask[inside].astype(int) - img[..., 0][inside]).max() <= 1
+            assert (mask[~inside] == 255).all()
+            checked += int(inside.sum())
+    assert checked > 10000
+
+
+@pytest.mark.parametrize("ordered", [True])
+def test_recipe_results_do_not_depend_on_thread_counts(ordered):
+    aug = [ops.RandomResize(50, 70), ops.RandomCrop(48), ops.ColorJitter(0.4, 0.4, 0.4, 0.1),
+           ops.TrivialAugmentWide(), ops.RandAugment()]
+
+    def run(threads):
+        f = Feeder(seg_source(16), 4, aug, seed=11, decode_threads=threads, shuffle=True,
+                   augment_threads=threads - 1)
+        return drain(f)
+
+    one, three = run(1), run(3)
+    assert len(one) == len(three) == 4
+    for a, b in zip(one, three):
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["mask"], b["mask"])
+        assert all(torch.equal(x, y) for x, y in zip(a["boxes"], b["boxes"]))
+
+
+# -- RandomErasing ---------------------------------------------------------------------
+
+def tv_erasing_params(H, W, p, scale, ratio, rng):
+    """torchvision's RandomErasing draws, from ``rng``: (top, left, h, w) or None."""
+    if not rng.random() < p:
+        return None
+    area = H * W
+    for _ in range(10):
+        erase = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        h, w = int(round(math.sqrt(erase * aspect))), int(round(math.sqrt(erase / aspect)))
+        if h < H and w < W:
+            return rng.integers(0, H - h + 1), rng.integers(0, W - w + 1), h, w
+    return None
+
+
+def test_random_erasing_erases_each_sample_from_its_own_stream():
+    t = ops.RandomErasing(p=0.7, value=(1.0, 2.0, 3.0))
+    images = torch.rand(6, 3, 20, 24)
+    labels = torch.arange(6)
+    rngs = [SampleRNG(100 + i, 7) for i in range(6)]
+    out, same = t.apply_keyed(images, labels, rngs)
+    assert same is labels and not torch.equal(out, images)
+    erased = 0
+    for b in range(6):
+        box = tv_erasing_params(20, 24, 0.7, (0.02, 0.33), (0.3, 3.3), SampleRNG(100 + b, 7))
+        want = images[b].clone()
+        if box is not None:
+            top, left, h, w = box
+            want[:, top:top + h, left:left + w] = torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1)
+            erased += 1
+        assert torch.equal(out[b], want)
+    assert 0 < erased < 6
+    # A sample's erasing depends on its own stream only, not on its batch.
+    order = [3, 0, 5]
+    sub, _ = t.apply_keyed(images[order], labels[order], [SampleRNG(100 + i, 7) for i in order])
+    assert torch.equal(sub, out[order])
+
+
+def test_random_erasing_random_values_are_per_sample_and_reproducible():
+    t = ops.RandomErasing(p=1.0, value="random")
+    images = torch.zeros(4, 3, 16, 16)
+    a, _ = t.apply_keyed(images, torch.zeros(4), [SampleRNG(i) for i in range(4)])
+    b, _ = t.apply_keyed(images[[2]], torch.zeros(1), [SampleRNG(2)])
+    assert torch.equal(a[2], b[0]) and (a != 0).any(dim=(1, 2, 3)).all()
+    assert abs(float(a[a != 0].std()) - 1.0) < 0.3  # standard normal noise
+
+
+def test_random_erasing_through_the_feeder_is_deterministic_across_threads(source):
+    def run(threads):
+        f = Feeder(source, 4, [ops.RandomResizedCrop(24)], dtype=torch.float32, seed=2,
+                   decode_threads=threads, batch_transforms=[ops.RandomErasing(p=0.5, value=-1.0)])
+        return drain(f)
+    one, three = run(1), run(3)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(one, three))
+    assert any((a[0] == -1.0).any() for a in one)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(p=1.5), "p must be in \\[0, 1\\]"),
+    (dict(scale=(0.5, 0.1)), "scale must be \\(min, max\\)"),
+    (dict(ratio=(0, 1)), "ratio must be \\(min, max\\)"),
+    (dict(value="noise"), "value must be a number, a per-channel sequence or 'random'"),
+])
+def test_random_erasing_refuses_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ops.RandomErasing(**kwargs)
+
+
+# -- a torchvision transform gets the fix named ----------------------------------------
+
+def torchvision_like(name: str, module: str = "torchvision.transforms.v2._geometry"):
+    cls = type(name, (), {"__call__": lambda self, x: x, "__repr__": lambda self: f"{name}()"})
+    cls.__module__ = module
+    return cls()
+
+
+@pytest.mark.parametrize("name, fix", [
+    ("RandomResizedCrop", "use ops.RandomResizedCrop"),
+    ("ColorJitter", "use ops.ColorJitter"),
+    ("Normalize", "Feeder\\(normalize="),
+    ("ToTensor", "feeder delivers tensors"),
+    ("GaussianBlur", "ops.Albumentations\\(A.Compose"),
+])
+def test_a_torchvision_transform_gets_an_error_naming_the_fix(source, name, fix):
+    with pytest.raises(TypeError, match=f"is a torchvision transform .*{fix}"):
+        Feeder(source, 4, [ops.Resize((16, 16)), torchvision_like(name)])
+
+
+def test_a_torchvision_batch_transform_gets_an_error_naming_the_fix(source):
+    with pytest.raises(TypeError, match="batch_transforms\\[0\\].*ops.RandomErasing"):
+        Feeder(source, 4, [ops.Resize((16, 16))], dtype=torch.float32,
+               batch_transforms=[torchvision_like("RandomErasing", "torchvision.transforms.transforms")])
+
+
+def test_a_non_callable_transform_gets_an_error_naming_the_alternatives(source):
+    with pytest.raises(TypeError, match="neither a feeder transform nor callable; use the feeder.ops"):
+        Feeder(source, 4, [ops.Resize((16, 16)), 42])
