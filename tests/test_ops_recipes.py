@@ -609,3 +609,13 @@ def test_a_torchvision_batch_transform_gets_an_error_naming_the_fix(source):
 def test_a_non_callable_transform_gets_an_error_naming_the_alternatives(source):
     with pytest.raises(TypeError, match="neither a feeder transform nor callable; use the feeder.ops"):
         Feeder(source, 4, [ops.Resize((16, 16)), 42])
+
+
+def test_lookup_tables_give_the_same_result_with_and_without_stringzilla(monkeypatch):
+    img = photo(29, 31, seed=8)
+    with_sz = [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7),
+               color.posterize(img, 3), color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
+    monkeypatch.setattr(color, "_sz", None)
+    without = [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7),
+               color.posterize(img, 3), color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
+    assert all(np.array_equal(a, b) for a, b in zip(with_sz, without))

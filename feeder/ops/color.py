@@ -3,8 +3,9 @@ the per-image adjustments (torchvision's ``adjust_*``, ``posterize``, ``solarize
 ``autocontrast``, ``equalize``) that it and the automatic augmentation policies use.
 
 Each adjustment follows torchvision's definition for uint8 tensors and runs as
-OpenCV calls (a 256-entry lookup table wherever the map is per value), which
-release the GIL. Where torchvision truncates a blended value and OpenCV rounds
+OpenCV calls, which release the GIL, or a 256-entry lookup table wherever the map
+is per value (StringZilla's SIMD byte translation when it is installed, as it is
+with the albumentations extra; else cv2.LUT, same results). Where torchvision truncates a blended value and OpenCV rounds
 (saturation, sharpness) the result may differ by one level; the tests hold every
 adjustment to a numpy transcription of torchvision's formulas.
 """
@@ -19,6 +20,11 @@ import numpy as np
 from .._rng import SampleRNG
 from .base import Geometry, Transform
 
+try:  # optional: installed with albumentations (the albumentations extra)
+    import stringzilla as _sz
+except ImportError:  # pragma: no cover - cv2.LUT then, same results
+    _sz = None
+
 _ARANGE = np.arange(256, dtype=np.float64)
 # torchvision's rgb_to_grayscale weights.
 _GRAY = (0.2989, 0.587, 0.114)
@@ -28,7 +34,17 @@ def _lut(img: np.ndarray, table: np.ndarray) -> np.ndarray:
     """``table[img]`` through cv2.LUT: ``table`` is 256 values, or [256, 3] per channel."""
     t = np.clip(table, 0, 255).astype(np.uint8)  # astype truncates, as torchvision's .to(uint8)
     if t.ndim == 2:
-        t = np.ascontiguousarray(t.reshape(1, 256, 3))
+        return cv2.LUT(img, np.ascontiguousarray(t.reshape(1, 256, 3)))
+    if img.flags.c_contiguous:
+        if _sz is not None:
+            # StringZilla's byte translation (SIMD) is ~10x faster than cv2.LUT
+            # here; it holds the GIL for its ~25 us per 500x375 image.
+            out = img.copy()
+            _sz.translate(memoryview(out.reshape(-1)), memoryview(t), inplace=True)
+            return out
+        # One table for every channel: a single-channel view of the same bytes is
+        # about 1.5x faster through cv2.LUT than the three-channel image.
+        return cv2.LUT(img.reshape(img.shape[0], -1), t).reshape(img.shape)
     return cv2.LUT(img, t)
 
 
@@ -60,15 +76,15 @@ def adjust_hue(img: np.ndarray, shift: float) -> np.ndarray:
     ``adjust_hue``: through float HSV, so no 8-bit hue quantization)."""
     if shift == 0.0:
         return img.copy()
-    f = img.astype(np.float32)
-    f *= 1.0 / 255.0
+    f = np.multiply(img, 1.0 / 255.0, dtype=np.float32)
     hsv = cv2.cvtColor(f, cv2.COLOR_RGB2HSV)  # hue in degrees [0, 360)
-    h = hsv[..., 0]
-    h += shift * 360.0
-    np.mod(h, 360.0, out=h)
+    # OpenCV's HSV -> RGB wraps a hue in [360, 720) itself (not a negative one):
+    # adding the shift taken in [0, 360) is enough.
+    hsv = cv2.add(hsv, ((shift * 360.0) % 360.0, 0.0, 0.0, 0.0))
     rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
-    rgb *= 255.999  # torchvision's float -> uint8 conversion: scale by 256 - eps, truncate
-    return rgb.astype(np.uint8)
+    # torchvision's float -> uint8: scale by 256 - eps and truncate; rounding
+    # x * 255.999 - 0.5 is the same but at exact ties, and one pass of OpenCV.
+    return cv2.convertScaleAbs(rgb, alpha=255.999, beta=-0.5)
 
 
 _SHARP = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / 13.0
@@ -99,8 +115,11 @@ def solarize(img: np.ndarray, threshold: float) -> np.ndarray:
 def autocontrast(img: np.ndarray) -> np.ndarray:
     """Stretch each channel to [0, 255]; a constant channel is left as it is
     (torchvision's ``autocontrast``)."""
-    lo = img.min(axis=(0, 1)).astype(np.float64)
-    hi = img.max(axis=(0, 1)).astype(np.float64)
+    # Per channel through OpenCV: numpy's min over the two leading axes of an
+    # HWC image is an order of magnitude slower.
+    ranges = [cv2.minMaxLoc(c)[:2] for c in cv2.split(img)]
+    lo = np.array([r[0] for r in ranges])
+    hi = np.array([r[1] for r in ranges])
     flat = hi == lo
     scale = np.where(flat, 1.0, 255.0 / np.where(flat, 1.0, hi - lo))
     lo = np.where(flat, 0.0, lo)
