@@ -619,3 +619,136 @@ def test_lookup_tables_give_the_same_result_with_and_without_stringzilla(monkeyp
     without = [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7),
                color.posterize(img, 3), color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
     assert all(np.array_equal(a, b) for a, b in zip(with_sz, without))
+
+
+# -- the detection recipes' ops ------------------------------------------------------------
+
+def test_photometric_distort_applies_torchvision_draws_in_order():
+    t = ops.RandomPhotometricDistort(p=0.5)
+    img = photo(30, 40, seed=2)
+    kinds = set()
+    for k in range(60):
+        q = t.params(SampleRNG(k))
+        want = img
+        if q["brightness"] is not None:
+            assert 0.875 <= q["brightness"] <= 1.125
+            want = color.adjust_brightness(want, q["brightness"])
+        if q["contrast"] is not None and q["contrast_before"]:
+            want = color.adjust_contrast(want, q["contrast"])
+        if q["saturation"] is not None:
+            want = color.adjust_saturation(want, q["saturation"])
+        if q["hue"] is not None:
+            assert -0.05 <= q["hue"] <= 0.05
+            want = color.adjust_hue(want, q["hue"])
+        if q["contrast"] is not None and not q["contrast_before"]:
+            want = color.adjust_contrast(want, q["contrast"])
+        if q["permutation"] is not None:
+            assert sorted(q["permutation"]) == [0, 1, 2]
+            want = want[..., q["permutation"]]
+        assert np.array_equal(t.apply(img, SampleRNG(k)), want)
+        kinds.add((q["brightness"] is None, q["permutation"] is None, q["contrast_before"]))
+    assert len(kinds) == 8
+
+
+def test_zoom_out_places_the_image_on_a_canvas_and_moves_boxes():
+    t = ops.RandomZoomOut(fill=(1, 2, 3), side_range=(1.5, 3.0), p=1.0)
+    img = photo(20, 30)
+    boxes = np.array([[2, 3, 10, 12]], np.float32)
+    for k in range(10):
+        top, left, ch, cw = t.params(20, 30, SampleRNG(k))
+        assert 1.5 * 30 - 1 <= cw <= 3.0 * 30 and 1.5 * 20 - 1 <= ch <= 3.0 * 20
+        out, g = t.apply_geometry(img, SampleRNG(k))
+        assert out.shape == (ch, cw, 3) and np.array_equal(out[top:top + 20, left:left + 30], img)
+        rest = out.copy()
+        rest[top:top + 20, left:left + 30] = (1, 2, 3)
+        assert (rest == np.array([1, 2, 3], np.uint8)).all()
+        assert np.allclose(g.boxes(boxes)[0], boxes + [left, top, left, top])
+        mask = g.mask(np.ones((20, 30), np.uint8))
+        assert (mask[top:top + 20, left:left + 30] == 1).all() and (mask == 255).sum() == ch * cw - 600
+    assert ops.RandomZoomOut(p=0.0).apply(img, SampleRNG(0)) is img
+
+
+def test_iou_crop_keeps_the_boxes_whose_centres_it_holds():
+    img = photo(100, 120)
+    boxes = np.array([[10, 10, 40, 40], [60, 50, 110, 95], [0, 80, 20, 100]], np.float32)
+    fields = {"boxes": boxes, "box_labels": np.array([0, 1, 2])}
+    t = ops.RandomIoUCrop()
+    cropped = 0
+    for k in range(40):
+        q = t.params(100, 120, boxes, SampleRNG(k))
+        out, moved, g = t.apply_fields(img, SampleRNG(k), fields, Geometry.identity(100, 120))
+        if q is None:
+            assert out is img and moved["box_labels"].tolist() == [0, 1, 2]
+            continue
+        cropped += 1
+        top, left, h, w, within = q
+        assert np.array_equal(out, img[top:top + h, left:left + w])
+        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+        assert within.tolist() == ((left < cx) & (cx < left + w) & (top < cy) & (cy < top + h)).tolist()
+        assert 0.5 <= w / h <= 2.0 and w >= int(0.3 * 120) and h >= int(0.3 * 100)
+        assert moved["box_labels"].tolist() == np.flatnonzero(within).tolist()
+        from feeder.ops.base import move_fields
+        final = move_fields(moved, g)
+        want = np.clip(boxes[within] - [left, top, left, top], 0, [w, h, w, h])
+        assert np.allclose(final["boxes"], want)
+    assert 5 < cropped < 40
+
+
+def test_iou_crop_without_boxes_is_an_error_naming_the_need():
+    with pytest.raises(ValueError, match="RandomIoUCrop needs samples with boxes"):
+        ops.RandomIoUCrop().apply(photo(10, 10), SampleRNG(0))
+
+
+def test_scale_jitter_and_random_shortest_size_match_torchvision_sizes():
+    img = photo(60, 90)
+    for k in range(20):
+        t = ops.ScaleJitter((100, 120), scale_range=(0.5, 1.5))
+        s = 0.5 + SampleRNG(k).random() * 1.0
+        r = min(100 / 60, 120 / 90) * s
+        assert t.apply(img, SampleRNG(k)).shape[:2] == (int(60 * r), int(90 * r))
+        u = ops.RandomShortestSize([40, 50, 80], max_size=100)
+        size = [40, 50, 80][SampleRNG(k).integers(0, 3)]
+        r = min(size / 60, 100 / 90)
+        out, g = u.apply_geometry(img, SampleRNG(k))
+        assert out.shape[:2] == (int(60 * r), int(90 * r))
+        assert g.sy == pytest.approx(out.shape[0] / 60)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: ops.RandomPhotometricDistort(brightness=(1.2, 0.8)), "brightness must be \\(min, max\\)"),
+    (lambda: ops.RandomPhotometricDistort(hue=(-0.1, 0.7)), "hue must be within"),
+    (lambda: ops.RandomPhotometricDistort(p=2), "p must be in \\[0, 1\\]"),
+    (lambda: ops.RandomZoomOut(side_range=(0.5, 2.0)), "side_range must be \\(min, max\\) with 1.0"),
+    (lambda: ops.RandomIoUCrop(min_scale=0.0), "need 0 < min_scale"),
+    (lambda: ops.RandomIoUCrop(trials=0), "trials must be a positive int"),
+    (lambda: ops.ScaleJitter((100,)), "target_size must be \\(height, width\\)"),
+    (lambda: ops.RandomShortestSize([480, 0]), "min_size must be a positive int"),
+])
+def test_detection_ops_refuse_bad_parameters(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def det_source(n=12):
+    def make(i):
+        img = photo(60 + 5 * (i % 3), 80, seed=i)
+        return {"image": rgb_png(img), "boxes": np.array([[5, 5, 30, 40], [40, 20, 75, 55]], np.float32),
+                "box_labels": np.array([1, 2])}
+    return DictSource(n, make)
+
+
+def test_detection_recipe_through_the_feeder_is_deterministic_across_threads():
+    aug = [ops.RandomPhotometricDistort(), ops.RandomZoomOut(side_range=(1.0, 2.0)), ops.RandomIoUCrop(),
+           ops.RandomShortestSize([48, 56, 64], max_size=96), ops.RandomHorizontalFlip(),
+           ops.Resize((64, 64))]
+
+    def run(threads):
+        return drain(Feeder(det_source(), 4, aug, seed=3, decode_threads=threads, shuffle=True))
+    one, three = run(1), run(3)
+    assert len(one) == 3
+    for a, b in zip(one, three):
+        assert torch.equal(a["image"], b["image"])
+        assert all(torch.equal(x, y) for x, y in zip(a["boxes"], b["boxes"]))
+        assert all(torch.equal(x, y) for x, y in zip(a["box_labels"], b["box_labels"]))
+        for boxes in a["boxes"]:
+            assert ((boxes >= 0) & (boxes <= 64)).all()

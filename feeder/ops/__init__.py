@@ -18,8 +18,9 @@ smallest decoded size they need, for reduced-scale JPEG decoding) and writing
 the final result straight into the batch buffer (``out=``).
 
 The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
-the mask's ignore-index padding) for segmentation, ``Resize(..., max_size=)`` for
-detection, :class:`ColorJitter`, :class:`TrivialAugmentWide` and
+the mask's ignore-index padding) for segmentation, ``Resize(..., max_size=)``, :class:`RandomShortestSize`, :class:`ScaleJitter`,
+:class:`RandomZoomOut`, :class:`RandomIoUCrop` and :class:`RandomPhotometricDistort`
+for detection, :class:`ColorJitter`, :class:`TrivialAugmentWide` and
 :class:`RandAugment` for classification. For the rest, :class:`Albumentations`
 runs an albumentations pipeline per sample, seeded from the sample's stream.
 
@@ -37,10 +38,14 @@ from .autoaugment import RandAugment, TrivialAugmentWide
 from .base import DCT_DENOMS, Geometry, SampleContext, SampleTransform, Transform, dct_denom
 from .batch import CutMix, MixUp, RandomErasing
 from .color import ColorJitter
+from .detection import (RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut,
+                        ScaleJitter)
 from .fused import _ResizeCenterCrop
 from .geometry import (CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResize, RandomResizedCrop,
                        Resize)
 
 __all__ = ["Albumentations", "CenterCrop", "ColorJitter", "CutMix", "Geometry", "Kornia", "MixUp",
-           "RandAugment", "RandomCrop", "RandomErasing", "RandomHorizontalFlip", "RandomResize",
-           "RandomResizedCrop", "Resize", "SampleTransform", "TrivialAugmentWide", "Transform"]
+           "RandAugment", "RandomCrop", "RandomErasing", "RandomHorizontalFlip", "RandomIoUCrop",
+           "RandomPhotometricDistort", "RandomResize", "RandomResizedCrop", "RandomShortestSize",
+           "RandomZoomOut", "Resize", "SampleTransform", "ScaleJitter", "TrivialAugmentWide",
+           "Transform"]

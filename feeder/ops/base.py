@@ -370,7 +370,8 @@ class SampleTransform:
 _TORCHVISION_EQUIVALENT = {
     **{n: f"ops.{n}" for n in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip",
                                "RandomCrop", "RandomResize", "ColorJitter", "TrivialAugmentWide",
-                               "RandAugment")},
+                               "RandAugment", "RandomPhotometricDistort", "RandomZoomOut",
+                               "RandomIoUCrop", "ScaleJitter", "RandomShortestSize")},
     "Normalize": "Feeder(normalize=(mean, std)) (done on the device, after the batch is made)",
     "ToTensor": "nothing: feeder delivers tensors (choose the type with Feeder(dtype=...))",
     "PILToTensor": "nothing: feeder delivers tensors",
