@@ -289,7 +289,7 @@ class Chain:
             for i, t, with_ctx, check_plan, check_out in self._run_head:
                 c = ctx if with_ctx else None
                 if check_plan:
-                    self._check_plan(t, img, c)
+                    self._check_plan(t, img, c, key, i)
                 img = t.apply(img, SampleRNG(key, i), None, c)
                 if check_out:
                     self._check_pixels(t, img.shape[0], img.shape[1], "produced")
@@ -297,7 +297,7 @@ class Chain:
                 i, t, with_ctx, check_plan, _ = self._run_writer
                 c = ctx if with_ctx else None
                 if check_plan:
-                    self._check_plan(t, img, c)
+                    self._check_plan(t, img, c, key, i)
                 result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)
@@ -335,7 +335,7 @@ class Chain:
                     self._check_pixels(t, img.shape[0], img.shape[1], "produced")
                     continue
                 c = ctx if i <= upto else None
-                self._check_plan(t, img, c)
+                self._check_plan(t, img, c, key, i)
                 if t.moves_fields:
                     img, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields, geometry,
                                                            None, c)
@@ -352,7 +352,7 @@ class Chain:
                     self._store(img, out, t)
                 else:
                     c = ctx if i <= upto else None
-                    self._check_plan(t, img, c)
+                    self._check_plan(t, img, c, key, i)
                     if t.moves_fields:
                         result, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields,
                                                                   geometry, out, c)
@@ -393,10 +393,13 @@ class Chain:
                 f"boxes itself")
         return geometry
 
-    def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None) -> None:
+    def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None, key: int,
+                    i: int) -> None:
         # Before computing: a Resize of an elongated image by its shorter side
-        # would allocate gigabytes before any check after it could run.
-        planned = t.planned_size(img.shape[0], img.shape[1], ctx)
+        # would allocate gigabytes before any check after it could run. A
+        # transform whose size is drawn plans from a fresh copy of the stream it
+        # will draw from (SampleRNG is counter-based: the same draws again).
+        planned = t.planned_size_for(img.shape[0], img.shape[1], SampleRNG(key, i), ctx)
         if planned is not None:
             self._check_pixels(t, planned[0], planned[1], "would produce")
 

@@ -752,3 +752,22 @@ def test_detection_recipe_through_the_feeder_is_deterministic_across_threads():
         assert all(torch.equal(x, y) for x, y in zip(a["box_labels"], b["box_labels"]))
         for boxes in a["boxes"]:
             assert ((boxes >= 0) & (boxes <= 64)).all()
+
+
+@pytest.mark.parametrize("t", [ops.RandomResize(100, 120), ops.RandomShortestSize([100, 110]),
+                               ops.ScaleJitter((4000, 4000), (1.0, 1.5)),
+                               ops.RandomZoomOut(side_range=(30.0, 40.0), p=1.0)])
+def test_a_drawn_size_is_checked_against_max_pixels_before_it_is_allocated(t, monkeypatch):
+    from feeder import TransformError
+    from feeder._augment import Chain
+    from feeder.ops import SampleContext
+
+    chain = Chain([t, ops.CenterCrop(32)], None, max_pixels=50_000)
+    img = photo(4, 600)  # elongated: its shorter side scaled to 100+ is 15000+ wide
+    calls = []
+    monkeypatch.setattr(type(t), "apply", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(type(t), "apply_geometry", lambda *a, **k: calls.append(a))
+    with pytest.raises(TransformError, match="would produce a .* above max_pixels=50000"):
+        chain.run(img, 7, SampleContext((4, 600)), np.empty((32, 32, 3), np.uint8))
+    assert not calls  # refused before the transform ran
+    assert t.planned_size_for(4, 600, SampleRNG(7, 0)) is not None

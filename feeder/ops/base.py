@@ -298,6 +298,13 @@ class Transform:
         image in ``apply`` (``ctx.origin`` set: see :class:`SampleContext`)."""
         return None
 
+    def planned_size_for(self, height: int, width: int, rng: SampleRNG,
+                         ctx: SampleContext | None = None) -> tuple[int, int] | None:
+        """:meth:`planned_size` for this sample: ``rng`` is a fresh copy of the stream
+        ``apply`` will draw from, so a transform whose output size is drawn (a
+        random resize, a zoom-out) can say it before allocating anything."""
+        return self.planned_size(height, width, ctx)
+
     def planned_size(self, height: int, width: int,
                      ctx: SampleContext | None = None) -> tuple[int, int] | None:
         """(height, width) that ``apply`` will produce for an input of this size (and this

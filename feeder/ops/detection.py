@@ -141,6 +141,10 @@ class RandomZoomOut(Transform):
         left, top = int((cw - width) * rng.random()), int((ch - height) * rng.random())
         return top, left, ch, cw
 
+    def planned_size_for(self, height, width, rng, ctx=None):
+        q = self.params(height, width, rng)
+        return (height, width) if q is None else (q[2], q[3])
+
     def apply(self, img, rng, out=None, ctx=None):
         return self.apply_geometry(img, rng, out, ctx)[0]
 
@@ -276,6 +280,9 @@ class _RandomScale(Transform):
 
     def size(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int]:
         raise NotImplementedError
+
+    def planned_size_for(self, height, width, rng, ctx=None):
+        return self.size(height, width, rng)
 
     def apply(self, img, rng, out=None, ctx=None):
         return self.apply_geometry(img, rng, out, ctx)[0]

@@ -338,6 +338,9 @@ class RandomResize(Transform):
         size = rng.integers(self.min_size, self.max_size + 1)
         return _shorter_side(height, width, size, self.max_long)
 
+    def planned_size_for(self, height, width, rng, ctx=None):
+        return self.target(height, width, rng)
+
     def apply(self, img, rng, out=None, ctx=None):
         return self.apply_geometry(img, rng, out, ctx)[0]
 
