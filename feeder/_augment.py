@@ -201,7 +201,9 @@ class Chain:
             raise ValueError(
                 "cannot tell the output image size from the transforms "
                 f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
-                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)")
+                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)"
+                + ("; an ops.Albumentations whose pipeline ends at a fixed size declares it with "
+                   "output_size=(h, w)" if any(type(t).__name__ == "Albumentations" for t in ts) else ""))
         self.image_size: tuple[int, int] = size
         k = len(steps) - 1
         while k >= 0 and steps[k][1].inplace:

@@ -159,3 +159,22 @@ def test_kornia_refuses_batches_with_masks():
         t.check_fields({"mask": "mask", "id": "numeric"})
     with pytest.raises(TypeError, match="is not callable"):
         ops.Kornia(3)
+
+
+def test_a_chain_of_unknown_size_names_albumentations_output_size(source):
+    with pytest.raises(ValueError, match="declares it with output_size=\\(h, w\\)"):
+        Feeder(source, 4, [ops.Albumentations(A.Compose([A.HorizontalFlip()]))])
+
+
+def test_the_new_ops_give_the_same_batches_in_a_worker_process(source):
+    aug = [ops.RandomResize(50, 70), ops.RandomCrop(48), ops.TrivialAugmentWide(),
+           ops.ColorJitter(0.3, 0.3, 0.3, 0.1),
+           ops.Albumentations(A.Compose([A.HorizontalFlip()]), output_size=48)]
+
+    def run(isolation):
+        f = Feeder(source, 4, aug, seed=1, dtype=torch.float32, isolation=isolation,
+                   batch_transforms=[ops.RandomErasing(p=0.5)])
+        with f:
+            return [b[0].clone() for b in drain(f)]
+    threads, process = run("thread"), run("process")
+    assert len(threads) > 1 and all(torch.equal(x, y) for x, y in zip(threads, process))
