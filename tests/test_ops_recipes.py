@@ -271,7 +271,8 @@ def test_photometric_adjustments_match_torchvision(factor):
     close(color.adjust_brightness(img, factor), tv_blend(img, 0, factor), 1)
     close(color.adjust_contrast(img, factor), tv_blend(img, gray.mean(), factor), 1)
     close(color.adjust_saturation(img, factor), tv_blend(img, np.floor(gray)[..., None], factor), 2)
-    close(color.adjust_sharpness(img, factor), tv_sharpness(img, factor), 1)
+    # Sharpness blends with a rounded 3x3 box mean (a third of filter2D's time): <= 2 levels.
+    close(color.adjust_sharpness(img, factor), tv_sharpness(img, factor), 2)
     shift = (factor - 0.85) / 2  # in [-0.425, 0.425]
     close(color.adjust_hue(img, shift), tv_adjust_hue(img, shift), 1)
 

@@ -18,15 +18,18 @@ smallest decoded size they need, for reduced-scale JPEG decoding) and writing
 the final result straight into the batch buffer (``out=``).
 
 The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
-the mask's ignore-index padding) for segmentation, ``Resize(..., max_size=)``, :class:`RandomShortestSize`, :class:`ScaleJitter`,
-:class:`RandomZoomOut`, :class:`RandomIoUCrop` and :class:`RandomPhotometricDistort`
-for detection, :class:`ColorJitter`, :class:`TrivialAugmentWide` and
-:class:`RandAugment` for classification. For the rest, :class:`Albumentations`
-runs an albumentations pipeline per sample, seeded from the sample's stream.
+the mask's ignore-index padding) for segmentation; ``Resize(..., max_size=)``,
+:class:`RandomShortestSize`, :class:`ScaleJitter`, :class:`RandomZoomOut`,
+:class:`RandomIoUCrop` and :class:`RandomPhotometricDistort` for detection;
+:class:`ColorJitter`, :class:`TrivialAugmentWide` and :class:`RandAugment` for
+classification. For the rest, :class:`Albumentations` runs an albumentations
+pipeline per sample, seeded from the sample's stream. A torchvision transform
+is refused with the replacement named.
 
 Batch transforms (``Feeder(batch_transforms=[...])``) run on the device, on
 whole ``[B, 3, H, W]`` batches after the dtype conversion: :class:`MixUp`,
-:class:`CutMix`, :class:`RandomErasing`, :class:`Kornia` (a kornia module), or any callable ``fn(images, labels, generator) -> (images,
+:class:`CutMix`, :class:`RandomErasing` (drawn per sample), :class:`Kornia` (a
+kornia module), or any callable ``fn(images, labels, generator) -> (images,
 labels)`` whose ``generator`` (a ``torch.Generator`` on the batch's device) is
 seeded from (seed, epoch, batch number).
 """

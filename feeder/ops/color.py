@@ -5,9 +5,10 @@ the per-image adjustments (torchvision's ``adjust_*``, ``posterize``, ``solarize
 Each adjustment follows torchvision's definition for uint8 tensors and runs as
 OpenCV calls, which release the GIL, or a 256-entry lookup table wherever the map
 is per value (StringZilla's SIMD byte translation when it is installed, as it is
-with the albumentations extra; else cv2.LUT, same results). Where torchvision truncates a blended value and OpenCV rounds
-(saturation, sharpness) the result may differ by one level; the tests hold every
-adjustment to a numpy transcription of torchvision's formulas.
+with the albumentations extra; else cv2.LUT, same results). Where torchvision
+truncates a blended value and OpenCV rounds (saturation, hue) the result may
+differ by one level, two for sharpness (blended with a rounded 3x3 box mean); the
+tests hold every adjustment to a numpy transcription of torchvision's formulas.
 """
 
 from __future__ import annotations
@@ -87,18 +88,20 @@ def adjust_hue(img: np.ndarray, shift: float) -> np.ndarray:
     return cv2.convertScaleAbs(rgb, alpha=255.999, beta=-0.5)
 
 
-_SHARP = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / 13.0
-
-
 def adjust_sharpness(img: np.ndarray, factor: float) -> np.ndarray:
     """Blend with a smoothed copy (torchvision's ``adjust_sharpness``: the 3x3 kernel
     [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13, the border pixels left as they are)."""
     H, W = img.shape[:2]
     if H <= 2 or W <= 2:
         return img.copy()
-    smooth = cv2.filter2D(img, -1, _SHARP, borderType=cv2.BORDER_REPLICATE)
-    smooth[0], smooth[-1], smooth[:, 0], smooth[:, -1] = img[0], img[-1], img[:, 0], img[:, -1]
-    return _blend(img, smooth, factor)
+    # The kernel is (9 * box mean + 4 * centre) / 13, so the blend
+    # factor * img + (1 - factor) * smooth is one weighted sum of the image and
+    # its 3x3 box mean: two OpenCV passes, a third of filter2D's time.
+    box = cv2.blur(img, (3, 3), borderType=cv2.BORDER_REPLICATE)
+    w = (1.0 - factor) * 9.0 / 13.0
+    out = cv2.addWeighted(img, 1.0 - w, box, w, 0.0)
+    out[0], out[-1], out[:, 0], out[:, -1] = img[0], img[-1], img[:, 0], img[:, -1]
+    return out
 
 
 def posterize(img: np.ndarray, bits: int) -> np.ndarray:
