@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from ._augment import image_size_pair
-from .ops.base import foreign_transform
 from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
 from .errors import ConfigError
+from .ops.base import foreign_transform
 
 _ON_ERROR = ("raise", "skip")
 

@@ -1,26 +1,25 @@
 """The recipes' augmentations (#24): Resize(max_size), RandomResize, RandomCrop,
-ColorJitter, TrivialAugmentWide, RandAugment, RandomErasing, each against a numpy
+ColorJitter, TrivialAugmentWide, RandAugment, RandomErasing and the detection
+recipes' ops, each against a numpy
 transcription of torchvision's documented behaviour, with masks and boxes,
 deterministic across thread counts, and bad parameters refused by name."""
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-import threading
-
 from conftest import JOIN_TIMEOUT_S
-from feeder import Feeder, ops
+from feeder import Feeder, TransformError, ops
+from feeder._augment import Chain
 from feeder._rng import SampleRNG
-from feeder.ops import autoaugment, color
-from feeder.ops.base import Geometry
+from feeder.ops import SampleContext, autoaugment, color
+from feeder.ops.base import Geometry, move_fields
 from fields_helpers import DictSource, rgb_png
-
-RNG = np.random.default_rng(0)
 
 
 def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -414,7 +413,6 @@ def test_policy_ops_move_masks_and_boxes_with_the_image(name, mag):
     # Replay the op through the policy's field path.
     out, moved, geometry = t.apply_fields(img, autoaugment._Replay([(name, mag)]), fields,
                                           Geometry.identity(48, 64))
-    from feeder.ops.base import move_fields
     moved = move_fields(moved, geometry)
     inside = out[..., 2] == 128
     if name != "Equalize":
@@ -688,7 +686,6 @@ def test_iou_crop_keeps_the_boxes_whose_centres_it_holds():
         assert within.tolist() == ((left < cx) & (cx < left + w) & (top < cy) & (cy < top + h)).tolist()
         assert 0.5 <= w / h <= 2.0 and w >= int(0.3 * 120) and h >= int(0.3 * 100)
         assert moved["box_labels"].tolist() == np.flatnonzero(within).tolist()
-        from feeder.ops.base import move_fields
         final = move_fields(moved, g)
         want = np.clip(boxes[within] - [left, top, left, top], 0, [w, h, w, h])
         assert np.allclose(final["boxes"], want)
@@ -759,10 +756,6 @@ def test_detection_recipe_through_the_feeder_is_deterministic_across_threads():
                                ops.ScaleJitter((4000, 4000), (1.0, 1.5)),
                                ops.RandomZoomOut(side_range=(30.0, 40.0), p=1.0)])
 def test_a_drawn_size_is_checked_against_max_pixels_before_it_is_allocated(t, monkeypatch):
-    from feeder import TransformError
-    from feeder._augment import Chain
-    from feeder.ops import SampleContext
-
     chain = Chain([t, ops.CenterCrop(32)], None, max_pixels=50_000)
     img = photo(4, 600)  # elongated: its shorter side scaled to 100+ is 15000+ wide
     calls = []
