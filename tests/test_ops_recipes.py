@@ -765,3 +765,21 @@ def test_a_drawn_size_is_checked_against_max_pixels_before_it_is_allocated(t, mo
         chain.run(img, 7, SampleContext((4, 600)), np.empty((32, 32, 3), np.uint8))
     assert not calls  # refused before the transform ran
     assert t.planned_size_for(4, 600, SampleRNG(7, 0)) is not None
+
+
+def test_resize_max_size_through_the_feeder_with_reduced_scale_decode(jpeg_blobs):
+    from conftest import MemorySource
+    f = Feeder(MemorySource(list(jpeg_blobs[:8])), 4, [ops.Resize(20, max_size=24), ops.CenterCrop(20)],
+               seed=0, shuffle=False)
+    fused = drain(f)
+    f2 = Feeder(MemorySource(list(jpeg_blobs[:8])), 4,
+                [ops.Resize(20, max_size=24), ops.RandomHorizontalFlip(p=0.0), ops.CenterCrop(20)],
+                seed=0, shuffle=False)
+    plain = drain(f2)  # not fused: the resize's full output, then the crop
+    # The first image is 64x80: shorter side 20 would make it 20x25, so the cap
+    # makes it 19x24, and the 20x20 crop pads its last row with zeros.
+    assert ops.Resize(20, max_size=24).target(64, 80) == (19, 24)
+    assert (fused[0][0][0, :, 19, :] == 0).all() and (fused[0][0][0, :, 18, :] != 0).any()
+    for a, b in zip(fused, plain):
+        assert a[0].shape == (4, 3, 20, 20)
+        assert (a[0].int() - b[0].int()).abs().max() <= 2  # the fused window: weights rounded
