@@ -25,6 +25,7 @@ from ._sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_v
 from .errors import ConfigError, FieldError, TransformError
 from .ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
                   _ResizeCenterCrop)
+from .ops.base import foreign_transform, move_fields as _moved
 
 _VARIABLE = object()  # the output size depends on the input
 
@@ -163,6 +164,9 @@ class Chain:
             image_size = image_size_pair(image_size)
         ts: list[Transform] = []
         for t in transforms:
+            foreign = foreign_transform(t, "transforms")
+            if foreign is not None:
+                raise TypeError(foreign)
             if isinstance(t, Transform):
                 ts.append(t)
             elif isinstance(t, SampleTransform):
@@ -170,7 +174,9 @@ class Chain:
             elif callable(t):
                 ts.append(_Callable(t))
             else:
-                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable")
+                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable; use "
+                                f"the feeder.ops transforms, a function fn(img, rng) -> img, "
+                                f"ops.SampleTransform(fn) or ops.Albumentations(A.Compose([...]))")
         self.transforms = ts
         #: Some transform takes whole samples: every sample goes through run_fields.
         self.takes_samples = any(isinstance(t, _SampleStep) for t in ts)
@@ -195,7 +201,9 @@ class Chain:
             raise ValueError(
                 "cannot tell the output image size from the transforms "
                 f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
-                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)")
+                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)"
+                + ("; an ops.Albumentations whose pipeline ends at a fixed size declares it with "
+                   "output_size=(h, w)" if any(type(t).__name__ == "Albumentations" for t in ts) else ""))
         self.image_size: tuple[int, int] = size
         k = len(steps) - 1
         while k >= 0 and steps[k][1].inplace:
@@ -237,7 +245,10 @@ class Chain:
         # either; a callable or a sample transform may produce anything.
         known = (type(t).planned_size is Transform.planned_size
                  and (t.output_size is not None or t.preserves_size))
-        builtin = type(t).__module__ == Transform.__module__
+        # feeder's own transforms make exactly their planned size; the adapters run
+        # other libraries' code, which is checked like a callable.
+        module = type(t).__module__
+        builtin = module.startswith("feeder.ops.") and module != "feeder.ops.adapters"
         return i, t, i <= self._ctx_upto, not known, not (known and builtin)
 
     @property
@@ -280,7 +291,7 @@ class Chain:
             for i, t, with_ctx, check_plan, check_out in self._run_head:
                 c = ctx if with_ctx else None
                 if check_plan:
-                    self._check_plan(t, img, c)
+                    self._check_plan(t, img, c, key, i)
                 img = t.apply(img, SampleRNG(key, i), None, c)
                 if check_out:
                     self._check_pixels(t, img.shape[0], img.shape[1], "produced")
@@ -288,7 +299,7 @@ class Chain:
                 i, t, with_ctx, check_plan, _ = self._run_writer
                 c = ctx if with_ctx else None
                 if check_plan:
-                    self._check_plan(t, img, c)
+                    self._check_plan(t, img, c, key, i)
                 result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)
@@ -326,7 +337,12 @@ class Chain:
                     self._check_pixels(t, img.shape[0], img.shape[1], "produced")
                     continue
                 c = ctx if i <= upto else None
-                self._check_plan(t, img, c)
+                self._check_plan(t, img, c, key, i)
+                if t.moves_fields:
+                    img, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields, geometry,
+                                                           None, c)
+                    self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+                    continue
                 result, moved = t.apply_geometry(img, SampleRNG(key, i), None, c)
                 geometry = self._follow(t, geometry, moved, img, result, spatial)
                 img = result
@@ -338,9 +354,13 @@ class Chain:
                     self._store(img, out, t)
                 else:
                     c = ctx if i <= upto else None
-                    self._check_plan(t, img, c)
-                    result, moved = t.apply_geometry(img, SampleRNG(key, i), out, c)
-                    geometry = self._follow(t, geometry, moved, img, result, spatial)
+                    self._check_plan(t, img, c, key, i)
+                    if t.moves_fields:
+                        result, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields,
+                                                                  geometry, out, c)
+                    else:
+                        result, moved = t.apply_geometry(img, SampleRNG(key, i), out, c)
+                        geometry = self._follow(t, geometry, moved, img, result, spatial)
                     if result is not out:
                         self._store(result, out, t)
             else:
@@ -375,10 +395,13 @@ class Chain:
                 f"boxes itself")
         return geometry
 
-    def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None) -> None:
+    def _check_plan(self, t: Transform, img: np.ndarray, ctx: SampleContext | None, key: int,
+                    i: int) -> None:
         # Before computing: a Resize of an elongated image by its shorter side
-        # would allocate gigabytes before any check after it could run.
-        planned = t.planned_size(img.shape[0], img.shape[1], ctx)
+        # would allocate gigabytes before any check after it could run. A
+        # transform whose size is drawn plans from a fresh copy of the stream it
+        # will draw from (SampleRNG is counter-based: the same draws again).
+        planned = t.planned_size_for(img.shape[0], img.shape[1], SampleRNG(key, i), ctx)
         if planned is not None:
             self._check_pixels(t, planned[0], planned[1], "would produce")
 
@@ -404,18 +427,3 @@ class Chain:
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
 
-
-def _moved(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
-    """``fields`` with the mask and boxes (and per-box fields) mapped through ``geometry``."""
-    if MASK not in fields and BOXES not in fields:
-        return fields
-    out = dict(fields)
-    if MASK in fields:
-        out[MASK] = geometry.mask(fields[MASK])
-    if BOXES in fields:
-        out[BOXES], keep = geometry.boxes(fields[BOXES])
-        if not keep.all():
-            for name, value in fields.items():
-                if name.startswith(BOX_PREFIX):
-                    out[name] = value[keep]
-    return out

@@ -15,6 +15,7 @@ from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
 from .errors import ConfigError
+from .ops.base import foreign_transform
 
 _ON_ERROR = ("raise", "skip")
 
@@ -214,6 +215,9 @@ def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
                          f"(images, labels), got {value!r}")
     transforms = tuple(value)  # type: ignore[arg-type]
     for i, t in enumerate(transforms):
+        foreign = foreign_transform(t, f"{name}[{i}]")
+        if foreign is not None:
+            raise TypeError(foreign)
         if not callable(t):
             raise ValueError(f"{name}[{i}] must be callable fn(images, labels, generator) -> "
                              f"(images, labels), got {t!r}")

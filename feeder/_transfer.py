@@ -87,7 +87,7 @@ from ._batch import BatchBuffer, BufferPool, Collator
 from ._config import resolve_device
 from ._queue import END, Channel, Closed
 from ._reaper import watch
-from ._rng import batch_generator
+from ._rng import SampleRNG, batch_generator, epoch_key, index_key
 from ._sample import BOX_LIST, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
 from ._stage import Control, Counters, Stage
 from .errors import FeederError, StageError
@@ -348,6 +348,11 @@ class Converter:
         return out.to(self.dtype)  # a no-op for float32 and float64; keeps the strides
 
 
+# SampleRNG streams of the batch transforms' per-sample draws: far from the
+# CPU transforms' streams (their positions in ``transforms``).
+_KEYED_STREAM = 1 << 32
+
+
 class BatchTransforms:
     """The feeder's ``batch_transforms`` for one pass, applied to whole batches on the device.
 
@@ -417,17 +422,27 @@ class BatchTransforms:
         self.fields_checked = True
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, number: int,
-                 masks: dict[str, torch.Tensor] | None = None
+                 masks: dict[str, torch.Tensor] | None = None, indices: np.ndarray | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the transforms to one batch; ``masks`` (field name -> ``[B, H, W]``),
-        when given, are replaced in it by the masks as the transforms moved them."""
+        when given, are replaced in it by the masks as the transforms moved them.
+        ``indices`` are the batch's source indices: a transform with ``apply_keyed``
+        (per-sample draws, e.g. RandomErasing) gets one SampleRNG per sample from them."""
         for position, t in enumerate(self.transforms):
-            gen = batch_generator(self.seed, self.epoch, number, position, self.device)
             try:
-                if masks and hasattr(t, "apply_with_masks"):
+                if indices is not None and hasattr(t, "apply_keyed"):
+                    # Per-sample streams, distinct from the CPU transforms' (which
+                    # use the positions in ``transforms``): a sample is erased the
+                    # same way whichever batch it lands in.
+                    ek = epoch_key(self.seed, self.epoch)
+                    rngs = [SampleRNG(index_key(ek, int(i)), _KEYED_STREAM + position) for i in indices]
+                    images, labels = t.apply_keyed(images, labels, rngs)
+                elif masks and hasattr(t, "apply_with_masks"):
+                    gen = batch_generator(self.seed, self.epoch, number, position, self.device)
                     images, labels, moved = t.apply_with_masks(images, labels, gen, dict(masks))
                     masks.update(moved)
                 else:
+                    gen = batch_generator(self.seed, self.epoch, number, position, self.device)
                     images, labels = t(images, labels, gen)
             except Exception as exc:
                 raise StageError("transfer", f"batch transform {t!r} failed on batch {number} of "
@@ -526,7 +541,7 @@ class Transfer(Stage):
             # The last reference may go in any thread, inside any lock (see _reaper).
             watch(view, self.pool.release, buf)
             if self.batch is not None:
-                images, labels = self.batch(images, labels, number)
+                images, labels = self.batch(images, labels, number, indices=indices)
             self.put(c, self.outbox, Delivery(images, labels, indices, number, None, buf))
             return
         try:
@@ -534,7 +549,7 @@ class Transfer(Stage):
         finally:
             self.pool.release(buf)
         if self.batch is not None:
-            images, labels = self.batch(images, labels, number)
+            images, labels = self.batch(images, labels, number, indices=indices)
         self.put(c, self.outbox, Delivery(images, labels, indices, number, None))
 
     def _deliver_cuda(self, buf: BatchBuffer, n: int, indices: np.ndarray, number: int,
@@ -549,7 +564,7 @@ class Transfer(Stage):
                     labels = buf.labels_t[:n].to(device, non_blocking=True)
                 images = self.convert(images.permute(0, 3, 1, 2))
                 if self.batch is not None:
-                    images, labels = self.batch(images, labels, number)
+                    images, labels = self.batch(images, labels, number, indices=indices)
                 event = blocking_event()
                 event.record(self.stream)
         except BaseException:
@@ -597,7 +612,7 @@ class Transfer(Stage):
                 if self.batch is not None:
                     masks = {name: fields[name] for name, spec in self.schema.specs.items()
                              if spec.kind == MASKS}
-                    images, labels = self.batch(images, labels, number, masks)
+                    images, labels = self.batch(images, labels, number, masks, indices)
                     fields[LABEL] = labels
                     extra.append(labels)
                     for name, mask in masks.items():

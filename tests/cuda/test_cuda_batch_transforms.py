@@ -62,3 +62,15 @@ def test_mixing_on_device_matches_the_op(labelled, op):
         np.testing.assert_allclose(mx, ex.cpu().numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(my, ey.cpu().numpy(), atol=1e-6)
         np.testing.assert_allclose(my.sum(1), 1.0, atol=1e-5)
+
+
+def test_random_erasing_on_cuda_erases_as_on_the_cpu(labelled):
+    """The rectangles are drawn on the host from each sample's stream: the same on
+    either device; the fill is written on the device."""
+    def run(device):
+        f = make(labelled, device=device, batch_transforms=[ops.RandomErasing(p=0.5, value=-3.0)])
+        return [b[0] for b in drain(f)[0]]
+    cpu, cuda = run("cpu"), run("cuda")
+    assert len(cpu) == len(cuda) > 1
+    for a, b in zip(cpu, cuda):
+        assert np.array_equal(a == -3.0, b == -3.0)

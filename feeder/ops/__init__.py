@@ -1,0 +1,54 @@
+"""CPU transforms on uint8 [H, W, 3] RGB arrays, and the fields that follow them.
+
+Any plain callable ``fn(img, rng) -> img`` is a transform: ``rng`` is a
+:class:`~feeder._rng.SampleRNG` drawn from (seed, epoch, sample index, position
+in the chain), so results do not depend on thread counts or scheduling. A
+callable that changes the image size may say so with an ``output_size``
+attribute ``(height, width)``.
+
+On samples with a mask or boxes, every built-in transform reports the
+:class:`Geometry` it applied to the image and the mask and boxes are mapped
+through the same geometry (nearest neighbour for masks), so they always see
+the image's own crop and flip. A plain callable must then keep the geometry;
+:class:`SampleTransform` wraps one that transforms whole samples.
+
+The classes here follow torchvision's semantics and add what the engine uses
+to go fast: ``output_size`` (to size the batch buffers), ``decode_hint`` (the
+smallest decoded size they need, for reduced-scale JPEG decoding) and writing
+the final result straight into the batch buffer (``out=``).
+
+The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
+the mask's ignore-index padding) for segmentation; ``Resize(..., max_size=)``,
+:class:`RandomShortestSize`, :class:`ScaleJitter`, :class:`RandomZoomOut`,
+:class:`RandomIoUCrop` and :class:`RandomPhotometricDistort` for detection;
+:class:`ColorJitter`, :class:`TrivialAugmentWide` and :class:`RandAugment` for
+classification. For the rest, :class:`Albumentations` runs an albumentations
+pipeline per sample, seeded from the sample's stream. A torchvision transform
+is refused with the replacement named.
+
+Batch transforms (``Feeder(batch_transforms=[...])``) run on the device, on
+whole ``[B, 3, H, W]`` batches after the dtype conversion: :class:`MixUp`,
+:class:`CutMix`, :class:`RandomErasing` (drawn per sample), :class:`Kornia` (a
+kornia module), or any callable ``fn(images, labels, generator) -> (images,
+labels)`` whose ``generator`` (a ``torch.Generator`` on the batch's device) is
+seeded from (seed, epoch, batch number).
+"""
+
+from __future__ import annotations
+
+from .adapters import Albumentations, Kornia
+from .autoaugment import RandAugment, TrivialAugmentWide
+from .base import DCT_DENOMS, Geometry, SampleContext, SampleTransform, Transform, dct_denom
+from .batch import CutMix, MixUp, RandomErasing
+from .color import ColorJitter
+from .detection import (RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut,
+                        ScaleJitter)
+from .fused import _ResizeCenterCrop
+from .geometry import (CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResize, RandomResizedCrop,
+                       Resize)
+
+__all__ = ["Albumentations", "CenterCrop", "ColorJitter", "CutMix", "Geometry", "Kornia", "MixUp",
+           "RandAugment", "RandomCrop", "RandomErasing", "RandomHorizontalFlip", "RandomIoUCrop",
+           "RandomPhotometricDistort", "RandomResize", "RandomResizedCrop", "RandomShortestSize",
+           "RandomZoomOut", "Resize", "SampleTransform", "ScaleJitter", "TrivialAugmentWide",
+           "Transform"]

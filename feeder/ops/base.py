@@ -1,0 +1,409 @@
+"""The transform protocol: :class:`Transform`, :class:`Geometry` (how a mask and
+boxes follow an image), :class:`SampleContext`, :class:`SampleTransform`, and the
+helpers every transform module shares."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+
+from .._rng import SampleRNG
+from .._sample import BOX_PREFIX, BOXES, MASK
+
+_INTERPOLATION = {
+    "nearest": cv2.INTER_NEAREST,
+    "bilinear": cv2.INTER_LINEAR,
+    "bicubic": cv2.INTER_CUBIC,
+    "area": cv2.INTER_AREA,
+    "lanczos": cv2.INTER_LANCZOS4,
+}
+
+
+def _size2(size: int | Sequence[int], what: str) -> tuple[int, int]:
+    if isinstance(size, int):
+        pair = (size, size)
+    else:
+        pair = tuple(int(s) for s in size)
+        if len(pair) != 2:
+            raise ValueError(f"{what}: size must be an int or (height, width), got {size!r}")
+    if min(pair) <= 0:
+        raise ValueError(f"{what}: size must be positive, got {size!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _interp(name: str, what: str) -> int:
+    try:
+        return _INTERPOLATION[name]
+    except KeyError:
+        raise ValueError(f"{what}: interpolation must be one of {sorted(_INTERPOLATION)}, "
+                         f"got {name!r}") from None
+
+
+class SampleContext:
+    """What a transform may know about the sample beyond its pixels.
+
+    Attributes:
+        source_size: (height, width) of the full-size image, before any
+            reduced-scale decode.
+        plan: What the decode-hinting transform already drew for this sample in
+            ``decode_hint`` (so ``apply`` need not draw it again), or None.
+        box: The region (top, left, height, width) of the full-size image the
+            first transform will read (from :meth:`Transform.decode_box`), for a
+            decoder that can decode a region only; None: the whole image.
+        origin: Set by a region decode (None otherwise): the decoded image is the
+            window of the full image decoded at scale ``scale`` (of size
+            ``scaled_size``) whose top-left pixel is ``origin`` (y, x).
+        scaled_size: (height, width) of the whole image at ``scale``.
+        scale: The decode's scale (1, 1/2, 1/4 or 1/8): pixel ``i`` of the scaled
+            image covers full-size pixels ``[i / scale, (i + 1) / scale)``.
+    """
+
+    __slots__ = ("source_size", "plan", "box", "origin", "scaled_size", "scale")
+
+    def __init__(self, source_size: tuple[int, int], plan: object = None) -> None:
+        self.source_size = source_size
+        self.plan = plan
+        self.box: tuple[int, int, int, int] | None = None
+        self.origin: tuple[int, int] | None = None
+        self.scaled_size: tuple[int, int] | None = None
+        self.scale = 1.0
+
+
+#: JPEG DCT scale denominators used for region decoding: libjpeg-turbo's scales
+#: between 1/2 and 1 (7/8, 3/4, 5/8) have no fast IDCT and cost more than a
+#: full decode.
+DCT_DENOMS = (8, 4, 2, 1)
+
+
+def dct_denom(height: int, width: int, need: tuple[int, int] | None) -> int:
+    """The largest reduction (8, 4, 2 or 1) at which a ``height`` x ``width`` JPEG,
+    decoded as ``ceil(height / d)`` x ``ceil(width / d)``, still covers ``need``
+    (the transforms' smallest decoded size; None: full size)."""
+    if need is None:
+        return 1
+    nh, nw = need
+    for d in DCT_DENOMS:
+        if -(-height // d) >= nh and -(-width // d) >= nw:
+            return d
+    return 1
+
+
+def _window_box(ctx: SampleContext, top: int, left: int, h: int, w: int, shape: tuple[int, int],
+                who: object) -> tuple[int, int]:
+    """(top, left) of the box (top, left, h, w), given in the scaled image's pixels, in
+    a region-decoded image of ``shape`` (height, width); the decoder widened the
+    region so that the box lies inside."""
+    oy, ox = ctx.origin  # type: ignore[misc]
+    t, l = top - oy, left - ox
+    if t < 0 or l < 0 or t + h > shape[0] or l + w > shape[1]:
+        raise RuntimeError(f"{who!r}: box {(top, left, h, w)} is outside the decoded region at "
+                           f"{ctx.origin} of {shape} (a bug in feeder's region decode)")
+    return t, l
+
+
+class Geometry:
+    """Where a transform moved the pixels: an affine map per axis from input to
+    output coordinates, ``y_out = y * sy + ty`` and ``x_out = x * sx + tx``, with
+    coordinates at pixel edges (pixel ``i`` spans ``[i, i + 1)``), and the output size.
+
+    This is how a mask and boxes follow their image: every built-in transform
+    reports the geometry it applied to the image (:meth:`Transform.apply_geometry`),
+    the chain composes them, and the fields are mapped once, at the end.
+    """
+
+    __slots__ = ("sy", "ty", "sx", "tx", "height", "width", "fill", "valid")
+
+    def __init__(self, sy: float, ty: float, sx: float, tx: float, height: int, width: int,
+                 fill: int | None = None,
+                 valid: tuple[float, float, float, float] | None = None) -> None:
+        self.sy, self.ty, self.sx, self.tx = sy, ty, sx, tx
+        self.height, self.width = height, width
+        #: The mask value of output pixels outside the input (a crop's padding);
+        #: None: 0. Composed geometries keep the last one given.
+        self.fill = fill
+        #: (y0, y1, x0, x1) of the output that still holds input pixels after every
+        #: step composed so far: a step that shifts pixels out of its frame loses
+        #: them, even when a later crop's window reaches where they would be. None:
+        #: no step has cut anything yet.
+        self.valid = valid
+
+    @classmethod
+    def identity(cls, height: int, width: int) -> "Geometry":
+        return cls(1.0, 0.0, 1.0, 0.0, height, width)
+
+    def then(self, other: "Geometry") -> "Geometry":
+        """This geometry followed by ``other``."""
+        if self.valid is None:
+            y0, y1, x0, x1 = -math.inf, math.inf, -math.inf, math.inf
+        else:
+            y0, y1, x0, x1 = self.valid
+            y0, y1 = sorted((y0 * other.sy + other.ty, y1 * other.sy + other.ty))
+            x0, x1 = sorted((x0 * other.sx + other.tx, x1 * other.sx + other.tx))
+        # This geometry's own frame, mapped by ``other``, bounds what ``other``
+        # can show of the input; so does ``other``'s output frame.
+        fy = sorted((other.ty, self.height * other.sy + other.ty))
+        fx = sorted((other.tx, self.width * other.sx + other.tx))
+        valid = (max(y0, fy[0], 0.0), min(y1, fy[1], float(other.height)),
+                 max(x0, fx[0], 0.0), min(x1, fx[1], float(other.width)))
+        return Geometry(self.sy * other.sy, self.ty * other.sy + other.ty,
+                        self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width,
+                        other.fill if other.fill is not None else self.fill, valid)
+
+    def mask(self, mask: np.ndarray) -> np.ndarray:
+        """``mask`` (in input coordinates) resampled to the output, nearest neighbour.
+
+        Output pixel ``j`` takes the input pixel under its centre, ``floor((j + 0.5
+        - t) / s)`` (as OpenCV's ``INTER_NEAREST_EXACT`` and PIL's nearest), so
+        class ids are never mixed; outside the input (a crop's padding) it is
+        :attr:`fill` (0 when None).
+        """
+        H, W = mask.shape[:2]
+        iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
+        ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
+        vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
+        if self.valid is not None:
+            y0, y1, x0, x1 = self.valid
+            cy, cx = np.arange(self.height) + 0.5, np.arange(self.width) + 0.5
+            vy &= (cy >= y0) & (cy < y1)
+            vx &= (cx >= x0) & (cx < x1)
+        out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
+        fill = self.fill or 0
+        if not vy.all():
+            out[~vy] = fill
+        if not vx.all():
+            out[:, ~vx] = fill
+        return out
+
+    def boxes(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``boxes`` (float ``[N, 4]``, x0 y0 x1 y1 in input pixels) in output pixels,
+        clipped to the output; returns them as float32 with the keep mask of the
+        input rows: a box left with no area inside the output is dropped."""
+        b = boxes.astype(np.float64)
+        x0, x1 = b[:, 0] * self.sx + self.tx, b[:, 2] * self.sx + self.tx
+        y0, y1 = b[:, 1] * self.sy + self.ty, b[:, 3] * self.sy + self.ty
+        if self.sx < 0:
+            x0, x1 = x1, x0
+        if self.sy < 0:
+            y0, y1 = y1, y0
+        vy0, vy1, vx0, vx1 = (0.0, self.height, 0.0, self.width) if self.valid is None else self.valid
+        x0, x1 = np.clip(x0, vx0, vx1), np.clip(x1, vx0, vx1)
+        y0, y1 = np.clip(y0, vy0, vy1), np.clip(y1, vy0, vy1)
+        out = np.stack([x0, y0, x1, y1], axis=1).astype(np.float32)
+        # Decided in float32, as delivered: a sliver can round to no width at all.
+        keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
+        return out[keep], keep
+
+    def __repr__(self) -> str:
+        return (f"Geometry(y*{self.sy:.4g}+{self.ty:.4g}, x*{self.sx:.4g}+{self.tx:.4g}, "
+                f"{self.height}x{self.width})")
+
+
+def move_fields(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+    """``fields`` with the mask and boxes (and their per-box fields) mapped through
+    ``geometry``: the mask resampled (nearest), the boxes mapped, clipped, and
+    dropped with their per-box rows when nothing of them is left."""
+    if MASK not in fields and BOXES not in fields:
+        return fields
+    out = dict(fields)
+    if MASK in fields:
+        out[MASK] = geometry.mask(fields[MASK])
+    if BOXES in fields:
+        out[BOXES], keep = geometry.boxes(fields[BOXES])
+        if not keep.all():
+            for name, value in fields.items():
+                if name.startswith(BOX_PREFIX):
+                    out[name] = value[keep]
+    return out
+
+
+def keep_boxes(fields: dict[str, Any], boxes: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
+    """``fields`` with ``boxes`` in place of the boxes and every per-box field
+    filtered by ``keep`` (a bool mask of the old rows)."""
+    out = dict(fields)
+    out[BOXES] = boxes
+    if not keep.all():
+        for name, value in fields.items():
+            if name.startswith(BOX_PREFIX):
+                out[name] = value[keep]
+    return out
+
+
+def _crop_resize(top: float, left: float, h: float, w: float, oh: int, ow: int) -> Geometry:
+    """The geometry of cropping the box (top, left, h, w) and resizing it to (oh, ow)."""
+    return Geometry(oh / h, -top * oh / h, ow / w, -left * ow / w, oh, ow)
+
+
+class Transform:
+    """Base class of the built-in transforms.
+
+    Attributes:
+        output_size: (height, width) of every output, or None when it depends on the input.
+        preserves_size: The output has the input's size.
+        inplace: ``apply(img, rng, out=img)`` is valid (the result may overwrite the input).
+    """
+
+    output_size: tuple[int, int] | None = None
+    preserves_size = False
+    inplace = False
+    #: The transform moves a mask and boxes itself (:meth:`apply_fields`), for
+    #: moves a :class:`Geometry` cannot say (a rotation, a shear).
+    moves_fields = False
+
+    def __call__(self, img: np.ndarray, rng: SampleRNG) -> np.ndarray:
+        return self.apply(img, rng)
+
+    def apply(self, img: np.ndarray, rng: SampleRNG, out: np.ndarray | None = None,
+              ctx: SampleContext | None = None) -> np.ndarray:
+        """Transform ``img``; when ``out`` fits, write into it and return it."""
+        raise NotImplementedError
+
+    def apply_geometry(self, img: np.ndarray, rng: SampleRNG, out: np.ndarray | None = None,
+                       ctx: SampleContext | None = None) -> tuple[np.ndarray, Geometry | None]:
+        """:meth:`apply`, and the :class:`Geometry` it applied to ``img`` (what a mask
+        and boxes must follow); for a region-decoded ``img`` (``ctx.origin`` set),
+        from the pixels of the whole image at the decode's scale. The built-ins say; for any other transform the
+        result is None, meaning "unknown": it is then accepted only when the image
+        keeps its size, taken as geometry left alone (a colour change, a blur)."""
+        return self.apply(img, rng, out, ctx), None
+
+    def apply_fields(self, img: np.ndarray, rng: SampleRNG, fields: dict[str, Any],
+                     geometry: Geometry, out: np.ndarray | None = None,
+                     ctx: SampleContext | None = None
+                     ) -> tuple[np.ndarray, dict[str, Any], Geometry]:
+        """For a transform with ``moves_fields``: :meth:`apply` on a sample with a
+        mask or boxes. ``fields`` are in the coordinates of the input of
+        ``geometry`` (the chain maps them lazily); returns the image, the fields and
+        the geometry still to apply to them (the transform may map the fields
+        itself with :func:`move_fields` and return an identity geometry)."""
+        result, moved = self.apply_geometry(img, rng, out, ctx)
+        if moved is None:
+            return result, fields, geometry
+        return result, fields, geometry.then(moved)
+
+    def decode_hint(self, height: int, width: int, rng: SampleRNG,
+                    ctx: SampleContext | None = None) -> tuple[int, int] | None:
+        """Smallest (height, width) of the decoded image this transform needs, given the
+        full size; ``rng`` is the same stream ``apply`` will get, and ``ctx`` the one
+        ``apply`` will get (``ctx.plan`` may keep what was drawn). None: the full size."""
+        return None
+
+    def decode_box(self, height: int, width: int, ctx: SampleContext) -> tuple[int, int, int, int] | None:
+        """The region (top, left, height, width) of a ``height`` x ``width`` image this
+        transform reads, called after :meth:`decode_hint` with the same ``ctx``; None:
+        all of it. A transform that returns a box must handle a region-decoded
+        image in ``apply`` (``ctx.origin`` set: see :class:`SampleContext`)."""
+        return None
+
+    def planned_size_for(self, height: int, width: int, rng: SampleRNG,
+                         ctx: SampleContext | None = None) -> tuple[int, int] | None:
+        """:meth:`planned_size` for this sample: ``rng`` is a fresh copy of the stream
+        ``apply`` will draw from, so a transform whose output size is drawn (a
+        random resize, a zoom-out) can say it before allocating anything."""
+        return self.planned_size(height, width, ctx)
+
+    def planned_size(self, height: int, width: int,
+                     ctx: SampleContext | None = None) -> tuple[int, int] | None:
+        """(height, width) that ``apply`` will produce for an input of this size (and this
+        ``ctx``), known before computing it; None when only running it can tell."""
+        if self.output_size is not None:
+            return self.output_size
+        return (height, width) if self.preserves_size else None
+
+
+def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
+                 out: np.ndarray | None) -> np.ndarray:
+    h, w = size
+    # Only an input of the slot's own type can be resized into it: for anything
+    # else cv2 silently allocates a new array and leaves ``out`` stale.
+    if (out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8
+            and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3):
+        cv2.resize(img, (w, h), dst=out, interpolation=interpolation)
+        return out
+    return cv2.resize(img, (w, h), interpolation=interpolation)
+
+
+def _choose(interpolation: int, antialias: bool, src: tuple[int, int], dst: tuple[int, int]) -> int:
+    # Bilinear sampling aliases when shrinking by more than 2x; area averaging is
+    # OpenCV's anti-aliased shrink (torchvision antialiases by default too).
+    if antialias and interpolation == cv2.INTER_LINEAR and (src[0] > 2 * dst[0] or src[1] > 2 * dst[1]):
+        return cv2.INTER_AREA
+    return interpolation
+
+
+class SampleTransform:
+    """A transform of whole samples: ``fn(sample, rng) -> sample``.
+
+    A plain callable in ``transforms`` sees the image alone (``fn(img, rng) ->
+    img``) and, on samples with a mask or boxes, must keep the image's size
+    (a size change is a :class:`~feeder.ConfigError` naming it; a same-size
+    callable is taken to leave the geometry alone). Wrap a callable in
+    ``SampleTransform`` (or decorate it with ``@ops.SampleTransform``) to have it
+    see and return the whole sample instead, to move a mask and boxes itself:
+
+    ``sample`` is a dict with the fields of the source's sample, as they stand
+    at that point of the chain: ``"image"`` uint8 ``[H, W, 3]`` RGB, ``"mask"``
+    uint8/uint16 ``[H, W]`` (in step with the image), ``"boxes"`` float32 ``[N,
+    4]`` in the image's pixels, per-box arrays filtered with them, numbers as
+    numpy arrays, other values as read (a pair's label is under ``"label"``).
+    Return a dict with the same keys; a numeric field keeps its shape and
+    dtype, a mask stays the image's size.
+
+    Args:
+        fn: The function.
+        output_size: (height, width) of every image it returns, when fixed (as a
+            plain callable's ``output_size`` attribute).
+    """
+
+    def __init__(self, fn: Callable[[dict, SampleRNG], dict],
+                 output_size: tuple[int, int] | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"SampleTransform: {fn!r} is not callable")
+        self.fn = fn
+        size = output_size if output_size is not None else getattr(fn, "output_size", None)
+        self.output_size = None if size is None else _size2(size, "SampleTransform")
+
+    def __call__(self, sample: dict, rng: SampleRNG) -> dict:
+        return self.fn(sample, rng)
+
+    def __repr__(self) -> str:
+        return f"SampleTransform({getattr(self.fn, '__qualname__', None) or self.fn!r})"
+
+
+# torchvision transforms with a feeder equivalent, by class name.
+_TORCHVISION_EQUIVALENT = {
+    **{n: f"ops.{n}" for n in ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip",
+                               "RandomCrop", "RandomResize", "ColorJitter", "TrivialAugmentWide",
+                               "RandAugment", "RandomPhotometricDistort", "RandomZoomOut",
+                               "RandomIoUCrop", "ScaleJitter", "RandomShortestSize")},
+    "Normalize": "Feeder(normalize=(mean, std)) (done on the device, after the batch is made)",
+    "ToTensor": "nothing: feeder delivers tensors (choose the type with Feeder(dtype=...))",
+    "PILToTensor": "nothing: feeder delivers tensors",
+    "ToImage": "nothing: feeder delivers tensors",
+    "ToDtype": "Feeder(dtype=...)",
+    "ConvertImageDtype": "Feeder(dtype=...)",
+    "Compose": "the list of its transforms, each replaced by its feeder equivalent",
+    "RandomErasing": "Feeder(batch_transforms=[ops.RandomErasing(...)])",
+    "MixUp": "Feeder(batch_transforms=[ops.MixUp(...)])",
+    "CutMix": "Feeder(batch_transforms=[ops.CutMix(...)])",
+}
+
+
+def foreign_transform(t: Any, where: str) -> str | None:
+    """The error message for ``t`` when it is a torchvision transform (recognised by
+    its module name; torchvision is never imported), else None."""
+    module = type(t).__module__ or ""
+    if not module.startswith("torchvision.transforms"):
+        return None
+    name = type(t).__name__
+    fix = _TORCHVISION_EQUIVALENT.get(name)
+    advice = (f"use {fix}" if fix is not None else
+              "use the albumentations equivalent through ops.Albumentations(A.Compose([...])), or "
+              "wrap a function of your own in ops.SampleTransform (it gets the sample as numpy "
+              "HWC uint8 arrays)")
+    return (f"{where}: {t!r} is a torchvision transform ({module}.{name}); feeder's transforms work "
+            f"on numpy uint8 [H, W, 3] images with per-sample random streams, not on PIL images or "
+            f"tensors with torch's global generator: {advice}")

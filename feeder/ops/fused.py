@@ -1,0 +1,199 @@
+"""``Resize(int)`` followed by ``CenterCrop``, fused into one step that computes only
+the pixels the crop keeps (and reads only the region of the image they come from)."""
+
+from __future__ import annotations
+
+import math
+
+import cv2
+import numpy as np
+
+from .base import Geometry, Transform, _choose, dct_denom
+from .geometry import CenterCrop, Resize
+
+def _kept(resized: int, crop: int) -> tuple[int, int, int]:
+    """Along one axis of a centre crop of a ``resized``-long image: (first resized
+    pixel kept, pixels kept, offset in the crop). A crop longer than the image keeps
+    it all, zero-padded (the larger half of the padding after it, as CenterCrop)."""
+    if resized >= crop:
+        return int(round((resized - crop) / 2.0)), crop, 0
+    return 0, resized, (crop - resized) // 2
+
+
+# Source pixels read beyond a window's edge: the widest kernel (Lanczos-4)
+# reaches 4 pixels out, so a window this much larger than the pixels it maps to
+# never sees its own edge, only the image's (replicated, as cv2.resize does).
+_MARGIN = 5
+# cv2.warpAffine keeps source coordinates as int16.
+_WARP_LIMIT = 32000
+
+
+def _span(a: int, n: int, f: float, length: int) -> tuple[int, int]:
+    """Source pixels cv2.resize reads for resized pixels [a, a + n) at ``f`` source
+    pixels per resized pixel (it samples resized pixel j at (j + 0.5) * f - 0.5)."""
+    lo = math.floor((a + 0.5) * f - 0.5) - _MARGIN
+    hi = math.ceil((a + n - 0.5) * f - 0.5) + _MARGIN + 1
+    return max(0, lo), min(length, hi)
+
+
+def _window_spans(target: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
+                  interpolation: int, size: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The rows and columns of a ``size`` image that :func:`_resize_window` reads, or None
+    when it needs the whole image (an area shrink, a window too long for warpAffine)."""
+    H, W = size
+    th, tw = target
+    (ay, ny), (ax, nx) = rows, cols
+    fy, fx = H / th, W / tw
+    if interpolation == cv2.INTER_AREA and th <= H and tw <= W:
+        return None
+    if interpolation in (cv2.INTER_NEAREST, cv2.INTER_AREA):
+        # Nearest and the area upscale read around floor(j * f), within the margin.
+        def wide(a: int, n: int, f: float, length: int) -> tuple[int, int]:
+            return (max(0, math.floor(a * f) - _MARGIN - 1),
+                    min(length, math.ceil((a + n) * f) + _MARGIN + 2))
+        return wide(ay, ny, fy, H), wide(ax, nx, fx, W)
+    (y0, y1), (x0, x1) = _span(ay, ny, fy, H), _span(ax, nx, fx, W)
+    if max(y1 - y0, x1 - x0) >= _WARP_LIMIT:
+        return None
+    return (y0, y1), (x0, x1)
+
+
+def _resize_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, int],
+                   cols: tuple[int, int], interpolation: int, full: tuple[int, int] | None = None,
+                   origin: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """Pixels ``rows`` x ``cols`` ((first, count) each) of ``img`` resized to
+    ``target``, computed without the rest of the resized image.
+
+    ``full`` and ``origin``: ``img`` is only the window at ``origin`` (y, x) of a
+    ``full``-sized image (a region decode), holding at least what
+    :func:`_window_spans` names; the result is the same as from the whole image."""
+    whole = full is None
+    H, W = img.shape[:2] if whole else full
+    oy, ox = origin
+    th, tw = target
+    (ay, ny), (ax, nx) = rows, cols
+    if interpolation == cv2.INTER_AREA and th <= H and tw <= W:
+        # A shrink: the whole resized image is smaller than the decoded one, so
+        # computing it costs less than decoding did, and is exact.
+        _need_whole(whole)
+        return cv2.resize(img, (tw, th), interpolation=interpolation)[ay:ay + ny, ax:ax + nx]
+    if interpolation == cv2.INTER_NEAREST:
+        # cv2.resize's nearest neighbour: source pixel floor(j / (T / L)), clamped.
+        ys = np.minimum(np.floor(np.arange(ay, ay + ny) * (1.0 / (th / H))).astype(np.intp), H - 1)
+        xs = np.minimum(np.floor(np.arange(ax, ax + nx) * (1.0 / (tw / W))).astype(np.intp), W - 1)
+        return img[(ys - oy)[:, None], (xs - ox)[None, :]]
+    if interpolation == cv2.INTER_AREA:
+        return _area_upscale_window(img, target, rows, cols, (H, W), origin)
+    fy, fx = H / th, W / tw  # source pixels per resized pixel
+    y0, y1 = _span(ay, ny, fy, H)
+    x0, x1 = _span(ax, nx, fx, W)
+    if max(y1 - y0, x1 - x0) >= _WARP_LIMIT:
+        # A window too long for warpAffine (a large shrink without antialiasing):
+        # resizing the whole image costs no more than decoding it did.
+        _need_whole(whole)
+        return cv2.resize(img, (tw, th), interpolation=interpolation)[ay:ay + ny, ax:ax + nx]
+    # The same sampling positions as cv2.resize, over the window only.
+    m = np.array([[fx, 0.0, (ax + 0.5) * fx - 0.5 - x0],
+                  [0.0, fy, (ay + 0.5) * fy - 0.5 - y0]])
+    return cv2.warpAffine(img[y0 - oy:y1 - oy, x0 - ox:x1 - ox], m, (nx, ny),
+                          flags=interpolation | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+
+
+def _need_whole(whole: bool) -> None:
+    if not whole:  # _window_spans said None: the decoder was asked for the whole image
+        raise RuntimeError("a resize window needs the whole image but got a region (a bug in feeder)")
+
+
+def _area_upscale_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, int],
+                         cols: tuple[int, int], full: tuple[int, int],
+                         origin: tuple[int, int]) -> np.ndarray:
+    """As :func:`_resize_window` for INTER_AREA when not shrinking both sides:
+    cv2.resize then blends two source pixels with weights of its own, reproduced
+    here as sampling positions for cv2.remap."""
+
+    def coords(a: int, n: int, total: int, length: int) -> tuple[np.ndarray, int, int]:
+        inv = total / length
+        j = np.arange(a, a + n, dtype=np.float64)
+        sx = np.floor(j * (1.0 / inv))
+        frac = (j + 1) - (sx + 1) * inv
+        frac = np.where(frac <= 0, 0.0, frac - np.floor(frac))
+        lo = max(0, int(sx[0]) - _MARGIN)
+        hi = min(length, int(sx[-1]) + _MARGIN + 2)
+        return (sx + frac - lo).astype(np.float32), lo, hi
+
+    H, W = full
+    oy, ox = origin
+    ys, y0, y1 = coords(rows[0], rows[1], target[0], H)
+    xs, x0, x1 = coords(cols[0], cols[1], target[1], W)
+    map_x = np.broadcast_to(xs[None, :], (rows[1], cols[1]))
+    map_y = np.broadcast_to(ys[:, None], (rows[1], cols[1]))
+    return cv2.remap(img[y0 - oy:y1 - oy, x0 - ox:x1 - ox], np.ascontiguousarray(map_x), np.ascontiguousarray(map_y),
+                     cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+class _ResizeCenterCrop(Transform):
+    """``Resize(int)`` then ``CenterCrop``, computing only the pixels the crop keeps.
+
+    The feeder's chain uses it in place of that pair: resizing the shorter side of
+    a very elongated image first would build an image far larger than the crop
+    (a 2x60000 image resized to a 256 shorter side has 2 billion pixels). The
+    result equals the pair's up to the rounding of interpolation weights.
+
+    Args:
+        resize: A :class:`Resize` with an int size (shorter side).
+        crop: The :class:`CenterCrop` applied after it.
+    """
+
+    def __init__(self, resize: Resize, crop: CenterCrop) -> None:
+        if resize.shorter is None:
+            raise ValueError("ResizeCenterCrop: the Resize must have an int size (shorter side)")
+        self.resize = resize
+        self.crop = crop
+        self.output_size = crop.output_size
+
+    def decode_hint(self, height, width, rng, ctx=None):
+        return self.resize.decode_hint(height, width, rng, ctx)
+
+    def decode_box(self, height, width, ctx):
+        # What the resize window reads, at the scale the decoder will pick for
+        # this target (dct_denom), in full-size pixels.
+        target = self.resize.target(height, width)
+        d = dct_denom(height, width, target)
+        size = (-(-height // d), -(-width // d))
+        interp = _choose(self.resize._interp, self.resize.antialias, size, target)
+        (ay, ny, _), (ax, nx, _) = (_kept(t, c) for t, c in zip(target, self.output_size))
+        spans = _window_spans(target, (ay, ny), (ax, nx), interp, size)
+        if spans is None:
+            return 0, 0, height, width
+        (y0, y1), (x0, x1) = spans
+        return y0 * d, x0 * d, min(height, y1 * d) - y0 * d, min(width, x1 * d) - x0 * d
+
+    def apply(self, img, rng, out=None, ctx=None):
+        windowed = ctx is not None and ctx.origin is not None
+        H, W = ctx.scaled_size if windowed else img.shape[:2]
+        target = self.resize.planned_size(H, W, ctx)
+        interp = _choose(self.resize._interp, self.resize.antialias, (H, W), target)
+        (ay, ny, oy), (ax, nx, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
+        if windowed and img.shape[:2] != (H, W):
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp, (H, W), ctx.origin)
+        else:
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp)
+        h, w = self.output_size
+        if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8:
+            out = np.empty((h, w, 3), np.uint8)
+        if (ny, nx) != (h, w):
+            out[...] = 0  # the padding of a crop larger than the resized image
+        np.copyto(out[oy:oy + ny, ox:ox + nx], window)
+        return out
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        windowed = ctx is not None and ctx.origin is not None
+        H, W = ctx.scaled_size if windowed else img.shape[:2]
+        th, tw = target = self.resize.planned_size(H, W, ctx)
+        (ay, _, oy), (ax, _, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
+        h, w = self.output_size
+        return (self.apply(img, rng, out, ctx),
+                Geometry(th / H, float(oy - ay), tw / W, float(ox - ax), h, w))
+
+    def __repr__(self) -> str:
+        return f"{self.resize!r} + {self.crop!r}"
