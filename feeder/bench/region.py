@@ -16,7 +16,9 @@ Two parts, both in one run:
   and the cores *other* processes used meanwhile (the machine's busy time from
   ``/proc/stat`` less the row's own): on a machine shared with other work, a
   multi-thread row is slowed by that load while a 1-thread ceiling is not, so
-  the table says how loaded each round was.
+  the table says how loaded each round was. A ceiling's rate is taken from its
+  thread's CPU time per image (its wall time would also count other processes'
+  turns on its core), and every ratio is printed in CPU per image too.
 * **Stages**, in this process, one thread, per image: the region path's header
   + plan, the C decode and the rest (crop, resize into the output, flip,
   Python), next to a full decode + crop + resize; and the entropy (Huffman)
