@@ -31,6 +31,10 @@ bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-r
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
 bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
+# The JPEG region decoder (feeder._jpeg) against the simplejpeg path, DataLoader and the full-decode
+# ceiling, and where its time goes per image (writes region_decode.txt itself).
+bench region-decode "$data/imagenet-like" --large "$data/large" --out "$out" --rounds 5 --epochs 2 \
+  --large-epochs 3
 # Storage: a source whose reads block 10 ms; shards over loopback HTTP at 15 ms per request
 # (first epoch, then from the cache); local shards against the folder of files.
 bench read-latency "$data/imagenet-like" --out "$out" --latency-ms 10 --limit 2000 --rounds 3 \

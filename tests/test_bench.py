@@ -684,3 +684,31 @@ def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
             # Work, not sleep (a loaded machine may deschedule the thread a little meanwhile).
             assert got["next_cpu_s"] >= 0.004 * got["batches"]
             assert got["next_cpu_s"] > 0.3 * got["wait_s"]
+
+
+def test_region_decode(tiny, tmp_path):
+    """The region-decode subcommand: the rows asked for, their ratios, the load
+    columns and the per-stage table (the stage figures add up)."""
+    from feeder import _decode
+
+    if _decode._jpeg is None:
+        pytest.skip(f"region decoder not in use: {_decode._jpeg_missing}")
+    out = str(tmp_path / "out")
+    proc = bench("region-decode", tiny["data"], "--large", tiny["data"], "--out", out, "--rounds", "1",
+                 "--epochs", "1", "--batch-size", "4", "--ceiling-images", "6", "--stage-images", "6",
+                 "--only", "feeder region,ceiling full decode", cwd=tiny["base"])
+    rows = read_csv(os.path.join(out, "region_decode.csv"))
+    assert [r["row"] for r in rows] == ["feeder region", "ceiling full decode"]
+    assert all(float(r["images_per_s"]) > 0 and float(r["other_cores"]) >= 0 for r in rows)
+    doc = json.load(open(os.path.join(out, "region_decode.json")))
+    ratio = doc["meta"]["ratios"]["feeder region / ceiling full decode (1-thread x cores)"]
+    assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
+    for stage in doc["meta"]["stages"].values():
+        assert all(stage[k] > 0 for k in ("full", "full_decode", "region", "region_c", "entropy_to_bottom",
+                                          "entropy_whole"))
+        assert 0 <= stage["scaled_share"] <= 1
+    assert "which no region decode can skip" in proc.stdout
+    assert open(os.path.join(out, "region_decode.txt")).read().strip() == proc.stdout.strip()
+    again = bench("region-decode", tiny["data"], "--report", os.path.join(out, "region_decode.json"),
+                  "--out", str(tmp_path / "again"), cwd=tiny["base"])
+    assert again.stdout.strip() == proc.stdout.strip()  # the tables, recomputed from the saved runs

@@ -139,6 +139,69 @@ def test_errors_and_warnings_are_decode_errors():
 
 
 @needs_ext
+def test_max_pixels_is_checked_from_the_header_before_any_allocation():
+    """A small file whose header claims 40000 x 40000 pixels is refused before the
+    transforms draw a box or any output memory is taken."""
+    data = jpeg(make_image(64, 80, seed=3), "4:2:0")
+    sof = data.index(b"\xff\xc0")  # baseline SOF: length, precision, height, width
+    big = data[:sof + 5] + struct.pack(">HH", 40000, 40000) + data[sof + 9:]
+    assert ext.header(big)[:2] == (40000, 40000)
+
+    taken, planned = [], []
+
+    class Pool(_decode.DecodeBuffers):
+        def take(self, nbytes):
+            taken.append(nbytes)
+            return super().take(nbytes)
+
+    work = SampleWork(Chain([ops.RandomResizedCrop(32)], None), max_pixels=1 << 24)
+    work.buffers = Pool()
+    plan = work.plan
+    work.plan = lambda *a: planned.append(a) or plan(*a)
+    with pytest.raises(DecodeError, match="max_pixels"):
+        work.decode(big, 1)
+    assert taken == [] and planned == []
+    img, ctx = work.decode(data, 1)  # the real size passes, through the region decoder
+    assert ctx.origin is not None and taken
+
+
+def _cmyk_blobs() -> list[bytes]:
+    from faults_helpers import cmyk_jpeg
+
+    h, w = 120, 170
+    y, x = np.mgrid[0:h, 0:w]
+    cmyk = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 255 // (h + w)),
+                     128 + 100 * np.sin(x / 9.0) * np.cos(y / 7.0)], axis=2).astype(np.uint8)
+    blobs = [cmyk_jpeg(cmyk)]  # libjpeg-turbo writes YCCK
+    try:
+        from faults_helpers import pil_jpeg
+
+        blobs.append(pil_jpeg(make_image(h, w, seed=6), "CMYK"))  # Pillow writes Adobe CMYK
+    except ImportError:
+        pass
+    return blobs
+
+
+@needs_ext
+@pytest.mark.parametrize("chain", [
+    lambda: [ops.RandomResizedCrop(64), ops.RandomHorizontalFlip()],
+    lambda: [ops.Resize(100), ops.CenterCrop(90)],
+    lambda: [ops.CenterCrop(80)],
+], ids=["rrc", "eval", "centercrop"])
+def test_cmyk_and_ycck_take_the_fallback_with_the_same_result(chain, monkeypatch):
+    """libjpeg-turbo cannot convert CMYK/YCCK to RGB: with the extension built such
+    a file is decoded whole by OpenCV, as without it, and gets the same crop."""
+    blobs = _cmyk_blobs()
+    assert {ext.header(b)[3] for b in blobs} <= {"CMYK", "YCCK"} and ext.header(blobs[0])[3] == "YCCK"
+    got, ctxs = _outputs(chain(), blobs)
+    assert all(c.origin is None for c in ctxs), "no CMYK/YCCK file goes through the region decoder"
+    _no_ext(monkeypatch)
+    want, _ = _outputs(chain(), blobs)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@needs_ext
 def test_rows_below_the_crop_are_never_read():
     """Reading stops after the crop's last row: a file cut below it decodes (the
     cut is found when a crop reaches it, or by a full decode)."""
@@ -291,6 +354,50 @@ def test_masks_and_boxes_follow_as_with_the_fallback(chain, monkeypatch):
         np.testing.assert_array_equal(a["image"], b["image"])
 
 
+def _seg_sample(i: int) -> dict:
+    from fields_helpers import coordinate_image
+
+    h, w = (180, 240) if i % 2 else (260, 200)
+    mask = ((np.arange(h)[:, None] // 16 + np.arange(w)[None, :] // 16 + i) % 5).astype(np.uint8)
+    boxes = np.array([[10, 20, 90, 120], [100, 5, 190, 60 + i]], np.float32)
+    return {"image": jpeg(coordinate_image(h, w), "4:2:0", 95), "mask": mask, "boxes": boxes,
+            "label": i % 5}
+
+
+class SegSource:
+    """JPEG images with masks and boxes, at module level: the worker process gets it pickled."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def read(self, index: int) -> dict:
+        return _seg_sample(index)
+
+
+@needs_ext
+@pytest.mark.parametrize("chain", [
+    lambda: [ops.RandomResizedCrop(120, scale=(0.1, 1.0)), ops.RandomHorizontalFlip()],
+    lambda: [ops.Resize(100), ops.CenterCrop(90)],
+], ids=["rrc", "eval"])
+def test_masks_and_boxes_in_the_worker_process_as_in_threads(chain):
+    """isolation="process" region-decodes in its worker and delivers the thread
+    engine's batches: images, masks and boxes."""
+    def run(**options):
+        with Feeder(SegSource(), 4, chain(), seed=5, decode_threads=2, ordered=True, **options) as f:
+            batches, err = drain_dicts(f)
+        assert err is None
+        return batches
+
+    want, got = run(), run(isolation="process")
+    assert len(got) == len(want) == 2
+    for a, b in zip(got, want):
+        for name in ("image", "mask", "label"):
+            np.testing.assert_array_equal(a[name], b[name])
+        assert len(a["boxes"]) == len(b["boxes"])
+        for x, y in zip(a["boxes"], b["boxes"]):
+            np.testing.assert_array_equal(x, y)
+
+
 def drain_dicts(feeder):
     import threading
     out, err = [], []
@@ -365,6 +472,14 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
         from feeder import Feeder, ops
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         assert feeder.info()["jpeg"]["decoder"] == "simplejpeg", feeder.info()
+        from feeder import _decode
+        assert _decode._jpeg is None
+        import simplejpeg
+        real, calls = simplejpeg.decode_jpeg, []
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+        simplejpeg.decode_jpeg = counted  # every JPEG must go through it
         import cv2
         ok, buf = cv2.imencode(".jpg", np.full((80, 90, 3), 120, np.uint8))
 
@@ -373,14 +488,14 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
             def read(self, i): return buf.tobytes(), i
         with Feeder(Src(), 3, [ops.RandomResizedCrop(32)], seed=1) as f:
             n = sum(len(y) for _, y in f)
-        print("samples", n)
+        print("samples", n, "simplejpeg decodes", len(calls))
     """)
     env = {**os.environ, "FEEDER_NO_JPEG_EXT": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(_decode.__file__))),
                                           os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "samples 6" in r.stdout
+    assert "samples 6 simplejpeg decodes 6" in r.stdout
     assert "JPEG decoding: simplejpeg" in r.stderr and "FEEDER_NO_JPEG_EXT=1" in r.stderr
 
 

@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--ceiling-images", type=int, default=100,
                    help="images timed for the single-thread cost (default 100)")
+    from .region import add_parser as add_region
+
+    add_region(sub, common)
     from .storage import add_parsers
 
     add_parsers(sub, common, _ints)
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import sweep as module  # type: ignore[no-redef]
     elif args.command in ("read-latency", "remote", "shards"):
         from . import storage as module  # type: ignore[no-redef]
+    elif args.command == "region-decode":
+        from . import region as module  # type: ignore[no-redef]
     elif args.command == "interference":
         from . import interference as module  # type: ignore[no-redef]
     else:

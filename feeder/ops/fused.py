@@ -60,13 +60,16 @@ def _window_spans(target: tuple[int, int], rows: tuple[int, int], cols: tuple[in
 
 def _resize_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, int],
                    cols: tuple[int, int], interpolation: int, full: tuple[int, int] | None = None,
-                   origin: tuple[int, int] = (0, 0)) -> np.ndarray:
+                   origin: tuple[int, int] = (0, 0), dst: np.ndarray | None = None) -> np.ndarray:
     """Pixels ``rows`` x ``cols`` ((first, count) each) of ``img`` resized to
     ``target``, computed without the rest of the resized image.
 
     ``full`` and ``origin``: ``img`` is only the window at ``origin`` (y, x) of a
     ``full``-sized image (a region decode), holding at least what
-    :func:`_window_spans` names; the result is the same as from the whole image."""
+    :func:`_window_spans` names; the result is the same as from the whole image.
+    ``dst``: a uint8 array of the result's shape that the usual (bilinear or
+    bicubic) path writes into, to spare a copy into the batch; the caller checks
+    whether the result is ``dst``."""
     whole = full is None
     H, W = img.shape[:2] if whole else full
     oy, ox = origin
@@ -95,8 +98,12 @@ def _resize_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, in
     # The same sampling positions as cv2.resize, over the window only.
     m = np.array([[fx, 0.0, (ax + 0.5) * fx - 0.5 - x0],
                   [0.0, fy, (ay + 0.5) * fy - 0.5 - y0]])
-    return cv2.warpAffine(img[y0 - oy:y1 - oy, x0 - ox:x1 - ox], m, (nx, ny),
-                          flags=interpolation | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+    src = img[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
+    if dst is not None and dst.shape == (ny, nx) + src.shape[2:] and dst.dtype == src.dtype:
+        return cv2.warpAffine(src, m, (nx, ny), dst=dst, flags=interpolation | cv2.WARP_INVERSE_MAP,
+                              borderMode=cv2.BORDER_REPLICATE)
+    return cv2.warpAffine(src, m, (nx, ny), flags=interpolation | cv2.WARP_INVERSE_MAP,
+                          borderMode=cv2.BORDER_REPLICATE)
 
 
 def _need_whole(whole: bool) -> None:
@@ -174,16 +181,20 @@ class _ResizeCenterCrop(Transform):
         target = self.resize.planned_size(H, W, ctx)
         interp = _choose(self.resize._interp, self.resize.antialias, (H, W), target)
         (ay, ny, oy), (ax, nx, ox) = (_kept(t, c) for t, c in zip(target, self.output_size))
-        if windowed and img.shape[:2] != (H, W):
-            window = _resize_window(img, target, (ay, ny), (ax, nx), interp, (H, W), ctx.origin)
-        else:
-            window = _resize_window(img, target, (ay, ny), (ax, nx), interp)
         h, w = self.output_size
         if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8:
             out = np.empty((h, w, 3), np.uint8)
         if (ny, nx) != (h, w):
             out[...] = 0  # the padding of a crop larger than the resized image
-        np.copyto(out[oy:oy + ny, ox:ox + nx], window)
+        # The window is resampled straight into its place in ``out`` (the batch
+        # slot) where the path allows, else copied there.
+        dst = out[oy:oy + ny, ox:ox + nx]
+        if windowed and img.shape[:2] != (H, W):
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp, (H, W), ctx.origin, dst)
+        else:
+            window = _resize_window(img, target, (ay, ny), (ax, nx), interp, dst=dst)
+        if window is not dst:
+            np.copyto(dst, window)
         return out
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
