@@ -122,6 +122,12 @@ def _start_method(name: str, value: object) -> str:
     return value
 
 
+def _optional_positive(name: str, value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
+    return value
+
+
 def _optional_count(name: str, value: object) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
@@ -242,6 +248,7 @@ class Config:
     memory_format: str = _option("channels_last", _memory_format)
     shuffle: bool | str = _option(True, _shuffle)
     shuffle_window: int = _option(8192, _positive)
+    shuffle_shards: int | None = _option(None, _optional_positive)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)
     ordered: bool = _option(True, _flag)
