@@ -306,6 +306,11 @@ class Config:
         if (values["rank"] is None) != (values["world_size"] is None):
             raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
                              f"world_size={values['world_size']})")
+        if values["shuffle_shards"] is not None and values["shuffle"] != "shards":
+            raise ValueError(f"shuffle_shards={values['shuffle_shards']} is the window of the "
+                             f"block shuffle of shuffle='shards', but shuffle="
+                             f"{values['shuffle']!r}; give shuffle='shards' or leave "
+                             f"shuffle_shards=None")
         if values["isolation"] == "thread" and values["start_method"] != "auto":
             # A start method with threads would be silently ignored: say which option is missing.
             raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "

@@ -319,6 +319,13 @@ class Feeder:
             shuffled within windows of ``shuffle_window`` consecutive samples,
             each rank reading a contiguous run of shards.
         shuffle_window: Samples per shuffle window with ``shuffle="shards"``.
+        shuffle_shards: With ``shuffle="shards"``, the block shuffle for storage
+            larger than the cache: each rank reads its shards (permuted per
+            epoch) in windows of this many whole shards, the samples of a window
+            mixed; a window's shards are prefetched while the previous one is
+            read (a :class:`~feeder.TarShards` source), so a rank holds about
+            two windows of shards and reads each shard once per epoch. None:
+            windows of ``shuffle_window`` samples.
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
