@@ -349,3 +349,44 @@ class Remaining(Order):
             if len(out) >= stop:
                 break
         return np.asarray(out[start:stop], dtype=np.int64)
+
+
+class Hinting(Order):
+    """``order`` walked a batch at a time, telling ``source`` what comes: each
+    batch's samples (``source.will_read``: their shards' indices are loaded ahead)
+    and, for a block order, the shards of the window being entered and of the
+    next one (``source.will_read_shards``: their copies into the cache start
+    while the current window is read). Both are hints; the order is unchanged."""
+
+    def __init__(self, order: Order, source: Any) -> None:
+        self.order, self.source = order, source
+        self._will_read = getattr(source, "will_read", None)
+        self._will_read_shards = getattr(source, "will_read_shards", None)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        return self.order.take(start, stop)
+
+    def chunks(self, size: int, start: int = 0) -> Iterator[list[int]]:
+        inner = self.order
+        blocks = inner.order if isinstance(inner, Remaining) else inner
+        if isinstance(blocks, _Head):
+            blocks = blocks.order
+        if not isinstance(blocks, BlockOrder) or blocks.shard_windows is None:
+            blocks = None
+        # A resumed pass starts past its handled head (a hint needs no more precision).
+        position = inner.handled.position if isinstance(inner, Remaining) else start
+        window = -1
+        for chunk in inner.chunks(size, start):
+            if blocks is not None and self._will_read_shards is not None and position < len(blocks):
+                w = blocks.window_of(position)[0]
+                if w != window:
+                    window = w
+                    self._will_read_shards(blocks.window_shard_numbers(w)
+                                           + blocks.window_shard_numbers(w + 1))
+            if self._will_read is not None:
+                self._will_read(chunk)
+            position += len(chunk)
+            yield chunk

@@ -41,7 +41,7 @@ from ._batch import BufferPool, Collator, Scratch
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
-from ._order import Order, Remaining
+from ._order import Hinting, Order, Remaining
 from ._sampler import Sampler, pass_sequence, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
@@ -219,7 +219,10 @@ class Pass(PassEnding):
                                  seed, epoch, rank, world_size, layout)
             # A resumed pass: ``done`` (a Handled) gives the positions of the
             # order an earlier run already handled.
-            return full if done is None else Remaining(full, done)
+            order = full if done is None else Remaining(full, done)
+            if hasattr(source, "will_read") or hasattr(source, "will_read_shards"):
+                order = Hinting(order, source)  # lazy shard indices, window prefetch
+            return order
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (
