@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import gc
 import glob
 import io
 import json
@@ -143,12 +144,23 @@ class ListEntry(dict):
     ``filesize`` (bytes), each only when the list gives it."""
 
 
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_PLAIN_ENTRY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._\-/]*\Z")
+_ODD_SEGMENT = re.compile(r"(^|/)\.{1,2}(/|$)|//")
+
+
 def _join_remote(base_url: str, entry: str, where: str) -> str:
     """A remote shard list's entry as a URL: relative names resolve against the
     list's own location; local paths and ``file://`` are refused (a list fetched
     from a server must not make this process open its local files)."""
     from urllib.parse import urljoin  # noqa: PLC0415
 
+    if _PLAIN_ENTRY.match(entry) and not _ODD_SEGMENT.search(entry) and "?" not in base_url \
+            and "#" not in base_url and base_url.count("/") >= 3:
+        # A plain relative name (letters, digits, ._-/ and no '.' or '..' segment):
+        # what urljoin gives, at a fraction of its cost (a list of 10^5 shards
+        # spent 2 of its 3 s of construction in urljoin).
+        return base_url.rsplit("/", 1)[0] + "/" + entry
     if entry.startswith("file:") or os.path.isabs(entry) or entry.startswith("~") or "\0" in entry:
         raise ShardFormatError(f"{where}: entry {entry!r} names a local file; a remote shard "
                                f"list may name only remote shards (relative names or URLs)")
@@ -200,7 +212,7 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
             ok = (isinstance(value, kind) and not isinstance(value, bool)
                   and (kind is str or value >= 0))
             if kind is str:
-                ok = ok and len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower())
+                ok = ok and _HEX64.fullmatch(value) is not None
             if not ok:
                 raise ShardFormatError(f"{where}: shard {s!r}: {key} {value!r} is not "
                                        f"{'a sha256 hex digest' if kind is str else 'an int >= 0'}")
@@ -544,6 +556,22 @@ class TarShards:
         self.max_image_bytes = 4 * max_pixels + (1 << 20)
         self.max_field_bytes = max_field_bytes
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        # A list of 10^5 shards makes some 10^6 objects, all kept: collections
+        # while they are made would walk them again and again (a third of the time).
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._build(spec, label, image_exts, fields, storage_options, deadline, deadline_s,
+                        lazy_index, index_cache, cache_dir, cache_bytes, retries, backoff_s,
+                        downloads)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _build(self, spec: Any, label: str | None, image_exts: Sequence[str], fields: Any,
+               storage_options: dict | None, deadline: float | None, deadline_s: float | None,
+               lazy_index: bool | str, index_cache: int, cache_dir: Any, cache_bytes: int | None,
+               retries: int, backoff_s: float, downloads: int) -> None:
         names, self.classes, facts = resolve(spec, storage_options, deadline)
         if not names:
             raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
