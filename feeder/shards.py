@@ -376,6 +376,15 @@ class _IndexTable:
         self._queued: set[int] = set()
         self._worker: threading.Thread | None = None
         self.loads = 0  # indices loaded (for stats and tests)
+        _tables.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): the loader thread does not exist
+        there and its lock may be held; start with none (the entries stay)."""
+        self._lock = threading.Lock()
+        self._queue = collections.deque()
+        self._queued = set()
+        self._worker = None
 
     def get(self, s: int) -> tuple:
         with self._lock:
@@ -443,6 +452,18 @@ class _IndexTable:
             except Exception as exc:  # noqa: BLE001 - the read that needs it raises it
                 log.debug("index of shard %d not loaded ahead: %s", s, exc)
             del owner
+
+
+_tables: "weakref.WeakSet[_IndexTable]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for table in list(_tables):
+        table.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Column:

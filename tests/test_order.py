@@ -380,3 +380,17 @@ def test_shuffle_shards_needs_shuffle_shards(jpeg_blobs):
         Feeder(MemorySource(jpeg_blobs), B, shuffle=True, shuffle_shards=2)
     with pytest.raises(ValueError, match="shuffle_shards must be None or an int >= 1"):
         Feeder(ShardedMemory(jpeg_blobs, [(0, 60)]), B, shuffle="shards", shuffle_shards=0)
+
+
+def test_a_world_size_change_at_resume_is_refused(lazy, jpeg_blobs):
+    src = ShardedMemory(jpeg_blobs, _ranges(60, [7, 9, 4, 11, 6, 13]))
+    with make(src, shuffle="shards", shuffle_shards=2, rank=0, world_size=2) as f:
+        drain(f, limit=1)
+        state = f.state_dict()
+    with make(src, shuffle="shards", shuffle_shards=2, rank=0, world_size=3) as f:
+        with pytest.raises(ValueError, match=r"cannot resume: world_size differs \(saved 2, "
+                                             r"this feeder 3\)"):
+            f.load_state_dict(state)
+        f.set_epoch(1)  # the next epoch with the new world size: no state needed
+        batches, err = drain(f)
+        assert err is None and len(labels_of(batches)) == 20

@@ -148,3 +148,33 @@ def test_lazy_remote_source_asks_nothing_per_shard_up_front(packed, tmp_path):
             assert whole <= nshards
         finally:
             src.close()
+
+
+def test_lazy_source_reads_in_a_forked_child(packed):
+    """A DataLoader worker is a fork: the child reads through the inherited source,
+    its table starting without the parent's loader thread (whose lock may have
+    been held at the fork)."""
+    import multiprocessing
+
+    global _INHERITED
+    out, blobs, _ = packed
+    with TarShards(os.path.join(out, "train.json"), lazy_index=True, index_cache=4) as src:
+        _INHERITED = src
+        try:
+            src.will_read(list(range(0, 60, 7)))  # the loader thread may be running at the fork
+            ctx = multiprocessing.get_context("fork")
+            with ctx.Pool(1) as pool:
+                got = pool.apply_async(_read_inherited).get(JOIN_TIMEOUT_S)
+            assert got == [(blobs[i], i) for i in range(60)]
+        finally:
+            _INHERITED = None
+            worker = src._table._worker
+            if worker is not None:
+                worker.join(JOIN_TIMEOUT_S)
+
+
+_INHERITED = None
+
+
+def _read_inherited():
+    return [_INHERITED.read(i) for i in range(len(_INHERITED))]
