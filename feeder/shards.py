@@ -376,6 +376,7 @@ class _IndexTable:
         self._queued: set[int] = set()
         self._worker: threading.Thread | None = None
         self.loads = 0  # indices loaded (for stats and tests)
+        self._loading: dict[int, threading.Event] = {}  # shard -> set when its load ends
         _tables.add(self)
 
     def after_fork(self) -> None:
@@ -385,17 +386,33 @@ class _IndexTable:
         self._queue = collections.deque()
         self._queued = set()
         self._worker = None
+        self._loading = {}
 
     def get(self, s: int) -> tuple:
-        with self._lock:
-            entry = self._entries.get(s)
-            if entry is not None:
-                self._entries.move_to_end(s)
-                return entry
-        owner = self._owner()
-        if owner is None:
-            raise RuntimeError("the TarShards source was garbage-collected")
-        return self.put(s, owner._index_entry(s, self.counts[s]))
+        while True:
+            with self._lock:
+                entry = self._entries.get(s)
+                if entry is not None:
+                    self._entries.move_to_end(s)
+                    return entry
+                loading = self._loading.get(s)
+                if loading is None:
+                    # This thread loads it; the others wanting it wait (every
+                    # read thread starts on the same shard at a window's start).
+                    done = self._loading[s] = threading.Event()
+                    break
+            # Bounded: the loader sets the event however its load ends; then
+            # this thread finds the entry, or loads it itself (and meets the error).
+            loading.wait(60)
+        try:
+            owner = self._owner()
+            if owner is None:
+                raise RuntimeError("the TarShards source was garbage-collected")
+            return self.put(s, owner._index_entry(s, self.counts[s]))
+        finally:
+            with self._lock:
+                self._loading.pop(s, None)
+            done.set()
 
     def put(self, s: int, entry: tuple) -> tuple:
         """Keep shard ``s``'s freshly loaded entry (the oldest go past the bound)."""
