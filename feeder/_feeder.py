@@ -429,6 +429,10 @@ class Feeder:
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
         self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window,
                                     cfg.shuffle_shards)  # checks the source
+        reserve = getattr(source, "reserve_indices", None)
+        if cfg.shuffle_shards is not None and reserve is not None:
+            # A window and the next one's indices in memory at once (lazy indexing).
+            reserve(2 * cfg.shuffle_shards + 2)
         # Drawn now from torch's generator (torch.manual_seed makes runs repeatable);
         # agreed on across ranks at the first pass that runs under torch.distributed.
         self.seed = cfg.seed if cfg.seed is not None else _local_seed(*self._given_shard)

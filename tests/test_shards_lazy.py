@@ -102,6 +102,8 @@ def test_block_shuffle_over_lazy_shards(packed, k):
             for rank in range(2):
                 with _feeder(src, shuffle="shards", shuffle_shards=k, rank=rank, world_size=2,
                              drop_last=False) as f:
+                    # Two windows and two shards of indices, whatever index_cache said.
+                    assert src._table.capacity == max(2 * k, 2 * k + 2)
                     f.set_epoch(epoch)
                     batches, err = drain(f)
                     assert err is None, err
