@@ -38,6 +38,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import contextlib
 import gc
 import glob
 import io
@@ -49,7 +50,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -332,6 +333,22 @@ def _release(files: FilePool, store: Any, wait: bool = False) -> None:
     files.close()
 
 
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """No garbage collection inside: a list of 10^5 shards makes some 10^6
+    objects, all kept, and collections while they are made walk them again and
+    again (a third of the construction's time). Held from the shard list's
+    fetch and parsing to the shard objects (well under a second for 10^5 shards),
+    not for the index requests."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _LocalShard:
     """A shard on a local file system, read with ``os.pread``."""
 
@@ -605,34 +622,22 @@ class TarShards:
         self.max_image_bytes = 4 * max_pixels + (1 << 20)
         self.max_field_bytes = max_field_bytes
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
-        # A list of 10^5 shards makes some 10^6 objects, all kept: collections
-        # while they are made would walk them again and again (a third of the time).
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._build(spec, label, image_exts, fields, storage_options, deadline, deadline_s,
-                        lazy_index, index_cache, cache_dir, cache_bytes, retries, backoff_s,
-                        downloads)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-
-    def _build(self, spec: Any, label: str | None, image_exts: Sequence[str], fields: Any,
-               storage_options: dict | None, deadline: float | None, deadline_s: float | None,
-               lazy_index: bool | str, index_cache: int, cache_dir: Any, cache_bytes: int | None,
-               retries: int, backoff_s: float, downloads: int) -> None:
-        names, self.classes, facts = resolve(spec, storage_options, deadline)
-        if not names:
-            raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
-        self.label = None if label is None else label.lower().lstrip(".")
-        self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
-        for name in names:
-            if name.lower().endswith(COMPRESSED):
-                raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be read "
-                                 f"by offset; decompress it (the images inside are compressed "
-                                 f"already, so little space is lost)")
-        self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads, storage_options)
-        self._open_shards(names)
+        # No collection from the list's parsing to the shard objects made from it
+        # (see _no_collection; a collection between the two would walk them all).
+        with _no_collection():
+            names, self.classes, facts = resolve(spec, storage_options, deadline)
+            if not names:
+                raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
+            self.label = None if label is None else label.lower().lstrip(".")
+            self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
+            for name in names:
+                if name.lower().endswith(COMPRESSED):
+                    raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be "
+                                     f"read by offset; decompress it (the images inside are "
+                                     f"compressed already, so little space is lost)")
+            self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads,
+                                    storage_options)
+            self._open_shards(names)
         shards = self._shards
         self.warnings: list[str] = []
         self._warn_lock = threading.Lock()
@@ -659,7 +664,11 @@ class TarShards:
             # The fields and the checks below come from the first non-empty shard.
             first = next((k for k, c in enumerate(counts) if c), 0)
             sample_shards = [first]
-            entries = [self._table.put(first, self._index_entry(first, counts[first], deadline))]
+            # One request; its parse makes 10^5 objects, whose collections would
+            # walk the list's 10^6 again.
+            with _no_collection():
+                entries = [self._table.put(first, self._index_entry(first, counts[first],
+                                                                    deadline))]
         else:
             indices = self._load_indices(shards, warn, deadline, deadline_s)
             for shard, ix in zip(shards, indices):

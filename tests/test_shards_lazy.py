@@ -180,3 +180,23 @@ _INHERITED = None
 
 def _read_inherited():
     return [_INHERITED.read(i) for i in range(len(_INHERITED))]
+
+
+def test_construction_leaves_garbage_collection_as_it_was(packed, tmp_path):
+    import gc
+
+    out, _, _ = packed
+    assert gc.isenabled()
+    TarShards(os.path.join(out, "train.json"), lazy_index=True).close()
+    assert gc.isenabled()
+    (tmp_path / "x.tar.gz").write_bytes(b"")
+    for bad in (str(tmp_path / "x.tar.gz"), str(tmp_path / "none.json")):
+        with pytest.raises((ValueError, OSError)):
+            TarShards(bad)
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        TarShards(os.path.join(out, "train.json"), lazy_index=True).close()
+        assert not gc.isenabled()  # a caller's choice stays
+    finally:
+        gc.enable()
