@@ -71,3 +71,22 @@ def test_scale_benchmark_runs(tmp_path):
     assert {r["order"] for r in doc["quality"]} >= {"shuffle_shards=1", "global shuffle"}
     assert os.path.isfile(os.path.join(out, "scale.txt"))
     assert np.isfinite(meta["remote_over_local"])
+
+
+def test_the_synthetic_server_as_an_s3_endpoint(tmp_path):
+    import pytest
+
+    pytest.importorskip("s3fs")
+    image = encode_jpeg(make_image(20, 24, seed=1))
+    synth = SynthShards(100, 20, image, classes=5)
+    with SynthServer(synth) as server:
+        options = {"client_kwargs": {"endpoint_url": server.url}, "key": "k", "secret": "s"}
+        with TarShards("s3://synth/train.json", storage_options=options,
+                       cache_dir=str(tmp_path / "cache")) as src:
+            assert len(src) == 2000 and src.indices_loaded == 1
+            assert src.read(20 * 57 + 3) == (image, synth.label(57, 3))
+        counts = server.counts()
+        # No request per shard (100 here): two indices (the first, and the one read;
+        # s3fs asks HeadObject before and between GETs, 3 requests each at most),
+        # and the shard read (HeadObject, the ranged GET, then its copy's HEAD and GET).
+        assert counts["idx_requests"] <= 2 * 3 and counts.get("tar_requests", 0) <= 4

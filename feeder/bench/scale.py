@@ -63,6 +63,9 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--local-batches", type=int, default=200,
                    help="batches timed on local copies of the shards (default 200)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--s3", action="store_true",
+                   help="read through s3fs (s3://synth/train.json, the server as the S3 endpoint: "
+                        "HeadObject and ranged GetObject, path-style) instead of HTTP")
 
 
 def _rss() -> int:
@@ -175,10 +178,13 @@ def run(args: argparse.Namespace) -> int:
 
     from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
 
-    # Import fsspec's HTTP stack before the clock starts: the import is a
-    # one-off cost of the process, not of building a source.
+    # Import fsspec's HTTP (or S3) stack before the clock starts: the import is
+    # a one-off cost of the process, not of building a source.
     import aiohttp  # noqa: F401, PLC0415
     import fsspec.implementations.http  # noqa: F401, PLC0415
+
+    if args.s3:
+        import s3fs  # noqa: F401, PLC0415
 
     work = tempfile.mkdtemp(prefix="feeder-scale-")
     image = _image(args.image_px)
@@ -191,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         "shards": args.shards, "per_shard": args.per, "samples": n, "shard_bytes": synth.size,
         "data_bytes": synth.size * args.shards, "world_size": args.world_size, "rank": args.rank,
         "window_shards": args.window, "batch_size": args.batch_size,
+        "protocol": "s3" if args.s3 else "http",
         "decode_threads": args.decode_threads, "read_threads": args.read_threads,
         "image_bytes": len(image)}
     cache_bytes = int(args.cache_shards * synth.size)
@@ -202,8 +209,15 @@ def run(args: argparse.Namespace) -> int:
             report.progress(f"server at {server.url}: {args.shards} shards x {args.per} samples "
                             f"({synth.size * args.shards / 1e12:.2f} TB synthesized on request)")
             t0, c0 = time.perf_counter(), time.process_time()
-            src = TarShards(server.url + "/train.json", cache_dir=os.path.join(work, "cache"),
-                            cache_bytes=cache_bytes, lazy_index=True)
+            if args.s3:
+                # The server answers S3's path-style requests too (its paths end the same).
+                listing = "s3://synth/train.json"
+                options: dict | None = {"client_kwargs": {"endpoint_url": server.url},
+                                        "key": "bench", "secret": "bench"}
+            else:
+                listing, options = server.url + "/train.json", None
+            src = TarShards(listing, cache_dir=os.path.join(work, "cache"),
+                            cache_bytes=cache_bytes, lazy_index=True, storage_options=options)
             meta["construction_s"] = time.perf_counter() - t0
             # CPU time too: on a shared machine the wall time waits for cores.
             meta["construction_cpu_s"] = time.process_time() - c0
@@ -305,7 +319,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     main = report.format_table(rows, [("measure", "measure", "{}"), ("value", "value", "{}"),
                                       ("target", "target", "{}")],
-                               title=f"feeder-bench scale: {n:.0e} samples, {args.shards} shards, "
+                               title=f"feeder-bench scale ({'S3' if args.s3 else 'HTTP'}): "
+                                     f"{n:.0e} samples, {args.shards} shards, "
                                      f"rank {args.rank} of {args.world_size}, shuffle_shards="
                                      f"{args.window}, cache {cache_bytes / 2**20:.0f} MiB")
     table = report.format_table(quality, [("order", "order", "{}"),
