@@ -123,6 +123,12 @@ def _start_method(name: str, value: object) -> str:
     return value
 
 
+def _optional_positive(name: str, value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
+    return value
+
+
 def _optional_count(name: str, value: object) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
@@ -246,6 +252,7 @@ class Config:
     memory_format: str = _option("channels_last", _memory_format)
     shuffle: bool | str = _option(False, _shuffle)
     shuffle_window: int = _option(8192, _positive)
+    shuffle_shards: int | None = _option(None, _optional_positive)
     seed: int | None = _option(None, _seed)
     drop_last: bool = _option(False, _flag)
     ordered: bool = _option(True, _flag)
@@ -303,6 +310,11 @@ class Config:
         if (values["rank"] is None) != (values["world_size"] is None):
             raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
                              f"world_size={values['world_size']})")
+        if values["shuffle_shards"] is not None and values["shuffle"] != "shards":
+            raise ValueError(f"shuffle_shards={values['shuffle_shards']} is the window of the "
+                             f"block shuffle of shuffle='shards', but shuffle="
+                             f"{values['shuffle']!r}; give shuffle='shards' or leave "
+                             f"shuffle_shards=None")
         if values["isolation"] == "thread" and values["start_method"] != "auto":
             # A start method with threads would be silently ignored: say which option is missing.
             raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "

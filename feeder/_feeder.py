@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import _reaper
@@ -26,9 +25,12 @@ from ._config import Config, reads_may_block, signature_parameters
 from ._decode import note_jpeg_decoder
 from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
-from ._resume import (FORMAT_VERSION, Progress, check_progress, check_settings,
-                      describe_transforms, pack, pass_finished, unpack)
-from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
+from ._order import Handled
+from ._resume import (COMPACT_ABOVE, COMPACT_VERSION, FORMAT_VERSION, Progress, check_progress,
+                      check_settings, describe_transforms, handled_from_bitmaps, load_compact, pack,
+                      pass_finished, unpack)
+from ._sampler import (LAZY_MIN, check_epoch, num_batches, pass_sequence, shard_layout, shard_size,
+                       shard_sizes)
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure, SideStream
@@ -320,6 +322,13 @@ class Feeder:
             shuffled within windows of ``shuffle_window`` consecutive samples,
             each rank reading a contiguous run of shards.
         shuffle_window: Samples per shuffle window with ``shuffle="shards"``.
+        shuffle_shards: With ``shuffle="shards"``, the block shuffle for storage
+            larger than the cache: each rank reads its shards (permuted per
+            epoch) in windows of this many whole shards, the samples of a window
+            mixed; a window's shards are prefetched while the previous one is
+            read (a :class:`~feeder.TarShards` source), so a rank holds about
+            two windows of shards and reads each shard once per epoch. None:
+            windows of ``shuffle_window`` samples.
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
@@ -423,7 +432,12 @@ class Feeder:
         # before init_process_group must shard once the group exists.
         self._given_shard = (cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
-        self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)  # checks the source
+        self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window,
+                                    cfg.shuffle_shards)  # checks the source
+        reserve = getattr(source, "reserve_indices", None)
+        if cfg.shuffle_shards is not None and reserve is not None:
+            # A window and the next one's indices in memory at once (lazy indexing).
+            reserve(2 * cfg.shuffle_shards + 2)
         # Drawn now from torch's generator (torch.manual_seed makes runs repeatable);
         # agreed on across ranks at the first pass that runs under torch.distributed.
         self.seed = cfg.seed if cfg.seed is not None else _local_seed(*self._given_shard)
@@ -555,17 +569,25 @@ class Feeder:
         if self._resume is not None:
             raise ValueError(f"the state given to load_state_dict already positions the next pass "
                              f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
-        c = self.config
-        length = len(self.source)
         # The order is cut from rank 0's seed: agree on it now, as a first pass would.
-        rank, world_size = self._ranks()
-        order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                           self.seed, epoch, rank, world_size, self._layout)
-        done = np.zeros(length, bool)
-        done[order[:batches * c.batch_size]] = True
+        self._ranks()
         # A resume of this epoch as if a pass had delivered those batches: the
         # same path as load_state_dict, so state_dict() before the pass keeps it.
-        self._resume = (Progress(epoch, length, done, None, batches), epoch + 1)
+        self._resume = (self._new_progress(epoch, Handled(batches * self.config.batch_size), (),
+                                           batches), epoch + 1)
+
+    def _pass_sequence(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
+        """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
+        c = self.config
+        return pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
+                             c.on_error == "skip", self.seed if seed is None else seed, epoch,
+                             self.rank if rank is None else rank, self.world_size, self._layout)
+
+    def _new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
+                      batches: int = 0) -> Progress:
+        # The order is made at its first need, with the seed then agreed on.
+        return Progress(epoch, len(self.source), lambda: self._pass_sequence(epoch), start,
+                        skipped, batches)
 
     # -- checkpoints ---------------------------------------------------------
     def _settings(self) -> dict[str, Any]:
@@ -576,7 +598,8 @@ class Feeder:
                 "on_error": c.on_error, "rank": self.rank, "world_size": self.world_size,
                 "image_size": tuple(self.image_size), "exif_orientation": c.exif_orientation,
                 "transforms": describe_transforms(self.chain.transforms),
-                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {})}
+                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {}),
+                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {})}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
@@ -584,11 +607,20 @@ class Feeder:
         Taken between batches (before any pass, mid-pass or after one), it lets
         :meth:`load_state_dict` on a new feeder continue where this one stopped.
         It holds the epoch of an unfinished pass, the samples that pass has
-        delivered and skipped (one bit per source sample each), the next epoch,
-        and the settings that decide the output (checked on load).
+        delivered and skipped, the next epoch, and the settings that decide the
+        output (checked on load). Sources of up to ``COMPACT_ABOVE`` (2^19)
+        samples write format 1: the delivered and skipped samples as one bit per
+        source sample each. Longer ones write format 2, whose size does not grow
+        with the epoch: ``position`` (every sample of this rank's order before it
+        was delivered or skipped), ``after`` (the positions past it handled
+        out of order: at most the samples that were in flight) and ``skipped``
+        (the skipped samples' indices).
         """
         epoch: int | None = None
         delivered = skipped = None
+        handled: Handled | None = None
+        skipped_list: list[int] | None = None
+        compact = len(self.source) > COMPACT_ABOVE
         batches = 0
         next_epoch = self._next_epoch
         if self._resume is not None:
@@ -598,18 +630,27 @@ class Feeder:
             if progress is not None and progress.ended:
                 progress = None
         if progress is not None:
-            done, failed, batches = progress.snapshot()
+            handled, skipped_list, batches = progress.compact()
             c = self.config
             if progress.batches and pass_finished(
-                    int(done.sum() + failed.sum()), len(self.source), c.batch_size, c.drop_last,
+                    handled.count(), len(self.source), c.batch_size, c.drop_last,
                     c.on_error == "skip", self.rank, self.world_size):
                 # Every batch is delivered but the loop has not asked for the end
                 # (Lightning stops at len(feeder)): the uninterrupted run's next
                 # pass is the next epoch, not an empty rest of this one.
                 progress = None
+                handled = skipped_list = None
             else:
                 epoch = progress.epoch
-                delivered, skipped = pack(done), pack(failed)
+                if not compact:
+                    done, failed, _ = progress.snapshot()
+                    delivered, skipped = pack(done), pack(failed)
+        if compact:
+            return {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                    "batches": batches, "position": None if handled is None else handled.position,
+                    "after": None if handled is None else list(handled.after),
+                    "skipped": skipped_list, "skipped_total": self.stats().skipped,
+                    "settings": self._settings()}
         return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
                 "batches": batches, "delivered": delivered, "skipped": skipped,
                 "skipped_total": self.stats().skipped, "settings": self._settings()}
@@ -635,9 +676,11 @@ class Feeder:
                 drop_last, ordered, on_error, rank (see above), world_size, image
                 size, transforms); the message names the field and both values.
         """
-        if not isinstance(state, dict) or state.get("version") != FORMAT_VERSION:
-            found = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} (got {found!r})")
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (FORMAT_VERSION, COMPACT_VERSION) or isinstance(version, bool):
+            found = version if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} or "
+                             f"{COMPACT_VERSION} (got {found!r})")
         settings = state.get("settings")
         current = self._settings()
         if (self.config.seed is None and isinstance(settings, dict)
@@ -665,36 +708,47 @@ class Feeder:
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise ValueError(f"state['skipped_total'] must be an int >= 0, got {total!r}")
         if epoch is None:
-            for name in ("delivered", "skipped"):
+            for name in (("delivered", "skipped") if version == FORMAT_VERSION
+                         else ("position", "after", "skipped")):
                 if state.get(name) is not None:
                     raise ValueError(f"state[{name!r}] must be None when state['epoch'] is None "
                                      f"(no unfinished pass), got {type(state[name]).__name__}")
         resume = None
         if epoch is not None:
             length = len(self.source)
-            done = unpack(state.get("delivered"), length, "delivered")
-            skipped = unpack(state.get("skipped"), length, "skipped")
             skip = c.on_error == "skip"
-            order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, skip,
-                               current["seed"], epoch, saved_rank, self.world_size, self._layout)
-            check_progress(done, skipped, state["batches"], order, c.batch_size, skip, epoch)
+            order = self._pass_sequence(epoch, saved_rank, current["seed"])
+            field = "delivered"
+            if version == FORMAT_VERSION:
+                if length > LAZY_MIN:
+                    raise ValueError(
+                        f"state of format {FORMAT_VERSION} (bitmaps) for a source of {length} "
+                        f"samples: sources of more than {LAZY_MIN} samples have had another "
+                        f"order since format {COMPACT_VERSION}, so its unfinished pass cannot be "
+                        f"resumed; start that epoch again (set_epoch({epoch})) or the next one")
+                done = unpack(state.get("delivered"), length, "delivered")
+                skipped = unpack(state.get("skipped"), length, "skipped")
+                check_progress(done, skipped, state["batches"], order[:], c.batch_size, skip, epoch)
+                handled, skipped_list = handled_from_bitmaps(done, skipped, order)
+            else:
+                field = "position"
+                handled, skipped_list = load_compact(state, order, length, c.batch_size, skip,
+                                                     epoch)
             if c.ordered and c.on_error == "raise":
                 # The delivered samples must be the head of the epoch's order,
                 # else the rest would not be the uninterrupted run's batches.
-                n = int(done.sum())
+                n = handled.count()
                 whole = n in (state["batches"] * c.batch_size, len(order))
-                if not whole or not done[order[:n]].all():
-                    raise ValueError(f"state['delivered'] is not the start of epoch {epoch}'s "
+                if not whole or handled.after:
+                    raise ValueError(f"state[{field!r}] is not the start of epoch {epoch}'s "
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
                 if saved_rank != self.rank:
-                    mine = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                      current["seed"], epoch, self.rank, self.world_size,
-                                      self._layout)
-                    done = np.zeros(length, bool)
-                    done[mine[:state["batches"] * c.batch_size]] = True
-            resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)
-            if state["batches"] and pass_finished(int(done.sum() + skipped.sum()), length,
+                    mine = self._pass_sequence(epoch, self.rank, current["seed"])
+                    handled = Handled(min(len(mine), state["batches"] * c.batch_size))
+            resume = (self._new_progress(epoch, handled, skipped_list, state["batches"]),
+                      next_epoch)
+            if state["batches"] and pass_finished(handled.count(), length,
                                                   c.batch_size, c.drop_last, c.on_error == "skip",
                                                   self.rank, self.world_size):
                 resume, epoch = None, None  # nothing left of that pass: continue with the next
@@ -739,7 +793,7 @@ class Feeder:
             progress, next_epoch = resume
             done = progress.handled()
         else:
-            progress, next_epoch = Progress(epoch, len(self.source)), epoch + 1
+            progress, next_epoch = self._new_progress(epoch), epoch + 1
         # The epoch and the resume are used up only once the pass is running: a
         # start that fails (a closed feeder, a rank contradiction) leaves them.
         run = self._engine.start_pass(self.seed, epoch, rank, world_size, done)

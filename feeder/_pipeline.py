@@ -41,7 +41,8 @@ from ._batch import BufferPool, Collator, Scratch
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
-from ._sampler import Sampler, pass_order, shard_layout
+from ._order import Hinting, Order, Remaining
+from ._sampler import Sampler, pass_sequence, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
 from ._transfer import BatchTransforms, Converter, Transfer
@@ -88,6 +89,7 @@ class PassSettings:
     num_buffers: int
     shuffle: bool | str
     shuffle_window: int
+    shuffle_shards: int | None
     drop_last: bool
     ordered: bool
     on_error: str
@@ -211,12 +213,16 @@ class Pass(PassEnding):
                 outboxes[i] = BudgetedOutbox(outboxes[i], spec.out_bytes)
         skip = cfg.on_error == "skip"
 
-        def order() -> list[int]:
-            layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)
-            full = pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
-                              epoch, rank, world_size, layout)
-            # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
-            return full if done is None else [i for i in full if not done[i]]
+        def order() -> Order:
+            layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window, cfg.shuffle_shards)
+            full = pass_sequence(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip,
+                                 seed, epoch, rank, world_size, layout)
+            # A resumed pass: ``done`` (a Handled) gives the positions of the
+            # order an earlier run already handled.
+            order = full if done is None else Remaining(full, done)
+            if hasattr(source, "will_read") or hasattr(source, "will_read_shards"):
+                order = Hinting(order, source)  # lazy shard indices, window prefetch
+            return order
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
         self.stages: tuple[Stage, ...] = (

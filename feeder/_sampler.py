@@ -21,6 +21,15 @@ above, so each rank reads about ``1 / world_size`` of the shards); within its
 chunk, samples are shuffled inside consecutive windows of ``shuffle_window``
 samples. Still exactly once per epoch, still a pure function of (seed, epoch,
 rank, world_size) and the shard sizes.
+
+Sources longer than :data:`LAZY_MIN` samples get orders that hold no array
+(:mod:`feeder._order`): the global shuffle is a keyed Feistel permutation
+evaluated per position, and ``shuffle="shards"`` permutes the shards and
+shuffles each window of the rank's chunk with a permutation of its own. Shorter
+sources keep the orders above, bit for bit. ``shuffle_shards=K`` (with
+``shuffle="shards"``) takes the lazy block order at every length: windows of
+``K`` whole shards instead of ``shuffle_window`` samples, so a rank holds at most
+one window of shards at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 import torch
 
 from ._batch import Batch, BufferPool, Scratch
+from ._order import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
 from ._queue import END, Channel
 from ._rng import order_key
 from ._sample import Task
@@ -80,6 +90,22 @@ def check_epoch(length: int, batch_size: int, drop_last: bool, world_size: int) 
     raise ValueError(f"0 batches per epoch on {ranks} ({numbers}): {advice}")
 
 
+# Sources longer than this get the lazy orders of feeder._order (no array per
+# epoch); shorter ones keep torch.randperm's order, as before. 2^24 samples: a
+# randperm of int64 is 128 MiB and 0.3 s there, growing linearly beyond.
+LAZY_MIN = 1 << 24
+
+
+def epoch_order(length: int, shuffle: bool, seed: int, epoch: int, rank: int = 0,
+                world_size: int = 1, even: bool = True) -> Order:
+    """:func:`epoch_indices` as an :class:`~feeder._order.Order`: an array up to
+    :data:`LAZY_MIN` samples, a lazy permutation beyond."""
+    if length <= LAZY_MIN:
+        return ArrayOrder(epoch_indices(length, shuffle, seed, epoch, rank, world_size, even))
+    return GlobalOrder(length, order_key(seed, epoch) if shuffle else None, rank, world_size,
+                       shard_size(length, rank, world_size, even))
+
+
 def epoch_indices(length: int, shuffle: bool, seed: int, epoch: int,
                   rank: int = 0, world_size: int = 1, even: bool = True) -> np.ndarray:
     """The sample indices this rank reads in ``epoch``, in order: its shard (see
@@ -103,9 +129,11 @@ class ShardLayout:
 
     ranges: tuple[tuple[int, int], ...]
     window: int
+    shards: int | None = None  # shuffle_shards: a window of this many whole shards
 
 
-def shard_layout(source: Any, shuffle: Any, window: int) -> ShardLayout | None:
+def shard_layout(source: Any, shuffle: Any, window: int, shards: int | None = None
+                 ) -> ShardLayout | None:
     """The :class:`ShardLayout` ``shuffle="shards"`` needs (None for other orders).
 
     Raises:
@@ -128,7 +156,7 @@ def shard_layout(source: Any, shuffle: Any, window: int) -> ShardLayout | None:
         at = b
     if at != len(source):
         raise ValueError(f"shuffle='shards': shard_ranges() ends at {at}, len(source) is {len(source)}")
-    return ShardLayout(ranges, window)
+    return ShardLayout(ranges, window, shards)
 
 
 def shard_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
@@ -153,6 +181,40 @@ def shard_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0, world
     return stream[np.argsort(keys, kind="stable")]
 
 
+def shard_stream_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0,
+                       world_size: int = 1, even: bool = True) -> Order:
+    """:func:`shard_order` as an :class:`~feeder._order.Order`: the array order up to
+    :data:`LAZY_MIN` samples (without ``shuffle_shards``), else a lazy
+    :class:`~feeder._order.BlockOrder` over the same permutation of the shards."""
+    ranges = layout.ranges
+    length = ranges[-1][1] if ranges else 0
+    if layout.shards is None and length <= LAZY_MIN:
+        return ArrayOrder(shard_order(layout, seed, epoch, rank, world_size, even))
+    gen = torch.Generator()
+    gen.manual_seed(order_key(seed, epoch))
+    perm = torch.randperm(len(ranges), generator=gen).numpy()
+    sizes = shard_sizes(length, world_size, even)
+    begin = sum(sizes[:rank])
+    key = subkey(order_key(seed, epoch), rank)
+    return BlockOrder(ranges, perm, begin, begin + sizes[rank], key, window_shards=layout.shards,
+                      window_samples=None if layout.shards is not None else layout.window)
+
+
+def pass_sequence(length: int, batch_size: int, shuffle: bool | str, drop_last: bool, skip: bool,
+                  seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+                  layout: ShardLayout | None = None) -> Order:
+    """:func:`pass_order` as an :class:`~feeder._order.Order` (no list of every
+    sample): what the sampler dispatches and a pass's progress is counted along."""
+    if shuffle == "shards":
+        if layout is None:
+            raise ValueError("shuffle='shards' needs the source's shard layout")
+        order = shard_stream_order(layout, seed, epoch, rank, world_size, even=drop_last)
+    else:
+        order = epoch_order(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
+    total = num_batches(len(order), batch_size, drop_last and not skip)
+    return order.head(total * batch_size)
+
+
 def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
@@ -165,15 +227,10 @@ def pass_order(length: int, batch_size: int, shuffle: bool | str, drop_last: boo
     to whole batches when ``drop_last``. Under ``skip`` (on_error="skip")
     the would-be-dropped tail is dispatched too: its samples refill the places of
     skipped ones (the collator still drops whatever is left short at the end).
-    ``shuffle="shards"`` takes the order from ``layout`` (see :func:`shard_order`)."""
-    if shuffle == "shards":
-        if layout is None:
-            raise ValueError("shuffle='shards' needs the source's shard layout")
-        order = shard_order(layout, seed, epoch, rank, world_size, even=drop_last)
-    else:
-        order = epoch_indices(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
-    total = num_batches(len(order), batch_size, drop_last and not skip)
-    return order[:total * batch_size].tolist()
+    ``shuffle="shards"`` takes the order from ``layout`` (see :func:`shard_order`).
+    A list of every index: for large sources use :func:`pass_sequence`."""
+    return pass_sequence(length, batch_size, shuffle, drop_last, skip, seed, epoch, rank,
+                         world_size, layout)[:]
 
 
 class Sampler(Stage):
@@ -181,8 +238,9 @@ class Sampler(Stage):
 
     Args:
         control: The pipeline's control interface.
-        order: Returns this pass's sample indices, in order (see :func:`pass_order`);
-            called in the sampler's thread, so a failing source is this stage's error.
+        order: Returns this pass's sample indices, in order (a list, or an
+            :class:`~feeder._order.Order`: see :func:`pass_sequence`); called in
+            the sampler's thread, so a failing source is this stage's error.
         batch_size: Samples per batch.
         pool: Where batch buffers come from; ``owner`` is recorded as their holder.
         scratch: One-sample arrays for samples finished before their batch has a buffer.
@@ -193,7 +251,7 @@ class Sampler(Stage):
             (each may need a scratch array); default: the outbox's capacity.
     """
 
-    def __init__(self, control: Control, order: Callable[[], list[int]], batch_size: int, pool: BufferPool,
+    def __init__(self, control: Control, order: Callable[[], Any], batch_size: int, pool: BufferPool,
                  owner: object, scratch: Scratch, outbox: Channel, collate: Channel,
                  unbuffered: int | None = None) -> None:
         super().__init__("sampler", 1, control, None, outbox)
@@ -213,8 +271,11 @@ class Sampler(Stage):
 
         def starving() -> bool:  # the decode threads have taken every dispatched sample
             return tasks.depth() == 0
-        for b in range(-(-len(order) // B)):
-            indices = order[b * B:(b + 1) * B]
+        # An Order yields its batches computed as they are reached (no list of
+        # the epoch); a list is cut in place.
+        chunks = (order.chunks(B) if isinstance(order, Order)
+                  else (order[a:a + B] for a in range(0, len(order), B)))
+        for b, indices in enumerate(chunks):
             buf = pool.try_acquire(owner)
             first = 0
             if buf is not None:

@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import interference
 
     interference.add_parser(sub, DEFAULT_OUT_HELP)
+
+    from . import scale
+
+    scale.add_parser(sub, DEFAULT_OUT_HELP)
     return parser
 
 
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import region as module  # type: ignore[no-redef]
     elif args.command == "interference":
         from . import interference as module  # type: ignore[no-redef]
+    elif args.command == "scale":
+        from . import scale as module  # type: ignore[no-redef]
     else:
         from . import scaled as module  # type: ignore[no-redef]
     return module.run(args)
