@@ -120,13 +120,25 @@ def test_numeric_labels_of_every_kind_still_arrive(jpeg_blobs):
 
 # -- dict batches --------------------------------------------------------------------------------
 
-def fields_source(jpeg_blobs, n=8, weight=True):
-    def sample(i):
-        out = {"image": jpeg_blobs[i], "label": i}
-        if weight:
+class FieldsSource:
+    """``{"image", "label"[, "weight"]}`` samples; module-level, so a spawned worker
+    process can unpickle it (``start_method="auto"`` spawns once other threads run)."""
+
+    def __init__(self, blobs, weight):
+        self.blobs, self.weight = blobs, weight
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def read(self, i):
+        out = {"image": self.blobs[i], "label": i}
+        if self.weight:
             out["weight"] = float(i) / 2
         return out
-    return DictSource(n, sample)
+
+
+def fields_source(jpeg_blobs, n=8, weight=True):
+    return FieldsSource(list(jpeg_blobs[:n]), weight)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
