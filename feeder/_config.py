@@ -84,14 +84,17 @@ def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
     return field(default=default, metadata={"check": check})
 
 
-def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
-    """A thread count, or "auto" (resolved in Config.build, from the cores)."""
+def _threads_auto(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]:
+    """A thread count, or "auto" (resolved in Config.build, from the cores); with
+    ``tune``, also "tune" (the "auto" count, parked and woken while it runs)."""
     def check(name: str, value: object) -> Any:
-        if value == "auto":
+        if value == "auto" or (tune and value == "tune"):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             kind = "a positive int" if minimum else "an int >= 0"
-            raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
+            choices = "'auto' or 'tune'" if tune else "'auto'"
+            raise ValueError(f"{name} must be {kind}, {choices}, got {value!r}"
+                             if tune else f"{name} must be {kind} or 'auto', got {value!r}")
         return value
     return check
 
@@ -231,7 +234,7 @@ class Config:
     Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
 
     batch_size: int = _option(None, _positive)
-    decode_threads: int | str = _option("auto", _threads_auto(1))
+    decode_threads: int | str = _option("auto", _threads_auto(1, tune=True))
     augment_threads: int | str = _option("auto", _threads_auto(0))
     read_threads: int | str = _option("auto", _threads_auto(0))
     read_ahead_bytes: int = _option(64 << 20, _positive)
@@ -256,13 +259,16 @@ class Config:
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
     start_method: str = _option("auto", _start_method)
+    # Not an option: decode_threads="tune" resolves to the "auto" count with this set
+    # (see _tune). Fields without a "check" are left out of Feeder's signature.
+    tune: bool = field(default=False)
 
     @classmethod
     def build(cls, _reads_may_block: bool = True, **options: Any) -> "Config":
         """Check every option (unknown names are a TypeError, as for any call) and
         resolve the ones that depend on others, on the machine or on the source
         (``_reads_may_block``: see :func:`reads_may_block`)."""
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name: f for f in fields(cls) if "check" in f.metadata}
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}; "
@@ -270,6 +276,9 @@ class Config:
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
         auto_decode, auto_augment = auto_threads(cores_for_this_rank())
+        if values["decode_threads"] == "tune":
+            values["decode_threads"] = "auto"
+            values["tune"] = True
         if values["decode_threads"] == "auto":
             values["decode_threads"] = auto_decode
         if values["augment_threads"] == "auto":
@@ -339,14 +348,15 @@ class Config:
 
 
 # The options' defaults, derived from the table above.
-DEFAULTS = {f.name: f.default for f in fields(Config) if f.name != "batch_size"}
+DEFAULTS = {f.name: f.default for f in fields(Config)
+            if f.name != "batch_size" and "check" in f.metadata}
 
 
 def signature_parameters() -> list[inspect.Parameter]:
     """The options as keyword-only parameters (for ``Feeder.__init__.__signature__``)."""
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                               annotation=f.type)
-            for f in fields(Config) if f.name != "batch_size"]
+            for f in fields(Config) if f.name != "batch_size" and "check" in f.metadata]
 
 
 def reads_may_block(source: Any) -> bool:
