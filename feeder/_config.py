@@ -14,6 +14,7 @@ import torch
 from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
+from ._tune import TunedThreads
 from .errors import ConfigError
 
 _ON_ERROR = ("raise", "skip")
@@ -259,16 +260,13 @@ class Config:
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
     start_method: str = _option("auto", _start_method)
-    # Not an option: decode_threads="tune" resolves to the "auto" count with this set
-    # (see _tune). Fields without a "check" are left out of Feeder's signature.
-    tune: bool = field(default=False)
 
     @classmethod
     def build(cls, _reads_may_block: bool = True, **options: Any) -> "Config":
         """Check every option (unknown names are a TypeError, as for any call) and
         resolve the ones that depend on others, on the machine or on the source
         (``_reads_may_block``: see :func:`reads_may_block`)."""
-        known = {f.name: f for f in fields(cls) if "check" in f.metadata}
+        known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}; "
@@ -277,8 +275,8 @@ class Config:
                   for name, f in known.items()}
         auto_decode, auto_augment = auto_threads(cores_for_this_rank())
         if values["decode_threads"] == "tune":
-            values["decode_threads"] = "auto"
-            values["tune"] = True
+            # The "auto" count, marked: the pass parks and wakes these threads (see _tune).
+            values["decode_threads"] = TunedThreads(auto_decode)
         if values["decode_threads"] == "auto":
             values["decode_threads"] = auto_decode
         if values["augment_threads"] == "auto":
@@ -318,6 +316,11 @@ class Config:
                              f"world_size={values['world_size']}")
         return cls(**values)
 
+    @property
+    def tune(self) -> bool:
+        """``decode_threads="tune"``: the decode threads are parked and woken while a pass runs."""
+        return isinstance(self.decode_threads, TunedThreads)
+
     # Queue capacities. Each pool needs a few items queued per thread so a
     # thread never idles between items; more only adds latency and memory.
     @property
@@ -348,15 +351,14 @@ class Config:
 
 
 # The options' defaults, derived from the table above.
-DEFAULTS = {f.name: f.default for f in fields(Config)
-            if f.name != "batch_size" and "check" in f.metadata}
+DEFAULTS = {f.name: f.default for f in fields(Config) if f.name != "batch_size"}
 
 
 def signature_parameters() -> list[inspect.Parameter]:
     """The options as keyword-only parameters (for ``Feeder.__init__.__signature__``)."""
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
                               annotation=f.type)
-            for f in fields(Config) if f.name != "batch_size" and "check" in f.metadata]
+            for f in fields(Config) if f.name != "batch_size"]
 
 
 def reads_may_block(source: Any) -> bool:

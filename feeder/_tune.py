@@ -58,6 +58,15 @@ _POLL_S = 0.1
 _now = time.perf_counter
 
 
+class TunedThreads(int):
+    """The thread count ``decode_threads="tune"`` resolves to: the ``"auto"`` count,
+    an ``int`` in every use, whose type tells the pass to tune it. (A marker on the
+    value rather than another configuration field: the fields are the options.)"""
+
+    def __repr__(self) -> str:
+        return f"'tune' ({int(self)})"
+
+
 class Tuner:
     """The decision: how many threads, given what each batch cost. No threads, no clock
     of its own: fed by :meth:`batch`, so tests drive it with made-up figures.

@@ -42,8 +42,7 @@ def test_config_tune_resolves_to_the_auto_count():
         Config.build(batch_size=4, decode_threads="tuned")
     with pytest.raises(ValueError, match="read_threads must be an int >= 0 or 'auto'"):
         Config.build(batch_size=4, read_threads="tune")
-    with pytest.raises(TypeError, match="unexpected keyword"):
-        Config.build(batch_size=4, tune=True)  # internal, not an option
+    assert repr(tuned.decode_threads) == f"'tune' ({auto.decode_threads})"
 
 
 def test_a_loop_that_never_waits_sheds_threads_one_window_at_a_time():
