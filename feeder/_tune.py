@@ -149,6 +149,7 @@ class Gate:
                  record: Callable[[str, int], None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.stage = stage
+        threads = int(threads)  # a TunedThreads: its repr is for the configuration
         self.tuner = Tuner(threads)
         self.active = threads
         self._busy = busy
