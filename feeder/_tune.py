@@ -15,16 +15,19 @@ The rule (numbers below are the module constants):
 * **What it holds**: the loop's *wait share* (seconds waiting in ``next()`` over
   the seconds between batches) at or below ``TARGET_WAIT`` (1%).
 * **Grow** as soon as the share over the last ``GROW_WINDOW`` (3) batches is above
-  ``GROW_WAIT`` (2%): to ``ceil(active / (1 - share))`` threads (the count that
+  the target: to ``ceil(active / (1 - share))`` threads (the count that
   would have kept up with the loop's pace), at least one more, at most the
   ``"auto"`` count. A loop that starts waiting is fed again within a few batches.
+  Also grow, by one, when the active threads' measured work over those batches
+  is above ``SATURATED`` (90%) of their time: the loop has sped up and is
+  eating into the batches queued ahead of it, and will wait once they are gone.
 * **Shrink** one thread at a time, and only after ``SHRINK_WINDOW`` (16) batches
   since the last change whose wait share stayed at or below half the target, and
   when the active threads' measured work (busy thread-seconds per second) would
-  keep one thread fewer at most ``HEADROOM`` (75%) busy.
-* **Hysteresis**: growing and shrinking use different thresholds (2% against
-  0.5%) and windows (3 batches against 16), so a count between the two is left
-  alone. A shrink that is followed by a grow within two shrink windows was a
+  keep one thread fewer at most ``HEADROOM`` (60%) busy.
+* **Hysteresis**: growing and shrinking use different thresholds (above 1%
+  against at most 0.5%) and windows (3 batches against 16), so a count whose
+  wait share lies between the two is left alone. A shrink that is followed by a grow within two shrink windows was a
   mistake: the next shrink then needs twice as many quiet batches (up to
   ``MAX_SHRINK_WINDOW``), so a workload at the edge settles instead of
   oscillating. The first ``WARMUP`` batches of a pass (the pipeline filling up)
@@ -43,13 +46,15 @@ from typing import Any
 # The wait share to hold (fraction of the loop's time between batches).
 TARGET_WAIT = 0.01
 # Grow when the share over the last GROW_WINDOW batches is above this.
-GROW_WAIT = 0.02
+GROW_WAIT = TARGET_WAIT
 GROW_WINDOW = 3
 # Shrink after this many batches since the last change with a share <= TARGET_WAIT / 2.
 SHRINK_WINDOW = 16
 MAX_SHRINK_WINDOW = 256
 # One thread fewer must be at most this busy, judged from the work measured.
-HEADROOM = 0.75
+HEADROOM = 0.6
+# Grow when the active threads have been busier than this over the last GROW_WINDOW batches.
+SATURATED = 0.9
 # Batches at the start of a pass that are not judged (the pipeline fills up).
 WARMUP = 2
 # How long a parked thread sleeps before it re-checks (the pass's stop also wakes it).
@@ -103,9 +108,11 @@ class Tuner:
         self._since_change += 1
         recent = list(self._recent)
         if self._since_change >= GROW_WINDOW and self.active < self.maximum:
-            share = self._share(recent[-GROW_WINDOW:])
-            if share > GROW_WAIT:
-                want = math.ceil(self.active / max(1e-3, 1.0 - share))
+            last = recent[-GROW_WINDOW:]
+            share = self._share(last)
+            busy = sum(r[2] for r in last) / sum(r[1] for r in last)  # threads' worth of work
+            if share > GROW_WAIT or busy > SATURATED * self.active:
+                want = math.ceil(self.active / max(1e-3, 1.0 - share)) if share > GROW_WAIT else 0
                 self._change(min(self.maximum, max(self.active + 1, want)))
                 if (self._last_shrink_at is not None
                         and self.batches - self._last_shrink_at <= 2 * self._shrink_window):

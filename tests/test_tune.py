@@ -62,9 +62,10 @@ def test_no_shrink_when_one_thread_fewer_would_be_too_busy():
     t = Tuner(4)
     # 2.5 threads' worth of work: 3 threads would be 83% busy, above the headroom.
     assert set(feed(t, 200, 0.0, 1.0, 2.5)) == {4}
+
     t = Tuner(4)
-    # 2.2 threads' worth: 3 threads at 73% is fine, 2 would not be.
-    assert feed(t, 200, 0.0, 1.0, 2.2)[-1] == 3
+    # 1.7 threads' worth: 3 threads at 57% is fine, 2 (85%) would not be.
+    assert feed(t, 200, 0.0, 1.0, 1.7)[-1] == 3
 
 
 def test_a_waiting_loop_grows_back_within_a_few_batches():
@@ -82,14 +83,24 @@ def test_a_waiting_loop_grows_back_within_a_few_batches():
     assert counts[-1] == 8 and max(counts) == 8
 
 
+def test_saturated_threads_grow_before_the_loop_waits():
+    """A loop that sped up first eats the batches queued ahead of it (no wait yet):
+    the threads' work over their time says it will wait soon."""
+    t = Tuner(4)
+    feed(t, 500, 0.0, 1.0, 0.1)
+    assert t.active == 1
+    counts = feed(t, _tune.GROW_WINDOW, 0.0, 0.25, 0.24)  # 96% busy, no wait
+    assert counts[-1] == 2 and counts[:-1] == [1] * (_tune.GROW_WINDOW - 1)
+
+
 def test_between_the_thresholds_nothing_changes():
-    # A wait share of 1.5%: not enough to grow (2%), too much to shrink (0.5%).
+    # A wait share of 0.8%: not enough to grow (above 1%), too much to shrink (0.5%).
     t = Tuner(4)
     feed(t, 500, 0.0, 1.0, 0.1)
     assert t.active == 1
     t2 = Tuner(4)
     t2.active = 2
-    assert set(feed(t2, 300, 0.015, 1.0, 0.1)) == {2}
+    assert set(feed(t2, 300, 0.008, 1.0, 0.1)) == {2}
 
 
 def test_a_shrink_that_starved_the_loop_makes_the_next_one_wait_longer():
