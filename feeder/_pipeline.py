@@ -229,8 +229,10 @@ class Pass(PassEnding):
         self.gate: Gate | None = None
         if cfg.tune:
             decode = next(m for m in maps if m.name == "decode")
+            # Where the previous pass ended (an epoch shorter than the tuner's
+            # windows would otherwise start from the "auto" count every time).
             self.gate = decode.gate = Gate("decode", decode.num_threads, decode.busy_s,
-                                           book.record_active)
+                                           book.record_active, start=book.last_active("decode"))
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
                     unbuffered=cfg.decode_queue),

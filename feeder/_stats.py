@@ -299,6 +299,14 @@ class StatsBook:
             self._active.append((t, stage, active))
             del self._active[:-ACTIVE_HISTORY]
 
+    def last_active(self, stage: str) -> int | None:
+        """The last count :meth:`record_active` recorded for ``stage`` (None: none yet)."""
+        with self._lock:
+            for _, name, n in reversed(self._active):
+                if name == stage:
+                    return n
+        return None
+
     def snapshot(self, buffers: int = 0) -> Stats:
         with self._lock:
             now = time.perf_counter()  # under the lock: no wait may begin or end after it

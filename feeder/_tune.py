@@ -1,6 +1,8 @@
 """``decode_threads="tune"``: use the fewest decode threads that keep the training loop fed.
 
-A pass starts its decode stage at the ``"auto"`` count. At every batch boundary
+The first pass starts its decode stage at the ``"auto"`` count, and each later
+pass where the previous one ended (an epoch shorter than the tuner's windows
+would otherwise never settle). At every batch boundary
 (the training loop leaving ``next()`` with a batch) :class:`Tuner` looks at what
 the last batches cost, and :class:`Gate` parks or wakes threads to match: a parked
 thread sleeps before taking its next sample, and wakes when the count grows again
@@ -77,14 +79,15 @@ class Tuner:
     of its own: fed by :meth:`batch`, so tests drive it with made-up figures.
 
     Args:
-        maximum: The most threads (the ``"auto"`` count); also the starting count.
+        maximum: The most threads (the ``"auto"`` count).
         minimum: The fewest.
+        start: The count to start at (default ``maximum``).
     """
 
-    def __init__(self, maximum: int, minimum: int = 1) -> None:
+    def __init__(self, maximum: int, minimum: int = 1, start: int | None = None) -> None:
         self.maximum = max(1, maximum)
         self.minimum = max(1, min(minimum, self.maximum))
-        self.active = self.maximum
+        self.active = self.maximum if start is None else max(self.minimum, min(start, self.maximum))
         self.batches = 0
         # (wait s, cycle s, busy thread-s) of the batches since the last change.
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=MAX_SHRINK_WINDOW)
@@ -145,20 +148,21 @@ class Gate:
 
     Args:
         stage: The stage's name (for the stats).
-        threads: The stage's threads; all active at first.
+        threads: The stage's threads.
         busy: Returns the stage's busy thread-seconds so far.
         record: Called with (stage, active count) at the start and at each change.
         clock: Seconds, monotonic; None reads this module's ``_now`` at each call
             (tests replace it with a fake clock).
+        start: Threads active at first (default all): where the previous pass ended.
     """
 
     def __init__(self, stage: str, threads: int, busy: Callable[[], float],
                  record: Callable[[str, int], None] | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, start: int | None = None) -> None:
         self.stage = stage
         threads = int(threads)  # a TunedThreads: its repr is for the configuration
-        self.tuner = Tuner(threads)
-        self.active = threads
+        self.tuner = Tuner(threads, start=start)
+        self.active = self.tuner.active
         self._busy = busy
         self._record = record
         self._clock = clock if clock is not None else (lambda: _now())
@@ -169,7 +173,7 @@ class Gate:
         self._left: float | None = None
         self._busy_at = 0.0
         if record is not None:
-            record(stage, threads)
+            record(stage, self.active)
 
     # -- the training loop's side (through BufferPool.set_consumer_waiting) ----------
     def consumer(self, waiting: bool) -> None:

@@ -33,7 +33,7 @@ def recorded(**changes) -> Measurements:
                      read_ms=0.02, read_ms_p90=0.06, read_ms_first=0.07, read_ms_again=0.01,
                      bytes_per_sample=86000, storage_threads=2, storage_rate=33183,
                      storage_mib_s=2607, decode_ms=0.80, transform_ms=0.11, ceiling_rate=2191,
-                     loader_rate=699, stage_utilization={"sampler": 0.0, "decode": 0.83, "transfer": 0.01},
+                     loader_rate=699, loader_cpu_cores=1.7, stage_utilization={"sampler": 0.0, "decode": 0.83, "transfer": 0.01},
                      transfer_ms=0.20)
     for k, v in changes.items():
         setattr(m, k, v)
@@ -51,6 +51,13 @@ def test_verdict_decode():
     assert any("more decode_threads" in f for f in v.fixes)  # 699 of 2191: threads, first
     assert any("feeder-pack --max-side" in f for f in v.fixes)
     assert v.lines()[0] == "bottleneck: decode"
+
+
+def test_verdict_decode_on_a_busy_machine_says_free_cores_not_more_threads():
+    v = decide(recorded(loader_rate=258, loader_cpu_cores=0.8, load_average=8.4))
+    assert v.bottleneck == "decode"
+    assert "got only 0.80 of 2 cores (load average 8.4)" in v.fixes[0]
+    assert not any("more decode_threads" in f for f in v.fixes)
 
 
 def test_verdict_decode_at_the_ceiling_suggests_no_more_threads():

@@ -227,6 +227,24 @@ def test_parked_threads_exit_at_the_end_and_on_close(long_source, monkeypatch):
         assert f._engine.passes[-1].gate.parks >= 1
 
 
+def test_a_new_pass_starts_where_the_last_one_ended(long_source, monkeypatch):
+    class Shrink(Tuner):
+        def batch(self, wait_s, cycle_s, busy_s):
+            self.batches += 1
+            if self.batches == 5:
+                self.active = 1
+            return self.active
+
+    monkeypatch.setattr(_tune, "Tuner", Shrink)
+    with Feeder(long_source, 4, crops(), decode_threads="tune", shuffle=False) as f:
+        for epoch in range(2):
+            f.set_epoch(epoch)
+            batches, err = drain(f, limit=10)
+            assert err is None and len(batches) == 10
+        history = [n for _, stage, n in f.stats().active_threads if stage == "decode"]
+    assert history == [2, 1, 1]  # the second pass started at 1
+
+
 def test_slow_loop_sheds_threads_and_a_fast_one_gets_them_back(long_source, monkeypatch):
     """The real decision on a real feeder, with a fake clock: each step of the slow
     loop 'takes' one second on it (instantly), so the loop never waits in relative

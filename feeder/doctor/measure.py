@@ -291,15 +291,17 @@ def loader_alone(m: Measurements, source: Any, kind: str, transforms: list[Any],
     with Feeder(source, m.batch_size, transforms, **feeder_options(kind, m.device)) as f:
         it = _batches(f)
         next(it)  # the first batch: start-up, not the rate
-        n, t0 = 0, _now()
+        n, t0, cpu0 = 0, _now(), time.process_time()
         stats0 = f.stats()
         while _now() - t0 < budget_s:
             x, _ = next(it)
             n += x.shape[0]
             timeline.tick(x.shape[0])
         elapsed = _now() - t0
+        cpu = time.process_time() - cpu0
         stats = f.stats()
     m.loader_rate = n / elapsed if elapsed > 0 else None
+    m.loader_cpu_cores = cpu / elapsed if elapsed > 0 else None
     m.stage_utilization = {s.name: round(s.utilization, 4) for s in stats.stages if s.threads}
     transfer0, transfer = stats0.stage("transfer"), stats.stage("transfer")
     batches = transfer.items - transfer0.items
@@ -396,7 +398,11 @@ def new_measurements(data: str, source: Any, kind: str, batch_size: int, device:
                      transforms_spec: str) -> Measurements:
     cfg = Config.build(reads_may_block(source), batch_size=batch_size, device=device)
     decoder = jpeg_decoder()
-    return Measurements(data=data, source_kind=kind, samples=len(source), batch_size=batch_size,
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = None
+    return Measurements(load_average=load, data=data, source_kind=kind, samples=len(source), batch_size=batch_size,
                         cores=available_cores(), device=device, transforms=transforms_spec,
                         decode_threads=int(cfg.decode_threads), read_threads=int(cfg.read_threads),
                         jpeg_decoder=str(decoder.get("decoder")),

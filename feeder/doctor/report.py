@@ -13,8 +13,9 @@ def _v(x: Any, fmt: str = ".1f", unit: str = "") -> str:
 
 def report_text(m: Measurements, v: Verdict) -> str:
     """The report: what was measured, then the verdict (its last section)."""
+    load = f", load average {m.load_average:.1f}" if m.load_average is not None else ""
     lines = [f"feeder-doctor: {m.data} ({m.source_kind}, {m.samples} samples), batch {m.batch_size}, "
-             f"transforms {m.transforms}, device {m.device}, {m.cores} cores",
+             f"transforms {m.transforms}, device {m.device}, {m.cores} cores{load}",
              f"feeder defaults here: decode_threads={m.decode_threads}, read_threads={m.read_threads}; "
              f"JPEG decoder {m.jpeg_decoder}{' (region decode)' if m.region_decode else ''}",
              "",
@@ -31,7 +32,8 @@ def report_text(m: Measurements, v: Verdict) -> str:
              f"ceiling (cost x {m.cores} cores) {_v(m.ceiling_rate, '.0f', ' img/s')}",
              "",
              'the feeder alone ("auto" threads)',
-             f"  {_v(m.loader_rate, '.0f', ' img/s')}; stage utilization "
+             f"  {_v(m.loader_rate, '.0f', ' img/s')}, using {_v(m.loader_cpu_cores, '.2f')} cores; "
+             f"stage utilization "
              + ", ".join(f"{k} {100 * u:.0f}%" for k, u in m.stage_utilization.items())
              + f"; transfer {_v(m.transfer_ms, '.2f', ' ms')} a batch"]
     if m.model is not None:

@@ -21,7 +21,9 @@ decided it and the fix in feeder's terms. The rules, in order:
      cores' rate (storage that slow limits whatever else does);
    * **transforms** or **decode**: the CPU work per image, whichever part of it
      costs more (single thread). When the loader is below ``UNDER_CEILING``
-     (60%) of the CPU ceiling, the fix starts with more threads.
+     (60%) of the CPU ceiling, the fix starts with more threads, or, when the
+     process got less than ``CPU_SHORT`` (70%) of the cores its threads could
+     use, with freeing cores (other processes use them).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ NEAR = 2.0
 STORAGE_SHORT = 0.8
 FAR_SHORT = 0.25
 UNDER_CEILING = 0.6
+CPU_SHORT = 0.7
 
 
 @dataclass
@@ -99,6 +102,8 @@ class Measurements:
     ceiling_rate: float | None = None
     # the loader alone, "auto" threads
     loader_rate: float | None = None
+    loader_cpu_cores: float | None = None  # CPU this process used while the loader ran alone
+    load_average: float | None = None  # the machine's 1-minute load average at the start
     stage_utilization: dict[str, float] = field(default_factory=dict)
     transfer_ms: float | None = None
     # the model on synthetic input
@@ -272,8 +277,16 @@ def decide(m: Measurements) -> Verdict:
     nums["transforms ms/img"] = _r(m.transform_ms)
     fixes = []
     if ceiling and loader < UNDER_CEILING * ceiling:
-        fixes.append(f"more decode_threads (now {m.decode_threads}): the loader reaches "
-                     f"{loader:.0f} of the {ceiling:.0f} img/s the cores could decode")
+        got = m.loader_cpu_cores
+        if got is not None and got < CPU_SHORT * min(m.cores, m.decode_threads):
+            nums["loader CPU cores"] = _r(got)
+            fixes.append(f"free cores: the loader reaches {loader:.0f} of the {ceiling:.0f} img/s the "
+                         f"cores could decode, but this process got only {got:.2f} of {m.cores} cores"
+                         + (f" (load average {m.load_average:.1f})" if m.load_average is not None else "")
+                         + ": other processes use the CPU, and more threads will not help")
+        else:
+            fixes.append(f"more decode_threads (now {m.decode_threads}): the loader reaches "
+                         f"{loader:.0f} of the {ceiling:.0f} img/s the cores could decode")
     if (m.transform_ms or 0.0) > (m.decode_ms or 0.0):
         fixes += ["cheaper transforms: fewer or lighter ops, crop before resizing "
                   "(RandomResizedCrop/Resize + CenterCrop first, so the rest runs on the small image)",
