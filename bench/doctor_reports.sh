@@ -11,7 +11,7 @@ PY=${PYTHON:-python}
 DATA=${1:-${FEEDER_BENCH_DATA:-/tmp/feeder-bench-data}/imagenet-like}
 SECONDS_EACH=${2:-60}
 OUT=bench/results
-BATCH=64
+BATCH=32
 BANDWIDTH=4000000   # bytes/s over every connection: about 4 MB/s, a busy shared link
 [ -d "$DATA" ] || $PY -m feeder.bench make-data "$DATA" --n-classes 10 --per-class 100
 run() {  # name, args...

@@ -106,7 +106,7 @@ def test_verdict_model():
     v = decide(m)
     assert v.bottleneck == "model"
     assert v.numbers["loop wait share (threads)"] == 0.002
-    assert 'decode_threads="tune" settled at 1 of 2' in v.fixes[0]
+    assert 'decode_threads="tune" ended at 1 of 2' in v.fixes[0]
 
 
 def test_verdict_interference_prefers_the_process_engine_when_it_measured_better():

@@ -364,6 +364,14 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
     device = torch.device(m.device)
     waits: list[float] = []
     steps: list[float] = []
+    # "tune" needs its windows' worth of batches to settle (see feeder._tune); a slow
+    # step gets up to four times the budget for them.
+    least = 3
+    if setting == "tune":
+        from .. import _tune
+
+        least = _tune.WARMUP + _tune.SHRINK_WINDOW + 2 * _tune.GROW_WINDOW
+    cap = max(budget_s, 4 * budget_s)
     with Feeder(source, m.batch_size, transforms, **options) as f:
         it = _batches(f)
         x, y = next(it)
@@ -371,7 +379,8 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         _sync(device)
         t_start = _now()
         images = 0
-        while _now() - t_start < budget_s or len(steps) < 3:
+        while ((_now() - t_start < budget_s or len(steps) < least)
+               and (_now() - t_start < cap or len(steps) < 3)):
             t0 = _now()
             x, y = next(it)
             t1 = _now()
@@ -387,6 +396,9 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
     active = stats.active() if setting == "tune" else f.config.decode_threads
     if setting == "tune":
         m.tune_history = [(round(t, 3), n) for t, stage, n in stats.active_threads if stage == "decode"]
+        if len(steps) < least:
+            m.notes.append(f'decode_threads="tune" ran {len(steps)} batches, fewer than the {least} '
+                           f"it needs to settle (a longer --seconds gives it more)")
     step_ms = 1e3 * statistics.median(steps)
     return Fed(setting=setting, batches=len(steps), rate=images / elapsed,
                wait_share=sum(waits) / elapsed, step_ms=step_ms,

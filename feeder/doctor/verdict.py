@@ -176,9 +176,10 @@ def decide(m: Measurements) -> Verdict:
     if m.model_rate is not None:
         nums["model needs img/s"] = _r(m.model_rate)
     tune = m.fed.get("tune")
-    tune_note = (f'decode_threads="tune" settled at {tune.active_threads} of {m.decode_threads} '
+    tune_note = (f'decode_threads="tune" ended at {tune.active_threads} of {m.decode_threads} '
                  f"threads with a wait share of {100 * tune.wait_share:.1f}%"
                  if tune is not None and tune.active_threads is not None else None)
+    tune_fewer = tune_note is not None and tune.active_threads < m.decode_threads
 
     if fed is not None and m.step_ms:
         nums["loop wait share (threads)"] = _r(fed.wait_share)
@@ -208,8 +209,11 @@ def decide(m: Measurements) -> Verdict:
                            f"{1e3 * lost_to_wait:.1f} ms it waits for data")
         if fed.wait_share <= WAIT_OK:
             fixes = []
-            if tune_note:
+            if tune_fewer:
                 fixes.append(tune_note + ": the others only compete with the training process")
+            elif tune_note:
+                fixes.append('decode_threads="tune": the feeder parks the threads the model does not '
+                             f"need ({tune_note[len('decode_threads=' + chr(34) + 'tune' + chr(34)) + 1:]})")
             else:
                 fixes.append('decode_threads="tune": the feeder parks the threads the model does not need')
             fixes.append(f"the loader has {loader / m.model_rate:.1f}x the model's rate to spare: "
