@@ -223,7 +223,7 @@ def test_doctor_names_shards_behind_a_bandwidth_limited_server(helpers, tmp_path
 
 def test_doctor_names_a_slow_model_step_and_runs_every_engine(helpers, tmp_path, capsys):
     name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "doctor_helpers:small",
-                       "--batch-size", "4", "--step-ms", "150", "--seconds", "4")
+                       "--batch-size", "4", "--step-ms", "60", "--seconds", "3")
     assert name == "model", doc
     fed = doc["measurements"]["fed"]
     assert set(fed) == {"threads", "process", "tune"}
