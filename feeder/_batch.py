@@ -249,6 +249,9 @@ class BufferPool:
         # pool is used from the pass threads, the loop and the reaper thread.
         self._cond = threading.Condition(threading.RLock())
         self._warned = False
+        # Told of every set_consumer_waiting, outside the lock: decode_threads="tune"
+        # takes the loop leaving next() as its batch boundary (see _tune.Gate).
+        self.on_consumer: Callable[[bool], None] | None = None
 
     # -- reading the ledger ---------------------------------------------------
     @property
@@ -400,6 +403,9 @@ class BufferPool:
             self._waiters = self._waiters + 1 if waiting else max(0, self._waiters - 1)
             self._busy_since = None if self._waiters else _now()
             self._cond.notify_all()  # a waiter re-checks whether to grow
+        hook = self.on_consumer
+        if hook is not None:
+            hook(waiting)
 
     def release(self, buf: BatchBuffer) -> None:
         """Return ``buf`` to the pool (or free it, once the pool is closed)."""
@@ -432,6 +438,7 @@ class BufferPool:
         self._cond = threading.Condition(threading.RLock())
         self._waiters = 0
         self._busy_since = _now()
+        self.on_consumer = None  # a parent's pass: its gate does not run here
         for entry in list(self._ledger.values()):
             if entry[0] in (FILLING, PARKED, RETIRED):
                 entry[0], entry[1] = FREE, None

@@ -14,6 +14,7 @@ import torch
 from ._augment import image_size_pair
 from ._sample import DEFAULT_MAX_PIXELS
 from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
+from ._tune import TunedThreads
 from .errors import ConfigError
 from .ops.base import foreign_transform
 
@@ -85,14 +86,17 @@ def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
     return field(default=default, metadata={"check": check})
 
 
-def _threads_auto(minimum: int) -> Callable[[str, Any], Any]:
-    """A thread count, or "auto" (resolved in Config.build, from the cores)."""
+def _threads_auto(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]:
+    """A thread count, or "auto" (resolved in Config.build, from the cores); with
+    ``tune``, also "tune" (the "auto" count, parked and woken while it runs)."""
     def check(name: str, value: object) -> Any:
-        if value == "auto":
+        if value == "auto" or (tune and value == "tune"):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             kind = "a positive int" if minimum else "an int >= 0"
-            raise ValueError(f"{name} must be {kind} or 'auto', got {value!r}")
+            choices = "'auto' or 'tune'" if tune else "'auto'"
+            raise ValueError(f"{name} must be {kind}, {choices}, got {value!r}"
+                             if tune else f"{name} must be {kind} or 'auto', got {value!r}")
         return value
     return check
 
@@ -241,7 +245,7 @@ class Config:
     Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
 
     batch_size: int = _option(None, _positive)
-    decode_threads: int | str = _option("auto", _threads_auto(1))
+    decode_threads: int | str = _option("auto", _threads_auto(1, tune=True))
     augment_threads: int | str = _option("auto", _threads_auto(0))
     read_threads: int | str = _option("auto", _threads_auto(0))
     read_ahead_bytes: int = _option(64 << 20, _positive)
@@ -281,6 +285,9 @@ class Config:
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
         auto_decode, auto_augment = auto_threads(cores_for_this_rank())
+        if values["decode_threads"] == "tune":
+            # The "auto" count, marked: the pass parks and wakes these threads (see _tune).
+            values["decode_threads"] = TunedThreads(auto_decode)
         if values["decode_threads"] == "auto":
             values["decode_threads"] = auto_decode
         if values["augment_threads"] == "auto":
@@ -324,6 +331,11 @@ class Config:
             raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
                              f"world_size={values['world_size']}")
         return cls(**values)
+
+    @property
+    def tune(self) -> bool:
+        """``decode_threads="tune"``: the decode threads are parked and woken while a pass runs."""
+        return isinstance(self.decode_threads, TunedThreads)
 
     # Queue capacities. Each pool needs a few items queued per thread so a
     # thread never idles between items; more only adds latency and memory.

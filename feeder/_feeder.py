@@ -285,7 +285,10 @@ class Feeder:
         batch_size: Samples per batch.
         transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
             or plain callables ``fn(img, rng) -> img``.
-        decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2).
+        decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2),
+            or ``"tune"``: the ``"auto"`` count, parked and woken at batch boundaries
+            to keep the fewest that hold the loop's wait share at 1% (see
+            :mod:`feeder._tune`; :attr:`Stats.active_threads` shows the count over time).
         augment_threads: Threads running the transforms, or 0 to run them in the
             decode threads, or ``"auto"`` (0: measured fastest; see the docs'
             results page).

@@ -926,7 +926,7 @@ class ProcessEngine:
                   + tuple(q for q in local.queues if q.name == "output"))
         return Stats(stages, queues, local.samples, local.batches, remote.skipped,
                      local.consumer_wait_s, local.elapsed_s, remote.buffers, remote.skipped_paths,
-                     local.waiting_in_next)
+                     local.waiting_in_next, remote.active_threads)
 
     def stop(self) -> list[RemotePass]:
         locked = self.lock.acquire(timeout=1.0)

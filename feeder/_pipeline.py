@@ -46,6 +46,7 @@ from ._sampler import Sampler, pass_sequence, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
 from ._transfer import BatchTransforms, Converter, Transfer
+from ._tune import Gate
 from ._work import SampleWork, steps
 from .errors import ConfigError, FeederError, SampleError
 from .sources import describe
@@ -99,6 +100,8 @@ class PassSettings:
     normalize: Any
     memory_format: str
     batch_transforms: tuple[Any, ...]
+    # decode_threads="tune": the decode threads are parked and woken (see _tune).
+    tune: bool = False
 
 
 def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
@@ -225,11 +228,21 @@ class Pass(PassEnding):
             return order
 
         collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
+        maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
+                for spec, inbox, outbox in zip(specs, inboxes, outboxes)]
+        # decode_threads="tune": the decode stage's threads pass a gate, whose count
+        # changes where the training loop takes a batch (see _tune).
+        self.gate: Gate | None = None
+        if cfg.tune:
+            decode = next(m for m in maps if m.name == "decode")
+            # Where the previous pass ended (an epoch shorter than the tuner's
+            # windows would otherwise start from the "auto" count every time).
+            self.gate = decode.gate = Gate("decode", decode.num_threads, decode.busy_s,
+                                           book.record_active, start=book.last_active("decode"))
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
                     unbuffered=cfg.decode_queue),
-            *(MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
-              for spec, inbox, outbox in zip(specs, inboxes, outboxes)),
+            *maps,
             # ``sink``: the isolated engine's worker process ships finished buffers
             # to the training process instead (see ``_isolation``).
             sink(self, collator, pool, self.ready, self.output) if sink is not None else
@@ -249,6 +262,8 @@ class Pass(PassEnding):
         # tiny epoch) may exit before the next stage starts, and a count that
         # touched zero would hand the pass's buffers back while still in use.
         self._live_threads = sum(stage.num_threads for stage in self.stages)
+        if self.gate is not None:
+            self.pool.on_consumer = self.gate.consumer  # batch boundaries, in both engines
         try:
             for stage in self.stages:
                 stage.start()
@@ -270,6 +285,10 @@ class Pass(PassEnding):
         self._stopped = True
         if self.orphaned:
             return  # a forked child: no thread to stop, and the locks may be held by ghosts
+        if self.gate is not None:
+            self.gate.open()  # parked threads leave now, not at their next poll
+            if self.pool.on_consumer == self.gate.consumer:
+                self.pool.on_consumer = None
         self.pool.retire(self)
         for ch in self.channels:
             ch.close()

@@ -247,6 +247,17 @@ class MapStage(Stage):
         if not steps or steps[0].inline:
             raise ValueError(f"stage {name!r}: the first step must be the stage's own")
         self.steps = tuple(steps)
+        # decode_threads="tune": threads numbered at or above the gate's count park
+        # before taking their next sample (set by the pass; see _tune.Gate).
+        self.gate: Any = None
+
+    def busy_s(self) -> float:
+        """Thread-seconds this stage's threads have worked so far (their inline work included)."""
+        total = 0.0
+        for c in list(self.counters):
+            busy, _, _, inline = c.totals()
+            total += busy + inline
+        return total
 
     def work(self, c: Counters) -> None:
         # This loop runs once per sample in every worker thread, holding the GIL
@@ -259,13 +270,21 @@ class MapStage(Stage):
         outbox = self.outbox
         get = self.inbox.get
         begin_wait, end_wait = c.begin_wait, c.end_wait
+        gate = self.gate
+        index = self.counters.index(c)
         while True:
+            if gate is not None and index >= gate.active:
+                # Parked time counts as waiting on output: the loop downstream
+                # needs fewer threads than this stage has.
+                gate.admit(index, control.stopped, lambda: begin_wait(Counters.WAIT_OUT), end_wait)
             begin_wait(Counters.WAIT_IN)
             try:
                 task = get()
             finally:
                 t = end_wait()
             if task is END:
+                if gate is not None:
+                    gate.open()  # every parked sibling must take the end too
                 self.end_thread(c)
                 return
             item = task

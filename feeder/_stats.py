@@ -98,6 +98,9 @@ class Stats:
         buffers: Batch buffers allocated.
         waiting_in_next: Threads of the training loop waiting inside ``next()``
             right now (a loop stalled on its data shows 1).
+        active_threads: With ``decode_threads="tune"``: ``(seconds since the
+            first pass started, stage, active threads)`` at each pass's start
+            and at each change, oldest first (the last ``ACTIVE_HISTORY``).
     """
 
     stages: tuple[StageStats, ...]
@@ -110,6 +113,14 @@ class Stats:
     buffers: int
     skipped_paths: tuple[str, ...] = field(default=(), repr=False)
     waiting_in_next: int = 0
+    active_threads: tuple[tuple[float, str, int], ...] = field(default=(), repr=False)
+
+    def active(self, stage: str = "decode") -> int | None:
+        """Threads of ``stage`` active now under ``"tune"`` (None when it is not tuned)."""
+        for _, name, n in reversed(self.active_threads):
+            if name == stage:
+                return n
+        return None
 
     def stage(self, name: str) -> StageStats:
         for s in self.stages:
@@ -150,6 +161,11 @@ class Stats:
         lines += ["", f"{'queue':<10}{'capacity':>9}{'depth':>7}{'mean':>8}{'max':>6}"]
         for q in self.queues:
             lines.append(f"{q.name:<10}{q.capacity:>9}{q.depth:>7}{q.mean_depth:>8.1f}{q.max_depth:>6}")
+        if self.active_threads:
+            counts = [n for _, name, n in self.active_threads if name == "decode"]
+            lines += ["", f"decode threads tuned: {self.active()} active now (of "
+                          f"{self.stage('decode').threads}); fewest {min(counts)}, most "
+                          f"{max(counts)}, {len(counts) - 1} change(s) recorded"]
         transfer = next((s for s in self.stages if s.name == "transfer"), None)
         if transfer is not None and transfer.items:
             lines += ["", f"transfer thread CPU: {1e3 * transfer.cpu_per_item_s:.2f} ms per batch "
@@ -184,6 +200,10 @@ def _add_channel(queues: dict[str, list], ch) -> None:
     q[3] = max(q[3], ch.max_depth)
 
 
+# Most (time, stage, active threads) entries kept for Stats.active_threads.
+ACTIVE_HISTORY = 1000
+
+
 class StatsBook:
     """Feeder-wide accumulator of every pass's counters.
 
@@ -211,6 +231,7 @@ class StatsBook:
         self.started: float | None = None
         self._skipped: list[str] = []
         self._skipped_set: set[str] = set()
+        self._active: list[tuple[float, str, int]] = []
 
     def start(self) -> None:
         with self._lock:  # snapshot() reads it under the lock, after its own clock
@@ -271,6 +292,21 @@ class StatsBook:
             log.warning("skipped %s: %s", safe_text(path), error)
         return n
 
+    def record_active(self, stage: str, active: int) -> None:
+        """``stage`` runs ``active`` threads from now (``decode_threads="tune"``)."""
+        with self._lock:
+            t = time.perf_counter() - self.started if self.started is not None else 0.0
+            self._active.append((t, stage, active))
+            del self._active[:-ACTIVE_HISTORY]
+
+    def last_active(self, stage: str) -> int | None:
+        """The last count :meth:`record_active` recorded for ``stage`` (None: none yet)."""
+        with self._lock:
+            for _, name, n in reversed(self._active):
+                if name == stage:
+                    return n
+        return None
+
     def snapshot(self, buffers: int = 0) -> Stats:
         with self._lock:
             now = time.perf_counter()  # under the lock: no wait may begin or end after it
@@ -286,6 +322,7 @@ class StatsBook:
             waits = list(self._consumer_waits.values())
             wait = self.consumer_wait_s + sum(max(0.0, now - t) for t in waits)
             samples, batches = self.samples, self.batches
+            active = tuple(self._active)
         stages = tuple(StageStats(name, self._stage_threads[name], int(t[0]), t[1], t[2], t[3], t[4],
                                   t[5])
                        for name, t in totals.items())
@@ -293,4 +330,4 @@ class StatsBook:
                    for name, q in queues.items())
         elapsed = max(0.0, now - self.started) if self.started is not None else 0.0
         return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped,
-                     len(waits))
+                     len(waits), active)

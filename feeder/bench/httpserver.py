@@ -152,10 +152,13 @@ class _Handler(BaseHTTPRequestHandler):
             left = end - start
             if fault == "truncate":
                 left //= 2
+            # A bandwidth limit sends small chunks, each once the shared budget allows.
+            step = 1 << 20 if not owner.bandwidth else 16 << 10
             while left > 0:
-                chunk = f.read(min(left, 1 << 20))
+                chunk = f.read(min(left, step))
                 if not chunk:
                     break
+                owner._throttle(len(chunk))
                 self.wfile.write(chunk)
                 left -= len(chunk)
         if cut:  # the connection drops mid-body
@@ -186,10 +189,18 @@ class FileServer:
             ``python -m http.server`` does.
         validators: Send ``ETag`` and ``Last-Modified`` (from the file's
             modification time and size, as nginx does).
+        bandwidth: Bytes per second of response bodies, shared by every
+            connection (a saturated link or a throttled bucket); 0: no limit.
     """
 
     def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, ignore_ranges: bool = False,
-                 validators: bool = True) -> None:
+                 validators: bool = True, bandwidth: float = 0.0) -> None:
+        if bandwidth < 0:
+            raise ValueError(f"bandwidth must be >= 0 bytes/s, got {bandwidth!r}")
+        self.bandwidth = bandwidth
+        # When the link is next free (perf_counter seconds): each chunk books its
+        # share of it under the lock, then waits outside it.
+        self._link_free = 0.0
         self.root = os.fspath(root)
         self.latency_s = latency_s
         self.ignore_ranges = ignore_ranges
@@ -203,6 +214,19 @@ class FileServer:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="test-http-server", daemon=True)
         self._thread.start()
+
+    def _throttle(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit the bandwidth, over every connection."""
+        if not self.bandwidth:
+            return
+        with self._lock:
+            now = time.perf_counter()
+            start = max(now, self._link_free)
+            self._link_free = start + size / self.bandwidth
+            until = self._link_free
+        delay = until - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
 
     @property
     def url(self) -> str:
@@ -255,12 +279,13 @@ class ServerProcess:
     feeder.bench.httpserver``), so that serving does not take CPU and GIL time
     from the loader being measured; the same ``url``, ``count`` and ``reset_counts``."""
 
-    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0) -> None:
+    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, bandwidth: float = 0.0) -> None:
         import subprocess  # noqa: PLC0415
         import sys  # noqa: PLC0415
 
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "feeder.bench.httpserver", os.fspath(root), str(latency_s)],
+            [sys.executable, "-m", "feeder.bench.httpserver", os.fspath(root), str(latency_s),
+             str(bandwidth)],
             stdout=subprocess.PIPE, text=True)
         line = self._proc.stdout.readline().strip() if self._proc.stdout else ""
         if not line.startswith("http://"):
@@ -299,7 +324,8 @@ if __name__ == "__main__":
     import signal
     import sys
 
-    server = FileServer(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
+    server = FileServer(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
+                        bandwidth=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
     sys.stdout.write(server.url + "\n")
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))

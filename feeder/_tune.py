@@ -1,0 +1,226 @@
+"""``decode_threads="tune"``: use the fewest decode threads that keep the training loop fed.
+
+The first pass starts its decode stage at the ``"auto"`` count, and each later
+pass where the previous one ended (an epoch shorter than the tuner's windows
+would otherwise never settle). At every batch boundary
+(the training loop leaving ``next()`` with a batch) :class:`Tuner` looks at what
+the last batches cost, and :class:`Gate` parks or wakes threads to match: a parked
+thread sleeps before taking its next sample, and wakes when the count grows again
+or the pass ends. Threads are never killed, so growing back costs no thread start.
+
+Which thread decodes which sample never changes a batch (each sample is written
+into its batch's slot with randomness keyed by (seed, epoch, index)), so the
+output is the same as a fixed-thread run's.
+
+The rule (numbers below are the module constants):
+
+* **What it holds**: the loop's *wait share* (seconds waiting in ``next()`` over
+  the seconds between batches) at or below ``TARGET_WAIT`` (1%).
+* **Grow** as soon as the share over the last ``GROW_WINDOW`` (3) batches is above
+  the target: to ``ceil(active / (1 - share))`` threads (the count that
+  would have kept up with the loop's pace), at least one more, at most the
+  ``"auto"`` count. A loop that starts waiting is fed again within a few batches.
+  Also grow, by one, when the active threads' measured work over those batches
+  is above ``SATURATED`` (90%) of their time: the loop has sped up and is
+  eating into the batches queued ahead of it, and will wait once they are gone.
+* **Shrink** one thread at a time, and only after ``SHRINK_WINDOW`` (16) batches
+  since the last change whose wait share stayed at or below half the target, and
+  when the active threads' measured work (busy thread-seconds per second) would
+  keep one thread fewer at most ``HEADROOM`` (60%) busy.
+* **Hysteresis**: growing and shrinking use different thresholds (above 1%
+  against at most 0.5%) and windows (3 batches against 16), so a count whose
+  wait share lies between the two is left alone. A shrink that is followed by a grow within two shrink windows was a
+  mistake: the next shrink then needs twice as many quiet batches (up to
+  ``MAX_SHRINK_WINDOW``), so a workload at the edge settles instead of
+  oscillating. The first ``WARMUP`` batches of a pass (the pipeline filling up)
+  are not judged.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+# The wait share to hold (fraction of the loop's time between batches).
+TARGET_WAIT = 0.01
+# Grow when the share over the last GROW_WINDOW batches is above this.
+GROW_WAIT = TARGET_WAIT
+GROW_WINDOW = 3
+# Shrink after this many batches since the last change with a share <= TARGET_WAIT / 2.
+SHRINK_WINDOW = 16
+MAX_SHRINK_WINDOW = 256
+# One thread fewer must be at most this busy, judged from the work measured.
+HEADROOM = 0.6
+# Grow when the active threads have been busier than this over the last GROW_WINDOW batches.
+SATURATED = 0.9
+# Batches at the start of a pass that are not judged (the pipeline fills up).
+WARMUP = 2
+# How long a parked thread sleeps before it re-checks (the pass's stop also wakes it).
+_POLL_S = 0.1
+
+_now = time.perf_counter
+
+
+class TunedThreads(int):
+    """The thread count ``decode_threads="tune"`` resolves to: the ``"auto"`` count,
+    an ``int`` in every use, whose type tells the pass to tune it. (A marker on the
+    value rather than another configuration field: the fields are the options.)"""
+
+    def __repr__(self) -> str:
+        return f"'tune' ({int(self)})"
+
+
+class Tuner:
+    """The decision: how many threads, given what each batch cost. No threads, no clock
+    of its own: fed by :meth:`batch`, so tests drive it with made-up figures.
+
+    Args:
+        maximum: The most threads (the ``"auto"`` count).
+        minimum: The fewest.
+        start: The count to start at (default ``maximum``).
+    """
+
+    def __init__(self, maximum: int, minimum: int = 1, start: int | None = None) -> None:
+        self.maximum = max(1, maximum)
+        self.minimum = max(1, min(minimum, self.maximum))
+        self.active = self.maximum if start is None else max(self.minimum, min(start, self.maximum))
+        self.batches = 0
+        # (wait s, cycle s, busy thread-s) of the batches since the last change.
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=MAX_SHRINK_WINDOW)
+        self._since_change = 0
+        self._shrink_window = SHRINK_WINDOW
+        self._last_shrink_at: int | None = None
+
+    @staticmethod
+    def _share(rows: list[tuple[float, float, float]]) -> float:
+        cycle = sum(r[1] for r in rows)
+        return sum(r[0] for r in rows) / cycle if cycle > 0 else 0.0
+
+    def batch(self, wait_s: float, cycle_s: float, busy_s: float) -> int:
+        """One batch was delivered: the loop waited ``wait_s`` for it, ``cycle_s`` passed
+        since the previous one, and the tuned stage's threads worked ``busy_s``
+        thread-seconds meanwhile. Returns the active thread count to use from now."""
+        self.batches += 1
+        if self.batches <= WARMUP or cycle_s <= 0:
+            return self.active
+        self._recent.append((max(0.0, wait_s), cycle_s, max(0.0, busy_s)))
+        self._since_change += 1
+        recent = list(self._recent)
+        if self._since_change >= GROW_WINDOW and self.active < self.maximum:
+            last = recent[-GROW_WINDOW:]
+            share = self._share(last)
+            busy = sum(r[2] for r in last) / sum(r[1] for r in last)  # threads' worth of work
+            if share > GROW_WAIT or busy > SATURATED * self.active:
+                want = math.ceil(self.active / max(1e-3, 1.0 - share)) if share > GROW_WAIT else 0
+                self._change(min(self.maximum, max(self.active + 1, want)))
+                if (self._last_shrink_at is not None
+                        and self.batches - self._last_shrink_at <= 2 * self._shrink_window):
+                    # The last shrink starved the loop: be slower to shrink again.
+                    self._shrink_window = min(MAX_SHRINK_WINDOW, 2 * self._shrink_window)
+                return self.active
+        if self._since_change >= self._shrink_window and self.active > self.minimum:
+            rows = recent[-self._shrink_window:]
+            if self._share(rows) <= TARGET_WAIT / 2:
+                cycle = sum(r[1] for r in rows)
+                demand = sum(r[2] for r in rows) / cycle  # threads' worth of work needed
+                if demand <= (self.active - 1) * HEADROOM:
+                    self._change(self.active - 1)
+                    self._last_shrink_at = self.batches
+        return self.active
+
+    def _change(self, active: int) -> None:
+        self.active = active
+        self._recent.clear()
+        self._since_change = 0
+
+
+class Gate:
+    """Parks the threads of one stage whose number is at or above the active count.
+
+    Threads check :meth:`admit` before taking their next item (a cheap attribute
+    read while they may run). :meth:`open` lets every thread run for good (the
+    stage saw its end, or the pass stops), so that every thread takes the end
+    marker and exits.
+
+    Args:
+        stage: The stage's name (for the stats).
+        threads: The stage's threads.
+        busy: Returns the stage's busy thread-seconds so far.
+        record: Called with (stage, active count) at the start and at each change.
+        clock: Seconds, monotonic; None reads this module's ``_now`` at each call
+            (tests replace it with a fake clock).
+        start: Threads active at first (default all): where the previous pass ended.
+    """
+
+    def __init__(self, stage: str, threads: int, busy: Callable[[], float],
+                 record: Callable[[str, int], None] | None = None,
+                 clock: Callable[[], float] | None = None, start: int | None = None) -> None:
+        self.stage = stage
+        threads = int(threads)  # a TunedThreads: its repr is for the configuration
+        self.tuner = Tuner(threads, start=start)
+        self.active = self.tuner.active
+        self._busy = busy
+        self._record = record
+        self._clock = clock if clock is not None else (lambda: _now())
+        self._cond = threading.Condition()
+        self.parks = 0  # times a thread has parked (for tests and the stats)
+        self._open = False
+        self._entered: float | None = None
+        self._left: float | None = None
+        self._busy_at = 0.0
+        if record is not None:
+            record(stage, self.active)
+
+    # -- the training loop's side (through BufferPool.set_consumer_waiting) ----------
+    def consumer(self, waiting: bool) -> None:
+        """The training loop entered (True) or left (False) ``next()``; leaving it with
+        a batch is a batch boundary, where the active count may change."""
+        now = self._clock()
+        if waiting:
+            self._entered = now
+            return
+        entered, left = self._entered, self._left
+        self._entered = None
+        busy = self._busy()
+        self._left, busy_before, self._busy_at = now, self._busy_at, busy
+        if entered is None or left is None:
+            return  # the first next() of a pass: no cycle to judge yet
+        active = self.tuner.batch(now - entered, now - left, busy - busy_before)
+        if active != self.active:
+            self.set_active(active)
+
+    def set_active(self, active: int) -> None:
+        with self._cond:
+            self.active = active
+            self._cond.notify_all()
+        if self._record is not None:
+            self._record(self.stage, active)
+
+    # -- the stage threads' side ------------------------------------------------
+    def admit(self, index: int, stopped: Callable[[], bool],
+              on_park: Callable[[], Any] | None = None,
+              on_wake: Callable[[], Any] | None = None) -> None:
+        """Return when thread ``index`` may take its next item (at once while it is
+        among the active ones)."""
+        if index < self.active or self._open:
+            return
+        self.parks += 1
+        if on_park is not None:
+            on_park()
+        try:
+            with self._cond:
+                while index >= self.active and not self._open and not stopped():
+                    self._cond.wait(_POLL_S)
+        finally:
+            if on_wake is not None:
+                on_wake()
+
+    def open(self) -> None:
+        """Every thread runs from now on (the end of the stage's input, or a stop)."""
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()

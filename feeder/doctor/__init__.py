@@ -1,0 +1,181 @@
+"""``feeder-doctor``: is the loader the bottleneck of this training set-up, and what to change.
+
+::
+
+    feeder-doctor DATA [--model MODULE:FUNCTION | --model builtin | --step-ms MS]
+                  [--batch-size N] [--transforms train|eval|MODULE:NAME] [--device D]
+                  [--seconds S] [--out DIR]
+
+``DATA`` is what a ``Feeder`` reads: an image folder, shards (a folder of
+``.tar``, a ``.json`` shard list, a brace pattern, an ``http(s)://`` or fsspec
+URL) or ``MODULE:NAME`` naming a source object (or a function returning one).
+In about ``--seconds`` it measures, with a progress bar:
+
+* storage: per-sample read latency on one thread (first reads and the same
+  samples again) and the read rate with the feeder's read concurrency;
+* the CPU cost per image of decoding and of the transforms (one thread), and
+  the machine's ceiling (cost x cores); the feeder's rate alone (``"auto"``);
+* the model step on synthetic input already on the device (``--model``: your
+  function, called with a batch on the device, or ``builtin``; ``--step-ms``: a
+  simulated step); on CUDA timed with CUDA events;
+* the model fed by the feeder: threads, ``isolation="process"`` and
+  ``decode_threads="tune"``: the loop's wait share and its step against the
+  synthetic one (the interference).
+
+Then :func:`feeder.doctor.verdict.decide` names the bottleneck (``storage``,
+``decode``, ``transforms``, ``transfer``, ``interference`` or ``model``), the
+numbers that decided it and the fix. ``--out`` receives ``report.txt``,
+``doctor.json`` (every measurement and the verdict) and ``doctor.png`` (with
+matplotlib, ``pip install 'feeder[doctor]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from .verdict import BOTTLENECKS, Fed, Measurements, Verdict, decide
+
+__all__ = ["BOTTLENECKS", "Fed", "Measurements", "Verdict", "decide", "main", "run"]
+
+log = logging.getLogger(__name__)
+
+# Shares of --seconds per phase (storage, CPU work, loader alone, synthetic step,
+# then each fed setting), chosen so each figure rests on at least a second or so
+# at the default of 60 s.
+SHARES = {"storage": 0.15, "cpu": 0.10, "loader": 0.20, "model": 0.10, "fed": 0.15}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="feeder-doctor",
+        description="Measure storage, decoding, transforms, the model step and the feeder feeding "
+                    "it; name the bottleneck and the fix.")
+    p.add_argument("data", metavar="DATA",
+                   help="an image folder, shards (folder of .tar, .json list, brace pattern, "
+                        "http(s):// or fsspec URL), or MODULE:NAME of a source object")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--model", default=None,
+                   help="MODULE:FUNCTION called as fn(images, labels) with a batch on the device, "
+                        "or 'builtin' (feeder's ResNet-style training step)")
+    g.add_argument("--step-ms", type=float, default=None, help="a simulated model step of MS ms")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--transforms", default="train",
+                   help="train (RandomResizedCrop(224)+flip), eval (Resize(256)+CenterCrop(224)) "
+                        "or MODULE:NAME of a transform list (default train)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="about how long all the measurements take (default 60)")
+    p.add_argument("--out", default=None, help="folder for report.txt, doctor.json, doctor.png "
+                                               "(default: ./feeder-doctor-<date>-<time>)")
+    p.add_argument("--no-process", action="store_true",
+                   help='skip the isolation="process" run (it starts a worker process)')
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _out_dir(out: str | None) -> str:
+    path = out or f"feeder-doctor-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
+    """Measure, decide, write the outputs; returns them and the report text."""
+    import torch
+    from tqdm import tqdm
+
+    from . import measure
+    from .report import plot, report_text
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.seconds <= 0:
+        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: CUDA is not available")
+    out = _out_dir(args.out)
+    source, kind = measure.open_source(args.data)
+    transforms = measure.open_transforms(args.transforms)
+    step, model_name = measure.open_model(args.model, args.step_ms, args.device)
+    m = measure.new_measurements(args.data, source, kind, args.batch_size, args.device, args.transforms)
+    m.model = model_name
+    if kind == "remote-shards":
+        m.notes.append("remote shards were read without the local cache (the first epoch's condition)")
+    S = args.seconds
+    settings = [] if step is None else ["threads"] + ([] if args.no_process else ["process"]) + ["tune"]
+    phases = ["storage", "cpu", "loader"] + (["model"] if step is not None else []) + \
+        [f"fed:{s}" for s in settings]
+    timeline = measure.Timeline(m.timeline)
+    # No monitor thread: a running thread would make isolation="process" spawn, not fork.
+    tqdm.monitor_interval = 0
+    bar = tqdm(total=len(phases), desc="feeder-doctor", unit="phase", disable=args.quiet,
+               file=sys.stderr, leave=False)
+    max_pixels = 1 << 28
+
+    def phase(name: str) -> None:
+        bar.set_postfix_str(name)
+
+    try:
+        phase("storage: read latency and rate")
+        samples = measure.storage(m, source, measure.order(source, kind), S * SHARES["storage"],
+                                  timeline, bar.refresh)
+        bar.update()
+        phase("decode and transforms, one thread")
+        measure.cpu_work(m, samples, transforms, S * SHARES["cpu"], timeline, max_pixels)
+        bar.update()
+        phase('the feeder alone, "auto" threads')
+        measure.loader_alone(m, source, kind, transforms, S * SHARES["loader"], timeline)
+        bar.update()
+        if step is not None:
+            phase("the model on synthetic input")
+            measure.synthetic_step(m, step, transforms, S * SHARES["model"], timeline, max_pixels)
+            bar.update()
+            for setting in settings:
+                phase(f"the model fed by the feeder ({setting})")
+                try:
+                    m.fed[setting] = measure.fed(m, setting, source, kind, step, transforms,
+                                                 S * SHARES["fed"], timeline, m.step_ms or 0.0)
+                except Exception as exc:  # noqa: BLE001 - one setting failing is a finding, not the end
+                    if setting == "threads":
+                        raise
+                    m.notes.append(f"the {setting} run failed: {type(exc).__name__}: {exc}")
+                bar.update()
+    finally:
+        bar.close()
+    verdict = decide(m)
+    text = report_text(m, verdict)
+    with open(os.path.join(out, "report.txt"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out, "doctor.json"), "w", encoding="utf-8") as f:
+        json.dump({"command": " ".join(["feeder-doctor", *getattr(args, "argv", [])]),
+                   "measurements": m.to_dict(), "verdict": vars(verdict)}, f, indent=2)
+    png = plot(m, verdict, os.path.join(out, "doctor.png"))
+    if png is None:
+        note = "matplotlib not installed: no doctor.png (pip install 'feeder[doctor]')"
+        text = text.replace("\nbottleneck:", f"\n({note})\nbottleneck:", 1)
+        print(note, file=sys.stderr)
+        with open(os.path.join(out, "report.txt"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return m, verdict, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``feeder-doctor``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        _, _, text = run(args)
+    except ValueError as exc:
+        print(f"feeder-doctor: error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
