@@ -225,7 +225,7 @@ def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
                          f"(images, labels), got {value!r}")
     transforms = tuple(value)  # type: ignore[arg-type]
     for i, t in enumerate(transforms):
-        foreign = foreign_transform(t, f"{name}[{i}]")
+        foreign = foreign_transform(t, f"{name}[{i}]", batch=True)
         if foreign is not None:
             raise TypeError(foreign)
         if not callable(t):

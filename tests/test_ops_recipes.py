@@ -605,6 +605,23 @@ def test_a_torchvision_batch_transform_gets_an_error_naming_the_fix(source):
                batch_transforms=[torchvision_like("RandomErasing", "torchvision.transforms.transforms")])
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(transforms=[ops.Resize((16, 16)), ops.RandomErasing()]),
+     "transforms: RandomErasing.* is a batch transform .*Feeder\\(batch_transforms="),
+    (dict(transforms=[ops.Resize((16, 16)), ops.MixUp(0.2, num_classes=2)]),
+     "transforms: MixUp.* is a batch transform"),
+    (dict(transforms=[ops.Resize((16, 16))], batch_transforms=[ops.ColorJitter(0.2)]),
+     "batch_transforms\\[0\\]: ColorJitter.* is a per-sample transform .*Feeder\\(transforms="),
+    (dict(transforms=[ops.Resize((16, 16)), torchvision_like("HorizontalFlip", "albumentations.augmentations")]),
+     "is an albumentations transform; wrap its pipeline as ops.Albumentations"),
+])
+def test_a_transform_in_the_wrong_list_is_refused_at_construction(source, kwargs, match):
+    # Without the check each of these fails only at the first batch, with a
+    # TypeError about a missing argument (or, under on_error="skip", skips every sample).
+    with pytest.raises(TypeError, match=match):
+        Feeder(source, 4, dtype=torch.float32, **kwargs)
+
+
 def test_a_non_callable_transform_gets_an_error_naming_the_alternatives(source):
     with pytest.raises(TypeError, match="neither a feeder transform nor callable; use the feeder.ops"):
         Feeder(source, 4, [ops.Resize((16, 16)), 42])
