@@ -568,6 +568,23 @@ def test_random_erasing_through_the_feeder_is_deterministic_across_threads(sourc
     assert any((a[0] == -1.0).any() for a in one)
 
 
+@pytest.mark.parametrize("fields", [("mask", "boxes", "box_labels"), ()])
+def test_random_erasing_runs_on_batches_without_labels(fields):
+    # Segmentation and detection samples have no "label": RandomErasing leaves
+    # labels alone and must not require one (it was refused at the first batch).
+    def make(i):
+        sample = seg_source().read(i)
+        return {k: v for k, v in sample.items() if k == "image" or k in fields}
+    plain, erased = (drain(Feeder(DictSource(8, make), 4, [ops.Resize((32, 32))], seed=2,
+                                  dtype=torch.float32, batch_transforms=bt))
+                     for bt in ([], [ops.RandomErasing(p=1.0, value=-1.0)]))
+    for a, b in zip(plain, erased):
+        assert set(b) == {"image", *fields}
+        assert (b["image"] == -1.0).any(dim=(1, 2, 3)).all() and not (a["image"] == -1.0).any()
+        for name in fields:  # masks and boxes left alone
+            assert all(torch.equal(x, y) for x, y in zip(a[name], b[name]))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(p=1.5), "p must be in \\[0, 1\\]"),
     (dict(scale=(0.5, 0.1)), "scale must be \\(min, max\\)"),
