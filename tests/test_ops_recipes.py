@@ -166,6 +166,7 @@ def test_random_crop_without_padding_names_a_too_small_image():
     (dict(size=8, padding=-1), "padding must be"),
     (dict(size=8, padding=(1, 2, 3)), "padding must be"),
     (dict(size=8, fill=300), "fill must be an int in \\[0, 255\\]"),
+    (dict(size=8, fill=1.5), "fill must be an int in \\[0, 255\\] .* got 1.5"),  # not "not iterable"
     (dict(size=8, mask_fill=-1), "mask_fill must be an int"),
     (dict(size=8, pad_at="start"), "pad_at must be 'both' or 'end'"),
     (dict(size=8, pad_if_needed="yes"), "pad_if_needed must be True or False"),
