@@ -151,14 +151,22 @@ class Chain:
         image_size: (height, width) of the batch buffers; inferred from the
             transforms when None.
         max_pixels: Largest image (height * width) any transform may produce.
+        max_image_size: (height, width) of the largest output image, for
+            transforms whose output size depends on the input: every image is
+            then placed at the top left of its slot, and :meth:`run` returns its
+            size. None: one fixed size (``image_size`` or the transforms').
+        size_divisibility: The batch buffers' sides are ``max_image_size``
+            rounded up to a multiple of it (a batch is padded to such a multiple).
 
     Raises:
         ValueError: ``image_size`` is not two positive ints, the output size cannot
-            be inferred, contradicts ``image_size`` or exceeds ``max_pixels``.
+            be inferred, contradicts ``image_size`` or exceeds ``max_pixels``; or
+            ``max_image_size`` is given for transforms of a fixed output size.
     """
 
     def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_image_size: tuple[int, int] | None = None, size_divisibility: int = 1) -> None:
         if image_size is not None:
             image_size = image_size_pair(image_size)
         ts: list[Transform] = []
@@ -185,6 +193,22 @@ class Chain:
                                      f"max_pixels={max_pixels}")
             elif not t.preserves_size:
                 size = _VARIABLE
+        #: Variable-size output: (height, width) of the largest image, else None.
+        self.max_image_size: tuple[int, int] | None = None
+        if max_image_size is not None:
+            max_image_size = image_size_pair(max_image_size)
+            if isinstance(size, tuple):
+                raise ValueError(f"max_image_size={max_image_size} is for transforms whose output "
+                                 f"size varies, but these ({ts}) always produce {size[1]}x{size[0]} "
+                                 f"(width x height): drop max_image_size")
+            d = size_divisibility
+            buffer = (-(-max_image_size[0] // d) * d, -(-max_image_size[1] // d) * d)
+            if buffer[0] * buffer[1] > max_pixels:
+                raise ValueError(f"max_image_size={max_image_size} (batch buffers of {buffer[1]}x"
+                                 f"{buffer[0]} with size_divisibility={d}) is above "
+                                 f"max_pixels={max_pixels}")
+            self.max_image_size = max_image_size
+            size = image_size = buffer
         if image_size is not None:
             if isinstance(size, tuple) and size != image_size:
                 raise ValueError(f"image_size={image_size} but the transforms produce {size}")
@@ -195,14 +219,23 @@ class Chain:
             raise ValueError(
                 "cannot tell the output image size from the transforms "
                 f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
-                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)")
+                "CenterCrop, Resize((h, w))), pass image_size=(height, width), or, for "
+                "batches of images of different sizes (padded to the largest of each batch), "
+                "max_image_size=(height, width)")
+        #: (height, width) of the batch buffers' images (of every image, unless variable).
         self.image_size: tuple[int, int] = size
         k = len(steps) - 1
         while k >= 0 and steps[k][1].inplace:
             k -= 1
-        self._head = steps[:max(k, 0)]
-        self._writer = steps[k] if k >= 0 else None
-        self._tail = steps[k + 1:]
+        if self.max_image_size is not None:
+            # Sizes vary: every step runs on its own output (no writer into the
+            # slot, no in-place tail on it), and the result is placed at the top
+            # left of the slot (one copy of the image's own pixels).
+            self._head, self._writer, self._tail = steps, None, []
+        else:
+            self._head = steps[:max(k, 0)]
+            self._writer = steps[k] if k >= 0 else None
+            self._tail = steps[k + 1:]
         # Reduced-scale decode is driven by the first size-changing built-in
         # transform, if nothing before it but size-preserving built-ins. A region
         # decode only when it is the very first step: a transform before it would
@@ -267,8 +300,13 @@ class Chain:
 
         return plan
 
-    def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
-        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8).
+    def run(self, img: np.ndarray, key: int, ctx: SampleContext,
+            out: np.ndarray) -> tuple[int, int]:
+        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8;
+        with ``max_image_size``, in its top left corner).
+
+        Returns:
+            The (height, width) of the result.
 
         Raises:
             TransformError: a transform would produce (or produced) more than
@@ -292,6 +330,8 @@ class Chain:
                 result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)
+            elif self.max_image_size is not None:
+                return self._place(img, out, t)
             else:
                 self._store(img, out, None)
             for i, t in self._tail:
@@ -300,12 +340,20 @@ class Chain:
             if t is not None and not isinstance(exc, TransformError):
                 exc.add_note(f"in transform {t!r}")
             raise
+        return out.shape[0], out.shape[1]
 
     def run_fields(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
                    fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+        """:meth:`run_fields_sized` without the size."""
+        return self.run_fields_sized(img, key, ctx, out, fields, geometry)[0]
+
+    def run_fields_sized(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                         fields: dict[str, Any], geometry: Geometry
+                         ) -> tuple[dict[str, Any], tuple[int, int]]:
         """:meth:`run` for a sample with other fields: the image goes into ``out`` and
-        the fields come back moved with it (the mask resampled to ``out``'s size,
-        the boxes mapped, clipped and filtered, with their per-box fields).
+        the fields come back moved with it (the mask resampled to the image's size,
+        the boxes mapped, clipped and filtered, with their per-box fields), with
+        the (height, width) of the image.
 
         Args:
             geometry: From the fields' coordinates (the full-size image's pixels)
@@ -331,7 +379,10 @@ class Chain:
                 geometry = self._follow(t, geometry, moved, img, result, spatial)
                 img = result
                 self._check_pixels(t, img.shape[0], img.shape[1], "produced")
-            if self._writer is not None:
+            size = (out.shape[0], out.shape[1])
+            if self.max_image_size is not None:
+                size = self._place(img, out, t)
+            elif self._writer is not None:
                 i, t = self._writer
                 if isinstance(t, _SampleStep):
                     img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
@@ -352,7 +403,7 @@ class Chain:
             if t is not None and not isinstance(exc, TransformError):
                 exc.add_note(f"in transform {t!r}")
             raise
-        return _moved(fields, geometry)
+        return _moved(fields, geometry), size
 
     def _sample_step(self, t: "_SampleStep", img: np.ndarray, fields: dict[str, Any],
                      geometry: Geometry, key: int, i: int) -> tuple[np.ndarray, dict[str, Any], Geometry]:
@@ -386,6 +437,23 @@ class Chain:
         if height * width > self.max_pixels:
             raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
                                  f"= {width * height} pixels, above max_pixels={self.max_pixels}")
+
+    def _place(self, img: Any, out: np.ndarray, by: Transform | None) -> tuple[int, int]:
+        """Variable sizes: copy ``img`` to the top left of the slot ``out``; its size."""
+        who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
+        if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
+                and img.shape[2] == 3):
+            raise TransformError(f"{who} produced {type(img).__name__} "
+                                 f"{getattr(img, 'shape', '')}, not a uint8 [H, W, 3] image")
+        h, w = img.shape[:2]
+        H, W = self.max_image_size
+        if h > H or w > W:
+            # One image's fault (its size), not the configuration's: skippable.
+            raise TransformError(f"{who} produced a {w}x{h} image (width x height), larger than "
+                                 f"max_image_size=({H}, {W}) (height, width): cap the size in the "
+                                 f"transforms (a resize with a max_size) or raise max_image_size")
+        np.copyto(out[:h, :w], img)
+        return h, w
 
     @staticmethod
     def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:

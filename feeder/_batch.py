@@ -170,26 +170,30 @@ class MaskPlanes:
         return self.high
 
     def write(self, slot: int, mask: np.ndarray) -> None:
+        # A mask smaller than the plane (variable-size batches) goes to its top left.
+        h, w = mask.shape
         if mask.dtype == np.uint8:
-            self.low[slot] = mask
+            self.low[slot, :h, :w] = mask
             self.wide[slot] = False
             high = self.high
             if high is not None:
                 high[slot] = 0  # left from an earlier batch in this buffer
         else:
-            np.copyto(self.low[slot], mask, casting="unsafe")  # the low byte
-            np.copyto(self._high()[slot], mask >> 8, casting="unsafe")
+            np.copyto(self.low[slot, :h, :w], mask, casting="unsafe")  # the low byte
+            np.copyto(self._high()[slot, :h, :w], mask >> 8, casting="unsafe")
             self.wide[slot] = True
 
     def is_wide(self, n: int) -> bool:
         """Whether the first ``n`` slots hold a 16-bit mask (the batch is then int64)."""
         return bool(self.wide[:n].any())
 
-    def host(self, n: int) -> np.ndarray:
-        """The first ``n`` masks as one host array: uint8, or int64 when wide."""
+    def host(self, n: int, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """The first ``n`` masks (their top left ``height x width``, default all) as one
+        host array: uint8, or int64 when wide."""
+        region = np.s_[:n, :height, :width]
         if not self.is_wide(n):
-            return self.low[:n].copy()
-        return self.low[:n].astype(np.int64) | (self.high[:n].astype(np.int64) << 8)
+            return np.ascontiguousarray(self.low[region])
+        return self.low[region].astype(np.int64) | (self.high[region].astype(np.int64) << 8)
 
 
 def _move_masks(src: MaskPlanes, start: int, dst: MaskPlanes, to: int, n: int) -> None:
@@ -572,6 +576,47 @@ def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int)
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
 
+#: The field of variable-size batches holding each image's valid (height, width).
+SIZE = "size"
+
+
+def batch_extent(sizes: np.ndarray, divisibility: int) -> tuple[int, int]:
+    """The (height, width) a variable-size batch is padded to: its largest image's
+    sides, each rounded up to a multiple of ``divisibility``."""
+    h, w = (int(v) for v in sizes.max(axis=0))
+    d = divisibility
+    return -(-h // d) * d, -(-w // d) * d
+
+
+class Padding:
+    """Pads variable-size batches (``Feeder(max_image_size=...)``).
+
+    Every image sits at the top left of its slot with its (height, width) in the
+    buffer's ``"size"`` array. Before a batch is delivered, the pixels of the
+    batch's extent (:func:`batch_extent`) outside each image are set to 0, and
+    those outside each mask to ``mask_fill``: the slots hold whatever an earlier
+    batch of the buffer left there. Only the padding is written, nothing else:
+    the cost is that of the padding itself.
+    """
+
+    def __init__(self, divisibility: int, mask_fill: int) -> None:
+        self.divisibility = divisibility
+        self.mask_fill = mask_fill
+
+    def __call__(self, buf: BatchBuffer, n: int) -> None:
+        sizes = buf.arrays[SIZE][1][:n]
+        Hb, Wb = batch_extent(sizes, self.divisibility)
+        planes = buf.planes
+        fill = self.mask_fill
+        for slot in range(n):
+            h, w = (int(v) for v in sizes[slot])
+            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, fill),
+                                 (None if planes is None else planes.high, 0)):
+                if plane is None:
+                    continue
+                plane[slot, h:Hb, :Wb] = value
+                plane[slot, :h, w:Wb] = value
+
 
 class Collator:
     """Turns completed batches into full output batches, in order when asked.
@@ -586,8 +631,12 @@ class Collator:
 
     def __init__(self, batch_size: int, ordered: bool, drop_last: bool,
                  release: Callable[[BatchBuffer], None],
-                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None) -> None:
+                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None,
+                 pad: Callable[[BatchBuffer, int], None] | None = None) -> None:
         self.batch_size = batch_size
+        # Run on each output batch as it leaves (variable sizes: Padding); in the
+        # isolated engine that is the worker process, off the training process.
+        self._pad = pad
         self.ordered = ordered
         self.drop_last = drop_last
         self._release = release
@@ -603,6 +652,21 @@ class Collator:
         Raises:
             BaseException: the batch's recorded error, when it is next in line.
         """
+        if self._pad is None:
+            yield from self._add(batch)
+            return
+        for buf, n in self._add(batch):
+            self._padded(buf, n)
+            yield buf, n
+
+    def _padded(self, buf: BatchBuffer, n: int) -> None:
+        try:
+            self._pad(buf, n)
+        except BaseException:
+            self._release(buf)
+            raise
+
+    def _add(self, batch: Batch) -> Iterator[Output]:
         if not self.ordered:
             yield from self._take(batch)
             return
@@ -613,6 +677,12 @@ class Collator:
 
     def finish(self) -> Iterator[Output]:
         """End of pass: deliver (or drop, with ``drop_last``) the open partial batch."""
+        for buf, n in self._finish():
+            if self._pad is not None:
+                self._padded(buf, n)
+            yield buf, n
+
+    def _finish(self) -> Iterator[Output]:
         if self._pending:
             raise RuntimeError(f"batches {sorted(self._pending)} completed but never sequenced")
         if self._open is not None:

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from ._batch import BufferPool, Collator, Scratch
+from ._batch import BufferPool, Collator, Padding, Scratch
+from ._group import aspect_ratio_groups, grouped_order
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
@@ -97,6 +98,11 @@ class PassSettings:
     normalize: Any
     memory_format: str
     batch_transforms: tuple[Any, ...]
+    max_image_size: tuple[int, int] | None = None
+    size_divisibility: int = 1
+    mask_fill: int = 255
+    group_by_aspect_ratio: int | None = None
+    exif_orientation: bool = False
 
 
 def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
@@ -215,10 +221,18 @@ class Pass(PassEnding):
             layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window)
             full = pass_order(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip, seed,
                               epoch, rank, world_size, layout)
+            if cfg.group_by_aspect_ratio is not None:
+                # This rank's samples, regrouped: the same set, batches of one
+                # aspect-ratio group (see _group); ``done`` below filters as for any order.
+                groups = aspect_ratio_groups(source, cfg.group_by_aspect_ratio, full,
+                                             cfg.exif_orientation)
+                full = grouped_order(full, groups, cfg.batch_size)
             # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
             return full if done is None else [i for i in full if not done[i]]
 
-        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
+        variable = cfg.max_image_size is not None
+        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park,
+                            Padding(cfg.size_divisibility, cfg.mask_fill) if variable else None)
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
                     unbuffered=cfg.decode_queue),
@@ -231,7 +245,8 @@ class Pass(PassEnding):
                                                                cfg.memory_format),
                      self.ready, self.output,
                      BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
-                     if cfg.batch_transforms else None, work.schema, side),
+                     if cfg.batch_transforms else None, work.schema, side,
+                     cfg.size_divisibility if variable else None),
         )
         for ch in self.channels:
             book.attach_channel(ch)
