@@ -268,6 +268,8 @@ class Converter:
         self.contiguous = memory_format == "contiguous"
         self.layout = torch.contiguous_format if self.contiguous else torch.preserve_format
         self.scale = self.shift = None
+        #: Pixel value 0 does not stay 0 (see Transfer's zero_padding).
+        self.normalized = normalize is not None and dtype is not None
         if dtype is None or not dtype.is_floating_point:
             return
         if normalize is None:
@@ -556,6 +558,11 @@ class Transfer(Stage):
                     else:
                         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
                     fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                if self.size_divisibility is not None and self.convert.normalized:
+                    # The padding was 0 in uint8, so (0 - mean) / std once normalized:
+                    # make it 0 in the output, as torchvision's ImageList pads
+                    # normalized images. (Host sizes: no wait for the device.)
+                    zero_padding(images, buf.arrays[SIZE][1][:n])
                 labels = fields.get(LABEL)
                 if self.batch is not None:
                     masks = {name: fields[name] for name, spec in self.schema.specs.items()
@@ -633,6 +640,17 @@ def copy_region(host: torch.Tensor, n: int, extent: tuple[int, int] | None,
         out = host[:n].to(device, non_blocking=True)[:, :hb]
     out = out[:, :, :wb]
     return out if out.is_contiguous() else out.contiguous()
+
+
+def zero_padding(images: torch.Tensor, sizes: np.ndarray) -> None:
+    """Set the pixels of ``images`` (``[n, C, Hb, Wb]``) outside each image's valid
+    (height, width) in ``sizes`` to 0, in place."""
+    Hb, Wb = images.shape[2:]
+    for i, (h, w) in enumerate(sizes.tolist()):
+        if h < Hb:
+            images[i, :, h:].zero_()
+        if w < Wb:
+            images[i, :, :h, w:].zero_()
 
 
 def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
