@@ -26,6 +26,7 @@ from ._pipeline import Pass, settings, stage_threads
 from ._queue import END, Closed
 from ._resume import (FORMAT_VERSION, Progress, check_progress, check_settings,
                       describe_transforms, pack, pass_finished, unpack)
+from ._group import group_pass_order
 from ._sampler import check_epoch, num_batches, pass_order, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
@@ -75,6 +76,10 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# Settings saved in a state only when set (see Feeder._settings).
+_OPTIONAL_SETTINGS = ("max_image_size", "size_divisibility", "group_by_aspect_ratio")
 
 
 class _Engine:
@@ -567,8 +572,7 @@ class Feeder:
         length = len(self.source)
         # The order is cut from rank 0's seed: agree on it now, as a first pass would.
         rank, world_size = self._ranks()
-        order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                           self.seed, epoch, rank, world_size, self._layout)
+        order = self._pass_order(False, self.seed, epoch, rank, world_size)
         done = np.zeros(length, bool)
         done[order[:batches * c.batch_size]] = True
         # A resume of this epoch as if a pass had delivered those batches: the
@@ -591,6 +595,17 @@ class Feeder:
                 **({"group_by_aspect_ratio": c.group_by_aspect_ratio}
                    if c.group_by_aspect_ratio is not None else {}),
                 **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {})}
+
+    def _pass_order(self, skip: bool, seed: int, epoch: int, rank: int,
+                    world_size: int) -> list[int]:
+        """The sample indices a pass of ``epoch`` dispatches on ``rank`` (as ``Pass`` computes them)."""
+        c = self.config
+        order = pass_order(len(self.source), c.batch_size, c.shuffle, c.drop_last, skip, seed,
+                           epoch, rank, world_size, self._layout)
+        if c.group_by_aspect_ratio is not None:
+            order = group_pass_order(order, self.source, c.group_by_aspect_ratio, c.batch_size,
+                                     c.exif_orientation)
+        return order
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
@@ -668,6 +683,12 @@ class Feeder:
             # with ordered batches, every rank's position is its batch count,
             # and the ranks step together, so this rank continues from there.
             saved_rank = current["rank"] = settings["rank"]
+        if isinstance(settings, dict):
+            # Saved only when set (older states lack them): a state saved with
+            # one of them must not load into a feeder without it.
+            for name in _OPTIONAL_SETTINGS:
+                if name in settings and name not in current:
+                    current[name] = None
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         for name, value in (("epoch", epoch), ("next_epoch", next_epoch),
@@ -689,8 +710,7 @@ class Feeder:
             done = unpack(state.get("delivered"), length, "delivered")
             skipped = unpack(state.get("skipped"), length, "skipped")
             skip = c.on_error == "skip"
-            order = pass_order(length, c.batch_size, c.shuffle, c.drop_last, skip,
-                               current["seed"], epoch, saved_rank, self.world_size, self._layout)
+            order = self._pass_order(skip, current["seed"], epoch, saved_rank, self.world_size)
             check_progress(done, skipped, state["batches"], order, c.batch_size, skip, epoch)
             if c.ordered and c.on_error == "raise":
                 # The delivered samples must be the head of the epoch's order,
@@ -702,9 +722,8 @@ class Feeder:
                                      f"order ({n} samples in {state['batches']} batches): the "
                                      f"state is damaged or from other settings")
                 if saved_rank != self.rank:
-                    mine = pass_order(length, c.batch_size, c.shuffle, c.drop_last, False,
-                                      current["seed"], epoch, self.rank, self.world_size,
-                                      self._layout)
+                    mine = self._pass_order(False, current["seed"], epoch, self.rank,
+                                            self.world_size)
                     done = np.zeros(length, bool)
                     done[mine[:state["batches"] * c.batch_size]] = True
             resume = (Progress(epoch, length, done, skipped, state["batches"]), next_epoch)

@@ -127,3 +127,11 @@ def grouped_order(order: list[int], groups: np.ndarray, batch_size: int) -> list
     for g in sorted(pending):
         out.extend(pending[g])
     return out
+
+
+def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int,
+                     exif_orientation: bool = False) -> list[int]:
+    """A pass's ``order`` regrouped by aspect ratio (the one place both the pass and
+    the feeder's resume checks compute it)."""
+    return grouped_order(order, aspect_ratio_groups(source, factor, order, exif_orientation),
+                         batch_size)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ._batch import BufferPool, Collator, Padding, Scratch
-from ._group import aspect_ratio_groups, grouped_order
+from ._group import group_pass_order
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
@@ -224,9 +224,8 @@ class Pass(PassEnding):
             if cfg.group_by_aspect_ratio is not None:
                 # This rank's samples, regrouped: the same set, batches of one
                 # aspect-ratio group (see _group); ``done`` below filters as for any order.
-                groups = aspect_ratio_groups(source, cfg.group_by_aspect_ratio, full,
-                                             cfg.exif_orientation)
-                full = grouped_order(full, groups, cfg.batch_size)
+                full = group_pass_order(full, source, cfg.group_by_aspect_ratio, cfg.batch_size,
+                                        cfg.exif_orientation)
             # A resumed pass: ``done[i]`` marks samples an earlier run already handled.
             return full if done is None else [i for i in full if not done[i]]
 
