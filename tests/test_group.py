@@ -197,3 +197,60 @@ def test_header_size_reads_jpeg_png_and_orientation():
 def test_bad_group_option_is_an_error(mixed, value, match):
     with pytest.raises(ValueError, match=match):
         Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=value)
+
+
+# -- sizes stored by feeder-pack ------------------------------------------------------
+
+def _folder(root, sizes):
+    import os
+    os.makedirs(root / "c0")
+    for i, (h, w) in enumerate(sizes):
+        (root / "c0" / f"{i:03d}.png").write_bytes(rgb_png(np.full((h, w, 3), 9, np.uint8)))
+
+
+def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypatch):
+    import json
+    from feeder.pack import pack, parse_size
+    from feeder.shards import TarShards
+    sizes = _mixed(24, seed=9)
+    _folder(tmp_path / "src", sizes)
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=parse_size("8KB"))
+    assert len(res.shards) > 1
+    shards = TarShards(str(tmp_path / "out" / "train.json"))
+    assert shards.image_sizes().tolist() == [list(s) for s in sizes]
+    # Grouping takes them from the shard list: no header is read.
+    monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
+    with Feeder(shards, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=0) as f:
+        batches = list(f)
+    portrait = [h > w for h, w in sizes]
+    uniform = [len({portrait[i] for i in b["label"].tolist()}) == 1 for b in batches]
+    assert all(uniform[:-2])
+    # A list without sizes (an older pack) still reads: the sizes are then unknown.
+    manifest = json.loads((tmp_path / "out" / "train.json").read_text())
+    for entry in manifest["shardlist"]:
+        del entry["image_sizes"]
+    (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
+    old = TarShards(str(tmp_path / "out" / "old.json"))
+    assert len(old) == len(sizes) and old.image_sizes() is None
+    # Damaged sizes are refused, naming the shard.
+    manifest["shardlist"][0]["image_sizes"] = "AAAA"
+    (tmp_path / "out" / "bad.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="image_sizes is not base64"):
+        TarShards(str(tmp_path / "out" / "bad.json"))
+
+
+def test_resumed_pack_stores_the_sizes_of_its_earlier_shards(tmp_path):
+    import json
+    import os
+    from feeder.pack import pack, parse_size
+    sizes = _mixed(24, seed=10)
+    _folder(tmp_path / "src", sizes)
+    ref = pack(str(tmp_path / "src"), str(tmp_path / "ref"), shard_size=parse_size("8KB"))
+    out = tmp_path / "out"
+    pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    os.unlink(out / "train.json")
+    os.unlink(ref.shards[-1].replace(str(tmp_path / "ref"), str(out)))  # the last shard redone
+    res = pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    assert res.resumed == len(ref.shards) - 1
+    assert (json.loads((out / "train.json").read_text())["shardlist"]
+            == json.loads((tmp_path / "ref" / "train.json").read_text())["shardlist"])
