@@ -228,10 +228,11 @@ class Chain:
         while k >= 0 and steps[k][1].inplace:
             k -= 1
         if self.max_image_size is not None:
-            # Sizes vary: every step runs on its own output (no writer into the
-            # slot, no in-place tail on it), and the result is placed at the top
-            # left of the slot (one copy of the image's own pixels).
-            self._head, self._writer, self._tail = steps, None, []
+            # Sizes vary: the size-changing steps run on their own outputs; the
+            # first in-place step (a flip) then writes the result to the top left
+            # of the slot and the others work there, so placing the image costs
+            # no pass of its own (without one, the result is copied there).
+            self._head, self._writer, self._tail = steps[:k + 1], None, steps[k + 1:]
         else:
             self._head = steps[:max(k, 0)]
             self._writer = steps[k] if k >= 0 else None
@@ -331,7 +332,14 @@ class Chain:
                 if result is not out:
                     self._store(result, out, t)
             elif self.max_image_size is not None:
-                return self._place(img, out, t)
+                region = self._region(img, out, t)
+                for n, (i, t) in enumerate(self._tail):
+                    result = t.apply(img if n == 0 else region, SampleRNG(key, i), region, None)
+                    if result is not region:
+                        np.copyto(region, result)
+                if not self._tail:
+                    np.copyto(region, img)
+                return region.shape[0], region.shape[1]
             else:
                 self._store(img, out, None)
             for i, t in self._tail:
@@ -381,8 +389,18 @@ class Chain:
                 self._check_pixels(t, img.shape[0], img.shape[1], "produced")
             size = (out.shape[0], out.shape[1])
             if self.max_image_size is not None:
-                size = self._place(img, out, t)
-            elif self._writer is not None:
+                # As in run(): the in-place steps write into the image's region of the slot.
+                region = self._region(img, out, t)
+                for n, (i, t) in enumerate(self._tail):
+                    source = img if n == 0 else region
+                    result, moved = t.apply_geometry(source, SampleRNG(key, i), region, None)
+                    geometry = self._follow(t, geometry, moved, source, result, spatial)
+                    if result is not region:
+                        np.copyto(region, result)
+                if not self._tail:
+                    np.copyto(region, img)
+                return _moved(fields, geometry), region.shape[:2]
+            if self._writer is not None:
                 i, t = self._writer
                 if isinstance(t, _SampleStep):
                     img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
@@ -438,8 +456,8 @@ class Chain:
             raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
                                  f"= {width * height} pixels, above max_pixels={self.max_pixels}")
 
-    def _place(self, img: Any, out: np.ndarray, by: Transform | None) -> tuple[int, int]:
-        """Variable sizes: copy ``img`` to the top left of the slot ``out``; its size."""
+    def _region(self, img: Any, out: np.ndarray, by: Transform | None) -> np.ndarray:
+        """Variable sizes: the top left of the slot ``out`` that ``img`` goes to."""
         who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
         if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
                 and img.shape[2] == 3):
@@ -452,8 +470,7 @@ class Chain:
             raise TransformError(f"{who} produced a {w}x{h} image (width x height), larger than "
                                  f"max_image_size=({H}, {W}) (height, width): cap the size in the "
                                  f"transforms (a resize with a max_size) or raise max_image_size")
-        np.copyto(out[:h, :w], img)
-        return h, w
+        return out[:h, :w]
 
     @staticmethod
     def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:

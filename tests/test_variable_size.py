@@ -345,3 +345,25 @@ def test_zero_padding_clears_outside_each_size():
     zero_padding(images, np.array([[6, 7], [2, 3]]))
     assert images[0].all()
     assert images[1, :, :2, :3].all() and images[1].sum() == 3 * 2 * 3
+
+
+@pytest.mark.parametrize("isolation", ENGINES)
+def test_in_place_transforms_work_in_the_images_region(isolation):
+    # A flip writes the resized image into its region of the slot (no copy of its
+    # own): the pixels, the mask and the boxes come out flipped, the padding 0.
+    source = Segments([(20, 30), (30, 14), (12, 12)])
+    with Feeder(source, 3, [ops.Resize(12, interpolation="nearest"), ops.RandomHorizontalFlip(1.0)],
+                max_image_size=(40, 40), shuffle=False, isolation=isolation) as f:
+        (batch,) = collect(f)
+    with Feeder(source, 3, [ops.Resize(12, interpolation="nearest")], max_image_size=(40, 40),
+                shuffle=False) as f:
+        (plain,) = collect(f)
+    assert torch.equal(batch["size"], plain["size"])
+    for j in range(3):
+        h, w = batch["size"][j].tolist()
+        assert torch.equal(batch["image"][j, :, :h, :w], plain["image"][j, :, :h, :w].flip(2))
+        assert torch.equal(batch["mask"][j, :h, :w], plain["mask"][j, :h, :w].flip(1))
+        assert not batch["image"][j, :, h:].any() and not batch["image"][j, :, :h, w:].any()
+        assert (batch["mask"][j, h:] == 255).all() and (batch["mask"][j, :h, w:] == 255).all()
+        b, p = batch["boxes"][j], plain["boxes"][j]
+        assert torch.allclose(b[:, [0, 2]], w - p[:, [2, 0]]) and torch.equal(b[:, [1, 3]], p[:, [1, 3]])
