@@ -544,13 +544,19 @@ class Transfer(Stage):
                         fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
                     images = self.convert(images.permute(0, 3, 1, 2))
                 else:
-                    if extent is not None:
-                        # A part of the buffer: delivered as a copy of that part (a
-                        # view would have the buffer's row stride, not a dense layout).
+                    if extent is not None and not self.convert.keeps_buffer_layout:
+                        # The conversion reads the batch's part of the buffer only.
                         region = buf.images[:n, :extent[0], :extent[1]]
-                        if self.convert.keeps_buffer_layout:
-                            region = np.ascontiguousarray(region)
                         images = self.convert(torch.from_numpy(region).permute(0, 3, 1, 2))
+                    elif extent is not None:
+                        # Lent as a view of the batch's part of the buffer, as a
+                        # fixed-size batch is: channels innermost, with the rows
+                        # (and images) of the buffer's stride. A dense copy would
+                        # cost a serial pass over the batch in this thread (the
+                        # training loop's .contiguous() makes one when it needs it).
+                        view = buf.images[:n, :extent[0], :extent[1]]
+                        images = torch.from_numpy(view).permute(0, 3, 1, 2)
+                        lent = buf
                     elif self.convert.keeps_buffer_layout:
                         view = buf.images[:n]
                         images = torch.from_numpy(view).permute(0, 3, 1, 2)
