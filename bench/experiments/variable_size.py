@@ -112,6 +112,7 @@ class WorkDataset:
         self.blobs = blobs
         self.work = SampleWork(Chain(make_transforms(), None, max_image_size=(MAX_SIZE, MAX_SIZE)))
         self.epoch = 0
+        self.out = None
 
     def __len__(self) -> int:
         return len(self.blobs)
@@ -119,10 +120,13 @@ class WorkDataset:
     def __getitem__(self, index: int):
         import torch
         from feeder._rng import sample_key
-        img, ctx = self.work.decode(self.blobs[index], sample_key(0, self.epoch, index))
-        out = np.empty((MAX_SIZE, MAX_SIZE, 3), np.uint8)  # pages touched only where written
-        h, w = self.work.transform(img, sample_key(0, self.epoch, index), ctx, out)
-        return torch.from_numpy(out)[:h, :w], index
+        key = sample_key(0, self.epoch, index)
+        img, ctx = self.work.decode(self.blobs[index], key)
+        if self.out is None:  # one max-size slot per worker, reused
+            self.out = np.empty((MAX_SIZE, MAX_SIZE, 3), np.uint8)
+        h, w = self.work.transform(img, key, ctx, self.out)
+        # The image at its own size, in memory of its own (what a Dataset returns).
+        return torch.from_numpy(self.out[:h, :w].copy()), index
 
 
 def batch_images(items):
@@ -190,6 +194,44 @@ def child(setting: str, images: int, epochs: int, side: int) -> dict:
             "padded_share": 1 - valid / delivered, "images": n}
 
 
+def padding(images: int, epochs: int) -> list[str]:
+    """Padded share of the delivered pixels, grouped against random batches, at one
+    scale (shorter side 800, as the references evaluate) and multi-scale (480..800
+    per image, as they train): the feeder's own batches ("size" and the shapes)."""
+    from feeder import Feeder, ops
+
+    class SingleScale(ops.Transform):
+        def apply(self, img, rng, out=None, ctx=None):
+            import cv2
+            h, w = img.shape[:2]
+            th, tw = target_size(h, w, 800)
+            return cv2.resize(img, (tw, th), interpolation=cv2.INTER_NEAREST)
+
+    blobs, shapes = make_blobs(images)
+    lines = [f"padding: {images} JPEGs ({len(SHAPES)} COCO shapes, "
+             f"{sum(w > h for w, h in shapes)} landscape, {sum(w < h for w, h in shapes)} portrait, "
+             f"{sum(w == h for w, h in shapes)} square), batch {BATCH}, size_divisibility 32, "
+             f"{epochs} epochs; padded share = 1 - sum(h*w) / sum(B*Hb*Wb)", "",
+             f"{'resize':26s} {'random':>8s} {'grouped':>8s} {'padding per image pixel, random/grouped':>42s}"]
+    for name, first in (("shorter 800, max 1333", SingleScale()),
+                        ("shorter 480..800, max 1333", make_transforms()[0])):
+        shares = {}
+        for group in (False, True):
+            valid = total = 0
+            with Feeder(Blobs(blobs), BATCH, [first], shuffle=True, seed=0, group_by_aspect_ratio=group,
+                        max_image_size=(MAX_SIZE, MAX_SIZE), size_divisibility=32) as f:
+                for epoch in range(epochs):
+                    f.set_epoch(epoch)
+                    for b in f:
+                        hw = b["size"]
+                        valid += int((hw[:, 0] * hw[:, 1]).sum())
+                        total += b["image"].shape[0] * b["image"].shape[2] * b["image"].shape[3]
+            shares[group] = 1 - valid / total
+        r, g = shares[False], shares[True]
+        lines.append(f"{name:26s} {r:8.3f} {g:8.3f} {r / (1 - r) / (g / (1 - g)):41.2f}x")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=240)
@@ -197,8 +239,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settings", default="feeder-var,feeder-var-random,feeder-fixed,dl")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.txt")
+    ap.add_argument("--padding", action="store_true",
+                    help="only the padding of grouped against random batches (one process)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.padding:
+        text = "\n".join(padding(args.images, args.epochs))
+        print(text)
+        if args.out:
+            command = " ".join([os.path.relpath(sys.executable), *sys.argv])
+            with open(args.out + ".txt", "w") as f:
+                f.write(text + f"\n\ncommand: {command}\n")
+        return 0
     if args.child:
         setting, images, epochs, side = args.child
         print(json.dumps(child(setting, int(images), int(epochs), int(side))))
