@@ -55,8 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._decode import header_size
-from ._tar import ShardIndex, index_path
-from .shards import IMAGE_EXTS, encode_image_sizes
+from ._tar import IMAGE_EXTS, ShardIndex, encode_image_sizes, index_path
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]

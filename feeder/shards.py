@@ -35,7 +35,6 @@ of a detection sample, as ``feeder-pack`` writes them.
 
 from __future__ import annotations
 
-import base64
 import bisect
 import glob
 import io
@@ -54,14 +53,14 @@ import numpy as np
 
 from ._sample import DEFAULT_MAX_PIXELS
 from ._storage import FilePool, on_network_storage
-from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
+from ._tar import (COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex, decode_image_sizes,
+                   index_path, scan)
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
 log = logging.getLogger(__name__)
 
 # Image fields, in the order a sample's image is looked for.
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "tiff", "gif")
 
 # Members whose name is not the rule's (see field_of): the image, the label
 # and the mask. A JPEG mask is not among them: JPEG blends class ids.
@@ -207,32 +206,13 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
             fact[key] = value.lower() if kind is str else value
         sizes = entry.get("image_sizes")
         if sizes is not None:
-            fact["image_sizes"] = _image_sizes(sizes, fact.get("nsamples"), f"{where}: shard {s!r}")
+            try:
+                fact["image_sizes"] = decode_image_sizes(sizes, fact.get("nsamples"))
+            except ValueError as exc:
+                raise ShardFormatError(f"{where}: shard {s!r}: {exc}") from None
         facts[name] = fact
     classes = doc.get("classes")
     return out, list(classes) if isinstance(classes, list) else None, facts
-
-
-def encode_image_sizes(sizes: Any) -> str:
-    """A shard's image sizes (``[n, 2]`` height, width; -1 where unreadable) as its
-    shard list stores them: base64 of little-endian int32 pairs (8 bytes a sample,
-    so a list of a million images gains about 11 MB)."""
-    return base64.b64encode(np.asarray(sizes, "<i4").reshape(-1, 2).tobytes()).decode("ascii")
-
-
-def _image_sizes(value: Any, nsamples: int | None, where: str) -> np.ndarray:
-    """The ``image_sizes`` of a shard list entry, checked (see :func:`encode_image_sizes`)."""
-    try:
-        raw = base64.b64decode(value, validate=True) if isinstance(value, str) else None
-    except ValueError:
-        raw = None
-    if raw is None or len(raw) % 8 or (nsamples is not None and len(raw) != 8 * nsamples):
-        raise ShardFormatError(f"{where}: image_sizes is not base64 of (height, width) int32 "
-                               f"pairs, one per sample ({nsamples} samples)")
-    sizes = np.frombuffer(raw, "<i4").reshape(-1, 2).astype(np.int64)
-    if ((sizes < -1) | (sizes == 0)).any():
-        raise ShardFormatError(f"{where}: image_sizes holds a size that is neither positive nor -1")
-    return sizes
 
 
 def resolve(spec: Any, options: dict | None = None, deadline: float | None = None
