@@ -542,6 +542,10 @@ class Transfer(Stage):
                     with self.side.copying():  # see _deliver_cuda
                         images = copy_region(buf.images_t, n, extent, self.device)
                         fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                        if self.size_divisibility is not None:
+                            # Before the event, as every copy from the buffer.
+                            sizes = buf.arrays[SIZE][0][:n].to(self.device, non_blocking=True)
+                            extra.append(sizes)
                     images = self.convert(images.permute(0, 3, 1, 2))
                 else:
                     if extent is not None and not self.convert.keeps_buffer_layout:
@@ -564,6 +568,8 @@ class Transfer(Stage):
                     else:
                         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
                     fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                    if self.size_divisibility is not None:
+                        sizes = buf.arrays[SIZE][0][:n].clone()
                 if self.size_divisibility is not None and self.convert.normalized:
                     # The padding was 0 in uint8, so (0 - mean) / std once normalized:
                     # make it 0 in the output, as torchvision's ImageList pads
@@ -593,10 +599,6 @@ class Transfer(Stage):
             watch(view, self.pool.release, buf)
         output = None
         if self.size_divisibility is not None:
-            sizes = buf.arrays[SIZE][0][:n]
-            sizes = sizes.to(self.device, non_blocking=True) if cuda else sizes.clone()
-            if cuda:
-                extra.append(sizes)
             keys = self.schema.keys if self.schema.is_dict else (IMAGE, *fields)
             output = {name: images if name == IMAGE else fields[name] for name in keys}
             output[SIZE] = sizes

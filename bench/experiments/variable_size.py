@@ -265,7 +265,9 @@ def main() -> int:
         for setting in order:
             out = subprocess.run([sys.executable, __file__, "--child", setting, str(args.images),
                                   str(args.epochs), str(side)], capture_output=True, text=True,
-                                 check=True, timeout=900)
+                                 timeout=900)
+            if out.returncode:
+                raise SystemExit(f"{setting} failed:\n{out.stderr[-3000:]}")
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["round"] = r
             runs.append(row)
