@@ -25,6 +25,8 @@ the delivered pixels (``1 - sum(h * w) / sum(B * Hb * Wb)``).
 
     python bench/experiments/variable_size.py [--images 240] [--epochs 2] [--rounds 3]
         [--out bench/results/variable_size]
+    python bench/experiments/variable_size.py --padding [--images 400 --epochs 2]
+    python bench/experiments/variable_size.py --interleaved 8 [--images 160]
 """
 
 from __future__ import annotations
@@ -232,6 +234,41 @@ def padding(images: int, epochs: int) -> list[str]:
     return lines
 
 
+def interleaved(images: int, pairs: int) -> list[str]:
+    """``feeder-var`` and ``feeder-fixed`` in one process, both warm (buffers
+    allocated, headers read), one epoch of each in turn: the ratio of each pair of
+    neighbouring epochs cancels most of a shared machine's drifting load."""
+    from feeder import Feeder, ops
+    blobs, shapes = make_blobs(images)
+    side = round(mean_area(shapes) ** 0.5)
+    var = Feeder(Blobs(blobs), BATCH, make_transforms(), shuffle=True, seed=0,
+                 max_image_size=(MAX_SIZE, MAX_SIZE), size_divisibility=32, group_by_aspect_ratio=True)
+    fixed = Feeder(Blobs(blobs), BATCH, [ops.Resize((side, side)), ops.RandomHorizontalFlip()],
+                   shuffle=True, seed=0)
+
+    def epoch(f, e):
+        f.set_epoch(e)
+        t = time.perf_counter()
+        n = sum(len(b["image"] if isinstance(b, dict) else b[0]) for b in f)
+        return n / (time.perf_counter() - t)
+
+    rows = []
+    with var, fixed:
+        epoch(var, 0), epoch(fixed, 0)  # warm: buffers, header sizes, caches
+        for k in range(pairs):
+            order = (var, fixed) if k % 2 == 0 else (fixed, var)
+            rates = {id(f): epoch(f, k + 1) for f in order}
+            rows.append((rates[id(var)], rates[id(fixed)]))
+    ratios = sorted(v / f for v, f in rows)
+    lines = [f"interleaved epochs in one process: {images} JPEGs, batch {BATCH}, feeder-var (grouped, "
+             f"max 1333, size_divisibility 32) and feeder-fixed (Resize(({side}, {side}))), "
+             f"{pairs} pairs of epochs, order alternating",
+             "", "pair  var img/s  fixed img/s  var/fixed"]
+    lines += [f"{k:4d} {v:10.1f} {f:12.1f} {v / f:10.3f}" for k, (v, f) in enumerate(rows)]
+    lines += ["", f"median var/fixed: {statistics.median(ratios):.3f}"]
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=240)
@@ -241,10 +278,13 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.txt")
     ap.add_argument("--padding", action="store_true",
                     help="only the padding of grouped against random batches (one process)")
+    ap.add_argument("--interleaved", type=int, default=0, metavar="PAIRS",
+                    help="only feeder-var against feeder-fixed, epochs alternating in one process")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.padding:
-        text = "\n".join(padding(args.images, args.epochs))
+    if args.padding or args.interleaved:
+        text = "\n".join(padding(args.images, args.epochs) if args.padding
+                          else interleaved(args.images, args.interleaved))
         print(text)
         if args.out:
             command = " ".join([os.path.relpath(sys.executable), *sys.argv])
