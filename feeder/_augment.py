@@ -233,6 +233,17 @@ class Chain:
             # of the slot and the others work there, so placing the image costs
             # no pass of its own (without one, the result is copied there).
             self._head, self._writer, self._tail = steps[:k + 1], None, steps[k + 1:]
+            # The last size-changing step, when it is a built-in that can say its
+            # output size before computing (``planned_size``, from the context's
+            # draws): it then writes straight into its region of the slot, as the
+            # writer of a fixed size does, and an oversize image is refused
+            # before it is computed.
+            self._placer = None
+            if k >= 0:
+                i, t = steps[k]
+                if (isinstance(t, Transform) and not isinstance(t, (_Callable, _SampleStep))
+                        and type(t).planned_size is not Transform.planned_size):
+                    self._head, self._placer = steps[:k], steps[k]
         else:
             self._head = steps[:max(k, 0)]
             self._writer = steps[k] if k >= 0 else None
@@ -332,12 +343,12 @@ class Chain:
                 if result is not out:
                     self._store(result, out, t)
             elif self.max_image_size is not None:
-                region = self._region(img, out, t)
+                img, region, t = self._run_placer(img, key, ctx, out, t)
                 for n, (i, t) in enumerate(self._tail):
                     result = t.apply(img if n == 0 else region, SampleRNG(key, i), region, None)
                     if result is not region:
                         np.copyto(region, result)
-                if not self._tail:
+                if not self._tail and img is not region:
                     np.copyto(region, img)
                 return region.shape[0], region.shape[1]
             else:
@@ -390,14 +401,23 @@ class Chain:
             size = (out.shape[0], out.shape[1])
             if self.max_image_size is not None:
                 # As in run(): the in-place steps write into the image's region of the slot.
-                region = self._region(img, out, t)
+                if self._placer is not None:
+                    i, t = self._placer
+                    c = ctx if i <= upto else None
+                    region = self._planned_region(t, img, c, out)
+                    self._check_plan(t, img, c)
+                    result, moved = t.apply_geometry(img, SampleRNG(key, i), region, c)
+                    geometry = self._follow(t, geometry, moved, img, result, spatial)
+                    img = self._settle(result, region, out, t)
+                if not (self._placer is not None and img is region):
+                    region = self._region(img, out, t)
                 for n, (i, t) in enumerate(self._tail):
                     source = img if n == 0 else region
                     result, moved = t.apply_geometry(source, SampleRNG(key, i), region, None)
                     geometry = self._follow(t, geometry, moved, source, result, spatial)
                     if result is not region:
                         np.copyto(region, result)
-                if not self._tail:
+                if not self._tail and img is not region:
                     np.copyto(region, img)
                 return _moved(fields, geometry), region.shape[:2]
             if self._writer is not None:
@@ -456,18 +476,55 @@ class Chain:
             raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
                                  f"= {width * height} pixels, above max_pixels={self.max_pixels}")
 
+    def _run_placer(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                    t: Transform | None) -> tuple[np.ndarray, np.ndarray, Transform | None]:
+        """Variable sizes, :meth:`run`: the placer step (if any) into its region of
+        the slot; returns the image, its region of the slot and the last step run."""
+        if self._placer is not None:
+            i, t = self._placer
+            c = ctx if i <= self._ctx_upto else None
+            region = self._planned_region(t, img, c, out)
+            self._check_plan(t, img, c)
+            img = self._settle(t.apply(img, SampleRNG(key, i), region, c), region, out, t)
+            if img is region:
+                return img, region, t
+        return img, self._region(img, out, t), t
+
+    def _planned_region(self, t: Transform, img: np.ndarray, ctx: SampleContext | None,
+                        out: np.ndarray) -> np.ndarray | None:
+        """The region of the slot ``t`` will fill (None when it cannot say); an
+        image larger than ``max_image_size`` is refused here, before it is computed."""
+        planned = t.planned_size(img.shape[0], img.shape[1], ctx)
+        if planned is None:
+            return None
+        return self._region(_Shape(planned), out, t)
+
+    def _settle(self, result: Any, region: np.ndarray | None, out: np.ndarray,
+                t: Transform) -> Any:
+        """What a placer returned: its region (written in place), else its own
+        array, checked and left for :meth:`_region` to place."""
+        if region is not None and result is not region:
+            if isinstance(result, np.ndarray) and result.shape != region.shape:
+                raise TransformError(f"transform {t!r} planned a {region.shape[1]}x"
+                                     f"{region.shape[0]} image but produced "
+                                     f"{result.shape[1]}x{result.shape[0]} (width x height)")
+        return result if region is None or result is not region else region
+
     def _region(self, img: Any, out: np.ndarray, by: Transform | None) -> np.ndarray:
         """Variable sizes: the top left of the slot ``out`` that ``img`` goes to."""
         who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
-        if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
-                and img.shape[2] == 3):
+        if isinstance(img, _Shape):
+            who = f"transform {by!r} would produce"
+        elif not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
+                  and img.shape[2] == 3):
             raise TransformError(f"{who} produced {type(img).__name__} "
                                  f"{getattr(img, 'shape', '')}, not a uint8 [H, W, 3] image")
         h, w = img.shape[:2]
         H, W = self.max_image_size
         if h > H or w > W:
             # One image's fault (its size), not the configuration's: skippable.
-            raise TransformError(f"{who} produced a {w}x{h} image (width x height), larger than "
+            verb = "" if isinstance(img, _Shape) else " produced"
+            raise TransformError(f"{who}{verb} a {w}x{h} image (width x height), larger than "
                                  f"max_image_size=({H}, {W}) (height, width): cap the size in the "
                                  f"transforms (a resize with a max_size) or raise max_image_size")
         return out[:h, :w]
@@ -488,6 +545,15 @@ class Chain:
                 f"batch buffer holds {out.shape} {out.dtype}; make the transforms end at "
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
+
+
+class _Shape:
+    """A planned image size, checked as an image would be (see ``Chain._region``)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.shape = (int(size[0]), int(size[1]), 3)
 
 
 def _moved(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:

@@ -376,3 +376,23 @@ def test_in_place_transforms_work_in_the_images_region(isolation):
         assert (batch["mask"][j, h:] == 255).all() and (batch["mask"][j, :h, w:] == 255).all()
         b, p = batch["boxes"][j], plain["boxes"][j]
         assert torch.allclose(b[:, [0, 2]], w - p[:, [2, 0]]) and torch.equal(b[:, [1, 3]], p[:, [1, 3]])
+
+
+@pytest.mark.parametrize("with_fields", [False, True])
+def test_a_resize_that_would_exceed_max_image_size_is_refused_before_it_runs(with_fields, monkeypatch):
+    # Resize says its size before computing: the sample fails as oversize, and the
+    # resize never runs on it.
+    calls = []
+    real = ops.Resize.apply_geometry if with_fields else ops.Resize.apply
+    monkeypatch.setattr(ops.Resize, "apply_geometry" if with_fields else "apply",
+                        lambda self, img, *a: calls.append(img.shape) or real(self, img, *a))
+    source = Segments([(20, 20), (20, 60)]) if with_fields else Sized([(20, 20), (20, 60)])
+    with Feeder(source, 2, [ops.Resize(20)], max_image_size=(40, 40), shuffle=False,
+                on_error="skip") as f:
+        batches = collect(f)
+        assert f.stats().skipped == 1
+    assert sum(len(b["size"]) for b in batches) == 1
+    assert calls == [(20, 20, 3)]
+    with Feeder(source, 2, [ops.Resize(20)], max_image_size=(40, 40), shuffle=False) as f:
+        with pytest.raises(SampleError, match=r"sample 1 .*would produce a 60x20 image"):
+            collect(f)

@@ -63,12 +63,29 @@ def make_transforms():
     class DetectionResize(ops.Transform):
         """Random shorter side from MIN_SIZES, longer side capped at MAX_SIZE."""
 
+        # The size is drawn before decoding (decode_hint, kept in ctx.plan), so
+        # the chain knows it (planned_size) and gives apply() the image's region
+        # of the batch slot to write into, as ops.Resize does.
+        def decode_hint(self, height, width, rng, ctx=None):
+            size = target_size(height, width, MIN_SIZES[rng.integers(0, len(MIN_SIZES))])
+            if ctx is not None:
+                ctx.plan = size
+            return size
+
+        def planned_size(self, height, width, ctx=None):
+            return ctx.plan if ctx is not None and ctx.plan is not None else None
+
         def apply(self, img, rng, out=None, ctx=None):
             # Bilinear, as ops.Resize((S, S)) of the fixed-size run (both enlarge
             # these images, where ops.Resize does not switch to area averaging).
             import cv2
-            h, w = img.shape[:2]
-            th, tw = target_size(h, w, MIN_SIZES[rng.integers(0, len(MIN_SIZES))])
+            if ctx is not None and ctx.plan is not None:
+                th, tw = ctx.plan
+            else:  # the same draw as decode_hint's (the same stream)
+                h, w = img.shape[:2]
+                th, tw = target_size(h, w, MIN_SIZES[rng.integers(0, len(MIN_SIZES))])
+            if out is not None and out.shape == (th, tw, 3):
+                return cv2.resize(img, (tw, th), dst=out, interpolation=cv2.INTER_LINEAR)
             return cv2.resize(img, (tw, th), interpolation=cv2.INTER_LINEAR)
 
         def __repr__(self):
