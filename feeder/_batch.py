@@ -503,19 +503,20 @@ class Batch:
               index: int = -1, record: list | None = None) -> None:
         """Put a sample computed into a scratch array in its slot (with its label,
         source index and other fields: ``record``, see :meth:`BatchBuffer.write`),
-        now or once the buffer is bound."""
+        now or once the buffer is bound. ``image`` is the scratch array, or for a
+        variable-size image its top-left view holding the image (only that is copied)."""
         with self._lock:
             if self.buffer is None:
                 self._stash.append((slot, image, label, index, record))
                 return
             buf = self.buffer
-        buf.images[slot] = image
+        _put_image(buf, slot, image)
         if record is None:
             buf.labels[slot] = label
         else:
             buf.write(slot, record)
         buf.indices[slot] = index
-        give(image)
+        give(_scratch_of(image))
 
     def bind(self, buffer: BatchBuffer, give: Callable[[np.ndarray], None]) -> bool:
         """Give the batch its buffer and copy in the samples that waited for it;
@@ -524,13 +525,13 @@ class Batch:
             self.buffer = buffer
             stash, self._stash = self._stash, []
             for slot, image, label, index, record in stash:
-                buffer.images[slot] = image
+                _put_image(buffer, slot, image)
                 if record is None:
                     buffer.labels[slot] = label
                 else:
                     buffer.write(slot, record)
                 buffer.indices[slot] = index
-                give(image)
+                give(_scratch_of(image))
             return next(self._done) == self._steps
 
     def fail(self, slot: int, error: BaseException) -> None:
@@ -558,6 +559,18 @@ class Batch:
                 _move_slots(buf, slot, buf, n, 1)
             n += 1
         return n
+
+
+def _put_image(buf: BatchBuffer, slot: int, image: np.ndarray) -> None:
+    """Copy a sample's image from a scratch array into ``slot``: the whole slot, or,
+    for a variable-size image (a top-left view of its scratch array), only it."""
+    h, w = image.shape[:2]
+    buf.images[slot, :h, :w] = image
+
+
+def _scratch_of(image: np.ndarray) -> np.ndarray:
+    # A variable-size image is a view of its scratch array: give back the array.
+    return image if image.base is None else image.base
 
 
 def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:

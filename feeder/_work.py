@@ -232,6 +232,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             if variable:
                 record = [(LABEL, NUMERIC, np.int64(label)),
                           (SIZE, NUMERIC, np.array(size, _SIZE_DTYPE))]
+                out = out[:size[0], :size[1]]  # only the image is copied into the slot
             batch.store(slot, out, label, scratch.give, task.index, record)
         return batch if batch.finish_slot() else None
 
@@ -248,6 +249,9 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             buf.write(slot, record)
             buf.indices[slot] = task.index
         else:
+            if variable:
+                h, w = next(value for name, _, value in record if name == SIZE)
+                out = out[:h, :w]  # only the image is copied into the slot
             batch.store(slot, out, -1, scratch.give, task.index, record)
 
     return Step("read", read), Step("decode", decode), Step("augment", augment)

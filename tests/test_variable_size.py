@@ -396,3 +396,31 @@ def test_a_resize_that_would_exceed_max_image_size_is_refused_before_it_runs(wit
     with Feeder(source, 2, [ops.Resize(20)], max_image_size=(40, 40), shuffle=False) as f:
         with pytest.raises(SampleError, match=r"sample 1 .*would produce a 60x20 image"):
             collect(f)
+
+
+@pytest.mark.parametrize("dicts", [False, True])
+def test_late_bound_batches_copy_each_image_with_its_size_and_padding(monkeypatch, dicts):
+    # Every batch starts without a buffer: its first samples wait in scratch arrays
+    # (max-size) and only their images' regions are copied into the slots.
+    from feeder._batch import BufferPool
+    monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
+    sizes = _sizes(18, seed=8)
+    source = Segments(sizes) if dicts else Sized(sizes)
+    with Feeder(source, 4, [ops.RandomHorizontalFlip()], max_image_size=(40, 40), seed=2,
+                decode_threads=3) as f:
+        batches = collect(f)
+    seen = []
+    for b in batches:
+        ids = (b["id"] if dicts else b["label"]).tolist()
+        seen += ids
+        for j, index in enumerate(ids):
+            h, w = b["size"][j].tolist()
+            assert (h, w) == sizes[index]
+            img = b["image"][j].permute(1, 2, 0).numpy()
+            ref = (source.samples[index][0] if dicts else source.images[index])
+            assert np.array_equal(img[:h, :w], ref) or np.array_equal(img[:h, :w], ref[:, ::-1])
+            assert not img[h:].any() and not img[:h, w:].any()
+            if dicts:
+                m = b["mask"][j].numpy()
+                assert (m[h:] == 255).all() and (m[:h, w:] == 255).all()
+    assert sorted(seen) == list(range(len(sizes)))
