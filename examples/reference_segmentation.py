@@ -8,10 +8,11 @@ What the reference's ``train.py`` and ``presets.py`` do, and where it is here:
   image with 0 and the mask with 255 (the loss's ignore index) when it is smaller
   than the crop, ``ToDtype(float32, scale=True)``, ``Normalize``; a random
   sampler, ``drop_last=True``; ``collate_fn`` pads images with 0 and masks with
-  255. Here: one :class:`ops.SampleTransform` does the random resize, pad and
-  crop of image and mask together (``random_resize_crop`` below), a built-in
-  flip, ``normalize=`` for the dtype and normalization, ``shuffle=True,
-  drop_last=True``.
+  255. Here: the same three transforms, in the same order
+  (``ops.RandomResize``, ``ops.RandomHorizontalFlip``, ``ops.RandomCrop`` with
+  ``pad_at="end"``, as the reference's ``pad_if_smaller``, and
+  ``mask_fill=255``), ``normalize=`` for the dtype and normalization,
+  ``shuffle=True, drop_last=True``.
 * evaluation: ``RandomResize(base_size, base_size)`` (the shorter side to
   ``base_size``, the aspect ratio kept), ``batch_size=1``, in order. Here:
   ``ops.Resize(base_size)`` with ``max_image_size``: each image at its own size,
@@ -32,8 +33,6 @@ import argparse
 import glob
 import os
 
-import cv2
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -67,42 +66,14 @@ class SegmentationFiles:
         return self.images[index]
 
 
-def random_resize_crop(min_size: int, max_size: int, crop: int) -> ops.SampleTransform:
-    """The reference's ``RandomResize(min_size, max_size)`` then ``RandomCrop(crop)``
-    (after the flip there, before it here: a flip commutes with neither, but the
-    distribution of the results is the same), on the image and its mask together:
-    a random shorter side, then a pad to at least ``crop`` (0 for the image, 255
-    for the mask) and a random ``crop x crop`` window."""
-
-    def step(sample: dict, rng) -> dict:
-        image, mask = sample["image"], sample["mask"]
-        h, w = image.shape[:2]
-        size = rng.integers(min_size, max_size + 1)  # torchvision: random.randint(min, max)
-        if h <= w:
-            oh, ow = size, max(1, int(size * w / h))
-        else:
-            oh, ow = max(1, int(size * h / w)), size
-        image = cv2.resize(image, (ow, oh), interpolation=cv2.INTER_LINEAR)
-        mask = cv2.resize(mask, (ow, oh), interpolation=cv2.INTER_NEAREST)
-        ph, pw = max(crop - oh, 0), max(crop - ow, 0)
-        if ph or pw:  # pad_if_smaller: bottom and right
-            image = cv2.copyMakeBorder(image, 0, ph, 0, pw, cv2.BORDER_CONSTANT, value=0)
-            mask = cv2.copyMakeBorder(mask, 0, ph, 0, pw, cv2.BORDER_CONSTANT, value=IGNORE)
-        top = rng.integers(0, image.shape[0] - crop + 1)
-        left = rng.integers(0, image.shape[1] - crop + 1)
-        sample["image"] = np.ascontiguousarray(image[top:top + crop, left:left + crop])
-        sample["mask"] = np.ascontiguousarray(mask[top:top + crop, left:left + crop])
-        return sample
-
-    return ops.SampleTransform(step, output_size=(crop, crop))
-
-
 def loaders(root: str, base_size: int, crop_size: int, batch_size: int, device: str,
             max_side: int) -> tuple[Feeder, Feeder]:
     source = SegmentationFiles(root)
     train = Feeder(source, batch_size, shuffle=True, drop_last=True, device=device,
-                   transforms=[random_resize_crop(base_size // 2, base_size * 2, crop_size),
-                               ops.RandomHorizontalFlip(0.5)],
+                   transforms=[ops.RandomResize(base_size // 2, base_size * 2),
+                               ops.RandomHorizontalFlip(0.5),
+                               # pad_if_smaller: right and bottom, the mask with 255
+                               ops.RandomCrop(crop_size, pad_at="end", fill=0, mask_fill=IGNORE)],
                    normalize=(MEAN, STD))
     # Evaluation at the images' own size: one per batch, as the reference does.
     val = Feeder(source, 1, shuffle=False, device=device, transforms=[ops.Resize(base_size)],
