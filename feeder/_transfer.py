@@ -424,12 +424,15 @@ class BatchTransforms:
         self.fields_checked = True
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, number: int,
-                 masks: dict[str, torch.Tensor] | None = None, indices: np.ndarray | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 masks: dict[str, torch.Tensor] | None = None, indices: np.ndarray | None = None,
+                 sizes: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the transforms to one batch; ``masks`` (field name -> ``[B, H, W]``),
         when given, are replaced in it by the masks as the transforms moved them.
         ``indices`` are the batch's source indices: a transform with ``apply_keyed``
-        (per-sample draws, e.g. RandomErasing) gets one SampleRNG per sample from them."""
+        (per-sample draws, e.g. RandomErasing) gets one SampleRNG per sample from them,
+        and, for a batch of images of different sizes, ``sizes`` (each image's valid
+        ``(height, width)``, host int64 ``[B, 2]``), so it draws within the image
+        rather than over its padding."""
         for position, t in enumerate(self.transforms):
             try:
                 if indices is not None and hasattr(t, "apply_keyed"):
@@ -438,7 +441,10 @@ class BatchTransforms:
                     # same way whichever batch it lands in.
                     ek = epoch_key(self.seed, self.epoch)
                     rngs = [SampleRNG(index_key(ek, int(i)), _KEYED_STREAM + position) for i in indices]
-                    images, labels = t.apply_keyed(images, labels, rngs)
+                    if sizes is None:
+                        images, labels = t.apply_keyed(images, labels, rngs)
+                    else:
+                        images, labels = t.apply_keyed(images, labels, rngs, sizes=sizes)
                 elif masks and hasattr(t, "apply_with_masks"):
                     gen = batch_generator(self.seed, self.epoch, number, position, self.device)
                     images, labels, moved = t.apply_with_masks(images, labels, gen, dict(masks))
@@ -649,7 +655,8 @@ class Transfer(Stage):
                 if self.batch is not None:
                     masks = {name: fields[name] for name, spec in self.schema.specs.items()
                              if spec.kind == MASKS}
-                    images, labels = self.batch(images, labels, number, masks, indices)
+                    valid = buf.arrays[SIZE][1][:n] if self.size_divisibility is not None else None
+                    images, labels = self.batch(images, labels, number, masks, indices, valid)
                     fields[LABEL] = labels
                     extra.append(labels)
                     for name, mask in masks.items():

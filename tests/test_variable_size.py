@@ -424,3 +424,36 @@ def test_late_bound_batches_copy_each_image_with_its_size_and_padding(monkeypatc
                 m = b["mask"][j].numpy()
                 assert (m[h:] == 255).all() and (m[:h, w:] == 255).all()
     assert sorted(seen) == list(range(len(sizes)))
+
+
+def test_random_erasing_draws_within_each_image_not_its_padding():
+    # Two very different sizes in one batch: the small image's rectangle must lie
+    # inside its own (h, w), as torchvision draws it on the unpadded image.
+    import simplejpeg
+
+    sizes = [(16, 16), (64, 64)] * 6
+    blobs = [simplejpeg.encode_jpeg(np.full((h, w, 3), 200, np.uint8), quality=95) for h, w in sizes]
+
+    class Two:
+        def __len__(self):
+            return len(blobs)
+
+        def read(self, i):
+            return blobs[i], i
+
+    erase = ops.RandomErasing(p=1.0, scale=(0.2, 0.3), value=(0.0,))
+    with Feeder(Two(), 2, [], max_image_size=(64, 64), dtype=torch.float32,
+                batch_transforms=[erase], seed=1) as f:
+        for batch in f:
+            images, valid = batch["image"], batch["size"]
+            for img, (h, w) in zip(images, valid.tolist()):
+                erased = img[0] == 0.0
+                inside = erased[:h, :w]
+                assert inside.any(), "p=1: every image is erased"
+                # Nothing erased in the padding beyond (h, w) but the padding's own zeros:
+                # the rectangle's rows and columns all lie inside the image.
+                rows = torch.nonzero(inside.any(1)).flatten()
+                cols = torch.nonzero(inside.any(0)).flatten()
+                assert rows.max() < h and cols.max() < w
+                area = int(inside.sum())
+                assert 0.15 * h * w <= area <= 0.35 * h * w, (h, w, area)
