@@ -152,14 +152,22 @@ class Chain:
         image_size: (height, width) of the batch buffers; inferred from the
             transforms when None.
         max_pixels: Largest image (height * width) any transform may produce.
+        max_image_size: (height, width) of the largest output image, for
+            transforms whose output size depends on the input: every image is
+            then placed at the top left of its slot, and :meth:`run` returns its
+            size. None: one fixed size (``image_size`` or the transforms').
+        size_divisibility: The batch buffers' sides are ``max_image_size``
+            rounded up to a multiple of it (a batch is padded to such a multiple).
 
     Raises:
         ValueError: ``image_size`` is not two positive ints, the output size cannot
-            be inferred, contradicts ``image_size`` or exceeds ``max_pixels``.
+            be inferred, contradicts ``image_size`` or exceeds ``max_pixels``; or
+            ``max_image_size`` is given for transforms of a fixed output size.
     """
 
     def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS,
+                 max_image_size: tuple[int, int] | None = None, size_divisibility: int = 1) -> None:
         if image_size is not None:
             image_size = image_size_pair(image_size)
         ts: list[Transform] = []
@@ -191,6 +199,22 @@ class Chain:
                                      f"max_pixels={max_pixels}")
             elif not t.preserves_size:
                 size = _VARIABLE
+        #: Variable-size output: (height, width) of the largest image, else None.
+        self.max_image_size: tuple[int, int] | None = None
+        if max_image_size is not None:
+            max_image_size = image_size_pair(max_image_size)
+            if isinstance(size, tuple):
+                raise ValueError(f"max_image_size={max_image_size} is for transforms whose output "
+                                 f"size varies, but these ({ts}) always produce {size[1]}x{size[0]} "
+                                 f"(width x height): drop max_image_size")
+            d = size_divisibility
+            buffer = (-(-max_image_size[0] // d) * d, -(-max_image_size[1] // d) * d)
+            if buffer[0] * buffer[1] > max_pixels:
+                raise ValueError(f"max_image_size={max_image_size} (batch buffers of {buffer[1]}x"
+                                 f"{buffer[0]} with size_divisibility={d}) is above "
+                                 f"max_pixels={max_pixels}")
+            self.max_image_size = max_image_size
+            size = image_size = buffer
         if image_size is not None:
             if isinstance(size, tuple) and size != image_size:
                 raise ValueError(f"image_size={image_size} but the transforms produce {size}")
@@ -201,16 +225,37 @@ class Chain:
             raise ValueError(
                 "cannot tell the output image size from the transforms "
                 f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
-                "CenterCrop, Resize((h, w))) or pass image_size=(height, width)"
+                "CenterCrop, Resize((h, w))), pass image_size=(height, width), or, for "
+                "batches of images of different sizes (padded to the largest of each batch), "
+                "max_image_size=(height, width)"
                 + ("; an ops.Albumentations whose pipeline ends at a fixed size declares it with "
                    "output_size=(h, w)" if any(type(t).__name__ == "Albumentations" for t in ts) else ""))
+        #: (height, width) of the batch buffers' images (of every image, unless variable).
         self.image_size: tuple[int, int] = size
         k = len(steps) - 1
         while k >= 0 and steps[k][1].inplace:
             k -= 1
-        self._head = steps[:max(k, 0)]
-        self._writer = steps[k] if k >= 0 else None
-        self._tail = steps[k + 1:]
+        if self.max_image_size is not None:
+            # Sizes vary: the size-changing steps run on their own outputs; the
+            # first in-place step (a flip) then writes the result to the top left
+            # of the slot and the others work there, so placing the image costs
+            # no pass of its own (without one, the result is copied there).
+            self._head, self._writer, self._tail = steps[:k + 1], None, steps[k + 1:]
+            # The last size-changing step, when it is a built-in that can say its
+            # output size before computing (``planned_size``, from the context's
+            # draws): it then writes straight into its region of the slot, as the
+            # writer of a fixed size does, and an oversize image is refused
+            # before it is computed.
+            self._placer = None
+            if k >= 0:
+                i, t = steps[k]
+                if (isinstance(t, Transform) and not isinstance(t, (_Callable, _SampleStep))
+                        and type(t).planned_size is not Transform.planned_size):
+                    self._head, self._placer = steps[:k], steps[k]
+        else:
+            self._head = steps[:max(k, 0)]
+            self._writer = steps[k] if k >= 0 else None
+            self._tail = steps[k + 1:]
         # Reduced-scale decode is driven by the first size-changing built-in
         # transform, if nothing before it but size-preserving built-ins. A region
         # decode only when it is the very first step: a transform before it would
@@ -278,8 +323,13 @@ class Chain:
 
         return plan
 
-    def run(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
-        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8).
+    def run(self, img: np.ndarray, key: int, ctx: SampleContext,
+            out: np.ndarray) -> tuple[int, int]:
+        """Apply the chain to ``img`` and leave the result in ``out`` ([H, W, 3] uint8;
+        with ``max_image_size``, in its top left corner).
+
+        Returns:
+            The (height, width) of the result.
 
         Raises:
             TransformError: a transform would produce (or produced) more than
@@ -303,6 +353,15 @@ class Chain:
                 result = t.apply(img, SampleRNG(key, i), out, c)
                 if result is not out:
                     self._store(result, out, t)
+            elif self.max_image_size is not None:
+                img, region, t = self._run_placer(img, key, ctx, out, t)
+                for n, (i, t) in enumerate(self._tail):
+                    result = t.apply(img if n == 0 else region, SampleRNG(key, i), region, None)
+                    if result is not region:
+                        np.copyto(region, result)
+                if not self._tail and img is not region:
+                    np.copyto(region, img)
+                return region.shape[0], region.shape[1]
             else:
                 self._store(img, out, None)
             for i, t in self._tail:
@@ -311,12 +370,20 @@ class Chain:
             if t is not None and not isinstance(exc, TransformError):
                 exc.add_note(f"in transform {t!r}")
             raise
+        return out.shape[0], out.shape[1]
 
     def run_fields(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
                    fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+        """:meth:`run_fields_sized` without the size."""
+        return self.run_fields_sized(img, key, ctx, out, fields, geometry)[0]
+
+    def run_fields_sized(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                         fields: dict[str, Any], geometry: Geometry
+                         ) -> tuple[dict[str, Any], tuple[int, int]]:
         """:meth:`run` for a sample with other fields: the image goes into ``out`` and
-        the fields come back moved with it (the mask resampled to ``out``'s size,
-        the boxes mapped, clipped and filtered, with their per-box fields).
+        the fields come back moved with it (the mask resampled to the image's size,
+        the boxes mapped, clipped and filtered, with their per-box fields), with
+        the (height, width) of the image.
 
         Args:
             geometry: From the fields' coordinates (the full-size image's pixels)
@@ -347,6 +414,28 @@ class Chain:
                 geometry = self._follow(t, geometry, moved, img, result, spatial)
                 img = result
                 self._check_pixels(t, img.shape[0], img.shape[1], "produced")
+            size = (out.shape[0], out.shape[1])
+            if self.max_image_size is not None:
+                # As in run(): the in-place steps write into the image's region of the slot.
+                if self._placer is not None:
+                    i, t = self._placer
+                    c = ctx if i <= upto else None
+                    region = self._planned_region(t, img, c, out)
+                    self._check_plan(t, img, c, key, i)
+                    result, moved = t.apply_geometry(img, SampleRNG(key, i), region, c)
+                    geometry = self._follow(t, geometry, moved, img, result, spatial)
+                    img = self._settle(result, region, out, t)
+                if not (self._placer is not None and img is region):
+                    region = self._region(img, out, t)
+                for n, (i, t) in enumerate(self._tail):
+                    source = img if n == 0 else region
+                    result, moved = t.apply_geometry(source, SampleRNG(key, i), region, None)
+                    geometry = self._follow(t, geometry, moved, source, result, spatial)
+                    if result is not region:
+                        np.copyto(region, result)
+                if not self._tail and img is not region:
+                    np.copyto(region, img)
+                return _moved(fields, geometry), region.shape[:2]
             if self._writer is not None:
                 i, t = self._writer
                 if isinstance(t, _SampleStep):
@@ -372,7 +461,7 @@ class Chain:
             if t is not None and not isinstance(exc, TransformError):
                 exc.add_note(f"in transform {t!r}")
             raise
-        return _moved(fields, geometry)
+        return _moved(fields, geometry), size
 
     def _sample_step(self, t: "_SampleStep", img: np.ndarray, fields: dict[str, Any],
                      geometry: Geometry, key: int, i: int) -> tuple[np.ndarray, dict[str, Any], Geometry]:
@@ -410,6 +499,59 @@ class Chain:
             raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
                                  f"= {width * height} pixels, above max_pixels={self.max_pixels}")
 
+    def _run_placer(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
+                    t: Transform | None) -> tuple[np.ndarray, np.ndarray, Transform | None]:
+        """Variable sizes, :meth:`run`: the placer step (if any) into its region of
+        the slot; returns the image, its region of the slot and the last step run."""
+        if self._placer is not None:
+            i, t = self._placer
+            c = ctx if i <= self._ctx_upto else None
+            region = self._planned_region(t, img, c, out)
+            self._check_plan(t, img, c, key, i)
+            img = self._settle(t.apply(img, SampleRNG(key, i), region, c), region, out, t)
+            if img is region:
+                return img, region, t
+        return img, self._region(img, out, t), t
+
+    def _planned_region(self, t: Transform, img: np.ndarray, ctx: SampleContext | None,
+                        out: np.ndarray) -> np.ndarray | None:
+        """The region of the slot ``t`` will fill (None when it cannot say); an
+        image larger than ``max_image_size`` is refused here, before it is computed."""
+        planned = t.planned_size(img.shape[0], img.shape[1], ctx)
+        if planned is None:
+            return None
+        return self._region(_Shape(planned), out, t)
+
+    def _settle(self, result: Any, region: np.ndarray | None, out: np.ndarray,
+                t: Transform) -> Any:
+        """What a placer returned: its region (written in place), else its own
+        array, checked and left for :meth:`_region` to place."""
+        if region is not None and result is not region:
+            if isinstance(result, np.ndarray) and result.shape != region.shape:
+                raise TransformError(f"transform {t!r} planned a {region.shape[1]}x"
+                                     f"{region.shape[0]} image but produced "
+                                     f"{result.shape[1]}x{result.shape[0]} (width x height)")
+        return result if region is None or result is not region else region
+
+    def _region(self, img: Any, out: np.ndarray, by: Transform | None) -> np.ndarray:
+        """Variable sizes: the top left of the slot ``out`` that ``img`` goes to."""
+        who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
+        if isinstance(img, _Shape):
+            who = f"transform {by!r} would produce"
+        elif not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
+                  and img.shape[2] == 3):
+            raise TransformError(f"{who} produced {type(img).__name__} "
+                                 f"{getattr(img, 'shape', '')}, not a uint8 [H, W, 3] image")
+        h, w = img.shape[:2]
+        H, W = self.max_image_size
+        if h > H or w > W:
+            # One image's fault (its size), not the configuration's: skippable.
+            verb = "" if isinstance(img, _Shape) else " produced"
+            raise TransformError(f"{who}{verb} a {w}x{h} image (width x height), larger than "
+                                 f"max_image_size=({H}, {W}) (height, width): cap the size in the "
+                                 f"transforms (a resize with a max_size) or raise max_image_size")
+        return out[:h, :w]
+
     @staticmethod
     def _store(img: np.ndarray, out: np.ndarray, by: Transform | None) -> None:
         who = f"transform {by!r}" if by is not None else "the decoder (no transforms)"
@@ -427,3 +569,11 @@ class Chain:
                 f"image_size={out.shape[:2]}")
         np.copyto(out, img)
 
+
+class _Shape:
+    """A planned image size, checked as an image would be (see ``Chain._region``)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, size: tuple[int, int]) -> None:
+        self.shape = (int(size[0]), int(size[1]), 3)

@@ -170,26 +170,30 @@ class MaskPlanes:
         return self.high
 
     def write(self, slot: int, mask: np.ndarray) -> None:
+        # A mask smaller than the plane (variable-size batches) goes to its top left.
+        h, w = mask.shape
         if mask.dtype == np.uint8:
-            self.low[slot] = mask
+            self.low[slot, :h, :w] = mask
             self.wide[slot] = False
             high = self.high
             if high is not None:
                 high[slot] = 0  # left from an earlier batch in this buffer
         else:
-            np.copyto(self.low[slot], mask, casting="unsafe")  # the low byte
-            np.copyto(self._high()[slot], mask >> 8, casting="unsafe")
+            np.copyto(self.low[slot, :h, :w], mask, casting="unsafe")  # the low byte
+            np.copyto(self._high()[slot, :h, :w], mask >> 8, casting="unsafe")
             self.wide[slot] = True
 
     def is_wide(self, n: int) -> bool:
         """Whether the first ``n`` slots hold a 16-bit mask (the batch is then int64)."""
         return bool(self.wide[:n].any())
 
-    def host(self, n: int) -> np.ndarray:
-        """The first ``n`` masks as one host array: uint8, or int64 when wide."""
+    def host(self, n: int, height: int | None = None, width: int | None = None) -> np.ndarray:
+        """The first ``n`` masks (their top left ``height x width``, default all) as one
+        host array: uint8, or int64 when wide."""
+        region = np.s_[:n, :height, :width]
         if not self.is_wide(n):
-            return self.low[:n].copy()
-        return self.low[:n].astype(np.int64) | (self.high[:n].astype(np.int64) << 8)
+            return np.ascontiguousarray(self.low[region])
+        return self.low[region].astype(np.int64) | (self.high[region].astype(np.int64) << 8)
 
 
 def _move_masks(src: MaskPlanes, start: int, dst: MaskPlanes, to: int, n: int) -> None:
@@ -506,19 +510,20 @@ class Batch:
               index: int = -1, record: list | None = None) -> None:
         """Put a sample computed into a scratch array in its slot (with its label,
         source index and other fields: ``record``, see :meth:`BatchBuffer.write`),
-        now or once the buffer is bound."""
+        now or once the buffer is bound. ``image`` is the scratch array, or for a
+        variable-size image its top-left view holding the image (only that is copied)."""
         with self._lock:
             if self.buffer is None:
                 self._stash.append((slot, image, label, index, record))
                 return
             buf = self.buffer
-        buf.images[slot] = image
+        _put_image(buf, slot, image)
         if record is None:
             buf.labels[slot] = label
         else:
             buf.write(slot, record)
         buf.indices[slot] = index
-        give(image)
+        give(_scratch_of(image))
 
     def bind(self, buffer: BatchBuffer, give: Callable[[np.ndarray], None]) -> bool:
         """Give the batch its buffer and copy in the samples that waited for it;
@@ -527,13 +532,13 @@ class Batch:
             self.buffer = buffer
             stash, self._stash = self._stash, []
             for slot, image, label, index, record in stash:
-                buffer.images[slot] = image
+                _put_image(buffer, slot, image)
                 if record is None:
                     buffer.labels[slot] = label
                 else:
                     buffer.write(slot, record)
                 buffer.indices[slot] = index
-                give(image)
+                give(_scratch_of(image))
             return next(self._done) == self._steps
 
     def fail(self, slot: int, error: BaseException) -> None:
@@ -563,6 +568,18 @@ class Batch:
         return n
 
 
+def _put_image(buf: BatchBuffer, slot: int, image: np.ndarray) -> None:
+    """Copy a sample's image from a scratch array into ``slot``: the whole slot, or,
+    for a variable-size image (a top-left view of its scratch array), only it."""
+    h, w = image.shape[:2]
+    buf.images[slot, :h, :w] = image
+
+
+def _scratch_of(image: np.ndarray) -> np.ndarray:
+    # A variable-size image is a view of its scratch array: give back the array.
+    return image if image.base is None else image.base
+
+
 def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:
     """Copy ``n`` samples (image, label, source index, every other field) from
     ``src[start:]`` to ``dst[to:]`` (the ranges may overlap within one buffer)."""
@@ -579,6 +596,47 @@ def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int)
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
 
+#: The field of variable-size batches holding each image's valid (height, width).
+SIZE = "size"
+
+
+def batch_extent(sizes: np.ndarray, divisibility: int) -> tuple[int, int]:
+    """The (height, width) a variable-size batch is padded to: its largest image's
+    sides, each rounded up to a multiple of ``divisibility``."""
+    h, w = (int(v) for v in sizes.max(axis=0))
+    d = divisibility
+    return -(-h // d) * d, -(-w // d) * d
+
+
+class Padding:
+    """Pads variable-size batches (``Feeder(max_image_size=...)``).
+
+    Every image sits at the top left of its slot with its (height, width) in the
+    buffer's ``"size"`` array. Before a batch is delivered, the pixels of the
+    batch's extent (:func:`batch_extent`) outside each image are set to 0, and
+    those outside each mask to ``mask_fill``: the slots hold whatever an earlier
+    batch of the buffer left there. Only the padding is written, nothing else:
+    the cost is that of the padding itself.
+    """
+
+    def __init__(self, divisibility: int, mask_fill: int) -> None:
+        self.divisibility = divisibility
+        self.mask_fill = mask_fill
+
+    def __call__(self, buf: BatchBuffer, n: int) -> None:
+        sizes = buf.arrays[SIZE][1][:n]
+        Hb, Wb = batch_extent(sizes, self.divisibility)
+        planes = buf.planes
+        fill = self.mask_fill
+        for slot in range(n):
+            h, w = (int(v) for v in sizes[slot])
+            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, fill),
+                                 (None if planes is None else planes.high, 0)):
+                if plane is None:
+                    continue
+                plane[slot, h:Hb, :Wb] = value
+                plane[slot, :h, w:Wb] = value
+
 
 class Collator:
     """Turns completed batches into full output batches, in order when asked.
@@ -593,8 +651,12 @@ class Collator:
 
     def __init__(self, batch_size: int, ordered: bool, drop_last: bool,
                  release: Callable[[BatchBuffer], None],
-                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None) -> None:
+                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None,
+                 pad: Callable[[BatchBuffer, int], None] | None = None) -> None:
         self.batch_size = batch_size
+        # Run on each output batch as it leaves (variable sizes: Padding); in the
+        # isolated engine that is the worker process, off the training process.
+        self._pad = pad
         self.ordered = ordered
         self.drop_last = drop_last
         self._release = release
@@ -610,6 +672,21 @@ class Collator:
         Raises:
             BaseException: the batch's recorded error, when it is next in line.
         """
+        if self._pad is None:
+            yield from self._add(batch)
+            return
+        for buf, n in self._add(batch):
+            self._padded(buf, n)
+            yield buf, n
+
+    def _padded(self, buf: BatchBuffer, n: int) -> None:
+        try:
+            self._pad(buf, n)
+        except BaseException:
+            self._release(buf)
+            raise
+
+    def _add(self, batch: Batch) -> Iterator[Output]:
         if not self.ordered:
             yield from self._take(batch)
             return
@@ -620,6 +697,12 @@ class Collator:
 
     def finish(self) -> Iterator[Output]:
         """End of pass: deliver (or drop, with ``drop_last``) the open partial batch."""
+        for buf, n in self._finish():
+            if self._pad is not None:
+                self._padded(buf, n)
+            yield buf, n
+
+    def _finish(self) -> Iterator[Output]:
         if self._pending:
             raise RuntimeError(f"batches {sorted(self._pending)} completed but never sequenced")
         if self._open is not None:

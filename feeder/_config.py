@@ -235,7 +235,40 @@ def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
 
 
 def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
-    return None if value is None else image_size_pair(value)
+    if value is None:
+        return None
+    try:
+        return image_size_pair(value)
+    except ValueError:
+        raise ValueError(f"{name} must be (height, width), two positive ints; got {value!r}") from None
+
+
+def _mask_fill(name: str, value: object) -> int:
+    # The padding of a uint8 mask plane: 255 is the ignore index of the
+    # segmentation references (and of CrossEntropyLoss(ignore_index=255)).
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
+        raise ValueError(f"{name} must be an int in [0, 255] (the value of padded mask pixels), "
+                         f"got {value!r}")
+    return int(value)
+
+
+# torchvision's detection reference: ``--aspect-ratio-group-factor 3`` (bins at
+# 2 ** linspace(-1, 1, 2 * 3 + 1)), the value True stands for.
+DEFAULT_GROUP_FACTOR = 3
+
+
+def _group_option(name: str, value: object) -> int | None:
+    """False/None: no grouping; True: torchvision's default factor; an int k >= 0: its
+    ``create_aspect_ratio_groups(k)`` bins (k=0: landscape vs portrait)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEFAULT_GROUP_FACTOR
+    if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_) and 0 <= value <= 64:
+        return int(value)
+    raise ValueError(f"{name} must be True, False or a group factor k in [0, 64] (bins at "
+                     f"2 ** linspace(-1, 1, 2k + 1) of width / height, as torchvision's "
+                     f"create_aspect_ratio_groups), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -265,6 +298,10 @@ class Config:
     rank: int | None = _option(None, _optional_rank)
     world_size: int | None = _option(None, _optional_rank)
     image_size: tuple[int, int] | None = _option(None, _image_size_option)
+    max_image_size: tuple[int, int] | None = _option(None, _image_size_option)
+    size_divisibility: int = _option(1, _positive)
+    mask_fill: int = _option(255, _mask_fill)
+    group_by_aspect_ratio: int | None = _option(False, _group_option)
     max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive)
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
@@ -334,6 +371,17 @@ class Config:
             raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "
                               f"process of isolation='process', but isolation='thread'; give "
                               f"isolation='process' or leave start_method at 'auto'")
+        if values["max_image_size"] is None:
+            # Both only shape variable-size batches: given alone they would do nothing.
+            for name, default in (("size_divisibility", 1), ("mask_fill", 255)):
+                if values[name] != default:
+                    raise ConfigError(f"{name}={values[name]!r} applies to variable-size batches: "
+                                      f"give max_image_size=(height, width) too, or leave {name} "
+                                      f"at {default}")
+        elif values["image_size"] is not None:
+            raise ConfigError(f"give image_size (every image that size) or max_image_size "
+                              f"(variable sizes up to it), not both; got image_size="
+                              f"{values['image_size']}, max_image_size={values['max_image_size']}")
         if values["rank"] is not None and values["rank"] >= values["world_size"]:
             raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
                              f"world_size={values['world_size']}")

@@ -761,3 +761,27 @@ def decode_scale(full: tuple[int, int], decoded: tuple[int, int]) -> tuple[float
         if all(-(-f * k // 8) == d for f, d in zip(full, decoded)):
             return k / 8, k / 8
     return decoded[0] / full[0], decoded[1] / full[1]
+
+
+def header_size(data: bytes | memoryview, exif_orientation: bool = False) -> tuple[int, int]:
+    """The (height, width) an image decodes to, from its header alone (no pixel is
+    decoded or allocated); transposed by its EXIF orientation when that is applied.
+
+    Raises:
+        DecodeError: a format that cannot be decoded, or a header that cannot be read.
+    """
+    if bytes(data[:2]) == b"\xff\xd8":
+        if _jpeg is not None:
+            w, h = _jpeg.header(data)[:2]
+        else:
+            try:
+                h, w = simplejpeg.decode_jpeg_header(data)[:2]
+            except ValueError as exc:
+                raise DecodeError(f"corrupt JPEG header: {exc}") from exc
+        header = None
+    else:
+        header = _read_header(data)
+        h, w = header.height, header.width
+    if exif_orientation and _orientation(header, data) >= 5:
+        return int(w), int(h)
+    return int(h), int(w)

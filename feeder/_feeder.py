@@ -31,6 +31,7 @@ from ._resume import (COMPACT_ABOVE, COMPACT_VERSION, FORMAT_VERSION, Progress, 
                       pass_finished, unpack)
 from ._sampler import (LAZY_MIN, check_epoch, num_batches, pass_sequence, shard_layout, shard_size,
                        shard_sizes)
+from ._group import group_sequence
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import Delivery, Failure, SideStream
@@ -79,6 +80,10 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# Settings saved in a state only when set (see Feeder._settings).
+_OPTIONAL_SETTINGS = ("max_image_size", "size_divisibility", "group_by_aspect_ratio")
 
 
 class _Engine:
@@ -358,6 +363,27 @@ class Feeder:
             as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
+        max_image_size: (height, width) of the largest image, for transforms
+            whose output size varies (``Resize(800)``, or none): batches are then
+            dicts with ``"image"`` ``[B, 3, Hb, Wb]`` padded with zeros to the
+            largest image of the batch (bottom and right), ``"size"`` int64
+            ``[B, 2]`` (each image's valid height and width), and the other
+            fields (``"label"``; a ``"mask"`` padded with ``mask_fill``; boxes
+            unchanged). The batch buffers are allocated for it: a larger image
+            is an error naming the sample (skipped under ``on_error="skip"``).
+            ``batch_size=1`` delivers each image as decoded and transformed.
+        size_divisibility: Variable sizes: pad each batch's height and width up
+            to a multiple of it (32 for FPN backbones, as detectron2 and
+            mmdetection do); the buffers are ``max_image_size`` rounded up too.
+        mask_fill: Variable sizes: the value of padded mask pixels (255, the
+            segmentation references' ignore index).
+        group_by_aspect_ratio: Batch samples of similar aspect ratio together, as
+            torchvision's ``GroupedBatchSampler`` does: True (its default factor
+            3) or a factor ``k`` (bins at ``2 ** linspace(-1, 1, 2k + 1)`` of
+            width / height; 0: landscape vs portrait). Sizes come from the image
+            headers, read once per source (or from ``source.image_sizes()``);
+            every sample still once per epoch, in an order that depends only on
+            (seed, epoch, rank).
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
@@ -430,7 +456,8 @@ class Feeder:
                             f"got {type(source).__name__}")
         self.config = cfg = Config.build(reads_may_block(source), batch_size=batch_size, **options)
         self.source = source
-        self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels)
+        self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels, cfg.max_image_size,
+                           cfg.size_divisibility)
         # Ranks are resolved again at every pass (see ``rank``): a feeder built
         # before init_process_group must shard once the group exists.
         self._given_shard = (cfg.rank, cfg.world_size)
@@ -492,7 +519,8 @@ class Feeder:
     # -- shape of an epoch --------------------------------------------------
     @property
     def image_size(self) -> tuple[int, int]:
-        """(height, width) of the images in every batch."""
+        """(height, width) of the images in every batch; with ``max_image_size``, of
+        the batch buffers (``max_image_size`` rounded up to ``size_divisibility``)."""
         return self.chain.image_size
 
     @property
@@ -582,9 +610,10 @@ class Feeder:
     def _pass_sequence(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
         """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
         c = self.config
-        return pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
-                             c.on_error == "skip", self.seed if seed is None else seed, epoch,
-                             self.rank if rank is None else rank, self.world_size, self._layout)
+        order = pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
+                              c.on_error == "skip", self.seed if seed is None else seed, epoch,
+                              self.rank if rank is None else rank, self.world_size, self._layout)
+        return group_sequence(order, self.source, c)
 
     def _new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
                       batches: int = 0) -> Progress:
@@ -602,7 +631,13 @@ class Feeder:
                 "image_size": tuple(self.image_size), "exif_orientation": c.exif_orientation,
                 "transforms": describe_transforms(self.chain.transforms),
                 **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {}),
-                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {})}
+                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {}),
+                # Only when set: states saved before these options existed still load.
+                **({"max_image_size": tuple(c.max_image_size),
+                    "size_divisibility": c.size_divisibility}
+                   if c.max_image_size is not None else {}),
+                **({"group_by_aspect_ratio": c.group_by_aspect_ratio}
+                   if c.group_by_aspect_ratio is not None else {})}
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
@@ -700,6 +735,12 @@ class Feeder:
             # with ordered batches, every rank's position is its batch count,
             # and the ranks step together, so this rank continues from there.
             saved_rank = current["rank"] = settings["rank"]
+        if isinstance(settings, dict):
+            # Saved only when set (older states lack them): a state saved with
+            # one of them must not load into a feeder without it.
+            for name in _OPTIONAL_SETTINGS:
+                if name in settings and name not in current:
+                    current[name] = None
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         for name, value in (("epoch", epoch), ("next_epoch", next_epoch),

@@ -293,7 +293,8 @@ class _Worker:
     def __init__(self, conn: Any, engine_class: type, config: Any, source: Any,
                  transforms: list[Any]) -> None:
         self.link = _Link(conn)
-        chain = Chain(list(transforms), config.image_size, config.max_pixels)
+        chain = Chain(list(transforms), config.image_size, config.max_pixels,
+                      config.max_image_size, config.size_divisibility)
         self.engine = engine = engine_class(config, source, chain)
         h, w = chain.image_size
         engine.pool = BufferPool(config.num_buffers, config.batch_size, h, w, pin=False, shared=True)
@@ -589,7 +590,8 @@ class RemotePass(PassEnding):
                               Converter(cfg.dtype, cfg.normalize, cfg.device, cfg.memory_format),
                               self.inbox, self.output,
                               BatchTransforms(cfg.batch_transforms, self.seed, epoch, cfg.device)
-                              if cfg.batch_transforms else None, engine.schema, engine.side)
+                              if cfg.batch_transforms else None, engine.schema, engine.side,
+                              cfg.size_divisibility if cfg.max_image_size is not None else None)
         self.stages = (self.stage,)
 
     def start(self) -> None:

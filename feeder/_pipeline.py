@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from ._batch import BufferPool, Collator, Scratch
+from ._batch import BufferPool, Collator, Padding, Scratch
+from ._group import group_sequence
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
 from ._sample import Task
@@ -102,6 +103,11 @@ class PassSettings:
     batch_transforms: tuple[Any, ...]
     # decode_threads="tune": the decode threads are parked and woken (see _tune).
     tune: bool = False
+    max_image_size: tuple[int, int] | None = None
+    size_divisibility: int = 1
+    mask_fill: int = 255
+    group_by_aspect_ratio: int | None = None
+    exif_orientation: bool = False
 
 
 def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
@@ -222,12 +228,16 @@ class Pass(PassEnding):
                                  seed, epoch, rank, world_size, layout)
             # A resumed pass: ``done`` (a Handled) gives the positions of the
             # order an earlier run already handled.
+            # This rank's samples regrouped by aspect ratio, when asked (see _group).
+            full = group_sequence(full, source, cfg)
             order = full if done is None else Remaining(full, done)
             if hasattr(source, "will_read") or hasattr(source, "will_read_shards"):
                 order = Hinting(order, source)  # lazy shard indices, window prefetch
             return order
 
-        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park)
+        variable = cfg.max_image_size is not None
+        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park,
+                            Padding(cfg.size_divisibility, cfg.mask_fill) if variable else None)
         maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
                 for spec, inbox, outbox in zip(specs, inboxes, outboxes)]
         # decode_threads="tune": the decode stage's threads pass a gate, whose count
@@ -250,7 +260,8 @@ class Pass(PassEnding):
                                                                cfg.memory_format),
                      self.ready, self.output,
                      BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
-                     if cfg.batch_transforms else None, work.schema, side),
+                     if cfg.batch_transforms else None, work.schema, side,
+                     cfg.size_divisibility if variable else None),
         )
         for ch in self.channels:
             book.attach_channel(ch)

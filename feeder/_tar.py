@@ -28,11 +28,13 @@ block per member, plus long-name and pax records): no sample's data is read.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -364,3 +366,34 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
             f"shard is cut short and the samples stored after that point are lost (copy or "
             f"re-pack it whole)")
     return ShardIndex.from_members(members, lambda msg: warn(f"{where}: {msg}"))
+
+
+#: The member extensions that hold a sample's image (TarShards' default ``image_exts``).
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "tiff", "gif")
+
+
+def encode_image_sizes(sizes: Any) -> str:
+    """A shard's image sizes (``[n, 2]`` height, width; -1 where unreadable) as its
+    shard list stores them: base64 of little-endian int32 pairs (8 bytes a sample,
+    so a list of a million images gains about 11 MB)."""
+    return base64.b64encode(np.asarray(sizes, "<i4").reshape(-1, 2).tobytes()).decode("ascii")
+
+
+def decode_image_sizes(value: Any, nsamples: int | None) -> np.ndarray:
+    """The ``image_sizes`` of a shard list entry as int64 ``[n, 2]``, checked.
+
+    Raises:
+        ValueError: not base64 of one (height, width) int32 pair per sample, or a
+            size that is neither positive nor -1.
+    """
+    try:
+        raw = base64.b64decode(value, validate=True) if isinstance(value, str) else None
+    except ValueError:
+        raw = None
+    if raw is None or len(raw) % 8 or (nsamples is not None and len(raw) != 8 * nsamples):
+        raise ValueError(f"image_sizes is not base64 of (height, width) int32 pairs, one per "
+                         f"sample ({nsamples} samples)")
+    sizes = np.frombuffer(raw, "<i4").reshape(-1, 2).astype(np.int64)
+    if ((sizes < -1) | (sizes == 0)).any():
+        raise ValueError("image_sizes holds a size that is neither positive nor -1")
+    return sizes

@@ -83,12 +83,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batch import BatchBuffer, BufferPool, Collator
+from ._batch import SIZE, BatchBuffer, BufferPool, Collator, batch_extent
 from ._config import resolve_device
 from ._queue import END, Channel, Closed
 from ._reaper import watch
 from ._rng import SampleRNG, batch_generator, epoch_key, index_key
-from ._sample import BOX_LIST, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
+from ._sample import BOX_LIST, IMAGE, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
 from ._stage import Control, Counters, Stage
 from .errors import FeederError, StageError
 
@@ -323,6 +323,8 @@ class Converter:
         self.contiguous = memory_format == "contiguous"
         self.layout = torch.contiguous_format if self.contiguous else torch.preserve_format
         self.scale = self.shift = None
+        #: Pixel value 0 does not stay 0 (see Transfer's zero_padding).
+        self.normalized = normalize is not None and dtype is not None
         if dtype is None or not dtype.is_floating_point:
             return
         if normalize is None:
@@ -427,12 +429,15 @@ class BatchTransforms:
         self.fields_checked = True
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, number: int,
-                 masks: dict[str, torch.Tensor] | None = None, indices: np.ndarray | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 masks: dict[str, torch.Tensor] | None = None, indices: np.ndarray | None = None,
+                 sizes: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the transforms to one batch; ``masks`` (field name -> ``[B, H, W]``),
         when given, are replaced in it by the masks as the transforms moved them.
         ``indices`` are the batch's source indices: a transform with ``apply_keyed``
-        (per-sample draws, e.g. RandomErasing) gets one SampleRNG per sample from them."""
+        (per-sample draws, e.g. RandomErasing) gets one SampleRNG per sample from them,
+        and, for a batch of images of different sizes, ``sizes`` (each image's valid
+        ``(height, width)``, host int64 ``[B, 2]``), so it draws within the image
+        rather than over its padding."""
         for position, t in enumerate(self.transforms):
             try:
                 if indices is not None and hasattr(t, "apply_keyed"):
@@ -441,7 +446,10 @@ class BatchTransforms:
                     # same way whichever batch it lands in.
                     ek = epoch_key(self.seed, self.epoch)
                     rngs = [SampleRNG(index_key(ek, int(i)), _KEYED_STREAM + position) for i in indices]
-                    images, labels = t.apply_keyed(images, labels, rngs)
+                    if sizes is None:
+                        images, labels = t.apply_keyed(images, labels, rngs)
+                    else:
+                        images, labels = t.apply_keyed(images, labels, rngs, sizes=sizes)
                 elif masks and hasattr(t, "apply_with_masks"):
                     gen = batch_generator(self.seed, self.epoch, number, position, self.device)
                     images, labels, moved = t.apply_with_masks(images, labels, gen, dict(masks))
@@ -472,13 +480,18 @@ class Transfer(Stage):
         inbox: Completed batches; outbox: deliveries for ``next()``.
         batch: Batch transforms run after ``convert``, or None.
         side: The engine's side streams (CUDA; None on the CPU).
+        size_divisibility: Variable-size batches (``max_image_size``): what each
+            batch's extent is rounded up to; None for fixed sizes.
     """
 
     def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
                  convert: "Converter", inbox: Channel, outbox: Channel,
                  batch: BatchTransforms | None = None, schema: Schema | None = None,
-                 side: SideStream | None = None) -> None:
+                 side: SideStream | None = None, size_divisibility: int | None = None) -> None:
         super().__init__("transfer", 1, control, inbox, outbox)
+        # Variable-size batches (max_image_size): delivered as dicts with "size",
+        # cut to each batch's extent (see _batch.Padding, which padded them).
+        self.size_divisibility = size_divisibility
         self.collator = collator
         self.pool = pool
         self.device = device
@@ -521,7 +534,8 @@ class Transfer(Stage):
 
     def deliver(self, buf: BatchBuffer, n: int, c: Counters) -> None:
         schema = self.schema
-        if schema.is_dict or schema.specs.get(LABEL, INT_SCALAR) != INT_SCALAR:
+        if (schema.is_dict or schema.specs.get(LABEL, INT_SCALAR) != INT_SCALAR
+                or self.size_divisibility is not None):
             self._deliver_fields(buf, n, c)
             return
         c.items += 1
@@ -596,29 +610,59 @@ class Transfer(Stage):
         event = None
         lent = None
         keep: list[torch.Tensor] = []  # pinned staging tensors, alive until the copy is done
+        extent = None
         try:
+            if self.size_divisibility is not None:
+                extent = batch_extent(buf.arrays[SIZE][1][:n], self.size_divisibility)
+                if extent == tuple(buf.images.shape[1:3]):
+                    extent = None  # the whole buffer: as for fixed sizes
             if self.batch is not None:
                 self.batch.check_label_field(buf, n, self.schema, indices, number)
                 self.batch.check_fields(self.schema, number)
             with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
                 if cuda:
                     with self.side.copying():  # see _deliver_cuda
-                        images = buf.images_t[:n].to(self.device, non_blocking=True)
-                        fields, extra = _gather(buf, n, self.schema, self.device, keep)
+                        images = copy_region(buf.images_t, n, extent, self.device)
+                        fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                        if self.size_divisibility is not None:
+                            # Before the event, as every copy from the buffer.
+                            sizes = buf.arrays[SIZE][0][:n].to(self.device, non_blocking=True)
+                            extra.append(sizes)
                     images = self.convert(images.permute(0, 3, 1, 2))
                 else:
-                    if self.convert.keeps_buffer_layout:
+                    if extent is not None and not self.convert.keeps_buffer_layout:
+                        # The conversion reads the batch's part of the buffer only.
+                        region = buf.images[:n, :extent[0], :extent[1]]
+                        images = self.convert(torch.from_numpy(region).permute(0, 3, 1, 2))
+                    elif extent is not None:
+                        # Lent as a view of the batch's part of the buffer, as a
+                        # fixed-size batch is: channels innermost, with the rows
+                        # (and images) of the buffer's stride. A dense copy would
+                        # cost a serial pass over the batch in this thread (the
+                        # training loop's .contiguous() makes one when it needs it).
+                        view = buf.images[:n, :extent[0], :extent[1]]
+                        images = torch.from_numpy(view).permute(0, 3, 1, 2)
+                        lent = buf
+                    elif self.convert.keeps_buffer_layout:
                         view = buf.images[:n]
                         images = torch.from_numpy(view).permute(0, 3, 1, 2)
                         lent = buf
                     else:
                         images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-                    fields, extra = _gather(buf, n, self.schema, self.device, keep)
+                    fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                    if self.size_divisibility is not None:
+                        sizes = buf.arrays[SIZE][0][:n].clone()
+                if self.size_divisibility is not None and self.convert.normalized:
+                    # The padding was 0 in uint8, so (0 - mean) / std once normalized:
+                    # make it 0 in the output, as torchvision's ImageList pads
+                    # normalized images. (Host sizes: no wait for the device.)
+                    zero_padding(images, buf.arrays[SIZE][1][:n])
                 labels = fields.get(LABEL)
                 if self.batch is not None:
                     masks = {name: fields[name] for name, spec in self.schema.specs.items()
                              if spec.kind == MASKS}
-                    images, labels = self.batch(images, labels, number, masks, indices)
+                    valid = buf.arrays[SIZE][1][:n] if self.size_divisibility is not None else None
+                    images, labels = self.batch(images, labels, number, masks, indices, valid)
                     if labels is not None:  # None: no "label" field, label-free transforms
                         fields[LABEL] = labels
                         extra.append(labels)
@@ -638,7 +682,11 @@ class Transfer(Stage):
             self.pool.lend(buf)
             watch(view, self.pool.release, buf)
         output = None
-        if self.schema.is_dict:
+        if self.size_divisibility is not None:
+            keys = self.schema.keys if self.schema.is_dict else (IMAGE, *fields)
+            output = {name: images if name == IMAGE else fields[name] for name in keys}
+            output[SIZE] = sizes
+        elif self.schema.is_dict:
             output = {}
             for name in self.schema.keys:
                 output[name] = images if name == "image" else fields[name]
@@ -656,11 +704,54 @@ class Transfer(Stage):
         self.put(c, self.outbox, delivery)
 
 
+# Variable-size batches on CUDA: below this many bytes of rows outside a batch's
+# extent per sample, one copy of the whole slots beats one copy per sample (each
+# copy costs a launch, some microseconds; PCIe moves ~250 KiB in 10 us).
+_ROWS_COPY_MIN_BYTES = 256 << 10
+
+
+def copy_region(host: torch.Tensor, n: int, extent: tuple[int, int] | None,
+                device: torch.device) -> torch.Tensor:
+    """The first ``n`` slots of ``host`` (``[B, H, W, ...]``, pinned) on ``device``,
+    cut to their top left ``extent`` (None: all of them), dense, copied on the
+    current stream.
+
+    Only the rows of the extent cross the bus when the rows left out are worth
+    a copy per sample; the columns are cut on the device (a slot's rows are
+    contiguous in host memory, a narrower window of them is not)."""
+    if extent is None:
+        return host[:n].to(device, non_blocking=True)
+    hb, wb = extent
+    H = host.shape[1]
+    row_bytes = host[0, 0].numel() * host.element_size()
+    if hb < H and (H - hb) * row_bytes >= _ROWS_COPY_MIN_BYTES:
+        out = torch.empty((n, hb, *host.shape[2:]), dtype=host.dtype, device=device)
+        for i in range(n):
+            out[i].copy_(host[i, :hb], non_blocking=True)
+    else:
+        out = host[:n].to(device, non_blocking=True)[:, :hb]
+    out = out[:, :, :wb]
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def zero_padding(images: torch.Tensor, sizes: np.ndarray) -> None:
+    """Set the pixels of ``images`` (``[n, C, Hb, Wb]``) outside each image's valid
+    (height, width) in ``sizes`` to 0, in place."""
+    Hb, Wb = images.shape[2:]
+    for i, (h, w) in enumerate(sizes.tolist()):
+        if h < Hb:
+            images[i, :, h:].zero_()
+        if w < Wb:
+            images[i, :, :h, w:].zero_()
+
+
 def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
-            keep: list[torch.Tensor]) -> tuple[dict[str, Any], list[torch.Tensor]]:
+            keep: list[torch.Tensor], extent: tuple[int, int] | None = None
+            ) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """Every field of the first ``n`` slots of ``buf`` but the image, as delivered:
-    tensors on ``device`` (copied there on the current stream) or lists. Returns
-    them with the device tensors the consumer's stream must record."""
+    tensors on ``device`` (copied there on the current stream) or lists; masks cut
+    to ``extent`` (a variable-size batch's). Returns them with the device tensors
+    the consumer's stream must record."""
     cuda = device.type == "cuda"
     fields: dict[str, Any] = {}
     extra: list[torch.Tensor] = []
@@ -673,15 +764,15 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
         elif kind == MASKS:
             planes = buf.planes
             if cuda:
-                value = planes.low_t[:n].to(device, non_blocking=True)
+                value = copy_region(planes.low_t, n, extent, device)
                 extra.append(value)
                 if planes.is_wide(n):
-                    high = planes.high_t[:n].to(device, non_blocking=True)
+                    high = copy_region(planes.high_t, n, extent, device)
                     extra.append(high)
                     value = value.long() | (high.long() << 8)
                     extra.append(value)
             else:
-                value = torch.from_numpy(planes.host(n))
+                value = torch.from_numpy(planes.host(n, *(extent or (None, None))))
         elif kind in (BOX_LIST, PER_BOX):
             arrays = buf.lists[name][:n]
             if cuda:

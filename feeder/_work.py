@@ -27,14 +27,17 @@ from typing import Any
 import numpy as np
 
 from ._augment import Chain
+from ._batch import SIZE
 from ._decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
 from ._rng import epoch_key, index_key
-from ._sample import BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, Schema, Task, parse_sample
+from ._sample import (BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, NUMERIC, Schema, Task,
+                      parse_sample)
 from ._stage import Step
-from .errors import FieldError, with_field
+from .errors import ConfigError, FieldError, with_field
 from .ops import Geometry, SampleContext
 
 _INT64 = (-(1 << 63), 1 << 63)
+_SIZE_DTYPE = np.dtype(np.int64)
 
 
 class SampleWork:
@@ -54,6 +57,8 @@ class SampleWork:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
+        #: Variable-size output (``max_image_size``): each sample's size is recorded.
+        self.variable = chain.max_image_size is not None
         self.max_pixels = max_pixels
         self.exif_orientation = exif_orientation
         self.buffers = DecodeBuffers()
@@ -66,10 +71,13 @@ class SampleWork:
                                         self.exif_orientation)
         return img, ctx if ctx is not None else SampleContext(size)
 
-    def transform(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray) -> None:
-        """Run the chain on a decoded image into ``out``, then recycle its decode memory."""
-        self.chain.run(img, key, ctx, out)
+    def transform(self, img: np.ndarray, key: int, ctx: SampleContext,
+                  out: np.ndarray) -> tuple[int, int]:
+        """Run the chain on a decoded image into ``out``, then recycle its decode
+        memory; returns the (height, width) of the result (see ``Chain.run``)."""
+        size = self.chain.run(img, key, ctx, out)
         self.buffers.give(buffer_of(img))
+        return size
 
     def decode_mask(self, mask: Any, source_size: tuple[int, int]) -> np.ndarray:
         """A sample's mask (PNG bytes or an array) as a 2-D uint8/uint16 array of the
@@ -105,12 +113,15 @@ class SampleWork:
             else:
                 sy, sx = decode_scale(ctx.source_size, (h, w))
                 geometry = Geometry(sy, 0.0, sx, 0.0, h, w)
-            fields = chain.run_fields(img, key, ctx, out, fields, geometry)
+            fields, size = chain.run_fields_sized(img, key, ctx, out, fields, geometry)
         else:
-            chain.run(img, key, ctx, out)
+            size = chain.run(img, key, ctx, out)
         self.buffers.give(buffer_of(img))
         specs = self.schema.specs
-        return [(name, specs[name].kind, value) for name, value in fields.items()]
+        record = [(name, specs[name].kind, value) for name, value in fields.items()]
+        if self.variable:
+            record.append((SIZE, NUMERIC, np.array(size, np.int64)))
+        return record
 
     def discard(self, img: np.ndarray | None) -> None:
         """A decoded image that will not be transformed (its sample failed): recycle it."""
@@ -144,6 +155,10 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
     """
     schema = work.schema
     data, fields, is_dict = parse_sample(sample, source, task.index)
+    if work.variable and SIZE in fields:
+        raise ConfigError(f"sample {task.index} has a field {SIZE!r}, which variable-size batches "
+                          f"(max_image_size) use for each image's valid (height, width): rename "
+                          f"the source's field")
     schema.check(task.index, is_dict, tuple(sample) if is_dict else None, fields)
     task.data = data
     if not is_dict and not work.chain.takes_samples and schema.specs[LABEL] == INT_SCALAR:
@@ -166,6 +181,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     schema = work.schema
     low, high = _INT64
     pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
+    variable = work.variable
 
     def read(task: Task) -> Task:
         sample = read_source(task.index)
@@ -193,16 +209,18 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         if fields is not None:
             augment_fields(task, batch, slot, buf, fields)
         elif buf is not None:
-            work.transform(task.image, task.key, task.ctx, buf.images[slot])
+            size = work.transform(task.image, task.key, task.ctx, buf.images[slot])
             task.image = None  # its memory is back in the pool (see below)
             buf.labels[slot] = task.label
+            if variable:
+                buf.array(SIZE, _SIZE_DTYPE, (2,))[slot] = size
             buf.indices[slot] = task.index
         else:
             # The batch has no buffer yet (the training loop still holds the last
             # free one): compute into a scratch array, copied in on binding.
             out = scratch.take()
             try:
-                work.transform(task.image, task.key, task.ctx, out)
+                size = work.transform(task.image, task.key, task.ctx, out)
                 # transform() has given the decode memory back: forget the image
                 # before anything else can fail, or the failure path gives it twice.
                 task.image = None
@@ -210,7 +228,12 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             except BaseException:
                 scratch.give(out)
                 raise
-            batch.store(slot, out, label, scratch.give, task.index)
+            record = None
+            if variable:
+                record = [(LABEL, NUMERIC, np.int64(label)),
+                          (SIZE, NUMERIC, np.array(size, _SIZE_DTYPE))]
+                out = out[:size[0], :size[1]]  # only the image is copied into the slot
+            batch.store(slot, out, label, scratch.give, task.index, record)
         return batch if batch.finish_slot() else None
 
     def augment_fields(task: Task, batch: Any, slot: int, buf: Any, fields: dict[str, Any]) -> None:
@@ -226,6 +249,9 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             buf.write(slot, record)
             buf.indices[slot] = task.index
         else:
+            if variable:
+                h, w = next(value for name, _, value in record if name == SIZE)
+                out = out[:h, :w]  # only the image is copied into the slot
             batch.store(slot, out, -1, scratch.give, task.index, record)
 
     return Step("read", read), Step("decode", decode), Step("augment", augment)

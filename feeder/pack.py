@@ -54,7 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._tar import ShardIndex, index_path
+from ._decode import header_size
+from ._tar import IMAGE_EXTS, ShardIndex, encode_image_sizes, index_path
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
@@ -432,6 +433,35 @@ def _remove(path: str) -> None:
         pass
 
 
+def image_size_of(fields: Sequence[tuple[str, Any]]) -> tuple[int, int]:
+    """The (height, width) of a sample's image (its first member with an image
+    extension, as TarShards picks it by default), from the header; (-1, -1) when
+    it has none or it cannot be read (the sample then fails when it is decoded)."""
+    for ext, data in fields:
+        if ext in IMAGE_EXTS:
+            try:
+                return header_size(data)
+            except Exception:  # noqa: BLE001 - reported when the sample is decoded
+                return -1, -1
+    return -1, -1
+
+
+def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
+    """The image sizes of a shard written by an earlier run (a resumed pack), read
+    from the images' headers in the shard itself."""
+    sizes = []
+    with open(shard, "rb") as f:
+        for sample in range(len(ix)):
+            fields = []
+            for m in ix.members(sample):
+                if ix.exts[m] in IMAGE_EXTS:
+                    f.seek(int(ix.offsets[m]))
+                    fields.append((ix.exts[m], f.read(int(ix.sizes[m]))))
+                    break
+            sizes.append(image_size_of(fields))
+    return sizes
+
+
 class _ShardWriter:
     """One shard being written: a tar under a temporary name, and its index."""
 
@@ -445,6 +475,7 @@ class _ShardWriter:
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
         self.members: list[tuple[str, int, int]] = []
         self.samples = 0
+        self.image_sizes: list[tuple[int, int]] = []  # for the shard list (see image_size_of)
 
     @property
     def size(self) -> int:
@@ -465,6 +496,7 @@ class _ShardWriter:
             self.tar.addfile(info, io.BytesIO(data))
             data_at = self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
             self.members.append((info.name, data_at, len(data)))
+        self.image_sizes.append(image_size_of(fields))
         self.samples += 1
 
     def finish(self) -> None:
@@ -588,6 +620,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
 
     # Shards complete from an earlier run: their indices say how many samples they hold.
     done_shards: list[tuple[str, int]] = []
+    done_sizes: list[list[tuple[int, int]]] = []
     start = 0
     while True:
         shard, idx, _, _ = _names(out_dir, name, len(done_shards))
@@ -599,6 +632,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
                             f"expected {start:09d}); pass --overwrite to start over")
         done_shards.append((shard, len(ix)))
+        done_sizes.append(_stored_sizes(shard, ix))
         start += len(ix)
     for k in range(len(done_shards), 10**6):  # stale shards past the resume point
         shard, idx, _, _ = _names(out_dir, name, k)
@@ -657,6 +691,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                    dynamic_ncols=True)
     shards = [s for s, _ in done_shards]
     counts = [n for _, n in done_shards]
+    sizes = list(done_sizes)
     writer: _ShardWriter | None = None
     try:
         for i, fields, status in loaded():
@@ -672,6 +707,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                 writer.finish()
                 shards.append(writer.path)
                 counts.append(writer.samples)
+                sizes.append(writer.image_sizes)
                 writer = None
             if writer is None:
                 writer = _ShardWriter(out_dir, name, len(shards))
@@ -683,6 +719,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             writer.finish()
             shards.append(writer.path)
             counts.append(writer.samples)
+            sizes.append(writer.image_sizes)
             writer = None
     except BaseException:
         if writer is not None:
@@ -695,8 +732,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         "__kind__": _MANIFEST_KIND, "wids_version": 1, "name": name,
         # filesize and sha256 let a reader check a copy of each shard (TarShards
         # does, for remote shards, before using a copy).
+        # image_sizes: (height, width) per sample, for aspect-ratio grouping
+        # without a pass over the images (see shards.encode_image_sizes).
         "shardlist": [{"url": os.path.basename(s), "nsamples": n, "filesize": os.path.getsize(s),
-                       "sha256": _sha256(s)} for s, n in zip(shards, counts)],
+                       "sha256": _sha256(s), "image_sizes": encode_image_sizes(z)}
+                      for s, n, z in zip(shards, counts, sizes)],
         "classes": classes,
         "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
     }

@@ -57,14 +57,14 @@ import numpy as np
 
 from ._sample import DEFAULT_MAX_PIXELS
 from ._storage import FilePool, on_network_storage
-from ._tar import COMPRESSED, ShardFormatError, ShardIndex, index_path, scan
+from ._tar import (COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex, decode_image_sizes,
+                   index_path, scan)
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
 log = logging.getLogger(__name__)
 
 # Image fields, in the order a sample's image is looked for.
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "tiff", "gif")
 
 # Members whose name is not the rule's (see field_of): the image, the label
 # and the mask. A JPEG mask is not among them: JPEG blends class ids.
@@ -225,6 +225,12 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
                 raise ShardFormatError(f"{where}: shard {s!r}: {key} {value!r} is not "
                                        f"{'a sha256 hex digest' if kind is str else 'an int >= 0'}")
             fact[key] = value.lower() if kind is str else value
+        sizes = entry.get("image_sizes")
+        if sizes is not None:
+            try:
+                fact["image_sizes"] = decode_image_sizes(sizes, fact.get("nsamples"))
+            except ValueError as exc:
+                raise ShardFormatError(f"{where}: shard {s!r}: {exc}") from None
         facts[name] = fact
     classes = doc.get("classes")
     return out, list(classes) if isinstance(classes, list) else None, facts
@@ -686,6 +692,11 @@ class TarShards:
             self._label_member: Any = [e[2] for e in entries]
             self._offsets: Any = [e[3] for e in entries]
             self._sizes: Any = [e[4] for e in entries]
+        # The image sizes the shard list gives (feeder-pack writes them), for
+        # Feeder(group_by_aspect_ratio=...): only when every shard has them.
+        listed = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
+        self._image_sizes = (np.concatenate(listed) if listed and all(
+            v is not None and len(v) == c for v, c in zip(listed, counts)) else None)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         exts_seen: set[str] = set()
         for e in entries:
@@ -999,6 +1010,14 @@ class TarShards:
     def shards(self) -> list[str]:
         """The shard paths and URLs, in sample order."""
         return [s.name for s in self._shards]
+
+    def image_sizes(self) -> np.ndarray | None:
+        """int64 ``[len, 2]``: each sample's image (height, width), -1 where unknown, as
+        the shard list gives them (``feeder-pack`` stores them); None when it does
+        not (an older pack, or shards named without a list). Used by
+        ``Feeder(group_by_aspect_ratio=...)`` instead of reading every header."""
+        sizes = getattr(self, "_image_sizes", None)
+        return None if sizes is None else sizes.copy()
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """``[start, stop)`` sample indices of each shard, in order."""

@@ -125,3 +125,28 @@ def test_the_guide_port_runs_as_written(tmp_path):
         if here.sum() > 50:
             mean_color = rgb[here].mean(0)
             assert (mean_color - torch.tensor(CLASS_COLORS[c]) * 0.95).abs().max() < 45, (c, mean_color)
+
+
+def run_reference(name: str, tmp_path) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", f"reference_{name}.py"),
+                          "--steps", "3", "--device", "cpu"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.timeout(300)  # a child process on a possibly busy machine
+def test_the_segmentation_reference_port_runs(tmp_path):
+    out = run_reference("segmentation", tmp_path)
+    assert len(re.findall(r"train step \d: images \(8, 3, 48, 48\)", out)) == 3, out
+    sizes = re.findall(r"eval step \d: native size (\d+)x(\d+)", out)
+    assert len(sizes) == 3 and all(min(int(h), int(w)) == 52 for h, w in sizes), out
+
+
+@pytest.mark.timeout(300)
+def test_the_detection_reference_port_runs(tmp_path):
+    out = run_reference("detection", tmp_path)
+    padded = re.findall(r"train step \d: padded \(4, 3, (\d+), (\d+)\)", out)
+    assert len(padded) == 3 and all(int(h) % 32 == 0 and int(w) % 32 == 0 for h, w in padded), out
+    assert len(re.findall(r"eval step \d: native size \d+x\d+", out)) == 3, out

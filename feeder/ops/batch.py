@@ -4,10 +4,12 @@ conversion (``Feeder(batch_transforms=[...])``)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from .._rng import SampleRNG
+
 
 class _Mixing:
     """Shared by :class:`MixUp` and :class:`CutMix`: arguments, lam and soft targets.
@@ -263,10 +265,13 @@ class RandomErasing:
                 return rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
         return None
 
-    def apply_keyed(self, images: torch.Tensor, labels: torch.Tensor, rngs: list[SampleRNG]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def apply_keyed(self, images: torch.Tensor, labels: torch.Tensor, rngs: list[SampleRNG],
+                    sizes: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder._rng.SampleRNG`
-        per sample (what the feeder calls)."""
+        per sample (what the feeder calls). ``sizes``: each image's valid
+        ``(height, width)`` in a batch padded to its largest image
+        (``max_image_size``); the rectangle is drawn within the image, as
+        torchvision draws it on the unpadded image."""
         if images.dim() != 4 or len(rngs) != images.shape[0]:
             raise ValueError(f"RandomErasing: expected [B, C, H, W] images and B random streams, "
                              f"got {tuple(images.shape)} and {len(rngs)}")
@@ -280,7 +285,8 @@ class RandomErasing:
             fill = torch.tensor(self.value, dtype=images.dtype, device=images.device).view(-1, 1, 1)
         out = None
         for b, rng in enumerate(rngs):
-            box = self.params(H, W, rng)
+            box = self.params(H, W, rng) if sizes is None else self.params(int(sizes[b][0]),
+                                                                           int(sizes[b][1]), rng)
             if box is None:
                 continue
             if out is None:

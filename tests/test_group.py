@@ -1,0 +1,256 @@
+"""Aspect-ratio grouping (``group_by_aspect_ratio``): batches of one aspect-ratio
+group as torchvision's GroupedBatchSampler makes them, every sample exactly once,
+deterministic in (seed, epoch), rank-sharded, resumable; sizes read from the
+image headers once per source (or from ``source.image_sizes()``)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import JOIN_TIMEOUT_S
+from feeder import Feeder
+from feeder._decode import header_size
+from feeder._group import group_ids, grouped_order
+from fields_helpers import rgb_png
+from test_variable_size import Sized, collect
+
+
+def _mixed(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Landscape and portrait images, mixed at random."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        short, long = int(rng.integers(12, 20)), int(rng.integers(24, 36))
+        out.append((short, long) if rng.random() < 0.5 else (long, short))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return Sized(_mixed(50))
+
+
+def _portrait(source: Sized, index: int) -> bool:
+    h, w = source.images[index].shape[:2]
+    return h > w
+
+
+def test_grouped_order_is_a_permutation_in_batches_of_one_group():
+    rng = np.random.default_rng(1)
+    groups = rng.integers(0, 3, 101)
+    order = rng.permutation(101).tolist()
+    out = grouped_order(order, groups, 4)
+    assert sorted(out) == list(range(101))
+    batches = [out[i:i + 4] for i in range(0, len(out), 4)]
+    mixed = [b for b in batches if len({int(groups[i]) for i in b}) > 1]
+    # Only the leftovers (fewer than batch_size per group) can share a batch.
+    assert len(mixed) <= 2
+    assert all(b in batches[-3:] for b in mixed)
+    # The order within a group is the order walked (GroupedBatchSampler).
+    for g in range(3):
+        assert [i for i in out if groups[i] == g] == [i for i in order if groups[i] == g]
+
+
+def test_group_ids_follow_torchvision_bins():
+    sizes = np.array([[100, 50], [100, 100], [50, 100], [100, 300], [-1, -1]])
+    # factor 0: one bin at 1 (portrait 0, square and landscape 1).
+    assert group_ids(sizes, 0).tolist() == [0, 1, 1, 1, -1]
+    # factor 1: bins 0.5, 1, 2 (bisect_right): w/h 0.5 -> 1, 1.0 -> 2, 2.0 and 3.0 -> 3.
+    assert group_ids(sizes, 1).tolist() == [1, 2, 3, 3, -1]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_batches_hold_one_orientation_and_every_sample_once(mixed, isolation):
+    with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=2,
+                isolation=isolation) as f:
+        batches = collect(f)
+    got = [i for b in batches for i in b["label"].tolist()]
+    assert sorted(got) == list(range(len(mixed)))
+    uniform = [len({_portrait(mixed, i) for i in b["label"].tolist()}) == 1 for b in batches]
+    assert all(uniform[:-2]), uniform  # the last two batches take the leftovers
+
+
+def test_grouping_saves_padding_against_random_batches(mixed):
+    def padded(group):
+        with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=group,
+                    seed=2) as f:
+            total = 0
+            for b in collect(f):
+                hw = b["size"]
+                total += b["image"].shape[2] * b["image"].shape[3] * len(hw) - int((hw[:, 0] * hw[:, 1]).sum())
+            return total
+    assert padded(0) * 2 <= padded(False)
+
+
+def test_order_is_deterministic_in_seed_and_epoch(mixed):
+    def labels(seed, epoch):
+        with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=True,
+                    shuffle=True, seed=seed) as f:
+            f.set_epoch(epoch)
+            return [b["label"].tolist() for b in collect(f)]
+    first = labels(7, 0)
+    assert labels(7, 0) == first
+    assert labels(7, 1) != first
+    assert labels(8, 0) != first
+
+
+def test_ranks_get_disjoint_grouped_shards(mixed):
+    seen = []
+    for rank in range(2):
+        with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=3,
+                    rank=rank, world_size=2) as f:
+            batches = collect(f)
+        labels = [i for b in batches for i in b["label"].tolist()]
+        assert len(labels) == f.num_samples
+        seen.extend(labels)
+        uniform = [len({_portrait(mixed, i) for i in b["label"].tolist()}) == 1 for b in batches]
+        assert all(uniform[:-2])
+    assert sorted(seen) == list(range(len(mixed)))
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_resume_mid_epoch_continues_the_grouped_order(mixed, isolation):
+    kw = dict(max_image_size=(40, 40), group_by_aspect_ratio=True, seed=4, isolation=isolation)
+    with Feeder(mixed, 4, [], **kw) as f:
+        reference = [b["label"].tolist() for b in collect(f)]
+    with Feeder(mixed, 4, [], **kw) as f:
+        first = [b["label"].tolist() for b in collect(f, limit=5)]
+        state = f.state_dict()
+    assert first == reference[:5]
+    with Feeder(mixed, 4, [], **kw) as g:
+        g.load_state_dict(state)
+        rest = [b["label"].tolist() for b in collect(g)]
+    assert rest == reference[5:]
+
+
+def test_grouping_setting_is_checked_on_resume(mixed):
+    with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=True, seed=0) as f:
+        state = f.state_dict()
+    with Feeder(mixed, 4, [], max_image_size=(40, 40), seed=0) as g:
+        with pytest.raises(ValueError, match="group_by_aspect_ratio"):
+            g.load_state_dict(state)
+
+
+def test_headers_are_read_once_per_source():
+    source = Sized(_mixed(20, seed=5))
+    with Feeder(source, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=True) as f:
+        collect(f)
+        assert source.reads == 40  # the headers, then the samples
+        collect(f)
+        assert source.reads == 60  # the samples only
+    with Feeder(source, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=True) as g:
+        collect(g)
+        assert source.reads == 80  # another feeder on the same source reuses them
+
+
+def test_sizes_from_the_source_are_used_without_reading_headers():
+    source = Sized(_mixed(20, seed=6))
+    source.image_sizes = lambda: [img.shape[:2] for img in source.images]
+    with Feeder(source, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=1) as f:
+        batches = collect(f)
+    assert source.reads == 20
+    uniform = [len({_portrait(source, i) for i in b["label"].tolist()}) == 1 for b in batches]
+    assert all(uniform[:-2])
+
+
+def test_wrong_sizes_from_the_source_are_an_error():
+    source = Sized(_mixed(6, seed=6))
+    source.image_sizes = lambda: [(10, 10)] * 5
+    with Feeder(source, 2, [], max_image_size=(40, 40), group_by_aspect_ratio=True) as f:
+        with pytest.raises(Exception, match=r"image_sizes\(\) must give \(height, width\) for each of its 6"):
+            collect(f)
+
+
+def test_an_unreadable_header_fails_as_its_sample_does():
+    source = Sized(_mixed(10, seed=7))
+    source.blobs[4] = b"not an image"
+    with Feeder(source, 2, [], max_image_size=(40, 40), group_by_aspect_ratio=True,
+                on_error="skip", seed=0) as f:
+        batches = collect(f)
+        assert f.stats().skipped == 1
+    assert sorted(i for b in batches for i in b["label"].tolist()) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+
+
+def test_grouping_works_with_fixed_sizes_too(mixed):
+    from feeder import ops
+    with Feeder(mixed, 4, [ops.CenterCrop(8)], group_by_aspect_ratio=0, seed=0) as f:
+        batches = list(f)
+    labels = [i for _, lab in batches for i in lab.tolist()]
+    assert sorted(labels) == list(range(len(mixed)))
+
+
+def test_header_size_reads_jpeg_png_and_orientation():
+    import simplejpeg
+    img = np.zeros((12, 30, 3), np.uint8)
+    assert header_size(rgb_png(img)) == (12, 30)
+    assert header_size(simplejpeg.encode_jpeg(img)) == (12, 30)
+    with pytest.raises(Exception, match="not a decodable image"):
+        header_size(b"garbage-bytes-here")
+
+
+@pytest.mark.parametrize("value, match", [(-1, "group factor"), (1.5, "group factor"),
+                                          ("yes", "group factor")])
+def test_bad_group_option_is_an_error(mixed, value, match):
+    with pytest.raises(ValueError, match=match):
+        Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=value)
+
+
+# -- sizes stored by feeder-pack ------------------------------------------------------
+
+def _folder(root, sizes):
+    import os
+    os.makedirs(root / "c0")
+    for i, (h, w) in enumerate(sizes):
+        (root / "c0" / f"{i:03d}.png").write_bytes(rgb_png(np.full((h, w, 3), 9, np.uint8)))
+
+
+def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypatch):
+    import json
+    from feeder.pack import pack, parse_size
+    from feeder.shards import TarShards
+    sizes = _mixed(24, seed=9)
+    _folder(tmp_path / "src", sizes)
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=parse_size("8KB"))
+    assert len(res.shards) > 1
+    shards = TarShards(str(tmp_path / "out" / "train.json"))
+    assert shards.image_sizes().tolist() == [list(s) for s in sizes]
+    # Grouping takes them from the shard list: no header is read.
+    monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
+    with Feeder(shards, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=0) as f:
+        batches = list(f)
+    portrait = [h > w for h, w in sizes]
+    uniform = [len({portrait[i] for i in b["label"].tolist()}) == 1 for b in batches]
+    assert all(uniform[:-2])
+    # A list without sizes (an older pack) still reads: the sizes are then unknown.
+    manifest = json.loads((tmp_path / "out" / "train.json").read_text())
+    for entry in manifest["shardlist"]:
+        del entry["image_sizes"]
+    (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
+    old = TarShards(str(tmp_path / "out" / "old.json"))
+    assert len(old) == len(sizes) and old.image_sizes() is None
+    # Damaged sizes are refused, naming the shard.
+    manifest["shardlist"][0]["image_sizes"] = "AAAA"
+    (tmp_path / "out" / "bad.json").write_text(json.dumps(manifest))
+    with pytest.raises(Exception, match="image_sizes is not base64"):
+        TarShards(str(tmp_path / "out" / "bad.json"))
+
+
+def test_resumed_pack_stores_the_sizes_of_its_earlier_shards(tmp_path):
+    import json
+    import os
+    from feeder.pack import pack, parse_size
+    sizes = _mixed(24, seed=10)
+    _folder(tmp_path / "src", sizes)
+    ref = pack(str(tmp_path / "src"), str(tmp_path / "ref"), shard_size=parse_size("8KB"))
+    out = tmp_path / "out"
+    pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    os.unlink(out / "train.json")
+    os.unlink(ref.shards[-1].replace(str(tmp_path / "ref"), str(out)))  # the last shard redone
+    res = pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    assert res.resumed == len(ref.shards) - 1
+    assert (json.loads((out / "train.json").read_text())["shardlist"]
+            == json.loads((tmp_path / "ref" / "train.json").read_text())["shardlist"])
