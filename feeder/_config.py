@@ -225,7 +225,7 @@ def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
                          f"(images, labels), got {value!r}")
     transforms = tuple(value)  # type: ignore[arg-type]
     for i, t in enumerate(transforms):
-        foreign = foreign_transform(t, f"{name}[{i}]")
+        foreign = foreign_transform(t, f"{name}[{i}]", batch=True)
         if foreign is not None:
             raise TypeError(foreign)
         if not callable(t):
@@ -359,6 +359,13 @@ class Config:
                              f"block shuffle of shuffle='shards', but shuffle="
                              f"{values['shuffle']!r}; give shuffle='shards' or leave "
                              f"shuffle_shards=None")
+        if "shuffle_window" in options and (values["shuffle"] != "shards"
+                                            or values["shuffle_shards"] is not None):
+            # Given but unused, it would be silently ignored: say what it needs.
+            raise ValueError(f"shuffle_window={values['shuffle_window']} is the sample window of "
+                             f"shuffle='shards' without shuffle_shards, but shuffle="
+                             f"{values['shuffle']!r} and shuffle_shards={values['shuffle_shards']!r}; "
+                             f"leave shuffle_window out (shuffle_shards=K windows replace it)")
         if values["isolation"] == "thread" and values["start_method"] != "auto":
             # A start method with threads would be silently ignored: say which option is missing.
             raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "

@@ -291,8 +291,16 @@ static void run_decode(Job *job)
         }
         job->stride = stride;
         job->col_offset = job->compact ? 0 : offset;
-        /* Stop here: the rows below the region are never read. */
-        jpeg_abort_decompress(&cinfo);
+        if (cinfo.output_scanline == cinfo.output_height)
+            /* The region reached the last row: read on to the end of the data
+             * as a full decode does, so damage that the entropy decoder passed
+             * over (reported as extraneous bytes before the next marker, a
+             * warning: an error here) fails this sample too, instead of a
+             * whole-image Resize delivering it. */
+            jpeg_finish_decompress(&cinfo);
+        else
+            /* Stop here: the rows below the region are never read. */
+            jpeg_abort_decompress(&cinfo);
     }
 done:
     jpeg_destroy_decompress(&cinfo);

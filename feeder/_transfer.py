@@ -378,6 +378,9 @@ class BatchTransforms:
         self.bounds = [(t, t.num_classes) for t in transforms
                        if isinstance(getattr(t, "num_classes", None), int)]
         self.fields_checked = False  # the fields are fixed by the first sample: checked once
+        # Transforms that say they leave labels alone (RandomErasing, Kornia) run on
+        # batches with any "label" field or none (segmentation, detection, images only).
+        self.label_free = all(getattr(t, "uses_labels", True) is False for t in transforms)
 
     def check_labels(self, labels: np.ndarray, indices: np.ndarray, number: int) -> None:
         """Raise :class:`StageError` naming the batch, sample and label when a label
@@ -395,6 +398,8 @@ class BatchTransforms:
                           number: int) -> None:
         """:meth:`check_labels` for a batch of samples with fields: the ``"label"``
         field must be int class labels (checked as pairs' are) or soft ``[C]`` targets."""
+        if self.label_free:
+            return
         spec = schema.specs.get(LABEL)
         if spec == INT_SCALAR:
             self.check_labels(buf.labels[:n], indices, number)
@@ -455,7 +460,8 @@ class BatchTransforms:
             except Exception as exc:
                 raise StageError("transfer", f"batch transform {t!r} failed on batch {number} of "
                                  f"epoch {self.epoch}: {type(exc).__name__}: {exc}") from exc
-            if not (isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor)):
+            if not (isinstance(images, torch.Tensor)
+                    and (isinstance(labels, torch.Tensor) or labels is None and self.label_free)):
                 raise StageError("transfer", f"batch transform {t!r} must return (images, labels) "
                                  f"tensors; got ({type(images).__name__}, "
                                  f"{type(labels).__name__}) on batch {number}")
@@ -657,8 +663,9 @@ class Transfer(Stage):
                              if spec.kind == MASKS}
                     valid = buf.arrays[SIZE][1][:n] if self.size_divisibility is not None else None
                     images, labels = self.batch(images, labels, number, masks, indices, valid)
-                    fields[LABEL] = labels
-                    extra.append(labels)
+                    if labels is not None:  # None: no "label" field, label-free transforms
+                        fields[LABEL] = labels
+                        extra.append(labels)
                     for name, mask in masks.items():
                         if mask is not fields[name]:
                             fields[name] = mask

@@ -248,9 +248,14 @@ def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatc
     (["doctor_helpers:nothing"], "has no 'nothing'"),
     (["{data}", "--step-ms", "-3"], "--step-ms must be > 0"),
     (["{data}", "--batch-size", "0"], "--batch-size must be >= 1"),
+    # A batch larger than the set: the model's needed rate would be taken at a
+    # batch size no batch has, and the verdict would be wrong.
+    (["{data}", "--batch-size", "49"], "has 48 samples, fewer than one batch of --batch-size 49"),
+    (["{empty}"], "no image in class folder(s) a"),
 ])
 def test_doctor_bad_input_is_a_clear_error(helpers, tmp_path, capsys, argv, message):
-    argv = [a.replace("{data}", helpers) for a in argv]
+    os.makedirs(tmp_path / "empty" / "a")
+    argv = [a.replace("{data}", helpers).replace("{empty}", str(tmp_path / "empty")) for a in argv]
     assert main([*argv, "--out", str(tmp_path / "o"), "-q"]) == 2
     assert message in capsys.readouterr().err
 

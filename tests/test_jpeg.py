@@ -212,6 +212,26 @@ def test_rows_below_the_crop_are_never_read():
         region(cut, 200, 0, 56, 64, 1, False)
 
 
+@needs_ext
+@pytest.mark.parametrize("denom", [1, 8])
+def test_damage_in_the_scan_fails_a_region_that_reaches_the_last_row(denom):
+    """Bytes damaged mid-scan that the entropy decoder passes over are found at
+    the end of the data ("extraneous bytes before marker"): a region ending at
+    the last row (a whole-image Resize) reads on to the end, as a full decode
+    does, instead of delivering the damaged pixels; a crop above it does not."""
+    data = jpeg(np.random.default_rng(0).integers(0, 255, (256, 256, 3), dtype=np.uint8))
+    at = int(len(data) * 0.3)
+    damaged = data[:at] + bytes(b ^ 0x5A for b in data[at:at + 64]) + data[at + 64:]
+    with pytest.raises(ValueError, match="extraneous bytes"):
+        simplejpeg.decode_jpeg(damaged)  # the full decode's verdict
+    side = 256 // denom
+    with pytest.raises(DecodeError, match="extraneous bytes"):
+        region(damaged, 0, 0, side, side, denom, False)
+    with pytest.raises(DecodeError, match="extraneous bytes"):
+        region(damaged, side // 2, 8, side // 2, side // 4, denom, True)
+    region(damaged, 0, 0, side // 8, side, denom, False)  # rows above the damage's end check
+
+
 def _no_ext(monkeypatch):
     monkeypatch.setattr(_decode, "_jpeg", None)
 

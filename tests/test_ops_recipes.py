@@ -166,6 +166,7 @@ def test_random_crop_without_padding_names_a_too_small_image():
     (dict(size=8, padding=-1), "padding must be"),
     (dict(size=8, padding=(1, 2, 3)), "padding must be"),
     (dict(size=8, fill=300), "fill must be an int in \\[0, 255\\]"),
+    (dict(size=8, fill=1.5), "fill must be an int in \\[0, 255\\] .* got 1.5"),  # not "not iterable"
     (dict(size=8, mask_fill=-1), "mask_fill must be an int"),
     (dict(size=8, pad_at="start"), "pad_at must be 'both' or 'end'"),
     (dict(size=8, pad_if_needed="yes"), "pad_if_needed must be True or False"),
@@ -568,6 +569,23 @@ def test_random_erasing_through_the_feeder_is_deterministic_across_threads(sourc
     assert any((a[0] == -1.0).any() for a in one)
 
 
+@pytest.mark.parametrize("fields", [("mask", "boxes", "box_labels"), ()])
+def test_random_erasing_runs_on_batches_without_labels(fields):
+    # Segmentation and detection samples have no "label": RandomErasing leaves
+    # labels alone and must not require one (it was refused at the first batch).
+    def make(i):
+        sample = seg_source().read(i)
+        return {k: v for k, v in sample.items() if k == "image" or k in fields}
+    plain, erased = (drain(Feeder(DictSource(8, make), 4, [ops.Resize((32, 32))], seed=2,
+                                  dtype=torch.float32, batch_transforms=bt))
+                     for bt in ([], [ops.RandomErasing(p=1.0, value=-1.0)]))
+    for a, b in zip(plain, erased):
+        assert set(b) == {"image", *fields}
+        assert (b["image"] == -1.0).any(dim=(1, 2, 3)).all() and not (a["image"] == -1.0).any()
+        for name in fields:  # masks and boxes left alone
+            assert all(torch.equal(x, y) for x, y in zip(a[name], b[name]))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(p=1.5), "p must be in \\[0, 1\\]"),
     (dict(scale=(0.5, 0.1)), "scale must be \\(min, max\\)"),
@@ -603,6 +621,23 @@ def test_a_torchvision_batch_transform_gets_an_error_naming_the_fix(source):
     with pytest.raises(TypeError, match="batch_transforms\\[0\\].*ops.RandomErasing"):
         Feeder(source, 4, [ops.Resize((16, 16))], dtype=torch.float32,
                batch_transforms=[torchvision_like("RandomErasing", "torchvision.transforms.transforms")])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(transforms=[ops.Resize((16, 16)), ops.RandomErasing()]),
+     "transforms: RandomErasing.* is a batch transform .*Feeder\\(batch_transforms="),
+    (dict(transforms=[ops.Resize((16, 16)), ops.MixUp(0.2, num_classes=2)]),
+     "transforms: MixUp.* is a batch transform"),
+    (dict(transforms=[ops.Resize((16, 16))], batch_transforms=[ops.ColorJitter(0.2)]),
+     "batch_transforms\\[0\\]: ColorJitter.* is a per-sample transform .*Feeder\\(transforms="),
+    (dict(transforms=[ops.Resize((16, 16)), torchvision_like("HorizontalFlip", "albumentations.augmentations")]),
+     "is an albumentations transform; wrap its pipeline as ops.Albumentations"),
+])
+def test_a_transform_in_the_wrong_list_is_refused_at_construction(source, kwargs, match):
+    # Without the check each of these fails only at the first batch, with a
+    # TypeError about a missing argument (or, under on_error="skip", skips every sample).
+    with pytest.raises(TypeError, match=match):
+        Feeder(source, 4, dtype=torch.float32, **kwargs)
 
 
 def test_a_non_callable_transform_gets_an_error_naming_the_alternatives(source):

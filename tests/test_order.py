@@ -382,6 +382,19 @@ def test_shuffle_shards_needs_shuffle_shards(jpeg_blobs):
         Feeder(ShardedMemory(jpeg_blobs, [(0, 60)]), B, shuffle="shards", shuffle_shards=0)
 
 
+def test_shuffle_window_where_it_is_unused_is_refused(jpeg_blobs):
+    # It applies only to shuffle="shards" without shuffle_shards: given elsewhere
+    # it was silently ignored.
+    with pytest.raises(ValueError, match="shuffle_window=64 is the sample window .* shuffle=True"):
+        Feeder(MemorySource(jpeg_blobs), B, shuffle=True, shuffle_window=64)
+    with pytest.raises(ValueError, match="shuffle_window=64 .* shuffle_shards=2"):
+        Feeder(ShardedMemory(jpeg_blobs, [(0, 60)]), B, shuffle="shards", shuffle_shards=2,
+               shuffle_window=64)
+    with Feeder(ShardedMemory(jpeg_blobs, [(0, 60)]), B, shuffle="shards", shuffle_window=64,
+                image_size=(8, 8)) as f:
+        assert f.config.shuffle_window == 64
+
+
 def test_a_world_size_change_at_resume_is_refused(lazy, jpeg_blobs):
     src = ShardedMemory(jpeg_blobs, _ranges(60, [7, 9, 4, 11, 6, 13]))
     with make(src, shuffle="shards", shuffle_shards=2, rank=0, world_size=2) as f:

@@ -104,6 +104,12 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
     source, kind = measure.open_source(args.data)
     transforms = measure.open_transforms(args.transforms)
     step, model_name = measure.open_model(args.model, args.step_ms, args.device)
+    if len(source) < args.batch_size:
+        # Every batch would hold the whole source: the model's needed rate (taken
+        # at --batch-size) would be against batches this small, and the verdict wrong.
+        raise ValueError(f"{args.data} has {len(source)} samples, fewer than one batch of "
+                         f"--batch-size {args.batch_size}; pass a smaller --batch-size (the "
+                         f"training run's own) or more data")
     m = measure.new_measurements(args.data, source, kind, args.batch_size, args.device, args.transforms)
     m.model = model_name
     if kind == "remote-shards":

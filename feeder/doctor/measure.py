@@ -72,7 +72,10 @@ def open_source(data: str) -> tuple[Any, str]:
     if os.path.isdir(data):
         if any(name.endswith(".tar") for name in os.listdir(data)):
             return TarShards(data), "shards"
-        return ImageFolder(data), "folder"
+        try:
+            return ImageFolder(data), "folder"
+        except FileNotFoundError as exc:  # no image in it: a bad DATA, said as the others
+            raise ValueError(f"DATA {data!r}: {exc}") from None
     raise ValueError(f"DATA {data!r}: not a folder, a shard spec, a URL or MODULE:NAME")
 
 

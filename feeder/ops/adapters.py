@@ -189,6 +189,9 @@ class Kornia:
 
     needs_float = True
 
+    #: Leaves labels alone: runs on batches without a "label" field too.
+    uses_labels = False
+
     def __init__(self, module: Any) -> None:
         if not callable(module):
             raise TypeError(f"Kornia: {module!r} is not callable; pass a kornia augmentation module")

@@ -392,10 +392,27 @@ _TORCHVISION_EQUIVALENT = {
 }
 
 
-def foreign_transform(t: Any, where: str) -> str | None:
-    """The error message for ``t`` when it is a torchvision transform (recognised by
-    its module name; torchvision is never imported), else None."""
+def foreign_transform(t: Any, where: str, batch: bool = False) -> str | None:
+    """The error message for ``t`` when it does not belong in ``where``, else None:
+    a torchvision transform (recognised by its module name; torchvision is never
+    imported), an albumentations transform not wrapped in ``ops.Albumentations``,
+    or a feeder op in the wrong list (``batch``: ``where`` is ``batch_transforms``).
+    Each of these would otherwise fail only at the first batch, with a
+    ``TypeError`` about a missing argument."""
+    # Imported here: batch.py and adapters.py import this module.
+    from .adapters import Kornia
+    from .batch import CutMix, MixUp, RandomErasing
     module = type(t).__module__ or ""
+    if module.startswith("albumentations"):
+        return (f"{where}: {t!r} is an albumentations transform; wrap its pipeline as "
+                f"ops.Albumentations(A.Compose([...])) in transforms (it calls the pipeline with "
+                f"named arguments and seeds it per sample)")
+    if not batch and isinstance(t, (RandomErasing, MixUp, CutMix, Kornia)):
+        return (f"{where}: {t!r} is a batch transform (it takes whole batches on the device); "
+                f"pass it in Feeder(batch_transforms=[...])")
+    if batch and isinstance(t, (Transform, SampleTransform)):
+        return (f"{where}: {t!r} is a per-sample transform (it takes one numpy image); "
+                f"pass it in Feeder(transforms=[...])")
     if not module.startswith("torchvision.transforms"):
         return None
     name = type(t).__name__

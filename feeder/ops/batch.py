@@ -222,6 +222,9 @@ class RandomErasing:
         ValueError: bad parameters, with the value.
     """
 
+    #: Leaves labels alone: runs on batches without a "label" field too.
+    uses_labels = False
+
     def __init__(self, p: float = 0.5, scale: tuple[float, float] = (0.02, 0.33),
                  ratio: tuple[float, float] = (0.3, 3.3), value: float | str | tuple = 0.0) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:

@@ -373,7 +373,8 @@ def _padding4(padding: int | Sequence[int] | None) -> tuple[int, int, int, int]:
 
 
 def _fill3(fill: int | Sequence[int], what: str) -> tuple[int, int, int]:
-    f = (fill,) * 3 if isinstance(fill, int) and not isinstance(fill, bool) else tuple(fill)
+    single = isinstance(fill, (int, float)) or not hasattr(fill, "__iter__")
+    f = (fill,) * 3 if single else tuple(fill)  # a float or None: refused below, not a TypeError
     if len(f) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255 for v in f):
         raise ValueError(f"{what}: fill must be an int in [0, 255] or three of them (R, G, B), got {fill!r}")
     return f  # type: ignore[return-value]
