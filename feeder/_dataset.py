@@ -31,8 +31,9 @@ class FeederDataset:
 
     ``dataset[i]`` reads sample ``i``, decodes it and runs the feeder's
     transforms with the randomness of ``(seed, epoch, i)``, ``epoch`` being
-    the next pass's (so deterministic transforms give exactly the batch's
-    sample), and returns it as torchvision datasets do: ``(image, label)`` for
+    the latest pass's (the next pass's before any), so it is exactly the
+    sample a batch of that pass holds (with deterministic transforms, of any
+    pass), and returns it as torchvision datasets do: ``(image, label)`` for
     a pair, ``(image, target)`` for a sample of named fields, ``target`` the
     dict of its other fields (arrays as tensors, scalars as Python numbers).
     ``image`` is a uint8 ``[3, H, W]`` tensor.
@@ -68,7 +69,7 @@ class FeederDataset:
             task = Task(None, 0, i)
             read_sample(self.source, work, task, self.source.read(i))
             stage = "decode"
-            key = index_key(epoch_key(feeder.seed, feeder._next_epoch), i)
+            key = index_key(epoch_key(feeder.seed, _epoch(feeder)), i)
             image, ctx = work.decode(task.data, key)
             fields = task.fields
             if fields is not None and MASK in fields:
@@ -88,6 +89,12 @@ class FeederDataset:
 
     def __repr__(self) -> str:
         return f"FeederDataset({self.source!r}, {len(self)} samples)"
+
+
+def _epoch(feeder: Any) -> int:
+    """The epoch of the feeder's latest pass, else of its next one."""
+    progress = feeder._progress
+    return progress.epoch if progress is not None else feeder._next_epoch
 
 
 def _chw(hwc: np.ndarray) -> torch.Tensor:

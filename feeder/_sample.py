@@ -231,7 +231,8 @@ def parse_value(name: str, value: Any) -> Any:
         arr = numeric(value)
         if name == LABEL and arr is None:
             # It would reach the batch as a Python list and fail later, in the loss.
-            raise FieldError(name, f"is {_what(value)}; a label is a number or a numeric array (map "
+            what = _what(value) + (f" of dtype {value.dtype}" if isinstance(value, np.ndarray) else "")
+            raise FieldError(name, f"is {what}; a label is a number or a numeric array (map "
                                    f"class names to int indices in the source, as ImageFolder does)")
         if name.startswith(BOX_PREFIX):
             if arr is None:

@@ -244,3 +244,23 @@ def test_dataset_is_not_what_accelerate_rebuilds_a_dataloader_around(jpeg_blobs)
         assert len(f.dataset) == 8
         with pytest.raises(AttributeError, match=r"feeder\.skip\(num_batches\) after feeder\.set_epoch"):
             accelerator.skip_first_batches(f, 1)
+
+
+def test_dataset_gives_the_latest_passs_random_draws(jpeg_blobs):
+    src = MemorySource(jpeg_blobs[:8])
+    with Feeder(src, 4, [ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()], ordered=True,
+                seed=5, decode_threads=2) as f:
+        f.set_epoch(3)
+        batches, err = drain(f)
+        assert err is None
+        images = np.concatenate([x for x, _ in batches])
+        for i in range(8):  # after the pass: the draws of the pass just delivered
+            np.testing.assert_array_equal(f.dataset[i][0].numpy(), images[i])
+
+
+@pytest.mark.parametrize("label", [np.array(["a", "b"]), np.array([object(), 1], dtype=object)])
+def test_a_non_numeric_label_array_names_its_dtype(jpeg_blobs, label):
+    src = DictSource(4, lambda i: (jpeg_blobs[0], label))
+    with make(src) as f:
+        batches, err = drain(f)
+    assert isinstance(err, SampleError) and f"dtype {label.dtype}" in str(err)

@@ -818,3 +818,24 @@ def test_resize_max_size_through_the_feeder_with_reduced_scale_decode(jpeg_blobs
     for a, b in zip(fused, plain):
         assert a[0].shape == (4, 3, 20, 20)
         assert (a[0].int() - b[0].int()).abs().max() <= 2  # the fused window: weights rounded
+
+
+def test_a_mask_fill_an_8_bit_mask_cannot_hold_names_the_option():
+    from feeder import Feeder
+    from feeder.errors import SampleError
+    import simplejpeg
+    import cv2
+
+    image = simplejpeg.encode_jpeg(np.zeros((16, 16, 3), np.uint8))
+    mask = cv2.imencode(".png", np.ones((16, 16), np.uint8))[1].tobytes()
+
+    class Seg:
+        def __len__(self):
+            return 2
+
+        def read(self, i):
+            return {"image": image, "mask": mask}
+
+    with Feeder(Seg(), 2, [ops.RandomCrop(24, mask_fill=300)], decode_threads=1) as f:
+        with pytest.raises(SampleError, match=r"mask_fill=300 does not fit the sample's uint8 mask"):
+            next(iter(f))

@@ -172,6 +172,11 @@ class Geometry:
             vx &= (cx >= x0) & (cx < x1)
         out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
         fill = self.fill or 0
+        if fill > np.iinfo(mask.dtype).max:
+            # An 8-bit mask (a palette or gray PNG) cannot hold the padding value.
+            raise ValueError(f"mask_fill={fill} does not fit the sample's {mask.dtype} mask "
+                             f"(at most {np.iinfo(mask.dtype).max}); use a mask_fill that does, or "
+                             f"16-bit masks")
         if not vy.all():
             out[~vy] = fill
         if not vx.all():
