@@ -230,6 +230,22 @@ def test_doctor_names_a_slow_model_step_and_runs_every_engine(helpers, tmp_path,
     assert fed["tune"]["active_threads"] >= 1 and doc["measurements"]["tune_history"]
 
 
+def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound_step(
+        helpers, tmp_path, capsys):
+    """The loader keeps up easily (one image a batch, a pipeline four batches
+    ahead), but its transform holds the GIL for ~8 ms an image while the step
+    launches 1000 tiny ops, each of which must take the GIL back: the fed step is
+    well over the 1.10x limit slower than on synthetic input, while the loop
+    hardly waits for data."""
+    name, doc = doctor(tmp_path, capsys, "doctor_helpers:ManyPhotos", "--transforms",
+                       "doctor_helpers:gil_transforms", "--model",
+                       "doctor_helpers:launch_bound_step", "--batch-size", "1", "--seconds", "4")
+    assert name == "interference", doc
+    fed = doc["measurements"]["fed"]
+    assert set(fed) == {"threads", "process", "tune"}
+    assert any("GIL" in fix for fix in doc["verdict"]["fixes"])
+
+
 def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatch):
     import feeder.doctor.report as report
 
