@@ -168,7 +168,7 @@ class Stats:
             for stage in dict.fromkeys(name for _, name, _ in self.active_threads):
                 counts = [n for _, name, n in self.active_threads if name == stage]
                 lines.append(f"{stage} threads tuned: {self.active(stage)} active now (of "
-                             f"{self.stage(stage).threads}); fewest {min(counts)}, most "
+                             f"{int(self.stage(stage).threads)}); fewest {min(counts)}, most "
                              f"{max(counts)}, {len(counts) - 1} change(s) recorded")
         transfer = next((s for s in self.stages if s.name == "transfer"), None)
         if transfer is not None and transfer.items:

@@ -399,3 +399,89 @@ def test_slow_loop_sheds_threads_and_a_fast_one_gets_them_back(long_source, monk
                 grew = taken - slow_until
                 break
         assert grew is not None and grew <= 20, f"not grown back within 20 batches ({grew})"
+
+
+# -- the augment and read pools ---------------------------------------------------------
+
+# Each pool's "tune" option against a fixed count, and the stage it tunes.
+POOLS = {"augment": ("augment_threads", 2), "read": ("read_threads", 2)}
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_tuned_pool_batches_are_those_of_a_fixed_thread_run(long_source, pool, isolation,
+                                                            monkeypatch):
+    monkeypatch.setattr(_tune, "Tuner", _Scripted)  # forked into the worker too
+    option, fixed_count = POOLS[pool]
+    extra = {"start_method": "fork"} if isolation == "process" else {}
+    runs = {}
+    for threads in (fixed_count, "tune"):
+        with Feeder(long_source, 4, crops(), shuffle=True, seed=3, isolation=isolation,
+                    **{option: threads}, **extra) as f:
+            batches, err = drain(f)
+            assert err is None
+            runs[threads] = (batches, f.stats(), f.config)
+    fixed, tuned = runs[fixed_count][0], runs["tune"][0]
+    assert len(tuned) == len(fixed) == 150
+    for (xa, ya), (xb, yb) in zip(fixed, tuned):
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    stats, config = runs["tune"][1], runs["tune"][2]
+    assert config.tuned() == (pool,)
+    most = int(getattr(config, option))
+    history = [n for _, stage, n in stats.active_threads if stage == pool]
+    assert history == [most, 1, 2, 1, 2]
+    assert {stage for _, stage, _ in stats.active_threads} == {pool}
+    assert stats.active(pool) == 2 and stats.active("decode") is None
+    assert f"{pool} threads tuned: 2 active now (of {most})" in str(stats)
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_slow_loop_sheds_pool_threads_and_a_fast_one_gets_them_back(long_source, pool,
+                                                                    monkeypatch):
+    """As test_slow_loop_sheds_threads_and_a_fast_one_gets_them_back, for the augment
+    pool and the read pool (MemorySource's reads may block: a read stage)."""
+    option = POOLS[pool][0]
+    offset = [0.0]
+    real = _tune._now
+    monkeypatch.setattr(_tune, "_now", lambda: real() + offset[0])
+    with Feeder(long_source, 4, crops(), shuffle=False, **{option: "tune"}) as f:
+        start = int(getattr(f.config, option))
+        assert f.config.tuned() == (pool,)
+        it = iter(f)
+        taken = 0
+        low = None
+        while taken < 120:  # bounded: a shrink is due after WARMUP + SHRINK_WINDOW batches
+            next(it)
+            taken += 1
+            offset[0] += 1.0  # a one-second step
+            if f.stats().active(pool) < start:
+                low = f.stats().active(pool)
+                break
+        assert low is not None, f"no {pool} thread parked in {taken} batches of a slow loop"
+        assert f._engine.current.gate.stage == pool
+        slow_until = taken
+        grew = None
+        while taken < 150:
+            next(it)  # no step at all: the loop only waits on the loader now
+            taken += 1
+            if f.stats().active(pool) > low:
+                grew = taken - slow_until
+                break
+        assert grew is not None and grew <= 20, f"not grown back within 20 batches ({grew})"
+
+
+def test_every_pool_tuned_gives_the_fixed_runs_batches(long_source):
+    """decode, augment and read tuned together, the real decision (Tuning choosing
+    among three pools): the same batches as a fixed run, every pool recorded."""
+    runs = {}
+    for threads in (2, "tune"):
+        with Feeder(long_source, 4, crops(), shuffle=True, seed=5, decode_threads=threads,
+                    augment_threads=threads, read_threads=threads) as f:
+            batches, err = drain(f)
+            assert err is None
+            runs[threads] = (batches, f.stats())
+    assert len(runs["tune"][0]) == len(runs[2][0]) == 150
+    for (xa, ya), (xb, yb) in zip(runs[2][0], runs["tune"][0]):
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    stages = {stage for _, stage, _ in runs["tune"][1].active_threads}
+    assert stages == {"read", "decode", "augment"}
