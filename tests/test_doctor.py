@@ -119,6 +119,20 @@ def test_verdict_interference_prefers_the_process_engine_when_it_measured_better
     assert v.numbers["step fed / synthetic (process)"] == 1.06
 
 
+def test_verdict_interference_of_gil_holding_transforms():
+    # Recorded from the end-to-end test's set-up below (a pure-Python transform of
+    # ~8 ms an image, a launch-bound step, batch 1): the loop hardly waits for data,
+    # while the step is 2.4x the synthetic one with threads.
+    m = recorded(model="doctor_helpers:launch_bound_step", step_ms=8.74, model_rate=114.4,
+                 batch_size=1, decode_ms=0.59, transform_ms=7.94, ceiling_rate=234,
+                 loader_rate=105,
+                 fed={"threads": fed("threads", 44.2, 0.004, 20.8, 2.38),
+                      "process": fed("process", 79.9, 0.134, 11.1, 1.28)})
+    v = decide(m)
+    assert v.bottleneck == "interference"
+    assert v.fixes[0].startswith('isolation="process"')
+
+
 def test_verdict_waiting_loop_is_the_loaders_fault_not_interference():
     # A slower fed step, but the loop loses more time waiting for data: the loader.
     m = recorded(model="m", step_ms=10.0, model_rate=3200.0,
