@@ -11,7 +11,7 @@ the last batches cost, and :class:`Gate` parks or wakes threads to match: a park
 thread sleeps before taking its next sample, and wakes when the count grows again
 or the pass ends. Threads are never killed, so growing back costs no thread start.
 
-Which thread decodes which sample never changes a batch (each sample is written
+Which thread reads, decodes or transforms which sample never changes a batch (each sample is written
 into its batch's slot with randomness keyed by (seed, epoch, index)), so the
 output is the same as a fixed-thread run's.
 
