@@ -279,8 +279,8 @@ class Config:
 
     batch_size: int = _option(None, _positive)
     decode_threads: int | str = _option("auto", _threads_auto(1, tune=True))
-    augment_threads: int | str = _option("auto", _threads_auto(0))
-    read_threads: int | str = _option("auto", _threads_auto(0))
+    augment_threads: int | str = _option("auto", _threads_auto(0, tune=True))
+    read_threads: int | str = _option("auto", _threads_auto(0, tune=True))
     read_ahead_bytes: int = _option(64 << 20, _positive)
     queue_size: int = _option(4, _positive)
     device: torch.device = _option("cpu", lambda name, v: parse_device(v))
@@ -327,14 +327,20 @@ class Config:
             values["decode_threads"] = TunedThreads(auto_decode)
         if values["decode_threads"] == "auto":
             values["decode_threads"] = auto_decode
+        if values["augment_threads"] == "tune":
+            # "auto" runs the transforms in the decode threads (no pool to tune):
+            # asking to tune them asks for a pool of their own, at decode's count.
+            values["augment_threads"] = TunedThreads(auto_decode)
         if values["augment_threads"] == "auto":
             values["augment_threads"] = auto_augment
-        if values["read_threads"] == "auto":
+        if values["read_threads"] in ("auto", "tune"):
             # Local, fast reads cost less in the decode threads than handed over
             # from a read stage (a queue hop per sample: measurable CPU on a
-            # CPU-bound machine); reads that may wait on storage get their own threads.
-            values["read_threads"] = (auto_read_threads(values["decode_threads"])
-                                      if _reads_may_block else 0)
+            # CPU-bound machine); reads that may wait on storage get their own
+            # threads. "tune": that count, tuned, where there is a read stage.
+            count = auto_read_threads(values["decode_threads"]) if _reads_may_block else 0
+            values["read_threads"] = (TunedThreads(count) if values["read_threads"] == "tune"
+                                      and count else count)
         dtype = values["dtype"]
         if values["normalize"] is not None:
             if dtype is None:
@@ -389,8 +395,16 @@ class Config:
 
     @property
     def tune(self) -> bool:
-        """``decode_threads="tune"``: the decode threads are parked and woken while a pass runs."""
-        return isinstance(self.decode_threads, TunedThreads)
+        """Some pool is ``"tune"``: its threads are parked and woken while a pass runs."""
+        return any(isinstance(n, TunedThreads)
+                   for n in (self.decode_threads, self.augment_threads, self.read_threads))
+
+    def tuned(self) -> tuple[str, ...]:
+        """The stages whose thread count is tuned (``"tune"`` on a pool that exists)."""
+        return tuple(stage for stage, n in (("read", self.read_threads),
+                                            ("decode", self.decode_threads),
+                                            ("augment", self.augment_threads))
+                     if isinstance(n, TunedThreads))
 
     # Queue capacities. Each pool needs a few items queued per thread so a
     # thread never idles between items; more only adds latency and memory.

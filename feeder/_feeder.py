@@ -296,13 +296,17 @@ class Feeder:
             :mod:`feeder._tune`; :attr:`Stats.active_threads` shows the count over time).
         augment_threads: Threads running the transforms, or 0 to run them in the
             decode threads, or ``"auto"`` (0: measured fastest; see the docs'
-            results page).
+            results page), or ``"tune"``: a pool of its own of the decode
+            pool's ``"auto"`` count, tuned as ``decode_threads="tune"``.
         read_threads: Threads calling ``source.read``, ahead of the decode
             threads, so that a read waiting on storage never idles a core;
             ``"auto"``: 16 per decode thread, within [16, 128], when the
             source's reads may wait on storage (remote shards, a network or
             FUSE file system, a source without a ``reads_may_block`` attribute),
-            else 0; 0 reads in the decode threads.
+            else 0; 0 reads in the decode threads; ``"tune"``: the ``"auto"``
+            count, tuned as ``decode_threads="tune"`` (0 where ``"auto"`` is 0).
+            With several pools tuned, one changes at a batch boundary: only the
+            busiest may grow, the least busy shrinks (see :mod:`feeder._tune`).
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.

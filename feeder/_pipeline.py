@@ -47,7 +47,7 @@ from ._sampler import Sampler, pass_sequence, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
 from ._transfer import BatchTransforms, Converter, Transfer
-from ._tune import Gate
+from ._tune import Gate, TunedThreads, Tuning
 from ._work import SampleWork, steps
 from .errors import ConfigError, FeederError, SampleError
 from .sources import describe
@@ -101,7 +101,7 @@ class PassSettings:
     normalize: Any
     memory_format: str
     batch_transforms: tuple[Any, ...]
-    # decode_threads="tune": the decode threads are parked and woken (see _tune).
+    # Some pool is "tune": its threads are parked and woken (see _tune).
     tune: bool = False
     max_image_size: tuple[int, int] | None = None
     size_divisibility: int = 1
@@ -240,15 +240,22 @@ class Pass(PassEnding):
                             Padding(cfg.size_divisibility, cfg.mask_fill) if variable else None)
         maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
                 for spec, inbox, outbox in zip(specs, inboxes, outboxes)]
-        # decode_threads="tune": the decode stage's threads pass a gate, whose count
-        # changes where the training loop takes a batch (see _tune).
-        self.gate: Gate | None = None
+        # "tune": each tuned stage's threads pass a gate, whose count changes where
+        # the training loop takes a batch (see _tune). The tuned pools' counts
+        # are TunedThreads (an int whose type says so).
+        self.gates: list[Gate] = []
         if cfg.tune:
-            decode = next(m for m in maps if m.name == "decode")
-            # Where the previous pass ended (an epoch shorter than the tuner's
-            # windows would otherwise start from the "auto" count every time).
-            self.gate = decode.gate = Gate("decode", decode.num_threads, decode.busy_s,
-                                           book.record_active, start=book.last_active("decode"))
+            for spec, stage in zip(specs, maps):
+                if isinstance(spec.threads, TunedThreads):
+                    # Where the previous pass ended (an epoch shorter than the tuner's
+                    # windows would otherwise start from the "auto" count every time).
+                    stage.gate = Gate(spec.name, stage.num_threads, stage.busy_s,
+                                      book.record_active, start=book.last_active(spec.name))
+                    self.gates.append(stage.gate)
+        # The decode stage's gate (or the one tuned pool's).
+        self.gate: Gate | None = next((g for g in self.gates if g.stage == "decode"),
+                                      self.gates[0] if self.gates else None)
+        self.tuning = Tuning(self.gates) if self.gates else None
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
                     unbuffered=cfg.decode_queue),
@@ -273,8 +280,8 @@ class Pass(PassEnding):
         # tiny epoch) may exit before the next stage starts, and a count that
         # touched zero would hand the pass's buffers back while still in use.
         self._live_threads = sum(stage.num_threads for stage in self.stages)
-        if self.gate is not None:
-            self.pool.on_consumer = self.gate.consumer  # batch boundaries, in both engines
+        if self.tuning is not None:
+            self.pool.on_consumer = self.tuning.consumer  # batch boundaries, in both engines
         try:
             for stage in self.stages:
                 stage.start()
@@ -296,9 +303,10 @@ class Pass(PassEnding):
         self._stopped = True
         if self.orphaned:
             return  # a forked child: no thread to stop, and the locks may be held by ghosts
-        if self.gate is not None:
-            self.gate.open()  # parked threads leave now, not at their next poll
-            if self.pool.on_consumer == self.gate.consumer:
+        if self.tuning is not None:
+            for gate in self.gates:
+                gate.open()  # parked threads leave now, not at their next poll
+            if self.pool.on_consumer == self.tuning.consumer:
                 self.pool.on_consumer = None
         self.pool.retire(self)
         for ch in self.channels:

@@ -98,9 +98,11 @@ class Stats:
         buffers: Batch buffers allocated.
         waiting_in_next: Threads of the training loop waiting inside ``next()``
             right now (a loop stalled on its data shows 1).
-        active_threads: With ``decode_threads="tune"``: ``(seconds since the
-            first pass started, stage, active threads)`` at each pass's start
-            and at each change, oldest first (the last ``ACTIVE_HISTORY``).
+        active_threads: With ``"tune"`` thread counts (``decode_threads``,
+            ``augment_threads``, ``read_threads``): ``(seconds since the first
+            pass started, stage, active threads)`` for each tuned stage at each
+            pass's start and at each change, oldest first (the last
+            ``ACTIVE_HISTORY``).
     """
 
     stages: tuple[StageStats, ...]
@@ -162,10 +164,12 @@ class Stats:
         for q in self.queues:
             lines.append(f"{q.name:<10}{q.capacity:>9}{q.depth:>7}{q.mean_depth:>8.1f}{q.max_depth:>6}")
         if self.active_threads:
-            counts = [n for _, name, n in self.active_threads if name == "decode"]
-            lines += ["", f"decode threads tuned: {self.active()} active now (of "
-                          f"{self.stage('decode').threads}); fewest {min(counts)}, most "
-                          f"{max(counts)}, {len(counts) - 1} change(s) recorded"]
+            lines.append("")
+            for stage in dict.fromkeys(name for _, name, _ in self.active_threads):
+                counts = [n for _, name, n in self.active_threads if name == stage]
+                lines.append(f"{stage} threads tuned: {self.active(stage)} active now (of "
+                             f"{int(self.stage(stage).threads)}); fewest {min(counts)}, most "
+                             f"{max(counts)}, {len(counts) - 1} change(s) recorded")
         transfer = next((s for s in self.stages if s.name == "transfer"), None)
         if transfer is not None and transfer.items:
             lines += ["", f"transfer thread CPU: {1e3 * transfer.cpu_per_item_s:.2f} ms per batch "
@@ -293,7 +297,7 @@ class StatsBook:
         return n
 
     def record_active(self, stage: str, active: int) -> None:
-        """``stage`` runs ``active`` threads from now (``decode_threads="tune"``)."""
+        """``stage`` runs ``active`` threads from now (a ``"tune"`` thread count)."""
         with self._lock:
             t = time.perf_counter() - self.started if self.started is not None else 0.0
             self._active.append((t, stage, active))

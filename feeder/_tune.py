@@ -1,6 +1,9 @@
-"""``decode_threads="tune"``: use the fewest decode threads that keep the training loop fed.
+"""``"tune"`` thread counts: use the fewest threads that keep the training loop fed.
 
-The first pass starts its decode stage at the ``"auto"`` count, and each later
+``decode_threads``, ``augment_threads`` and ``read_threads`` accept ``"tune"``
+(each pool that exists: a read stage where the source's reads may block, an
+augment stage of its own). The first pass starts each tuned stage at its ``"auto"`` count
+(``augment_threads``: one per core, at least 2, as decode's), and each later
 pass where the previous one ended (an epoch shorter than the tuner's windows
 would otherwise never settle). At every batch boundary
 (the training loop leaving ``next()`` with a batch) :class:`Tuner` looks at what
@@ -8,7 +11,7 @@ the last batches cost, and :class:`Gate` parks or wakes threads to match: a park
 thread sleeps before taking its next sample, and wakes when the count grows again
 or the pass ends. Threads are never killed, so growing back costs no thread start.
 
-Which thread decodes which sample never changes a batch (each sample is written
+Which thread reads, decodes or transforms which sample never changes a batch (each sample is written
 into its batch's slot with randomness keyed by (seed, epoch, index)), so the
 output is the same as a fixed-thread run's.
 
@@ -23,10 +26,11 @@ The rule (numbers below are the module constants):
   Also grow, by one, when the active threads' measured work over those batches
   is above ``SATURATED`` (90%) of their time: the loop has sped up and is
   eating into the batches queued ahead of it, and will wait once they are gone.
-* **Shrink** one thread at a time, and only after ``SHRINK_WINDOW`` (16) batches
+* **Shrink** one thread at a time (an eighth of the active count at once in a
+  pool of 16 or more, such as a read stage's), and only after ``SHRINK_WINDOW`` (16) batches
   since the last change whose wait share stayed at or below half the target, and
   when the active threads' measured work (busy thread-seconds per second) would
-  keep one thread fewer at most ``HEADROOM`` (60%) busy.
+  keep the smaller count at most ``HEADROOM`` (60%) busy.
 * **Hysteresis**: growing and shrinking use different thresholds (above 1%
   against at most 0.5%) and windows (3 batches against 16), so a count whose
   wait share lies between the two is left alone. A shrink that is followed by a grow within two shrink windows was a
@@ -34,6 +38,15 @@ The rule (numbers below are the module constants):
   ``MAX_SHRINK_WINDOW``), so a workload at the edge settles instead of
   oscillating. The first ``WARMUP`` batches of a pass (the pipeline filling up)
   are not judged.
+* **Several tuned pools** (:class:`Tuning`): each has its own :class:`Tuner`
+  (its own windows, its own measured work), but the wait share is evidence they
+  share, so at most one pool changes at a batch boundary. When the loop waits (or
+  a pool is saturated), only the *busiest* tuned stage (the highest share of its
+  active threads' time spent working over the last ``GROW_WINDOW`` batches) may
+  grow: the others are waiting on it, and more of their threads would not feed
+  the loop. When several could shrink, the least busy one shrinks. Any change
+  restarts every tuned pool's windows: the batches before it were measured with
+  the old counts.
 """
 
 from __future__ import annotations
@@ -66,9 +79,10 @@ _now = time.perf_counter
 
 
 class TunedThreads(int):
-    """The thread count ``decode_threads="tune"`` resolves to: the ``"auto"`` count,
-    an ``int`` in every use, whose type tells the pass to tune it. (A marker on the
-    value rather than another configuration field: the fields are the options.)"""
+    """The thread count a ``"tune"`` option (``decode_threads``, ``augment_threads``,
+    ``read_threads``) resolves to: the most threads the pool may run, an ``int`` in
+    every use, whose type tells the pass to tune it. (A marker on the value rather
+    than another configuration field: the fields are the options.)"""
 
     def __repr__(self) -> str:
         return f"'tune' ({int(self)})"
@@ -104,6 +118,14 @@ class Tuner:
         """One batch was delivered: the loop waited ``wait_s`` for it, ``cycle_s`` passed
         since the previous one, and the tuned stage's threads worked ``busy_s``
         thread-seconds meanwhile. Returns the active thread count to use from now."""
+        want = self.propose(wait_s, cycle_s, busy_s)
+        if want != self.active:
+            self.commit(want)
+        return self.active
+
+    def propose(self, wait_s: float, cycle_s: float, busy_s: float) -> int:
+        """Record one batch (as :meth:`batch`) and return the count the rules want,
+        without changing to it: :class:`Tuning` decides which pool changes."""
         self.batches += 1
         if self.batches <= WARMUP or cycle_s <= 0:
             return self.active
@@ -116,26 +138,116 @@ class Tuner:
             busy = sum(r[2] for r in last) / sum(r[1] for r in last)  # threads' worth of work
             if share > GROW_WAIT or busy > SATURATED * self.active:
                 want = math.ceil(self.active / max(1e-3, 1.0 - share)) if share > GROW_WAIT else 0
-                self._change(min(self.maximum, max(self.active + 1, want)))
-                if (self._last_shrink_at is not None
-                        and self.batches - self._last_shrink_at <= 2 * self._shrink_window):
-                    # The last shrink starved the loop: be slower to shrink again.
-                    self._shrink_window = min(MAX_SHRINK_WINDOW, 2 * self._shrink_window)
-                return self.active
+                return min(self.maximum, max(self.active + 1, want))
         if self._since_change >= self._shrink_window and self.active > self.minimum:
             rows = recent[-self._shrink_window:]
             if self._share(rows) <= TARGET_WAIT / 2:
                 cycle = sum(r[1] for r in rows)
                 demand = sum(r[2] for r in rows) / cycle  # threads' worth of work needed
-                if demand <= (self.active - 1) * HEADROOM:
-                    self._change(self.active - 1)
-                    self._last_shrink_at = self.batches
+                # A large pool (read threads: up to 128) sheds an eighth at a time, or
+                # it would take a hundred windows to settle; a small one, a thread.
+                for fewer in (max(1, self.active // 8), 1):
+                    target = max(self.minimum, self.active - fewer)
+                    if demand <= target * HEADROOM:
+                        return target
         return self.active
+
+    def commit(self, active: int) -> None:
+        """Change to ``active`` threads (what :meth:`propose` returned)."""
+        if active > self.active:
+            if (self._last_shrink_at is not None
+                    and self.batches - self._last_shrink_at <= 2 * self._shrink_window):
+                # The last shrink starved the loop: be slower to shrink again.
+                self._shrink_window = min(MAX_SHRINK_WINDOW, 2 * self._shrink_window)
+        elif active < self.active:
+            self._last_shrink_at = self.batches
+        self._change(active)
+
+    def restart(self) -> None:
+        """Another pool's count changed: the batches so far were measured with the old
+        counts, so this pool's windows start again."""
+        self._recent.clear()
+        self._since_change = 0
+
+    def utilization(self) -> float:
+        """The share of its active threads' time this stage worked over the last
+        ``GROW_WINDOW`` batches (0 before any was recorded)."""
+        last = list(self._recent)[-GROW_WINDOW:]
+        cycle = sum(r[1] for r in last)
+        return sum(r[2] for r in last) / (cycle * self.active) if cycle > 0 else 0.0
 
     def _change(self, active: int) -> None:
         self.active = active
         self._recent.clear()
         self._since_change = 0
+
+
+class Tuning:
+    """The batch boundaries of one pass, and which tuned pool changes at each.
+
+    Told by :meth:`consumer` when the training loop enters and leaves ``next()``;
+    measures each batch's wait and cycle once, and each gate's work since the
+    last boundary. One gate: its tuner decides alone. Several: see the module
+    docstring (only the busiest may grow, the least busy shrinks, one change at a
+    time, and a change restarts every pool's windows).
+
+    Args:
+        gates: The tuned stages' gates.
+        clock: Seconds, monotonic; None reads this module's ``_now`` at each call.
+    """
+
+    def __init__(self, gates: "list[Gate]", clock: Callable[[], float] | None = None) -> None:
+        self.gates = list(gates)
+        self._clock = clock if clock is not None else (lambda: _now())
+        self._entered: float | None = None
+        self._left: float | None = None
+        self._busy_at = [0.0] * len(self.gates)
+
+    def consumer(self, waiting: bool) -> None:
+        """The training loop entered (True) or left (False) ``next()``; leaving it with
+        a batch is a batch boundary, where the active counts may change."""
+        now = self._clock()
+        if waiting:
+            self._entered = now
+            return
+        entered, left = self._entered, self._left
+        self._entered = None
+        busy = [g.busy_s() for g in self.gates]
+        busy_before, self._busy_at = self._busy_at, busy
+        self._left = now
+        if entered is None or left is None:
+            return  # the first next() of a pass: no cycle to judge yet
+        wait_s, cycle_s = now - entered, now - left
+        work = [b - b0 for b, b0 in zip(busy, busy_before)]
+        if len(self.gates) == 1:
+            gate = self.gates[0]
+            active = gate.tuner.batch(wait_s, cycle_s, work[0])
+            if active != gate.active:
+                gate.set_active(active)
+            return
+        wants = [g.tuner.propose(wait_s, cycle_s, w) for g, w in zip(self.gates, work)]
+        chosen, want = choose(self.gates, wants)
+        if chosen is None:
+            return
+        chosen.tuner.commit(want)
+        for g in self.gates:
+            if g is not chosen:
+                g.tuner.restart()
+        chosen.set_active(chosen.tuner.active)
+
+
+def choose(gates: "list[Gate]", wants: list[int]) -> "tuple[Gate | None, int]":
+    """Which one pool changes, given what each pool's tuner wants (see the module
+    docstring): the busiest tuned stage, when it wants to grow; else, among those
+    that want to shrink, the least busy; else none."""
+    busiest = max(range(len(gates)), key=lambda i: gates[i].tuner.utilization())
+    if wants[busiest] > gates[busiest].active:
+        return gates[busiest], wants[busiest]
+    shrinking = [i for i, g in enumerate(gates) if wants[i] < g.active]
+    if not shrinking:
+        return None, 0
+    least = min(shrinking, key=lambda i: gates[i].tuner.utilization())
+    return gates[least], wants[least]
 
 
 class Gate:
@@ -163,35 +275,22 @@ class Gate:
         threads = int(threads)  # a TunedThreads: its repr is for the configuration
         self.tuner = Tuner(threads, start=start)
         self.active = self.tuner.active
-        self._busy = busy
+        self.busy_s = busy
         self._record = record
-        self._clock = clock if clock is not None else (lambda: _now())
+        self._clock = clock
         self._cond = threading.Condition()
         self.parks = 0  # times a thread has parked (for tests and the stats)
         self._open = False
-        self._entered: float | None = None
-        self._left: float | None = None
-        self._busy_at = 0.0
+        self._solo: Tuning | None = None
         if record is not None:
             record(stage, self.active)
 
     # -- the training loop's side (through BufferPool.set_consumer_waiting) ----------
     def consumer(self, waiting: bool) -> None:
-        """The training loop entered (True) or left (False) ``next()``; leaving it with
-        a batch is a batch boundary, where the active count may change."""
-        now = self._clock()
-        if waiting:
-            self._entered = now
-            return
-        entered, left = self._entered, self._left
-        self._entered = None
-        busy = self._busy()
-        self._left, busy_before, self._busy_at = now, self._busy_at, busy
-        if entered is None or left is None:
-            return  # the first next() of a pass: no cycle to judge yet
-        active = self.tuner.batch(now - entered, now - left, busy - busy_before)
-        if active != self.active:
-            self.set_active(active)
+        """This gate tuned alone: as :meth:`Tuning.consumer` with this gate only."""
+        if self._solo is None:
+            self._solo = Tuning([self], self._clock)
+        self._solo.consumer(waiting)
 
     def set_active(self, active: int) -> None:
         with self._cond:

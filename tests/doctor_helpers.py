@@ -46,3 +46,51 @@ class SerializedSource:
         with self.lock:
             time.sleep(0.01)
             return self.inner.read(index)
+
+
+class _GILBurner:
+    """A transform that holds the GIL for a fixed amount of pure-Python work (a few
+    ms an image, as a transform written in Python does): while it runs, any other
+    Python thread waits for the interpreter."""
+
+    def __init__(self, iterations: int) -> None:
+        self.iterations = iterations
+
+    def __call__(self, img, rng):
+        s = 0
+        for i in range(self.iterations):
+            s += i
+        return img
+
+
+def gil_transforms():
+    """A small crop, then a pure-Python transform of about 8 ms an image."""
+    return [ops.RandomResizedCrop(32), _GILBurner(250_000)]
+
+
+def launch_bound_step(images, labels):
+    """A launch-bound training step: 1000 tiny torch ops on a small CPU tensor (a
+    host thread launching kernels, taking the GIL back after each), then 6 ms
+    with the GIL released (the host waiting for the device)."""
+    import torch
+
+    x = torch.zeros(16)
+    for _ in range(1000):
+        x.add_(1)
+    time.sleep(0.006)
+
+
+class ManyPhotos:
+    """The test photos, each 20 times: an epoch long enough that a fed run never
+    restarts its pipeline (a new pass's first batches make the loop wait)."""
+
+    reads_may_block = False
+
+    def __init__(self) -> None:
+        self.inner = ImageFolder(os.environ["FEEDER_DOCTOR_TEST_DATA"])
+
+    def __len__(self) -> int:
+        return 20 * len(self.inner)
+
+    def read(self, index: int):
+        return self.inner.read(index % len(self.inner))

@@ -119,6 +119,20 @@ def test_verdict_interference_prefers_the_process_engine_when_it_measured_better
     assert v.numbers["step fed / synthetic (process)"] == 1.06
 
 
+def test_verdict_interference_of_gil_holding_transforms():
+    # Recorded from the end-to-end test's set-up below (a pure-Python transform of
+    # ~8 ms an image, a launch-bound step, batch 1): the loop hardly waits for data,
+    # while the step is 2.4x the synthetic one with threads.
+    m = recorded(model="doctor_helpers:launch_bound_step", step_ms=8.74, model_rate=114.4,
+                 batch_size=1, decode_ms=0.59, transform_ms=7.94, ceiling_rate=234,
+                 loader_rate=105,
+                 fed={"threads": fed("threads", 44.2, 0.004, 20.8, 2.38),
+                      "process": fed("process", 79.9, 0.134, 11.1, 1.28)})
+    v = decide(m)
+    assert v.bottleneck == "interference"
+    assert v.fixes[0].startswith('isolation="process"')
+
+
 def test_verdict_waiting_loop_is_the_loaders_fault_not_interference():
     # A slower fed step, but the loop loses more time waiting for data: the loader.
     m = recorded(model="m", step_ms=10.0, model_rate=3200.0,
@@ -228,6 +242,22 @@ def test_doctor_names_a_slow_model_step_and_runs_every_engine(helpers, tmp_path,
     fed = doc["measurements"]["fed"]
     assert set(fed) == {"threads", "process", "tune"}
     assert fed["tune"]["active_threads"] >= 1 and doc["measurements"]["tune_history"]
+
+
+def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound_step(
+        helpers, tmp_path, capsys):
+    """The loader keeps up easily (one image a batch, a pipeline four batches
+    ahead), but its transform holds the GIL for ~8 ms an image while the step
+    launches 1000 tiny ops, each of which must take the GIL back: the fed step is
+    well over the 1.10x limit slower than on synthetic input, while the loop
+    hardly waits for data."""
+    name, doc = doctor(tmp_path, capsys, "doctor_helpers:ManyPhotos", "--transforms",
+                       "doctor_helpers:gil_transforms", "--model",
+                       "doctor_helpers:launch_bound_step", "--batch-size", "1", "--seconds", "4")
+    assert name == "interference", doc
+    fed = doc["measurements"]["fed"]
+    assert set(fed) == {"threads", "process", "tune"}
+    assert any("GIL" in fix for fix in doc["verdict"]["fixes"])
 
 
 def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatch):

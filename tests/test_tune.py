@@ -40,9 +40,32 @@ def test_config_tune_resolves_to_the_auto_count():
     assert tuned.decode_threads == auto.decode_threads
     with pytest.raises(ValueError, match="decode_threads must be a positive int, 'auto' or 'tune'"):
         Config.build(batch_size=4, decode_threads="tuned")
-    with pytest.raises(ValueError, match="read_threads must be an int >= 0 or 'auto'"):
-        Config.build(batch_size=4, read_threads="tune")
+    with pytest.raises(ValueError, match="read_threads must be an int >= 0, 'auto' or 'tune'"):
+        Config.build(batch_size=4, read_threads="tuned")
+    with pytest.raises(ValueError, match="augment_threads must be an int >= 0, 'auto' or 'tune'"):
+        Config.build(batch_size=4, augment_threads=-1)
     assert repr(tuned.decode_threads) == f"'tune' ({auto.decode_threads})"
+    assert tuned.tuned() == ("decode",) and auto.tuned() == ()
+
+
+def test_config_tune_for_the_read_and_augment_pools():
+    auto = Config.build(batch_size=4)
+    # Reads that may block: a read stage of the "auto" count, tuned.
+    read = Config.build(batch_size=4, read_threads="tune")
+    assert read.tune and read.tuned() == ("read",)
+    assert read.read_threads == auto.read_threads > 0
+    assert repr(read.read_threads) == f"'tune' ({auto.read_threads})"
+    # Local reads: "auto" has no read stage, so neither has "tune" (nothing to tune).
+    local = Config.build(False, batch_size=4, read_threads="tune")
+    assert local.read_threads == 0 and not local.tune
+    # "auto" runs the transforms in the decode threads; "tune" gives them a pool of
+    # their own, of the decode pool's "auto" size.
+    augment = Config.build(batch_size=4, augment_threads="tune")
+    assert auto.augment_threads == 0
+    assert augment.augment_threads == auto.decode_threads and augment.tuned() == ("augment",)
+    every = Config.build(batch_size=4, decode_threads="tune", augment_threads="tune",
+                         read_threads="tune")
+    assert every.tuned() == ("read", "decode", "augment")
 
 
 def test_a_loop_that_never_waits_sheds_threads_one_window_at_a_time():
@@ -114,6 +137,32 @@ def test_a_shrink_that_starved_the_loop_makes_the_next_one_wait_longer():
     assert counts.index(1) == 2 * _tune.SHRINK_WINDOW - 1
 
 
+def test_a_large_pool_sheds_an_eighth_at_a_time():
+    t = Tuner(128)
+    # Next to no work (a read pool whose storage answers at once): 112, 98, 86...
+    counts = feed(t, _tune.WARMUP + _tune.SHRINK_WINDOW, 0.0, 1.0, 0.5)
+    assert counts[-1] == 112
+    assert feed(t, _tune.SHRINK_WINDOW, 0.0, 1.0, 0.5)[-1] == 98
+    # 8.7 threads' worth of work: an eighth fewer (14) would be 62% busy, one
+    # fewer (15) 58%: one at a time near the headroom.
+    t = Tuner(16)
+    assert feed(t, _tune.WARMUP + _tune.SHRINK_WINDOW, 0.0, 1.0, 8.7)[-1] == 15
+    # And a pool under 16 threads sheds one at a time, as before.
+    t = Tuner(15)
+    assert feed(t, _tune.WARMUP + _tune.SHRINK_WINDOW, 0.0, 1.0, 0.1)[-1] == 14
+
+
+def test_propose_changes_nothing_and_commit_does_what_batch_would():
+    a, b = Tuner(4), Tuner(4)
+    for _ in range(_tune.WARMUP + _tune.SHRINK_WINDOW):
+        want = a.propose(0.0, 1.0, 0.2)
+        assert a.active == 4
+        assert b.batch(0.0, 1.0, 0.2) == (want if want != 4 else 4)
+    assert want == 3 and b.active == 3
+    a.commit(want)
+    assert a.active == 3 and a._since_change == 0
+
+
 def test_warmup_batches_are_not_judged():
     t = Tuner(2)
     assert feed(t, _tune.WARMUP, 1.0, 1.0, 0.0) == [2] * _tune.WARMUP
@@ -170,6 +219,81 @@ def test_gate_measures_batches_from_the_loops_entries_and_exits():
         gate.consumer(False)
         now[0] += step
     assert seen == [(0.5, 0.5, 1.0), (0.0, 2.0, 0.25)]
+
+
+class Pools:
+    """Two tuned pools driven by :class:`Tuning` on a fake clock, with made-up work:
+    ``step(wait, cycle, read=..., decode=...)`` is one batch, each pool's figure its
+    busy thread-seconds in it."""
+
+    def __init__(self, read: int, decode: int, start: dict[str, int]) -> None:
+        self.now = 0.0
+        self.busy = {"read": 0.0, "decode": 0.0}
+        self.record: list[tuple[int, str, int]] = []
+        self.batches = 0
+        self.gates = {name: Gate(name, n, lambda name=name: self.busy[name],
+                                 lambda s, n: self.record.append((self.batches, s, n)),
+                                 start=start.get(name))
+                      for name, n in (("read", read), ("decode", decode))}
+        self.tuning = _tune.Tuning(list(self.gates.values()), clock=lambda: self.now)
+        self.tuning.consumer(False)  # the pass starts
+
+    def step(self, wait: float, cycle: float, **work: float) -> None:
+        self.batches += 1
+        self.tuning.consumer(True)
+        self.now += wait
+        for name, w in work.items():
+            self.busy[name] += w
+        self.tuning.consumer(False)
+        self.now += cycle - wait
+
+    def active(self) -> dict[str, int]:
+        return {name: g.active for name, g in self.gates.items()}
+
+    def changes(self) -> list[tuple[int, str, int]]:
+        return [r for r in self.record if r[0] > 0]
+
+
+def test_only_the_busiest_pool_grows_on_the_loops_wait():
+    # The loop waits 40% of each batch. Decode's 2 threads work all the time; the 4
+    # read threads a quarter of theirs: decode is what the loop waits for.
+    p = Pools(read=16, decode=4, start={"read": 4, "decode": 2})
+    for _ in range(_tune.WARMUP + _tune.GROW_WINDOW):
+        p.step(0.4, 1.0, read=1.0, decode=2.0)
+    assert p.active() == {"read": 4, "decode": 4}
+    assert [stage for _, stage, _ in p.changes()] == ["decode"]
+    # Decode at its maximum, still busiest: the loop still waits, and the read
+    # pool (whose tuner alone would grow on this wait) is left alone.
+    for _ in range(10 * _tune.GROW_WINDOW):
+        p.step(0.4, 1.0, read=1.0, decode=4.0)
+    assert p.active() == {"read": 4, "decode": 4}
+
+
+def test_when_reads_are_the_busiest_stage_the_read_pool_grows():
+    p = Pools(read=16, decode=4, start={"read": 4, "decode": 2})
+    for _ in range(_tune.WARMUP + _tune.GROW_WINDOW):
+        p.step(0.5, 1.0, read=4.0, decode=0.5)  # every read thread waits on storage
+    assert p.active() == {"read": 8, "decode": 2}  # ceil(4 / (1 - 0.5))
+
+
+def test_two_quiet_pools_shrink_one_at_a_time_the_least_busy_first():
+    p = Pools(read=16, decode=4, start={})
+    # The loop never waits; the reads need 1 thread's worth, decode 0.5.
+    for _ in range(_tune.WARMUP + _tune.SHRINK_WINDOW):
+        p.step(0.0, 1.0, read=1.0, decode=0.5)
+    # Both could shrink at this boundary; the read pool's threads are the less busy
+    # (1/16 against 0.5/4), so it goes first and decode's window restarts.
+    assert p.active() == {"read": 14, "decode": 4}
+    for _ in range(_tune.SHRINK_WINDOW):
+        p.step(0.0, 1.0, read=1.0, decode=0.5)
+    # A window later: both again, and again the less busy (1/14 against 0.5/4).
+    assert p.active() == {"read": 13, "decode": 4}
+    for _ in range(30 * _tune.SHRINK_WINDOW):
+        p.step(0.0, 1.0, read=1.0, decode=0.5)
+    assert p.active() == {"read": 2, "decode": 1}
+    # Never two changes at one boundary.
+    boundaries = [b for b, _, _ in p.changes()]
+    assert len(boundaries) == len(set(boundaries))
 
 
 # -- the feeder ---------------------------------------------------------------------
@@ -275,3 +399,89 @@ def test_slow_loop_sheds_threads_and_a_fast_one_gets_them_back(long_source, monk
                 grew = taken - slow_until
                 break
         assert grew is not None and grew <= 20, f"not grown back within 20 batches ({grew})"
+
+
+# -- the augment and read pools ---------------------------------------------------------
+
+# Each pool's "tune" option against a fixed count, and the stage it tunes.
+POOLS = {"augment": ("augment_threads", 2), "read": ("read_threads", 2)}
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_tuned_pool_batches_are_those_of_a_fixed_thread_run(long_source, pool, isolation,
+                                                            monkeypatch):
+    monkeypatch.setattr(_tune, "Tuner", _Scripted)  # forked into the worker too
+    option, fixed_count = POOLS[pool]
+    extra = {"start_method": "fork"} if isolation == "process" else {}
+    runs = {}
+    for threads in (fixed_count, "tune"):
+        with Feeder(long_source, 4, crops(), shuffle=True, seed=3, isolation=isolation,
+                    **{option: threads}, **extra) as f:
+            batches, err = drain(f)
+            assert err is None
+            runs[threads] = (batches, f.stats(), f.config)
+    fixed, tuned = runs[fixed_count][0], runs["tune"][0]
+    assert len(tuned) == len(fixed) == 150
+    for (xa, ya), (xb, yb) in zip(fixed, tuned):
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    stats, config = runs["tune"][1], runs["tune"][2]
+    assert config.tuned() == (pool,)
+    most = int(getattr(config, option))
+    history = [n for _, stage, n in stats.active_threads if stage == pool]
+    assert history == [most, 1, 2, 1, 2]
+    assert {stage for _, stage, _ in stats.active_threads} == {pool}
+    assert stats.active(pool) == 2 and stats.active("decode") is None
+    assert f"{pool} threads tuned: 2 active now (of {most})" in str(stats)
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_slow_loop_sheds_pool_threads_and_a_fast_one_gets_them_back(long_source, pool,
+                                                                    monkeypatch):
+    """As test_slow_loop_sheds_threads_and_a_fast_one_gets_them_back, for the augment
+    pool and the read pool (MemorySource's reads may block: a read stage)."""
+    option = POOLS[pool][0]
+    offset = [0.0]
+    real = _tune._now
+    monkeypatch.setattr(_tune, "_now", lambda: real() + offset[0])
+    with Feeder(long_source, 4, crops(), shuffle=False, **{option: "tune"}) as f:
+        start = int(getattr(f.config, option))
+        assert f.config.tuned() == (pool,)
+        it = iter(f)
+        taken = 0
+        low = None
+        while taken < 120:  # bounded: a shrink is due after WARMUP + SHRINK_WINDOW batches
+            next(it)
+            taken += 1
+            offset[0] += 1.0  # a one-second step
+            if f.stats().active(pool) < start:
+                low = f.stats().active(pool)
+                break
+        assert low is not None, f"no {pool} thread parked in {taken} batches of a slow loop"
+        assert f._engine.current.gate.stage == pool
+        slow_until = taken
+        grew = None
+        while taken < 150:
+            next(it)  # no step at all: the loop only waits on the loader now
+            taken += 1
+            if f.stats().active(pool) > low:
+                grew = taken - slow_until
+                break
+        assert grew is not None and grew <= 20, f"not grown back within 20 batches ({grew})"
+
+
+def test_every_pool_tuned_gives_the_fixed_runs_batches(long_source):
+    """decode, augment and read tuned together, the real decision (Tuning choosing
+    among three pools): the same batches as a fixed run, every pool recorded."""
+    runs = {}
+    for threads in (2, "tune"):
+        with Feeder(long_source, 4, crops(), shuffle=True, seed=5, decode_threads=threads,
+                    augment_threads=threads, read_threads=threads) as f:
+            batches, err = drain(f)
+            assert err is None
+            runs[threads] = (batches, f.stats())
+    assert len(runs["tune"][0]) == len(runs[2][0]) == 150
+    for (xa, ya), (xb, yb) in zip(runs[2][0], runs["tune"][0]):
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    stages = {stage for _, stage, _ in runs["tune"][1].active_threads}
+    assert stages == {"read", "decode", "augment"}

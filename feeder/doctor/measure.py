@@ -378,6 +378,11 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         least = _tune.WARMUP + _tune.SHRINK_WINDOW + _tune.GROW_WINDOW
     cap = max(budget_s, 4 * budget_s)
     with Feeder(source, m.batch_size, transforms, **options) as f:
+        # The loop's wait for data is what the feeder records as such (blocked on
+        # an empty output queue), not the whole time in next(): the rest of next()
+        # is the loop's own Python, which the loader's threads slow down as they
+        # slow the step (waiting for the GIL), so it counts with the step.
+        book = f._engine.book
         it = _batches(f)
         x, y = next(it)
         step(x, y)
@@ -386,14 +391,15 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         images = 0
         while ((_now() - t_start < budget_s or len(steps) < least)
                and (_now() - t_start < cap or len(steps) < 3)):
+            waited = book.consumer_wait_s
             t0 = _now()
             x, y = next(it)
-            t1 = _now()
+            wait = book.consumer_wait_s - waited
             step(x, y)
             _sync(device)
             t2 = _now()
-            waits.append(t1 - t0)
-            steps.append(t2 - t1)
+            waits.append(wait)
+            steps.append(max(0.0, t2 - t0 - wait))
             images += x.shape[0]
             timeline.tick(x.shape[0])
         elapsed = _now() - t_start
