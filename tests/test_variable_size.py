@@ -66,6 +66,17 @@ class Sized:
             self.reads += 1
         return self.blobs[index], index
 
+    def __getstate__(self) -> dict:
+        # Picklable for a spawned worker (start_method="auto" spawns once other
+        # threads run): the lock is the process's own.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
 
 def _sizes(n: int, seed: int = 0, low: int = 8, high: int = 40) -> list[tuple[int, int]]:
     rng = np.random.default_rng(seed)
