@@ -62,16 +62,6 @@ class DetectionFiles:
         return self.records[index]["image"]
 
 
-def images_and_targets(batch: dict) -> tuple[list[torch.Tensor], list[dict]]:
-    """A feeder batch in the form torchvision's detection models take: a list of
-    ``[3, h, w]`` images at their own size (views of the padded batch) and a list
-    of ``{"boxes", "labels", "image_id"}`` dicts."""
-    images = [img[:, :h, :w] for img, (h, w) in zip(batch["image"], batch["size"].tolist())]
-    targets = [{"boxes": b, "labels": l, "image_id": int(i)}
-               for b, l, i in zip(batch["boxes"], batch["box_labels"], batch["image_id"])]
-    return images, targets
-
-
 def detection_model_inputs(images: list[torch.Tensor], targets: list[dict] | None) -> int:
     """Stand-in for ``model(images, targets)`` of a torchvision detection model: the
     checks its ``GeneralizedRCNNTransform`` makes on its inputs. Returns the boxes seen."""
@@ -108,13 +98,13 @@ def main() -> None:
     val = Feeder(source, 1, [], shuffle=False, **common)
     with train, val:
         for step, batch in zip(range(args.steps), train):
-            images, targets = images_and_targets(batch)
+            images, targets = batch.images_and_targets(rename={"box_labels": "labels"})
             boxes = detection_model_inputs(images, targets)
             shapes = [tuple(i.shape[1:]) for i in images]
             print(f"train step {step}: padded {tuple(batch['image'].shape)}, images {shapes}, "
                   f"{boxes} boxes")
         for step, batch in zip(range(args.steps), val):
-            images, targets = images_and_targets(batch)
+            images, targets = batch.images_and_targets(rename={"box_labels": "labels"})
             detection_model_inputs(images, None)
             h, w = batch["size"][0].tolist()
             print(f"eval step {step}: native size {h}x{w}, padded {tuple(batch['image'].shape[2:])}")

@@ -223,6 +223,36 @@ class Batch(dict):
 
     __slots__ = ()
 
+    def images_and_targets(self, rename: dict[str, str] | None = None
+                           ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+        """The batch as torchvision's detection and segmentation models take it: a
+        list of ``[3, h, w]`` images, each at its own size (views of the batch:
+        ``"size"`` says how much of a padded batch is the image), and a list of
+        one dict per image holding its other fields (boxes, per-box fields,
+        labels, a mask cut to the image's size, passed-through values).
+
+        Args:
+            rename: Field names to give other keys in the targets, e.g.
+                ``{"box_labels": "labels"}`` for torchvision's detection models.
+        """
+        images = self["image"]
+        n = images.shape[0]
+        sizes = self["size"].tolist() if "size" in self else [tuple(images.shape[-2:])] * n
+        out = [img[:, :h, :w] for img, (h, w) in zip(images, sizes)]
+        rename = rename or {}
+        targets: list[dict[str, Any]] = [{} for _ in range(n)]
+        for name, value in dict.items(self):
+            if name in ("image", "size"):
+                continue
+            key = rename.get(name, name)
+            for k in range(n):
+                item = value[k]
+                if name == "mask":
+                    h, w = sizes[k]
+                    item = item[:h, :w]  # of a padded batch: the image's part
+                targets[k][key] = item
+        return out, targets
+
     def __iter__(self) -> Iterator[str]:
         if len(self) == 2:
             a, b = self.keys()

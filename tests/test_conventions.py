@@ -264,3 +264,24 @@ def test_a_non_numeric_label_array_names_its_dtype(jpeg_blobs, label):
     with make(src) as f:
         batches, err = drain(f)
     assert isinstance(err, SampleError) and f"dtype {label.dtype}" in str(err)
+
+
+def test_images_and_targets_gives_torchvisions_detection_form(jpeg_blobs):
+    def sample(i):
+        return {"image": jpeg_blobs[i], "boxes": [[1.0, 2.0, 10.0, 12.0]] * (i % 3 + 1),
+                "box_labels": [i] * (i % 3 + 1), "image_id": 100 + i}
+
+    with Feeder(DictSource(8, sample), 4, [], max_image_size=(160, 160), size_divisibility=32,
+                decode_threads=2) as f:
+        batch = next(iter(f))
+        images, targets = batch.images_and_targets(rename={"box_labels": "labels"})
+        assert len(images) == len(targets) == 4
+        for k, (img, target) in enumerate(zip(images, targets)):
+            h, w = batch["size"][k].tolist()
+            assert img.shape == (3, h, w)
+            assert torch.equal(img, batch["image"][k, :, :h, :w])
+            assert set(target) == {"boxes", "labels", "image_id"}
+            assert target["boxes"].shape == (k % 3 + 1, 4) and target["labels"].tolist() == [k] * (k % 3 + 1)
+            assert int(target["image_id"]) == 100 + k
+        for _ in f:
+            pass

@@ -468,3 +468,27 @@ def test_random_erasing_draws_within_each_image_not_its_padding():
                 assert rows.max() < h and cols.max() < w
                 area = int(inside.sum())
                 assert 0.15 * h * w <= area <= 0.35 * h * w, (h, w, area)
+
+
+def test_images_and_targets_cuts_each_mask_to_its_image():
+    import cv2
+    import simplejpeg
+
+    shapes = [(20, 30), (36, 24), (16, 16), (40, 40)]
+
+    class Seg:
+        def __len__(self):
+            return len(shapes)
+
+        def read(self, i):
+            h, w = shapes[i]
+            mask = np.full((h, w), i + 1, np.uint8)
+            return {"image": simplejpeg.encode_jpeg(np.zeros((h, w, 3), np.uint8)),
+                    "mask": cv2.imencode(".png", mask)[1].tobytes()}
+
+    with Feeder(Seg(), 4, [], max_image_size=(40, 40), decode_threads=1) as f:
+        batch = next(iter(f))
+        images, targets = batch.images_and_targets()
+        for k, (img, target) in enumerate(zip(images, targets)):
+            assert img.shape[1:] == shapes[k] and target["mask"].shape == shapes[k]
+            assert bool((target["mask"] == k + 1).all())  # none of the padding's mask_fill
