@@ -614,10 +614,11 @@ class Feeder:
     def _pass_sequence(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
         """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
         c = self.config
+        seed = self.seed if seed is None else seed
         order = pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
-                              c.on_error == "skip", self.seed if seed is None else seed, epoch,
+                              c.on_error == "skip", seed, epoch,
                               self.rank if rank is None else rank, self.world_size, self._layout)
-        return group_sequence(order, self.source, c)
+        return group_sequence(order, self.source, c, self.chain, seed, epoch)
 
     def _new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
                       batches: int = 0) -> Progress:
