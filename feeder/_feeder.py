@@ -387,7 +387,10 @@ class Feeder:
             width / height; 0: landscape vs portrait). Sizes come from the image
             headers, read once per source (or from ``source.image_sizes()``);
             every sample still once per epoch, in an order that depends only on
-            (seed, epoch, rank).
+            (seed, epoch, rank). With ``max_image_size`` and transforms that can
+            plan each sample's output size (``planned_size_for``), the samples
+            of one aspect group are also batched by planned size (windows of 8
+            batches sorted by area), so scale-jittered batches pad little.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
