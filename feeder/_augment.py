@@ -275,6 +275,7 @@ class Chain:
         # The context (full-size dims) is only true for transforms that see the
         # decoded image unchanged in size.
         self._ctx_upto = next((i for i, t in steps if not t.preserves_size), len(ts))
+        self._steps = steps
         # What run() does per step, decided here once rather than per sample:
         # (position, transform, gets the context, check its planned size, check
         # what it produced).
@@ -322,6 +323,30 @@ class Chain:
             return t.decode_hint(height, width, SampleRNG(key, i), ctx), ctx
 
         return plan
+
+    def planned_output_size(self, height: int, width: int, key: int) -> tuple[int, int] | None:
+        """The (height, width) the chain will produce from a ``height`` x ``width``
+        image (its header's size) for the sample of ``key``, before decoding it; None
+        when some size-changing step cannot say (a callable, a crop that depends on
+        the boxes).
+
+        Each step plans from a fresh copy of the stream it will draw from, after the
+        decode-hinting step's ``decode_hint`` (as :attr:`plan` does for the decoder),
+        so a drawn size is the one the sample gets. A reduced-scale decode hands the
+        first step a slightly different size, so a size computed from its input may
+        differ by a pixel or so: this is for grouping samples of similar sizes
+        (``Feeder(group_by_aspect_ratio=...)``), not for sizing buffers."""
+        plan = self.plan
+        ctx = plan(height, width, key)[1] if plan is not None else SampleContext((height, width))
+        h, w = height, width
+        for i, t in self._steps:
+            if t.preserves_size:
+                continue
+            size = t.planned_size_for(h, w, SampleRNG(key, i), ctx if i <= self._ctx_upto else None)
+            if size is None:
+                return None
+            h, w = int(size[0]), int(size[1])
+        return h, w
 
     def run(self, img: np.ndarray, key: int, ctx: SampleContext,
             out: np.ndarray) -> tuple[int, int]:

@@ -387,7 +387,10 @@ class Feeder:
             width / height; 0: landscape vs portrait). Sizes come from the image
             headers, read once per source (or from ``source.image_sizes()``);
             every sample still once per epoch, in an order that depends only on
-            (seed, epoch, rank).
+            (seed, epoch, rank). With ``max_image_size`` and transforms that can
+            plan each sample's output size (``planned_size_for``), the samples
+            of one aspect group are also batched by planned size (windows of 8
+            batches sorted by area), so scale-jittered batches pad little.
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
@@ -614,10 +617,11 @@ class Feeder:
     def _pass_sequence(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
         """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
         c = self.config
+        seed = self.seed if seed is None else seed
         order = pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
-                              c.on_error == "skip", self.seed if seed is None else seed, epoch,
+                              c.on_error == "skip", seed, epoch,
                               self.rank if rank is None else rank, self.world_size, self._layout)
-        return group_sequence(order, self.source, c)
+        return group_sequence(order, self.source, c, self.chain, seed, epoch)
 
     def _new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
                       batches: int = 0) -> Progress:

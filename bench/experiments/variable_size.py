@@ -220,6 +220,9 @@ def padding(images: int, epochs: int) -> list[str]:
     from feeder import Feeder, ops
 
     class SingleScale(ops.Transform):
+        def planned_size(self, height, width, ctx=None):
+            return target_size(height, width, 800)
+
         def apply(self, img, rng, out=None, ctx=None):
             import cv2
             h, w = img.shape[:2]
@@ -231,13 +234,20 @@ def padding(images: int, epochs: int) -> list[str]:
              f"{sum(w > h for w, h in shapes)} landscape, {sum(w < h for w, h in shapes)} portrait, "
              f"{sum(w == h for w, h in shapes)} square), batch {BATCH}, size_divisibility 32, "
              f"{epochs} epochs; padded share = 1 - sum(h*w) / sum(B*Hb*Wb)", "",
-             f"{'resize':26s} {'random':>8s} {'grouped':>8s} {'padding per image pixel, random/grouped':>42s}"]
+             "aspect: grouped by aspect ratio alone (GroupedBatchSampler's rule; the planned sizes",
+             "withheld); grouped: by aspect ratio and planned size (group_by_aspect_ratio=True)", "",
+             f"{'resize':26s} {'random':>8s} {'aspect':>8s} {'grouped':>8s} "
+             f"{'padding per image pixel, random/aspect':>39s} {'random/grouped':>15s}"]
+    import feeder._group as grouping
+    plan = grouping.planned_sizes
     for name, first in (("shorter 800, max 1333", SingleScale()),
                         ("shorter 480..800, max 1333", make_transforms()[0])):
         shares = {}
-        for group in (False, True):
+        for group in ("random", "aspect", "grouped"):
             valid = total = 0
-            with Feeder(Blobs(blobs), BATCH, [first], shuffle=True, seed=0, group_by_aspect_ratio=group,
+            grouping.planned_sizes = (lambda *a: None) if group == "aspect" else plan
+            with Feeder(Blobs(blobs), BATCH, [first], shuffle=True, seed=0,
+                        group_by_aspect_ratio=group != "random",
                         max_image_size=(MAX_SIZE, MAX_SIZE), size_divisibility=32) as f:
                 for epoch in range(epochs):
                     f.set_epoch(epoch)
@@ -246,8 +256,10 @@ def padding(images: int, epochs: int) -> list[str]:
                         valid += int((hw[:, 0] * hw[:, 1]).sum())
                         total += b["image"].shape[0] * b["image"].shape[2] * b["image"].shape[3]
             shares[group] = 1 - valid / total
-        r, g = shares[False], shares[True]
-        lines.append(f"{name:26s} {r:8.3f} {g:8.3f} {r / (1 - r) / (g / (1 - g)):41.2f}x")
+        grouping.planned_sizes = plan
+        r, a, g = shares["random"], shares["aspect"], shares["grouped"]
+        lines.append(f"{name:26s} {r:8.3f} {a:8.3f} {g:8.3f} {r / (1 - r) / (a / (1 - a)):38.2f}x "
+                     f"{r / (1 - r) / (g / (1 - g)):14.2f}x")
     return lines
 
 
