@@ -26,6 +26,22 @@ try:  # optional: installed with albumentations (the albumentations extra)
 except ImportError:  # pragma: no cover - cv2.LUT then, same results
     _sz = None
 
+
+def _sz_has_out() -> bool:
+    """Whether this StringZilla's translate writes into a given buffer (``out=``,
+    in recent releases): one pass instead of a copy then an in-place pass."""
+    if _sz is None:
+        return False
+    try:
+        dst = bytearray(1)
+        _sz.translate(memoryview(b"\x00"), memoryview(bytes(range(256))), out=memoryview(dst))
+        return True
+    except TypeError:  # pragma: no cover - older StringZilla: copy, then in place
+        return False
+
+
+_SZ_OUT = _sz_has_out()
+
 _ARANGE = np.arange(256, dtype=np.float64)
 # torchvision's rgb_to_grayscale weights.
 _GRAY = (0.2989, 0.587, 0.114)
@@ -39,7 +55,11 @@ def _lut(img: np.ndarray, table: np.ndarray) -> np.ndarray:
     if img.flags.c_contiguous:
         if _sz is not None:
             # StringZilla's byte translation (SIMD) is ~10x faster than cv2.LUT
-            # here; it holds the GIL for its ~25 us per 500x375 image.
+            # here; it holds the GIL for its ~15 us per 500x375 image.
+            if _SZ_OUT:
+                out = np.empty_like(img)
+                _sz.translate(memoryview(img.reshape(-1)), memoryview(t), out=memoryview(out.reshape(-1)))
+                return out
             out = img.copy()
             _sz.translate(memoryview(out.reshape(-1)), memoryview(t), inplace=True)
             return out
