@@ -647,12 +647,17 @@ def test_a_non_callable_transform_gets_an_error_naming_the_alternatives(source):
 
 def test_lookup_tables_give_the_same_result_with_and_without_stringzilla(monkeypatch):
     img = photo(29, 31, seed=8)
-    with_sz = [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7),
-               color.posterize(img, 3), color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
+    def run():
+        return [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7), color.posterize(img, 3),
+                color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
+
+    with_sz = run()
+    # A StringZilla without translate(out=): copy, then translate in place.
+    monkeypatch.setattr(color, "_SZ_OUT", False)
+    in_place = run()
     monkeypatch.setattr(color, "_sz", None)
-    without = [color.adjust_brightness(img, 1.3), color.adjust_contrast(img, 0.7),
-               color.posterize(img, 3), color.solarize(img, 99.0), color.adjust_brightness(img[:, ::2], 0.8)]
-    assert all(np.array_equal(a, b) for a, b in zip(with_sz, without))
+    without = run()
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(with_sz, in_place, without))
 
 
 # -- the detection recipes' ops ------------------------------------------------------------

@@ -94,13 +94,38 @@ def cases():
     ]
 
 
-def erasing_case():
+def photometric_cases():
+    """SSD's photometric distortion: albumentations' equivalent is each change as
+    its own single-factor ColorJitter (albumentations skips a factor of 1, so each
+    does only its own step) with the same probability, then ChannelShuffle."""
+    rows = []
+    for p in (0.5, 1.0):
+        rows.append((f"RandomPhotometricDistort(p={p})", ours(ops.RandomPhotometricDistort(p=p)),
+                     albu(A.Compose([A.ColorJitter(brightness=(0.875, 1.125), contrast=0, saturation=0, hue=0, p=p),
+                                     A.ColorJitter(brightness=0, contrast=(0.5, 1.5), saturation=0, hue=0, p=p),
+                                     A.ColorJitter(brightness=0, contrast=0, saturation=(0.5, 1.5), hue=0, p=p),
+                                     A.ColorJitter(brightness=0, contrast=0, saturation=0, hue=(-0.05, 0.05), p=p),
+                                     A.ChannelShuffle(p=p)])),
+                     "albumentations: single-factor ColorJitters + ChannelShuffle, same p"))
+    return rows
+
+
+def erasing_cases(img: np.ndarray):
+    """RandomErasing is a batch transform on [B, C, H, W] tensors; it is timed on a
+    batch of one holding the same image as albumentations' Erasing gets, in the
+    same dtype: uint8 (what albumentations' per-sample pipelines hold) and float32
+    (after normalize, where the recipes put it; 4x the bytes to copy, as
+    torchvision's inplace=False copies the batch)."""
     t = ops.RandomErasing(p=1.0, value=0.0)
-    x = torch.rand(1, 3, 375, 500)
     lab = torch.zeros(1)
-    return (("RandomErasing (1 sample, CPU tensor)",
-             lambda img, k: t.apply_keyed(x, lab, [SampleRNG(k)]),
-             albu(A.Erasing(p=1.0)), "ours: float CHW tensor (a batch transform); albumentations: uint8 HWC"))
+    x8 = torch.from_numpy(img).permute(2, 0, 1).contiguous()[None]
+    xf = x8.float() / 255.0
+    imgf = np.ascontiguousarray(xf[0].permute(1, 2, 0).numpy())
+    eras = albu(A.Erasing(p=1.0))
+    return [("RandomErasing (uint8, 1 sample)", lambda _, k: t.apply_keyed(x8, lab, [SampleRNG(k)]), eras,
+             "ours: [1, 3, H, W] tensor; albumentations: HWC array"),
+            ("RandomErasing (float32, 1 sample)", lambda _, k: t.apply_keyed(xf, lab, [SampleRNG(k)]),
+             lambda _, k: eras(imgf, k), "as above, the image in [0, 1]")]
 
 
 def measure(fn, img, calls, start):
@@ -115,12 +140,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--out", default=None, help="write OUT.txt and OUT.json")
+    ap.add_argument("--only", default="", help="comma-separated substrings: time only the ops named so")
     args = ap.parse_args()
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
     img = photo()
     rows = []
-    for name, mine, theirs, note in cases() + [erasing_case()]:
+    only = [w for w in args.only.split(",") if w]
+    for name, mine, theirs, note in cases() + photometric_cases() + erasing_cases(img):
+        if only and not any(w in name for w in only):
+            continue
         mine(img, 0), theirs(img, 0)  # warm up
         a, b = [], []
         for r in range(args.rounds):

@@ -210,6 +210,9 @@ class RandomErasing:
     device, one slice per erased sample. It runs after the dtype conversion and
     ``normalize``, so ``value=0`` is the mean colour, as in torchvision's recipes
     (RandomErasing after Normalize). Masks and boxes are left alone (as torchvision).
+    The input batch is never written: as torchvision's default ``inplace=False``,
+    the result is a new tensor (one copy of the batch, made only when some sample
+    is erased; the input itself is returned when none is).
 
     Args:
         p: Probability that a sample is erased.

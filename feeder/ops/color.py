@@ -26,6 +26,22 @@ try:  # optional: installed with albumentations (the albumentations extra)
 except ImportError:  # pragma: no cover - cv2.LUT then, same results
     _sz = None
 
+
+def _sz_has_out() -> bool:
+    """Whether this StringZilla's translate writes into a given buffer (``out=``,
+    in recent releases): one pass instead of a copy then an in-place pass."""
+    if _sz is None:
+        return False
+    try:
+        dst = bytearray(1)
+        _sz.translate(memoryview(b"\x00"), memoryview(bytes(range(256))), out=memoryview(dst))
+        return True
+    except TypeError:  # pragma: no cover - older StringZilla: copy, then in place
+        return False
+
+
+_SZ_OUT = _sz_has_out()
+
 _ARANGE = np.arange(256, dtype=np.float64)
 # torchvision's rgb_to_grayscale weights.
 _GRAY = (0.2989, 0.587, 0.114)
@@ -39,7 +55,11 @@ def _lut(img: np.ndarray, table: np.ndarray) -> np.ndarray:
     if img.flags.c_contiguous:
         if _sz is not None:
             # StringZilla's byte translation (SIMD) is ~10x faster than cv2.LUT
-            # here; it holds the GIL for its ~25 us per 500x375 image.
+            # here; it holds the GIL for its ~15 us per 500x375 image.
+            if _SZ_OUT:
+                out = np.empty_like(img)
+                _sz.translate(memoryview(img.reshape(-1)), memoryview(t), out=memoryview(out.reshape(-1)))
+                return out
             out = img.copy()
             _sz.translate(memoryview(out.reshape(-1)), memoryview(t), inplace=True)
             return out
@@ -54,11 +74,17 @@ def adjust_brightness(img: np.ndarray, factor: float) -> np.ndarray:
     return _lut(img, _ARANGE * factor)
 
 
+def _gray_mean(img: np.ndarray) -> float:
+    """The mean of the grayscale image: mean(gray) = gray(mean), from the
+    per-channel sums (cv2.sumElems is about 2.5x faster than cv2.mean here)."""
+    s = cv2.sumElems(img)
+    return (_GRAY[0] * s[0] + _GRAY[1] * s[1] + _GRAY[2] * s[2]) / (img.shape[0] * img.shape[1])
+
+
 def adjust_contrast(img: np.ndarray, factor: float) -> np.ndarray:
     """Blend with the mean of the grayscale image (torchvision's ``adjust_contrast``)."""
-    m = cv2.mean(img)
-    mean = _GRAY[0] * m[0] + _GRAY[1] * m[1] + _GRAY[2] * m[2]  # mean(gray) = gray(mean)
-    return _lut(img, factor * _ARANGE + (1.0 - factor) * mean)
+    # The blend with a constant is a per-value map: one lookup-table pass.
+    return _lut(img, factor * _ARANGE + (1.0 - factor) * _gray_mean(img))
 
 
 def _blend(img: np.ndarray, other: np.ndarray, factor: float) -> np.ndarray:
@@ -77,15 +103,31 @@ def adjust_hue(img: np.ndarray, shift: float) -> np.ndarray:
     ``adjust_hue``: through float HSV, so no 8-bit hue quantization)."""
     if shift == 0.0:
         return img.copy()
-    f = np.multiply(img, 1.0 / 255.0, dtype=np.float32)
-    hsv = cv2.cvtColor(f, cv2.COLOR_RGB2HSV)  # hue in degrees [0, 360)
+    # OpenCV's float HSV is scale-free (V is the max, S and H ratios), so the
+    # image goes in as 0..255 floats (one conversion pass, no scaling) and the
+    # 1/255 is folded into the final conversion.
+    hsv = cv2.cvtColor(img.astype(np.float32), cv2.COLOR_RGB2HSV)  # hue in degrees [0, 360)
     # OpenCV's HSV -> RGB wraps a hue in [360, 720) itself (not a negative one):
-    # adding the shift taken in [0, 360) is enough.
-    hsv = cv2.add(hsv, ((shift * 360.0) % 360.0, 0.0, 0.0, 0.0))
-    rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    # adding the shift taken in [0, 360) is enough. cv2.transform adds it in one
+    # pass, about 1.5x faster than cv2.add of a 4-value scalar.
+    m = np.array([[1, 0, 0, (shift * 360.0) % 360.0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32)
+    rgb = cv2.cvtColor(cv2.transform(hsv, m), cv2.COLOR_HSV2RGB)
     # torchvision's float -> uint8: scale by 256 - eps and truncate; rounding
     # x * 255.999 - 0.5 is the same but at exact ties, and one pass of OpenCV.
-    return cv2.convertScaleAbs(rgb, alpha=255.999, beta=-0.5)
+    return cv2.convertScaleAbs(rgb, alpha=255.999 / 255.0, beta=-0.5)
+
+
+def permute_channels(img: np.ndarray, permutation: Sequence[int]) -> np.ndarray:
+    """``img[..., permutation]`` as a new contiguous image (torchvision's
+    ``permute_channels``), through OpenCV: numpy's fancy indexing on the last
+    axis is about 10x slower."""
+    p = list(permutation)
+    if p == [0, 1, 2]:
+        return img.copy()
+    if p == [2, 1, 0]:
+        return cv2.cvtColor(img, cv2.COLOR_RGB2BGR)
+    # A 0/1 matrix: each output channel is one input channel, exactly.
+    return cv2.transform(img, np.eye(3, dtype=np.float32)[p])
 
 
 def adjust_sharpness(img: np.ndarray, factor: float) -> np.ndarray:

@@ -93,7 +93,7 @@ class RandomPhotometricDistort(Transform):
         if q["contrast"] is not None and not q["contrast_before"]:
             img = color.adjust_contrast(img, q["contrast"])
         if q["permutation"] is not None:
-            img = np.ascontiguousarray(img[..., q["permutation"]])
+            img = color.permute_channels(img, q["permutation"])
         if out is not None and out.shape == img.shape and out is not img:
             np.copyto(out, img)
             return out
