@@ -365,9 +365,10 @@ class Config:
                              f"block shuffle of shuffle='shards', but shuffle="
                              f"{values['shuffle']!r}; give shuffle='shards' or leave "
                              f"shuffle_shards=None")
-        if "shuffle_window" in options and (values["shuffle"] != "shards"
-                                            or values["shuffle_shards"] is not None):
-            # Given but unused, it would be silently ignored: say what it needs.
+        if (options.get("shuffle_window", DEFAULTS["shuffle_window"]) != DEFAULTS["shuffle_window"]
+                and (values["shuffle"] != "shards" or values["shuffle_shards"] is not None)):
+            # Set but unused, it would be silently ignored: say what it needs. (Its
+            # default passed explicitly, as Config.build(**DEFAULTS) does, is no mistake.)
             raise ValueError(f"shuffle_window={values['shuffle_window']} is the sample window of "
                              f"shuffle='shards' without shuffle_shards, but shuffle="
                              f"{values['shuffle']!r} and shuffle_shards={values['shuffle_shards']!r}; "

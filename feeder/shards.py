@@ -59,6 +59,7 @@ from ._sample import DEFAULT_MAX_PIXELS
 from ._storage import FilePool, on_network_storage
 from ._tar import (COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex, decode_image_sizes,
                    index_path, scan)
+from .errors import safe_text
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
@@ -228,9 +229,15 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
         sizes = entry.get("image_sizes")
         if sizes is not None:
             try:
-                fact["image_sizes"] = decode_image_sizes(sizes, fact.get("nsamples"))
+                fact["image_sizes"] = decode_image_sizes(sizes, None)
             except ValueError as exc:
                 raise ShardFormatError(f"{where}: shard {s!r}: {exc}") from None
+            if fact.get("nsamples") is not None and len(fact["image_sizes"]) != fact["nsamples"]:
+                # The sizes are a hint for grouping; the count is checked against
+                # the shard's own index (naming what is wrong) when it is read.
+                log.warning("%s: shard %r: image_sizes holds %d sizes for nsamples %d; not used",
+                            safe_text(where), s, len(fact["image_sizes"]), fact["nsamples"])
+                del fact["image_sizes"]
         facts[name] = fact
     classes = doc.get("classes")
     return out, list(classes) if isinstance(classes, list) else None, facts

@@ -187,6 +187,8 @@ class Kornia:
         TypeError: ``module`` is not callable.
     """
 
+    batch_transform = True  # it takes whole batches (see base.foreign_transform)
+
     needs_float = True
 
     #: Leaves labels alone: runs on batches without a "label" field too.

@@ -404,15 +404,14 @@ def foreign_transform(t: Any, where: str, batch: bool = False) -> str | None:
     or a feeder op in the wrong list (``batch``: ``where`` is ``batch_transforms``).
     Each of these would otherwise fail only at the first batch, with a
     ``TypeError`` about a missing argument."""
-    # Imported here: batch.py and adapters.py import this module.
-    from .adapters import Kornia
-    from .batch import CutMix, MixUp, RandomErasing
     module = type(t).__module__ or ""
     if module.startswith("albumentations"):
         return (f"{where}: {t!r} is an albumentations transform; wrap its pipeline as "
                 f"ops.Albumentations(A.Compose([...])) in transforms (it calls the pipeline with "
                 f"named arguments and seeds it per sample)")
-    if not batch and isinstance(t, (RandomErasing, MixUp, CutMix, Kornia)):
+    # Batch transforms (MixUp, CutMix, RandomErasing, Kornia) say so by a class
+    # attribute: this module cannot import theirs, which import it.
+    if not batch and getattr(type(t), "batch_transform", False):
         return (f"{where}: {t!r} is a batch transform (it takes whole batches on the device); "
                 f"pass it in Feeder(batch_transforms=[...])")
     if batch and isinstance(t, (Transform, SampleTransform)):

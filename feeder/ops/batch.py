@@ -22,6 +22,8 @@ class _Mixing:
     pixels the transform moves must move with them, or the batch is refused.
     """
 
+    batch_transform = True  # it takes whole batches (see base.foreign_transform)
+
     #: Blending uint8 pixels would truncate: the feeder refuses it at construction.
     needs_float = True
     #: Whether the transform can carry a class-id mask along (CutMix pastes it;
@@ -224,6 +226,8 @@ class RandomErasing:
     Raises:
         ValueError: bad parameters, with the value.
     """
+
+    batch_transform = True  # it takes whole batches (see base.foreign_transform)
 
     #: Leaves labels alone: runs on batches without a "label" field too.
     uses_labels = False
