@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import Feeder, ops
 from feeder._rng import SampleRNG
 from feeder.ops.base import Geometry
@@ -20,20 +20,8 @@ A = pytest.importorskip("albumentations")
 
 
 def drain(feeder, timeout: float = JOIN_TIMEOUT_S) -> list:
-    out, err = [], []
-
-    def run():
-        try:
-            out.extend(feeder)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    if err:
-        raise err[0]
-    return out
+    """Every batch of one pass (dicts or pairs), with a timeout (a hang fails the test)."""
+    return run_in_thread(lambda: list(feeder), timeout)
 
 
 def photo(h, w, seed=0):

@@ -7,13 +7,12 @@ deterministic across thread counts, and bad parameters refused by name."""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import Feeder, TransformError, ops
 from feeder._augment import Chain
 from feeder._rng import SampleRNG
@@ -31,21 +30,8 @@ def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 
 def drain(feeder, timeout: float = JOIN_TIMEOUT_S) -> list:
-    """Every batch of one pass (dicts or pairs), iterated in a helper thread with a timeout."""
-    out, err = [], []
-
-    def run():
-        try:
-            out.extend(feeder)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    if err:
-        raise err[0]
-    return out
+    """Every batch of one pass (dicts or pairs), with a timeout (a hang fails the test)."""
+    return run_in_thread(lambda: list(feeder), timeout)
 
 
 # -- Resize(max_size) and RandomResize ----------------------------------------------
