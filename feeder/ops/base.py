@@ -331,6 +331,31 @@ def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
     return cv2.resize(img, (w, h), interpolation=interpolation)
 
 
+def _resize_with_geometry(img: np.ndarray, size: tuple[int, int], interpolation: int,
+                          antialias: bool, out: np.ndarray | None) -> tuple[np.ndarray, "Geometry"]:
+    """Resize the whole image to ``size`` (into ``out`` when it fits) and the
+    geometry that maps the input's coordinates onto the result."""
+    H, W = img.shape[:2]
+    result = _resize_into(img, size, _choose(interpolation, antialias, (H, W), size), out)
+    return result, _crop_resize(0, 0, H, W, size[0], size[1])
+
+
+def _into(img: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``img``, written into ``out`` when the caller offered a slot of its shape."""
+    if out is not None and out.shape == img.shape and out is not img:
+        np.copyto(out, img)
+        return out
+    return img
+
+
+class Photometric(Transform):
+    """Base of the transforms that change pixel values only: the geometry is the
+    identity and the size is kept."""
+
+    def apply_geometry(self, img, rng, out=None, ctx=None):
+        return self.apply(img, rng, out, ctx), Geometry.identity(img.shape[0], img.shape[1])
+
+
 def _choose(interpolation: int, antialias: bool, src: tuple[int, int], dst: tuple[int, int]) -> int:
     # Bilinear sampling aliases when shrinking by more than 2x; area averaging is
     # OpenCV's anti-aliased shrink (torchvision antialiases by default too).

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from .._rng import SampleRNG
-from .base import Geometry, Transform
+from .base import Photometric, _into
 
 try:  # optional: installed with albumentations (the albumentations extra)
     import stringzilla as _sz
@@ -207,7 +207,7 @@ def _range(value: float | Sequence[float], name: str, center: float, low: float,
     return None if rng[0] == rng[1] == center else rng  # type: ignore[return-value]
 
 
-class ColorJitter(Transform):
+class ColorJitter(Photometric):
     """Randomly change brightness, contrast, saturation and hue, in a random order
     (torchvision's ``ColorJitter``).
 
@@ -251,13 +251,7 @@ class ColorJitter(Transform):
         fns = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)
         for k, factor in self.params(rng):
             img = fns[k](img, factor)
-        if out is not None and out.shape == img.shape and out is not img:
-            np.copyto(out, img)
-            return out
-        return img
-
-    def apply_geometry(self, img, rng, out=None, ctx=None):
-        return self.apply(img, rng, out, ctx), Geometry.identity(img.shape[0], img.shape[1])
+        return _into(img, out)
 
     def __repr__(self) -> str:
         return (f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "

@@ -16,7 +16,8 @@ import numpy as np
 from .._rng import SampleRNG
 from .._sample import BOXES
 from . import color
-from .base import Geometry, Transform, _choose, _crop_resize, _interp, _resize_into, keep_boxes, move_fields
+from .base import (Geometry, Photometric, Transform, _interp, _into,
+                   _resize_with_geometry, keep_boxes, move_fields)
 from .geometry import _fill3, _mask_fill
 
 
@@ -30,7 +31,7 @@ def _pair(value: Sequence[float], name: str, what: str, low: float = 0.0) -> tup
     return a, b
 
 
-class RandomPhotometricDistort(Transform):
+class RandomPhotometricDistort(Photometric):
     """torchvision's ``RandomPhotometricDistort`` (SSD's photometric distortion):
     each of brightness, contrast, saturation and hue is changed with probability
     ``p`` by a factor drawn from its range, contrast before or after the others
@@ -94,13 +95,7 @@ class RandomPhotometricDistort(Transform):
             img = color.adjust_contrast(img, q["contrast"])
         if q["permutation"] is not None:
             img = color.permute_channels(img, q["permutation"])
-        if out is not None and out.shape == img.shape and out is not img:
-            np.copyto(out, img)
-            return out
-        return img
-
-    def apply_geometry(self, img, rng, out=None, ctx=None):
-        return self.apply(img, rng, out, ctx), Geometry.identity(img.shape[0], img.shape[1])
+        return _into(img, out)
 
     def __repr__(self) -> str:
         return (f"RandomPhotometricDistort(brightness={self.brightness}, contrast={self.contrast}, "
@@ -288,10 +283,8 @@ class _RandomScale(Transform):
         return self.apply_geometry(img, rng, out, ctx)[0]
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
-        size = self.size(H, W, rng)
-        result = _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
-        return result, _crop_resize(0, 0, H, W, size[0], size[1])
+        size = self.size(img.shape[0], img.shape[1], rng)
+        return _resize_with_geometry(img, size, self._interp, self.antialias, out)
 
 
 class ScaleJitter(_RandomScale):

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._rng import SampleRNG
 from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
-                   _size2, _window_box)
+                   _resize_with_geometry, _size2, _window_box)
 
 def _shorter_side(height: int, width: int, size: int, max_size: int | None) -> tuple[int, int]:
     """(height, width) with the shorter side ``size``, torchvision's ``_compute_resized_output_size``:
@@ -192,10 +192,8 @@ class Resize(Transform):
         return _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
-        size = self.planned_size(H, W, ctx)
-        result = _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
-        return result, _crop_resize(0, 0, H, W, size[0], size[1])
+        size = self.planned_size(img.shape[0], img.shape[1], ctx)
+        return _resize_with_geometry(img, size, self._interp, self.antialias, out)
 
     def __repr__(self) -> str:
         extra = f", max_size={self.max_size}" if self.max_size is not None else ""
@@ -345,10 +343,8 @@ class RandomResize(Transform):
         return self.apply_geometry(img, rng, out, ctx)[0]
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
-        H, W = img.shape[:2]
-        size = self.target(H, W, rng)
-        result = _resize_into(img, size, _choose(self._interp, self.antialias, (H, W), size), out)
-        return result, _crop_resize(0, 0, H, W, size[0], size[1])
+        size = self.target(img.shape[0], img.shape[1], rng)
+        return _resize_with_geometry(img, size, self._interp, self.antialias, out)
 
     def __repr__(self) -> str:
         extra = f", max_long={self.max_long}" if self.max_long is not None else ""
