@@ -25,13 +25,9 @@ from ._config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from ._decode import note_jpeg_decoder
 from ._pipeline import Pass, settings, stage_threads
-from ._order import Handled
-from ._resume import (COMPACT_ABOVE, COMPACT_VERSION, FORMAT_VERSION, Progress, check_progress,
-                      check_settings, describe_transforms, handled_from_bitmaps, load_compact, pack,
-                      pass_finished, unpack)
-from ._sampler import (LAZY_MIN, check_epoch, num_batches, pass_sequence, shard_layout, shard_size,
-                       shard_sizes)
-from ._group import group_sequence
+from ._ranks import EpochSampler, Ranks
+from ._resume import Cursor, Progress
+from ._sampler import check_epoch, num_batches, shard_layout, shard_size, shard_sizes
 from ._stats import Stats, StatsBook
 from ._threads import LibraryThreads
 from ._transfer import SideStream
@@ -73,10 +69,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# Settings saved in a state only when set (see Feeder._settings).
-_OPTIONAL_SETTINGS = ("max_image_size", "size_divisibility", "group_by_aspect_ratio")
 
 
 class _Engine:
@@ -217,36 +209,6 @@ class _Engine:
             run.orphan()
         self.passes = []
         self._limits_held = False
-
-
-class EpochSampler:
-    """``Feeder.sampler``: a sampler-like handle whose ``set_epoch`` sets the feeder's.
-
-    Trainers that set the epoch on ``loader.sampler`` (Lightning calls
-    ``set_epoch`` on ``dataloader.sampler`` at the start of every training
-    epoch) set the feeder's epoch through it; ``len()`` is this rank's samples
-    per epoch. It holds the feeder weakly, so an unclosed feeder is still
-    collected (and its threads stopped) when the program drops it.
-    """
-
-    def __init__(self, feeder: "Feeder") -> None:
-        self._feeder = weakref.ref(feeder)
-
-    def _target(self) -> "Feeder":
-        feeder = self._feeder()
-        if feeder is None:
-            raise ReferenceError("the feeder of this sampler was garbage-collected")
-        return feeder
-
-    def set_epoch(self, epoch: int) -> None:
-        """``Feeder.set_epoch(epoch)``."""
-        self._target().set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return self._target().num_samples
-
-    def __repr__(self) -> str:
-        return "EpochSampler(set_epoch -> Feeder.set_epoch)"
 
 
 class Feeder:
@@ -443,7 +405,7 @@ class Feeder:
                            cfg.size_divisibility)
         # Ranks are resolved again at every pass (see ``rank``): a feeder built
         # before init_process_group must shard once the group exists.
-        self._given_shard = (cfg.rank, cfg.world_size)
+        self._ranks = Ranks(cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
         self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window,
                                     cfg.shuffle_shards)  # checks the source
@@ -451,15 +413,11 @@ class Feeder:
         if cfg.shuffle_shards is not None and reserve is not None:
             # A window and the next one's indices in memory at once (lazy indexing).
             reserve(2 * cfg.shuffle_shards + 2)
-        # Drawn now from torch's generator (torch.manual_seed makes runs repeatable);
-        # agreed on across ranks at the first pass that runs under torch.distributed.
-        self.seed = cfg.seed if cfg.seed is not None else _local_seed(*self._given_shard)
-        self._seed_agreed = cfg.seed is not None
+        # Drawn now from torch's generator; agreed on across ranks at the first
+        # pass that runs under torch.distributed.
+        self._ranks.choose_seed(cfg.seed)
         self.last_batch: BatchInfo | None = None
-        self._next_epoch = 0
-        self._progress: Progress | None = None  # the latest pass's
-        # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
-        self._resume: tuple[Progress, int] | None = None
+        self._cursor = Cursor(cfg, source, self.chain, self._layout, self._ranks)
         note_jpeg_decoder()  # once per process: which JPEG decoder runs, and how to get the fast one
         if cfg.isolation == "process":
             from ._isolation import ProcessEngine
@@ -474,6 +432,14 @@ class Feeder:
         # Stops the engine when an unclosed feeder is collected (see _reaper).
         self._watch = _reaper.watch(self, _close_when_collected, self._engine)
         log.debug("feeder built: %s", self.config)
+
+    @property
+    def seed(self) -> int:
+        return self._ranks.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._ranks.seed = value
 
     # A loader with a ``sampler`` has a ``batch_sampler`` too, for the trainers
     # that read both (Lightning); the feeder batches by itself.
@@ -533,12 +499,12 @@ class Feeder:
     def rank(self) -> int:
         """This process's rank: as given, else ``torch.distributed``'s once it is
         initialized, else 0. Read again at every pass."""
-        return _shard(*self._given_shard)[0]
+        return self._ranks.shard()[0]
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the data (see :attr:`rank`)."""
-        return _shard(*self._given_shard)[1]
+        return self._ranks.shard()[1]
 
     def __len__(self) -> int:
         """This rank's batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
@@ -547,11 +513,7 @@ class Feeder:
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next pass: its order and randomness depend on (seed, epoch) alone.
         Without a call, each pass uses the previous pass's epoch + 1, starting at 0."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._next_epoch = epoch
-        if self._resume is not None and self._resume[0].epoch != epoch:
-            self._resume = None  # another epoch than the loaded state's unfinished one
+        self._cursor.set_epoch(epoch)
 
     def skip(self, batches: int) -> None:
         """Start the next pass after its first ``batches`` batches, without reading them.
@@ -574,55 +536,9 @@ class Feeder:
                 state loaded with :meth:`load_state_dict` already positions the
                 next pass inside its epoch.
         """
-        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches < len(self):
-            raise ValueError(f"batches must be an int in [0, len(feeder)) = [0, {len(self)}) (to skip "
-                             f"a whole epoch, set_epoch(epoch + 1)), got {batches!r}")
-        if batches == 0:
-            return
-        epoch = self._next_epoch
-        if self._resume is not None:
-            raise ValueError(f"the state given to load_state_dict already positions the next pass "
-                             f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
-        # The order is cut from rank 0's seed: agree on it now, as a first pass would.
-        self._ranks()
-        # A resume of this epoch as if a pass had delivered those batches: the
-        # same path as load_state_dict, so state_dict() before the pass keeps it.
-        self._resume = (self._new_progress(epoch, Handled(batches * self.config.batch_size), (),
-                                           batches), epoch + 1)
-
-    def _pass_sequence(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
-        """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
-        c = self.config
-        seed = self.seed if seed is None else seed
-        order = pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
-                              c.on_error == "skip", seed, epoch,
-                              self.rank if rank is None else rank, self.world_size, self._layout)
-        return group_sequence(order, self.source, c, self.chain, seed, epoch)
-
-    def _new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
-                      batches: int = 0) -> Progress:
-        # The order is made at its first need, with the seed then agreed on.
-        return Progress(epoch, len(self.source), lambda: self._pass_sequence(epoch), start,
-                        skipped, batches)
+        self._cursor.skip(batches, len(self), self._shard_now)
 
     # -- checkpoints ---------------------------------------------------------
-    def _settings(self) -> dict[str, Any]:
-        """The settings that decide which samples a pass delivers, in which batches."""
-        c = self.config
-        return {"source_length": len(self.source), "seed": self.seed, "batch_size": c.batch_size,
-                "shuffle": c.shuffle, "drop_last": c.drop_last, "ordered": c.ordered,
-                "on_error": c.on_error, "rank": self.rank, "world_size": self.world_size,
-                "image_size": tuple(self.image_size), "exif_orientation": c.exif_orientation,
-                "transforms": describe_transforms(self.chain.transforms),
-                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {}),
-                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {}),
-                # Only when set: states saved before these options existed still load.
-                **({"max_image_size": tuple(c.max_image_size),
-                    "size_divisibility": c.size_divisibility}
-                   if c.max_image_size is not None else {}),
-                **({"group_by_aspect_ratio": c.group_by_aspect_ratio}
-                   if c.group_by_aspect_ratio is not None else {})}
-
     def state_dict(self) -> dict[str, Any]:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
 
@@ -638,44 +554,7 @@ class Feeder:
         out of order: at most the samples that were in flight) and ``skipped``
         (the skipped samples' indices).
         """
-        epoch: int | None = None
-        delivered = skipped = None
-        handled: Handled | None = None
-        skipped_list: list[int] | None = None
-        compact = len(self.source) > COMPACT_ABOVE
-        batches = 0
-        next_epoch = self._next_epoch
-        if self._resume is not None:
-            progress, next_epoch = self._resume
-        else:
-            progress = self._progress
-            if progress is not None and progress.ended:
-                progress = None
-        if progress is not None:
-            handled, skipped_list, batches = progress.compact()
-            c = self.config
-            if progress.batches and pass_finished(
-                    handled.count(), len(self.source), c.batch_size, c.drop_last,
-                    c.on_error == "skip", self.rank, self.world_size):
-                # Every batch is delivered but the loop has not asked for the end
-                # (Lightning stops at len(feeder)): the uninterrupted run's next
-                # pass is the next epoch, not an empty rest of this one.
-                progress = None
-                handled = skipped_list = None
-            else:
-                epoch = progress.epoch
-                if not compact:
-                    done, failed, _ = progress.snapshot()
-                    delivered, skipped = pack(done), pack(failed)
-        if compact:
-            return {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
-                    "batches": batches, "position": None if handled is None else handled.position,
-                    "after": None if handled is None else list(handled.after),
-                    "skipped": skipped_list, "skipped_total": self.stats().skipped,
-                    "settings": self._settings()}
-        return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
-                "batches": batches, "delivered": delivered, "skipped": skipped,
-                "skipped_total": self.stats().skipped, "settings": self._settings()}
+        return self._cursor.state_dict(lambda: self.stats().skipped)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` of a feeder with the same source and settings.
@@ -698,92 +577,7 @@ class Feeder:
                 drop_last, ordered, on_error, rank (see above), world_size, image
                 size, transforms); the message names the field and both values.
         """
-        version = state.get("version") if isinstance(state, dict) else None
-        if version not in (FORMAT_VERSION, COMPACT_VERSION) or isinstance(version, bool):
-            found = version if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} or "
-                             f"{COMPACT_VERSION} (got {found!r})")
-        settings = state.get("settings")
-        current = self._settings()
-        if (self.config.seed is None and isinstance(settings, dict)
-                and isinstance(settings.get("seed"), int) and not isinstance(settings["seed"], bool)
-                and 0 <= settings["seed"] < 2**64):
-            current["seed"] = settings["seed"]
-        c = self.config
-        saved_rank = current["rank"]
-        world_size = current["world_size"]
-        if (isinstance(settings, dict) and c.ordered and c.on_error == "raise"
-                and settings.get("world_size") == world_size
-                and isinstance(settings.get("rank"), int) and 0 <= settings["rank"] < world_size):
-            # Another rank's state (a trainer that checkpoints from rank 0 only):
-            # with ordered batches, every rank's position is its batch count,
-            # and the ranks step together, so this rank continues from there.
-            saved_rank = current["rank"] = settings["rank"]
-        if isinstance(settings, dict):
-            # Saved only when set (older states lack them): a state saved with
-            # one of them must not load into a feeder without it.
-            for name in _OPTIONAL_SETTINGS:
-                if name in settings and name not in current:
-                    current[name] = None
-        check_settings(settings, current)
-        epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
-        for name, value in (("epoch", epoch), ("next_epoch", next_epoch),
-                            ("batches", state.get("batches"))):
-            if not (value is None and name == "epoch") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
-        total = state.get("skipped_total")
-        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-            raise ValueError(f"state['skipped_total'] must be an int >= 0, got {total!r}")
-        if epoch is None:
-            for name in (("delivered", "skipped") if version == FORMAT_VERSION
-                         else ("position", "after", "skipped")):
-                if state.get(name) is not None:
-                    raise ValueError(f"state[{name!r}] must be None when state['epoch'] is None "
-                                     f"(no unfinished pass), got {type(state[name]).__name__}")
-        resume = None
-        if epoch is not None:
-            length = len(self.source)
-            skip = c.on_error == "skip"
-            order = self._pass_sequence(epoch, saved_rank, current["seed"])
-            field = "delivered"
-            if version == FORMAT_VERSION:
-                if length > LAZY_MIN:
-                    raise ValueError(
-                        f"state of format {FORMAT_VERSION} (bitmaps) for a source of {length} "
-                        f"samples: sources of more than {LAZY_MIN} samples have had another "
-                        f"order since format {COMPACT_VERSION}, so its unfinished pass cannot be "
-                        f"resumed; start that epoch again (set_epoch({epoch})) or the next one")
-                done = unpack(state.get("delivered"), length, "delivered")
-                skipped = unpack(state.get("skipped"), length, "skipped")
-                check_progress(done, skipped, state["batches"], order[:], c.batch_size, skip, epoch)
-                handled, skipped_list = handled_from_bitmaps(done, skipped, order)
-            else:
-                field = "position"
-                handled, skipped_list = load_compact(state, order, length, c.batch_size, skip,
-                                                     epoch)
-            if c.ordered and c.on_error == "raise":
-                # The delivered samples must be the head of the epoch's order,
-                # else the rest would not be the uninterrupted run's batches.
-                n = handled.count()
-                whole = n in (state["batches"] * c.batch_size, len(order))
-                if not whole or handled.after:
-                    raise ValueError(f"state[{field!r}] is not the start of epoch {epoch}'s "
-                                     f"order ({n} samples in {state['batches']} batches): the "
-                                     f"state is damaged or from other settings")
-                if saved_rank != self.rank:
-                    mine = self._pass_sequence(epoch, self.rank, current["seed"])
-                    handled = Handled(min(len(mine), state["batches"] * c.batch_size))
-            resume = (self._new_progress(epoch, handled, skipped_list, state["batches"]),
-                      next_epoch)
-            if state["batches"] and pass_finished(handled.count(), length,
-                                                  c.batch_size, c.drop_last, c.on_error == "skip",
-                                                  self.rank, self.world_size):
-                resume, epoch = None, None  # nothing left of that pass: continue with the next
-        self.seed = current["seed"]
-        self._resume = resume
-        self._progress = None
-        self._next_epoch = epoch if epoch is not None else next_epoch
+        self._cursor.load_state_dict(state)
 
     # -- iteration ---------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -802,36 +596,21 @@ class Feeder:
                                       functools.partial(setattr, self, "last_batch"), self.__len__,
                                       c.device.type == "cuda", c.timeout))
 
-    def _ranks(self) -> tuple[int, int]:
+    def _shard_now(self) -> tuple[int, int]:
         """(rank, world_size) now, with the seed agreed among the ranks once there
         are several (a collective call: every rank makes it at the same point)."""
-        rank, world_size = self.rank, self.world_size
+        rank, world_size = self._ranks.shard()
         if world_size > 1:
             check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
-            if not self._seed_agreed:
-                self.seed = _agreed_seed(self.seed, world_size)
-                self._seed_agreed = True
+            self._ranks.agree(world_size)
         return rank, world_size
 
     def _start_pass(self) -> tuple[Pass, Progress]:
         """Start the next pass (the first ``next()`` of an iterator): take its epoch,
         resolve the ranks, agree on the seed, and start the threads."""
-        rank, world_size = self._ranks()
-        epoch = self._next_epoch
-        resume = self._resume
-        done = None
-        if resume is not None and resume[0].epoch == epoch:
-            progress, next_epoch = resume
-            done = progress.handled()
-        else:
-            progress, next_epoch = self._new_progress(epoch), epoch + 1
-        # The epoch and the resume are used up only once the pass is running: a
-        # start that fails (a closed feeder, a rank contradiction) leaves them.
-        run = self._engine.start_pass(self.seed, epoch, rank, world_size, done)
-        self._next_epoch, self._resume = next_epoch, None
-        progress.run = run
-        self._progress = progress
-        return run, progress
+        rank, world_size = self._shard_now()
+        return self._cursor.start(lambda epoch, done: self._engine.start_pass(
+            self.seed, epoch, rank, world_size, done))
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
@@ -873,87 +652,6 @@ def _close_when_collected(engine: "_Engine") -> None:
     (run by the reaper thread, which does not wait for the threads to exit)."""
     engine.stop()
     engine.free()
-
-
-def _local_seed(rank: int | None, world_size: int | None) -> int:
-    """The seed of ``seed=None``: from torch's generator; 0 when ranks are given by
-    hand with no process group to agree through (as ``DistributedSampler`` does)."""
-    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-    dist = torch.distributed
-    if world_size is not None and world_size > 1 and not (dist.is_available() and dist.is_initialized()):
-        log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
-                 world_size)
-        return 0
-    return seed
-
-
-def _agreed_seed(seed: int, world_size: int) -> int:
-    """Rank 0's seed, for every rank (a collective call: every rank starts its first
-    pass at the same point of the script, as with DistributedSampler's set_epoch).
-
-    The order is cut into shards after shuffling, so every rank must shuffle
-    alike: ranks often seed torch differently (``manual_seed(base + rank)``),
-    which would make the shards overlap.
-    """
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
-        # Ranks from the launcher's environment or given by hand, and no group
-        # to agree through: every rank uses seed 0, as DistributedSampler does.
-        if seed != 0:
-            log.info("seed=None with world_size=%d and no torch.distributed: using seed 0 on every rank",
-                     world_size)
-        return 0
-    box = [seed]
-    dist.broadcast_object_list(box, src=0)
-    return int(box[0])
-
-
-def _shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's (rank, world_size): from ``torch.distributed`` when it is
-    initialized (given values must agree with it), else as given (checked by
-    Config), else from the launcher's environment, else (0, 1).
-
-    Raises:
-        ValueError: ``rank``/``world_size`` were given and contradict the process group.
-    """
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        actual = dist.get_rank(), dist.get_world_size()
-        if actual[1] > 1 and world_size is not None and (rank, world_size) != actual:
-            raise ValueError(f"Feeder(rank={rank}, world_size={world_size}) contradicts "
-                             f"torch.distributed (rank {actual[0]} of {actual[1]}); leave them "
-                             f"unset to follow the process group")
-        if world_size is None or actual[1] > 1:
-            return actual
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    return _launcher_shard()
-
-
-def _launcher_shard() -> tuple[int, int]:
-    """(rank, world_size) from the launcher's environment (``torchrun`` sets
-    ``RANK`` and ``WORLD_SIZE`` before the script starts), else (0, 1): so
-    ``len(feeder)`` is this rank's from the start, before ``init_process_group``.
-
-    Raises:
-        ValueError: the variables are set but are not a rank in ``[0, WORLD_SIZE)``.
-    """
-    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if env_rank is None or env_world is None:
-        # Launchers that set only some (Lightning's ddp launcher sets WORLD_SIZE
-        # and LOCAL_RANK, and the group exists before the first pass) are read
-        # from torch.distributed at the pass instead.
-        return 0, 1
-    try:
-        world_size = int(env_world)
-        rank = int(env_rank) if env_rank is not None else -1
-    except ValueError:
-        world_size = rank = -1
-    if not 0 <= rank < world_size:
-        raise ValueError(f"the environment's RANK={env_rank!r} and WORLD_SIZE={env_world!r} are not a rank "
-                         f"in [0, WORLD_SIZE) (torchrun sets both); fix or unset them, or pass "
-                         f"Feeder(rank=, world_size=)")
-    return rank, world_size
 
 
 Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
