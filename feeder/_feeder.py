@@ -219,7 +219,8 @@ class Feeder:
     layout by default; see ``memory_format``) and ``labels`` an int64 ``[B]`` tensor on ``device``
     (float, multi-hot or vector labels: a ``[B, ...]`` tensor of their dtype). A
     source whose ``read`` returns dicts (``"image"``, ``"mask"``, ``"boxes"``,
-    ``"label"``...) yields dicts with the same keys (see :mod:`feeder._sample`).
+    ``"label"``...) yields dicts with the same keys (see
+    [Segmentation and masks](../guides/segmentation.md)).
 
     Args:
         source: An :class:`~feeder.ImageFolder`, a :class:`~feeder.FileList`, or any
@@ -230,21 +231,20 @@ class Feeder:
             or plain callables ``fn(img, rng) -> img``.
         decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2),
             or ``"tune"``: the ``"auto"`` count, parked and woken at batch boundaries
-            to keep the fewest that hold the loop's wait share at 1% (see
-            :mod:`feeder._tune`; :attr:`Stats.active_threads` shows the count over time).
+            to keep the fewest that hold the loop's wait share at 1%
+            (:attr:`Stats.active_threads` shows the count over time; see
+            [Performance tuning](../guides/performance.md)).
         augment_threads: Threads running the transforms, or 0 to run them in the
-            decode threads, or ``"auto"`` (0: measured fastest; see the docs'
-            results page), or ``"tune"``: a pool of its own of the decode
-            pool's ``"auto"`` count, tuned as ``decode_threads="tune"``.
+            decode threads, or ``"auto"`` (0: measured fastest), or ``"tune"``: a
+            pool of its own of the decode pool's ``"auto"`` count, tuned as
+            ``decode_threads="tune"``.
         read_threads: Threads calling ``source.read``, ahead of the decode
             threads, so that a read waiting on storage never idles a core;
             ``"auto"``: 16 per decode thread, within [16, 128], when the
             source's reads may wait on storage (remote shards, a network or
             FUSE file system, a source without a ``reads_may_block`` attribute),
             else 0; 0 reads in the decode threads; ``"tune"``: the ``"auto"``
-            count, tuned as ``decode_threads="tune"`` (0 where ``"auto"`` is 0).
-            With several pools tuned, one changes at a batch boundary: only the
-            busiest may grow, the least busy shrinks (see :mod:`feeder._tune`).
+            count, tuned as ``decode_threads="tune"``.
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
@@ -260,34 +260,26 @@ class Feeder:
             torchvision's ``Normalize`` after ``ToTensor``); implies float32
             unless ``dtype`` is given.
         memory_format: Layout of the ``[B, 3, H, W]`` images: ``"channels_last"``
-            (default; the batch buffers' own layout, so a CPU uint8 batch is a
-            view of one, no copy) or ``"contiguous"`` (plain NCHW, as ``x.view(B,
-            -1)`` needs; made on ``device`` after the copy, by the transfer
-            thread). ``torch.channels_last`` and ``torch.contiguous_format`` are
-            accepted too.
+            (default; a CPU uint8 batch is a view of a batch buffer, no copy) or
+            ``"contiguous"`` (plain NCHW, made on ``device`` after the copy).
+            ``torch.channels_last`` and ``torch.contiguous_format`` are accepted too.
         shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch); off by
-            default, as in ``DataLoader``: pass ``shuffle=True`` for training. ``"shards"``:
-            the order for streaming storage, for a source made of shards
-            (:class:`~feeder.TarShards`): shards shuffled per epoch, samples
-            shuffled within windows of ``shuffle_window`` consecutive samples,
-            each rank reading a contiguous run of shards.
+            default, as in ``DataLoader``: pass ``shuffle=True`` for training.
+            ``"shards"``: the order for streaming storage, for a source made of
+            shards (:class:`~feeder.TarShards`): shards shuffled per epoch, samples
+            within windows (see [Packed shards](../guides/shards.md#order-for-streaming-storage)).
         shuffle_window: Samples per shuffle window with ``shuffle="shards"``.
         shuffle_shards: With ``shuffle="shards"``, the block shuffle for storage
-            larger than the cache: each rank reads its shards (permuted per
-            epoch) in windows of this many whole shards, the samples of a window
-            mixed; a window's shards are prefetched while the previous one is
-            read (a :class:`~feeder.TarShards` source), so a rank holds about
-            two windows of shards and reads each shard once per epoch. None:
-            windows of ``shuffle_window`` samples.
+            larger than the cache: windows of this many whole shards, each read
+            once per epoch (see [Web-scale datasets](../guides/web-scale.md)).
+            None: windows of ``shuffle_window`` samples.
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
         drop_last: Drop the last batch when it would be smaller than ``batch_size``,
             and give every rank the same number of samples (``len(source) //
-            world_size``; the remainder is left out of that epoch), as DDP
-            training needs. False: the ranks' shards cover every sample once
-            (sizes differ by at most one, see :meth:`shard_sizes`), as an
-            evaluation needs.
+            world_size``), as DDP training needs. False: the ranks' shards cover
+            every sample once (see :meth:`shard_sizes`), as an evaluation needs.
         ordered: True: batches and their contents depend only on the seed and
             epoch, not on thread counts or timing. False: batches in completion
             order (each sample still exactly once per epoch).
@@ -299,36 +291,26 @@ class Feeder:
         rank: This process's shard (disjoint shards cut from one shared order
             per epoch; see ``drop_last``). Default: from ``torch.distributed``
             when it is initialized, else from ``torchrun``'s ``RANK`` and
-            ``WORLD_SIZE`` environment variables (so ``len(feeder)`` is right
-            before ``init_process_group``), else 0; read when each pass starts.
+            ``WORLD_SIZE`` environment variables, else 0; read when each pass
+            starts (see [Distributed and evaluation](../guides/distributed.md)).
         world_size: The number of shards (default: from ``torch.distributed``,
             as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
         max_image_size: (height, width) of the largest image, for transforms
             whose output size varies (``Resize(800)``, or none): batches are then
-            dicts with ``"image"`` ``[B, 3, Hb, Wb]`` padded with zeros to the
-            largest image of the batch (bottom and right), ``"size"`` int64
-            ``[B, 2]`` (each image's valid height and width), and the other
-            fields (``"label"``; a ``"mask"`` padded with ``mask_fill``; boxes
-            unchanged). The batch buffers are allocated for it: a larger image
-            is an error naming the sample (skipped under ``on_error="skip"``).
-            ``batch_size=1`` delivers each image as decoded and transformed.
+            dicts with ``"image"`` padded with zeros to the largest image of the
+            batch, ``"size"`` int64 ``[B, 2]`` (each image's valid height and
+            width) and the other fields; a larger image is an error naming the
+            sample (see [Detection and boxes](../guides/detection.md)).
         size_divisibility: Variable sizes: pad each batch's height and width up
-            to a multiple of it (32 for FPN backbones, as detectron2 and
-            mmdetection do); the buffers are ``max_image_size`` rounded up too.
+            to a multiple of it (32 for FPN backbones).
         mask_fill: Variable sizes: the value of padded mask pixels (255, the
             segmentation references' ignore index).
         group_by_aspect_ratio: Batch samples of similar aspect ratio together, as
             torchvision's ``GroupedBatchSampler`` does: True (its default factor
-            3) or a factor ``k`` (bins at ``2 ** linspace(-1, 1, 2k + 1)`` of
-            width / height; 0: landscape vs portrait). Sizes come from the image
-            headers, read once per source (or from ``source.image_sizes()``);
-            every sample still once per epoch, in an order that depends only on
-            (seed, epoch, rank). With ``max_image_size`` and transforms that can
-            plan each sample's output size (``planned_size_for``), the samples
-            of one aspect group are also batched by planned size (windows of 8
-            batches sorted by area), so scale-jittered batches pad little.
+            3) or a factor ``k`` (0: landscape vs portrait); every sample still
+            once per epoch, in an order that depends only on (seed, epoch, rank).
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
@@ -339,33 +321,22 @@ class Feeder:
             False (default): pixels come out as stored, for every format, as
             with torchvision's ``decode_jpeg``.
         batch_transforms: Transforms of whole batches on ``device``, after the
-            dtype conversion and normalization, in the transfer thread (on its
-            side stream for CUDA): :class:`~feeder.ops.MixUp`,
-            :class:`~feeder.ops.CutMix`, or callables ``fn(images, labels,
-            generator) -> (images, labels)``; ``generator`` is a
-            ``torch.Generator`` on ``device`` seeded from (seed, epoch, batch
-            number), so results do not depend on thread counts. One that needs
-            floating images (``needs_float = True``) is refused with uint8 output.
-        isolation: Where the reading, decoding and transforms run. ``"thread"``
-            (default): threads of this process. ``"process"``: the same threads
-            in one worker process (started when the feeder is built, see
-            ``start_method``), writing batches into shared memory; this process
-            keeps only the transfer to ``device``, so the decode threads never
-            hold this process's GIL while the training thread launches kernels.
+            dtype conversion and normalization, in the transfer thread:
+            :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables
+            ``fn(images, labels, generator) -> (images, labels)``; ``generator``
+            is seeded from (seed, epoch, batch number). One that needs floating
+            images (``needs_float = True``) is refused with uint8 output.
+        isolation: Where the reading, decoding and transforms run: ``"thread"``
+            (default), threads of this process; ``"process"``, the same threads
+            in one worker process writing batches into shared memory, so they
+            never hold this process's GIL (see [Threads or a worker
+            process](../guides/isolation.md)).
         start_method: How ``isolation="process"`` starts its worker (a
-            :class:`~feeder.errors.ConfigError` with ``isolation="thread"``).
-            ``"auto"`` (default): ``"fork"`` where it is safe (Linux, CUDA not
-            initialized in this process, no other thread running than feeder's
-            idle ones), else ``"spawn"``; :attr:`start_method` says which ran.
-            ``"fork"``: a copy of this process, its first batch a fraction of
-            a second after ``Feeder(...)``; the source and transforms are not
-            pickled (lambdas work).
-            ``"spawn"`` / ``"forkserver"``: a fresh interpreter (seconds: it
-            imports torch again); the source and transforms must be picklable
-            (module-level functions and classes; a
-            :class:`~feeder.errors.ConfigError` names the one that is not), and
-            a script must guard its entry point with ``if __name__ ==
-            "__main__":``.
+            :class:`~feeder.errors.ConfigError` with ``isolation="thread"``):
+            ``"auto"`` (default: ``"fork"`` where it is safe, else ``"spawn"``),
+            ``"fork"``, ``"spawn"`` or ``"forkserver"`` (the source and transforms
+            must then be picklable, and a script guards its entry point with
+            ``if __name__ == "__main__":``); :attr:`start_method` says which ran.
 
     Raises:
         ValueError: an option is invalid, or an epoch would have no batch on
@@ -385,11 +356,10 @@ class Feeder:
     One pass at a time: a pass starts at its iterator's first ``next()`` and
     stops an unfinished one, whose iterator then raises a
     :class:`~feeder.FeederError`. ``close()`` is safe from any thread and twice.
-
-    The docs site says more: "Getting started" and "From DataLoader" (defaults
-    and output), the guides (``docs/guides/``: resume, distributed, trainers,
-    isolation, reliability), and the design notes ``docs/design/memory.md``
-    (the memory formula) and ``docs/design/how-it-works.md``.
+    More: [From DataLoader](../from-dataloader.md), the guides
+    ([Resume](../guides/resume.md), [Trainers](../guides/trainers.md),
+    [Reliability](../guides/reliability.md)), [Memory](../design/memory.md) and
+    [How it works](../design/how-it-works.md).
     """
 
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),
