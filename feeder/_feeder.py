@@ -444,7 +444,7 @@ class Feeder:
 
     @property
     def num_buffers(self) -> int:
-        """Batch buffers the pool holds (the memory bound; see the class docstring)."""
+        """Batch buffers the pool holds: the memory bound (see [Memory](../design/memory.md))."""
         return self.config.num_buffers
 
     @property
