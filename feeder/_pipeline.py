@@ -35,7 +35,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-
 from ._batch import BufferPool, Collator, Padding, Scratch
 from ._config import Config
 from ._group import group_sequence
