@@ -12,7 +12,8 @@
 
 from . import ops
 from ._dataset import FeederDataset
-from ._feeder import BatchInfo, Feeder
+from ._consumer import BatchInfo
+from ._feeder import Feeder
 from ._rng import SampleRNG
 from ._decode import jpeg_decoder as _jpeg_decoder
 from ._sample import check_sample

@@ -93,8 +93,7 @@ class FeederDataset:
 
 def _epoch(feeder: Any) -> int:
     """The epoch of the feeder's latest pass, else of its next one."""
-    progress = feeder._progress
-    return progress.epoch if progress is not None else feeder._next_epoch
+    return feeder._cursor.latest_epoch()
 
 
 def _chw(hwc: np.ndarray) -> torch.Tensor:

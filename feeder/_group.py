@@ -230,8 +230,8 @@ def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int
 
 def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: int = 0,
                    epoch: int = 0) -> Any:
-    """A pass's :class:`~feeder._order.Order` regrouped when ``cfg`` (a Config or
-    PassSettings) asks for grouping, else ``order`` itself: the one function the
+    """A pass's :class:`~feeder._order.Order` regrouped when ``cfg`` (the feeder's
+    Config) asks for grouping, else ``order`` itself: the one function the
     pass and the feeder's resume and skip use, so their positions agree.
     ``chain`` (the feeder's :class:`~feeder._augment.Chain`), ``seed`` and ``epoch``
     give the samples' planned sizes (see the module's docstring).

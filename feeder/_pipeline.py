@@ -35,9 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ._batch import BufferPool, Collator, Padding, Scratch
+from ._config import Config
 from ._group import group_sequence
 from ._queue import END, Channel
 from ._read import BudgetedOutbox, ReadBudget, releasing
@@ -75,42 +74,7 @@ class StageSpec:
     out_bytes: ReadBudget | None = None
 
 
-@dataclass(frozen=True)
-class PassSettings:
-    """What one pass needs from the feeder's configuration."""
-
-    batch_size: int
-    read_threads: int
-    decode_threads: int
-    augment_threads: int
-    queue_size: int
-    read_queue: int
-    read_ahead_bytes: int
-    decode_queue: int
-    augment_queue: int
-    num_buffers: int
-    shuffle: bool | str
-    shuffle_window: int
-    shuffle_shards: int | None
-    drop_last: bool
-    ordered: bool
-    on_error: str
-    max_skipped: int | None
-    device: torch.device
-    dtype: torch.dtype | None
-    normalize: Any
-    memory_format: str
-    batch_transforms: tuple[Any, ...]
-    # Some pool is "tune": its threads are parked and woken (see _tune).
-    tune: bool = False
-    max_image_size: tuple[int, int] | None = None
-    size_divisibility: int = 1
-    mask_fill: int = 255
-    group_by_aspect_ratio: int | None = None
-    exif_orientation: bool = False
-
-
-def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
+def topology(cfg: Config, read: Step, decode: Step, augment: Step,
              budget: ReadBudget | None = None) -> list[StageSpec]:
     """The map stages between the sampler and the transfer stage, in order.
 
@@ -132,7 +96,7 @@ def topology(cfg: PassSettings, read: Step, decode: Step, augment: Step,
             StageSpec("augment", cfg.augment_threads, (augment,), cfg.augment_queue)]
 
 
-def stage_threads(cfg: PassSettings) -> dict[str, int]:
+def stage_threads(cfg: Config) -> dict[str, int]:
     """Every stage's name and thread count, in pipeline order; 0 for a stage whose
     step runs in another stage's threads (the stats show it as ``inline``)."""
     names = {"sampler": 1}
@@ -187,7 +151,7 @@ class Pass(PassEnding):
     report a failed sample, and say when a thread starts or exits.
     """
 
-    def __init__(self, cfg: PassSettings, source: Any, work: SampleWork, pool: BufferPool,
+    def __init__(self, cfg: Config, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
                  world_size: int, done: Any = None, sink: Any = None, side: Any = None) -> None:
         self.cfg = cfg
@@ -400,7 +364,13 @@ class Pass(PassEnding):
             timed_put(c, self.ready, batch)
 
 
-def settings(config: Any) -> PassSettings:
-    """The :class:`PassSettings` of a feeder configuration."""
-    return PassSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(PassSettings)})
+def settings(config: Config) -> Config:
+    """What a pass runs with: the feeder's :class:`~feeder._config.Config` itself.
+
+    The options are declared once, in ``Config``; a pass reads its fields and the
+    capacities derived from them (``read_queue``, ``num_buffers``, ``tune``...),
+    with ``device`` replaced by the one resolved when the pass starts. There is
+    no second table of the options to keep in step with the first.
+    """
+    return config
 

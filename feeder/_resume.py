@@ -21,8 +21,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._group import group_sequence
 from ._order import Handled, Order
-from ._sampler import num_batches, shard_size
+from ._ranks import Ranks
+from ._sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
 
 FORMAT_VERSION = 1  # bitmaps of delivered and skipped samples
 COMPACT_VERSION = 2  # a position in the order, the few handled past it, the skipped
@@ -34,6 +36,9 @@ COMPACT_ABOVE = 1 << 19
 # between processes; it says nothing about what the transform does.
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
+
+# The end of every message refusing a state that no pass could have left.
+_DAMAGED = "the state is damaged or from other settings"
 
 # Samples of the order looked up at once while counting progress along it.
 _STEP = 4096
@@ -242,36 +247,42 @@ def check_progress(delivered: np.ndarray, skipped: np.ndarray, batches: int, ord
     Raises:
         ValueError: naming the field and the first offending sample or count.
     """
-    damaged = "the state is damaged or from other settings"
     if not skip and skipped.any():
         raise ValueError(f"state['skipped'] marks {_first(skipped)} as skipped, but under "
                          f"on_error='raise' no sample is ever skipped (a resume would never "
-                         f"deliver it): {damaged}")
+                         f"deliver it): {_DAMAGED}")
     both = delivered & skipped
     if both.any():
         raise ValueError(f"state['delivered'] and state['skipped'] both mark {_first(both)}: "
-                         f"{damaged}")
+                         f"{_DAMAGED}")
     dispatched = np.zeros(len(delivered), bool)
     dispatched[np.asarray(order, dtype=np.intp)] = True
     for field, bits in (("delivered", delivered), ("skipped", skipped)):
         outside = bits & ~dispatched
         if outside.any():
             raise ValueError(f"state[{field!r}] marks {_first(outside)}, which this rank's pass of "
-                             f"epoch {epoch} never hands out: {damaged}")
-    n = int(delivered.sum())
-    most = -(-len(order) // batch_size)
+                             f"epoch {epoch} never hands out: {_DAMAGED}")
+    _check_batches(int(delivered.sum()), batches, len(order), batch_size, skip, epoch,
+                   "state['delivered'] marks {n} samples")
+
+
+def _check_batches(n: int, batches: int, length: int, batch_size: int, skip: bool, epoch: int,
+                   marks: str) -> None:
+    """Refuse a batch count that does not fit ``n`` delivered samples of a pass of
+    ``length`` samples (``marks``: the field that marks them, with ``{n}``)."""
+    most = -(-length // batch_size)
     if batches > most:
         raise ValueError(f"state['batches'] is {batches}, more than the {most} batches of "
-                         f"epoch {epoch}'s pass: {damaged}")
+                         f"epoch {epoch}'s pass: {_DAMAGED}")
     if skip:
         # Skipped samples leave holes the tail may not refill: a batch holds 1 to batch_size.
         if not batches <= n <= batches * batch_size:
-            raise ValueError(f"state['delivered'] marks {n} samples, which {batches} batches of "
-                             f"1 to {batch_size} samples cannot hold: {damaged}")
-    elif n not in (batches * batch_size, len(order)):
+            raise ValueError(f"{marks.format(n=n)}, which {batches} batches of 1 to {batch_size} "
+                             f"samples cannot hold: {_DAMAGED}")
+    elif n not in (batches * batch_size, length):
         # Without skips every batch is full but the pass's last.
-        raise ValueError(f"state['delivered'] marks {n} samples, but {batches} full batches of "
-                         f"{batch_size} hold {batches * batch_size}: {damaged}")
+        raise ValueError(f"{marks.format(n=n)}, but {batches} full batches of {batch_size} hold "
+                         f"{batches * batch_size}: {_DAMAGED}")
 
 
 def check_settings(saved: Any, current: dict[str, Any]) -> None:
@@ -327,37 +338,288 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     Raises:
         ValueError: naming the field and what is wrong.
     """
-    damaged = "the state is damaged or from other settings"
     position = state.get("position")
     n = len(order)
     if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position <= n:
         raise ValueError(f"state['position'] must be an int in [0, {n}] (this rank's pass of "
-                         f"epoch {epoch} has {n} samples), got {position!r}: {damaged}")
+                         f"epoch {epoch} has {n} samples), got {position!r}: {_DAMAGED}")
     after = _int_list(state.get("after"), "after")
     if any(b <= a for a, b in zip(after, after[1:])) or (after and not position < after[0]) or (
             after and after[-1] >= n):
         raise ValueError(f"state['after'] must hold increasing positions in ({position}, {n}), "
-                         f"got {after[:5]}{' ...' if len(after) > 5 else ''}: {damaged}")
+                         f"got {after[:5]}{' ...' if len(after) > 5 else ''}: {_DAMAGED}")
     skipped = _int_list(state.get("skipped"), "skipped")
     if not skip and skipped:
         raise ValueError(f"state['skipped'] lists sample {skipped[0]} as skipped, but under "
-                         f"on_error='raise' no sample is ever skipped: {damaged}")
+                         f"on_error='raise' no sample is ever skipped: {_DAMAGED}")
     if len(set(skipped)) != len(skipped) or any(not 0 <= i < length for i in skipped):
-        raise ValueError(f"state['skipped'] must hold distinct samples in [0, {length}): {damaged}")
+        raise ValueError(f"state['skipped'] must hold distinct samples in [0, {length}): {_DAMAGED}")
     handled = Handled(position, tuple(after))
-    delivered = handled.count() - len(skipped)
-    batches = state["batches"]
-    most = -(-n // batch_size)
-    if batches > most:
-        raise ValueError(f"state['batches'] is {batches}, more than the {most} batches of "
-                         f"epoch {epoch}'s pass: {damaged}")
-    if skip:
-        if not batches <= delivered <= batches * batch_size:
-            raise ValueError(f"state['position'] and state['after'] mark {delivered} samples "
-                             f"delivered, which {batches} batches of 1 to {batch_size} samples "
-                             f"cannot hold: {damaged}")
-    elif delivered not in (batches * batch_size, n):
-        raise ValueError(f"state['position'] and state['after'] mark {delivered} samples "
-                         f"delivered, but {batches} full batches of {batch_size} hold "
-                         f"{batches * batch_size}: {damaged}")
+    _check_batches(handled.count() - len(skipped), state["batches"], n, batch_size, skip, epoch,
+                   "state['position'] and state['after'] mark {n} samples delivered")
     return handled, skipped
+
+
+# Settings saved in a state only when set (see Cursor.settings).
+_OPTIONAL_SETTINGS = ("max_image_size", "size_divisibility", "group_by_aspect_ratio")
+
+
+class Cursor:
+    """Where a feeder stands between passes: the epoch its next pass takes, what its
+    latest pass has delivered, and a place inside an epoch to start the next pass
+    from (a loaded state, or :meth:`skip`). Behind ``Feeder.set_epoch``,
+    ``skip``, ``state_dict`` and ``load_state_dict``.
+
+    Args:
+        config: The feeder's :class:`~feeder._config.Config`.
+        source: The feeder's source.
+        chain: Its transforms (for the image size and the transforms' descriptions).
+        layout: The source's shard layout (see :func:`~feeder._sampler.shard_layout`).
+        ranks: The feeder's :class:`~feeder._ranks.Ranks`: the seed and shard in use,
+            read when they are needed (the seed is agreed on at the first pass).
+    """
+
+    def __init__(self, config: Any, source: Any, chain: Any, layout: Any, ranks: Ranks) -> None:
+        self.config = config
+        self.source = source
+        self.chain = chain
+        self.layout = layout
+        self.ranks = ranks
+        self.next_epoch = 0
+        self.progress: Progress | None = None  # the latest pass's
+        # A loaded state's unfinished pass and the epoch to use after it (see load_state_dict).
+        self.resume: tuple[Progress, int] | None = None
+
+    def latest_epoch(self) -> int:
+        """The epoch of the latest pass, else of the next one."""
+        return self.progress.epoch if self.progress is not None else self.next_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.next_epoch = epoch
+        if self.resume is not None and self.resume[0].epoch != epoch:
+            self.resume = None  # another epoch than the loaded state's unfinished one
+
+    def start(self, begin: Callable[[int, Handled | None], Any]) -> tuple[Any, Progress]:
+        """Start the next pass: ``begin(epoch, handled)`` starts its threads (``handled``:
+        what a resumed pass must not dispatch again); returns the pass and its progress."""
+        epoch = self.next_epoch
+        resume = self.resume
+        done = None
+        if resume is not None and resume[0].epoch == epoch:
+            progress, next_epoch = resume
+            done = progress.handled()
+        else:
+            progress, next_epoch = self.new_progress(epoch), epoch + 1
+        # The epoch and the resume are used up only once the pass is running: a
+        # start that fails (a closed feeder, a rank contradiction) leaves them.
+        run = begin(epoch, done)
+        self.next_epoch, self.resume = next_epoch, None
+        progress.run = run
+        self.progress = progress
+        return run, progress
+
+    def skip(self, batches: int, total: int, agree: Callable[[], Any]) -> None:
+        """``Feeder.skip``: ``total`` is ``len(feeder)``; ``agree`` agrees on the seed."""
+        if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches < total:
+            raise ValueError(f"batches must be an int in [0, len(feeder)) = [0, {total}) (to skip "
+                             f"a whole epoch, set_epoch(epoch + 1)), got {batches!r}")
+        if batches == 0:
+            return
+        epoch = self.next_epoch
+        if self.resume is not None:
+            raise ValueError(f"the state given to load_state_dict already positions the next pass "
+                             f"inside epoch {epoch}; skip() would skip batches of the resumed pass")
+        # The order is cut from rank 0's seed: agree on it now, as a first pass would.
+        agree()
+        # A resume of this epoch as if a pass had delivered those batches: the
+        # same path as load_state_dict, so state_dict() before the pass keeps it.
+        self.resume = (self.new_progress(epoch, Handled(batches * self.config.batch_size), (),
+                                         batches), epoch + 1)
+
+    def order(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
+        """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
+        c = self.config
+        seed = self.ranks.seed if seed is None else seed
+        this_rank, world_size = self.ranks.shard()
+        order = pass_sequence(len(self.source), c.batch_size, c.shuffle, c.drop_last,
+                              c.on_error == "skip", seed, epoch,
+                              this_rank if rank is None else rank, world_size, self.layout)
+        return group_sequence(order, self.source, c, self.chain, seed, epoch)
+
+    def new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
+                     batches: int = 0) -> Progress:
+        # The order is made at its first need, with the seed then agreed on.
+        return Progress(epoch, len(self.source), lambda: self.order(epoch), start, skipped, batches)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that decide which samples a pass delivers, in which batches."""
+        c = self.config
+        rank, world_size = self.ranks.shard()
+        return {"source_length": len(self.source), "seed": self.ranks.seed,
+                "batch_size": c.batch_size, "shuffle": c.shuffle, "drop_last": c.drop_last,
+                "ordered": c.ordered, "on_error": c.on_error, "rank": rank,
+                "world_size": world_size, "image_size": tuple(self.chain.image_size),
+                "exif_orientation": c.exif_orientation,
+                "transforms": describe_transforms(self.chain.transforms),
+                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {}),
+                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {}),
+                # Only when set: states saved before these options existed still load.
+                **({"max_image_size": tuple(c.max_image_size),
+                    "size_divisibility": c.size_divisibility}
+                   if c.max_image_size is not None else {}),
+                **({"group_by_aspect_ratio": c.group_by_aspect_ratio}
+                   if c.group_by_aspect_ratio is not None else {})}
+
+    def _finished(self, handled: int) -> bool:
+        c = self.config
+        rank, world_size = self.ranks.shard()
+        return pass_finished(handled, len(self.source), c.batch_size, c.drop_last,
+                             c.on_error == "skip", rank, world_size)
+
+    def state_dict(self, skipped_total: Callable[[], int]) -> dict[str, Any]:
+        """``Feeder.state_dict``; ``skipped_total()``: the samples skipped so far."""
+        epoch: int | None = None
+        delivered = skipped = None
+        handled: Handled | None = None
+        skipped_list: list[int] | None = None
+        compact = len(self.source) > COMPACT_ABOVE
+        batches = 0
+        next_epoch = self.next_epoch
+        if self.resume is not None:
+            progress, next_epoch = self.resume
+        else:
+            progress = self.progress
+            if progress is not None and progress.ended:
+                progress = None
+        if progress is not None:
+            handled, skipped_list, batches = progress.compact()
+            if progress.batches and self._finished(handled.count()):
+                # Every batch is delivered but the loop has not asked for the end
+                # (Lightning stops at len(feeder)): the uninterrupted run's next
+                # pass is the next epoch, not an empty rest of this one.
+                progress = None
+                handled = skipped_list = None
+            else:
+                epoch = progress.epoch
+                if not compact:
+                    done, failed, _ = progress.snapshot()
+                    delivered, skipped = pack(done), pack(failed)
+        if compact:
+            return {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                    "batches": batches, "position": None if handled is None else handled.position,
+                    "after": None if handled is None else list(handled.after),
+                    "skipped": skipped_list, "skipped_total": skipped_total(),
+                    "settings": self.settings()}
+        return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                "batches": batches, "delivered": delivered, "skipped": skipped,
+                "skipped_total": skipped_total(), "settings": self.settings()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """``Feeder.load_state_dict``."""
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (FORMAT_VERSION, COMPACT_VERSION) or isinstance(version, bool):
+            found = version if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} or "
+                             f"{COMPACT_VERSION} (got {found!r})")
+        settings = state.get("settings")
+        current = self._current_settings(settings)
+        saved_rank = current["rank"]
+        check_settings(settings, current)
+        epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
+        _check_counts(state, epoch, version)
+        resume = None
+        if epoch is not None:
+            resume = self._resumed_pass(state, version, epoch, next_epoch, saved_rank,
+                                        current["seed"])
+            if resume is None:
+                epoch = None  # nothing left of that pass: continue with the next
+        self.ranks.seed = current["seed"]
+        self.resume = resume
+        self.progress = None
+        self.next_epoch = epoch if epoch is not None else next_epoch
+
+    def _current_settings(self, saved: Any) -> dict[str, Any]:
+        """This feeder's settings as a saved state's must be: with the saved seed
+        when the feeder drew its own, and the saving rank's when batches are ordered."""
+        current = self.settings()
+        c = self.config
+        if (c.seed is None and isinstance(saved, dict)
+                and isinstance(saved.get("seed"), int) and not isinstance(saved["seed"], bool)
+                and 0 <= saved["seed"] < 2**64):
+            current["seed"] = saved["seed"]
+        world_size = current["world_size"]
+        if (isinstance(saved, dict) and c.ordered and c.on_error == "raise"
+                and saved.get("world_size") == world_size
+                and isinstance(saved.get("rank"), int) and 0 <= saved["rank"] < world_size):
+            # Another rank's state (a trainer that checkpoints from rank 0 only):
+            # with ordered batches, every rank's position is its batch count,
+            # and the ranks step together, so this rank continues from there.
+            current["rank"] = saved["rank"]
+        if isinstance(saved, dict):
+            # Saved only when set (older states lack them): a state saved with
+            # one of them must not load into a feeder without it.
+            for name in _OPTIONAL_SETTINGS:
+                if name in saved and name not in current:
+                    current[name] = None
+        return current
+
+    def _resumed_pass(self, state: dict[str, Any], version: int, epoch: int, next_epoch: int,
+                      saved_rank: int, seed: int) -> tuple[Progress, int] | None:
+        """The unfinished pass of a state, checked; None when nothing is left of it."""
+        c = self.config
+        length = len(self.source)
+        skip = c.on_error == "skip"
+        order = self.order(epoch, saved_rank, seed)
+        field = "delivered"
+        if version == FORMAT_VERSION:
+            if length > LAZY_MIN:
+                raise ValueError(
+                    f"state of format {FORMAT_VERSION} (bitmaps) for a source of {length} "
+                    f"samples: sources of more than {LAZY_MIN} samples have had another "
+                    f"order since format {COMPACT_VERSION}, so its unfinished pass cannot be "
+                    f"resumed; start that epoch again (set_epoch({epoch})) or the next one")
+            done = unpack(state.get("delivered"), length, "delivered")
+            skipped = unpack(state.get("skipped"), length, "skipped")
+            check_progress(done, skipped, state["batches"], order[:], c.batch_size, skip, epoch)
+            handled, skipped_list = handled_from_bitmaps(done, skipped, order)
+        else:
+            field = "position"
+            handled, skipped_list = load_compact(state, order, length, c.batch_size, skip, epoch)
+        if c.ordered and c.on_error == "raise":
+            # The delivered samples must be the head of the epoch's order,
+            # else the rest would not be the uninterrupted run's batches.
+            n = handled.count()
+            whole = n in (state["batches"] * c.batch_size, len(order))
+            if not whole or handled.after:
+                raise ValueError(f"state[{field!r}] is not the start of epoch {epoch}'s "
+                                 f"order ({n} samples in {state['batches']} batches): the "
+                                 f"state is damaged or from other settings")
+            rank = self.ranks.shard()[0]
+            if saved_rank != rank:
+                mine = self.order(epoch, rank, seed)
+                handled = Handled(min(len(mine), state["batches"] * c.batch_size))
+        resume = (self.new_progress(epoch, handled, skipped_list, state["batches"]), next_epoch)
+        if state["batches"] and self._finished(handled.count()):
+            return None
+        return resume
+
+
+def _check_counts(state: dict[str, Any], epoch: Any, version: int) -> None:
+    """Refuse a state whose epochs and counts are not ints >= 0, or that holds an
+    unfinished pass's fields without its epoch."""
+    for name, value in (("epoch", epoch), ("next_epoch", state.get("next_epoch")),
+                        ("batches", state.get("batches"))):
+        if not (value is None and name == "epoch") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
+    total = state.get("skipped_total")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise ValueError(f"state['skipped_total'] must be an int >= 0, got {total!r}")
+    if epoch is None:
+        for name in (("delivered", "skipped") if version == FORMAT_VERSION
+                     else ("position", "after", "skipped")):
+            if state.get(name) is not None:
+                raise ValueError(f"state[{name!r}] must be None when state['epoch'] is None "
+                                 f"(no unfinished pass), got {type(state[name]).__name__}")

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-import feeder._feeder as feeder_mod
+import feeder._consumer as feeder_mod
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, reaped, run_in_thread
 from faults_helpers import distinct_jpegs, feeder_factory, rss_mb
 from feeder import Feeder, FeederError, FeederTimeoutError, SampleError, ops

@@ -248,7 +248,7 @@ def lazy(monkeypatch):
     """Make every source 'large': lazy orders and format-2 states at any length."""
     monkeypatch.setattr(sampler_mod, "LAZY_MIN", 0)
     monkeypatch.setattr(resume_mod, "COMPACT_ABOVE", 0)
-    import feeder._feeder as feeder_mod
+    import feeder._resume as feeder_mod
     monkeypatch.setattr(feeder_mod, "LAZY_MIN", 0)
     monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
 
@@ -347,7 +347,7 @@ def test_format_one_states_still_load_and_large_ones_are_refused(jpeg_blobs, mon
         drain(f, limit=2)
         old = f.state_dict()
     assert old["version"] == 1
-    import feeder._feeder as feeder_mod
+    import feeder._resume as feeder_mod
     monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
     with make(src) as f:
         f.load_state_dict(old)  # a format-1 state loads into a feeder that writes format 2
