@@ -575,6 +575,13 @@ class Feeder:
             self._ranks.agree(world_size)
         return rank, world_size
 
+    def _next_pass_indices(self) -> Iterator[int]:
+        """``iter(feeder.sampler)``: the next pass's sample indices on this rank, in
+        dispatch order (the seed agreed on first, as a pass would)."""
+        self._shard_now()
+        order = self._cursor.order(self._cursor.next_epoch)
+        return (int(i) for chunk in order.chunks(4096) for i in chunk)
+
     def _start_pass(self) -> tuple[Pass, Progress]:
         """Start the next pass (the first ``next()`` of an iterator): take its epoch,
         resolve the ranks, agree on the seed, and start the threads."""

@@ -8,6 +8,8 @@ is cut after shuffling, so every rank must shuffle with rank 0's seed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import logging
 import os
 import weakref
@@ -138,7 +140,9 @@ class EpochSampler:
     Trainers that set the epoch on ``loader.sampler`` (Lightning calls
     ``set_epoch`` on ``dataloader.sampler`` at the start of every training
     epoch) set the feeder's epoch through it; ``len()`` is this rank's samples
-    per epoch. It holds the feeder weakly, so an unclosed feeder is still
+    per epoch; iterating it gives this rank's sample indices of the next pass
+    (the epoch last set), in the order the feeder dispatches them, as iterating
+    a ``DistributedSampler`` does. It holds the feeder weakly, so an unclosed feeder is still
     collected (and its threads stopped) when the program drops it.
     """
 
@@ -157,6 +161,9 @@ class EpochSampler:
 
     def __len__(self) -> int:
         return self._target().num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        return self._target()._next_pass_indices()
 
     def __repr__(self) -> str:
         return "EpochSampler(set_epoch -> Feeder.set_epoch)"

@@ -285,3 +285,20 @@ def test_images_and_targets_gives_torchvisions_detection_form(jpeg_blobs):
             assert int(target["image_id"]) == 100 + k
         for _ in f:
             pass
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_iterating_the_sampler_gives_the_next_passs_indices_in_order(jpeg_blobs, rank):
+    with make(MemorySource(jpeg_blobs[:10]), batch_size=2, shuffle=True, seed=3, rank=rank,
+              world_size=2) as f:
+        f.set_epoch(2)
+        planned = list(f.sampler)
+        assert len(planned) == len(f.sampler) == 5
+        assert all(isinstance(i, int) for i in planned)
+        delivered = []
+        for _ in f:
+            delivered += f.last_batch.indices.tolist()
+        f.set_epoch(3)
+        assert list(f.sampler) != planned  # another epoch, another order
+    # what iterating the sampler said is what the pass delivered, batch by batch
+    assert delivered == planned
