@@ -37,6 +37,7 @@ with the one function :func:`group_sequence`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import weakref
@@ -242,6 +243,29 @@ def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: i
         return order
     from ._order import ArrayOrder
 
-    grouped = group_pass_order(order[:], source, factor, cfg.batch_size, cfg.exif_orientation,
-                               chain, seed, epoch)
-    return ArrayOrder(np.asarray(grouped, dtype=np.int64))
+    flat = order[:]
+    # The pass and the progress bookkeeping both ask for the same pass's order;
+    # the planned sizes behind it cost about 5 us a sample, so the answer is
+    # kept per chain (one per feeder) for the latest two passes.
+    key = (factor, cfg.batch_size, cfg.exif_orientation, seed, epoch, len(source),
+           hashlib.blake2b(np.ascontiguousarray(flat, dtype=np.int64).tobytes(), digest_size=16).digest())
+    memo = None
+    if chain is not None:
+        with _memo_lock:
+            memo = _memo.setdefault(chain, {})
+            hit = memo.get(key)
+        if hit is not None:
+            return ArrayOrder(hit)
+    grouped = np.asarray(group_pass_order(flat, source, factor, cfg.batch_size, cfg.exif_orientation,
+                                          chain, seed, epoch), dtype=np.int64)
+    grouped.flags.writeable = False
+    if memo is not None:
+        with _memo_lock:
+            memo[key] = grouped
+            while len(memo) > 2:
+                memo.pop(next(iter(memo)))
+    return ArrayOrder(grouped)
+
+
+_memo: "weakref.WeakKeyDictionary[Any, dict[tuple, np.ndarray]]" = weakref.WeakKeyDictionary()
+_memo_lock = threading.Lock()
