@@ -12,7 +12,8 @@ which is what lets a pool of threads use every core. Grayscale, RGBA, CMYK and
 Only the formats in :data:`SUPPORTED_FORMATS` are decoded, because their size
 is read from the header and checked against ``max_pixels`` before decoding;
 anything else OpenCV could decode is refused (see :func:`decode_image`). The
-EXIF orientation is ignored unless asked for, the same way for every format.
+EXIF orientation is ignored unless asked for, the same way for every format
+(see ``_region.py``, which also holds the region decode's geometry).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import cv2
 import numpy as np
 import simplejpeg
 
+from ._region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
 from ._sample import DEFAULT_MAX_PIXELS
 from .errors import DecodeError
-from .ops import SampleContext, dct_denom
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,6 @@ def _pnm_header(data: bytes | memoryview) -> _Header:
 # size, where an entry's value starts.
 _TIFF_LAYOUT = {42: ("H", 12, 8), 43: ("Q", 20, 12)}
 _TIFF_SIZE_TYPES = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8 (BigTIFF)
-_TIFF_MAX_ENTRIES = 4096  # real IFDs hold tens of entries; more is a corrupt or hostile file
 
 
 def _tiff_header(data: bytes | memoryview) -> _Header:
@@ -173,7 +173,7 @@ def _tiff_header(data: bytes | memoryview) -> _Header:
         (count,) = struct.unpack(order + count_fmt, bytes(data[ifd:ifd + count_size]))
     except struct.error:
         raise _corrupt("TIFF", "truncated before the first IFD") from None
-    if not 0 < count <= _TIFF_MAX_ENTRIES:
+    if not 0 < count <= TIFF_MAX_ENTRIES:
         raise _corrupt("TIFF", f"first IFD has {count} entries")
     start = ifd + count_size
     table = bytes(data[start:start + count * entry_size])
@@ -265,118 +265,6 @@ def _read_header(data: bytes | memoryview) -> _Header:
                               f"convert it to one of those")
     raise DecodeError(f"not a decodable image: format not recognised from its first bytes "
                       f"{head[:8]!r} (accepted formats: {accepted})")
-
-
-# -- EXIF orientation ----------------------------------------------------------------
-#
-# Decoders disagree on it: libjpeg-turbo ignores it, OpenCV applies it in
-# imdecode unless told not to, and its TIFF reader applies the TIFF tag whatever
-# the flags. Feeder always decodes the stored pixels and, when asked, applies
-# the tag itself, the same way for every format.
-
-def _tiff_orientation(tiff: bytes) -> int:
-    """The Orientation (1-8) in the first IFD of an EXIF TIFF structure; 1 when absent
-    or unreadable (broken metadata never fails an image whose pixels are fine)."""
-    try:
-        order = {b"II": "<", b"MM": ">"}[tiff[:2]]
-        magic, ifd = struct.unpack(order + "HI", tiff[2:8])
-        if magic != 42:
-            return 1
-        (count,) = struct.unpack(order + "H", tiff[ifd:ifd + 2])
-        for k in range(min(count, _TIFF_MAX_ENTRIES)):
-            at = ifd + 2 + 12 * k
-            tag, kind, _, value = struct.unpack(order + "HHIH", tiff[at:at + 10])
-            if tag == 274:
-                return value if kind == 3 and 1 <= value <= 8 else 1
-    except (KeyError, struct.error):
-        pass
-    return 1
-
-
-def _jpeg_exif(data: bytes | memoryview) -> bytes:
-    """The TIFF structure of a JPEG's APP1 Exif segment (b"" when none)."""
-    pos, n = 2, len(data)
-    while pos + 4 <= n and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0xDA, 0xD9):  # start of scan, end of image: no more metadata
-            break
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if marker == 0xE1 and bytes(data[pos + 4:pos + 10]) == b"Exif\x00\x00":
-            return bytes(data[pos + 10:pos + 2 + length])
-        pos += 2 + length
-    return b""
-
-
-def _png_exif(data: bytes | memoryview) -> bytes:
-    pos, n = 8, len(data)
-    while pos + 8 <= n:
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        kind = bytes(data[pos + 4:pos + 8])
-        if kind == b"eXIf":
-            return bytes(data[pos + 8:pos + 8 + length])
-        if kind == b"IEND":
-            break
-        pos += 12 + length
-    return b""
-
-
-def _webp_exif(data: bytes | memoryview) -> bytes:
-    pos, n = 12, len(data)
-    while pos + 8 <= n:
-        length = int.from_bytes(data[pos + 4:pos + 8], "little")
-        if bytes(data[pos:pos + 4]) == b"EXIF":
-            exif = bytes(data[pos + 8:pos + 8 + length])
-            return exif[6:] if exif.startswith(b"Exif\x00\x00") else exif
-        pos += 8 + length + (length & 1)
-    return b""
-
-
-def _orientation(header: _Header | None, data: bytes | memoryview) -> int:
-    """The EXIF orientation of an image (``header`` None: a JPEG); 1 for formats without one."""
-    if header is None:
-        return _tiff_orientation(_jpeg_exif(data))
-    if header.format == "PNG":
-        return _tiff_orientation(_png_exif(data))
-    if header.format == "WebP":
-        return _tiff_orientation(_webp_exif(data))
-    if header.format == "TIFF" and header.tiff_orientation_at is not None:
-        at = header.tiff_orientation_at
-        value = struct.unpack(header.tiff_order + "H", bytes(data[at:at + 2]))[0]
-        return value if 1 <= value <= 8 else 1
-    return 1
-
-
-def _stored_tiff(data: bytes | memoryview, header: _Header) -> bytes | memoryview:
-    """The TIFF with its Orientation set to 1 (top-left), so that OpenCV, which applies
-    the tag whatever the flags, returns the pixels as stored."""
-    at = header.tiff_orientation_at
-    if at is None or struct.unpack(header.tiff_order + "H", bytes(data[at:at + 2]))[0] == 1:
-        return data
-    patched = bytearray(data)
-    patched[at:at + 2] = struct.pack(header.tiff_order + "H", 1)
-    return patched
-
-
-def _orient(img: np.ndarray, orientation: int) -> np.ndarray:
-    """Turn stored pixels into the displayed image of EXIF ``orientation`` (1-8)."""
-    if orientation == 2:
-        return cv2.flip(img, 1)
-    if orientation == 3:
-        return cv2.rotate(img, cv2.ROTATE_180)
-    if orientation == 4:
-        return cv2.flip(img, 0)
-    if orientation == 5:
-        return cv2.transpose(img)
-    if orientation == 6:
-        return cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE)
-    if orientation == 7:
-        return cv2.flip(cv2.transpose(img), -1)
-    if orientation == 8:
-        return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
-    return img
 
 
 def _check_png_chunks(data: bytes | memoryview) -> None:
@@ -529,7 +417,7 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     _check_pixels(header.height, header.width, max_pixels)
     if header.format == "PNG":
         _check_png_chunks(data)
-    stored = _stored_tiff(data, header) if header.format == "TIFF" else data
+    stored = stored_tiff(data, header) if header.format == "TIFF" else data
     # IMREAD_UNCHANGED keeps 16-bit depth for an exact conversion, and makes
     # imdecode ignore EXIF orientation (it cannot be combined with
     # IMREAD_IGNORE_ORIENTATION: it is -1, all bits set).
@@ -537,75 +425,8 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     # A multi-page or malformed file may decode to another size than its header's.
     _check_pixels(img.shape[0], img.shape[1], max_pixels)
     if exif_orientation:
-        img = _orient(img, _orientation(header, data))
+        img = orient(img, orientation_of(header, data))
     return img, (img.shape[0], img.shape[1]), None
-
-
-# Orientation o maps a stored pixel (r, c) of an h x w image to the shown one:
-# the box (top, left, bh, bw) goes to ..., and _INVERSE[o] maps it back.
-_INVERSE = {6: 8, 8: 6}
-
-
-def _orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
-                orientation: int) -> tuple[int, int, int, int]:
-    """Where ``box`` (top, left, height, width) of an image of ``size`` lands in
-    ``_orient(image, orientation)``."""
-    t, l, bh, bw = box
-    h, w = size
-    if orientation == 2:
-        return t, w - l - bw, bh, bw
-    if orientation == 3:
-        return h - t - bh, w - l - bw, bh, bw
-    if orientation == 4:
-        return h - t - bh, l, bh, bw
-    if orientation == 5:
-        return l, t, bw, bh
-    if orientation == 6:
-        return l, h - t - bh, bw, bh
-    if orientation == 7:
-        return w - l - bw, h - t - bh, bw, bh
-    if orientation == 8:
-        return w - l - bw, t, bw, bh
-    return box
-
-
-def _decode_region(data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
-                   ctx: SampleContext, orientation: int, max_pixels: int,
-                   buffers: DecodeBuffers | None) -> np.ndarray:
-    """Decode the part of a stored ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown
-    image's pixels) names, at the largest DCT reduction that still covers ``need``;
-    fills in ``ctx.origin``, ``ctx.scaled_size`` and ``ctx.scale``."""
-    swap = orientation >= 5
-    d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
-    hs, ws = -(-h // d), -(-w // d)
-    shown = (ws, hs) if swap else (hs, ws)
-    t, l, bh, bw = _orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
-                               _INVERSE.get(orientation, orientation))
-    # To the scaled image's pixels, one pixel wider each side when scaled: the
-    # transforms map their box with the ratio of the scaled to the full size
-    # (as for a whole scaled decode), which can round a pixel beyond t / d.
-    m = 0 if d == 1 else 2
-    y0, x0 = max(0, t // d - m), max(0, l // d - m)
-    y1, x1 = min(hs, -(-(t + bh) // d) + m), min(ws, -(-(l + bw) // d) + m)
-    rh, rw = y1 - y0, x1 - x0
-    # libjpeg writes rows of the region widened to the iMCU grid (at most 32
-    # pixels) and by _jpeg.PAD each side.
-    nbytes = rh * (rw + 2 * _jpeg.PAD + 32) * 3
-    buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
-    try:
-        stride, offset = _jpeg.decode(data, y0, x0, rh, rw, d, buf, max_pixels)
-    except BaseException:
-        if buffers is not None:
-            buffers.give(buf)
-        raise
-    img = buf[:rh * stride * 3].reshape(rh, stride, 3)[:, offset:offset + rw]
-    top, left, _, _ = _orient_box((y0, x0, rh, rw), (hs, ws), orientation)
-    ctx.origin, ctx.scaled_size, ctx.scale = (top, left), shown, 1.0 / d
-    if orientation != 1:
-        img = _orient(img, orientation)  # a new array: the pool buffer is free again
-        if buffers is not None:
-            buffers.give(buf)
-    return img
 
 
 def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
@@ -620,21 +441,22 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             raise DecodeError(f"corrupt JPEG header: {exc}") from exc
     if h <= 0 or w <= 0 or h * w > max_pixels:
         _check_pixels(h, w, max_pixels)  # raises, saying which
-    orientation = _orientation(None, data) if exif_orientation else 1
+    orientation = orientation_of(None, data) if exif_orientation else 1
     swap = orientation >= 5  # transposing orientations: the shown image is w x h
     size = (w, h) if swap else (h, w)
     if colorspace in ("CMYK", "YCCK"):
         # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
         # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
         img = _cv2_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        return _orient(_to_rgb8(img), orientation), size, None
+        return orient(_to_rgb8(img), orientation), size, None
     min_h = min_w = 0
     planned = None
     if plan is not None:
         need, planned = plan(size[0], size[1], key)
         if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
                 and getattr(planned, "box", None) is not None):
-            return _decode_region(data, h, w, need, planned, orientation, max_pixels, buffers), size, planned
+            img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers)
+            return img, size, planned
         if need is not None and swap:
             need = (need[1], need[0])
         # Reduced-scale IDCT pays off from 1/2 down; scales between 1/2 and 1
@@ -650,7 +472,7 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             buffers.give(buf)
         raise DecodeError(f"corrupt JPEG: {exc}") from exc
     if orientation != 1:
-        img = _orient(img, orientation)  # a new array: the pool buffer is free again
+        img = orient(img, orientation)  # a new array: the pool buffer is free again
         if buffers is not None:
             buffers.give(buf)
     return img, size, planned
@@ -782,6 +604,6 @@ def header_size(data: bytes | memoryview, exif_orientation: bool = False) -> tup
     else:
         header = _read_header(data)
         h, w = header.height, header.width
-    if exif_orientation and _orientation(header, data) >= 5:
+    if exif_orientation and orientation_of(header, data) >= 5:
         return int(w), int(h)
     return int(h), int(w)
