@@ -98,3 +98,11 @@ def test_the_hierarchy_lets_callers_catch_by_kind():
     assert ConfigError("x").field is None
     with pytest.raises(FeederError):
         raise StageError("transfer", "boom")
+
+
+def test_errors_pickle_with_their_field():
+    err = pickle.loads(pickle.dumps(FieldError("boxes", "is bad")))
+    assert err.field == "boxes" and str(err) == "field 'boxes' is bad"
+    wrapped = SampleError("read", 3, "p", FieldError("mask", "is bad"))
+    again = pickle.loads(pickle.dumps(wrapped))
+    assert again.field == "mask" and "field 'mask'" in str(again)
