@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_png
+from conftest import MemorySource, collect, drain, encode_jpeg, encode_png
 from feeder import (ConfigError, Feeder, FeederError, FieldError, FileList, SampleError, SourceError,
                     ops)
 from feeder.synthetic import make_image
@@ -20,24 +20,6 @@ SIZE = [ops.CenterCrop(16)]
 @pytest.fixture(scope="module")
 def blobs() -> list[bytes]:
     return [encode_jpeg(make_image(24 + i % 3 * 4, 30, seed=i)) for i in range(40)]
-
-
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S) -> tuple[list, BaseException | None]:
-    """Every batch of one pass, as returned (dict or pair), with tensors on the CPU."""
-    import threading
-    out, err = [], []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    return out, (err[0] if err else None)
 
 
 # -- labels of pairs ---------------------------------------------------------------------

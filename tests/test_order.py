@@ -18,6 +18,7 @@ from feeder._sampler import (ShardLayout, epoch_indices, epoch_order, pass_order
                              shard_sizes, shard_stream_order)
 
 from conftest import MemorySource, drain, labels_of
+from faults_helpers import feeder_factory
 
 B = 8
 
@@ -253,10 +254,8 @@ def lazy(monkeypatch):
     monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
 
 
-def make(source, **kw):
-    opts = dict(seed=5, shuffle=True, decode_threads=2, augment_threads=0)
-    opts.update(kw)
-    return Feeder(source, B, [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()], **opts)
+make = feeder_factory(B, lambda: [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()], seed=5, shuffle=True,
+                      decode_threads=2, augment_threads=0)
 
 
 @pytest.mark.parametrize("shuffle,extra", [(True, {}), ("shards", {"shuffle_shards": 2}),
