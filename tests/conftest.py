@@ -287,6 +287,7 @@ def reaped() -> None:
     them in order): a dropped batch's buffer, a collected feeder's close."""
     from feeder import _reaper
 
+    _reaper.ensure_running()  # a process where no feeder has run yet has none
     done = threading.Event()
     _reaper.defer(done.set)
     assert done.wait(JOIN_TIMEOUT_S)
