@@ -222,23 +222,14 @@ def drain(iterable, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
 
     Returns (batches, error): batches as a list of (images, labels) numpy pairs.
     """
-    out: list = []
-    err: list = []
+    return collect(iterable, timeout, limit, keep=numpy_pair)
 
-    def run():
-        try:
-            for i, (x, y) in enumerate(iterable):
-                out.append((x.cpu().numpy().copy(), y.cpu().numpy().copy()))
-                if limit is not None and i + 1 >= limit:
-                    break
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
 
-    t = threading.Thread(target=run, name="test-drain", daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"iteration did not finish within {timeout} s (hang)"
-    return out, (err[0] if err else None)
+def numpy_pair(batch) -> tuple[np.ndarray, np.ndarray]:
+    """An (images, labels) batch as numpy copies (a CPU uint8 batch is a view of a
+    pool buffer that the next batch reuses)."""
+    x, y = batch
+    return x.cpu().numpy().copy(), y.cpu().numpy().copy()
 
 
 def collect(feeder, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None, keep=None):

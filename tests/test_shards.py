@@ -14,24 +14,16 @@ import pytest
 
 from feeder import Feeder, ops
 from feeder._tar import ShardIndex, index_path
-from feeder.pack import pack, parse_size
 from feeder.shards import ShardFormatError, TarShards, expand_braces
 
 from conftest import JOIN_TIMEOUT_S, drain, labels_of
 
 
 @pytest.fixture(scope="module")
-def labelled(tmp_path_factory, jpeg_blobs):
-    """60 samples packed into several shards, label = sample number (exactly-once checks)."""
-    root = tmp_path_factory.mktemp("labelled")
-    lines = []
-    for i, blob in enumerate(jpeg_blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
-    assert len(res.shards) >= 4
-    return str(root / "out"), jpeg_blobs
+def labelled(packed, jpeg_blobs):
+    """60 samples packed into several shards (conftest's ``packed``), and the samples:
+    label = sample number (exactly-once checks)."""
+    return packed[0], jpeg_blobs
 
 
 def test_expand_braces():
