@@ -3,6 +3,7 @@ thread-leak guard every test runs under."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import threading
@@ -116,6 +117,39 @@ class MemorySource:
         return self.names[index] if self.names else f"mem://{index}"
 
 
+class CountingSource(MemorySource):
+    """A :class:`MemorySource` that counts ``read()`` calls per index (``reads``)."""
+
+    def __init__(self, blobs: list[bytes], labels: list[int] | None = None):
+        super().__init__(blobs, labels)
+        self.reads: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+
+    def read(self, index: int):
+        with self._lock:
+            self.reads[index] += 1
+        return super().read(index)
+
+
+class BlockingSource(MemorySource):
+    """``read(stuck)`` blocks until ``release`` is set (storage that hangs on one
+    sample); ``entered`` is set once it is blocked. A read never released fails
+    with TimeoutError after ``JOIN_TIMEOUT_S``."""
+
+    def __init__(self, blobs: list[bytes], stuck: int = 0):
+        super().__init__(blobs)
+        self.stuck = stuck
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def read(self, index: int):
+        if index == self.stuck:
+            self.entered.set()
+            if not self.release.wait(JOIN_TIMEOUT_S):
+                raise TimeoutError(f"read({index}) was never released")
+        return super().read(index)
+
+
 SIZES = [(64, 80), (96, 72), (120, 150), (50, 50), (130, 90)]
 
 
@@ -188,23 +222,51 @@ def drain(iterable, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
 
     Returns (batches, error): batches as a list of (images, labels) numpy pairs.
     """
+    return collect(iterable, timeout, limit, keep=numpy_pair)
+
+
+def numpy_pair(batch) -> tuple[np.ndarray, np.ndarray]:
+    """An (images, labels) batch as numpy copies (a CPU uint8 batch is a view of a
+    pool buffer that the next batch reuses)."""
+    x, y = batch
+    return x.cpu().numpy().copy(), y.cpu().numpy().copy()
+
+
+def collect(feeder, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None, keep=None):
+    """Every batch of one pass (up to ``limit``) as returned (dict or pair), in a
+    helper thread; fail the test if the pass does not end within ``timeout``.
+
+    Args:
+        keep: What to keep of each batch (say, a copy); the batch itself by default.
+
+    Returns:
+        (batches, the exception that ended the pass or None).
+    """
     out: list = []
     err: list = []
 
     def run():
         try:
-            for i, (x, y) in enumerate(iterable):
-                out.append((x.cpu().numpy().copy(), y.cpu().numpy().copy()))
-                if limit is not None and i + 1 >= limit:
+            for batch in feeder:
+                out.append(batch if keep is None else keep(batch))
+                if limit is not None and len(out) >= limit:
                     break
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             err.append(exc)
 
-    t = threading.Thread(target=run, name="test-drain", daemon=True)
+    t = threading.Thread(target=run, name="test-collect", daemon=True)
     t.start()
     t.join(timeout)
-    assert not t.is_alive(), f"iteration did not finish within {timeout} s (hang)"
+    assert not t.is_alive(), f"the pass did not finish within {timeout} s (hang)"
     return out, (err[0] if err else None)
+
+
+def collected(feeder, **kw) -> list:
+    """:func:`collect`'s batches; the error that ended the pass, if any, is raised."""
+    out, err = collect(feeder, **kw)
+    if err is not None:
+        raise err
+    return out
 
 
 def labels_of(batches) -> list[int]:
@@ -216,6 +278,7 @@ def reaped() -> None:
     them in order): a dropped batch's buffer, a collected feeder's close."""
     from feeder import _reaper
 
+    _reaper.ensure_running()  # a process where no feeder has run yet has none
     done = threading.Event()
     _reaper.defer(done.set)
     assert done.wait(JOIN_TIMEOUT_S)

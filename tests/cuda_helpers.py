@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from conftest import MemorySource, drain
+from faults_helpers import feeder_factory
 from feeder import Feeder, ops
 
 AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]
@@ -23,11 +24,8 @@ def big_source(jpeg_blobs) -> MemorySource:
     return MemorySource(list(jpeg_blobs) * 4)
 
 
-def make(source, **kw) -> Feeder:
-    """A thread-engine feeder as ``tests/cuda/test_cuda.py`` builds them."""
-    kw.setdefault("transforms", AUG)
-    kw.setdefault("seed", 11)
-    return Feeder(source, kw.pop("batch_size", 16), **kw)
+#: A thread-engine feeder as ``tests/cuda/test_cuda.py`` builds them.
+make = feeder_factory(16, AUG, seed=11)
 
 
 def make_isolated(source, transforms=AUG, **kw) -> Feeder:

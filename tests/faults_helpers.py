@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import hashlib
+import inspect
 import io
 import os
 import queue
@@ -285,7 +286,8 @@ def feeder_factory(batch_size: int, transforms=(), wrap=None, **defaults):
 
     Args:
         batch_size: Batch size unless a call passes ``batch_size``.
-        transforms: Transforms of a call that passes none (or None).
+        transforms: Transforms of a call that passes none (or None); a function
+            is called for a fresh list for each feeder.
         wrap: Applied to each call's ``source`` (e.g. MemorySource, for calls that
             pass a list of blobs).
         **defaults: Feeder options unless a call passes them.
@@ -294,9 +296,10 @@ def feeder_factory(batch_size: int, transforms=(), wrap=None, **defaults):
 
     def make(source, transforms=None, **options) -> Feeder:
         options = {**defaults, **options}
+        chosen = default_transforms if transforms is None else transforms
         return Feeder(wrap(source) if wrap is not None else source,
                       options.pop("batch_size", batch_size),
-                      default_transforms if transforms is None else transforms, **options)
+                      chosen() if inspect.isfunction(chosen) else chosen, **options)
     return make
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, run_in_thread
+from conftest import MemorySource, collect, drain
+from faults_helpers import feeder_factory
 from feeder import Feeder, FeederError, ops
 from feeder._rng import batch_generator
 
@@ -23,12 +24,7 @@ def small(jpeg_blobs):
     return MemorySource(list(jpeg_blobs[:24]), labels=[i % NUM_CLASSES for i in range(24)])
 
 
-def make(source, **kw):
-    kw.setdefault("seed", 3)
-    kw.setdefault("dtype", torch.float32)
-    kw.setdefault("decode_threads", 2)
-    kw.setdefault("augment_threads", 0)
-    return Feeder(source, kw.pop("batch_size", 8), AUG, **kw)
+make = feeder_factory(8, AUG, seed=3, dtype=torch.float32, decode_threads=2, augment_threads=0)
 
 
 def reference_lam(alpha: float, gen: torch.Generator) -> float:
@@ -213,20 +209,6 @@ def colour_of(i: int) -> tuple[int, int, int]:
 def solid_pngs():
     from conftest import encode_png
     return [encode_png(np.full((16, 16, 3), colour_of(i), np.uint8)) for i in range(8)]
-
-
-def collect(feeder):
-    """Every dict batch of one pass, and the error that ended it (or None)."""
-    out: list = []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch)
-        except FeederError as exc:
-            return exc
-        return None
-    return out, run_in_thread(run)
 
 
 def masked_source(blobs, boxes: bool = False):

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from conftest import run_in_thread
+
 pytest.importorskip("feeder.bench")
 
 TIMEOUT_S = 240  # generous for a loaded 2-core machine; a normal run takes seconds
@@ -32,6 +34,30 @@ def bench(*args: str, cwd: str, env: dict[str, str] | None = None) -> subprocess
                           text=True, timeout=TIMEOUT_S, env=env)
     assert proc.returncode == 0, f"feeder-bench {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc
+
+
+def bench_here(*args: str, cwd, monkeypatch, capsys) -> tuple[int, str, str]:
+    """``feeder-bench`` run through its ``main()`` in this process (in a helper
+    thread, bounded by TIMEOUT_S): ``(exit status, stdout, stderr)``. For the
+    checks of where results go and of refused arguments, where a subprocess
+    would add only an interpreter's start (seconds of importing torch)."""
+    from feeder.bench.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+
+    def run():
+        try:
+            return main(list(args))
+        except SystemExit as exc:  # what the interpreter makes of it, as a subprocess would
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+                return 1
+            return exc.code
+
+    code = run_in_thread(run, TIMEOUT_S)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def read_csv(path: str) -> list[dict[str, str]]:
@@ -54,9 +80,11 @@ def test_make_data_is_an_image_folder(tiny):
     assert len(folder) == 24 and folder.classes == ["class_00", "class_01"]
 
 
-def test_make_data_is_deterministic(tiny, tmp_path):
+def test_make_data_is_deterministic(tiny, tmp_path, monkeypatch, capsys):
     again = str(tmp_path / "again")
-    bench("make-data", again, "--n-classes", "2", "--per-class", "12", "--seed", "3", cwd=str(tmp_path))
+    code, _, _ = bench_here("make-data", again, "--n-classes", "2", "--per-class", "12", "--seed", "3",
+                            cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
     for cls in ("class_00", "class_01"):
         for name in sorted(os.listdir(os.path.join(tiny["data"], cls))):
             with open(os.path.join(tiny["data"], cls, name), "rb") as a, \
@@ -265,15 +293,16 @@ def test_overlap_profiles_a_training_step(tiny, tmp_path, kind):
     assert s["images_per_s"] > 0 and 0 <= s["consumer_wait"] <= 1 and s["batches"] == 2
 
 
-def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_path):
+def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_path, monkeypatch, capsys):
     import torch
 
-    cmd = [sys.executable, "-m", "feeder.bench", "overlap", tiny["data"], "--out", str(tmp_path)]
-    bad = subprocess.run(cmd + ["--loaders", "feeder,nope"], capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert bad.returncode == 2 and "unknown loader 'nope'" in bad.stderr
+    cmd = ["overlap", tiny["data"], "--out", str(tmp_path)]
+    code, _, err = bench_here(*cmd, "--loaders", "feeder,nope", cwd=tmp_path, monkeypatch=monkeypatch,
+                              capsys=capsys)
+    assert code == 2 and "unknown loader 'nope'" in err
     if not torch.cuda.is_available():
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+        code, _, err = bench_here(*cmd, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+        assert code == 2 and "needs a CUDA GPU" in err
 
 
 @pytest.mark.timeout(TIMEOUT_S + 30)  # several loaders in subprocesses: minutes on a loaded 2-core machine
@@ -300,15 +329,16 @@ def _tree(path: str) -> dict[str, float]:
             for d, _, names in os.walk(path) for n in names}
 
 
-def test_default_out_is_a_new_folder_in_the_current_folder(tiny, tmp_path):
+def test_default_out_is_a_new_folder_in_the_current_folder(tiny, tmp_path, monkeypatch, capsys):
     work = tmp_path / "work"
     work.mkdir()
-    proc = bench("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
-                 cwd=str(work))
+    code, _, err = bench_here("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
+                              cwd=work, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
     made = sorted(os.listdir(work))
     assert len(made) == 1 and made[0].startswith("feeder-bench-results-")
     assert os.path.isfile(work / made[0] / "ceiling.csv")
-    assert made[0] in proc.stderr  # the run says where its results went
+    assert made[0] in err  # the run says where its results went
 
 
 def test_default_out_never_reuses_a_folder(tmp_path):
@@ -319,7 +349,9 @@ def test_default_out_never_reuses_a_folder(tmp_path):
     assert {os.path.dirname(first), os.path.dirname(second)} == {str(tmp_path.resolve())}
 
 
-def test_default_out_inside_the_checkout_goes_to_the_temp_folder(tiny, tmp_path):
+def test_default_out_inside_the_checkout_goes_to_the_temp_folder(tiny, tmp_path, monkeypatch, capsys):
+    import tempfile
+
     from feeder.bench.cli import checkout_root
 
     assert checkout_root() is not None and str(checkout_root()) == os.path.realpath(ROOT)
@@ -327,8 +359,11 @@ def test_default_out_inside_the_checkout_goes_to_the_temp_folder(tiny, tmp_path)
     temp.mkdir()
     results = os.path.join(ROOT, "bench", "results")
     before, top = _tree(results), set(os.listdir(ROOT))
-    bench("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
-          cwd=os.path.join(ROOT, "bench"), env={"TMPDIR": str(temp)})
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    code, _, _ = bench_here("ceiling", tiny["data"], "--repeats", "1", "--limit", "4", "--processes", "1",
+                            cwd=os.path.join(ROOT, "bench"), monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
     assert _tree(results) == before and set(os.listdir(ROOT)) == top
     assert not any(n.startswith("feeder-bench-results-") for n in os.listdir(os.path.join(ROOT, "bench")))
     made = os.listdir(temp)
@@ -483,11 +518,10 @@ def test_interference_fed_windows_take_batches_at_the_pace():
     assert got["stalls"] == 0 and len(got["steps"]) > 1
 
 
-def test_interference_rejects_an_unknown_loader(tiny, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", tiny["data"],
-                           "--out", str(tmp_path), "--loaders", "feeder,nope"],
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode != 0 and "unknown step or loader 'nope'" in proc.stderr
+def test_interference_rejects_an_unknown_loader(tiny, tmp_path, monkeypatch, capsys):
+    code, _, err = bench_here("interference", tiny["data"], "--out", str(tmp_path), "--loaders", "feeder,nope",
+                              cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert code != 0 and "unknown step or loader 'nope'" in err
 
 
 @pytest.mark.parametrize("cores,loop,loader,expected", [
@@ -597,7 +631,7 @@ def test_interference_pins_a_feeders_pass_threads_to_the_loader_cores(tiny):
         os.sched_setaffinity(0, before)
 
 
-def test_interference_report_recomputes_a_saved_run(tiny, tmp_path):
+def test_interference_report_recomputes_a_saved_run(tiny, tmp_path, monkeypatch, capsys):
     """--report renders the table of a saved interference.json without measuring."""
     out = str(tmp_path / "out")
     raw = str(tmp_path / "raw" / "run.json.gz")
@@ -614,22 +648,22 @@ def test_interference_report_recomputes_a_saved_run(tiny, tmp_path):
         plain.write_text(f.read())
     for i, saved in enumerate((raw, str(plain))):
         again = str(tmp_path / f"again{i}")
-        proc = bench("interference", "--report", saved, "--out", again, cwd=tiny["base"])
-        assert "recomputed from the measurements saved in" in proc.stdout
+        code, stdout, _ = bench_here("interference", "--report", saved, "--out", again, cwd=tiny["base"],
+                                     monkeypatch=monkeypatch, capsys=capsys)
+        assert code == 0 and "recomputed from the measurements saved in" in stdout
         second = read_csv(os.path.join(again, "interference.csv"))
         assert [(r["loader"], r["slowdown"], r["step_mean"]) for r in first] == \
             [(r["loader"], r["slowdown"], r["step_mean"]) for r in second]
         assert json.load(open(os.path.join(again, "interference.json")))["meta"]["raw"] == saved
     bad = tmp_path / "bad.json"
     bad.write_text('{"meta": {}}')
-    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", "--report", str(bad)],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tiny["base"])
-    assert proc.returncode != 0 and "holds no windowed interference measurements" in proc.stderr
+    code, _, err = bench_here("interference", "--report", str(bad), cwd=tiny["base"], monkeypatch=monkeypatch,
+                              capsys=capsys)
+    assert code != 0 and "holds no windowed interference measurements" in err
     # A summary names where its raw data went.
-    proc = subprocess.run([sys.executable, "-m", "feeder.bench", "interference", "--report",
-                           os.path.join(out, "interference.json")],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tiny["base"])
-    assert proc.returncode != 0 and f"raw measurements were written to {raw}" in proc.stderr
+    code, _, err = bench_here("interference", "--report", os.path.join(out, "interference.json"),
+                              cwd=tiny["base"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code != 0 and f"raw measurements were written to {raw}" in err
 
 
 def test_interference_measures_count_the_slow_tail_and_skip_undrained_windows():

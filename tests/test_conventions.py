@@ -13,21 +13,13 @@ import torch
 
 from conftest import MemorySource, drain, labels_of
 from feeder import Batch, Feeder, SampleError, ops
+from faults_helpers import feeder_factory
 from fields_helpers import DictSource
 
 RESIZE = [ops.Resize((24, 24))]
 
 
-def make(source, batch_size=4, **kw):
-    kw.setdefault("decode_threads", 2)
-    return Feeder(source, batch_size, RESIZE, **kw)
-
-
-def collect(feeder):
-    out = []
-    for batch in feeder:
-        out.append(batch)
-    return out
+make = feeder_factory(4, RESIZE, decode_threads=2)
 
 
 # -- shuffle -----------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_png
+from conftest import MemorySource, collect, drain, encode_jpeg, encode_png
 from feeder import (ConfigError, Feeder, FeederError, FieldError, FileList, SampleError, SourceError,
-                    check_sample, ops)
+                    ops)
 from feeder.synthetic import make_image
 from fields_helpers import DictSource
 
@@ -20,24 +20,6 @@ SIZE = [ops.CenterCrop(16)]
 @pytest.fixture(scope="module")
 def blobs() -> list[bytes]:
     return [encode_jpeg(make_image(24 + i % 3 * 4, 30, seed=i)) for i in range(40)]
-
-
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S) -> tuple[list, BaseException | None]:
-    """Every batch of one pass, as returned (dict or pair), with tensors on the CPU."""
-    import threading
-    out, err = [], []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    return out, (err[0] if err else None)
 
 
 # -- labels of pairs ---------------------------------------------------------------------
@@ -308,34 +290,6 @@ def test_a_read_that_returns_something_else_says_what_read_must_return(blobs, va
     for w in words:
         assert w in text, text
     assert len(batches) == 1  # the batch before it; never skipped
-
-
-def test_check_sample_is_the_public_contract():
-    check_sample((b"\xff\xd8\xff", 1))
-    check_sample({"image": b"\x89PNG", "mask": b"\x89PNG", "boxes": [[0, 0, 1, 1]], "box_labels": [3],
-                  "caption": "a cat"})
-    check_sample({"image": bytearray(b"x"), "boxes": np.zeros((0, 4))})
-    with pytest.raises(SourceError, match="must return"):
-        check_sample("a/path.jpg")
-    for bad, field in (({"image": b"x", "boxes": [[0, 0, 1]]}, "boxes"),
-                       ({"image": b"x", "boxes": [[2, 0, 1, 1]]}, "boxes"),
-                       ({"image": b"x", "boxes": [[0, 0, float("nan"), 1]]}, "boxes"),
-                       ({"image": b"x", "boxes": [[0, 0, 1, 1]], "box_labels": [1, 2]}, "box_labels"),
-                       ({"image": b"x", "box_labels": [1]}, "box_labels"),
-                       ({"image": b"x", "mask": np.zeros((2, 2, 3), np.uint8)}, "mask"),
-                       ({"image": b"x", "mask": "m.png"}, "mask")):
-        with pytest.raises(FieldError) as info:
-            check_sample(bad)
-        assert info.value.field == field and repr(field) in str(info.value)
-
-
-def test_errors_pickle_with_their_field():
-    import pickle
-    err = pickle.loads(pickle.dumps(FieldError("boxes", "is bad")))
-    assert err.field == "boxes" and str(err) == "field 'boxes' is bad"
-    wrapped = SampleError("read", 3, "p", FieldError("mask", "is bad"))
-    again = pickle.loads(pickle.dumps(wrapped))
-    assert again.field == "mask" and "field 'mask'" in str(again)
 
 
 def test_png_pairs_stay_on_the_classic_path(blobs):

@@ -5,34 +5,17 @@ filtered with them, delivered as a list of float32 [Ni, 4] tensors."""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, encode_jpeg
+from conftest import collect, encode_jpeg
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder._decode import decode_image, decode_scale
 from fields_helpers import DictSource, coordinate_image, rectangles_image, rgb_png
 
 COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255)]
-
-
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S):
-    out, err = [], []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    return out, (err[0] if err else None)
 
 
 def scene(i: int) -> tuple[int, int, np.ndarray]:

@@ -4,33 +4,16 @@ delivered as uint8 or int64 per batch, and failing as their sample's fault."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, encode_jpeg
+from conftest import collect, encode_jpeg
 from feeder import ConfigError, DecodeError, Feeder, SampleError, ops
 from feeder._decode import decode_mask
 from fields_helpers import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
                             rgb_png)
-
-
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S):
-    out, err = [], []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    return out, (err[0] if err else None)
 
 
 # -- decoding --------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import time
 import pytest
 
 import feeder._consumer as feeder_mod
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, reaped, run_in_thread
+from conftest import (JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of, reaped,
+                      run_in_thread)
 from faults_helpers import distinct_jpegs, feeder_factory, rss_mb
 from feeder import Feeder, FeederError, FeederTimeoutError, SampleError, ops
 
@@ -32,22 +33,6 @@ def blobs() -> list[bytes]:
 
 
 make = feeder_factory(batch_size=4, transforms=[ops.CenterCrop(SIDE)], shuffle=False, decode_threads=2)
-
-
-class BlockingSource(MemorySource):
-    """``read(stuck)`` blocks until ``release`` is set (a hung network read)."""
-
-    def __init__(self, blobs, stuck: int):
-        super().__init__(blobs)
-        self.stuck = stuck
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def read(self, index):
-        if index == self.stuck:
-            self.entered.set()
-            self.release.wait(JOIN_TIMEOUT_S)
-        return super().read(index)
 
 
 # -- 1. a collection inside a lock --------------------------------------------------

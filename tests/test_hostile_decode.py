@@ -435,11 +435,24 @@ def test_orientation_and_reduced_scale_decode():
 
 
 def test_orientation_with_pooled_buffers():
-    buffers = decode_mod.DecodeBuffers()
+    class Pool(decode_mod.DecodeBuffers):
+        def __init__(self):
+            super().__init__()
+            self.taken, self.given = [], []
+
+        def take(self, nbytes):
+            self.taken.append(super().take(nbytes))
+            return self.taken[-1]
+
+        def give(self, buf):
+            self.given.append(buf)
+            super().give(buf)
+
+    buffers = Pool()
     data = jpeg_with_exif(encode_jpeg(RGB, 95), 8)
     img, _ = decode_image(data, buffers=buffers, exif_orientation=True)
     assert decode_mod.buffer_of(img) is None  # a new array, and the pool buffer went back
-    assert len(buffers._free) == 1
+    assert len(buffers.taken) == 1 and len(buffers.given) == 1 and buffers.given[0] is buffers.taken[0]
 
 
 def test_broken_exif_is_ignored():

@@ -25,6 +25,7 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads, reaped
 from faults_helpers import Child, wait_until
+from fields_helpers import DictSource
 from feeder import ConfigError, Feeder, FeederError, SampleError, ops
 from feeder.errors import StageError
 from feeder.synthetic import make_detection_sample, make_image
@@ -167,19 +168,11 @@ def make_dict(index: int) -> dict:
             "box_labels": labels, "weight": np.float32(index / 10), "name": f"sample-{index}"}
 
 
-class DictSource:
-    def __len__(self) -> int:
-        return 20
-
-    def read(self, index: int) -> dict:
-        return make_dict(index)
-
-
 def test_dict_samples_same_as_the_thread_engine():
     transforms = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
-    with make(DictSource(), transforms) as f:
+    with make(DictSource(20, make_dict), transforms) as f:
         expected = collect(f)
-    with make(DictSource(), transforms, isolation="process") as f:
+    with make(DictSource(20, make_dict), transforms, isolation="process") as f:
         got = collect(f)
         again = collect(f)  # a second pass reuses the buffers: the fields announced once
     assert_same(got, expected)

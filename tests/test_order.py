@@ -15,9 +15,10 @@ import feeder._sampler as sampler_mod
 from feeder import Feeder, ops
 from feeder._order import BlockOrder, GlobalOrder, Handled, Permutation, Remaining, subkey
 from feeder._sampler import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
-                             shard_sizes, shard_stream_order)
+                             shard_layout, shard_sizes, shard_stream_order)
 
 from conftest import MemorySource, drain, labels_of
+from faults_helpers import feeder_factory
 
 B = 8
 
@@ -253,10 +254,8 @@ def lazy(monkeypatch):
     monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
 
 
-def make(source, **kw):
-    opts = dict(seed=5, shuffle=True, decode_threads=2, augment_threads=0)
-    opts.update(kw)
-    return Feeder(source, B, [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()], **opts)
+make = feeder_factory(B, lambda: [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()], seed=5,
+                      shuffle=True, decode_threads=2, augment_threads=0)
 
 
 @pytest.mark.parametrize("shuffle,extra", [(True, {}), ("shards", {"shuffle_shards": 2}),
@@ -271,8 +270,8 @@ def test_lazy_orders_through_the_feeder_exactly_once(lazy, jpeg_blobs, shuffle, 
                 batches, err = drain(f)
                 assert err is None, err
                 got = labels_of(batches)
-                assert got == pass_order(60, B, shuffle, False, False, 5, epoch, rank, 3,
-                                         f._layout)
+                layout = shard_layout(src, shuffle, f.config.shuffle_window, f.config.shuffle_shards)
+                assert got == pass_order(60, B, shuffle, False, False, 5, epoch, rank, 3, layout)
                 seen.update(got)
         assert seen == collections.Counter(range(60))
 

@@ -83,24 +83,3 @@ def test_stage_names_and_threads_come_from_the_topology(source, read, augment, e
         stages = f.stats().stages
         assert {s.name: s.threads for s in stages} == expect
         assert all(s.items == len(source) for s in stages if s.name in ("read", "decode"))
-
-
-@pytest.mark.parametrize("affinity, machine, local_ranks, expect", [
-    (16, 16, 1, 16),   # one process: every core
-    (16, 16, 8, 2),    # 8 ranks free to run anywhere: the cores are divided
-    (2, 16, 8, 2),     # ranks bound to their own cores: the mask already says it
-    (2, 2, 8, 1),      # more ranks than cores: at least one each
-])
-def test_auto_threads_share_a_nodes_cores_among_its_ranks(affinity, machine, local_ranks, expect):
-    from feeder._threads import cores_for_this_rank
-    assert cores_for_this_rank(affinity, machine, local_ranks) == expect
-
-
-def test_auto_threads_read_local_world_size(monkeypatch):
-    from feeder._threads import auto_threads, cores_for_this_rank
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    monkeypatch.setattr("feeder._threads.available_cores", lambda: 16)
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert cores_for_this_rank() == 4
-    cfg = Config.build(batch_size=4)
-    assert (cfg.decode_threads, cfg.augment_threads) == auto_threads(4)

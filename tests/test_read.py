@@ -13,7 +13,7 @@ from feeder._queue import Channel, Closed
 from feeder._read import BudgetedOutbox, ReadBudget, nbytes
 from feeder._sample import Task
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of
+from conftest import JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of
 
 T = JOIN_TIMEOUT_S
 
@@ -107,22 +107,6 @@ def test_waiting_hand_over_ends_when_closed():
         th.join(T)
         assert not th.is_alive()
     assert all(isinstance(e[0], Closed) for e in (e1, e2))
-
-
-class BlockingSource(MemorySource):
-    """read(0) waits until released: storage that hangs on one sample."""
-
-    def __init__(self, blobs):
-        super().__init__(blobs)
-        self.release = threading.Event()
-        self.entered = threading.Event()
-
-    def read(self, index):
-        if index == 0:
-            self.entered.set()
-            if not self.release.wait(T):
-                raise TimeoutError("never released")
-        return super().read(index)
 
 
 def test_decode_threads_work_while_a_read_waits(mixed_blobs):

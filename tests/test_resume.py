@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import collections
 import pickle
-import threading
 
 import numpy as np
 import pytest
@@ -13,7 +11,8 @@ import torch
 from feeder import Feeder
 from feeder.ops import RandomHorizontalFlip, RandomResizedCrop
 
-from conftest import MemorySource, drain, labels_of
+from conftest import CountingSource, MemorySource, drain, labels_of
+from faults_helpers import feeder_factory
 
 B = 8
 
@@ -22,24 +21,7 @@ def transforms():
     return [RandomResizedCrop(32), RandomHorizontalFlip()]
 
 
-class CountingSource(MemorySource):
-    """Counts read() calls per index."""
-
-    def __init__(self, blobs, labels=None):
-        super().__init__(blobs, labels)
-        self.reads: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
-
-    def read(self, index):
-        with self._lock:
-            self.reads[index] += 1
-        return super().read(index)
-
-
-def make(source, **kw):
-    opts = dict(seed=5, shuffle=True, decode_threads=2, augment_threads=0)
-    opts.update(kw)
-    return Feeder(source, B, transforms(), **opts)
+make = feeder_factory(B, transforms, seed=5, shuffle=True, decode_threads=2, augment_threads=0)
 
 
 def epochs(feeder, n):

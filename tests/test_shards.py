@@ -13,34 +13,17 @@ from collections import Counter
 import pytest
 
 from feeder import Feeder, ops
-from feeder._storage import FilePool
-from feeder._tar import ShardIndex, index_path, split_name
-from feeder.pack import pack, parse_size
+from feeder._tar import ShardIndex, index_path
 from feeder.shards import ShardFormatError, TarShards, expand_braces
 
 from conftest import JOIN_TIMEOUT_S, drain, labels_of
 
 
 @pytest.fixture(scope="module")
-def labelled(tmp_path_factory, jpeg_blobs):
-    """60 samples packed into several shards, label = sample number (exactly-once checks)."""
-    root = tmp_path_factory.mktemp("labelled")
-    lines = []
-    for i, blob in enumerate(jpeg_blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
-    assert len(res.shards) >= 4
-    return str(root / "out"), jpeg_blobs
-
-
-def test_split_name_and_index_path():
-    assert split_name("a/b/x.seg.png") == ("a/b/x", "seg.png")
-    assert split_name("dir.v2/x.JPG") == ("dir.v2/x", "jpg")
-    assert split_name("a/.hidden.jpg") is None and split_name("noext") is None
-    assert index_path("/d/train-000001.tar") == "/d/train-000001.idx"
-    assert index_path("http://h:1/d.x/s.v2-01.tar") == "http://h:1/d.x/s.v2-01.idx"
+def labelled(packed, jpeg_blobs):
+    """60 samples packed into several shards (conftest's ``packed``), and the samples:
+    label = sample number (exactly-once checks)."""
+    return packed[0], jpeg_blobs
 
 
 def test_expand_braces():
@@ -246,18 +229,6 @@ def test_concurrent_reads_share_no_position(labelled):
     assert not any(t.is_alive() for t in threads) and not errors, errors
     assert len(s.files._open) <= 2
     s.close()
-
-
-def test_file_pool_forget_and_close_while_reading(tmp_path):
-    p = tmp_path / "f"
-    p.write_bytes(b"0123456789")
-    pool = FilePool(limit=1)
-    assert pool.pread(str(p), 4, 3) == b"3456"
-    assert pool.pread(str(p), 100, 8) == b"89"
-    pool.forget(str(p))
-    pool.close()
-    assert pool.pread(str(p), 2, 0) == b"01"  # reopened on demand
-    pool.close()
 
 
 def delivered(f):

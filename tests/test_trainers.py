@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import feeder as feeder_pkg
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, wait_no_feeder_threads
-from faults_helpers import distinct_jpegs
+from conftest import (JOIN_TIMEOUT_S, CountingSource, MemorySource, drain, feeder_threads,
+                      wait_no_feeder_threads)
+from faults_helpers import distinct_jpegs, feeder_factory
 from feeder import Feeder, FeederError, ops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,24 +34,7 @@ def blobs() -> list[bytes]:
     return distinct_jpegs(24, seed=700, side=16)
 
 
-class CountingSource(MemorySource):
-    """Counts read() calls per index."""
-
-    def __init__(self, blobs):
-        super().__init__(blobs)
-        self.reads: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
-
-    def read(self, index):
-        with self._lock:
-            self.reads[index] += 1
-        return super().read(index)
-
-
-def make(source, **kw) -> Feeder:
-    opts = dict(seed=9, shuffle=True, decode_threads=2, transforms=[ops.RandomResizedCrop(16)])
-    opts.update(kw)
-    return Feeder(source, B, opts.pop("transforms"), **opts)
+make = feeder_factory(B, lambda: [ops.RandomResizedCrop(16)], seed=9, shuffle=True, decode_threads=2)
 
 
 def orders(f: Feeder, epochs) -> list[list[int]]:

@@ -6,13 +6,14 @@ for fixed sizes."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from conftest import collected
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder._batch import batch_extent
 from feeder._decode import decode_image
@@ -22,26 +23,12 @@ from fields_helpers import png, rgb_png
 ENGINES = ["thread", "process"]
 
 
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
-    """The batches of one pass (up to ``limit``), in a thread bounded by ``timeout``."""
-    out, err = [], []
+def _clone(batch: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
-    def run():
-        try:
-            for batch in feeder:
-                out.append({k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                            for k, v in batch.items()})
-                if limit is not None and len(out) == limit:
-                    break
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    if err:
-        raise err[0]
-    return out
+
+# The batches of one pass (up to ``limit``), copied, in a thread bounded by a timeout.
+collect = functools.partial(collected, keep=_clone)
 
 
 def _image(h: int, w: int, seed: int) -> np.ndarray:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import MemorySource, drain
-from feeder import Feeder, ops
+from faults_helpers import feeder_factory
+from feeder import ops
 from feeder._rng import batch_generator
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -23,8 +24,7 @@ def labelled(jpeg_blobs):
     return MemorySource(list(jpeg_blobs) * 2, labels=[i % NUM_CLASSES for i in range(120)])
 
 
-def make(source, **kw):
-    return Feeder(source, 16, AUG, seed=11, dtype=torch.float32, **kw)
+make = feeder_factory(16, AUG, seed=11, dtype=torch.float32)
 
 
 def test_transform_runs_on_side_stream_before_the_event(labelled):

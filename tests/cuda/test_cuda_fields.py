@@ -7,13 +7,13 @@ Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cu
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, encode_jpeg
+from conftest import collect as collect_batches
 from feeder import Feeder, ops
 from feeder import _transfer
 from feeder.synthetic import make_image
@@ -47,23 +47,13 @@ def source(n: int = 48, wide_every: int = 0) -> DictSource:
 def collect(feeder, slow_consumer: bool = False):
     """Every batch, its tensors copied to the CPU by the consumer (after a long kernel
     on its stream when ``slow_consumer``: reading too early would see stale memory)."""
-    out, err = [], []
-
-    def run():
-        try:
-            for batch in feeder:
-                if slow_consumer:
-                    torch.cuda._sleep(SPIN)
-                out.append({k: (v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else
-                                [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
-                            for k, v in batch.items()})
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(JOIN_TIMEOUT_S * 2)
-    assert not t.is_alive(), "the pass did not finish (hang)"
-    return out, (err[0] if err else None)
+    def keep(batch):
+        if slow_consumer:
+            torch.cuda._sleep(SPIN)
+        return {k: (v.to("cpu", copy=True) if isinstance(v, torch.Tensor) else
+                    [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
+                for k, v in batch.items()}
+    return collect_batches(feeder, timeout=JOIN_TIMEOUT_S * 2, keep=keep)
 
 
 def same(a, b) -> None:

@@ -1,0 +1,154 @@
+"""feeder._config: every option checked once, the options that depend on each
+other, "auto" resolved, and the figures derived from a Config."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from feeder import ConfigError, Feeder
+from feeder._config import (DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
+                            resolve_device, signature_parameters)
+from feeder._threads import auto_read_threads, auto_threads, cores_for_this_rank
+
+
+def test_the_options_are_feeders_keyword_parameters_with_their_defaults():
+    params = signature_parameters()
+    assert [p.name for p in params] == list(DEFAULTS)
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default == DEFAULTS[p.name] for p in params)
+    shown = inspect.signature(Feeder.__init__).parameters
+    assert all(shown[name].default == default for name, default in DEFAULTS.items())
+
+
+def test_an_unknown_option_is_a_type_error_listing_the_options():
+    with pytest.raises(TypeError) as info:
+        Config.build(batch_size=4, decode_thread=2, shufle=True)
+    text = str(info.value)
+    assert "unexpected keyword argument(s): decode_thread, shufle" in text
+    assert "decode_threads" in text and "start_method" in text
+
+
+def test_every_default_passes_its_own_check():
+    # As Feeder's documented defaults, passed explicitly, they are no mistake.
+    cfg = Config.build(batch_size=4, **DEFAULTS)
+    assert cfg == Config.build(batch_size=4)
+
+
+def test_auto_threads_follow_the_cores_and_where_reads_wait():
+    decode, augment = auto_threads(cores_for_this_rank())
+    blocking = Config.build(batch_size=4)
+    local = Config.build(False, batch_size=4)
+    assert (blocking.decode_threads, blocking.augment_threads) == (decode, augment)
+    assert blocking.read_threads == auto_read_threads(decode)
+    assert local.read_threads == 0  # fast local reads run in the decode threads
+    assert Config.build(False, batch_size=4, read_threads=3).read_threads == 3
+
+
+def test_queues_and_buffers_derive_from_the_thread_counts():
+    cfg = Config.build(batch_size=8, decode_threads=3, augment_threads=2, read_threads=5, queue_size=4)
+    assert (cfg.read_queue, cfg.decode_queue, cfg.augment_queue) == (5, 12, 8)
+    in_flight = 5 + 5 + 12 + 8 + 3 + 2  # queued and in hand, every stage
+    assert cfg.num_buffers == 4 + (1 + -(-in_flight // 8)) + 2
+
+
+def test_dtype_and_normalize_resolve_together():
+    assert Config.build(batch_size=1).dtype is None
+    assert Config.build(batch_size=1, dtype=torch.uint8).dtype is None  # uint8 is the default
+    assert Config.build(batch_size=1, normalize=((0.5,) * 3, (0.2,) * 3)).dtype == torch.float32
+    assert Config.build(batch_size=1, dtype=torch.float16, normalize=([0, 0, 0], [1, 1, 1])).normalize == \
+        ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="normalize needs a floating dtype, got torch.uint8"):
+        Config.build(batch_size=1, dtype=torch.uint8, normalize=((0.5,) * 3, (0.2,) * 3))
+    with pytest.raises(ValueError, match=r"normalize must be \(mean, std\) with 3 values each"):
+        Config.build(batch_size=1, normalize=((0.5,) * 2, (0.2,) * 2))
+
+
+def test_a_batch_transform_needing_floats_needs_a_floating_dtype():
+    class Blend:
+        needs_float = True
+
+        def __call__(self, images, labels, generator):
+            return images, labels
+
+    with pytest.raises(ValueError, match="needs floating images, but the feeder outputs uint8"):
+        Config.build(batch_size=2, batch_transforms=[Blend()])
+    assert Config.build(batch_size=2, batch_transforms=[Blend()], dtype=torch.float32).batch_transforms
+    with pytest.raises(ValueError, match=r"batch_transforms\[1\] must be callable"):
+        Config.build(batch_size=2, batch_transforms=[Blend(), 3])
+    with pytest.raises(ValueError, match="batch_transforms must be a list of callables"):
+        Config.build(batch_size=2, batch_transforms="mixup")
+
+
+@pytest.mark.parametrize("options, error, words", [
+    ({"rank": 0}, ValueError, "give both rank and world_size, or neither"),
+    ({"rank": 2, "world_size": 2}, ValueError, "need 0 <= rank < world_size, got rank=2, world_size=2"),
+    ({"rank": -1, "world_size": 2}, ValueError, "need 0 <= rank < world_size, got rank=-1"),
+    ({"world_size": 0, "rank": 0}, ValueError, "got world_size=0"),
+    ({"shuffle_shards": 4}, ValueError, "shuffle_shards=4 is the window of the block shuffle"),
+    ({"shuffle_window": 100, "shuffle": True}, ValueError, "shuffle_window=100 is the sample window"),
+    ({"shuffle_window": 100, "shuffle": "shards", "shuffle_shards": 2}, ValueError,
+     "leave shuffle_window out"),
+    ({"start_method": "spawn"}, ConfigError, "start_method='spawn' applies to the worker process"),
+    ({"size_divisibility": 32}, ConfigError, "size_divisibility=32 applies to variable-size batches"),
+    ({"mask_fill": 0}, ConfigError, "mask_fill=0 applies to variable-size batches"),
+    ({"image_size": (8, 8), "max_image_size": (16, 16)}, ConfigError,
+     "give image_size (every image that size) or max_image_size"),
+    ({"batch_size": 0}, ValueError, "batch_size must be a positive int, got 0"),
+    ({"batch_size": True}, ValueError, "batch_size must be a positive int, got True"),
+    ({"timeout": 0}, ValueError, "timeout must be None or a positive number of seconds"),
+    ({"timeout": float("inf")}, ValueError, "timeout must be None or a positive number"),
+    ({"on_error": "ignore"}, ValueError, "on_error must be one of ('raise', 'skip')"),
+    ({"isolation": "processes"}, ValueError, "isolation must be one of ('thread', 'process')"),
+    ({"max_skipped": -1}, ValueError, "max_skipped must be None or an int >= 0"),
+    ({"mask_fill": 256, "max_image_size": (8, 8)}, ValueError, "mask_fill must be an int in [0, 255]"),
+    ({"group_by_aspect_ratio": 65}, ValueError, "group_by_aspect_ratio must be True, False or a group"),
+    ({"image_size": (8, 0)}, ValueError, "image_size must be (height, width), two positive ints"),
+])
+def test_a_mistake_in_the_options_names_them(options, error, words):
+    options = {"batch_size": 4, **options}
+    with pytest.raises(error) as info:
+        Config.build(**options)
+    assert words in str(info.value)
+
+
+def test_options_that_go_together_are_accepted():
+    cfg = Config.build(batch_size=4, rank=1, world_size=2, shuffle="shards", shuffle_window=100,
+                       max_image_size=(64, 48), size_divisibility=32, mask_fill=0,
+                       isolation="process", start_method="spawn", timeout=5)
+    assert (cfg.rank, cfg.world_size, cfg.shuffle_window, cfg.timeout) == (1, 2, 100, 5.0)
+    assert (cfg.max_image_size, cfg.size_divisibility, cfg.mask_fill) == ((64, 48), 32, 0)
+
+
+@pytest.mark.parametrize("value, factor", [(False, None), (None, None), (True, DEFAULT_GROUP_FACTOR),
+                                           (0, 0), (5, 5)])
+def test_group_by_aspect_ratio_values(value, factor):
+    assert Config.build(batch_size=2, group_by_aspect_ratio=value).group_by_aspect_ratio == factor
+
+
+def test_devices():
+    assert parse_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    for bad in ("tpu", "meta", "cuda:x", 3.5):
+        with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+            parse_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            parse_device("cuda")
+
+
+def test_reads_may_block_is_the_sources_hint_else_true():
+    class Hint:
+        def __init__(self, value):
+            self.reads_may_block = value
+
+    class Failing:
+        @property
+        def reads_may_block(self):
+            raise OSError("cannot tell")
+
+    assert reads_may_block(Hint(False)) is False and reads_may_block(Hint(True)) is True
+    assert reads_may_block(object()) is True
+    assert reads_may_block(Hint("no")) is True  # not a bool: not trusted
+    assert reads_may_block(Failing()) is True
