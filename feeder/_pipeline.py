@@ -154,7 +154,8 @@ class PassBase:
 
     A subclass sets ``output`` (the channel ``next()`` reads), ``channels``
     (every channel of the pass, ``output`` last) and ``stages``, and defines
-    :meth:`stop`, :meth:`start`, :meth:`in_flight` and :meth:`thread_exited`.
+    :meth:`start`, :meth:`stop`, :meth:`in_flight`, and the rest of the stages'
+    :class:`~feeder._stage.Control`: ``thread_exited`` and ``sample_failed``.
     """
 
     output: Channel
