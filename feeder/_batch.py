@@ -1,5 +1,5 @@
 """Batch buffers: a fixed pool of preallocated (pinned on CUDA) arrays, and the
-collator that turns filled buffers into deliverable batches.
+batches being filled in them (``_collate`` turns them into deliverable batches).
 
 Memory: the pool holds at most ``Config.num_buffers`` buffers of
 ``batch_size * H * W * 3`` bytes each (plus 8 bytes a label). Decoded samples are
@@ -98,6 +98,45 @@ class BatchBuffer:
                 planes = self.planes
         return planes
 
+    # -- a buffer seen from two processes (the isolated engine) -----------------
+    def shared_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every fixed-shape array of a shared buffer, by the key :meth:`attach` takes."""
+        yield "images", self.images_t
+        yield "labels", self.labels_t
+        for name, (tensor, _) in list(self.arrays.items()):
+            yield f"array:{name}", tensor
+        planes = self.planes
+        if planes is not None:
+            yield "low", planes.low_t
+            if planes.high_t is not None:
+                yield "high", planes.high_t
+
+    @classmethod
+    def mirror(cls, serial: int) -> "BatchBuffer":
+        """The training process's view of the worker's buffer ``serial``: no memory of
+        its own; each shared array is :meth:`attach`-ed as it first arrives."""
+        buf = cls.__new__(cls)
+        buf.serial = serial
+        buf.pin = False
+        buf.shared = True
+        buf.arrays = {}
+        buf.lists = {}
+        buf.planes = None
+        return buf
+
+    def attach(self, key: str, tensor: torch.Tensor) -> None:
+        """Take the shared array ``key`` (see :meth:`shared_tensors`) as this view's."""
+        if key == "images":
+            self.images_t, self.images = tensor, tensor.numpy()
+        elif key == "labels":
+            self.labels_t, self.labels = tensor, tensor.numpy()
+        elif key.startswith("array:"):
+            self.arrays[key[6:]] = (tensor, tensor.numpy())
+        else:
+            if self.planes is None:
+                self.planes = MaskPlanes.mirror(tensor.shape[0])
+            self.planes.attach(key, tensor)
+
     def write(self, slot: int, record: list[tuple[str, str, object]]) -> None:
         """Store one sample's fields (as ``_work`` computed them) in ``slot``."""
         for name, kind, value in record:
@@ -158,6 +197,23 @@ class MaskPlanes:
         self.high: np.ndarray | None = None
         self.wide = np.zeros(batch_size, np.bool_)  # slot holds a 16-bit mask
         self._pin = pin
+
+    @classmethod
+    def mirror(cls, batch_size: int) -> "MaskPlanes":
+        """A view of shared planes, attached as they arrive (see :meth:`BatchBuffer.mirror`)."""
+        planes = cls.__new__(cls)
+        planes.high_t = planes.high = None
+        planes._pin = False
+        planes._shared = True
+        planes.wide = np.zeros(batch_size, np.bool_)
+        return planes
+
+    def attach(self, key: str, tensor: torch.Tensor) -> None:
+        """Take the shared plane ``key`` (``"low"`` or ``"high"``) as this view's."""
+        if key == "low":
+            self.low_t, self.low = tensor, tensor.numpy()
+        else:
+            self.high_t, self.high = tensor, tensor.numpy()
 
     def _high(self) -> np.ndarray:
         if self.high is None:
@@ -517,13 +573,7 @@ class Batch:
                 self._stash.append((slot, image, label, index, record))
                 return
             buf = self.buffer
-        _put_image(buf, slot, image)
-        if record is None:
-            buf.labels[slot] = label
-        else:
-            buf.write(slot, record)
-        buf.indices[slot] = index
-        give(_scratch_of(image))
+        _place(buf, slot, image, label, index, record, give)
 
     def bind(self, buffer: BatchBuffer, give: Callable[[np.ndarray], None]) -> bool:
         """Give the batch its buffer and copy in the samples that waited for it;
@@ -532,13 +582,7 @@ class Batch:
             self.buffer = buffer
             stash, self._stash = self._stash, []
             for slot, image, label, index, record in stash:
-                _put_image(buffer, slot, image)
-                if record is None:
-                    buffer.labels[slot] = label
-                else:
-                    buffer.write(slot, record)
-                buffer.indices[slot] = index
-                give(_scratch_of(image))
+                _place(buffer, slot, image, label, index, record, give)
             return next(self._done) == self._steps
 
     def fail(self, slot: int, error: BaseException) -> None:
@@ -563,24 +607,29 @@ class Batch:
             if slot in holes:
                 continue
             if slot != n:
-                _move_slots(buf, slot, buf, n, 1)
+                move_slots(buf, slot, buf, n, 1)
             n += 1
         return n
 
 
-def _put_image(buf: BatchBuffer, slot: int, image: np.ndarray) -> None:
-    """Copy a sample's image from a scratch array into ``slot``: the whole slot, or,
-    for a variable-size image (a top-left view of its scratch array), only it."""
+def _place(buf: BatchBuffer, slot: int, image: np.ndarray, label: int, index: int,
+           record: list | None, give: Callable[[np.ndarray], None]) -> None:
+    """Copy a sample computed into a scratch array into ``slot`` of ``buf`` (see
+    :meth:`Batch.store`) and give the scratch array back."""
+    # The whole slot, or, for a variable-size image (a top-left view of its
+    # scratch array), only the image.
     h, w = image.shape[:2]
     buf.images[slot, :h, :w] = image
-
-
-def _scratch_of(image: np.ndarray) -> np.ndarray:
+    if record is None:
+        buf.labels[slot] = label
+    else:
+        buf.write(slot, record)
+    buf.indices[slot] = index
     # A variable-size image is a view of its scratch array: give back the array.
-    return image if image.base is None else image.base
+    give(image if image.base is None else image.base)
 
 
-def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:
+def move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) -> None:
     """Copy ``n`` samples (image, label, source index, every other field) from
     ``src[start:]`` to ``dst[to:]`` (the ranges may overlap within one buffer)."""
     dst.images[to:to + n] = src.images[start:start + n]
@@ -594,156 +643,5 @@ def _move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int)
         _move_masks(src.planes, start, dst.masks(), to, n)
 
 
-Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
-
 #: The field of variable-size batches holding each image's valid (height, width).
 SIZE = "size"
-
-
-def batch_extent(sizes: np.ndarray, divisibility: int) -> tuple[int, int]:
-    """The (height, width) a variable-size batch is padded to: its largest image's
-    sides, each rounded up to a multiple of ``divisibility``."""
-    h, w = (int(v) for v in sizes.max(axis=0))
-    d = divisibility
-    return -(-h // d) * d, -(-w // d) * d
-
-
-class Padding:
-    """Pads variable-size batches (``Feeder(max_image_size=...)``).
-
-    Every image sits at the top left of its slot with its (height, width) in the
-    buffer's ``"size"`` array. Before a batch is delivered, the pixels of the
-    batch's extent (:func:`batch_extent`) outside each image are set to 0, and
-    those outside each mask to ``mask_fill``: the slots hold whatever an earlier
-    batch of the buffer left there. Only the padding is written, nothing else:
-    the cost is that of the padding itself.
-    """
-
-    def __init__(self, divisibility: int, mask_fill: int) -> None:
-        self.divisibility = divisibility
-        self.mask_fill = mask_fill
-
-    def __call__(self, buf: BatchBuffer, n: int) -> None:
-        sizes = buf.arrays[SIZE][1][:n]
-        Hb, Wb = batch_extent(sizes, self.divisibility)
-        planes = buf.planes
-        fill = self.mask_fill
-        for slot in range(n):
-            h, w = (int(v) for v in sizes[slot])
-            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, fill),
-                                 (None if planes is None else planes.high, 0)):
-                if plane is None:
-                    continue
-                plane[slot, h:Hb, :Wb] = value
-                plane[slot, :h, w:Wb] = value
-
-
-class Collator:
-    """Turns completed batches into full output batches, in order when asked.
-
-    Full batches pass straight through (no copy). A batch with skipped samples
-    (or the short last batch) is held as the *open* batch and topped up from
-    the next such batch, so output batches keep ``batch_size`` and every
-    surviving sample is delivered exactly once. With ``ordered`` the input is
-    re-sequenced by batch index first, which makes the result independent of
-    thread timing.
-    """
-
-    def __init__(self, batch_size: int, ordered: bool, drop_last: bool,
-                 release: Callable[[BatchBuffer], None],
-                 park: Callable[[BatchBuffer, bool], None] = lambda buf, parked: None,
-                 pad: Callable[[BatchBuffer, int], None] | None = None) -> None:
-        self.batch_size = batch_size
-        # Run on each output batch as it leaves (variable sizes: Padding); in the
-        # isolated engine that is the worker process, off the training process.
-        self._pad = pad
-        self.ordered = ordered
-        self.drop_last = drop_last
-        self._release = release
-        self._park = park
-        self._pending: dict[int, Batch] = {}
-        self._next = 0
-        self._open: Batch | None = None
-        self._fill = 0
-
-    def add(self, batch: Batch) -> Iterator[Output]:
-        """Feed a completed batch; yield what can be delivered now.
-
-        Raises:
-            BaseException: the batch's recorded error, when it is next in line.
-        """
-        if self._pad is None:
-            yield from self._add(batch)
-            return
-        for buf, n in self._add(batch):
-            self._padded(buf, n)
-            yield buf, n
-
-    def _padded(self, buf: BatchBuffer, n: int) -> None:
-        try:
-            self._pad(buf, n)
-        except BaseException:
-            self._release(buf)
-            raise
-
-    def _add(self, batch: Batch) -> Iterator[Output]:
-        if not self.ordered:
-            yield from self._take(batch)
-            return
-        self._pending[batch.index] = batch
-        while self._next in self._pending:
-            yield from self._take(self._pending.pop(self._next))
-            self._next += 1
-
-    def finish(self) -> Iterator[Output]:
-        """End of pass: deliver (or drop, with ``drop_last``) the open partial batch."""
-        for buf, n in self._finish():
-            if self._pad is not None:
-                self._padded(buf, n)
-            yield buf, n
-
-    def _finish(self) -> Iterator[Output]:
-        if self._pending:
-            raise RuntimeError(f"batches {sorted(self._pending)} completed but never sequenced")
-        if self._open is not None:
-            batch, fill = self._open, self._fill
-            self._open = None
-            self._park(batch.buffer, False)
-            if self.drop_last or fill == 0:
-                self._release(batch.buffer)
-            else:
-                yield batch.buffer, fill
-
-    def _take(self, batch: Batch) -> Iterator[Output]:
-        if batch.error is not None:
-            self._release(batch.buffer)
-            raise batch.error
-        good = batch.compact()
-        B = self.batch_size
-        if good == B:
-            yield batch.buffer, B
-            return
-        if good == 0:
-            self._release(batch.buffer)
-            return
-        if self._open is None:
-            self._open, self._fill = batch, good
-            self._park(batch.buffer, True)
-            return
-        # Top the open batch up from this one; what is left becomes the open batch.
-        dst, src = self._open.buffer, batch.buffer
-        k = min(B - self._fill, good)
-        _move_slots(src, 0, dst, self._fill, k)
-        self._fill += k
-        rest = good - k
-        if self._fill == B:
-            self._park(dst, False)
-            self._open = None
-            yield dst, B
-        if rest:
-            _move_slots(src, k, src, 0, rest)
-            # The open batch was just delivered (it was full), so this one takes its place.
-            self._open, self._fill = batch, rest
-            self._park(batch.buffer, True)
-        else:
-            self._release(src)

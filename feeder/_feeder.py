@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import functools
 import inspect
 import logging
-import os
 import sys
-import threading
-import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,196 +13,20 @@ import torch
 
 from . import _reaper
 from ._augment import Chain
-from ._batch import BufferPool, Scratch
 from ._dataset import FeederDataset
 from ._config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from ._decode import note_jpeg_decoder
-from ._pipeline import Pass, settings, stage_threads
+from ._engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
+from ._pipeline import Pass
 from ._ranks import EpochSampler, Ranks
 from ._resume import Cursor, Progress
+from ._stats import Stats
 from ._sampler import check_epoch, num_batches, shard_layout, shard_size, shard_sizes
-from ._stats import Stats, StatsBook
-from ._threads import LibraryThreads
-from ._transfer import SideStream
-from ._work import SampleWork
 from .errors import FeederError
 from .sources import Source
 
 log = logging.getLogger(__name__)
-
-# close() waits at most this long for threads (a transform stuck in user code
-# cannot be interrupted; its thread is a daemon and exits when the call returns).
-_CLOSE_TIMEOUT_S = 1.0
-# Interpreter exit waits at most this long for all feeders' threads together.
-_EXIT_TIMEOUT_S = 0.5
-_live_engines: "weakref.WeakSet[_Engine]" = weakref.WeakSet()
-
-
-def _close_all_at_exit() -> None:
-    # Stop every feeder first, then wait once for all of them: exit time must
-    # not grow with the number of feeders that have a thread stuck in a read.
-    engines = list(_live_engines)
-    passes = [run for engine in engines for run in engine.stop()]
-    deadline = time.monotonic() + _EXIT_TIMEOUT_S
-    for run in passes:
-        if not run.join(max(0.0, deadline - time.monotonic())):
-            break
-    for engine in engines:
-        engine.free()
-
-
-atexit.register(_close_all_at_exit)
-
-
-def _after_fork_in_child() -> None:
-    LibraryThreads.after_fork()
-    for engine in list(_live_engines):
-        engine.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Engine:
-    """Everything that runs. Held by the Feeder; its threads never refer to the Feeder,
-    so an unclosed Feeder can be garbage-collected and its finalizer stop them."""
-
-    def __init__(self, config: Config, source: Any, chain: Chain) -> None:
-        self.config = config
-        self.source = source
-        self.chain = chain
-        h, w = chain.image_size
-        self.settings = settings(config)
-        self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
-                               pin=config.device.type == "cuda")
-        self.work = SampleWork(chain, config.max_pixels, config.exif_orientation)
-        self.scratch = Scratch(h, w)
-        self.book = StatsBook(stage_threads(self.settings))
-        self.lock = threading.Lock()
-        self.current: Pass | None = None
-        self.passes: list[Pass] = []  # passes whose threads may still be alive
-        self.closed = False
-        self._limits_held = False
-        # The last stage of every pass: None for the transfer stage; the isolated
-        # engine's worker process ships batches to the training process instead.
-        self.sink: Any = None
-        # CUDA: the side stream(s), made once, and the device resolved per pass.
-        self.side = SideStream(config.device) if config.device.type == "cuda" else None
-        _reaper.ensure_running()
-        _live_engines.add(self)
-
-    def start_pass(self, seed: int, epoch: int, rank: int, world_size: int,
-                   done: Any = None) -> Pass:
-        _reaper.ensure_running()  # after a fork, the child's first pass restarts it
-        with self.lock:
-            if self.closed:
-                raise FeederError("the feeder is closed")
-            if self.current is not None:
-                # Abandon the previous pass: no stale batch survives, and its
-                # iterator tells the loop that this pass replaced it.
-                self.current.replace()
-                self.current.fold_output()
-            self.passes = [p for p in self.passes if not p.finished.is_set()]
-            if not self._limits_held:
-                LibraryThreads.acquire()
-                self._limits_held = True
-            self.book.start()
-            self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
-            cfg = self.settings
-            if self.side is not None:
-                # "cuda" is this thread's current device now, not when the feeder was
-                # built (test_cuda_device_resolved_when_the_pass_starts).
-                device = self.side.begin_pass()
-                self.pool.pin_with(device)
-                cfg = dataclasses.replace(cfg, device=device)
-            run = Pass(cfg, self.source, self.work, self.pool, self.book, self.scratch,
-                       seed, epoch, rank, world_size, done, self.sink, self.side)
-            self.current = run
-            self.passes.append(run)
-            run.start()
-            return run
-
-    def stats(self) -> Stats:
-        return self.book.snapshot(self.pool.allocated)
-
-    def stop(self) -> list[Pass]:
-        """Mark the engine closed and stop every pass without waiting; return them."""
-        # A bounded wait for the lock: close() must return even if another
-        # thread is stuck while holding it; stopping a pass is idempotent.
-        locked = self.lock.acquire(timeout=_CLOSE_TIMEOUT_S)
-        try:
-            first = not self.closed
-            self.closed = True
-            passes = list(self.passes)
-            for run in passes:
-                run.stop()
-            if self.current is not None:
-                self.current.fold_output()
-        finally:
-            if locked:
-                self.lock.release()
-        if first:
-            log.debug("feeder closed")
-        return passes
-
-    def free(self) -> None:
-        """Give back what a closed engine holds: buffer memory and the library thread limits."""
-        self.pool.close()
-        self.work.buffers.close()
-        self.scratch.close()
-        side = self.side
-        if side is not None and side.device is not None:
-            # Copies still queued keep their pinned blocks in torch's host cache (it
-            # holds a block until its copy's event): wait for them first, asleep, so
-            # that the cache can give every block back. No new copy starts after.
-            # gpu-check: "teardown while the side stream is busy", "exit mid-epoch".
-            drained = side.close()
-            # Freed pinned buffers go to torch's caching host allocator, which keeps
-            # them for reuse; give the unused ones back to the system (torch >= 2.9),
-            # with the pass's device current: this may be the reaper or the exit
-            # thread, whose current device (GPU 0) may have no context.
-            memory = getattr(getattr(torch, "accelerator", None), "memory", None)
-            empty = getattr(memory, "empty_host_cache", None)
-            if empty is not None and drained:
-                with side.current():
-                    empty()
-        # Bounded, as in stop(): exit must not hang on a thread stuck holding it.
-        locked = self.lock.acquire(timeout=_CLOSE_TIMEOUT_S)
-        try:
-            if self._limits_held:
-                LibraryThreads.release()
-                self._limits_held = False
-        finally:
-            if locked:
-                self.lock.release()
-
-    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
-        """Stop every pass, wait up to ``timeout`` seconds for their threads, free the buffers."""
-        passes = self.stop()
-        deadline = time.monotonic() + timeout
-        me = threading.current_thread()
-        for run in passes:
-            if me in run.threads():
-                continue  # close() from a transform: that thread exits when it returns
-            if not run.join(max(0.0, deadline - time.monotonic())):
-                stuck = [t.name for t in run.threads() if t.is_alive()]
-                log.warning("feeder closed with threads still busy in user code: %s "
-                            "(daemon threads; they exit when that call returns)", ", ".join(stuck))
-        self.free()
-
-    def after_fork(self) -> None:
-        """In a forked child: none of the parent's feeder threads exist here, and any
-        lock one of them held at the fork stays held. Start over with fresh locks;
-        the inherited passes are orphaned (their iterators raise, close() returns at once)."""
-        self.lock = threading.Lock()
-        self.pool.after_fork()
-        self.book.after_fork()
-        for run in self.passes:
-            run.orphan()
-        self.passes = []
-        self._limits_held = False
 
 
 class Feeder:
@@ -389,14 +207,12 @@ class Feeder:
         self.last_batch: BatchInfo | None = None
         self._cursor = Cursor(cfg, source, self.chain, self._layout, self._ranks)
         note_jpeg_decoder()  # once per process: which JPEG decoder runs, and how to get the fast one
+        self._engine: Engine
         if cfg.isolation == "process":
-            from ._isolation import ProcessEngine
-            engine: Any = ProcessEngine(cfg, source, self.chain, list(transforms), _Engine)
-            _reaper.ensure_running()
-            _live_engines.add(engine)
+            from .isolation.engine import ProcessEngine
+            self._engine = ProcessEngine(cfg, source, list(transforms))
         else:
-            engine = _Engine(cfg, source, self.chain)
-        self._engine = engine
+            self._engine = ThreadEngine(cfg, source, self.chain)
         self.sampler = EpochSampler(self)
         self._dataset: FeederDataset | None = None  # made on first use
         # Stops the engine when an unclosed feeder is collected (see _reaper).
@@ -604,7 +420,7 @@ class Feeder:
     def start_method(self) -> str | None:
         """How the worker process was started with ``isolation="process"``:
         ``"fork"``, ``"spawn"`` or ``"forkserver"`` (``"auto"`` resolved; the
-        reason is logged at INFO by ``feeder._isolation``); None with threads."""
+        reason is logged at INFO by ``feeder.isolation``); None with threads."""
         return getattr(self._engine, "start_method", None)
 
     def __enter__(self) -> "Feeder":
@@ -622,13 +438,6 @@ class Feeder:
         return (f"Feeder({self.source!r}, batch_size={c.batch_size}, image_size={self.image_size}, "
                 f"decode_threads={c.decode_threads}, augment_threads={c.augment_threads}, "
                 f"device={str(c.device)!r})")
-
-
-def _close_when_collected(engine: "_Engine") -> None:
-    """An unclosed Feeder was garbage-collected: stop its threads and free its memory
-    (run by the reaper thread, which does not wait for the threads to exit)."""
-    engine.stop()
-    engine.free()
 
 
 Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

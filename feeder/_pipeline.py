@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._batch import BufferPool, Collator, Padding, Scratch
+from ._batch import BufferPool, Scratch
+from ._collate import Collator, Padding
 from ._config import Config
 from ._group import group_sequence
 from ._queue import END, Channel
@@ -45,7 +46,7 @@ from ._order import Hinting, Order, Remaining
 from ._sampler import Sampler, pass_sequence, shard_layout
 from ._stage import Counters, MapStage, Stage, Step, timed_put
 from ._stats import StatsBook
-from ._transfer import BatchTransforms, Converter, Transfer
+from ._transfer import Transfer
 from ._tune import Gate, TunedThreads, Tuning
 from ._work import SampleWork, steps
 from .errors import ConfigError, FeederError, SampleError
@@ -109,12 +110,54 @@ def stage_threads(cfg: Config) -> dict[str, int]:
     return names
 
 
-class PassEnding:
-    """How a pass ends when the feeder moves on without it: a newer pass replaces
-    it, or the process forks. Shared by :class:`Pass` and the isolated engine's
-    ``RemotePass``, which keep ``_lock``, ``output``, ``output_ended``,
-    ``replaced``, ``orphaned``, ``_stopped``, ``channels``, ``finished`` and
-    ``stop()``."""
+class PassBase:
+    """The state and lifecycle both engines' passes share: :class:`Pass` (every
+    stage, in this process) and the isolated engine's ``IsolatedPass`` (the
+    training process's half: the transfer stage). The iterator and the engine
+    use only what is declared here.
+
+    A subclass sets ``output`` (the channel ``next()`` reads), ``channels``
+    (every channel of the pass, ``output`` last) and ``stages``, and defines
+    :meth:`start`, :meth:`stop`, :meth:`in_flight`, and the rest of the stages'
+    :class:`~feeder._stage.Control`: ``thread_exited`` and ``sample_failed``.
+    """
+
+    output: Channel
+    channels: tuple[Channel, ...]
+    stages: tuple[Stage, ...]
+
+    def __init__(self, cfg: Config, pool: Any, book: StatsBook, epoch: int) -> None:
+        self.cfg = cfg
+        self.pool = pool
+        self.book = book
+        self.epoch = epoch
+        self.error: BaseException | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.finished = threading.Event()  # set when the last thread has exited
+        # Set when a newer pass of the same feeder stopped this one before the
+        # loop had everything: the iterator then says so instead of ending quietly.
+        self.replaced = False
+        # Set once the training loop has taken the end of the pass (see _PassIterator).
+        self.output_ended = False
+        # Set in a forked child: this pass's threads do not exist there.
+        self.orphaned = False
+        # Source indices skipped under on_error="skip" (a resumed pass does not retry them).
+        self.skipped_indices: list[int] = []
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def in_flight(self, older_than: float = 0.0) -> list[tuple[str, int, str, float]]:
+        """Samples a thread of this pass has worked on for more than ``older_than``
+        seconds: (step, index, path, seconds), oldest first."""
+        raise NotImplementedError
+
+    def stopped(self) -> bool:
+        return self._stopped
 
     def replace(self) -> None:
         """A newer pass of the same feeder starts: stop this one, and remember whether
@@ -143,8 +186,29 @@ class PassEnding:
         self.finished = threading.Event()
         self.finished.set()
 
+    def join(self, timeout: float) -> bool:
+        return self.finished.wait(timeout)
 
-class Pass(PassEnding):
+    def threads(self) -> list[threading.Thread]:
+        return [t for s in self.stages for t in s.threads]
+
+    def fold_output(self) -> None:
+        """Add the output channel's counters to the feeder's totals (once)."""
+        self.book.fold_channel(self.output)
+
+    # -- Control: what the stages call --------------------------------------
+    def fail(self, error: BaseException) -> None:
+        """A stage broke outside any sample: remember the first error and stop."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
+        self.stop()
+
+    def thread_started(self, stage: str, c: Counters) -> None:
+        self.book.attach_thread(stage, c)
+
+
+class Pass(PassBase):
     """The threads, channels and buffers of one pass over one epoch.
 
     It is the stages' :class:`~feeder._stage.Control`: the stages call it to fail,
@@ -153,26 +217,13 @@ class Pass(PassEnding):
 
     def __init__(self, cfg: Config, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
-                 world_size: int, done: Any = None, sink: Any = None, side: Any = None) -> None:
-        self.cfg = cfg
+                 world_size: int, done: Any = None, tail: Any = None, side: Any = None) -> None:
+        """``tail``: builds the pass's last stage from ``(control, collator, pool,
+        inbox, outbox)``; None: the transfer stage (the isolated engine's worker
+        process ships finished buffers to the training process instead)."""
+        super().__init__(cfg, pool, book, epoch)
         self.source, self.work = source, work  # what failed samples are named and recycled with
-        self.pool = pool
-        self.book = book
-        self.epoch = epoch
-        self.error: BaseException | None = None
-        self._stopped = False
-        self._lock = threading.Lock()
         self._live_threads = 0
-        self.finished = threading.Event()  # set when the last thread has exited
-        # Set when a newer pass of the same feeder stopped this one before the
-        # loop had everything: the iterator then says so instead of ending quietly.
-        self.replaced = False
-        # Set once the training loop has taken the end of the pass (see _PassIterator).
-        self.output_ended = False
-        # Set in a forked child: this pass's threads do not exist there.
-        self.orphaned = False
-        # Source indices skipped under on_error="skip" (a resumed pass does not retry them).
-        self.skipped_indices: list[int] = []
 
         read, decode, augment = steps(source, work, scratch, seed, epoch)
         specs = topology(cfg, read, decode, augment)
@@ -224,15 +275,9 @@ class Pass(PassEnding):
             Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
                     unbuffered=cfg.decode_queue),
             *maps,
-            # ``sink``: the isolated engine's worker process ships finished buffers
-            # to the training process instead (see ``_isolation``).
-            sink(self, collator, pool, self.ready, self.output) if sink is not None else
-            Transfer(self, collator, pool, cfg.device, Converter(cfg.dtype, cfg.normalize, cfg.device,
-                                                               cfg.memory_format),
-                     self.ready, self.output,
-                     BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device)
-                     if cfg.batch_transforms else None, work.schema, side,
-                     cfg.size_divisibility if variable else None),
+            tail(self, collator, pool, self.ready, self.output) if tail is not None else
+            Transfer.for_pass(cfg, self, collator, pool, self.ready, self.output, seed, epoch,
+                              work.schema, side),
         )
         for ch in self.channels:
             book.attach_channel(ch)
@@ -256,9 +301,6 @@ class Pass(PassEnding):
             never += sum(s.num_threads - len(s.threads) for s in self.stages)
             self._gone(never)
             raise
-
-    def stopped(self) -> bool:
-        return self._stopped
 
     def stop(self) -> None:
         """Close every channel: each thread leaves at its next queue operation. Safe to repeat.
@@ -296,27 +338,7 @@ class Pass(PassEnding):
         out.sort(key=lambda row: -row[3])
         return out
 
-    def join(self, timeout: float) -> bool:
-        return self.finished.wait(timeout)
-
-    def threads(self) -> list[threading.Thread]:
-        return [t for s in self.stages for t in s.threads]
-
-    def fold_output(self) -> None:
-        """Add the output channel's counters to the feeder's totals (once)."""
-        self.book.fold_channel(self.output)
-
-    # -- Control: what the stages call --------------------------------------
-    def fail(self, error: BaseException) -> None:
-        """A stage broke outside any sample: remember the first error and stop."""
-        with self._lock:
-            if self.error is None:
-                self.error = error
-        self.stop()
-
-    def thread_started(self, stage: str, c: Counters) -> None:
-        self.book.attach_thread(stage, c)
-
+    # -- Control: what the stages call (and PassBase's) ----------------------
     def thread_exited(self, stage: str, c: Counters) -> None:
         self.book.fold_thread(stage, c)
         self._gone(1)
@@ -362,15 +384,4 @@ class Pass(PassEnding):
             batch.fail(task.slot, err)
         if batch.finish_slot():
             timed_put(c, self.ready, batch)
-
-
-def settings(config: Config) -> Config:
-    """What a pass runs with: the feeder's :class:`~feeder._config.Config` itself.
-
-    The options are declared once, in ``Config``; a pass reads its fields and the
-    capacities derived from them (``read_queue``, ``num_buffers``, ``tune``...),
-    with ``device`` replaced by the one resolved when the pass starts. There is
-    no second table of the options to keep in step with the first.
-    """
-    return config
 

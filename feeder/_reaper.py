@@ -63,9 +63,16 @@ _STOP = object()  # tells the reaper thread to return
 _LOOK_AGAIN_S = 0.5  # see the note on fork above
 _exiting = False
 # Held while the reaper runs a call: an isolated engine forks only while it can
-# take this (see ``_isolation.quiet_threads``), so no clean-up is half-way
+# take this (see ``feeder.isolation.start.quiet_threads``), so no clean-up is half-way
 # through, holding a lock, in the forked child.
 busy = threading.Lock()
+
+
+def quiet_lock() -> tuple[threading.Thread, threading.Lock] | None:
+    """The reaper thread, if one was started, and the lock it holds while it runs a
+    call (see ``feeder.isolation.start.quiet_threads``)."""
+    t = _thread
+    return None if t is None else (t, busy)
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:

@@ -12,15 +12,18 @@ the tag itself, the same way for every format.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cv2
 import numpy as np
 
 from .ops import SampleContext, dct_denom
 
-if TYPE_CHECKING:
-    from ._decode import DecodeBuffers, _Header as Header
+# The decoder's header and buffer pool types (``_decode._Header``,
+# ``_decode.DecodeBuffers``) are named by what they are in the signatures below,
+# not imported: ``_decode`` imports this module.
+Header = Any
+DecodeBuffers = Any
 
 __all__ = ["decode_region", "orient", "orient_box", "orientation_of", "stored_tiff"]
 

@@ -294,6 +294,15 @@ class Schema:
         #: step then takes them without any of the checks above.
         self.classic = False
 
+    def state(self) -> tuple:
+        """What the first samples fixed, to be :meth:`adopt`-ed by another process's
+        schema (the isolated engine's training process)."""
+        return (dict(self.specs), self.keys, self.is_dict, self.classic)
+
+    def adopt(self, state: tuple) -> None:
+        """Take ``state`` (from :meth:`state`) as what the samples fixed."""
+        self.specs, self.keys, self.is_dict, self.classic = state
+
     def check(self, index: int, is_dict: bool, keys: tuple[str, ...] | None,
               fields: dict[str, Any]) -> None:
         """Check a parsed sample against the schema, fixing what is not fixed yet.

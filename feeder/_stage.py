@@ -144,7 +144,7 @@ def of_ended_pass(thread: threading.Thread) -> bool:
     leaves it at its next queue operation; it is only finishing its exit.
 
     The isolated engine waits a moment for these before deciding whether it may
-    fork (see ``_isolation.quiet_threads``)."""
+    fork (see ``feeder.isolation.start.quiet_threads``)."""
     control = getattr(thread, "_feeder_control", None)
     return control is not None and (control.stopped() or getattr(control, "output_ended", False))
 

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from feeder._batch import Batch, BufferPool, Collator
+from feeder._batch import Batch, BufferPool
+from feeder._collate import Collator
 from feeder._queue import Closed
 
 

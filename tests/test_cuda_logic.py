@@ -189,9 +189,9 @@ def test_explicit_cuda_index_is_kept(fake_cuda):
 def test_cuda_device_resolved_when_the_pass_starts(fake_cuda, monkeypatch):
     """A feeder built before set_device(1) delivers on GPU 1: the device is read at
     the pass's start, and the pass, its stream and the pinned buffers get it."""
-    from feeder import _feeder
+    from feeder import _engine
     StubPass.made = []
-    monkeypatch.setattr(_feeder, "Pass", StubPass)
+    monkeypatch.setattr(_engine, "Pass", StubPass)
     with Feeder(source(), 4, AUG, device="cuda") as f:
         assert f.config.device == torch.device("cuda")
         assert fake_cuda.kinds("stream") == []  # nothing touches a GPU at construction
@@ -313,7 +313,7 @@ def test_exit_handler_frees_an_isolated_engine_mid_epoch(tmp_path):
         sys.path.insert(0, sys.argv[1])
         from conftest import encode_jpeg, MemorySource
         from feeder import Feeder, ops
-        from feeder import _isolation
+        from feeder.isolation import engine as _isolation
         from feeder.synthetic import make_image
 
         real_free = _isolation.ProcessEngine.free

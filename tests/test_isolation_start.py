@@ -148,7 +148,7 @@ def test_auto_forks_right_after_a_thread_engines_pass_ended():
 
 def test_auto_spawns_when_cuda_is_initialized(monkeypatch, caplog, expected):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    caplog.set_level(logging.INFO, logger="feeder._isolation")
+    caplog.set_level(logging.INFO, logger="feeder.isolation")
     with make(MemorySource(BLOBS[:16]), isolation="process", start_method="auto") as f:
         assert f.start_method == "spawn"
         assert_same(collect(f), expected)
@@ -191,7 +191,7 @@ def test_cuda_device_without_index_is_the_current_one_when_resolved(monkeypatch)
 
 
 def test_auto_names_the_running_thread_it_spawns_for(caplog):
-    caplog.set_level(logging.INFO, logger="feeder._isolation")
+    caplog.set_level(logging.INFO, logger="feeder.isolation")
     release = threading.Event()
     user = threading.Thread(target=release.wait, name="my-prefetcher", daemon=True)
     user.start()
@@ -209,11 +209,11 @@ def test_auto_names_the_running_thread_it_spawns_for(caplog):
 @pytest.mark.parametrize("platform, methods", [("darwin", ["spawn", "fork", "forkserver"]),
                                                ("win32", ["spawn"]), ("linux", ["spawn"])])
 def test_auto_spawns_where_fork_is_missing_or_unsafe(monkeypatch, platform, methods):
-    from feeder import _isolation
+    from feeder.isolation import start
 
     monkeypatch.setattr(sys, "platform", platform)
-    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: methods)
-    method, why = _isolation.start_rule()
+    monkeypatch.setattr(start.multiprocessing, "get_all_start_methods", lambda: methods)
+    method, why = start.start_rule()
     assert method == "spawn" and platform in why
 
 
@@ -332,7 +332,7 @@ def test_a_forked_child_drops_another_feeders_batch_buffers():
 def test_receiving_thread_is_not_taken_for_idle_while_it_reports_a_dead_worker():
     """After its loop the receiving thread fails the passes (taking their locks):
     the fork check must see it at work then, not idle."""
-    from feeder import _isolation
+    from feeder.isolation import start
 
     f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
     engine = f._engine
@@ -348,7 +348,7 @@ def test_receiving_thread_is_not_taken_for_idle_while_it_reports_a_dead_worker()
     try:
         engine.process.kill()
         assert inside.wait(JOIN_TIMEOUT_S), "the receiving thread never saw the worker die"
-        with _isolation.quiet_threads() as others:
+        with start.quiet_threads() as others:
             assert engine.receiver.name in others
     finally:
         release.set()
@@ -490,8 +490,8 @@ def test_fork_after_native_thread_pools_started():
 
 
 def test_start_method_the_platform_lacks_is_a_config_error(monkeypatch):
-    from feeder import _isolation
+    from feeder.isolation import start
 
-    monkeypatch.setattr(_isolation.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    monkeypatch.setattr(start.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     with pytest.raises(ConfigError, match=r"start_method='fork' is not available on this platform"):
         make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")

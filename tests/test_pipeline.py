@@ -11,7 +11,7 @@ import pytest
 from conftest import MemorySource, drain
 from feeder import BatchInfo, Feeder, ops
 from feeder._config import DEFAULTS, Config
-from feeder._pipeline import stage_threads, settings
+from feeder._pipeline import stage_threads
 from feeder._sampler import epoch_indices
 
 
@@ -76,7 +76,7 @@ def test_an_unknown_option_names_itself_and_the_options(source):
     (0, 3, {"sampler": 1, "decode": 2, "augment": 3, "transfer": 1})])
 def test_stage_names_and_threads_come_from_the_topology(source, read, augment, expect):
     cfg = Config.build(batch_size=4, decode_threads=2, augment_threads=augment, read_threads=read)
-    assert list(stage_threads(settings(cfg)).items()) == list(expect.items())
+    assert list(stage_threads(cfg).items()) == list(expect.items())
     with Feeder(source, 4, [ops.CenterCrop(8)], decode_threads=2, augment_threads=augment,
                 read_threads=read) as f:
         drain(f)

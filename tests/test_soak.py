@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-import feeder._feeder as feeder_mod
+import feeder._engine as feeder_mod
 from conftest import MemorySource, drain, feeder_threads
 from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, jpeg_with_size, pixel_hash, reference_hash, rss_mb,

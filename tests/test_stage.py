@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from feeder._batch import Batch, BufferPool, Collator, Scratch
+from feeder._batch import Batch, BufferPool, Scratch
+from feeder._collate import Collator
 from feeder._queue import END, Channel
 from feeder._sample import Task
 from feeder._sampler import Sampler

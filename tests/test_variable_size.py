@@ -15,7 +15,7 @@ import torch
 
 from conftest import collected
 from feeder import ConfigError, Feeder, SampleError, ops
-from feeder._batch import batch_extent
+from feeder._collate import batch_extent
 from feeder._decode import decode_image
 from feeder._transfer import copy_region, zero_padding
 from fields_helpers import png, rgb_png
