@@ -477,7 +477,7 @@ def test_interference(tiny, tmp_path):
 
 def test_interference_idle_windows_wait_until_the_loader_is_dry():
     """An idle window starts only once the loader's CPU use has fallen, and says so."""
-    from feeder.bench.interference import Windows
+    from feeder.bench.fedloop import Windows
 
     spent = {"cpu": 0.0, "steps": 0}
 
@@ -501,7 +501,7 @@ def test_interference_idle_windows_wait_until_the_loader_is_dry():
 def test_interference_fed_windows_take_batches_at_the_pace():
     import torch
 
-    from feeder.bench.interference import Windows
+    from feeder.bench.fedloop import Windows
 
     taken = []
 
@@ -531,40 +531,40 @@ def test_interference_rejects_an_unknown_loader(tiny, tmp_path, monkeypatch, cap
     ([0, 1, 2], 2, 2, (None, None)),
 ])
 def test_interference_splits_the_cores(cores, loop, loader, expected):
-    from feeder.bench.interference import split_cores
+    from feeder.bench.fedloop import split_cores
 
     assert split_cores(cores, loop, loader) == expected
 
 
 def test_interference_feeder_rows_pass_their_options_to_the_feeder(tiny):
     """A row is a loader kind and its options: an engine option is a one-line entry."""
-    from feeder.bench import interference
+    from feeder.bench import fedloop
 
     spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
             "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 0.05,
             "feed_share": 0.7, "capacity_s": 0.05, "step": "proxy",
             "loop_cores": None, "loader_cores": None, "loader_threads": 1,
             "loader": {"kind": "feeder", "options": {"ordered": False}}}
-    got = interference.child(spec)
+    got = fedloop.child(spec)
     assert len(got["extra"]["fed"]) == 1 and got["images"] > 0
     assert got["extra"]["stages"]["decode"]["items"] >= 8
     spec["loader"] = {"kind": "feeder", "options": {"ordered": "no"}}
     with pytest.raises(ValueError, match="ordered"):
-        interference.child(spec)
+        fedloop.child(spec)
 
 
 def test_interference_model_step_runs_alone_and_fed(tiny):
-    from feeder.bench import interference
+    from feeder.bench import fedloop, interference
 
     spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
             "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 0.05,
             "feed_share": 0.7, "capacity_s": 0.05, "step": "model",
             "loop_cores": None, "loader_cores": None, "loader_threads": 1, "loader": None}
-    alone = interference.child(spec)
+    alone = fedloop.child(spec)
     assert [len(w["steps"]) > 0 for w in alone["extra"]["idle"] + alone["extra"]["fed"]] == [True] * 3
     assert alone["images"] == 0
     spec["loader"] = interference.LOADERS["work-thread"]
-    fed = interference.child(spec)
+    fed = fedloop.child(spec)
     assert len(fed["extra"]["fed"]) == 1 and fed["images"] >= 4 and fed["images"] % 4 == 0
 
 
@@ -584,7 +584,7 @@ def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):
         "Channel.get (feeder/_queue.py:200) 10",
         f"thread (13): feeder-sampler;{boot};Sampler.work (feeder/_sampler.py:160);"
         "Stage.put (feeder/_stage.py:210) 5",
-        "thread (14): MainThread;<module> (train.py:3);ProxyStep.__call__ (feeder/bench/interference.py:160) 5",
+        "thread (14): MainThread;<module> (train.py:3);ProxyStep.__call__ (feeder/bench/fedloop.py:60) 5",
     ]) + "\n")
     threads = gil_profile.parse(str(raw))
     assert sorted(threads) == ["decode (map stage)", "sampler", "training thread"]
@@ -600,7 +600,7 @@ def test_interference_pins_a_feeders_pass_threads_to_the_loader_cores(tiny):
     """A pass starts its threads at its first next(): that must happen on the loader's cores."""
     import threading
 
-    from feeder.bench.interference import on_cores
+    from feeder.bench.fedloop import on_cores
     from feeder.bench.loaders import Loader
 
     cores = sorted(os.sched_getaffinity(0))
@@ -692,7 +692,7 @@ def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
 
     import torch
 
-    from feeder.bench.interference import Windows
+    from feeder.bench.fedloop import Windows
 
     def batches(kind):
         while True:

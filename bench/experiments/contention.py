@@ -27,7 +27,7 @@ import time
 import torch
 
 from feeder import ImageFolder
-from feeder.bench.interference import ProxyStep
+from feeder.bench.fedloop import ProxyStep
 from feeder.bench.loaders import sample_work
 
 

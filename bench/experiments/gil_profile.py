@@ -38,7 +38,7 @@ def child(args: argparse.Namespace) -> None:
     import cv2
     import torch
 
-    from feeder.bench.interference import ProxyStep, WorkThreads, _cycle, on_cores, split_cores
+    from feeder.bench.fedloop import ProxyStep, WorkThreads, _cycle, on_cores, split_cores
     from feeder.bench.loaders import Loader
 
     loop, loader_cores = split_cores(sorted(os.sched_getaffinity(0)), 1, args.threads)

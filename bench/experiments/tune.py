@@ -37,7 +37,7 @@ import threading
 import time
 
 from feeder import Feeder, ImageFolder, ops
-from feeder.bench.interference import ProxyStep
+from feeder.bench.fedloop import ProxyStep
 from feeder.bench.report import describe_machine, machine_info
 
 

@@ -116,9 +116,9 @@ def execute(spec: dict[str, Any]) -> dict[str, Any]:
     if mode == "loader":
         return _run_loader(spec)
     if mode == "interference":
-        from . import interference
+        from . import fedloop
 
-        return interference.child(spec)
+        return fedloop.child(spec)
     raise ValueError(f"unknown runner mode {mode!r}")
 
 
