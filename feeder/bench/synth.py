@@ -276,6 +276,11 @@ class SynthServerProcess:
             raise RuntimeError(f"the synthetic shard server did not start (said {line!r})")
         self.url = line
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (to read its CPU time)."""
+        return self._proc.pid
+
     def counts(self, reset: bool = False) -> dict[str, int]:
         with urllib.request.urlopen(self.url + CONTROL + ("reset" if reset else "counts"),
                                     timeout=30) as r:
