@@ -123,7 +123,8 @@ def shuffle_quality(nshards: int, per: int, classes: int, windows: list[int], po
 
 
 def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, limit_s: float,
-                max_batches: int | None, state_at: int | None) -> dict[str, Any]:
+                max_batches: int | None, state_at: int | None,
+                server_pid: int | None = None) -> dict[str, Any]:
     from feeder import Feeder  # noqa: PLC0415
 
     out: dict[str, Any] = {}
@@ -139,9 +140,17 @@ def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, 
         samples, batches = 0, 0
         rss_trace: list[tuple[float, int, int]] = []
         times: list[float] = []
+        # CPU seconds of this process (every loader thread) and of the server
+        # process, at each batch: throughput per CPU second is what a shared
+        # machine can measure, and the server's share is told apart.
+        cpu: list[float] = []
+        server_cpu: list[float] = []
         next_rss = 0.0
         for _x, y in it:
             now = time.perf_counter() - t0
+            cpu.append(time.process_time())
+            if server_pid is not None:
+                server_cpu.append(_server_cpu(server_pid))
             if batches == 0:
                 out["first_batch_s"] = now
                 out["rss_first_batch"] = _rss()
@@ -165,16 +174,29 @@ def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, 
         out["rss_trace"] = rss_trace
         out["rss_end"] = _rss()
         out["batch_times"] = times
+        out["batch_cpu"] = cpu
+        out["batch_server_cpu"] = server_cpu
     finally:
         f.close()
     return out
 
 
 def _steady(times: list[float], batch: int, skip: int) -> float:
-    """Samples per second after the first ``skip`` batches (the warm-up)."""
-    if len(times) <= skip + 1:
+    """Samples per second (of wall time, or of CPU time given CPU readings per
+    batch) after the first ``skip`` batches (the warm-up)."""
+    if len(times) <= skip + 1 or times[-1] <= times[skip]:
         return float("nan")
     return (len(times) - 1 - skip) * batch / (times[-1] - times[skip])
+
+
+def _import_stack(s3: bool) -> None:
+    """Import fsspec's HTTP (or S3) stack before the clock starts: the import is
+    a one-off cost of the process, not of building a source."""
+    import aiohttp  # noqa: F401, PLC0415
+    import fsspec.implementations.http  # noqa: F401, PLC0415
+
+    if s3:
+        import s3fs  # noqa: F401, PLC0415
 
 
 def _server_cpu(pid: int) -> float:
@@ -214,9 +236,7 @@ def run_long(args: argparse.Namespace) -> int:
 
     from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
 
-    import aiohttp  # noqa: F401, PLC0415
-    import fsspec.implementations.http  # noqa: F401, PLC0415
-
+    _import_stack(False)
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="feeder-scale-long-")
     image = _image(args.image_px)
@@ -363,13 +383,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
 
-    # Import fsspec's HTTP (or S3) stack before the clock starts: the import is
-    # a one-off cost of the process, not of building a source.
-    import aiohttp  # noqa: F401, PLC0415
-    import fsspec.implementations.http  # noqa: F401, PLC0415
-
-    if args.s3:
-        import s3fs  # noqa: F401, PLC0415
+    _import_stack(args.s3)
 
     work = tempfile.mkdtemp(prefix="feeder-scale-")
     image = _image(args.image_px)
@@ -417,7 +431,8 @@ def run(args: argparse.Namespace) -> int:
             meta["rank_shards"] = len(mine)
             meta["rank_samples"] = shard_sizes(n, args.world_size, True)[args.rank]
             remote = _run_feeder(src, args, args.rank, args.world_size, args.seconds, None,
-                                 state_at=max(1, meta["rank_samples"] // args.batch_size // 2))
+                                 state_at=max(1, meta["rank_samples"] // args.batch_size // 2),
+                                 server_pid=server.pid)
             src.wait_downloads(60)
             fetched = server.counts()
             src.close()
@@ -434,6 +449,16 @@ def run(args: argparse.Namespace) -> int:
         # Warm: after the first window (its shards were fetched while it was read).
         warm_skip = min(len(times) // 3, max(1, args.window * args.per // args.batch_size))
         meta["remote_steady_samples_per_s"] = _steady(times, args.batch_size, warm_skip)
+        cpu, server_cpu = remote.pop("batch_cpu"), remote.pop("batch_server_cpu")
+        meta["remote_samples_per_client_cpu_s"] = _steady(cpu, args.batch_size, warm_skip)
+        steady_wall = times[-1] - times[warm_skip] if len(times) > warm_skip + 1 else float("nan")
+        meta["server_cpu_s_steady"] = (server_cpu[-1] - server_cpu[warm_skip]
+                                       if len(server_cpu) > warm_skip + 1 else float("nan"))
+        meta["server_cpu_share_steady"] = meta["server_cpu_s_steady"] / steady_wall
+        meta["remote_samples_per_cpu_s_with_server"] = (
+            (len(cpu) - 1 - warm_skip) * args.batch_size
+            / (cpu[-1] - cpu[warm_skip] + meta["server_cpu_s_steady"])
+            if len(cpu) > warm_skip + 1 else float("nan"))
 
         # The same pipeline on local copies of the same shards (one rank reading them all).
         local_dir = os.path.join(work, "local")
@@ -454,11 +479,18 @@ def run(args: argparse.Namespace) -> int:
                             min(args.local_batches + warm_skip, len(times)), None)
         local_src.close()
         ltimes = local.pop("batch_times")
+        lcpu = local.pop("batch_cpu")
+        local.pop("batch_server_cpu")
         local.pop("rss_trace")
         meta["local"] = local
         meta["local_steady_samples_per_s"] = _steady(ltimes, args.batch_size, warm_skip)
         meta["remote_over_local"] = (meta["remote_steady_samples_per_s"]
                                      / meta["local_steady_samples_per_s"])
+        meta["local_samples_per_client_cpu_s"] = _steady(lcpu, args.batch_size, warm_skip)
+        meta["remote_over_local_per_client_cpu"] = (meta["remote_samples_per_client_cpu_s"]
+                                                    / meta["local_samples_per_client_cpu_s"])
+        meta["remote_over_local_per_cpu_with_server"] = (
+            meta["remote_samples_per_cpu_s_with_server"] / meta["local_samples_per_client_cpu_s"])
 
         # The global shuffle over the whole list: no array, at once.
         t0 = time.perf_counter()
@@ -498,6 +530,16 @@ def run(args: argparse.Namespace) -> int:
          "value": round(meta["local_steady_samples_per_s"]), "target": ""},
         {"measure": "remote / local", "value": round(meta["remote_over_local"], 3),
          "target": ">= 0.9"},
+        {"measure": "samples per CPU s of the loader's process, remote",
+         "value": round(meta["remote_samples_per_client_cpu_s"]), "target": ""},
+        {"measure": "samples per CPU s of the loader's process, local",
+         "value": round(meta["local_samples_per_client_cpu_s"]), "target": ""},
+        {"measure": "remote / local, per CPU s of the loader's process",
+         "value": round(meta["remote_over_local_per_client_cpu"], 3), "target": ">= 0.9"},
+        {"measure": "remote / local, per CPU s with the server's",
+         "value": round(meta["remote_over_local_per_cpu_with_server"], 3), "target": ""},
+        {"measure": "server CPU s per second, steady remote",
+         "value": round(meta["server_cpu_share_steady"], 3), "target": ""},
         {"measure": "global shuffle over the list: order + first batch (s)",
          "value": round(meta["global_order_first_batch_s"], 4), "target": "instant"},
         {"measure": "rank's epoch completed", "value": remote["epoch_done"], "target": ""},
