@@ -54,8 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ._decode import header_size
-from ._tar import IMAGE_EXTS, ShardIndex, encode_image_sizes, index_path
+from ._tar import IMAGE_EXTS, ShardIndex, index_path
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
@@ -447,8 +449,9 @@ def image_size_of(fields: Sequence[tuple[str, Any]]) -> tuple[int, int]:
 
 
 def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
-    """The image sizes of a shard written by an earlier run (a resumed pack), read
-    from the images' headers in the shard itself."""
+    """The image sizes of a shard written by an earlier run of a version that kept
+    them in the shard list (a resumed pack), read from the images' headers in the
+    shard itself."""
     sizes = []
     with open(shard, "rb") as f:
         for sample in range(len(ix)):
@@ -460,6 +463,15 @@ def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
                     break
             sizes.append(image_size_of(fields))
     return sizes
+
+
+def _write_index(ix: ShardIndex, path: str) -> None:
+    text = ix.to_text()
+    assert text is not None  # keys and extensions hold no whitespace
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _ShardWriter:
@@ -475,7 +487,7 @@ class _ShardWriter:
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
         self.members: list[tuple[str, int, int]] = []
         self.samples = 0
-        self.image_sizes: list[tuple[int, int]] = []  # for the shard list (see image_size_of)
+        self.image_sizes: list[tuple[int, int]] = []  # for the index (see image_size_of)
 
     @property
     def size(self) -> int:
@@ -512,12 +524,11 @@ class _ShardWriter:
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
-        text = ShardIndex.from_members(self.members).to_text()
-        assert text is not None  # keys and extensions hold no whitespace
-        with open(self.tmp_idx, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        ix = ShardIndex.from_members(self.members)
+        # Each image's size goes in the shard's index, read with it when the
+        # shard is first read (aspect-ratio grouping reads no image header).
+        ix.image_sizes = np.asarray(self.image_sizes, np.int64).reshape(-1, 2)
+        _write_index(ix, self.tmp_idx)
         os.replace(self.tmp_idx, self.idx)
         os.replace(self.tmp, self.path)
         _fsync_dir(self.out_dir)
@@ -620,10 +631,9 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
 
     # Shards complete from an earlier run: their indices say how many samples they hold.
     done_shards: list[tuple[str, int]] = []
-    done_sizes: list[list[tuple[int, int]]] = []
     start = 0
     while True:
-        shard, idx, _, _ = _names(out_dir, name, len(done_shards))
+        shard, idx, _, tmp_idx = _names(out_dir, name, len(done_shards))
         if not (os.path.isfile(shard) and os.path.isfile(idx)):
             break
         with open(idx, encoding="utf-8") as f:
@@ -631,8 +641,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         if ix.keys[:1] != [f"{start:09d}"]:
             raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
                             f"expected {start:09d}); pass --overwrite to start over")
+        if ix.image_sizes is None:  # an earlier version's shard: its index gains them
+            ix.image_sizes = np.asarray(_stored_sizes(shard, ix), np.int64).reshape(-1, 2)
+            _write_index(ix, tmp_idx)
+            os.replace(tmp_idx, idx)
         done_shards.append((shard, len(ix)))
-        done_sizes.append(_stored_sizes(shard, ix))
         start += len(ix)
     for k in range(len(done_shards), 10**6):  # stale shards past the resume point
         shard, idx, _, _ = _names(out_dir, name, k)
@@ -691,7 +704,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                    dynamic_ncols=True)
     shards = [s for s, _ in done_shards]
     counts = [n for _, n in done_shards]
-    sizes = list(done_sizes)
     writer: _ShardWriter | None = None
     try:
         for i, fields, status in loaded():
@@ -707,7 +719,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                 writer.finish()
                 shards.append(writer.path)
                 counts.append(writer.samples)
-                sizes.append(writer.image_sizes)
                 writer = None
             if writer is None:
                 writer = _ShardWriter(out_dir, name, len(shards))
@@ -719,7 +730,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             writer.finish()
             shards.append(writer.path)
             counts.append(writer.samples)
-            sizes.append(writer.image_sizes)
             writer = None
     except BaseException:
         if writer is not None:
@@ -732,11 +742,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         "__kind__": _MANIFEST_KIND, "wids_version": 1, "name": name,
         # filesize and sha256 let a reader check a copy of each shard (TarShards
         # does, for remote shards, before using a copy).
-        # image_sizes: (height, width) per sample, for aspect-ratio grouping
-        # without a pass over the images (see shards.encode_image_sizes).
+        # The image sizes are in each shard's index, not here: the list stays
+        # small at any scale (see feeder._tar).
         "shardlist": [{"url": os.path.basename(s), "nsamples": n, "filesize": os.path.getsize(s),
-                       "sha256": _sha256(s), "image_sizes": encode_image_sizes(z)}
-                      for s, n, z in zip(shards, counts, sizes)],
+                       "sha256": _sha256(s)}
+                      for s, n in zip(shards, counts)],
         "classes": classes,
         "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
     }

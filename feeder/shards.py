@@ -699,8 +699,9 @@ class TarShards:
             self._label_member: Any = [e[2] for e in entries]
             self._offsets: Any = [e[3] for e in entries]
             self._sizes: Any = [e[4] for e in entries]
-        # The image sizes the shard list gives (feeder-pack writes them), for
-        # Feeder(group_by_aspect_ratio=...): only when every shard has them.
+        # The image sizes a shard list of an earlier feeder-pack gives, for
+        # Feeder(group_by_aspect_ratio=...): only when every shard has them
+        # (feeder-pack now writes them in each shard's index: image_sizes()).
         listed = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
         self._image_sizes = (np.concatenate(listed) if listed and all(
             v is not None and len(v) == c for v, c in zip(listed, counts)) else None)
@@ -1020,11 +1021,35 @@ class TarShards:
 
     def image_sizes(self) -> np.ndarray | None:
         """int64 ``[len, 2]``: each sample's image (height, width), -1 where unknown, as
-        the shard list gives them (``feeder-pack`` stores them); None when it does
-        not (an older pack, or shards named without a list). Used by
-        ``Feeder(group_by_aspect_ratio=...)`` instead of reading every header."""
+        the shards' indices give them (``feeder-pack`` stores them there; a shard
+        list of an earlier version holds them itself, and is read as well); None
+        when a shard's index has none (shards packed by another tool). Used by
+        ``Feeder(group_by_aspect_ratio=...)`` instead of reading every header.
+
+        With lazy indexing this reads every shard's index once (grouping needs
+        every sample's size: 16 bytes a sample), in parallel, not through the
+        index LRU; the sizes are kept."""
         sizes = getattr(self, "_image_sizes", None)
+        if sizes is None and not getattr(self, "_image_sizes_read", False):
+            self._image_sizes_read = True  # None from the indices too: not asked again
+            sizes = self._image_sizes = self._indexed_image_sizes()
         return None if sizes is None else sizes.copy()
+
+    def _indexed_image_sizes(self) -> np.ndarray | None:
+        """Every sample's image size from its shard's index, or None if one lacks them."""
+        if self._lazy_counts is None:
+            indices = [self._indices[s] for s in range(len(self._shards))]
+        else:
+            indices = self._load_indices(self._shards, self._warn, None, None)
+            for shard, ix, expected in zip(self._shards, indices, self._lazy_counts):
+                if len(ix) != expected:
+                    raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
+                                           f"list says {expected}: the shard or the list is "
+                                           f"damaged or out of date (re-pack, or fix the list)")
+        parts = [ix.image_sizes for ix in indices]
+        if not parts or any(p is None for p in parts):
+            return None
+        return np.concatenate(parts)
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """``[start, stop)`` sample indices of each shard, in order."""
