@@ -176,7 +176,7 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
             return expand_braces(name), None, {}
         if name.split("?", 1)[0].endswith(".json"):
             if _is_url(name):
-                from ._remote import fetch_small  # noqa: PLC0415 - fsspec only when remote
+                from ._fetch import fetch_small  # noqa: PLC0415 - fsspec only when remote
 
                 raw = fetch_small(name, options=options, deadline=deadline)
                 try:
