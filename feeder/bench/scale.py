@@ -199,6 +199,18 @@ def _import_stack(s3: bool) -> None:
         import s3fs  # noqa: F401, PLC0415
 
 
+def _dataset(args: argparse.Namespace, prefix: str) -> tuple[str, str, Any]:
+    """A work folder, the image file the server process reads, and the dataset."""
+    from .synth import SynthShards  # noqa: PLC0415
+
+    work = tempfile.mkdtemp(prefix=prefix)
+    image = _image(args.image_px)
+    image_path = os.path.join(work, "image.jpg")
+    with open(image_path, "wb") as f:
+        f.write(image)
+    return work, image_path, SynthShards(args.shards, args.per, image)
+
+
 def _server_cpu(pid: int) -> float:
     """CPU seconds (user + system) the process ``pid`` has used so far."""
     with open(f"/proc/{pid}/stat") as f:
@@ -234,16 +246,11 @@ def run_long(args: argparse.Namespace) -> int:
     from feeder._sampler import ShardLayout, shard_stream_order  # noqa: PLC0415
     from feeder.shards import TarShards  # noqa: PLC0415
 
-    from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
+    from .synth import SynthServerProcess  # noqa: PLC0415
 
     _import_stack(False)
     os.makedirs(args.out, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="feeder-scale-long-")
-    image = _image(args.image_px)
-    image_path = os.path.join(work, "image.jpg")
-    with open(image_path, "wb") as f:
-        f.write(image)
-    synth = SynthShards(args.shards, args.per, image)
+    work, image_path, synth = _dataset(args, "feeder-scale-long-")
     cache_dir = os.path.join(work, "cache")
     cache_bytes = int(args.cache_shards * synth.size)
     meta: dict[str, Any] = {
@@ -381,16 +388,11 @@ def run(args: argparse.Namespace) -> int:
     from feeder._sampler import ShardLayout, pass_sequence, shard_sizes, shard_stream_order  # noqa: PLC0415
     from feeder.shards import TarShards  # noqa: PLC0415
 
-    from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
+    from .synth import SynthServerProcess  # noqa: PLC0415
 
     _import_stack(args.s3)
-
-    work = tempfile.mkdtemp(prefix="feeder-scale-")
-    image = _image(args.image_px)
-    image_path = os.path.join(work, "image.jpg")
-    with open(image_path, "wb") as f:
-        f.write(image)
-    synth = SynthShards(args.shards, args.per, image)
+    work, image_path, synth = _dataset(args, "feeder-scale-")
+    image = synth.image
     n = synth.samples
     meta: dict[str, Any] = {
         "shards": args.shards, "per_shard": args.per, "samples": n, "shard_bytes": synth.size,
