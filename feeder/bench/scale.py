@@ -55,8 +55,9 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     p.add_argument("--decode-threads", type=int, default=2, help="decode threads (default 2)")
     p.add_argument("--read-threads", default="auto",
-                   help="read threads of the remote run (default auto: their own threads for "
-                        "remote shards; 0 reads in the decode threads, as for local shards)")
+                   help="read threads of both runs (default auto: their own threads for "
+                        "remote shards, 32 with 2 decode threads; none for local shards, which "
+                        "the decode threads read; 0 reads in the decode threads)")
     p.add_argument("--image-px", type=int, default=64, help="side of the JPEG every sample holds")
     p.add_argument("--seconds", type=float, default=300.0,
                    help="stop the remote run after this long if the rank's epoch is not done")
@@ -133,7 +134,7 @@ def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, 
     f = Feeder(src, args.batch_size, _transforms(), shuffle="shards", shuffle_shards=args.window,
                rank=rank, world_size=world_size, drop_last=True, seed=args.seed,
                decode_threads=args.decode_threads, augment_threads=0,
-               read_threads=args.read_threads if world_size > 1 else "auto")
+               read_threads=args.read_threads)
     try:
         t0 = time.perf_counter()
         it = iter(f)
