@@ -16,7 +16,15 @@ replaced by ``.idx`` (``train-000000.tar`` -> ``train-000000.idx``)::
     ...
 
 one line per sample, offsets and sizes in bytes, offsets pointing at the
-member's data (after its header blocks). It was chosen over the index of
+member's data (after its header blocks). ``feeder-pack`` adds one line after
+the samples' lines, each image's (height, width) for aspect-ratio grouping::
+
+    # image_sizes <base64 of little-endian int32 (height, width) pairs, one per sample>
+
+DALI reads the announced number of sample lines and nothing after them, so the
+index stays DALI's; feeder reads the sizes with the index, when the shard is
+first read, so a shard list of 10^5 shards stays the few megabytes of names and
+counts it is (the sizes of 10^9 samples would be 10 GB of base64). It was chosen over the index of
 ``wids`` because ``wids``' JSON lists shards and their sample counts only (it
 finds offsets by scanning each shard when it opens it), while DALI's holds the
 offset of every field, which is what random access needs. Member names may not
@@ -69,6 +77,9 @@ def index_path(shard: str) -> str:
     return (shard[:-4] if shard.endswith(".tar") else shard) + ".idx"
 
 
+#: How the index's image sizes line starts (see the module docstring).
+SIZES_LINE = "# image_sizes"
+
 COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
 
 
@@ -99,6 +110,9 @@ class ShardIndex:
     offsets: np.ndarray
     sizes: np.ndarray
     names: list[str]
+    #: int64 ``[samples, 2]``: each sample's image (height, width), -1 where
+    #: unknown, when the index file carries them (``feeder-pack`` writes them).
+    image_sizes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -167,6 +181,8 @@ class ShardIndex:
                     return None
                 parts.append(f"{self.exts[m]} {int(self.offsets[m])} {int(self.sizes[m])} {name}")
             lines.append(" ".join(parts))
+        if self.image_sizes is not None:
+            lines.append(f"{SIZES_LINE} {encode_image_sizes(self.image_sizes)}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -190,6 +206,17 @@ class ShardIndex:
             raise ShardFormatError(f"{where}: line 1: sample count {head[1]!r} is not an int") from None
         width = 4 if head[0] == "v1.2" else 3
         body = [line for line in lines[1:] if line.strip()]
+        # Lines after the announced samples' lines: feeder's own (# image_sizes);
+        # other comment lines are skipped, anything else is an error.
+        image_sizes = None
+        while len(body) > count and body[-1].startswith("#"):
+            extra = body.pop()
+            if extra.startswith(SIZES_LINE + " "):
+                try:
+                    image_sizes = decode_image_sizes(extra[len(SIZES_LINE) + 1:].strip(), count)
+                except ValueError as exc:
+                    raise ShardFormatError(f"{where}: line {len(body) + 2} (image sizes): "
+                                           f"{exc}") from None
         if len(body) != count:
             raise ShardFormatError(f"{where}: line 1 announces {count} samples but the index "
                                    f"has {len(body)} lines")
@@ -217,6 +244,7 @@ class ShardIndex:
         if len(index) != count:
             raise ShardFormatError(f"{where}: {count} index lines but {len(index)} distinct keys "
                                    f"in their member names")
+        index.image_sizes = image_sizes
         return index
 
 
@@ -374,13 +402,14 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "pnm", "tif", "
 
 def encode_image_sizes(sizes: Any) -> str:
     """A shard's image sizes (``[n, 2]`` height, width; -1 where unreadable) as its
-    shard list stores them: base64 of little-endian int32 pairs (8 bytes a sample,
-    so a list of a million images gains about 11 MB)."""
+    index stores them (and shard lists of earlier versions did): base64 of
+    little-endian int32 pairs (8 bytes a sample, 11 in base64)."""
     return base64.b64encode(np.asarray(sizes, "<i4").reshape(-1, 2).tobytes()).decode("ascii")
 
 
 def decode_image_sizes(value: Any, nsamples: int | None) -> np.ndarray:
-    """The ``image_sizes`` of a shard list entry as int64 ``[n, 2]``, checked.
+    """Image sizes as :func:`encode_image_sizes` writes them (an index's sizes line,
+    or an earlier version's shard list entry) as int64 ``[n, 2]``, checked.
 
     Raises:
         ValueError: not base64 of one (height, width) int32 pair per sample, or a

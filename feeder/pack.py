@@ -54,8 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._decode import header_size
-from ._tar import IMAGE_EXTS, ShardIndex, encode_image_sizes, index_path
+import numpy as np
+
+from ._packsample import PackError, _describe, _shrink, image_ext, image_size_of, sample_members
+from ._tar import IMAGE_EXTS, ShardIndex, index_path
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
@@ -65,10 +67,6 @@ logger = logging.getLogger(__name__)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _MANIFEST_KIND = "wids-shard-index-v1"
-
-
-class PackError(Exception):
-    """A pack cannot run as asked (the message says why and what to do)."""
 
 
 def parse_size(text: str) -> int:
@@ -206,190 +204,6 @@ def _output_error(exc: OSError, path: str, out_dir: str) -> OSError:
                    path)
 
 
-def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
-    """``data`` re-encoded with its longer side at most ``max_side``; the same bytes
-    when already small enough; None when it cannot be decoded."""
-    out = _shrink_sized(data, ext, max_side, quality)
-    return None if out is None else out[0]
-
-
-def _shrink_sized(data: bytes, ext: str, max_side: int,
-                  quality: int) -> tuple[bytes, tuple[int, int], tuple[int, int]] | None:
-    """Like :func:`_shrink`, with the image's ``(height, width)`` before and after."""
-    import cv2  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    if img is None:
-        return None
-    h, w = img.shape[:2]
-    if max(h, w) <= max_side:
-        return data, (h, w), (h, w)
-    scale = max_side / max(h, w)
-    size = (max(1, round(w * scale)), max(1, round(h * scale)))
-    img = cv2.resize(img, size, interpolation=cv2.INTER_AREA)
-    if ext in ("jpg", "jpeg"):
-        params = [cv2.IMWRITE_JPEG_QUALITY, quality]
-    elif ext == "webp":
-        params = [cv2.IMWRITE_WEBP_QUALITY, quality]
-    else:
-        params = []
-    ok, out = cv2.imencode("." + ext, img, params)
-    if not ok:
-        ok, out = cv2.imencode(".png", img)
-    return out.tobytes(), (h, w), (size[1], size[0])
-
-
-def image_ext(data: bytes | bytearray | memoryview) -> str | None:
-    """The file extension of encoded image bytes, from their first bytes; None
-    when they are no format feeder reads."""
-    head = bytes(data[:16])
-    if head.startswith(b"\xff\xd8\xff"):
-        return "jpg"
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if head.startswith(b"BM"):
-        return "bmp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
-        return "tiff"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
-        return "pnm"
-    return None
-
-
-# A field's name becomes part of a member name ``<key>.<name>.<format>``: the
-# index format separates by whitespace, tar paths by "/".
-_FIELD_NAME = re.compile(r"[^\s/\\]+")
-
-
-def _describe(source: Any, i: int) -> str:
-    try:
-        return f"sample {i} ({source.describe(i)})"
-    except Exception:  # noqa: BLE001 - no describe(), or one that fails: the index alone
-        return f"sample {i}"
-
-
-def sample_members(source: Any, i: int, max_side: int | None = None,
-                   quality: int = 90) -> tuple[list[tuple[str, bytes]], str]:
-    """The shard members (``(extension, bytes)``, image first) of ``source.read(i)``,
-    and ``"same"``, ``"reencoded"`` or ``"kept"`` (see :class:`PackResult`).
-
-    A pair becomes ``<ext>`` and ``cls`` (none for the label -1); a dict's fields
-    become ``cls`` (an int ``"label"``), ``mask.png``, ``<name>.npy`` (numbers
-    and arrays: ``boxes``, ``box_*``...), ``<name>.txt`` (str), ``<name>.bin``
-    (bytes) and ``<name>.json`` (anything else), which :class:`feeder.TarShards`
-    reads back to the same sample. With ``max_side``, a dict's mask is resized
-    with the image (nearest neighbour, as a lossless PNG) and its boxes scaled.
-
-    Raises:
-        PackError: the sample cannot be packed (names the sample and the field).
-    """
-    import numpy as np  # noqa: PLC0415
-
-    from ._sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
-    from .errors import FieldError, SourceError  # noqa: PLC0415
-
-    where = _describe(source, i)
-    try:
-        data, fields, is_dict = parse_sample(source.read(i), source, i)
-    except (SourceError, FieldError) as exc:
-        raise PackError(f"{where}: {exc}") from exc
-    data = bytes(data)
-    ext = image_ext(data)
-    if ext is None:
-        raise PackError(f"{where}: field 'image' is not an image feeder reads (first bytes "
-                        f"{data[:8]!r})")
-    status = "same"
-    shrunk = None
-    if max_side is not None:
-        shrunk = _shrink_sized(data, ext, max_side, quality)
-        if shrunk is None:
-            status = "kept"
-        elif shrunk[0] is not data:
-            data, status = shrunk[0], "reencoded"
-    members = [(ext, data)]
-    assert fields is not None
-    if not is_dict:
-        label = fields[LABEL]
-        if label.ndim != 0 or label.dtype.kind != "i":
-            raise PackError(f"{where}: its label is {label.dtype.name} of shape {label.shape}; a "
-                            f"pair's label is packed as a class index (.cls), so return a dict "
-                            f"{{\"image\": ..., \"label\": ...}} to pack other labels (as label.npy)")
-        if int(label) < -1:
-            raise PackError(f"{where}: label {int(label)} is negative (-1 means unlabeled)")
-        if int(label) >= 0:
-            members.append(("cls", str(int(label)).encode("ascii")))
-        return members, status
-    resized = status == "reencoded" and shrunk is not None
-    for name, value in fields.items():
-        if not _FIELD_NAME.fullmatch(name):
-            raise PackError(f"{where}: field {name!r}: a packed field's name has no whitespace, "
-                            f"'/' or '\\'")
-        if name == MASK:
-            members.append(("mask.png", _pack_mask(value, shrunk if resized else None, where)))
-        elif name == LABEL and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind == "i":
-            members.append(("cls", str(int(value)).encode("ascii")))
-        elif isinstance(value, np.ndarray):
-            if resized and name == BOXES:
-                (h, w), (h2, w2) = shrunk[1], shrunk[2]
-                value = (value * np.array([w2 / w, h2 / h, w2 / w, h2 / h], np.float32)).astype(np.float32)
-            buf = io.BytesIO()
-            np.save(buf, value, allow_pickle=False)
-            members.append((f"{name}.npy", buf.getvalue()))
-        elif isinstance(value, str):
-            try:
-                members.append((f"{name}.txt", value.encode("utf-8")))
-            except UnicodeEncodeError as exc:
-                raise PackError(f"{where}: field {name!r} is not valid text ({exc})") from None
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            members.append((f"{name}.bin", bytes(value)))
-        else:
-            try:
-                members.append((f"{name}.json", json.dumps(value).encode("utf-8")))
-            except (TypeError, ValueError) as exc:
-                raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
-                                f"packed as JSON, but {exc}") from None
-    return members, status
-
-
-def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
-    """A mask as PNG bytes: as given when nothing is resized, else decoded,
-    resized to the re-encoded image's size by nearest neighbour and re-encoded
-    losslessly (a palette PNG becomes a gray PNG of its indices)."""
-    import cv2  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415
-
-    from ._decode import decode_mask  # noqa: PLC0415
-    from .errors import DecodeError  # noqa: PLC0415
-
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        if shrunk is None:
-            if not bytes(value[:8]) == b"\x89PNG\r\n\x1a\n":
-                raise PackError(f"{where}: field 'mask' is not a PNG (a mask is a single-channel "
-                                f"PNG; first bytes {bytes(value[:8])!r})")
-            return bytes(value)
-        try:
-            mask = decode_mask(value)
-        except DecodeError as exc:
-            raise PackError(f"{where}: field 'mask': {exc}") from None
-    else:
-        mask = value
-    if shrunk is not None:
-        (h, w), (h2, w2) = shrunk[1], shrunk[2]
-        if mask.shape != (h, w):
-            raise PackError(f"{where}: field 'mask' is {mask.shape[1]}x{mask.shape[0]} but its "
-                            f"image is {w}x{h}, so it cannot be resized with it")
-        mask = cv2.resize(mask, (w2, h2), interpolation=cv2.INTER_NEAREST)
-    ok, out = cv2.imencode(".png", np.ascontiguousarray(mask))
-    if not ok:
-        raise PackError(f"{where}: field 'mask' could not be encoded as PNG")
-    return out.tobytes()
-
-
 def _names(out_dir: str, name: str, k: int) -> tuple[str, str, str, str]:
     """(shard, index, temporary shard, temporary index) paths of shard ``k``."""
     shard = os.path.join(out_dir, f"{name}-{k:06d}.tar")
@@ -433,22 +247,10 @@ def _remove(path: str) -> None:
         pass
 
 
-def image_size_of(fields: Sequence[tuple[str, Any]]) -> tuple[int, int]:
-    """The (height, width) of a sample's image (its first member with an image
-    extension, as TarShards picks it by default), from the header; (-1, -1) when
-    it has none or it cannot be read (the sample then fails when it is decoded)."""
-    for ext, data in fields:
-        if ext in IMAGE_EXTS:
-            try:
-                return header_size(data)
-            except Exception:  # noqa: BLE001 - reported when the sample is decoded
-                return -1, -1
-    return -1, -1
-
-
 def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
-    """The image sizes of a shard written by an earlier run (a resumed pack), read
-    from the images' headers in the shard itself."""
+    """The image sizes of a shard written by an earlier run of a version that kept
+    them in the shard list (a resumed pack), read from the images' headers in the
+    shard itself."""
     sizes = []
     with open(shard, "rb") as f:
         for sample in range(len(ix)):
@@ -460,6 +262,15 @@ def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
                     break
             sizes.append(image_size_of(fields))
     return sizes
+
+
+def _write_index(ix: ShardIndex, path: str) -> None:
+    text = ix.to_text()
+    assert text is not None  # keys and extensions hold no whitespace
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _ShardWriter:
@@ -475,7 +286,7 @@ class _ShardWriter:
         self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.USTAR_FORMAT)
         self.members: list[tuple[str, int, int]] = []
         self.samples = 0
-        self.image_sizes: list[tuple[int, int]] = []  # for the shard list (see image_size_of)
+        self.image_sizes: list[tuple[int, int]] = []  # for the index (see image_size_of)
 
     @property
     def size(self) -> int:
@@ -512,12 +323,11 @@ class _ShardWriter:
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
-        text = ShardIndex.from_members(self.members).to_text()
-        assert text is not None  # keys and extensions hold no whitespace
-        with open(self.tmp_idx, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        ix = ShardIndex.from_members(self.members)
+        # Each image's size goes in the shard's index, read with it when the
+        # shard is first read (aspect-ratio grouping reads no image header).
+        ix.image_sizes = np.asarray(self.image_sizes, np.int64).reshape(-1, 2)
+        _write_index(ix, self.tmp_idx)
         os.replace(self.tmp_idx, self.idx)
         os.replace(self.tmp, self.path)
         _fsync_dir(self.out_dir)
@@ -620,10 +430,9 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
 
     # Shards complete from an earlier run: their indices say how many samples they hold.
     done_shards: list[tuple[str, int]] = []
-    done_sizes: list[list[tuple[int, int]]] = []
     start = 0
     while True:
-        shard, idx, _, _ = _names(out_dir, name, len(done_shards))
+        shard, idx, _, tmp_idx = _names(out_dir, name, len(done_shards))
         if not (os.path.isfile(shard) and os.path.isfile(idx)):
             break
         with open(idx, encoding="utf-8") as f:
@@ -631,8 +440,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         if ix.keys[:1] != [f"{start:09d}"]:
             raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
                             f"expected {start:09d}); pass --overwrite to start over")
+        if ix.image_sizes is None:  # an earlier version's shard: its index gains them
+            ix.image_sizes = np.asarray(_stored_sizes(shard, ix), np.int64).reshape(-1, 2)
+            _write_index(ix, tmp_idx)
+            os.replace(tmp_idx, idx)
         done_shards.append((shard, len(ix)))
-        done_sizes.append(_stored_sizes(shard, ix))
         start += len(ix)
     for k in range(len(done_shards), 10**6):  # stale shards past the resume point
         shard, idx, _, _ = _names(out_dir, name, k)
@@ -691,7 +503,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                    dynamic_ncols=True)
     shards = [s for s, _ in done_shards]
     counts = [n for _, n in done_shards]
-    sizes = list(done_sizes)
     writer: _ShardWriter | None = None
     try:
         for i, fields, status in loaded():
@@ -707,7 +518,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                 writer.finish()
                 shards.append(writer.path)
                 counts.append(writer.samples)
-                sizes.append(writer.image_sizes)
                 writer = None
             if writer is None:
                 writer = _ShardWriter(out_dir, name, len(shards))
@@ -719,7 +529,6 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             writer.finish()
             shards.append(writer.path)
             counts.append(writer.samples)
-            sizes.append(writer.image_sizes)
             writer = None
     except BaseException:
         if writer is not None:
@@ -732,11 +541,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         "__kind__": _MANIFEST_KIND, "wids_version": 1, "name": name,
         # filesize and sha256 let a reader check a copy of each shard (TarShards
         # does, for remote shards, before using a copy).
-        # image_sizes: (height, width) per sample, for aspect-ratio grouping
-        # without a pass over the images (see shards.encode_image_sizes).
+        # The image sizes are in each shard's index, not here: the list stays
+        # small at any scale (see feeder._tar).
         "shardlist": [{"url": os.path.basename(s), "nsamples": n, "filesize": os.path.getsize(s),
-                       "sha256": _sha256(s), "image_sizes": encode_image_sizes(z)}
-                      for s, n, z in zip(shards, counts, sizes)],
+                       "sha256": _sha256(s)}
+                      for s, n in zip(shards, counts)],
         "classes": classes,
         "feeder_pack": {**settings, "index_format": "dali-wds2idx-v1.2"},
     }

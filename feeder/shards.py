@@ -37,64 +37,30 @@ from __future__ import annotations
 
 import array
 import bisect
-import collections
 import contextlib
 import gc
-import glob
-import io
-import json
 import logging
 import os
-import posixpath
-import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._fields import FIELD_NAMES, _json_value, _npy, field_of, make_plan
+from ._index import _Column, _IndexTable, _LocalShard, load_indices
 from ._sample import DEFAULT_MAX_PIXELS
+from ._shardlist import _is_url, expand_braces, resolve
 from ._storage import FilePool, on_network_storage
-from ._tar import (COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex, decode_image_sizes,
-                   index_path, scan)
-from .errors import safe_text
+from ._tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
 log = logging.getLogger(__name__)
 
 # Image fields, in the order a sample's image is looked for.
-
-# Members whose name is not the rule's (see field_of): the image, the label
-# and the mask. A JPEG mask is not among them: JPEG blends class ids.
-FIELD_NAMES = {
-    **{ext: "image" for ext in IMAGE_EXTS},
-    "cls": "label",
-    "seg.png": "mask", "mask.png": "mask",
-}
-
-# How each format's bytes become a value (see _decode_field).
-_FORMATS = ("npy", "json", "txt", "cls", "bin")
-
-
-def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
-    """``(field name, format)`` of a shard member with extension ``ext``.
-
-    The format (``"npy"``, ``"json"``, ``"txt"``, ``"cls"``, or ``"bytes"``)
-    says how its bytes are decoded; ``label`` is the extension holding the
-    class index (the ``"label"`` field).
-    """
-    if ext == label:
-        return "label", "cls"
-    special = FIELD_NAMES.get(ext)
-    if special is not None and special != "label":
-        return special, "bytes"
-    name, dot, fmt = ext.rpartition(".")
-    if fmt in _FORMATS:
-        return (name if dot else fmt), ("bytes" if fmt == "bin" else fmt)
-    return ext, "bytes"
 
 # A sample's members are read with one call (one request, remotely) when the
 # gaps between them (tar headers, fields not asked for) add at most this much.
@@ -104,241 +70,6 @@ _SPAN_SLACK = 64 << 10
 DEFAULT_DEADLINE_S = 60.0
 # TarShards(max_field_bytes=): the largest non-image member read, bytes.
 DEFAULT_MAX_FIELD_BYTES = 256 << 20
-
-_BRACE = re.compile(r"\{([^{}]*)\}")
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Expand ``{000..127}`` (zero-padded to the first bound's width) and ``{a,b}``
-    groups, left to right: ``train-{000000..000002}.tar`` gives three names.
-
-    Raises:
-        ValueError: a range whose bounds are not integers, or that runs backwards.
-    """
-    m = _BRACE.search(pattern)
-    if m is None:
-        return [pattern]
-    body = m.group(1)
-    if ".." in body:
-        lo, _, hi = body.partition("..")
-        if not (lo.strip().isdigit() and hi.strip().isdigit()):
-            raise ValueError(f"shard pattern {pattern!r}: range {{{body}}} needs integer bounds")
-        a, b = int(lo), int(hi)
-        if b < a:
-            raise ValueError(f"shard pattern {pattern!r}: range {{{body}}} runs backwards")
-        width = len(lo.strip())
-        choices = [str(n).zfill(width) for n in range(a, b + 1)]
-    else:
-        choices = body.split(",")
-    head, tail = pattern[:m.start()], pattern[m.end():]
-    return [head + c + rest for c in choices for rest in expand_braces(tail)]
-
-
-def _is_url(name: str) -> bool:
-    return "://" in name and not name.startswith("file://")
-
-
-def _local(name: str) -> str:
-    return name[len("file://"):] if name.startswith("file://") else name
-
-
-class ListEntry(dict):
-    """What a shard list says of one shard: ``nsamples``, ``sha256`` (hex) and
-    ``filesize`` (bytes), each only when the list gives it."""
-
-
-_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-_PLAIN_ENTRY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._\-/]*\Z")
-_ODD_SEGMENT = re.compile(r"(^|/)\.{1,2}(/|$)|//")
-
-
-def _join_remote(base_url: str, entry: str, where: str) -> str:
-    """A remote shard list's entry as a URL: relative names resolve against the
-    list's own location; local paths and ``file://`` are refused (a list fetched
-    from a server must not make this process open its local files)."""
-    from urllib.parse import urljoin  # noqa: PLC0415
-
-    if _PLAIN_ENTRY.match(entry) and not _ODD_SEGMENT.search(entry) and "?" not in base_url \
-            and "#" not in base_url and base_url.count("/") >= 3:
-        # A plain relative name (letters, digits, ._-/ and no '.' or '..' segment):
-        # what urljoin gives, at a fraction of its cost (a list of 10^5 shards
-        # spent 2 of its 3 s of construction in urljoin).
-        return base_url.rsplit("/", 1)[0] + "/" + entry
-    if entry.startswith("file:") or os.path.isabs(entry) or entry.startswith("~") or "\0" in entry:
-        raise ShardFormatError(f"{where}: entry {entry!r} names a local file; a remote shard "
-                               f"list may name only remote shards (relative names or URLs)")
-    if _is_url(entry):
-        return entry
-    if ":" in entry.split("/", 1)[0]:
-        raise ShardFormatError(f"{where}: entry {entry!r}: not a relative name or a URL")
-    scheme, _, rest = base_url.split("?", 1)[0].partition("://")
-    if scheme in ("http", "https"):
-        return urljoin(base_url, entry)
-    # urljoin knows only the schemes of the web: join other ones (s3://, gs://...)
-    # the same way, '..' staying inside the bucket.
-    host, _, path = rest.partition("/")
-    joined = posixpath.normpath(posixpath.join("/" + posixpath.dirname(path), entry)).lstrip("/")
-    return f"{scheme}://{host}/{joined}"
-
-
-def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
-    """Shard names, classes and per-shard facts of a shard list
-    (``wids-shard-index-v1`` JSON, as ``feeder-pack`` writes it), names relative
-    to the list's own location."""
-    try:
-        doc = json.loads(text)
-        shards = [entry["url"] for entry in doc["shardlist"]]
-        if not all(isinstance(u, str) and u for u in shards):
-            raise TypeError("every 'url' must be a non-empty string")
-    except RecursionError:
-        raise ShardFormatError(f"{where}: not a shard list: JSON nested too deeply") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ShardFormatError(f"{where}: not a shard list (JSON with a 'shardlist' of "
-                               f"{{'url': ...}} entries): {exc}") from exc
-    remote = _is_url(where)
-    base = where.rsplit("/", 1)[0] if "/" in where else ""
-    out = []
-    facts: dict[str, ListEntry] = {}
-    # Plain relative names join by concatenation (see _join_remote), the list's
-    # folder computed once: 10^5 entries take 0.1 s instead of 0.3 s.
-    plain_base = (where.rsplit("/", 1)[0] + "/" if remote and "?" not in where and "#" not in where
-                  and where.count("/") >= 3 else None)
-    for s, entry in zip(shards, doc["shardlist"]):
-        if plain_base is not None and _PLAIN_ENTRY.match(s) and not _ODD_SEGMENT.search(s):
-            name = plain_base + s
-        elif remote:
-            name = _join_remote(where, s, where)
-        elif _is_url(s) or os.path.isabs(s) or not base:
-            name = _local(s)
-        else:
-            name = f"{base}/{s}"
-        out.append(name)
-        fact = ListEntry()
-        for key, kind in (("nsamples", int), ("filesize", int), ("sha256", str)):
-            value = entry.get(key)
-            if value is None:
-                continue
-            ok = (isinstance(value, kind) and not isinstance(value, bool)
-                  and (kind is str or value >= 0))
-            if kind is str:
-                ok = ok and _HEX64.fullmatch(value) is not None
-            if not ok:
-                raise ShardFormatError(f"{where}: shard {s!r}: {key} {value!r} is not "
-                                       f"{'a sha256 hex digest' if kind is str else 'an int >= 0'}")
-            fact[key] = value.lower() if kind is str else value
-        sizes = entry.get("image_sizes")
-        if sizes is not None:
-            try:
-                fact["image_sizes"] = decode_image_sizes(sizes, None)
-            except ValueError as exc:
-                raise ShardFormatError(f"{where}: shard {s!r}: {exc}") from None
-            if fact.get("nsamples") is not None and len(fact["image_sizes"]) != fact["nsamples"]:
-                # The sizes are a hint for grouping; the count is checked against
-                # the shard's own index (naming what is wrong) when it is read.
-                log.warning("%s: shard %r: image_sizes holds %d sizes for nsamples %d; not used",
-                            safe_text(where), s, len(fact["image_sizes"]), fact["nsamples"])
-                del fact["image_sizes"]
-        facts[name] = fact
-    classes = doc.get("classes")
-    return out, list(classes) if isinstance(classes, list) else None, facts
-
-
-def resolve(spec: Any, options: dict | None = None, deadline: float | None = None
-            ) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
-    """The shard names of ``spec``, the class names of its shard list, if any, and
-    what the list says of each shard (sample count, size, hash).
-
-    Args:
-        spec: A directory (its ``*.tar``, sorted), a shard path or URL, a brace
-            pattern, a local glob, a shard list (``.json``), or a list of these.
-
-    Raises:
-        FileNotFoundError: a directory without shards, a glob matching nothing.
-    """
-    if isinstance(spec, (str, os.PathLike)):
-        name = os.fspath(spec)
-        if _BRACE.search(name):
-            return expand_braces(name), None, {}
-        if name.split("?", 1)[0].endswith(".json"):
-            if _is_url(name):
-                from ._remote import fetch_small  # noqa: PLC0415 - fsspec only when remote
-
-                raw = fetch_small(name, options=options, deadline=deadline)
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise ShardFormatError(f"{name}: not a shard list: not UTF-8 ({exc})") from None
-                return _manifest(text, name)
-            with open(_local(name), encoding="utf-8") as f:
-                return _manifest(f.read(), _local(name))
-        if _is_url(name):
-            return [name], None, {}
-        path = _local(name)
-        if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tar")))
-            if not found:
-                raise FileNotFoundError(f"TarShards: no *.tar shard in directory {path!r}")
-            return found, None, {}
-        if any(ch in path for ch in "*?["):
-            found = sorted(glob.glob(path))
-            if not found:
-                raise FileNotFoundError(f"TarShards: no file matches {path!r}")
-            return found, None, {}
-        return [path], None, {}
-    if isinstance(spec, Iterable):
-        names: list[str] = []
-        for item in spec:
-            if not isinstance(item, (str, os.PathLike)):
-                raise TypeError(f"TarShards: shard names must be str or path-like, got {item!r}")
-            name = os.fspath(item)
-            names.extend(expand_braces(name) if _BRACE.search(name) else [_local(name)])
-        return names, None, {}
-    raise TypeError(f"TarShards: expected a directory, a shard path or URL, a pattern or a "
-                    f"list of them, got {spec!r}")
-
-
-def _json_value(raw: bytes) -> Any:
-    """A JSON field's value. Nesting deeper than the interpreter's recursion limit
-    raises RecursionError (CPython's parser guards its recursion), which the
-    caller reports as a bad field, naming it."""
-    return json.loads(raw)
-
-
-def _npy(raw: bytes) -> np.ndarray:
-    """One ``.npy`` array from its bytes: the header's shape and dtype are checked
-    against the bytes that follow before anything is allocated (``np.load``
-    allocates what the header claims first); object arrays (pickles) are refused."""
-    buf = io.BytesIO(raw)
-    try:
-        major, minor = np.lib.format.read_magic(buf)
-    except ValueError:
-        if raw[:2] == b"PK":
-            raise ValueError("an .npz archive, not one .npy array") from None
-        raise
-    if (major, minor) == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
-    elif major in (2, 3):
-        shape, fortran, dtype = np.lib.format._read_array_header(buf, version=(major, minor))
-    else:
-        raise ValueError(f"unknown .npy version {major}.{minor}")
-    if dtype.hasobject:
-        raise ValueError("an object array (a pickle): refused")
-    count = 1
-    for d in shape:
-        count *= int(d)
-    need = count * dtype.itemsize
-    have = len(raw) - buf.tell()
-    if need != have:
-        raise ValueError(f"its header claims shape {tuple(shape)} of {dtype} ({need} bytes) but "
-                         f"{have} bytes follow")
-    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=buf.tell())
-    arr = arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
-    if not arr.dtype.isnative:  # torch takes native byte order only
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    else:
-        arr = arr.copy()  # writable, and not a view holding the shard's bytes
-    return arr
-
 
 def _release(files: FilePool, store: Any, wait: bool = False) -> None:
     if store is not None:
@@ -362,28 +93,6 @@ def _no_collection() -> Iterator[None]:
             gc.enable()
 
 
-class _LocalShard:
-    """A shard on a local file system, read with ``os.pread``."""
-
-    remote = False
-
-    def __init__(self, path: str, files: FilePool) -> None:
-        self.name = path
-        self.files = files
-
-    def pread(self, length: int, offset: int) -> bytes:
-        return self.files.pread(self.name, length, offset)
-
-    def load_index(self, warn: Any, deadline: float | None = None) -> ShardIndex:
-        idx = index_path(self.name)
-        if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
-            with open(idx, encoding="utf-8", errors="surrogateescape") as f:
-                return ShardIndex.from_text(f.read(), idx)
-        size = os.path.getsize(self.name)  # FileNotFoundError names the shard
-        log.debug("indexing %s from its headers (no %s)", self.name, idx)
-        return scan(self.pread, size, self.name, warn)
-
-
 # TarShards(lazy_index="auto"): a shard list naming more shards than this, with
 # every shard's sample count, is indexed lazily (no request per shard up front).
 LAZY_INDEX_SHARDS = 64
@@ -391,147 +100,6 @@ LAZY_INDEX_SHARDS = 64
 # index of a shard of 10^4 two-member samples takes about 4 MB (measured with
 # tracemalloc: keys and member names 3.6 MB, the arrays 0.3 MB).
 DEFAULT_INDEX_CACHE = 16
-
-
-class _IndexTable:
-    """Shard indices loaded at their first need and kept in a bounded LRU (the
-    lazy indexing of :class:`TarShards`); :meth:`ahead` loads them in a thread of
-    its own before the readers get there (and starts the shards' copies into the
-    cache), so a read rarely waits for an index.
-
-    An entry is ``(index, image member per sample, label member per sample,
-    member offsets, member sizes)``, the last four as ``array('q')`` (looked up
-    at Python speed by every read, 8 bytes a number).
-    """
-
-    def __init__(self, owner: "TarShards", counts: list[int], capacity: int) -> None:
-        self._owner = weakref.ref(owner)
-        self.counts = counts
-        self.capacity = capacity
-        self._entries: collections.OrderedDict[int, tuple] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[int, bool]] = collections.deque()
-        self._queued: set[int] = set()
-        self._worker: threading.Thread | None = None
-        self.loads = 0  # indices loaded (for stats and tests)
-        self._loading: dict[int, threading.Event] = {}  # shard -> set when its load ends
-        _tables.add(self)
-
-    def after_fork(self) -> None:
-        """In a forked child (a DataLoader worker): the loader thread does not exist
-        there and its lock may be held; start with none (the entries stay)."""
-        self._lock = threading.Lock()
-        self._queue = collections.deque()
-        self._queued = set()
-        self._worker = None
-        self._loading = {}
-
-    def get(self, s: int) -> tuple:
-        while True:
-            with self._lock:
-                entry = self._entries.get(s)
-                if entry is not None:
-                    self._entries.move_to_end(s)
-                    return entry
-                loading = self._loading.get(s)
-                if loading is None:
-                    # This thread loads it; the others wanting it wait (every
-                    # read thread starts on the same shard at a window's start).
-                    done = self._loading[s] = threading.Event()
-                    break
-            # Bounded: the loader sets the event however its load ends; then
-            # this thread finds the entry, or loads it itself (and meets the error).
-            loading.wait(60)
-        try:
-            owner = self._owner()
-            if owner is None:
-                raise RuntimeError("the TarShards source was garbage-collected")
-            return self.put(s, owner._index_entry(s, self.counts[s]))
-        finally:
-            with self._lock:
-                self._loading.pop(s, None)
-            done.set()
-
-    def put(self, s: int, entry: tuple) -> tuple:
-        """Keep shard ``s``'s freshly loaded entry (the oldest go past the bound)."""
-        with self._lock:
-            self.loads += 1
-            self._entries[s] = entry
-            self._entries.move_to_end(s)
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-        return entry
-
-    def cached(self, s: int) -> bool:
-        with self._lock:
-            return s in self._entries
-
-    def ahead(self, shards: Iterable[int], copy: bool = False) -> None:
-        """Load these shards' indices in the background (and start copying the
-        shards into the cache when ``copy``); a hint: never blocks, never fails."""
-        start = False
-        with self._lock:
-            for s in shards:
-                if s in self._queued or (not copy and s in self._entries):
-                    continue
-                if len(self._queue) >= 4 * self.capacity:  # far ahead: the hint can wait
-                    break
-                self._queued.add(s)
-                self._queue.append((s, copy))
-            if self._queue and self._worker is None:
-                self._worker = threading.Thread(target=self._run, name="feeder-index-ahead",
-                                                daemon=True)
-                start = True
-        if start:
-            self._worker.start()  # type: ignore[union-attr]
-
-    def _run(self) -> None:
-        # Exits when the queue is empty (a later hint starts another): no thread
-        # outlives the work, so a dropped source leaves none behind.
-        while True:
-            with self._lock:
-                if not self._queue:
-                    self._worker = None
-                    return
-                s, copy = self._queue.popleft()
-                self._queued.discard(s)
-            owner = self._owner()
-            if owner is None:
-                with self._lock:
-                    self._worker = None
-                return
-            try:
-                if copy:
-                    owner._want_copy(s)
-                self.get(s)
-            except Exception as exc:  # noqa: BLE001 - the read that needs it raises it
-                log.debug("index of shard %d not loaded ahead: %s", s, exc)
-            del owner
-
-
-_tables: "weakref.WeakSet[_IndexTable]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for table in list(_tables):
-        table.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Column:
-    """One field of :class:`_IndexTable`'s entries, indexed by shard number."""
-
-    def __init__(self, table: _IndexTable, k: int) -> None:
-        self.table, self.k = table, k
-
-    def __getitem__(self, s: int) -> Any:
-        return self.table.get(s)[self.k]
-
-    def __len__(self) -> int:
-        return len(self.table.counts)
 
 
 class TarShards:
@@ -699,8 +267,9 @@ class TarShards:
             self._label_member: Any = [e[2] for e in entries]
             self._offsets: Any = [e[3] for e in entries]
             self._sizes: Any = [e[4] for e in entries]
-        # The image sizes the shard list gives (feeder-pack writes them), for
-        # Feeder(group_by_aspect_ratio=...): only when every shard has them.
+        # The image sizes a shard list of an earlier feeder-pack gives, for
+        # Feeder(group_by_aspect_ratio=...): only when every shard has them
+        # (feeder-pack now writes them in each shard's index: image_sizes()).
         listed = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
         self._image_sizes = (np.concatenate(listed) if listed and all(
             v is not None and len(v) == c for v, c in zip(listed, counts)) else None)
@@ -719,7 +288,8 @@ class TarShards:
                              f"give image_exts=")
         #: ``{extension: (field name, format)}`` of the members a dict sample
         #: holds besides its image; None when ``read`` gives pairs.
-        self.plan: dict[str, tuple[str, str]] | None = self._make_plan(fields, exts_seen, found)
+        self.plan: dict[str, tuple[str, str]] | None = make_plan(
+            fields, exts_seen, found, self.image_exts, self.label, self._where())
         self._required = self.plan is not None and not isinstance(fields, str)
         if (n and self.plan is None and self.label is not None
                 and not any(m >= 0 for e in entries for m in e[2])):
@@ -805,113 +375,7 @@ class TarShards:
 
     def _load_indices(self, shards: list[Any], warn: Any, deadline: float | None,
                       deadline_s: float | None) -> list[ShardIndex]:
-        """Every shard's index; remote ones in parallel (one round trip each, at
-        most 16 at once), all within the deadline."""
-        if not any(s.remote for s in shards):
-            return [s.load_index(warn) for s in shards]
-        results: list[Any] = [None] * len(shards)
-        done = threading.Event()
-        lock = threading.Lock()
-        todo = list(range(len(shards)))
-        busy: dict[int, str] = {}
-        left = [len(shards)]
-
-        def worker() -> None:
-            while True:
-                with lock:
-                    if not todo or done.is_set():
-                        return
-                    k = todo.pop(0)
-                    busy[k] = shards[k].name
-                try:
-                    results[k] = (True, shards[k].load_index(warn, deadline))
-                except BaseException as exc:  # noqa: BLE001 - handed to the constructor
-                    results[k] = (False, exc)
-                with lock:
-                    busy.pop(k, None)
-                    left[0] -= 1
-                    if left[0] == 0 or not results[k][0]:
-                        done.set()
-
-        # Daemon threads, not a ThreadPoolExecutor: a request stalled past the
-        # deadline must not hold up the constructor's error or the interpreter's exit.
-        for n in range(min(16, len(shards))):
-            threading.Thread(target=worker, name=f"feeder-index-{n}", daemon=True).start()
-        done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        with lock:
-            done.set()
-            stalled = sorted(busy.values()) + [shards[k].name for k in todo]
-            failed = [r[1] for r in results if r is not None and not r[0]]
-            missing = any(r is None for r in results)
-            got = list(results)  # what the workers handed in by now (later ones are dropped)
-        if failed:
-            # An error that arrived as the deadline passed names its URL itself.
-            if self._store is not None:
-                self._store.cancel.set()
-                self._store.stop.set()
-            raise failed[0]
-        if missing:
-            if self._store is not None:
-                self._store.cancel.set()  # cuts the stalled requests and the retry waits short
-                self._store.stop.set()
-            from ._remote import RemoteError  # noqa: PLC0415
-
-            raise RemoteError(f"TarShards: building the source took longer than deadline_s="
-                              f"{deadline_s} s; no answer yet from {', '.join(stalled[:5])}"
-                              f"{' ...' if len(stalled) > 5 else ''} (raise deadline_s, or check "
-                              f"the storage)")
-        return [r[1] for r in got]
-
-    def _make_plan(self, fields: Any, exts_seen: set[str], found: str) -> dict[str, tuple[str, str]] | None:
-        images = set(self.image_exts)
-        if fields is None:
-            return None
-        if isinstance(fields, str):
-            if fields != "auto":
-                raise ValueError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
-                                 f"extensions or a mapping {{extension: field name}}")
-            rest = sorted(e for e in exts_seen if e not in images and e != self.label
-                          and not (self.label is None and e == "cls"))
-            if not rest:
-                return None
-            plan = {e: field_of(e, self.label) for e in rest}
-            if self.label is not None and self.label in exts_seen:
-                plan[self.label] = ("label", "cls")
-        else:
-            if isinstance(fields, dict):
-                pairs = [(str(e).lower().lstrip("."), name) for e, name in fields.items()]
-            elif isinstance(fields, Iterable):
-                pairs = [(str(e).lower().lstrip("."), None) for e in fields]
-            else:
-                raise TypeError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
-                                f"extensions or a mapping {{extension: field name}}")
-            plan = {}
-            for ext, name in pairs:
-                if ext in images:
-                    raise ValueError(f"TarShards: fields names .{ext}, an image field: the image "
-                                     f"is the first of image_exts present, always read as \"image\"")
-                if ext not in exts_seen:
-                    raise ValueError(f"TarShards: fields names .{ext} but no sample in "
-                                     f"{self._where()} has it; fields found: {found}")
-                default, fmt = field_of(ext, self.label)
-                if name is not None and not (isinstance(name, str) and name):
-                    raise TypeError(f"TarShards: fields[{ext!r}] = {name!r}: a field name is a "
-                                    f"non-empty str")
-                if name == "*" and fmt != "json":
-                    raise ValueError(f"TarShards: fields[{ext!r}] = '*' spreads a JSON object's "
-                                     f"keys; .{ext} is not JSON")
-                plan[ext] = (name or default, fmt)
-        seen: dict[str, str] = {}
-        for ext, (name, _) in plan.items():
-            if name == "image":
-                raise ValueError(f"TarShards: the field .{ext} would be named \"image\", the "
-                                 f"image's name; give fields={{{ext!r}: '<another name>'}}")
-            if name in seen and name != "*":
-                raise ValueError(f"TarShards: the fields .{seen[name]} and .{ext} would both be "
-                                 f"named {name!r}; give fields= to choose (a list of extensions "
-                                 f"or {{extension: field name}})")
-            seen[name] = ext
-        return plan
+        return load_indices(shards, warn, deadline, deadline_s, self._store)
 
     def _open_shards(self, names: list[str]) -> None:
         """The per-process access to each shard: descriptors, remote store."""
@@ -1020,11 +484,35 @@ class TarShards:
 
     def image_sizes(self) -> np.ndarray | None:
         """int64 ``[len, 2]``: each sample's image (height, width), -1 where unknown, as
-        the shard list gives them (``feeder-pack`` stores them); None when it does
-        not (an older pack, or shards named without a list). Used by
-        ``Feeder(group_by_aspect_ratio=...)`` instead of reading every header."""
+        the shards' indices give them (``feeder-pack`` stores them there; a shard
+        list of an earlier version holds them itself, and is read as well); None
+        when a shard's index has none (shards packed by another tool). Used by
+        ``Feeder(group_by_aspect_ratio=...)`` instead of reading every header.
+
+        With lazy indexing this reads every shard's index once (grouping needs
+        every sample's size: 16 bytes a sample), in parallel, not through the
+        index LRU; the sizes are kept."""
         sizes = getattr(self, "_image_sizes", None)
+        if sizes is None and not getattr(self, "_image_sizes_read", False):
+            self._image_sizes_read = True  # None from the indices too: not asked again
+            sizes = self._image_sizes = self._indexed_image_sizes()
         return None if sizes is None else sizes.copy()
+
+    def _indexed_image_sizes(self) -> np.ndarray | None:
+        """Every sample's image size from its shard's index, or None if one lacks them."""
+        if self._lazy_counts is None:
+            indices = [self._indices[s] for s in range(len(self._shards))]
+        else:
+            indices = self._load_indices(self._shards, self._warn, None, None)
+            for shard, ix, expected in zip(self._shards, indices, self._lazy_counts):
+                if len(ix) != expected:
+                    raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
+                                           f"list says {expected}: the shard or the list is "
+                                           f"damaged or out of date (re-pack, or fix the list)")
+        parts = [ix.image_sizes for ix in indices]
+        if not parts or any(p is None for p in parts):
+            return None
+        return np.concatenate(parts)
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """``[start, stop)`` sample indices of each shard, in order."""

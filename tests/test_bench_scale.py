@@ -90,3 +90,27 @@ def test_the_synthetic_server_as_an_s3_endpoint(tmp_path):
         # s3fs asks HeadObject before and between GETs, 3 requests each at most),
         # and the shard read (HeadObject, the ranged GET, then its copy's HEAD and GET).
         assert counts["idx_requests"] <= 2 * 3 and counts.get("tar_requests", 0) <= 4
+
+
+def test_the_long_run_samples_rss_and_counts_bytes_per_epoch(tmp_path):
+    from feeder.bench.cli import main
+
+    out = str(tmp_path / "long")
+    # 40 shards of 50 samples, 4 ranks: 10 shards (500 samples) per epoch, several
+    # epochs in the 4 seconds.
+    assert main(["-q", "scale", "--shards", "40", "--per", "50", "--world-size", "4",
+                 "--window", "2", "--batch-size", "16", "--image-px", "16",
+                 "--seconds", "4", "--rss-every", "0.5", "--out", out]) == 0
+    doc = json.load(open(os.path.join(out, "scale_long.json")))
+    summary = doc["meta"]["summary"]
+    assert summary["epochs_complete"] >= 1 and summary["samples"] > 0
+    assert 0 < summary["rss_at_1min_mb"] <= summary["rss_max_mb"]
+    rows = open(os.path.join(out, "scale_rss.csv")).read().splitlines()
+    assert rows[0].startswith("t_s,epoch,samples,rss_mb") and len(rows) >= 4
+    epochs = [r for r in doc["rows"] if r["complete"]]
+    # The first epoch fetches its 10 shards (plus the ranges read before their
+    # copies land, a large share of shards this small); later ones find some
+    # in the cache still.
+    assert 1.0 <= epochs[0]["fetched_over_shard_bytes"] < 1.5
+    assert all(0 <= e["fetched_over_shard_bytes"] < 1.5 for e in epochs)
+    assert all(e["samples"] == 496 for e in epochs)  # 500 // 16 batches of 16

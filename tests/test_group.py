@@ -216,27 +216,77 @@ def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypa
     _folder(tmp_path / "src", sizes)
     res = pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=parse_size("8KB"))
     assert len(res.shards) > 1
+    # The sizes are in each shard's index, not in the shard list (which stays small).
+    manifest = json.loads((tmp_path / "out" / "train.json").read_text())
+    assert all("image_sizes" not in entry for entry in manifest["shardlist"])
     shards = TarShards(str(tmp_path / "out" / "train.json"))
     assert shards.image_sizes().tolist() == [list(s) for s in sizes]
-    # Grouping takes them from the shard list: no header is read.
+    # Grouping takes them from the indices: no header is read.
     monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
     with Feeder(shards, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=0) as f:
         batches = list(f)
     portrait = [h > w for h, w in sizes]
     uniform = [len({portrait[i] for i in b["label"].tolist()}) == 1 for b in batches]
     assert all(uniform[:-2])
-    # A list without sizes (an older pack) still reads: the sizes are then unknown.
-    manifest = json.loads((tmp_path / "out" / "train.json").read_text())
-    for entry in manifest["shardlist"]:
-        del entry["image_sizes"]
-    (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
-    old = TarShards(str(tmp_path / "out" / "old.json"))
+    # Lazily indexed: image_sizes() reads every index (once), the sizes the same.
+    lazy = TarShards(str(tmp_path / "out" / "train.json"), lazy_index=True)
+    assert lazy.indices_loaded == 1
+    assert lazy.image_sizes().tolist() == [list(s) for s in sizes]
+    # Indices without sizes (another tool's, or an older pack's): the sizes are unknown.
+    for shard in res.shards:
+        idx = shard[:-4] + ".idx"
+        text = open(idx).read()
+        open(idx, "w").write(text[:text.index("# image_sizes ")])
+    old = TarShards(str(tmp_path / "out" / "train.json"))
     assert len(old) == len(sizes) and old.image_sizes() is None
+
+
+def test_an_older_shard_list_with_image_sizes_still_gives_them(tmp_path, monkeypatch):
+    """Lists written by feeder-pack before the sizes moved into the indices."""
+    import json
+    from feeder._tar import ShardIndex, encode_image_sizes
+    from feeder.pack import pack, parse_size
+    from feeder.shards import TarShards
+    sizes = _mixed(24, seed=12)
+    _folder(tmp_path / "src", sizes)
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=parse_size("8KB"))
+    manifest = json.loads((tmp_path / "out" / "train.json").read_text())
+    at = 0
+    for shard, entry in zip(res.shards, manifest["shardlist"]):
+        idx = shard[:-4] + ".idx"
+        ix = ShardIndex.from_text(open(idx).read(), idx)
+        ix.image_sizes = None  # the index of that version: no sizes line
+        open(idx, "w").write(ix.to_text())
+        entry["image_sizes"] = encode_image_sizes(sizes[at:at + entry["nsamples"]])
+        at += entry["nsamples"]
+    (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
+    for lazy in (False, True):
+        old = TarShards(str(tmp_path / "out" / "old.json"), lazy_index=lazy)
+        monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
+        assert old.image_sizes().tolist() == [list(s) for s in sizes]
+        if lazy:
+            assert old.indices_loaded == 1  # from the list: no index read for them
+        monkeypatch.undo()
     # Damaged sizes are refused, naming the shard.
     manifest["shardlist"][0]["image_sizes"] = "AAAA"
     (tmp_path / "out" / "bad.json").write_text(json.dumps(manifest))
     with pytest.raises(Exception, match="image_sizes is not base64"):
         TarShards(str(tmp_path / "out" / "bad.json"))
+
+
+def test_damaged_sizes_in_an_index_name_the_file_and_line(tmp_path):
+    from feeder._tar import ShardFormatError, ShardIndex
+    text = "v1.2 2\njpg 512 10 a.jpg\njpg 1536 10 b.jpg\n"
+    assert ShardIndex.from_text(text, "s.idx").image_sizes is None
+    good = ShardIndex.from_text(text + "# image_sizes AQAAAAIAAAADAAAABAAAAA==\n", "s.idx")
+    assert good.image_sizes.tolist() == [[1, 2], [3, 4]]
+    assert ShardIndex.from_text(good.to_text(), "t.idx").image_sizes.tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(ShardFormatError, match=r"s\.idx: line 4 \(image sizes\): .*2 samples"):
+        ShardIndex.from_text(text + "# image_sizes AQAAAAIAAAA=\n", "s.idx")  # one pair for two
+    with pytest.raises(ShardFormatError, match=r"s\.idx: line 1 announces 2 samples but the index has 3"):
+        ShardIndex.from_text(text + "jpg 2560 10 c.jpg\n", "s.idx")
+    # Other comment lines after the samples are skipped (a later version's).
+    assert len(ShardIndex.from_text(text + "# something else\n", "s.idx")) == 2
 
 
 def test_resumed_pack_stores_the_sizes_of_its_earlier_shards(tmp_path):
@@ -412,3 +462,27 @@ def test_resume_mid_epoch_continues_the_size_grouped_order(many, isolation):
         g.load_state_dict(state)
         rest = [b["label"].tolist() for b in collect(g)]
     assert rest == reference[5:]
+
+
+def test_resuming_a_pack_of_an_earlier_version_adds_the_sizes_to_its_indices(tmp_path):
+    import json
+    import os
+    from feeder._tar import ShardIndex
+    from feeder.pack import pack, parse_size
+    from feeder.shards import TarShards
+    sizes = _mixed(24, seed=13)
+    _folder(tmp_path / "src", sizes)
+    out = tmp_path / "out"
+    res = pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    os.unlink(out / "train.json")
+    os.unlink(res.shards[-1])  # the last shard redone
+    for shard in res.shards[:-1]:  # the earlier version's indices: no sizes line
+        idx = shard[:-4] + ".idx"
+        ix = ShardIndex.from_text(open(idx).read(), idx)
+        ix.image_sizes = None
+        open(idx, "w").write(ix.to_text())
+    again = pack(str(tmp_path / "src"), str(out), shard_size=parse_size("8KB"))
+    assert again.resumed == len(res.shards) - 1
+    assert all("image_sizes" not in e
+               for e in json.loads((out / "train.json").read_text())["shardlist"])
+    assert TarShards(str(out / "train.json")).image_sizes().tolist() == [list(s) for s in sizes]

@@ -210,15 +210,15 @@ def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_pa
     d, n = _tree(packed, tmp_path)
     cache = str(tmp_path / "c")
     with FileServer(d) as srv:
-        # cache_bytes fits the indices but not the shards: reads stay by range.
-        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+        # cache_bytes fits the indices (with their image sizes) but not the shards: reads stay by range.
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=8000) as src:
             src.read(0)
             assert src.wait_downloads(T)
         _republish(d, "train-000000", "train-000002")
-        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=8000) as src:
             with pytest.raises(ShardChangedError, match=r"train-000000\.tar"):
                 src.read(0)
-        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=4000) as src:
+        with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=8000) as src:
             assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
 
 

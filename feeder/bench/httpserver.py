@@ -15,14 +15,17 @@ in chunks.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 CONTROL = "/__feeder__/"
@@ -37,6 +40,77 @@ class Request:
     path: str
     range: str | None
     status: int
+
+
+@dataclass
+class Resource:
+    """What a path serves: its kind (``"tar"``, ``"idx"``, ``"list"``, ``"file"``:
+    the counts' keys), size, validators, and its bytes as chunks.
+
+    ``chunks(start, end, step)`` yields bytes ``[start, end)`` in pieces of at
+    most ``step`` bytes (bytes or memoryviews: a memoryview of a buffer held in
+    memory goes to the socket without a copy).
+    """
+
+    kind: str
+    size: int
+    etag: str
+    modified: float | None
+    chunks: Callable[[int, int, int], Iterator[Any]]
+
+
+class Store(Protocol):
+    """Where a :class:`FileServer`'s resources come from."""
+
+    def resource(self, path: str) -> Resource | None:
+        """The resource at URL path ``path`` (no query), or None (a 404)."""
+
+
+def kind_of(name: str) -> str:
+    """The counts' key for a file name: shards, indices, shard lists, the rest."""
+    for ext, kind in ((".tar", "tar"), (".idx", "idx"), (".json", "list")):
+        if name.endswith(ext):
+            return kind
+    return "file"
+
+
+class Folder:
+    """The files under ``root``, as they are on disk."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.fspath(root)
+
+    def resource(self, path: str) -> Resource | None:
+        full = os.path.realpath(os.path.join(self.root, path.lstrip("/")))
+        if not full.startswith(os.path.realpath(self.root) + os.sep) or not os.path.isfile(full):
+            return None
+        st = os.stat(full)
+
+        def chunks(start: int, end: int, step: int) -> Iterator[bytes]:
+            with open(full, "rb") as f:
+                f.seek(start)
+                left = end - start
+                while left > 0:
+                    chunk = f.read(min(left, step))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+                    yield chunk
+
+        # As nginx does: the ETag from the modification time and size.
+        return Resource(kind_of(full), st.st_size, f'"{st.st_mtime_ns:x}-{st.st_size:x}"',
+                        st.st_mtime, chunks)
+
+
+def memory_chunks(data: bytes | bytearray | memoryview) -> Callable[[int, int, int], Iterator[Any]]:
+    """``Resource.chunks`` for bytes held in memory: slices of one memoryview, no copies."""
+    view = memoryview(data)
+
+    def chunks(start: int, end: int, step: int) -> Iterator[memoryview]:
+        for a in range(start, end, step):
+            yield view[a:min(end, a + step)]
+
+    return chunks
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -55,18 +129,36 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self, status: int) -> None:
         self.server.owner._record(Request(self.command, self.path, self.headers.get("Range"), status))
 
+    def _empty(self, status: int, **headers: str) -> None:
+        self._record(status)
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k.replace("_", "-"), v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _control(self, body: bool) -> bool:
+        """Answer the control paths of a server in another process (not counted)."""
+        owner = self.server.owner
+        what = self.path[len(CONTROL):]
+        if what == "count":
+            payload = str(owner.count()).encode()
+        elif what in ("counts", "reset"):
+            payload = json.dumps(owner.counts(reset=what == "reset")).encode()
+            if what == "reset":
+                owner.reset_counts()
+        else:
+            return False
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+        return True
+
     def _serve(self, body: bool) -> None:
         owner = self.server.owner
-        if self.path in (CONTROL + "count", CONTROL + "reset"):
-            # The control paths of a server in another process (ServerProcess): not counted.
-            if self.path.endswith("reset"):
-                owner.reset_counts()
-            payload = str(owner.count()).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            if body:
-                self.wfile.write(payload)
+        if self.path.startswith(CONTROL) and self._control(body):
             return
         if owner.latency_s:
             time.sleep(owner.latency_s)  # the storage's answer time
@@ -78,56 +170,34 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if fault == "redirect":  # a loop: the path redirects to itself
-            self._record(302)
-            self.send_response(302)
-            self.send_header("Location", self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            return self._empty(302, Location=self.path)
         if fault == "reset":
             self._record(0)
             self.close_connection = True
             self.connection.close()
             return
         if isinstance(fault, int):
-            self._record(fault)
-            self.send_response(fault)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        rel = self.path.split("?", 1)[0].lstrip("/")
-        path = os.path.realpath(os.path.join(owner.root, rel))
-        if not path.startswith(os.path.realpath(owner.root) + os.sep) or not os.path.isfile(path):
-            self._record(404)
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        st = os.stat(path)
-        size = st.st_size
+            return self._empty(fault)
+        res = owner.store.resource(self.path.split("?", 1)[0])
+        if res is None:
+            owner._tally("other", 0, False)
+            return self._empty(404)
+        size = res.size
         start, end, status = 0, size, 200
         header = None if owner.ignore_ranges else self.headers.get("Range")
         if header:
             m = _RANGE.match(header.strip())
             if m is None or (not m.group(1) and not m.group(2)):
-                self._record(416)
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
+                owner._tally(res.kind, 0, False)
+                return self._empty(416, Content_Range=f"bytes */{size}")
             if m.group(1):
                 start = int(m.group(1))
                 end = min(size, int(m.group(2)) + 1) if m.group(2) else size
             else:  # a suffix: the last N bytes
                 start = max(0, size - int(m.group(2)))
             if start >= size or start >= end:
-                self._record(416)
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{size}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
+                owner._tally(res.kind, 0, False)
+                return self._empty(416, Content_Range=f"bytes */{size}")
             status = 206
         self._record(status)
         self.send_response(status)
@@ -135,9 +205,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not owner.ignore_ranges:
             self.send_header("Accept-Ranges", "bytes")
         if owner.validators:
-            # As nginx does: the ETag from the modification time and size.
-            self.send_header("ETag", f'"{st.st_mtime_ns:x}-{size:x}"')
-            self.send_header("Last-Modified", self.date_time_string(int(st.st_mtime)))
+            self.send_header("ETag", res.etag)
+            if res.modified is not None:
+                self.send_header("Last-Modified", self.date_time_string(int(res.modified)))
         cut = fault in ("truncate", "shortlen")
         if fault == "shortlen":  # a proxy that cut the body and its length alike
             end = start + (end - start) // 2
@@ -145,22 +215,15 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
         self.end_headers()
-        if not body:
-            return
-        with open(path, "rb") as f:
-            f.seek(start)
-            left = end - start
-            if fault == "truncate":
-                left //= 2
+        sent = 0
+        if body:
+            stop = start + (end - start) // 2 if fault == "truncate" else end
             # A bandwidth limit sends small chunks, each once the shared budget allows.
-            step = 1 << 20 if not owner.bandwidth else 16 << 10
-            while left > 0:
-                chunk = f.read(min(left, step))
-                if not chunk:
-                    break
+            for chunk in res.chunks(start, stop, 1 << 20 if not owner.bandwidth else 16 << 10):
                 owner._throttle(len(chunk))
                 self.wfile.write(chunk)
-                left -= len(chunk)
+                sent += len(chunk)
+        owner._tally(res.kind, sent, body and status == 200)
         if cut:  # the connection drops mid-body
             self.close_connection = True
             self.wfile.flush()
@@ -171,9 +234,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: "FileServer"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that closes its connection (a source closed mid-copy) is no
+        # server error; anything else is printed as http.server does.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 class FileServer:
-    """Serves the files under ``root`` at ``http://127.0.0.1:<port>/``.
+    """Serves the files under ``root`` (or a :class:`Store`'s resources) at
+    ``http://127.0.0.1:<port>/``.
 
     Faults: :meth:`fail` queues what the next requests for a path get: an HTTP
     status (503, 404...), ``"reset"`` (the connection closes with no answer),
@@ -182,8 +252,13 @@ class FileServer:
     complete), ``"redirect"`` (a redirect to the same path: a loop) or
     ``"stall"`` (no answer until the server closes).
 
+    Counts: :meth:`count` over the request log (:attr:`requests`), and
+    :meth:`counts`, the requests and body bytes sent by kind of resource
+    (``tar_requests``, ``tar_bytes``, ``idx_...``, ``list_...``, ``other_...``
+    for 404s; shards also as ``tar_whole_...`` and ``tar_range_...``).
+
     Args:
-        root: The folder served.
+        root: The folder served (or None with ``store``).
         latency_s: Delay before every answer, seconds.
         ignore_ranges: Answer every request with the whole file (status 200), as
             ``python -m http.server`` does.
@@ -191,24 +266,34 @@ class FileServer:
             modification time and size, as nginx does).
         bandwidth: Bytes per second of response bodies, shared by every
             connection (a saturated link or a throttled bucket); 0: no limit.
+        store: Where the resources come from instead of ``root`` (e.g. shards
+            synthesized from their names, :mod:`feeder.bench.synth`).
+        log: Keep the log of every request (:attr:`requests`); a long benchmark
+            keeps the counts alone.
     """
 
-    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, ignore_ranges: bool = False,
-                 validators: bool = True, bandwidth: float = 0.0) -> None:
+    def __init__(self, root: str | os.PathLike | None = None, latency_s: float = 0.0,
+                 ignore_ranges: bool = False, validators: bool = True, bandwidth: float = 0.0,
+                 store: Store | None = None, log: bool = True) -> None:
         if bandwidth < 0:
             raise ValueError(f"bandwidth must be >= 0 bytes/s, got {bandwidth!r}")
+        if (root is None) == (store is None):
+            raise ValueError("FileServer serves a root folder or a store: give one of them")
         self.bandwidth = bandwidth
         # When the link is next free (perf_counter seconds): each chunk books its
         # share of it under the lock, then waits outside it.
         self._link_free = 0.0
-        self.root = os.fspath(root)
+        self.root = None if root is None else os.fspath(root)
+        self.store: Store = store if store is not None else Folder(root)  # type: ignore[arg-type]
         self.latency_s = latency_s
         self.ignore_ranges = ignore_ranges
         self.validators = validators
+        self.log = log
         self._closing = threading.Event()
         self.requests: list[Request] = []
+        self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._faults: list[tuple[Callable[[str], bool], Any]] = []
+        self._faults: list[tuple[Callable[[str], bool], Any, bool]] = []
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.owner = self
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -250,8 +335,28 @@ class FileServer:
         return None
 
     def _record(self, request: Request) -> None:
+        if self.log:
+            with self._lock:
+                self.requests.append(request)
+
+    def _tally(self, kind: str, sent: int, whole: bool) -> None:
         with self._lock:
-            self.requests.append(request)
+            c = self._counts
+            keys = [kind]
+            if kind == "tar":
+                keys.append("tar_whole" if whole else "tar_range")
+            for key in keys:
+                c[f"{key}_requests"] = c.get(f"{key}_requests", 0) + 1
+                c[f"{key}_bytes"] = c.get(f"{key}_bytes", 0) + sent
+
+    def counts(self, reset: bool = False) -> dict[str, int]:
+        """Requests and body bytes by kind (see the class docstring); ``reset``
+        starts them again from zero."""
+        with self._lock:
+            out = dict(self._counts)
+            if reset:
+                self._counts.clear()
+        return out
 
     def count(self, match: Callable[[Request], bool] | None = None) -> int:
         with self._lock:
@@ -260,6 +365,7 @@ class FileServer:
     def reset_counts(self) -> None:
         with self._lock:
             self.requests.clear()
+            self._counts.clear()
 
     def close(self) -> None:
         self._closing.set()
@@ -274,36 +380,35 @@ class FileServer:
         self.close()
 
 
-class ServerProcess:
-    """A :class:`FileServer` in a process of its own (``python -m
-    feeder.bench.httpserver``), so that serving does not take CPU and GIL time
-    from the loader being measured; the same ``url``, ``count`` and ``reset_counts``."""
+class ChildServer:
+    """A server in a process of its own (``python -m MODULE ARGS...``, which prints
+    its URL on a line and serves until SIGTERM: :func:`serve_until_terminated`),
+    so that serving takes no CPU or GIL time from the loader measured; its
+    :attr:`url`, :attr:`pid` (to read its CPU time) and :meth:`counts`."""
 
-    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, bandwidth: float = 0.0) -> None:
-        import subprocess  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "feeder.bench.httpserver", os.fspath(root), str(latency_s),
-             str(bandwidth)],
-            stdout=subprocess.PIPE, text=True)
+    def __init__(self, module: str, *args: Any) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)],
+                                      stdout=subprocess.PIPE, text=True)
         line = self._proc.stdout.readline().strip() if self._proc.stdout else ""
         if not line.startswith("http://"):
             self._proc.kill()
-            raise RuntimeError(f"the HTTP server did not start (said {line!r})")
+            self._proc.wait(10)
+            raise RuntimeError(f"the HTTP server ({module}) did not start (said {line!r})")
         self.url = line
 
-    def _control(self, what: str) -> int:
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _control(self, what: str) -> bytes:
         import urllib.request  # noqa: PLC0415
 
         with urllib.request.urlopen(self.url + CONTROL + what, timeout=30) as r:
-            return int(r.read())
+            return r.read()
 
-    def count(self) -> int:
-        return self._control("count")
-
-    def reset_counts(self) -> None:
-        self._control("reset")
+    def counts(self, reset: bool = False) -> dict[str, int]:
+        """The server's :meth:`FileServer.counts` (then zero with ``reset``)."""
+        return json.loads(self._control("reset" if reset else "counts"))
 
     def close(self) -> None:
         self._proc.terminate()
@@ -313,19 +418,31 @@ class ServerProcess:
             self._proc.kill()
             self._proc.wait(10)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> "ChildServer":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-if __name__ == "__main__":
-    import signal
-    import sys
+class ServerProcess(ChildServer):
+    """A :class:`FileServer` of ``root`` in a process of its own (``python -m
+    feeder.bench.httpserver``); the same ``url``, ``count`` and ``reset_counts``."""
 
-    server = FileServer(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
-                        bandwidth=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    def __init__(self, root: str | os.PathLike, latency_s: float = 0.0, bandwidth: float = 0.0) -> None:
+        super().__init__("feeder.bench.httpserver", os.fspath(root), latency_s, bandwidth)
+
+    def count(self) -> int:
+        return int(self._control("count"))
+
+    def reset_counts(self) -> None:
+        self._control("reset")
+
+
+def serve_until_terminated(server: FileServer) -> None:
+    """A child server's main: print the URL, serve until SIGTERM, close."""
+    import signal  # noqa: PLC0415
+
     sys.stdout.write(server.url + "\n")
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -333,3 +450,8 @@ if __name__ == "__main__":
         signal.pause()
     finally:
         server.close()
+
+
+if __name__ == "__main__":
+    serve_until_terminated(FileServer(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
+                                      bandwidth=float(sys.argv[3]) if len(sys.argv) > 3 else 0.0))

@@ -55,14 +55,20 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     p.add_argument("--decode-threads", type=int, default=2, help="decode threads (default 2)")
     p.add_argument("--read-threads", default="auto",
-                   help="read threads of the remote run (default auto: their own threads for "
-                        "remote shards; 0 reads in the decode threads, as for local shards)")
+                   help="read threads of both runs (default auto: their own threads for "
+                        "remote shards, 32 with 2 decode threads; none for local shards, which "
+                        "the decode threads read; 0 reads in the decode threads)")
     p.add_argument("--image-px", type=int, default=64, help="side of the JPEG every sample holds")
     p.add_argument("--seconds", type=float, default=300.0,
                    help="stop the remote run after this long if the rank's epoch is not done")
     p.add_argument("--local-batches", type=int, default=200,
                    help="batches timed on local copies of the shards (default 200)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--rss-every", type=float, default=None,
+                   help="the long run instead of the measures above: read epoch after epoch for "
+                        "--seconds (e.g. 3600), sampling RSS every this many seconds into "
+                        "scale_rss.csv (and scale_rss.png with matplotlib), and the bytes "
+                        "fetched per epoch against that epoch's shard bytes")
     p.add_argument("--s3", action="store_true",
                    help="read through s3fs (s3://synth/train.json, the server as the S3 endpoint: "
                         "HeadObject and ranged GetObject, path-style) instead of HTTP")
@@ -118,7 +124,8 @@ def shuffle_quality(nshards: int, per: int, classes: int, windows: list[int], po
 
 
 def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, limit_s: float,
-                max_batches: int | None, state_at: int | None) -> dict[str, Any]:
+                max_batches: int | None, state_at: int | None,
+                server_pid: int | None = None) -> dict[str, Any]:
     from feeder import Feeder  # noqa: PLC0415
 
     out: dict[str, Any] = {}
@@ -127,16 +134,24 @@ def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, 
     f = Feeder(src, args.batch_size, _transforms(), shuffle="shards", shuffle_shards=args.window,
                rank=rank, world_size=world_size, drop_last=True, seed=args.seed,
                decode_threads=args.decode_threads, augment_threads=0,
-               read_threads=args.read_threads if world_size > 1 else "auto")
+               read_threads=args.read_threads)
     try:
         t0 = time.perf_counter()
         it = iter(f)
         samples, batches = 0, 0
         rss_trace: list[tuple[float, int, int]] = []
         times: list[float] = []
+        # CPU seconds of this process (every loader thread) and of the server
+        # process, at each batch: throughput per CPU second is what a shared
+        # machine can measure, and the server's share is told apart.
+        cpu: list[float] = []
+        server_cpu: list[float] = []
         next_rss = 0.0
         for _x, y in it:
             now = time.perf_counter() - t0
+            cpu.append(time.process_time())
+            if server_pid is not None:
+                server_cpu.append(_server_cpu(server_pid))
             if batches == 0:
                 out["first_batch_s"] = now
                 out["rss_first_batch"] = _rss()
@@ -160,38 +175,225 @@ def _run_feeder(src: Any, args: argparse.Namespace, rank: int, world_size: int, 
         out["rss_trace"] = rss_trace
         out["rss_end"] = _rss()
         out["batch_times"] = times
+        out["batch_cpu"] = cpu
+        out["batch_server_cpu"] = server_cpu
     finally:
         f.close()
     return out
 
 
 def _steady(times: list[float], batch: int, skip: int) -> float:
-    """Samples per second after the first ``skip`` batches (the warm-up)."""
-    if len(times) <= skip + 1:
+    """Samples per second (of wall time, or of CPU time given CPU readings per
+    batch) after the first ``skip`` batches (the warm-up)."""
+    if len(times) <= skip + 1 or times[-1] <= times[skip]:
         return float("nan")
     return (len(times) - 1 - skip) * batch / (times[-1] - times[skip])
 
 
-def run(args: argparse.Namespace) -> int:
-    from feeder._sampler import ShardLayout, pass_sequence, shard_sizes, shard_stream_order  # noqa: PLC0415
-    from feeder.shards import TarShards  # noqa: PLC0415
-
-    from .synth import SynthServerProcess, SynthShards  # noqa: PLC0415
-
-    # Import fsspec's HTTP (or S3) stack before the clock starts: the import is
-    # a one-off cost of the process, not of building a source.
+def _import_stack(s3: bool) -> None:
+    """Import fsspec's HTTP (or S3) stack before the clock starts: the import is
+    a one-off cost of the process, not of building a source."""
     import aiohttp  # noqa: F401, PLC0415
     import fsspec.implementations.http  # noqa: F401, PLC0415
 
-    if args.s3:
+    if s3:
         import s3fs  # noqa: F401, PLC0415
 
-    work = tempfile.mkdtemp(prefix="feeder-scale-")
+
+def _dataset(args: argparse.Namespace, prefix: str) -> tuple[str, str, Any]:
+    """A work folder, the image file the server process reads, and the dataset."""
+    from .synth import SynthShards  # noqa: PLC0415
+
+    work = tempfile.mkdtemp(prefix=prefix)
     image = _image(args.image_px)
     image_path = os.path.join(work, "image.jpg")
     with open(image_path, "wb") as f:
         f.write(image)
-    synth = SynthShards(args.shards, args.per, image)
+    return work, image_path, SynthShards(args.shards, args.per, image)
+
+
+def _server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # evicted while walked
+    return total
+
+
+def _slope_mb_per_h(trace: list[dict[str, Any]], after_s: float) -> float:
+    """Least-squares slope of RSS (MB per hour) over the samples after ``after_s``."""
+    pts = [(r["t_s"], r["rss_mb"]) for r in trace if r["t_s"] >= after_s]
+    if len(pts) < 3:
+        return float("nan")
+    t, m = np.array(pts).T
+    return float(np.polyfit(t / 3600.0, m, 1)[0])
+
+
+def run_long(args: argparse.Namespace) -> int:
+    """The long run: epochs of this rank's share read back to back for
+    ``--seconds``, RSS sampled every ``--rss-every`` seconds (see the module
+    docstring); bytes fetched per finished epoch against that epoch's shards."""
+    from feeder import Feeder  # noqa: PLC0415
+    from feeder._sampler import ShardLayout, shard_stream_order  # noqa: PLC0415
+    from feeder.shards import TarShards  # noqa: PLC0415
+
+    from .synth import SynthServerProcess  # noqa: PLC0415
+
+    _import_stack(False)
+    os.makedirs(args.out, exist_ok=True)
+    work, image_path, synth = _dataset(args, "feeder-scale-long-")
+    cache_dir = os.path.join(work, "cache")
+    cache_bytes = int(args.cache_shards * synth.size)
+    meta: dict[str, Any] = {
+        "shards": args.shards, "per_shard": args.per, "samples": synth.samples,
+        "shard_bytes": synth.size, "data_bytes": synth.size * args.shards,
+        "world_size": args.world_size, "rank": args.rank, "window_shards": args.window,
+        "batch_size": args.batch_size, "decode_threads": args.decode_threads,
+        "cache_bytes": cache_bytes, "seconds": args.seconds, "rss_every_s": args.rss_every}
+    trace: list[dict[str, Any]] = []
+    epochs: list[dict[str, Any]] = []
+    csv_path = os.path.join(args.out, "scale_rss.csv")
+    rss_start = _rss()
+    try:
+        with SynthServerProcess(args.shards, args.per, image_path) as server, \
+                open(csv_path, "w") as csv:
+            csv.write("t_s,epoch,samples,rss_mb,cache_mb,tar_bytes_fetched,server_cpu_s,"
+                      "client_cpu_s\n")
+            src = TarShards(server.url + "/train.json", cache_dir=cache_dir,
+                            cache_bytes=cache_bytes, lazy_index=True)
+            server.counts(reset=True)
+            f = Feeder(src, args.batch_size, _transforms(), shuffle="shards",
+                       shuffle_shards=args.window, rank=args.rank, world_size=args.world_size,
+                       drop_last=True, seed=args.seed, decode_threads=args.decode_threads,
+                       augment_threads=0)
+            layout = ShardLayout(tuple(src.shard_ranges()), 8192, shards=args.window)
+            t0, c0 = time.perf_counter(), time.process_time()
+            s0 = _server_cpu(server.pid)
+            samples, next_rss, epoch, fetched_before = 0, 0.0, 0, 0
+
+            def sample(now: float) -> None:
+                row = {"t_s": round(now, 1), "epoch": epoch, "samples": samples,
+                       "rss_mb": round(_rss() / 2**20, 1),
+                       "cache_mb": round(_dir_bytes(cache_dir) / 2**20, 1),
+                       "tar_bytes_fetched": server.counts().get("tar_bytes", 0),
+                       "server_cpu_s": round(_server_cpu(server.pid) - s0, 1),
+                       "client_cpu_s": round(time.process_time() - c0, 1)}
+                trace.append(row)
+                csv.write(",".join(str(row[k]) for k in row) + "\n")
+                csv.flush()
+                report.progress(f"{row['t_s']:.0f} s: epoch {epoch}, {samples} samples, RSS "
+                                f"{row['rss_mb']} MB, cache {row['cache_mb']} MB")
+
+            done = False
+            while not done:
+                order = shard_stream_order(layout, args.seed, epoch, args.rank, args.world_size,
+                                           True)
+                shards = {s for w in range(order.windows()) for s in order.window_shard_numbers(w)}
+                e0, n0 = time.perf_counter(), samples
+                f.set_epoch(epoch)
+                for _x, y in f:
+                    samples += len(y)
+                    now = time.perf_counter() - t0
+                    if now >= next_rss:
+                        sample(now)
+                        next_rss += args.rss_every
+                    if now >= args.seconds:
+                        done = True
+                        break
+                src.wait_downloads(60)
+                fetched = server.counts().get("tar_bytes", 0)
+                epochs.append({"epoch": epoch, "complete": not done,
+                               "samples": samples - n0, "seconds": round(time.perf_counter() - e0, 1),
+                               "tar_bytes_fetched": fetched - fetched_before,
+                               "epoch_shard_bytes": len(shards) * synth.size,
+                               "fetched_over_shard_bytes": round(
+                                   (fetched - fetched_before) / (len(shards) * synth.size), 4)})
+                fetched_before = fetched
+                epoch += 1
+            sample(time.perf_counter() - t0)
+            f.close()
+            src.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    full = [e for e in epochs if e["complete"]]
+    first_min = min(trace, key=lambda r: abs(r["t_s"] - 60.0))
+    summary = {
+        "rss_start_mb": round(rss_start / 2**20, 1),
+        "rss_at_1min_mb": first_min["rss_mb"], "rss_at_1min_t_s": first_min["t_s"],
+        "rss_end_mb": trace[-1]["rss_mb"], "rss_end_t_s": trace[-1]["t_s"],
+        "rss_max_mb": max(r["rss_mb"] for r in trace),
+        "rss_slope_mb_per_h_after_1min": round(_slope_mb_per_h(trace, 60.0), 2),
+        "cache_max_mb": max(r["cache_mb"] for r in trace),
+        "epochs_complete": len(full), "samples": trace[-1]["samples"],
+        "fetched_over_shard_bytes_complete_epochs": round(
+            sum(e["tar_bytes_fetched"] for e in full)
+            / max(1, sum(e["epoch_shard_bytes"] for e in full)), 4) if full else float("nan"),
+        "server_cpu_s": trace[-1]["server_cpu_s"], "client_cpu_s": trace[-1]["client_cpu_s"]}
+    meta["summary"] = summary
+    line = (f"feeder-bench scale --rss-every {args.rss_every:g} --seconds {args.seconds:g}: "
+            f"{synth.samples:.0e} samples, {args.shards} shards, rank {args.rank} of "
+            f"{args.world_size}, shuffle_shards={args.window}, cache {cache_bytes / 2**20:.0f} MiB; "
+            f"RSS {summary['rss_at_1min_mb']} MB at {summary['rss_at_1min_t_s']:.0f} s, "
+            f"{summary['rss_end_mb']} MB at {summary['rss_end_t_s']:.0f} s, max "
+            f"{summary['rss_max_mb']} MB, slope {summary['rss_slope_mb_per_h_after_1min']} MB/h; "
+            f"{summary['epochs_complete']} epochs complete, bytes fetched / their shard bytes "
+            f"{summary['fetched_over_shard_bytes_complete_epochs']}; cache at most "
+            f"{summary['cache_max_mb']} MB; {summary['samples']} samples")
+    print(line)
+    table = report.format_table(
+        epochs, [("epoch", "epoch", "{}"), ("complete", "complete", "{}"),
+                 ("samples", "samples", "{}"), ("seconds", "s", "{}"),
+                 ("tar_bytes_fetched", "bytes fetched", "{}"),
+                 ("epoch_shard_bytes", "epoch's shard bytes", "{}"),
+                 ("fetched_over_shard_bytes", "ratio", "{}")],
+        title="bytes fetched per epoch")
+    print(table)
+    report.write_outputs(args.out, "scale_long", epochs, meta, {"rss": trace})
+    with open(os.path.join(args.out, "scale_long.txt"), "w") as out:
+        out.write(line + "\n\n" + table + "\n")
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot([r["t_s"] / 60 for r in trace], [r["rss_mb"] for r in trace], label="RSS")
+        ax.plot([r["t_s"] / 60 for r in trace], [r["cache_mb"] for r in trace], label="disk cache")
+        ax.set_xlabel("minutes")
+        ax.set_ylabel("MB")
+        ax.legend()
+        ax.set_title(f"{synth.samples:.0e} samples, rank {args.rank} of {args.world_size}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, "scale_rss.png"), dpi=90)
+    except ImportError:
+        pass  # the CSV holds the same
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rss_every is not None:
+        if args.rss_every <= 0:
+            raise ValueError(f"--rss-every must be > 0 seconds, got {args.rss_every}")
+        return run_long(args)
+    from feeder._sampler import ShardLayout, pass_sequence, shard_sizes, shard_stream_order  # noqa: PLC0415
+    from feeder.shards import TarShards  # noqa: PLC0415
+
+    from .synth import SynthServerProcess  # noqa: PLC0415
+
+    _import_stack(args.s3)
+    work, image_path, synth = _dataset(args, "feeder-scale-")
+    image = synth.image
     n = synth.samples
     meta: dict[str, Any] = {
         "shards": args.shards, "per_shard": args.per, "samples": n, "shard_bytes": synth.size,
@@ -232,7 +434,8 @@ def run(args: argparse.Namespace) -> int:
             meta["rank_shards"] = len(mine)
             meta["rank_samples"] = shard_sizes(n, args.world_size, True)[args.rank]
             remote = _run_feeder(src, args, args.rank, args.world_size, args.seconds, None,
-                                 state_at=max(1, meta["rank_samples"] // args.batch_size // 2))
+                                 state_at=max(1, meta["rank_samples"] // args.batch_size // 2),
+                                 server_pid=server.pid)
             src.wait_downloads(60)
             fetched = server.counts()
             src.close()
@@ -249,6 +452,16 @@ def run(args: argparse.Namespace) -> int:
         # Warm: after the first window (its shards were fetched while it was read).
         warm_skip = min(len(times) // 3, max(1, args.window * args.per // args.batch_size))
         meta["remote_steady_samples_per_s"] = _steady(times, args.batch_size, warm_skip)
+        cpu, server_cpu = remote.pop("batch_cpu"), remote.pop("batch_server_cpu")
+        meta["remote_samples_per_client_cpu_s"] = _steady(cpu, args.batch_size, warm_skip)
+        steady_wall = times[-1] - times[warm_skip] if len(times) > warm_skip + 1 else float("nan")
+        meta["server_cpu_s_steady"] = (server_cpu[-1] - server_cpu[warm_skip]
+                                       if len(server_cpu) > warm_skip + 1 else float("nan"))
+        meta["server_cpu_share_steady"] = meta["server_cpu_s_steady"] / steady_wall
+        meta["remote_samples_per_cpu_s_with_server"] = (
+            (len(cpu) - 1 - warm_skip) * args.batch_size
+            / (cpu[-1] - cpu[warm_skip] + meta["server_cpu_s_steady"])
+            if len(cpu) > warm_skip + 1 else float("nan"))
 
         # The same pipeline on local copies of the same shards (one rank reading them all).
         local_dir = os.path.join(work, "local")
@@ -269,11 +482,18 @@ def run(args: argparse.Namespace) -> int:
                             min(args.local_batches + warm_skip, len(times)), None)
         local_src.close()
         ltimes = local.pop("batch_times")
+        lcpu = local.pop("batch_cpu")
+        local.pop("batch_server_cpu")
         local.pop("rss_trace")
         meta["local"] = local
         meta["local_steady_samples_per_s"] = _steady(ltimes, args.batch_size, warm_skip)
         meta["remote_over_local"] = (meta["remote_steady_samples_per_s"]
                                      / meta["local_steady_samples_per_s"])
+        meta["local_samples_per_client_cpu_s"] = _steady(lcpu, args.batch_size, warm_skip)
+        meta["remote_over_local_per_client_cpu"] = (meta["remote_samples_per_client_cpu_s"]
+                                                    / meta["local_samples_per_client_cpu_s"])
+        meta["remote_over_local_per_cpu_with_server"] = (
+            meta["remote_samples_per_cpu_s_with_server"] / meta["local_samples_per_client_cpu_s"])
 
         # The global shuffle over the whole list: no array, at once.
         t0 = time.perf_counter()
@@ -313,6 +533,16 @@ def run(args: argparse.Namespace) -> int:
          "value": round(meta["local_steady_samples_per_s"]), "target": ""},
         {"measure": "remote / local", "value": round(meta["remote_over_local"], 3),
          "target": ">= 0.9"},
+        {"measure": "samples per CPU s of the loader's process, remote",
+         "value": round(meta["remote_samples_per_client_cpu_s"]), "target": ""},
+        {"measure": "samples per CPU s of the loader's process, local",
+         "value": round(meta["local_samples_per_client_cpu_s"]), "target": ""},
+        {"measure": "remote / local, per CPU s of the loader's process",
+         "value": round(meta["remote_over_local_per_client_cpu"], 3), "target": ">= 0.9"},
+        {"measure": "remote / local, per CPU s with the server's",
+         "value": round(meta["remote_over_local_per_cpu_with_server"], 3), "target": ""},
+        {"measure": "server CPU s per second, steady remote",
+         "value": round(meta["server_cpu_share_steady"], 3), "target": ""},
         {"measure": "global shuffle over the list: order + first batch (s)",
          "value": round(meta["global_order_first_batch_s"], 4), "target": "instant"},
         {"measure": "rank's epoch completed", "value": remote["epoch_done"], "target": ""},

@@ -1,0 +1,147 @@
+"""How a shard member becomes a field of a dict sample: its name from its
+extension (:func:`field_of`, the table in :mod:`feeder.shards`) and the decoding
+of the ``.npy`` and ``.json`` formats, bounded by the member's own bytes."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ._tar import IMAGE_EXTS
+
+# Members whose name is not the rule's (see field_of): the image, the label
+# and the mask. A JPEG mask is not among them: JPEG blends class ids.
+FIELD_NAMES = {
+    **{ext: "image" for ext in IMAGE_EXTS},
+    "cls": "label",
+    "seg.png": "mask", "mask.png": "mask",
+}
+
+# How each format's bytes become a value (see _decode_field).
+_FORMATS = ("npy", "json", "txt", "cls", "bin")
+
+
+def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
+    """``(field name, format)`` of a shard member with extension ``ext``.
+
+    The format (``"npy"``, ``"json"``, ``"txt"``, ``"cls"``, or ``"bytes"``)
+    says how its bytes are decoded; ``label`` is the extension holding the
+    class index (the ``"label"`` field).
+    """
+    if ext == label:
+        return "label", "cls"
+    special = FIELD_NAMES.get(ext)
+    if special is not None and special != "label":
+        return special, "bytes"
+    name, dot, fmt = ext.rpartition(".")
+    if fmt in _FORMATS:
+        return (name if dot else fmt), ("bytes" if fmt == "bin" else fmt)
+    return ext, "bytes"
+
+
+def _json_value(raw: bytes) -> Any:
+    """A JSON field's value. Nesting deeper than the interpreter's recursion limit
+    raises RecursionError (CPython's parser guards its recursion), which the
+    caller reports as a bad field, naming it."""
+    return json.loads(raw)
+
+
+def _npy(raw: bytes) -> np.ndarray:
+    """One ``.npy`` array from its bytes: the header's shape and dtype are checked
+    against the bytes that follow before anything is allocated (``np.load``
+    allocates what the header claims first); object arrays (pickles) are refused."""
+    buf = io.BytesIO(raw)
+    try:
+        major, minor = np.lib.format.read_magic(buf)
+    except ValueError:
+        if raw[:2] == b"PK":
+            raise ValueError("an .npz archive, not one .npy array") from None
+        raise
+    if (major, minor) == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
+    elif major in (2, 3):
+        shape, fortran, dtype = np.lib.format._read_array_header(buf, version=(major, minor))
+    else:
+        raise ValueError(f"unknown .npy version {major}.{minor}")
+    if dtype.hasobject:
+        raise ValueError("an object array (a pickle): refused")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    need = count * dtype.itemsize
+    have = len(raw) - buf.tell()
+    if need != have:
+        raise ValueError(f"its header claims shape {tuple(shape)} of {dtype} ({need} bytes) but "
+                         f"{have} bytes follow")
+    arr = np.frombuffer(raw, dtype=dtype, count=count, offset=buf.tell())
+    arr = arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
+    if not arr.dtype.isnative:  # torch takes native byte order only
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    else:
+        arr = arr.copy()  # writable, and not a view holding the shard's bytes
+    return arr
+
+
+def make_plan(fields: Any, exts_seen: set[str], found: str, image_exts: tuple[str, ...],
+              label: str | None, where: str) -> dict[str, tuple[str, str]] | None:
+    """What ``TarShards(fields=)`` reads of a dict sample: ``{extension: (field name,
+    format)}``, or None for ``(image, label)`` pairs; checked against the
+    extensions the shards hold (``exts_seen``, listed as ``found``; ``where``
+    names the shards in errors).
+
+    Raises:
+        ValueError, TypeError: a ``fields`` that cannot be read as asked.
+    """
+    images = set(image_exts)
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        if fields != "auto":
+            raise ValueError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
+                             f"extensions or a mapping {{extension: field name}}")
+        rest = sorted(e for e in exts_seen if e not in images and e != label
+                      and not (label is None and e == "cls"))
+        if not rest:
+            return None
+        plan = {e: field_of(e, label) for e in rest}
+        if label is not None and label in exts_seen:
+            plan[label] = ("label", "cls")
+    else:
+        if isinstance(fields, dict):
+            pairs = [(str(e).lower().lstrip("."), name) for e, name in fields.items()]
+        elif isinstance(fields, Iterable):
+            pairs = [(str(e).lower().lstrip("."), None) for e in fields]
+        else:
+            raise TypeError(f"TarShards: fields={fields!r}: give 'auto', None, a list of "
+                            f"extensions or a mapping {{extension: field name}}")
+        plan = {}
+        for ext, name in pairs:
+            if ext in images:
+                raise ValueError(f"TarShards: fields names .{ext}, an image field: the image "
+                                 f"is the first of image_exts present, always read as \"image\"")
+            if ext not in exts_seen:
+                raise ValueError(f"TarShards: fields names .{ext} but no sample in "
+                                 f"{where} has it; fields found: {found}")
+            default, fmt = field_of(ext, label)
+            if name is not None and not (isinstance(name, str) and name):
+                raise TypeError(f"TarShards: fields[{ext!r}] = {name!r}: a field name is a "
+                                f"non-empty str")
+            if name == "*" and fmt != "json":
+                raise ValueError(f"TarShards: fields[{ext!r}] = '*' spreads a JSON object's "
+                                 f"keys; .{ext} is not JSON")
+            plan[ext] = (name or default, fmt)
+    seen: dict[str, str] = {}
+    for ext, (name, _) in plan.items():
+        if name == "image":
+            raise ValueError(f"TarShards: the field .{ext} would be named \"image\", the "
+                             f"image's name; give fields={{{ext!r}: '<another name>'}}")
+        if name in seen and name != "*":
+            raise ValueError(f"TarShards: the fields .{seen[name]} and .{ext} would both be "
+                             f"named {name!r}; give fields= to choose (a list of extensions "
+                             f"or {{extension: field name}})")
+        seen[name] = ext
+    return plan
