@@ -13,13 +13,11 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._storage import FilePool
 from ._tar import ShardIndex, index_path, scan
 
-if TYPE_CHECKING:
-    from .shards import TarShards
 
 log = logging.getLogger("feeder.shards")
 
@@ -56,7 +54,7 @@ class _IndexTable:
     at Python speed by every read, 8 bytes a number).
     """
 
-    def __init__(self, owner: "TarShards", counts: list[int], capacity: int) -> None:
+    def __init__(self, owner: Any, counts: list[int], capacity: int) -> None:
         self._owner = weakref.ref(owner)
         self.counts = counts
         self.capacity = capacity
