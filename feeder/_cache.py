@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._fetch import _split_query
+from ._sizes import parse_size
 from ._http import Validator
 
 # The records keep the logger of the module these came from.
@@ -38,8 +39,6 @@ def cache_limit(cache_bytes: int | None) -> int:
     if cache_bytes is None:
         env = os.environ.get("FEEDER_CACHE_BYTES")
         if env:
-            from .pack import parse_size  # noqa: PLC0415
-
             return parse_size(env)
         return DEFAULT_CACHE_BYTES
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
