@@ -1,7 +1,7 @@
 """Griffe extension of the docs build: show signatures that are set at import.
 
 ``Feeder.__init__`` takes ``**options`` in its source; the options are declared
-once, in ``feeder._config.Config``, and ``feeder/_feeder.py`` sets
+once, in ``feeder.engine.config.Config``, and ``feeder/_feeder.py`` sets
 ``Feeder.__init__.__signature__`` from them. Static analysis sees only
 ``**options``, so the API reference would list no default. For every function
 whose runtime object carries an explicit ``__signature__``, this extension

@@ -10,15 +10,15 @@
             ...
 """
 
-from . import ops
-from ._dataset import FeederDataset
+from . import _moved, ops
 from ._consumer import BatchInfo
+from ._dataset import FeederDataset
 from ._feeder import Feeder
-from ._rng import SampleRNG
-from ._decode import jpeg_decoder as _jpeg_decoder
-from ._sample import check_sample
-from ._stats import QueueStats, StageStats, Stats
-from ._transfer import Batch
+from .engine.stats import QueueStats, StageStats, Stats
+from .engine.transfer import Batch
+from .work.decode import jpeg_decoder as _jpeg_decoder
+from .work.rng import SampleRNG
+from .work.sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
 from .shards import TarShards
@@ -59,10 +59,13 @@ def info() -> dict:
 
     Returns:
         ``{"version": ..., "jpeg": {...}}``; ``"jpeg"`` says which JPEG decoder
-        runs: ``"decoder"`` is ``"feeder._jpeg"`` (the region decoder built
+        runs: ``"decoder"`` is ``"feeder.work._jpeg"`` (the region decoder built
         against the system's libjpeg-turbo, with its ``"libjpeg_turbo"``
         version) or ``"simplejpeg"`` (a whole-image decode before every crop),
         ``"region_decode"`` whether only the crop is decoded, and ``"reason"``
         why the region decoder is not used (None when it is).
     """
     return {"version": __version__, "jpeg": _jpeg_decoder()}
+
+
+_moved.install()  # the module paths of earlier releases (feeder._decode...) still import

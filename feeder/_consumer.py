@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from . import _reaper
-from ._pipeline import Pass
-from ._queue import END, Closed
+from .engine import reaper as _reaper
+from .engine.pipeline import Pass
+from .engine.queue import END, Closed
 from ._resume import Progress
-from ._stats import StatsBook
-from ._transfer import Delivery, Failure
+from .engine.stats import StatsBook
+from .engine.transfer import Delivery, Failure
 from .errors import FeederError, FeederTimeoutError, safe_text
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._rng import epoch_key, index_key
-from ._sample import IMAGE, MASK, Task
-from ._work import SampleWork, read_sample
+from .work.rng import epoch_key, index_key
+from .work.sample import IMAGE, MASK, Task
+from .engine.steps import SampleWork, read_sample
 from .errors import SampleError
 from .sources import describe
 

@@ -11,18 +11,18 @@ from typing import Any
 
 import torch
 
-from . import _reaper
-from ._augment import Chain
+from .engine import reaper as _reaper
+from .work.augment import Chain
 from ._dataset import FeederDataset
-from ._config import Config, reads_may_block, signature_parameters
+from .engine.config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
-from ._decode import note_jpeg_decoder
-from ._engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
-from ._pipeline import Pass
-from ._ranks import EpochSampler, Ranks
+from .work.decode import note_jpeg_decoder
+from .engine.engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
+from .engine.pipeline import Pass
+from .engine.ranks import EpochSampler, Ranks
 from ._resume import Cursor, Progress
-from ._stats import Stats
-from ._sampler import check_epoch, num_batches, shard_layout, shard_size, shard_sizes
+from .engine.stats import Stats
+from .engine.sampler import check_epoch, num_batches, shard_layout, shard_size, shard_sizes
 from .errors import FeederError
 from .sources import Source
 

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ._group import group_sequence
-from ._order import Handled, Order
-from ._ranks import Ranks
-from ._sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
+from .engine.group import group_sequence
+from .engine.order import Handled, Order
+from .engine.ranks import Ranks
+from .engine.sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
 
 FORMAT_VERSION = 1  # bitmaps of delivered and skipped samples
 COMPACT_VERSION = 2  # a position in the order, the few handled past it, the skipped
@@ -53,7 +53,7 @@ class Progress:
     Args:
         epoch: The pass's epoch.
         length: ``len(source)``.
-        order: Returns the pass's order (an :class:`~feeder._order.Order`, the
+        order: Returns the pass's order (an :class:`~feeder.engine.order.Order`, the
             one the sampler dispatches from); called at the first need.
         start: What an earlier run of this epoch handled (a resume), or None.
         skipped: Samples an earlier run of this epoch skipped (source indices).
@@ -371,11 +371,11 @@ class Cursor:
     ``skip``, ``state_dict`` and ``load_state_dict``.
 
     Args:
-        config: The feeder's :class:`~feeder._config.Config`.
+        config: The feeder's :class:`~feeder.engine.config.Config`.
         source: The feeder's source.
         chain: Its transforms (for the image size and the transforms' descriptions).
-        layout: The source's shard layout (see :func:`~feeder._sampler.shard_layout`).
-        ranks: The feeder's :class:`~feeder._ranks.Ranks`: the seed and shard in use,
+        layout: The source's shard layout (see :func:`~feeder.engine.sampler.shard_layout`).
+        ranks: The feeder's :class:`~feeder.engine.ranks.Ranks`: the seed and shard in use,
             read when they are needed (the seed is agreed on at the first pass).
     """
 

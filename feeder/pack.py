@@ -18,7 +18,7 @@ members too (:func:`sample_members`: ``mask.png``, ``boxes.npy``,
 
 * ``<name>-000000.tar``, ... (each at most ``--shard-size``, unless one image is larger),
 * ``<name>-000000.idx``, ...: the offset index of each shard, in DALI's
-  ``wds2idx`` ``v1.2`` format (see :mod:`feeder._tar`),
+  ``wds2idx`` ``v1.2`` format (see :mod:`feeder.storage.tar`),
 * ``<name>.json``: the shard list (``wids-shard-index-v1``: ``url`` and
   ``nsamples`` per shard) with the class names (``classes``) and the pack's settings.
 
@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from ._packsample import PackError, _describe, _shrink, image_ext, image_size_of, sample_members
-from ._tar import IMAGE_EXTS, ShardIndex, index_path
-from ._sizes import parse_size
+from .storage.packsample import PackError, _describe, _shrink, image_ext, image_size_of, sample_members
+from .storage.tar import IMAGE_EXTS, ShardIndex, index_path
+from .storage.sizes import parse_size
 from .sources import ImageFolder
 
 __all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
@@ -525,7 +525,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         # filesize and sha256 let a reader check a copy of each shard (TarShards
         # does, for remote shards, before using a copy).
         # The image sizes are in each shard's index, not here: the list stays
-        # small at any scale (see feeder._tar).
+        # small at any scale (see feeder.storage.tar).
         "shardlist": [{"url": os.path.basename(s), "nsamples": n, "filesize": os.path.getsize(s),
                        "sha256": _sha256(s)}
                       for s, n in zip(shards, counts)],

@@ -12,7 +12,7 @@ Fields: the image is the sample's first member among ``image_exts`` (``jpg``,
 ``jpeg``, ``png``, ``webp``...), the label the ASCII integer in its ``cls``
 member. Shards holding nothing else give the classic ``(bytes, label)`` pairs;
 shards holding more (a mask, boxes, metadata) give dict samples (see
-:mod:`feeder._sample`), each member a field named and decoded by its extension
+:mod:`feeder.work.sample`), each member a field named and decoded by its extension
 (:func:`field_of`):
 
 ==================================  ==========================  ===============================
@@ -49,12 +49,12 @@ from typing import Any
 
 import numpy as np
 
-from ._fields import FIELD_NAMES, _json_value, _npy, field_of, make_plan
-from ._index import _Column, _IndexTable, _LocalShard, load_indices
-from ._sample import DEFAULT_MAX_PIXELS
-from ._shardlist import _is_url, expand_braces, resolve
-from ._storage import FilePool, on_network_storage
-from ._tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
+from .storage.fields import FIELD_NAMES, _json_value, _npy, field_of, make_plan
+from .storage.index import _Column, _IndexTable, _LocalShard, load_indices
+from .work.sample import DEFAULT_MAX_PIXELS
+from .storage.shardlist import _is_url, expand_braces, resolve
+from .storage.local import FilePool, on_network_storage
+from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
@@ -129,7 +129,7 @@ class TarShards:
             the same, naming the fields; the name ``"*"`` spreads a JSON
             object's keys into the sample (``{"json": "*"}`` for a foreign
             detection set's ``{"boxes": ..., "box_labels": ...}``).
-        cache_dir: Local copies of remote shards (see :mod:`feeder._remote`;
+        cache_dir: Local copies of remote shards (see :mod:`feeder.storage.remote`;
             default ``$FEEDER_CACHE`` or ``~/.cache/feeder``); False: no cache.
         cache_bytes: The cache's size bound, bytes (default
             ``$FEEDER_CACHE_BYTES`` or 32 GiB).
@@ -385,7 +385,7 @@ class TarShards:
         for name in names:
             if _is_url(name):
                 if self._store is None:
-                    from ._remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
+                    from .storage.remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
 
                     self._store = RemoteStore(self.files, *self._remote_options)
                 shards.append(self._store.shard(name))

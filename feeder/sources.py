@@ -3,7 +3,7 @@
 A source is any object with ``__len__`` and ``read(index)`` returning
 ``(encoded_bytes, label)`` or a dict of fields with the encoded image under
 ``"image"`` (``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything
-else: see :mod:`feeder._sample` and :func:`feeder.check_sample`). It may also
+else: see :mod:`feeder.work.sample` and :func:`feeder.check_sample`). It may also
 define ``describe(index) -> str`` (a path, a key) that error messages use to
 point at the bad sample, and ``reads_may_block`` (a bool): False when reads
 are local and fast, so that the decode threads read themselves
@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._storage import on_network_storage
+from .storage.local import on_network_storage
 
 __all__ = ["FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
 

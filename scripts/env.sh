@@ -21,7 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 vpy="$venv/bin/python"
-# feeder's optional JPEG region decoder (feeder/_jpeg.c) builds against the
+# feeder's optional JPEG region decoder (feeder/work/_jpeg.c) builds against the
 # system's libjpeg-turbo headers: install them where we can (root with apt-get),
 # else say so once and go on (feeder then decodes JPEGs with simplejpeg).
 has_jpeg_headers() { printf '#include <stdio.h>\n#include <jpeglib.h>\n' | "${CC:-cc}" -E - >/dev/null 2>&1; }

@@ -46,7 +46,7 @@ import simplejpeg  # noqa: E402
 import torch  # noqa: E402
 
 from feeder import Feeder, ops  # noqa: E402
-from feeder import _transfer  # noqa: E402
+from feeder.engine import transfer as _transfer
 from feeder.synthetic import make_image  # noqa: E402
 
 SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds per batch
@@ -231,7 +231,7 @@ def check_busy_teardown(args):
             next(it2)
             del it, it2, g, f, engine
             gc.collect()
-            from feeder import _reaper
+            from feeder.engine import reaper as _reaper
             import threading
             done = threading.Event()
             _reaper.defer(done.set)

@@ -276,7 +276,7 @@ def labels_of(batches) -> list[int]:
 def reaped() -> None:
     """Wait until the reaper thread has run every clean-up queued so far (it runs
     them in order): a dropped batch's buffer, a collected feeder's close."""
-    from feeder import _reaper
+    from feeder.engine import reaper as _reaper
 
     _reaper.ensure_running()  # a process where no feeder has run yet has none
     done = threading.Event()

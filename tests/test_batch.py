@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from feeder._batch import Batch, BufferPool
-from feeder._collate import Collator
-from feeder._queue import Closed
+from feeder.engine.batch import Batch, BufferPool
+from feeder.engine.collate import Collator
+from feeder.engine.queue import Closed
 
 
 def filled(pool, index, size, labels, holes=()):

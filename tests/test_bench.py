@@ -575,15 +575,15 @@ def test_gil_profile_summary_tells_threads_by_their_stacks(tmp_path):
         import gil_profile
     finally:
         sys.path.pop(0)
-    boot = "Thread._bootstrap (threading.py:1002);Stage._main (feeder/_stage.py:185)"
+    boot = "Thread._bootstrap (threading.py:1002);Stage._main (feeder/engine/stage.py:185)"
     raw = tmp_path / "raw.txt"
     raw.write_text("\n".join([
-        f"thread (11): feeder-sampler;{boot};MapStage.work (feeder/_stage.py:251);"
-        "steps.<locals>.decode (feeder/_work.py:99);SampleWork.decode (feeder/_work.py:53) 30",
-        f"thread (12): feeder-decode-0;{boot};MapStage.work (feeder/_stage.py:251);"
-        "Channel.get (feeder/_queue.py:200) 10",
-        f"thread (13): feeder-sampler;{boot};Sampler.work (feeder/_sampler.py:160);"
-        "Stage.put (feeder/_stage.py:210) 5",
+        f"thread (11): feeder-sampler;{boot};MapStage.work (feeder/engine/stage.py:251);"
+        "steps.<locals>.decode (feeder/engine/steps.py:99);SampleWork.decode (feeder/engine/steps.py:53) 30",
+        f"thread (12): feeder-decode-0;{boot};MapStage.work (feeder/engine/stage.py:251);"
+        "Channel.get (feeder/engine/queue.py:200) 10",
+        f"thread (13): feeder-sampler;{boot};Sampler.work (feeder/engine/sampler.py:160);"
+        "Stage.put (feeder/engine/stage.py:210) 5",
         "thread (14): MainThread;<module> (train.py:3);ProxyStep.__call__ (feeder/bench/fedloop.py:60) 5",
     ]) + "\n")
     threads = gil_profile.parse(str(raw))
@@ -723,7 +723,7 @@ def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
 def test_region_decode(tiny, tmp_path):
     """The region-decode subcommand: the rows asked for, their ratios, the load
     columns and the per-stage table (the stage figures add up)."""
-    from feeder import _decode
+    from feeder.work import decode as _decode
 
     if _decode._jpeg is None:
         pytest.skip(f"region decoder not in use: {_decode._jpeg_missing}")

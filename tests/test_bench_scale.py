@@ -10,7 +10,7 @@ import tarfile
 
 import numpy as np
 
-from feeder._tar import ShardIndex
+from feeder.storage.tar import ShardIndex
 from feeder.bench.synth import SynthServer, SynthShards
 from feeder.shards import TarShards
 

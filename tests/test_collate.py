@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from feeder._batch import Batch, BufferPool, BatchBuffer
-from feeder._collate import CollatingStage, Collator
-from feeder._queue import END, Channel
-from feeder._sample import MASKS, NUMERIC, Schema
-from feeder._stage import Counters
+from feeder.engine.batch import Batch, BufferPool, BatchBuffer
+from feeder.engine.collate import CollatingStage, Collator
+from feeder.engine.queue import END, Channel
+from feeder.work.sample import MASKS, NUMERIC, Schema
+from feeder.engine.stage import Counters
 from feeder.errors import FeederError
 
 

@@ -1,4 +1,4 @@
-"""feeder._config: every option checked once, the options that depend on each
+"""feeder.engine.config: every option checked once, the options that depend on each
 other, "auto" resolved, and the figures derived from a Config."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from feeder import ConfigError, Feeder
-from feeder._config import (DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
+from feeder.engine.config import (DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
                             resolve_device, signature_parameters)
-from feeder._threads import auto_read_threads, auto_threads, cores_for_this_rank
+from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
 
 
 def test_the_options_are_feeders_keyword_parameters_with_their_defaults():

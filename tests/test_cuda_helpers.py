@@ -142,7 +142,7 @@ def test_gpu_check_script_parts_without_a_gpu(monkeypatch):
         import gpu_check
     finally:
         sys.path.pop(0)
-    from feeder import _transfer
+    from feeder.engine import transfer as _transfer
     a = [(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2))]
     b = [(a[0][0].clone(), a[0][1].clone())]
     assert gpu_check.identical(a, b) == ""

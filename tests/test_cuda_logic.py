@@ -1,6 +1,6 @@
 """The CUDA-only logic of the transfer path, checked without a GPU: ``torch.cuda``
 is replaced by a recording fake, and each test asserts what the code asks of
-CUDA and in which order (the module docstring of ``feeder/_transfer.py`` names
+CUDA and in which order (the module docstring of ``feeder/engine/transfer.py`` names
 these tests; ``scripts/gpu-check`` checks the same on a GPU)."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from feeder import Feeder, ops
-from feeder import _batch, _transfer
-from feeder._queue import Closed
+from feeder.engine import batch as _batch
+from feeder.engine import transfer as _transfer
+from feeder.engine.queue import Closed
 
 AUG = [ops.CenterCrop(32)]
 
@@ -189,7 +190,7 @@ def test_explicit_cuda_index_is_kept(fake_cuda):
 def test_cuda_device_resolved_when_the_pass_starts(fake_cuda, monkeypatch):
     """A feeder built before set_device(1) delivers on GPU 1: the device is read at
     the pass's start, and the pass, its stream and the pinned buffers get it."""
-    from feeder import _engine
+    from feeder.engine import engine as _engine
     StubPass.made = []
     monkeypatch.setattr(_engine, "Pass", StubPass)
     with Feeder(source(), 4, AUG, device="cuda") as f:
@@ -285,7 +286,7 @@ def test_side_stream_drained_before_unregister(fake_cuda):
 
 
 def test_a_cuda_transfer_stage_needs_a_resolved_device_and_a_side_stream():
-    from feeder._stage import Counters
+    from feeder.engine.stage import Counters
     stage = _transfer.Transfer(None, None, None, torch.device("cuda"), None, None, None)
     with pytest.raises(Exception, match="side stream"):
         stage.work(Counters())

@@ -8,7 +8,7 @@ import simplejpeg
 
 from conftest import encode_jpeg, encode_png
 from feeder import DecodeError
-from feeder._decode import decode_image
+from feeder.work.decode import decode_image
 from feeder.synthetic import make_image
 
 

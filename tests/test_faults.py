@@ -22,7 +22,7 @@ from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, 
                             expected_sizes, feeder_factory, pixel_hash, reference_hash, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
 from feeder import FeederError, FieldError, SampleError, SourceError, TransformError, ops
-from feeder._sampler import epoch_indices
+from feeder.engine.sampler import epoch_indices
 
 N = 24
 BAD = 6

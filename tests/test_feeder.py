@@ -276,7 +276,7 @@ def test_contiguous_uint8_batches_are_copies(source):
 
 @pytest.mark.parametrize("dtype", [None, torch.float32])
 def test_layout_is_changed_in_the_transfer_thread(source, monkeypatch, dtype):
-    from feeder import _transfer
+    from feeder.engine import transfer as _transfer
 
     threads = []
     convert = _transfer.Converter.__call__
@@ -370,7 +370,7 @@ def test_output_size_must_be_known(source):
 
 
 def test_threads_auto_resolves_to_the_documented_counts(source):
-    from feeder._threads import auto_threads, available_cores
+    from feeder.engine.threads import auto_threads, available_cores
     with make(source) as f:
         assert (f.config.decode_threads, f.config.augment_threads) == auto_threads(available_cores())
     assert auto_threads(1) == (2, 0) and auto_threads(16) == (16, 0)
@@ -815,7 +815,7 @@ def test_workers_do_not_change_torch_threads_of_other_threads(source):
 @pytest.fixture
 def late_binding(monkeypatch):
     """Every batch starts without a buffer: its first samples go through scratch arrays."""
-    from feeder._batch import BufferPool
+    from feeder.engine.batch import BufferPool
     monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
 
 

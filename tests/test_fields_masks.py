@@ -11,7 +11,7 @@ import torch
 
 from conftest import collect, encode_jpeg
 from feeder import ConfigError, DecodeError, Feeder, SampleError, ops
-from feeder._decode import decode_mask
+from feeder.work.decode import decode_mask
 from fields_helpers import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
                             rgb_png)
 
@@ -284,7 +284,7 @@ def test_a_sample_transform_that_breaks_the_mask_is_named():
 def test_late_bound_batches_carry_every_field(monkeypatch, ordered):
     """Every batch starts without a buffer: its first samples wait in scratch arrays,
     and their mask, boxes and numbers must reach the buffer with their image."""
-    from feeder._batch import BufferPool
+    from feeder.engine.batch import BufferPool
     monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
     base = seg_source(21)
 

@@ -13,8 +13,8 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S
 from feeder import Feeder
-from feeder._decode import header_size
-from feeder._group import group_ids, grouped_order
+from feeder.work.decode import header_size
+from feeder.engine.group import group_ids, grouped_order
 from fields_helpers import rgb_png
 from test_variable_size import Sized, collect
 
@@ -222,7 +222,7 @@ def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypa
     shards = TarShards(str(tmp_path / "out" / "train.json"))
     assert shards.image_sizes().tolist() == [list(s) for s in sizes]
     # Grouping takes them from the indices: no header is read.
-    monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
+    monkeypatch.setattr("feeder.engine.group.header_size", lambda *a: pytest.fail("read a header"))
     with Feeder(shards, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=0) as f:
         batches = list(f)
     portrait = [h > w for h, w in sizes]
@@ -244,7 +244,7 @@ def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypa
 def test_an_older_shard_list_with_image_sizes_still_gives_them(tmp_path, monkeypatch):
     """Lists written by feeder-pack before the sizes moved into the indices."""
     import json
-    from feeder._tar import ShardIndex, encode_image_sizes
+    from feeder.storage.tar import ShardIndex, encode_image_sizes
     from feeder.pack import pack, parse_size
     from feeder.shards import TarShards
     sizes = _mixed(24, seed=12)
@@ -262,7 +262,7 @@ def test_an_older_shard_list_with_image_sizes_still_gives_them(tmp_path, monkeyp
     (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
     for lazy in (False, True):
         old = TarShards(str(tmp_path / "out" / "old.json"), lazy_index=lazy)
-        monkeypatch.setattr("feeder._group.header_size", lambda *a: pytest.fail("read a header"))
+        monkeypatch.setattr("feeder.engine.group.header_size", lambda *a: pytest.fail("read a header"))
         assert old.image_sizes().tolist() == [list(s) for s in sizes]
         if lazy:
             assert old.indices_loaded == 1  # from the list: no index read for them
@@ -275,7 +275,7 @@ def test_an_older_shard_list_with_image_sizes_still_gives_them(tmp_path, monkeyp
 
 
 def test_damaged_sizes_in_an_index_name_the_file_and_line(tmp_path):
-    from feeder._tar import ShardFormatError, ShardIndex
+    from feeder.storage.tar import ShardFormatError, ShardIndex
     text = "v1.2 2\njpg 512 10 a.jpg\njpg 1536 10 b.jpg\n"
     assert ShardIndex.from_text(text, "s.idx").image_sizes is None
     good = ShardIndex.from_text(text + "# image_sizes AQAAAAIAAAADAAAABAAAAA==\n", "s.idx")
@@ -371,7 +371,7 @@ def test_grouped_order_by_area_sorts_each_window_of_a_group():
 
 
 def test_planned_sizes_are_the_delivered_sizes(many):
-    from feeder._group import image_sizes, planned_sizes
+    from feeder.engine.group import image_sizes, planned_sizes
     with Feeder(many, 4, _jitter(), max_image_size=(48, 48), group_by_aspect_ratio=0,
                 shuffle=True, seed=5) as f:
         f.set_epoch(3)
@@ -467,7 +467,7 @@ def test_resume_mid_epoch_continues_the_size_grouped_order(many, isolation):
 def test_resuming_a_pack_of_an_earlier_version_adds_the_sizes_to_its_indices(tmp_path):
     import json
     import os
-    from feeder._tar import ShardIndex
+    from feeder.storage.tar import ShardIndex
     from feeder.pack import pack, parse_size
     from feeder.shards import TarShards
     sizes = _mixed(24, seed=13)

@@ -481,7 +481,7 @@ class BadLabelEveryFifth(MemorySource):
 def test_bad_labels_in_batches_without_a_buffer_do_not_corrupt_other_samples(monkeypatch):
     """A sample whose label fails after its transform already recycled the decode
     memory: given back a second time, two threads would decode into one array."""
-    from feeder._batch import BufferPool
+    from feeder.engine.batch import BufferPool
     blobs = distinct_jpegs(200, seed=9100, side=SIDE)
     with make(MemorySource(blobs), batch_size=8, decode_threads=2) as f:
         reference = {int(i): x for x, y in drain(f)[0] for i, x in zip(y, x)}

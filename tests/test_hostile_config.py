@@ -12,8 +12,8 @@ import torch
 
 from conftest import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
-from feeder._augment import Chain
-from feeder._transfer import Converter
+from feeder.work.augment import Chain
+from feeder.engine.transfer import Converter
 from feeder.ops import SampleContext, _ResizeCenterCrop
 from feeder.synthetic import make_image
 

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 import simplejpeg
 
-import feeder._decode as decode_mod
+import feeder.work.decode as decode_mod
 from conftest import MemorySource, drain, encode_jpeg, encode_png
 from faults_helpers import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
 from feeder import DecodeError, Feeder, FileList, ImageFolder, SampleError, ops
-from feeder._config import DEFAULTS, Config
-from feeder._decode import SUPPORTED_FORMATS, decode_image
+from feeder.engine.config import DEFAULTS, Config
+from feeder.work.decode import SUPPORTED_FORMATS, decode_image
 
 
 @pytest.fixture

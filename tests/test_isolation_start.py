@@ -179,7 +179,7 @@ def test_auto_forks_with_a_cuda_device_when_cuda_is_not_initialized(monkeypatch)
 
 
 def test_cuda_device_without_index_is_the_current_one_when_resolved(monkeypatch):
-    from feeder._config import parse_device, resolve_device
+    from feeder.engine.config import parse_device, resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

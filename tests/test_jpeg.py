@@ -1,4 +1,4 @@
-"""The JPEG region decoder (``feeder._jpeg``, built against the system's
+"""The JPEG region decoder (``feeder.work._jpeg``, built against the system's
 libjpeg-turbo) and the fallback to simplejpeg without it.
 
 * The region it decodes is bit-identical to a full decode (at the same DCT
@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from feeder import DecodeError, Feeder, info, ops
-from feeder import _decode
-from feeder._augment import Chain
-from feeder._work import SampleWork
+from feeder.work import decode as _decode
+from feeder.work.augment import Chain
+from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
 
 ext = _decode._jpeg
@@ -461,7 +461,7 @@ def test_ordered_batches_identical_across_thread_counts_and_engines(isolation):
 
 def test_info_says_which_decoder_runs():
     jpeg_info = info()["jpeg"]
-    assert jpeg_info["decoder"] == ("feeder._jpeg" if ext is not None else "simplejpeg")
+    assert jpeg_info["decoder"] == ("feeder.work._jpeg" if ext is not None else "simplejpeg")
     assert jpeg_info["region_decode"] is (ext is not None)
     assert (jpeg_info["reason"] is None) is (ext is not None)
 
@@ -492,7 +492,7 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
         from feeder import Feeder, ops
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         assert feeder.info()["jpeg"]["decoder"] == "simplejpeg", feeder.info()
-        from feeder import _decode
+        from feeder.work import decode as _decode
         assert _decode._jpeg is None
         import simplejpeg
         real, calls = simplejpeg.decode_jpeg, []
@@ -521,12 +521,12 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
 
 def test_the_missing_extension_says_how_to_get_it(monkeypatch, caplog):
     monkeypatch.setattr(_decode, "_jpeg", None)
-    monkeypatch.setattr(_decode, "_jpeg_missing", "the extension feeder._jpeg is not built")
+    monkeypatch.setattr(_decode, "_jpeg_missing", "the extension feeder.work._jpeg is not built")
     monkeypatch.setattr(_decode, "_noted", False)
-    with caplog.at_level("WARNING", logger="feeder._decode"):
+    with caplog.at_level("WARNING", logger="feeder.work.decode"):
         _decode.note_jpeg_decoder()
         _decode.note_jpeg_decoder()  # once per process
-    lines = [r.getMessage() for r in caplog.records if r.name == "feeder._decode"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "feeder.work.decode"]
     assert len(lines) == 1 and "libjpeg-dev" in lines[0] and "libjpeg-turbo-devel" in lines[0]
 
 

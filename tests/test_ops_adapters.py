@@ -12,7 +12,7 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import Feeder, ops
-from feeder._rng import SampleRNG
+from feeder.work.rng import SampleRNG
 from feeder.ops.base import Geometry
 from fields_helpers import DictSource, rgb_png
 

@@ -1,4 +1,4 @@
-"""Lazy epoch orders (feeder._order): the keyed permutation, the rank split, the
+"""Lazy epoch orders (feeder.engine.order): the keyed permutation, the rank split, the
 block shuffle, and the compact resume state they make possible."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import feeder._resume as resume_mod
-import feeder._sampler as sampler_mod
+import feeder.engine.sampler as sampler_mod
 from feeder import Feeder, ops
-from feeder._order import BlockOrder, GlobalOrder, Handled, Permutation, Remaining, subkey
-from feeder._sampler import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
+from feeder.engine.order import BlockOrder, GlobalOrder, Handled, Permutation, Remaining, subkey
+from feeder.engine.sampler import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
                              shard_layout, shard_sizes, shard_stream_order)
 
 from conftest import MemorySource, drain, labels_of

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from feeder import ImageFolder
-from feeder._tar import ShardIndex, scan
-from feeder._storage import FilePool
+from feeder.storage.tar import ShardIndex, scan
+from feeder.storage.local import FilePool
 from feeder.pack import PackError, main, pack, parse_size
 from feeder.shards import TarShards
 

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import MemorySource, drain
 from feeder import BatchInfo, Feeder, ops
-from feeder._config import DEFAULTS, Config
-from feeder._pipeline import stage_threads
-from feeder._sampler import epoch_indices
+from feeder.engine.config import DEFAULTS, Config
+from feeder.engine.pipeline import stage_threads
+from feeder.engine.sampler import epoch_indices
 
 
 def batches_with_info(f):

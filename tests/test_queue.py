@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from feeder._queue import END, Channel, Closed
+from feeder.engine.queue import END, Channel, Closed
 
 
 def test_fifo_and_stats():
@@ -125,7 +125,7 @@ def test_a_blocked_producer_is_woken_once_the_channel_drains_to_a_quarter():
 def test_wakeup_keeps_a_post_for_the_next_wait_and_times_out(monkeypatch, native):
     """A post made before the wait is not lost (a producer registers, looks, then
     sleeps: the consumer may post in between); without a post the wait times out."""
-    import feeder._queue as q
+    import feeder.engine.queue as q
 
     if not native:
         monkeypatch.setattr(q, "_SEM", None)

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from feeder import Feeder, ops
-from feeder._queue import Channel, Closed
-from feeder._read import BudgetedOutbox, ReadBudget, nbytes
-from feeder._sample import Task
+from feeder.engine.queue import Channel, Closed
+from feeder.engine.read import BudgetedOutbox, ReadBudget, nbytes
+from feeder.work.sample import Task
 
 from conftest import JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of
 
@@ -182,7 +182,7 @@ def test_auto_reads_in_the_decode_threads_for_local_files(tmp_path, png_bytes):
 @pytest.mark.parametrize("kind", ["nfs4", "cifs", "lustre", "fuse.sshfs", "fuse"])
 def test_files_on_network_storage_get_a_read_stage(tmp_path, monkeypatch, png_bytes, kind):
     from feeder import FileList, ImageFolder
-    from feeder import _storage
+    from feeder.storage import local as _storage
 
     mounted = tmp_path / "mnt point"  # a space: /proc/self/mounts writes it as \040
     (mounted / "cls").mkdir(parents=True)

@@ -1,11 +1,11 @@
-"""feeder._reaper: clean-ups that finalizers hand to the reaper thread."""
+"""feeder.engine.reaper: clean-ups that finalizers hand to the reaper thread."""
 
 from __future__ import annotations
 
 import gc
 import threading
 
-from feeder import _reaper
+from feeder.engine import reaper as _reaper
 
 from conftest import JOIN_TIMEOUT_S, reaped
 
@@ -56,7 +56,7 @@ def test_a_failing_clean_up_does_not_stop_the_reaper(caplog):
 
     _reaper.defer(boom)
     reaped()  # the next call still runs
-    assert any(r.name == "feeder._reaper" and r.exc_info and str(r.exc_info[1]) == "clean-up broke"
+    assert any(r.name == "feeder.engine.reaper" and r.exc_info and str(r.exc_info[1]) == "clean-up broke"
                for r in caplog.records)
 
 

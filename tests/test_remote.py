@@ -22,7 +22,7 @@ from collections import Counter
 import pytest
 
 from feeder import Feeder, SampleError, ops
-from feeder._remote import RemoteError, ShardCache
+from feeder.storage.remote import RemoteError, ShardCache
 from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 

@@ -311,7 +311,7 @@ def test_sample_outside_this_ranks_pass_is_refused(source):
     kw = dict(rank=0, world_size=2, ordered=False)
     _, state = interrupted(source, 1, **kw)
     # Rank 1's first sample is never handed out by rank 0's pass.
-    from feeder._sampler import pass_order
+    from feeder.engine.sampler import pass_order
     theirs = pass_order(60, B, True, False, False, 5, 0, 1, 2)
     marked = bits_of(state, "delivered").copy()
     marked[theirs[0]] = True

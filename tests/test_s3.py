@@ -14,7 +14,7 @@ pytest.importorskip("s3fs", reason="needs s3fs (the test extra)")
 boto3 = pytest.importorskip("boto3")
 
 from feeder import Feeder, ops  # noqa: E402
-from feeder._remote import ShardChangedError  # noqa: E402
+from feeder.storage.remote import ShardChangedError  # noqa: E402
 from feeder.shards import TarShards  # noqa: E402
 
 from conftest import drain, labels_of  # noqa: E402

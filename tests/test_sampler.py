@@ -6,7 +6,7 @@ import numpy as np
 
 import pytest
 
-from feeder._sampler import check_epoch, epoch_indices, num_batches, pass_order, shard_sizes
+from feeder.engine.sampler import check_epoch, epoch_indices, num_batches, pass_order, shard_sizes
 
 
 def test_permutation_is_seeded_by_seed_and_epoch():

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from feeder import Feeder, ops
-from feeder._tar import ShardIndex, index_path
+from feeder.storage.tar import ShardIndex, index_path
 from feeder.shards import ShardFormatError, TarShards, expand_braces
 
 from conftest import JOIN_TIMEOUT_S, drain, labels_of
@@ -279,7 +279,7 @@ def test_skip_loses_only_truncated_samples(labelled, tmp_path):
 # -- shuffle="shards": the order for streaming storage -------------------------------
 
 def test_shard_order_is_pure_exactly_once_and_local():
-    from feeder._sampler import ShardLayout, shard_order
+    from feeder.engine.sampler import ShardLayout, shard_order
 
     ranges = ((0, 7), (7, 20), (20, 21), (21, 40), (40, 55))
     layout = ShardLayout(ranges, window=6)

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import simplejpeg
 
-import feeder._engine as feeder_mod
+import feeder.engine.engine as feeder_mod
 from conftest import MemorySource, drain, feeder_threads
 from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, jpeg_with_size, pixel_hash, reference_hash, rss_mb,
                             wait_no_feeder_threads)
 from feeder import Feeder, ops
-from feeder._threads import LibraryThreads
+from feeder.engine.threads import LibraryThreads
 
 LONG = os.environ.get("FEEDER_SOAK_LONG") == "1"
 

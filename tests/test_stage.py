@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from feeder._batch import Batch, BufferPool, Scratch
-from feeder._collate import Collator
-from feeder._queue import END, Channel
-from feeder._sample import Task
-from feeder._sampler import Sampler
-from feeder._stage import MapStage, Step
-from feeder._transfer import Converter, Delivery, Transfer
+from feeder.engine.batch import Batch, BufferPool, Scratch
+from feeder.engine.collate import Collator
+from feeder.engine.queue import END, Channel
+from feeder.work.sample import Task
+from feeder.engine.sampler import Sampler
+from feeder.engine.stage import MapStage, Step
+from feeder.engine.transfer import Converter, Delivery, Transfer
 
 TIMEOUT = 10.0
 

@@ -1,4 +1,4 @@
-"""feeder._stats: the StatsBook that folds every thread's and queue's counters
+"""feeder.engine.stats: the StatsBook that folds every thread's and queue's counters
 into ``Feeder.stats()``, and the Stats it prints."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from feeder._queue import Channel
-from feeder._stats import ACTIVE_HISTORY, QueueStats, StageStats, Stats, StatsBook
+from feeder.engine.queue import Channel
+from feeder.engine.stats import ACTIVE_HISTORY, QueueStats, StageStats, Stats, StatsBook
 
 
 class FixedCounters:

@@ -1,4 +1,4 @@
-"""feeder._storage: positional reads through a pool of open files, and telling
+"""feeder.storage.local: positional reads through a pool of open files, and telling
 network file systems from local ones."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from feeder import _storage
-from feeder._storage import FilePool, file_system_type, on_network_storage
+from feeder.storage import local as _storage
+from feeder.storage.local import FilePool, file_system_type, on_network_storage
 
 from conftest import run_in_thread
 

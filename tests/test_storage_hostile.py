@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from feeder import Feeder, SampleError, ops
-from feeder._remote import RemoteError, ShardCache, ShardChangedError
-from feeder._tar import ShardFormatError
+from feeder.storage.remote import RemoteError, ShardCache, ShardChangedError
+from feeder.storage.tar import ShardFormatError
 from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 
@@ -66,7 +66,7 @@ def test_server_ignoring_ranges_gives_the_right_bytes(packed, tmp_path, caplog, 
     local = _all(TarShards(out))
     with FileServer(d, ignore_ranges=True) as srv:
         cache_dir = str(tmp_path / "cache") if cache else False
-        with caplog.at_level(logging.WARNING, logger="feeder._remote"):
+        with caplog.at_level(logging.WARNING, logger="feeder.storage.remote"):
             with TarShards(_pattern(srv, n), cache_dir=cache_dir, backoff_s=0.01) as src:
                 assert _all(src) == local  # byte for byte, every sample
                 told = [r for r in caplog.records if "ignores range requests" in r.getMessage()]

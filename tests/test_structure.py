@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 import feeder
 
 ROOT = pathlib.Path(feeder.__file__).parent
@@ -106,3 +108,69 @@ def test_the_graph_sees_type_only_imports(tmp_path, monkeypatch):
     graph = import_graph()
     assert graph["feeder._a"] == {"feeder._b"} and graph["feeder._b"] == {"feeder._a"}
     assert find_cycle(graph) is not None
+
+
+# The folders, lowest layer first: a module imports its own layer and the ones
+# below, never one above (the pipeline picture read bottom-up: per-sample work,
+# storage, the public sources, the engine, the worker-process engine, the Feeder,
+# the tools). A module of a folder counts as its folder.
+LAYERS = [
+    ("errors", ["feeder.errors"]),
+    ("per-sample work", ["feeder.work", "feeder.ops"]),
+    ("storage", ["feeder.storage"]),
+    ("sources", ["feeder.sources", "feeder.shards", "feeder.pack", "feeder.synthetic"]),
+    ("engine", ["feeder.engine"]),
+    ("isolation", ["feeder.isolation"]),
+    ("the Feeder", ["feeder._feeder", "feeder._consumer", "feeder._resume", "feeder._dataset",
+                    "feeder._moved"]),
+    ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder"]),
+]
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            # the package itself only by its own name; the others as folders too
+            if module == p or (p != "feeder" and module.startswith(p + ".")):
+                if best is None or len(p) > best[1]:
+                    best = (rank, len(p))
+    return None if best is None else best[0]
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in import_graph() if layer_of(m) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = import_graph()
+    upward = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+              for a in sorted(graph) for b in sorted(graph[a]) if layer_of(b) > layer_of(a)]
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("feeder.work.decode") < layer_of("feeder.engine.stage") < layer_of("feeder._feeder")
+    assert layer_of("feeder") == len(LAYERS) - 1 and layer_of("feeder.storage.tar") == 2
+    assert layer_of("elsewhere") is None
+
+
+def test_the_pipeline_has_a_folder_per_part():
+    folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert {"engine", "isolation", "work", "storage", "ops"} <= folders
+    flat = sorted(p.name for p in ROOT.glob("_*.py") if p.name != "__init__.py")
+    # beside the public modules, only the Feeder's own parts stay at the top
+    assert flat == ["_consumer.py", "_dataset.py", "_feeder.py", "_moved.py", "_resume.py"]
+
+
+def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
+    import importlib
+
+    old = importlib.import_module("feeder._decode")
+    new = importlib.import_module("feeder.work.decode")
+    assert old is new  # so patching feeder._decode.x patches what feeder runs
+    from feeder._sampler import pass_order
+    from feeder.engine.sampler import pass_order as moved
+    assert pass_order is moved
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("feeder._no_such_module")

@@ -1,4 +1,4 @@
-"""feeder._tar: member names, scanning a tar shard's headers, the DALI-format
+"""feeder.storage.tar: member names, scanning a tar shard's headers, the DALI-format
 offset index, and the shard list's image sizes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from feeder._tar import (MAX_RECORD_BYTES, ShardFormatError, ShardIndex, decode_image_sizes,
+from feeder.storage.tar import (MAX_RECORD_BYTES, ShardFormatError, ShardIndex, decode_image_sizes,
                          encode_image_sizes, index_path, scan, split_name)
 
 

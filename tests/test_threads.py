@@ -1,4 +1,4 @@
-"""feeder._threads: the "auto" thread counts and OpenCV's thread pool while feeders run."""
+"""feeder.engine.threads: the "auto" thread counts and OpenCV's thread pool while feeders run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import gc
 import cv2
 import pytest
 
-from feeder._config import Config
-from feeder._threads import (MAX_READ_THREADS, MIN_READ_THREADS, LibraryThreads, auto_read_threads,
+from feeder.engine.config import Config
+from feeder.engine.threads import (MAX_READ_THREADS, MIN_READ_THREADS, LibraryThreads, auto_read_threads,
                              auto_threads, available_cores, cores_for_this_rank)
 
 from conftest import reaped
@@ -45,7 +45,7 @@ def test_auto_threads_share_a_nodes_cores_among_its_ranks(affinity, machine, loc
 
 def test_auto_threads_read_local_world_size(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    monkeypatch.setattr("feeder._threads.available_cores", lambda: 16)
+    monkeypatch.setattr("feeder.engine.threads.available_cores", lambda: 16)
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert cores_for_this_rank() == 4
     cfg = Config.build(batch_size=4)

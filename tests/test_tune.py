@@ -10,9 +10,9 @@ import pytest
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from feeder import Feeder, ops
-from feeder import _tune
-from feeder._config import Config
-from feeder._tune import Gate, Tuner
+from feeder.engine import tune as _tune
+from feeder.engine.config import Config
+from feeder.engine.tune import Gate, Tuner
 
 
 

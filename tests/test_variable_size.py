@@ -15,9 +15,9 @@ import torch
 
 from conftest import collected
 from feeder import ConfigError, Feeder, SampleError, ops
-from feeder._collate import batch_extent
-from feeder._decode import decode_image
-from feeder._transfer import copy_region, zero_padding
+from feeder.engine.collate import batch_extent
+from feeder.work.decode import decode_image
+from feeder.engine.transfer import copy_region, zero_padding
 from fields_helpers import png, rgb_png
 
 ENGINES = ["thread", "process"]
@@ -340,7 +340,7 @@ def test_without_max_image_size_the_error_says_how_to_get_variable_sizes(sized):
 def test_copy_region_gives_the_dense_top_left_extent(extent, monkeypatch):
     host = torch.randint(0, 255, (3, 32, 64, 3), dtype=torch.uint8)
     for threshold in (0, 1 << 40):  # the per-sample rows path and the whole-slots path
-        monkeypatch.setattr("feeder._transfer._ROWS_COPY_MIN_BYTES", threshold)
+        monkeypatch.setattr("feeder.engine.transfer._ROWS_COPY_MIN_BYTES", threshold)
         got = copy_region(host, 2, extent, torch.device("cpu"))
         hb, wb = extent or (32, 64)
         assert got.is_contiguous()
@@ -400,7 +400,7 @@ def test_a_resize_that_would_exceed_max_image_size_is_refused_before_it_runs(wit
 def test_late_bound_batches_copy_each_image_with_its_size_and_padding(monkeypatch, dicts):
     # Every batch starts without a buffer: its first samples wait in scratch arrays
     # (max-size) and only their images' regions are copied into the slots.
-    from feeder._batch import BufferPool
+    from feeder.engine.batch import BufferPool
     monkeypatch.setattr(BufferPool, "try_acquire", lambda self, owner=None: None)
     sizes = _sizes(18, seed=8)
     source = Segments(sizes) if dicts else Sized(sizes)

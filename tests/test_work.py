@@ -1,4 +1,4 @@
-"""feeder._work: the per-sample work (decode, transform, masks and boxes moved
+"""feeder.engine.steps: the per-sample work (decode, transform, masks and boxes moved
 with the image) and the read step's checks, through SampleWork and read_sample."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from feeder import ConfigError, DecodeError, FieldError, SourceError, ops
-from feeder._augment import Chain
-from feeder._sample import Task
-from feeder._work import SampleWork, as_label, read_sample
+from feeder.work.augment import Chain
+from feeder.work.sample import Task
+from feeder.engine.steps import SampleWork, as_label, read_sample
 
 from conftest import MemorySource, encode_jpeg, encode_png
 from feeder.synthetic import make_image
@@ -99,7 +99,7 @@ def test_read_sample_names_the_source_and_sample():
 
 
 def test_variable_sizes_refuse_a_field_named_like_their_size_record():
-    from feeder._batch import SIZE
+    from feeder.engine.batch import SIZE
 
     work = SampleWork(Chain([ops.Resize(16)], None, max_image_size=(32, 32)))
     with pytest.raises(ConfigError, match=f"sample 2 has a field {SIZE!r}"):

@@ -1,4 +1,4 @@
-"""A long fuzz run of the JPEG region decoder (``feeder._jpeg``), by hand.
+"""A long fuzz run of the JPEG region decoder (``feeder.work._jpeg``), by hand.
 
 Mutates valid JPEGs (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, gray, progressive,
 restart markers) with bit flips, truncation, insertion, deletion and
@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from feeder import DecodeError
-from feeder import _decode
+from feeder.work import decode as _decode
 
 
 def seeds() -> list[bytes]:

@@ -29,9 +29,9 @@ import sys
 CHILD = r"""
 import json, os, resource, sys, threading, time
 import cv2, numpy as np
-import feeder, feeder._pipeline as pipeline, feeder._work as work_mod
+import feeder, feeder.engine.pipeline as pipeline, feeder.engine.steps as work_mod
 from feeder import Feeder, ImageFolder
-from feeder._rng import sample_key
+from feeder.work.rng import sample_key
 from feeder.bench.loaders import sample_work, transforms
 
 root, epochs = sys.argv[1], int(sys.argv[2])

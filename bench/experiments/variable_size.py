@@ -15,7 +15,7 @@ Settings, each run in a fresh child process, in rounds with the order rotated:
   output area of the variable runs (same pixels written per sample), fixed-size;
 * ``dl``: ``torch.utils.data.DataLoader`` (``num_workers`` = cores, persistent
   workers) over a Dataset calling feeder's own per-sample work
-  (``feeder._work.SampleWork``: the same decode and transform chain), collated
+  (``feeder.engine.steps.SampleWork``: the same decode and transform chain), collated
   as torchvision's ``GeneralizedRCNNTransform.batch_images`` does (zeros, the
   batch's largest image rounded up to 32).
 
@@ -126,8 +126,8 @@ class WorkDataset:
     """feeder's per-sample work (SampleWork: decode + the same chain) as a Dataset item."""
 
     def __init__(self, blobs: list[bytes]) -> None:
-        from feeder._augment import Chain
-        from feeder._work import SampleWork
+        from feeder.work.augment import Chain
+        from feeder.engine.steps import SampleWork
         self.blobs = blobs
         self.work = SampleWork(Chain(make_transforms(), None, max_image_size=(MAX_SIZE, MAX_SIZE)))
         self.epoch = 0
@@ -138,7 +138,7 @@ class WorkDataset:
 
     def __getitem__(self, index: int):
         import torch
-        from feeder._rng import sample_key
+        from feeder.work.rng import sample_key
         key = sample_key(0, self.epoch, index)
         img, ctx = self.work.decode(self.blobs[index], key)
         if self.out is None:  # one max-size slot per worker, reused
@@ -238,7 +238,7 @@ def padding(images: int, epochs: int) -> list[str]:
              "withheld); grouped: by aspect ratio and planned size (group_by_aspect_ratio=True)", "",
              f"{'resize':26s} {'random':>8s} {'aspect':>8s} {'grouped':>8s} "
              f"{'padding per image pixel, random/aspect':>39s} {'random/grouped':>15s}"]
-    import feeder._group as grouping
+    import feeder.engine.group as grouping
     plan = grouping.planned_sizes
     for name, first in (("shorter 800, max 1333", SingleScale()),
                         ("shorter 480..800, max 1333", make_transforms()[0])):

@@ -29,10 +29,12 @@ import numpy as np
 import simplejpeg
 
 import feeder
-from feeder import _decode, _rng, ops
-from feeder._augment import Chain
-from feeder._batch import Batch
-from feeder._work import SampleWork
+from feeder.work import decode as _decode
+from feeder.work import rng as _rng
+from feeder import ops
+from feeder.work.augment import Chain
+from feeder.engine.batch import Batch
+from feeder.engine.steps import SampleWork
 from feeder.sources import FileList
 
 

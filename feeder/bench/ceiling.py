@@ -28,8 +28,8 @@ import cv2
 import numpy as np
 
 from .. import ImageFolder
-from .._rng import sample_key
-from .._threads import available_cores
+from ..work.rng import sample_key
+from ..engine.threads import available_cores
 from . import report
 from .report import median
 from .loaders import sample_work, full_decode_transforms, transforms

@@ -26,7 +26,7 @@ import argparse
 import logging
 from typing import Any
 
-from .._threads import auto_threads, available_cores
+from ..engine.threads import auto_threads, available_cores
 from . import report
 from .loaders import has_pil
 from .measure import RunResult, run_child

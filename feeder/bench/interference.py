@@ -324,7 +324,7 @@ def default_raw_path() -> str:
     """Where a run's raw measurements go without ``--raw-out``: a new file under the
     feeder cache folder (``$FEEDER_CACHE``, else ``~/.cache/feeder``), outside any
     repository, so that a results folder under version control keeps only the report."""
-    from .._remote import cache_root
+    from ..storage.remote import cache_root
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return os.path.join(cache_root(None) or ".", "bench", f"interference-{stamp}-{os.getpid()}.json.gz")

@@ -8,7 +8,7 @@ horizontal flip, and deliver uint8 batches of the same size:
   ``RandomResizedCrop`` with torchvision's parameters and PIL bilinear resize of
   the crop box, flip, ``PILToTensor``), written here without torchvision.
 * ``dl-cv2``: DataLoader over a Dataset doing exactly the feeder's per-sample
-  work: ``feeder._work.SampleWork``, the object the engine's own steps call
+  work: ``feeder.engine.steps.SampleWork``, the object the engine's own steps call
   (the same reduced-scale decode, the same compiled transform chain writing into
   a preallocated array). Comparing it with the feeder isolates the engine from
   the decoder.
@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder, ops
-from .._augment import Chain
-from .._sample import DEFAULT_MAX_PIXELS
-from .._work import SampleWork
-from .._rng import sample_key
+from ..work.augment import Chain
+from ..work.sample import DEFAULT_MAX_PIXELS
+from ..engine.steps import SampleWork
+from ..work.rng import sample_key
 
 CROP = 224  # RandomResizedCrop output side, as in ImageNet training
 
@@ -160,7 +160,7 @@ class PILDataset(torch.utils.data.Dataset):
 
 def sample_work(transform_list: list[Any] | None = None,
                 max_pixels: int = DEFAULT_MAX_PIXELS) -> SampleWork:
-    """The feeder's own per-sample work (``feeder._work.SampleWork``, the very object
+    """The feeder's own per-sample work (``feeder.engine.steps.SampleWork``, the very object
     the engine's decode and augment steps call), for ``transform_list`` (default
     :func:`transforms`)."""
     return SampleWork(Chain(transform_list if transform_list is not None else transforms(), None),

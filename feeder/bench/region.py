@@ -1,4 +1,4 @@
-"""``region-decode``: feeder's JPEG region decoder (``feeder._jpeg``) against the
+"""``region-decode``: feeder's JPEG region decoder (``feeder.work._jpeg``) against the
 simplejpeg path, DataLoader and the full-decode ceiling, with where the time goes.
 
 Two parts, both in one run:
@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from .. import ImageFolder, ops
-from .._augment import Chain
-from .._rng import sample_key
-from .._threads import available_cores
-from .._work import SampleWork
+from ..work.augment import Chain
+from ..work.rng import sample_key
+from ..engine.threads import available_cores
+from ..engine.steps import SampleWork
 from . import report
 from .loaders import eval_transforms, full_decode_transforms, transforms
 from .measure import run_child
@@ -181,7 +181,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         same for the whole image; ``scaled_share``: share of images decoded below
         1/1.
     """
-    from .. import _decode
+    from ..work import decode as _decode
 
     ext = _decode._jpeg
     if ext is None:
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from .. import _decode
+    from ..work import decode as _decode
 
     if args.report:
         with open(args.report) as f:

@@ -111,7 +111,7 @@ def _git_commit() -> str | None:
 
 def machine_info() -> dict[str, Any]:
     """CPU, cores, memory, GPU, library versions and the date: what a figure depends on."""
-    from .._threads import available_cores
+    from ..engine.threads import available_cores
 
     info: dict[str, Any] = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -17,8 +17,8 @@ import logging
 import numpy as np
 
 from .. import ImageFolder
-from .._rng import sample_key
-from .._threads import auto_threads, available_cores
+from ..work.rng import sample_key
+from ..engine.threads import auto_threads, available_cores
 from . import report
 from .loaders import sample_work, full_decode_transforms, transforms
 from .measure import RunResult, run_child

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder
-from .._rng import sample_key
+from ..work.rng import sample_key
 from ..pack import pack, parse_size
 from ..shards import TarShards
 from .httpserver import ServerProcess

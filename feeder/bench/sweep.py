@@ -20,8 +20,8 @@ import time
 from typing import Any
 
 from .. import Feeder, ImageFolder
-from .._config import DEFAULTS
-from .._threads import auto_threads, available_cores
+from ..engine.config import DEFAULTS
+from ..engine.threads import auto_threads, available_cores
 from . import report
 from .loaders import transforms
 from .measure import cpu_seconds, now

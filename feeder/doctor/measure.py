@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder, TarShards, ops
-from .._augment import Chain
-from .._config import Config, reads_may_block
-from .._decode import jpeg_decoder
-from .._rng import sample_key
-from .._threads import available_cores
-from .._work import SampleWork
+from ..work.augment import Chain
+from ..engine.config import Config, reads_may_block
+from ..work.decode import jpeg_decoder
+from ..work.rng import sample_key
+from ..engine.threads import available_cores
+from ..engine.steps import SampleWork
 from .verdict import Fed, Measurements
 
 log = logging.getLogger(__name__)
@@ -367,11 +367,11 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
     device = torch.device(m.device)
     waits: list[float] = []
     steps: list[float] = []
-    # "tune" needs its windows' worth of batches to settle (see feeder._tune); a slow
+    # "tune" needs its windows' worth of batches to settle (see feeder.engine.tune); a slow
     # step gets up to four times the budget for them.
     least = 3
     if setting == "tune":
-        from .. import _tune
+        from ..engine import tune as _tune
 
         # The pass's first batch is untimed, and a shrink is judged on the batch
         # that completes WARMUP + SHRINK_WINDOW; a few more show it held.

@@ -1,5 +1,5 @@
 """The isolated engine's training-process side: :class:`ProcessEngine` (the
-:class:`~feeder._engine.Engine` interface over a worker process), its passes
+:class:`~feeder.engine.engine.Engine` interface over a worker process), its passes
 (:class:`IsolatedPass`: the transfer stage and the output), and what it does
 when the worker dies."""
 
@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from .. import _reaper
-from .._batch import BatchBuffer
-from .._engine import EngineBase
-from .._pipeline import PassBase
-from .._queue import END, Channel, Closed
-from .._sample import Schema
-from .._stage import Counters
-from .._stats import Stats
-from .._transfer import Transfer
+from ..engine import reaper as _reaper
+from ..engine.batch import BatchBuffer
+from ..engine.engine import EngineBase
+from ..engine.pipeline import PassBase
+from ..engine.queue import END, Channel, Closed
+from ..work.sample import Schema
+from ..engine.stage import Counters
+from ..engine.stats import Stats
+from ..engine.transfer import Transfer
 from ..errors import FeederError
 from . import protocol as msg
 from .start import start_worker
@@ -104,7 +104,7 @@ class RemotePool:
 class IsolatedPass(PassBase):
     """The training process's half of one pass: the transfer stage and the output.
 
-    It offers what :class:`~feeder._pipeline.Pass` offers the iterator and the
+    It offers what :class:`~feeder.engine.pipeline.Pass` offers the iterator and the
     engine; the other stages run in the worker under the same pass number.
 
     Args:

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .. import _reaper
-from .._engine import live_engines
-from .._stage import of_ended_pass
-from .._threads import LibraryThreads
+from ..engine import reaper as _reaper
+from ..engine.engine import live_engines
+from ..engine.stage import of_ended_pass
+from ..engine.threads import LibraryThreads
 from ..errors import ConfigError, safe_text
 from . import protocol as msg
 from .worker import worker_main

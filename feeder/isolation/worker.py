@@ -1,4 +1,4 @@
-"""The worker process: a :class:`~feeder._engine.ThreadEngine` whose buffers are in
+"""The worker process: a :class:`~feeder.engine.engine.ThreadEngine` whose buffers are in
 shared memory, its passes ending in a :class:`Shipper`, and the loop serving the
 control pipe (:func:`worker_main`)."""
 
@@ -17,19 +17,19 @@ import cv2
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
 
-from .._augment import Chain
-from .._batch import BatchBuffer
-from .._collate import CollatingStage, Collator
-from .._engine import ThreadEngine
-from .._queue import Channel, Closed
-from .._sample import OBJECT
-from .._stage import Control, Counters
+from ..work.augment import Chain
+from ..engine.batch import BatchBuffer
+from ..engine.collate import CollatingStage, Collator
+from ..engine.engine import ThreadEngine
+from ..engine.queue import Channel, Closed
+from ..work.sample import OBJECT
+from ..engine.stage import Control, Counters
 from ..errors import FeederError, FieldError, StageError, safe_text
 from . import protocol as msg
 
 
 class Shipper(CollatingStage):
-    """The worker's last stage, in place of :class:`~feeder._transfer.Transfer`: collates
+    """The worker's last stage, in place of :class:`~feeder.engine.transfer.Transfer`: collates
     finished buffers (in order when asked) and announces each to the training process.
 
     Args:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._rng import SampleRNG
-from .._sample import BOX_PREFIX, BOXES, MASK
+from ..work.rng import SampleRNG
+from ..work.sample import BOX_PREFIX, BOXES, MASK
 from .base import Geometry, Transform, _size2, move_fields
 
 

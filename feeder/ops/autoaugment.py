@@ -20,8 +20,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .._rng import SampleRNG
-from .._sample import BOXES, MASK
+from ..work.rng import SampleRNG
+from ..work.sample import BOXES, MASK
 from . import color
 from .base import Geometry, Transform, _interp, keep_boxes, move_fields
 from .geometry import _fill3, _mask_fill

@@ -11,8 +11,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .._rng import SampleRNG
-from .._sample import BOX_PREFIX, BOXES, MASK
+from ..work.rng import SampleRNG
+from ..work.sample import BOX_PREFIX, BOXES, MASK
 
 _INTERPOLATION = {
     "nearest": cv2.INTER_NEAREST,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .._rng import SampleRNG
+from ..work.rng import SampleRNG
 
 
 class _Mixing:
@@ -274,7 +274,7 @@ class RandomErasing:
 
     def apply_keyed(self, images: torch.Tensor, labels: torch.Tensor, rngs: list[SampleRNG],
                     sizes: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder._rng.SampleRNG`
+        """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder.work.rng.SampleRNG`
         per sample (what the feeder calls). ``sizes``: each image's valid
         ``(height, width)`` in a batch padded to its largest image
         (``max_image_size``); the rectangle is drawn within the image, as

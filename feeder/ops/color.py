@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from .._rng import SampleRNG
+from ..work.rng import SampleRNG
 from .base import Photometric, _into
 
 try:  # optional: installed with albumentations (the albumentations extra)

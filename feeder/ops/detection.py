@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .._rng import SampleRNG
-from .._sample import BOXES
+from ..work.rng import SampleRNG
+from ..work.sample import BOXES
 from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
                    _resize_with_geometry, keep_boxes, move_fields)

@@ -15,7 +15,7 @@ from conftest import drain, labels_of
 from cuda_helpers import (MEAN, SPIN, STD, assert_same_batches, assert_sums, batch_sum,
                           close_after_layout, close_to_cpu_path, make, reference_sums)
 from cuda_helpers import big_source as _big_source
-from feeder import _transfer
+from feeder.engine import transfer as _transfer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -10,7 +10,7 @@ import torch
 from conftest import MemorySource, drain
 from faults_helpers import feeder_factory
 from feeder import ops
-from feeder._rng import batch_generator
+from feeder.work.rng import batch_generator
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -15,7 +15,7 @@ import torch
 from conftest import JOIN_TIMEOUT_S, encode_jpeg
 from conftest import collect as collect_batches
 from feeder import Feeder, ops
-from feeder import _transfer
+from feeder.engine import transfer as _transfer
 from feeder.synthetic import make_image
 from fields_helpers import DictSource, cell_mask, check_mask_follows_image, coordinate_image, png, rgb_png
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ._batch import SIZE, Batch, BatchBuffer, move_slots
-from ._queue import END, Channel
-from ._stage import Control, Counters, Stage
-from .errors import FeederError
+from .batch import SIZE, Batch, BatchBuffer, move_slots
+from .queue import END, Channel
+from .stage import Control, Counters, Stage
+from ..errors import FeederError
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
 

@@ -23,7 +23,7 @@ samples. Still exactly once per epoch, still a pure function of (seed, epoch,
 rank, world_size) and the shard sizes.
 
 Sources longer than :data:`LAZY_MIN` samples get orders that hold no array
-(:mod:`feeder._order`): the global shuffle is a keyed Feistel permutation
+(:mod:`feeder.engine.order`): the global shuffle is a keyed Feistel permutation
 evaluated per position, and ``shuffle="shards"`` permutes the shards and
 shuffles each window of the rank's chunk with a permutation of its own. Shorter
 sources keep the orders above, bit for bit. ``shuffle_shards=K`` (with
@@ -41,12 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batch import Batch, BufferPool, Scratch
-from ._order import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
-from ._queue import END, Channel
-from ._rng import order_key
-from ._sample import Task
-from ._stage import Control, Counters, Stage
+from .batch import Batch, BufferPool, Scratch
+from .order import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
+from .queue import END, Channel
+from ..work.rng import order_key
+from ..work.sample import Task
+from .stage import Control, Counters, Stage
 
 
 def shard_size(length: int, rank: int, world_size: int, even: bool) -> int:
@@ -90,7 +90,7 @@ def check_epoch(length: int, batch_size: int, drop_last: bool, world_size: int) 
     raise ValueError(f"0 batches per epoch on {ranks} ({numbers}): {advice}")
 
 
-# Sources longer than this get the lazy orders of feeder._order (no array per
+# Sources longer than this get the lazy orders of feeder.engine.order (no array per
 # epoch); shorter ones keep torch.randperm's order, as before. 2^24 samples: a
 # randperm of int64 is 128 MiB and 0.3 s there, growing linearly beyond.
 LAZY_MIN = 1 << 24
@@ -98,7 +98,7 @@ LAZY_MIN = 1 << 24
 
 def epoch_order(length: int, shuffle: bool, seed: int, epoch: int, rank: int = 0,
                 world_size: int = 1, even: bool = True) -> Order:
-    """:func:`epoch_indices` as an :class:`~feeder._order.Order`: an array up to
+    """:func:`epoch_indices` as an :class:`~feeder.engine.order.Order`: an array up to
     :data:`LAZY_MIN` samples, a lazy permutation beyond."""
     if length <= LAZY_MIN:
         return ArrayOrder(epoch_indices(length, shuffle, seed, epoch, rank, world_size, even))
@@ -183,9 +183,9 @@ def shard_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0, world
 
 def shard_stream_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0,
                        world_size: int = 1, even: bool = True) -> Order:
-    """:func:`shard_order` as an :class:`~feeder._order.Order`: the array order up to
+    """:func:`shard_order` as an :class:`~feeder.engine.order.Order`: the array order up to
     :data:`LAZY_MIN` samples (without ``shuffle_shards``), else a lazy
-    :class:`~feeder._order.BlockOrder` over the same permutation of the shards."""
+    :class:`~feeder.engine.order.BlockOrder` over the same permutation of the shards."""
     ranges = layout.ranges
     length = ranges[-1][1] if ranges else 0
     if layout.shards is None and length <= LAZY_MIN:
@@ -203,7 +203,7 @@ def shard_stream_order(layout: ShardLayout, seed: int, epoch: int, rank: int = 0
 def pass_sequence(length: int, batch_size: int, shuffle: bool | str, drop_last: bool, skip: bool,
                   seed: int, epoch: int, rank: int = 0, world_size: int = 1,
                   layout: ShardLayout | None = None) -> Order:
-    """:func:`pass_order` as an :class:`~feeder._order.Order` (no list of every
+    """:func:`pass_order` as an :class:`~feeder.engine.order.Order` (no list of every
     sample): what the sampler dispatches and a pass's progress is counted along."""
     if shuffle == "shards":
         if layout is None:
@@ -239,7 +239,7 @@ class Sampler(Stage):
     Args:
         control: The pipeline's control interface.
         order: Returns this pass's sample indices, in order (a list, or an
-            :class:`~feeder._order.Order`: see :func:`pass_sequence`); called in
+            :class:`~feeder.engine.order.Order`: see :func:`pass_sequence`); called in
             the sampler's thread, so a failing source is this stage's error.
         batch_size: Samples per batch.
         pool: Where batch buffers come from; ``owner`` is recorded as their holder.

@@ -11,7 +11,7 @@
 
 :class:`SampleWork` binds decode and transform to one feeder's settings (the
 compiled chain, ``max_pixels``, EXIF handling, reused decode memory, the
-fields' :class:`~feeder._sample.Schema`). The engine's steps (:func:`steps`)
+fields' :class:`~feeder.work.sample.Schema`). The engine's steps (:func:`steps`)
 and the benchmarks' "same per-sample work" rows both call it, so the two cannot
 drift apart.
 
@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from ._augment import Chain
-from ._batch import SIZE
-from ._decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
-from ._rng import epoch_key, index_key
-from ._sample import (BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, NUMERIC, Schema, Task,
+from ..work.augment import Chain
+from .batch import SIZE
+from ..work.decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
+from ..work.rng import epoch_key, index_key
+from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, NUMERIC, Schema, Task,
                       parse_sample)
-from ._stage import Step
-from .errors import ConfigError, FieldError, with_field
-from .ops import Geometry, SampleContext
+from .stage import Step
+from ..errors import ConfigError, FieldError, with_field
+from ..ops import Geometry, SampleContext
 
 _INT64 = (-(1 << 63), 1 << 63)
 _SIZE_DTYPE = np.dtype(np.int64)
@@ -171,7 +171,7 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
 
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
           epoch: int) -> tuple[Step, Step, Step]:
-    """The engine's three steps on a :class:`~feeder._sample.Task`, for one pass.
+    """The engine's three steps on a :class:`~feeder.work.sample.Task`, for one pass.
 
     ``read`` and ``decode`` return the task; ``augment`` writes the result into
     the task's slot of its batch (or a scratch array, when the batch has no buffer

@@ -27,16 +27,16 @@ from typing import Any, Protocol
 
 import torch
 
-from . import _reaper
-from ._augment import Chain
-from ._batch import BufferPool, Scratch
-from ._config import Config
-from ._pipeline import Pass, PassBase, stage_threads
-from ._stats import Stats, StatsBook
-from ._threads import LibraryThreads
-from ._transfer import SideStream
-from ._work import SampleWork
-from .errors import FeederError
+from . import reaper as _reaper
+from ..work.augment import Chain
+from .batch import BufferPool, Scratch
+from .config import Config
+from .pipeline import Pass, PassBase, stage_threads
+from .stats import Stats, StatsBook
+from .threads import LibraryThreads
+from .transfer import SideStream
+from .steps import SampleWork
+from ..errors import FeederError
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class ThreadEngine(EngineBase):
         chain: The CPU transforms.
         shared: Batch buffers in shared memory (the isolated engine's worker,
             whose batches the training process reads).
-        tail: Builds each pass's last stage (see :class:`~feeder._pipeline.Pass`);
+        tail: Builds each pass's last stage (see :class:`~feeder.engine.pipeline.Pass`);
             None: the transfer stage.
     """
 

@@ -35,22 +35,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._batch import BufferPool, Scratch
-from ._collate import Collator, Padding
-from ._config import Config
-from ._group import group_sequence
-from ._queue import END, Channel
-from ._read import BudgetedOutbox, ReadBudget, releasing
-from ._sample import Task
-from ._order import Hinting, Order, Remaining
-from ._sampler import Sampler, pass_sequence, shard_layout
-from ._stage import Counters, MapStage, Stage, Step, timed_put
-from ._stats import StatsBook
-from ._transfer import Transfer
-from ._tune import Gate, TunedThreads, Tuning
-from ._work import SampleWork, steps
-from .errors import ConfigError, FeederError, SampleError
-from .sources import describe
+from .batch import BufferPool, Scratch
+from .collate import Collator, Padding
+from .config import Config
+from .group import group_sequence
+from .queue import END, Channel
+from .read import BudgetedOutbox, ReadBudget, releasing
+from ..work.sample import Task
+from .order import Hinting, Order, Remaining
+from .sampler import Sampler, pass_sequence, shard_layout
+from .stage import Counters, MapStage, Stage, Step, timed_put
+from .stats import StatsBook
+from .transfer import Transfer
+from .tune import Gate, TunedThreads, Tuning
+from .steps import SampleWork, steps
+from ..errors import ConfigError, FeederError, SampleError
+from ..sources import describe
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class PassBase:
     A subclass sets ``output`` (the channel ``next()`` reads), ``channels``
     (every channel of the pass, ``output`` last) and ``stages``, and defines
     :meth:`start`, :meth:`stop`, :meth:`in_flight`, and the rest of the stages'
-    :class:`~feeder._stage.Control`: ``thread_exited`` and ``sample_failed``.
+    :class:`~feeder.engine.stage.Control`: ``thread_exited`` and ``sample_failed``.
     """
 
     output: Channel
@@ -211,7 +211,7 @@ class PassBase:
 class Pass(PassBase):
     """The threads, channels and buffers of one pass over one epoch.
 
-    It is the stages' :class:`~feeder._stage.Control`: the stages call it to fail,
+    It is the stages' :class:`~feeder.engine.stage.Control`: the stages call it to fail,
     report a failed sample, and say when a thread starts or exits.
     """
 

@@ -1,4 +1,4 @@
-"""The local cache of remote shards (see :mod:`feeder._remote`): whole files
+"""The local cache of remote shards (see :mod:`feeder.storage.remote`): whole files
 on local disk, bounded in bytes, shared by processes (a lock file per entry, an
 eviction lock), written under temporary names and renamed when complete."""
 
@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ._fetch import _split_query
-from ._sizes import parse_size
-from ._http import Validator
+from .fetch import _split_query
+from .sizes import parse_size
+from .http import Validator
 
 # The records keep the logger of the module these came from.
-log = logging.getLogger("feeder._remote")
+log = logging.getLogger("feeder.storage.remote")
 
 DEFAULT_CACHE_BYTES = 32 << 30
 

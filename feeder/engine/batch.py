@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from ._queue import Closed
-from ._sample import LABEL, MASKS, NUMERIC
+from .queue import Closed
+from ..work.sample import LABEL, MASKS, NUMERIC
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ descriptor (POSIX keeps the file until it is closed).
 **What is verified** (so that storage cannot deliver wrong bytes silently):
 
 - HTTP range reads must come back as ``206`` with a ``Content-Range`` naming
-  exactly the bytes asked for (see :mod:`feeder._http`); a server that ignores
+  exactly the bytes asked for (see :mod:`feeder.storage.http`); a server that ignores
   ranges (answers ``200``) is read by copying each shard whole once (said once
   in the log): into the cache, or without one into a private temporary copy
   removed at ``close()``. Other fsspec back-ends: the length of every range.
@@ -70,13 +70,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _http
-from ._http import Validator
-from ._storage import FilePool
-from ._cache import ShardCache, _unlink, cache_limit, cache_root
-from ._fetch import (MAX_INDEX_BYTES, HashMismatch, RemoteError, Retrier, ShardChangedError,
+from . import http as _http
+from .http import Validator
+from .local import FilePool
+from .cache import ShardCache, _unlink, cache_limit, cache_root
+from .fetch import (MAX_INDEX_BYTES, HashMismatch, RemoteError, Retrier, ShardChangedError,
                      _status, fetch_bounded, filesystem, remote_index_url)
-from ._tar import ShardFormatError, ShardIndex, scan
+from .tar import ShardFormatError, ShardIndex, scan
 
 log = logging.getLogger(__name__)
 

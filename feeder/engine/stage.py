@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ._queue import END, Channel, Closed
-from ._threads import limit_torch_threads
-from .errors import StageError
+from .queue import END, Channel, Closed
+from .threads import limit_torch_threads
+from ..errors import StageError
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter

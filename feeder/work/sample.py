@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import FieldError, SourceError
+from ..errors import FieldError, SourceError
 
 # Default ceiling on decoded pixels (width * height): a decompression bomb is
 # rejected from its header before any pixel memory is allocated. 2**28 pixels

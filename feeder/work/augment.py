@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ._rng import SampleRNG
-from ._sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
-from .errors import ConfigError, FieldError, TransformError
-from .ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
+from .rng import SampleRNG
+from .sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
+from ..errors import ConfigError, FieldError, TransformError
+from ..ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
                   _ResizeCenterCrop)
-from .ops.base import foreign_transform, move_fields as _moved
+from ..ops.base import foreign_transform, move_fields as _moved
 
 _VARIABLE = object()  # the output size depends on the input
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from ._decode import header_size
-from ._rng import epoch_key, index_key
-from .sources import describe
+from ..work.decode import header_size
+from ..work.rng import epoch_key, index_key
+from ..sources import describe
 
 log = logging.getLogger(__name__)
 
@@ -231,17 +231,17 @@ def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int
 
 def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: int = 0,
                    epoch: int = 0) -> Any:
-    """A pass's :class:`~feeder._order.Order` regrouped when ``cfg`` (the feeder's
+    """A pass's :class:`~feeder.engine.order.Order` regrouped when ``cfg`` (the feeder's
     Config) asks for grouping, else ``order`` itself: the one function the
     pass and the feeder's resume and skip use, so their positions agree.
-    ``chain`` (the feeder's :class:`~feeder._augment.Chain`), ``seed`` and ``epoch``
+    ``chain`` (the feeder's :class:`~feeder.work.augment.Chain`), ``seed`` and ``epoch``
     give the samples' planned sizes (see the module's docstring).
     Grouping needs every size of the rank's samples, so it holds the rank's order
     as an array (sources of images to group are far below the lazy orders' sizes)."""
     factor = cfg.group_by_aspect_ratio
     if factor is None:
         return order
-    from ._order import ArrayOrder
+    from .order import ArrayOrder
 
     flat = order[:]
     # The pass and the progress bookkeeping both ask for the same pass's order;

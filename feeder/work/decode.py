@@ -1,7 +1,7 @@
 """Decode stage: read a sample's bytes and decode them to uint8 HWC RGB (and a
 mask PNG to its integer values: :func:`decode_mask`).
 
-JPEGs go through feeder's own extension ``feeder._jpeg`` when it was built
+JPEGs go through feeder's own extension ``feeder.work._jpeg`` when it was built
 (the system's libjpeg-turbo, decoding only the region the first transform
 reads, at DCT scale 1/1, 1/2, 1/4 or 1/8: see :func:`jpeg_decoder`), else
 through simplejpeg (libjpeg-turbo, whole image, reduced scale when it covers);
@@ -31,9 +31,9 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from ._region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
-from ._sample import DEFAULT_MAX_PIXELS
-from .errors import DecodeError
+from .region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
+from .sample import DEFAULT_MAX_PIXELS
+from ..errors import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,11 @@ def _load_extension() -> tuple[Any, str | None]:
     if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
         return None, f"{NO_EXTENSION_ENV}={os.environ[NO_EXTENSION_ENV]} is set"
     if importlib.util.find_spec(f"{__package__}._jpeg") is None:
-        return None, "the extension feeder._jpeg is not built"
+        return None, "the extension feeder.work._jpeg is not built"
     try:
-        from . import _jpeg  # type: ignore[attr-defined]
+        from . import _jpeg
     except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
-        return None, f"the extension feeder._jpeg could not be loaded ({exc})"
+        return None, f"the extension feeder.work._jpeg could not be loaded ({exc})"
     return _jpeg, None
 
 
@@ -70,11 +70,11 @@ def jpeg_decoder() -> dict[str, Any]:
     """Which JPEG decoder feeder uses in this process.
 
     Returns:
-        ``{"decoder": "feeder._jpeg" or "simplejpeg", "region_decode": bool,
+        ``{"decoder": "feeder.work._jpeg" or "simplejpeg", "region_decode": bool,
         "libjpeg_turbo": version or None, "reason": why the extension is not used, or None}``.
     """
     if _jpeg is not None:
-        return {"decoder": "feeder._jpeg", "region_decode": True,
+        return {"decoder": "feeder.work._jpeg", "region_decode": True,
                 "libjpeg_turbo": _jpeg.LIBJPEG_TURBO_VERSION, "reason": None}
     return {"decoder": "simplejpeg", "region_decode": False, "libjpeg_turbo": None,
             "reason": _jpeg_missing}
@@ -87,7 +87,7 @@ def note_jpeg_decoder() -> None:
         return
     _noted = True
     if _jpeg is not None:
-        log.debug("JPEG decoding: feeder._jpeg (libjpeg-turbo %s), region + DCT-scaled",
+        log.debug("JPEG decoding: feeder.work._jpeg (libjpeg-turbo %s), region + DCT-scaled",
                   _jpeg.LIBJPEG_TURBO_VERSION)
     elif _jpeg_missing is not None and _jpeg_missing.startswith(NO_EXTENSION_ENV):
         log.info("JPEG decoding: simplejpeg (whole image before every crop): %s", _jpeg_missing)

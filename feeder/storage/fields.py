@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._tar import IMAGE_EXTS
+from .tar import IMAGE_EXTS
 
 # Members whose name is not the rule's (see field_of): the image, the label
 # and the mask. A JPEG mask is not among them: JPEG blends class ids.

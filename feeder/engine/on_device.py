@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batch import BatchBuffer
-from ._rng import SampleRNG, batch_generator, epoch_key, index_key
-from ._sample import INT_SCALAR, LABEL, NUMERIC, Schema
-from .errors import StageError
+from .batch import BatchBuffer
+from ..work.rng import SampleRNG, batch_generator, epoch_key, index_key
+from ..work.sample import INT_SCALAR, LABEL, NUMERIC, Schema
+from ..errors import StageError
 
 
 class Converter:

@@ -17,7 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .ops import SampleContext, dct_denom
+from ..ops import SampleContext, dct_denom
 
 # The decoder's header and buffer pool types (``_decode._Header``,
 # ``_decode.DecodeBuffers``) are named by what they are in the signatures below,
@@ -163,7 +163,7 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
                   buffers: DecodeBuffers | None) -> np.ndarray:
-    """Decode with ``ext`` (the extension ``feeder._jpeg``) the part of a stored
+    """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
     ``ctx.scaled_size`` and ``ctx.scale``."""

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._augment import image_size_pair
-from ._sample import DEFAULT_MAX_PIXELS
-from ._threads import auto_read_threads, auto_threads, cores_for_this_rank
-from ._tune import TunedThreads
-from .errors import ConfigError
-from .ops.base import foreign_transform
+from ..work.augment import image_size_pair
+from ..work.sample import DEFAULT_MAX_PIXELS
+from .threads import auto_read_threads, auto_threads, cores_for_this_rank
+from .tune import TunedThreads
+from ..errors import ConfigError
+from ..ops.base import foreign_transform
 
 _ON_ERROR = ("raise", "skip")
 

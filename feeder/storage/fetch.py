@@ -1,5 +1,5 @@
 """Remote objects through fsspec: the errors, the retries of transient
-failures (:class:`Retrier`, see :mod:`feeder._remote`), one file system per
+failures (:class:`Retrier`, see :mod:`feeder.storage.remote`), one file system per
 protocol and options, and whole small files read within a bound (an index, a
 shard list)."""
 
@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _http
-from ._http import Validator
-from ._tar import ShardFormatError, index_path
+from . import http as _http
+from .http import Validator
+from .tar import ShardFormatError, index_path
 
 # The records keep the logger of the module these came from.
-log = logging.getLogger("feeder._remote")
+log = logging.getLogger("feeder.storage.remote")
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .errors import safe_text
+from ..errors import safe_text
 
 log = logging.getLogger("feeder")
 
@@ -211,7 +211,7 @@ ACTIVE_HISTORY = 1000
 class StatsBook:
     """Feeder-wide accumulator of every pass's counters.
 
-    Each thread's :class:`~feeder._stage.Counters` and each channel is *live*
+    Each thread's :class:`~feeder.engine.stage.Counters` and each channel is *live*
     (attached) until it is folded into the totals; a snapshot adds the totals
     and the live ones under one lock, so every counter is counted exactly once
     at any instant and the figures a user reads never go backwards, also while

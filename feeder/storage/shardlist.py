@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ._tar import ShardFormatError, decode_image_sizes
-from .errors import safe_text
+from .tar import ShardFormatError, decode_image_sizes
+from ..errors import safe_text
 
 log = logging.getLogger("feeder.shards")
 
@@ -176,7 +176,7 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
             return expand_braces(name), None, {}
         if name.split("?", 1)[0].endswith(".json"):
             if _is_url(name):
-                from ._fetch import fetch_small  # noqa: PLC0415 - fsspec only when remote
+                from .fetch import fetch_small  # noqa: PLC0415 - fsspec only when remote
 
                 raw = fetch_small(name, options=options, deadline=deadline)
                 try:

@@ -5,7 +5,7 @@ fsspec's HTTP file system returns a body whatever the status: a server that
 ignores ``Range`` (``python -m http.server``, many proxies) answers ``200``
 with the whole file, and a reader taking its first bytes as the sample
 delivers wrong data. So the range reads, whole-file copies and small fetches
-of :mod:`feeder._remote` go through here, on fsspec's own aiohttp session and
+of :mod:`feeder.storage.remote` go through here, on fsspec's own aiohttp session and
 event loop (its connection pool and ``storage_options`` are kept), and each
 answer is checked:
 

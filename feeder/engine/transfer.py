@@ -83,15 +83,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._batch import SIZE, BatchBuffer, BufferPool
-from ._on_device import BatchTransforms, Converter
-from ._collate import CollatingStage, Collator, batch_extent
-from ._config import resolve_device
-from ._queue import END, Channel, Closed
-from ._reaper import watch
-from ._sample import BOX_LIST, IMAGE, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
-from ._stage import Control, Counters
-from .errors import FeederError
+from .batch import SIZE, BatchBuffer, BufferPool
+from .on_device import BatchTransforms, Converter
+from .collate import CollatingStage, Collator, batch_extent
+from .config import resolve_device
+from .queue import END, Channel, Closed
+from .reaper import watch
+from ..work.sample import BOX_LIST, IMAGE, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
+from .stage import Control, Counters
+from ..errors import FeederError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from ._storage import FilePool
-from ._tar import ShardIndex, index_path, scan
+from .local import FilePool
+from .tar import ShardIndex, index_path, scan
 
 
 log = logging.getLogger("feeder.shards")
@@ -236,7 +236,7 @@ def load_indices(shards: list[Any], warn: Any, deadline: float | None,
         if store is not None:
             store.cancel.set()  # cuts the stalled requests and the retry waits short
             store.stop.set()
-        from ._remote import RemoteError  # noqa: PLC0415
+        from .remote import RemoteError  # noqa: PLC0415
 
         raise RemoteError(f"TarShards: building the source took longer than deadline_s="
                           f"{deadline_s} s; no answer yet from {', '.join(stalled[:5])}"

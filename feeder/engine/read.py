@@ -14,8 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._queue import END, Channel, Closed
-from ._stage import Step
+from .queue import END, Channel, Closed
+from .stage import Step
 
 # Longest uninterrupted wait for budget: a closed pass is noticed this fast.
 _POLL_S = 0.1

@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ._decode import header_size
-from ._tar import IMAGE_EXTS
+from ..work.decode import header_size
+from .tar import IMAGE_EXTS
 
 
 class PackError(Exception):
@@ -102,8 +102,8 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     """
     import numpy as np  # noqa: PLC0415
 
-    from ._sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
-    from .errors import FieldError, SourceError  # noqa: PLC0415
+    from ..work.sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
+    from ..errors import FieldError, SourceError  # noqa: PLC0415
 
     where = _describe(source, i)
     try:
@@ -175,8 +175,8 @@ def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
     import cv2  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from ._decode import decode_mask  # noqa: PLC0415
-    from .errors import DecodeError  # noqa: PLC0415
+    from ..work.decode import decode_mask  # noqa: PLC0415
+    from ..errors import DecodeError  # noqa: PLC0415
 
     if isinstance(value, (bytes, bytearray, memoryview)):
         if shrunk is None:
