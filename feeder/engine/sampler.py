@@ -289,7 +289,7 @@ class Sampler(Stage):
                 first = min(self.unbuffered, tasks.maxsize, len(indices))
                 for slot in range(first):
                     self.put(c, tasks, Task(batch, slot, indices[slot]))
-                c.begin_wait(2)  # waiting for a free buffer: downstream is behind
+                c.begin_wait(Counters.WAIT_OUT)  # waiting for a free buffer: downstream is behind
                 try:
                     buf = pool.acquire(stopped, starving, owner)
                 finally:

@@ -28,6 +28,18 @@ log = logging.getLogger(__name__)
 _now = time.perf_counter
 
 
+def _with_wait(wait_in: float, wait_out: float, inline: float, kind: int,
+               seconds: float) -> tuple[float, float, float]:
+    """The wait totals with ``seconds`` of a wait of ``kind`` (a ``Counters`` state) added."""
+    if kind == Counters.WAIT_IN:
+        return wait_in + seconds, wait_out, inline
+    if kind == Counters.WAIT_OUT:
+        return wait_in, wait_out + seconds, inline
+    if kind == Counters.INLINE:
+        return wait_in, wait_out, inline + seconds
+    return wait_in, wait_out, inline
+
+
 class Counters:
     """One thread's stats. Only its own thread writes them, so no lock is needed.
 
@@ -49,7 +61,7 @@ class Counters:
         self.inline_items = 0
         # (seconds waiting for input, waiting to output, doing the next stage's
         # work inline, when the current one began, which one: a kind above)
-        self._state: tuple[float, float, float, float, int] = (0.0, 0.0, 0.0, 0.0, 0)
+        self._state: tuple[float, float, float, float, int] = (0.0, 0.0, 0.0, 0.0, Counters.WORKING)
         self.started = _now()
         self.ended: float | None = None
         # (phase, sample index, since): the sample this thread works on, for
@@ -71,13 +83,7 @@ class Counters:
         wi, wo, inl, since, kind = self._state
         t = _now()
         d = t - since
-        if kind == 1:
-            wi += d
-        elif kind == 2:
-            wo += d
-        elif kind == 3:
-            inl += d
-        self._state = (wi, wo, inl, 0.0, 0)
+        self._state = (*_with_wait(wi, wo, inl, kind, d), 0.0, Counters.WORKING)
         return t
 
     def totals(self) -> tuple[float, float, float, float]:
@@ -85,14 +91,8 @@ class Counters:
         wi, wo, inl, since, kind = self._state
         end = self.ended
         now = _now() if end is None else end
-        if kind and end is None:
-            d = now - since
-            if kind == 1:
-                wi += d
-            elif kind == 2:
-                wo += d
-            else:
-                inl += d
+        if kind != Counters.WORKING and end is None:
+            wi, wo, inl = _with_wait(wi, wo, inl, kind, now - since)
         return max(0.0, now - self.started - wi - wo - inl), wi, wo, inl
 
     @property
@@ -111,7 +111,7 @@ class Counters:
 
 def timed_put(c: Counters, channel: Channel, item: Any) -> None:
     """``channel.put(item)``, its blocked time counted as ``c``'s wait on output."""
-    c.begin_wait(2)
+    c.begin_wait(Counters.WAIT_OUT)
     try:
         channel.put(item)
     finally:
@@ -217,7 +217,7 @@ class Stage:
 
     # Timed queue access: waiting time is what the stats call wait_in / wait_out.
     def get(self, c: Counters) -> Any:
-        c.begin_wait(1)
+        c.begin_wait(Counters.WAIT_IN)
         try:
             return self.inbox.get()
         finally:
