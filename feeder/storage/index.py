@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from .local import FilePool
+from .local import FilePool, after_fork_registry
 from .tar import ShardIndex, index_path, scan
 
 
@@ -159,16 +159,7 @@ class _IndexTable:
             del owner
 
 
-_tables: "weakref.WeakSet[_IndexTable]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for table in list(_tables):
-        table.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_tables: "weakref.WeakSet[_IndexTable]" = after_fork_registry()
 
 
 class _Column:

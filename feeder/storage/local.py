@@ -13,6 +13,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from typing import Any
 
 # Open descriptors kept per pool: far below the usual soft limit of 1024, and
 # enough that a job cycling through many shards reopens rarely.
@@ -116,16 +117,22 @@ class FilePool:
                     entry[2] = True
 
 
-_pools: "weakref.WeakSet[FilePool]" = weakref.WeakSet()
+def after_fork_registry() -> "weakref.WeakSet[Any]":
+    """A set of live objects whose ``after_fork()`` runs in a forked child, where
+    their locks, threads and open files are the parent's (held weakly: an object
+    leaves the set when it is collected)."""
+    registry: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+    def after_fork_in_child() -> None:
+        for obj in list(registry):
+            obj.after_fork()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=after_fork_in_child)
+    return registry
 
 
-def _after_fork_in_child() -> None:
-    for pool in list(_pools):
-        pool.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_pools: "weakref.WeakSet[FilePool]" = after_fork_registry()
 
 
 # File systems whose reads wait on a network or a user-space daemon: a read there

@@ -72,7 +72,7 @@ from typing import Any
 
 from . import http as _http
 from .http import Validator
-from .local import FilePool
+from .local import FilePool, after_fork_registry
 from .cache import ShardCache, _unlink, cache_limit, cache_root
 from .fetch import (MAX_INDEX_BYTES, HashMismatch, RemoteError, Retrier, ShardChangedError,
                      _status, fetch_bounded, filesystem, remote_index_url)
@@ -568,13 +568,4 @@ def _info_validator(fs: Any, path: str) -> Validator:
                      str(modified) if modified is not None else None)
 
 
-_stores: "weakref.WeakSet[RemoteStore]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_stores):
-        store.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_stores: "weakref.WeakSet[RemoteStore]" = after_fork_registry()

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
