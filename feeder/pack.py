@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .storage.packsample import PackError, _describe, _shrink, image_ext, image_size_of, sample_members
+from .storage.packsample import PackError, name_sample, shrink, image_ext, image_size_of, sample_members
 from .storage.tar import IMAGE_EXTS, ShardIndex, index_path
 from .storage.sizes import parse_size
 from .sources import ImageFolder
@@ -449,14 +449,14 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                     raise
                 # The source's read failed without saying on what (os.read's
                 # errors name no file): name the sample.
-                raise OSError(exc.errno, f"reading {_describe(obj, i)}: {exc.strerror or exc}") from exc
+                raise OSError(exc.errno, f"reading {name_sample(obj, i)}: {exc.strerror or exc}") from exc
             return i, members, status
         path = paths[i]
         data = _read_input(path)
         ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
         status = "same"
         if max_side is not None:
-            small = _shrink(data, ext, max_side, quality)
+            small = shrink(data, ext, max_side, quality)
             if small is None:
                 status = "kept"
             elif small is not data:
@@ -492,7 +492,7 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
             if status == "reencoded":
                 reencoded += 1
             elif status == "kept":
-                kept.append(paths[i] if obj is None else _describe(obj, i))
+                kept.append(paths[i] if obj is None else name_sample(obj, i))
             size = sum(tarfile.BLOCKSIZE + -(-len(d) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                        for _, d in fields)
             # The end-of-archive blocks and the padding to a whole tar record follow.

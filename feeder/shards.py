@@ -49,10 +49,10 @@ from typing import Any
 
 import numpy as np
 
-from .storage.fields import FIELD_NAMES, _json_value, _npy, field_of, make_plan
-from .storage.index import _Column, _IndexTable, _LocalShard, load_indices
+from .storage.fields import FIELD_NAMES, json_value, npy_array, field_of, make_plan
+from .storage.index import Column, IndexTable, LocalShard, load_indices
 from .work.sample import DEFAULT_MAX_PIXELS
-from .storage.shardlist import _is_url, expand_braces, resolve
+from .storage.shardlist import is_url, expand_braces, resolve
 from .storage.local import FilePool, on_network_storage
 from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
 
@@ -329,10 +329,10 @@ class TarShards:
         return self._compact_entry(self._entry(ix))
 
     def _make_table(self) -> None:
-        table = _IndexTable(self, self._lazy_counts, self.index_cache)
+        table = IndexTable(self, self._lazy_counts, self.index_cache)
         self._table = table
         self._indices, self._image_member, self._label_member, self._offsets, self._sizes = (
-            _Column(table, k) for k in range(5))
+            Column(table, k) for k in range(5))
 
     def _want_copy(self, s: int) -> None:
         shard = self._shards[s]
@@ -383,14 +383,14 @@ class TarShards:
         self._store = None
         shards: list[Any] = []
         for name in names:
-            if _is_url(name):
+            if is_url(name):
                 if self._store is None:
                     from .storage.remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
 
                     self._store = RemoteStore(self.files, *self._remote_options)
                 shards.append(self._store.shard(name))
             else:
-                shards.append(_LocalShard(name, self.files))
+                shards.append(LocalShard(name, self.files))
         self._shards = shards
         # A dropped source releases its descriptors and stops its copies: a job
         # that builds sources in a loop must not run out of file descriptors.
@@ -633,8 +633,8 @@ class TarShards:
             if fmt == "txt":
                 return raw.decode("utf-8")
             if fmt == "json":
-                return _json_value(raw)
-            return _npy(raw)
+                return json_value(raw)
+            return npy_array(raw)
         except (UnicodeDecodeError, ValueError, OSError, EOFError, RecursionError) as exc:
             what = {"cls": "is not an integer", "txt": "is not UTF-8 text",
                     "json": "is not JSON", "npy": "is not a .npy array"}[fmt]

@@ -14,7 +14,7 @@ from conftest import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
 from feeder.work.augment import Chain
 from feeder.engine.transfer import Converter
-from feeder.ops import SampleContext, _ResizeCenterCrop
+from feeder.ops import SampleContext, ResizeCenterCrop
 from feeder.synthetic import make_image
 
 
@@ -65,7 +65,7 @@ def test_chain_fuses_the_pair_keeping_hint_positions_and_the_buffer():
     ts = [ops.Resize(40), ops.CenterCrop(32), ops.RandomHorizontalFlip(0.5)]
     chain = Chain(ts, None)
     assert chain.image_size == (32, 32)
-    assert isinstance(chain._writer[1], _ResizeCenterCrop)
+    assert isinstance(chain._writer[1], ResizeCenterCrop)
     # Reduced-scale JPEG decoding is still asked for the Resize target.
     assert chain.plan(1200, 1600, 1)[0] == (40, 53)
     img = noise(120, 160, 2)

@@ -269,7 +269,7 @@ def _add(tar, name, data):
     tar.addfile(info, io.BytesIO(data))
 
 
-def _npy(arr, **kw):
+def npy_array(arr, **kw):
     buf = io.BytesIO()
     np.save(buf, arr, **kw)
     return buf.getvalue()
@@ -292,9 +292,9 @@ def _foreign(path, jpeg_blobs, n=4, bad=None):
                 "seg.png": png(np.full(_size(jpeg_blobs[i]), i, np.uint8)),
                 "json": json.dumps({"caption": f"c{i}", "boxes": boxes.tolist(),
                                     "box_labels": [i] * len(boxes)}).encode(),
-                "boxes.npy": _npy(boxes),
-                "box_labels.npy": _npy(np.full(len(boxes), i, np.int32)),
-                "depth.npy": _npy(np.full((2, 3), i, ">f4")),  # big-endian, as some writers do
+                "boxes.npy": npy_array(boxes),
+                "box_labels.npy": npy_array(np.full(len(boxes), i, np.int32)),
+                "depth.npy": npy_array(np.full((2, 3), i, ">f4")),  # big-endian, as some writers do
                 "txt": f"caption {i} é".encode(),
                 "xyz": b"\x00unknown",
             }
@@ -352,7 +352,7 @@ def test_field_of_rule():
 
 @pytest.mark.parametrize("ext, data, field, what", [
     ("depth.npy", b"\x93NUMPY garbage", "depth", "is not a .npy array"),
-    ("depth.npy", _npy(np.array([{"a": 1}], dtype=object), allow_pickle=True), "depth",
+    ("depth.npy", npy_array(np.array([{"a": 1}], dtype=object), allow_pickle=True), "depth",
      "is not a .npy array"),
     ("cls", b"cat", "label", "is not an integer"),
     ("json", b"{not json", "json", "is not JSON"),
@@ -402,7 +402,7 @@ def test_fields_configuration_errors(tmp_path, jpeg_blobs):
     # A sample without a member fields= asks for.
     with tarfile.open(tmp_path / "gap.tar", "w") as tar:
         _add(tar, "a.jpg", jpeg_blobs[0])
-        _add(tar, "a.boxes.npy", _npy(np.zeros((0, 4), np.float32)))
+        _add(tar, "a.boxes.npy", npy_array(np.zeros((0, 4), np.float32)))
         _add(tar, "b.jpg", jpeg_blobs[1])
     gap = TarShards(str(tmp_path / "gap.tar"), fields=["boxes.npy"], label=None)
     assert gap.read(0)["boxes"].shape == (0, 4)

@@ -62,7 +62,7 @@ class _FullDecodeCrop(ops.RandomResizedCrop):
     decode_box = ops.Transform.decode_box
 
 
-class _FullDecodeResizeCenterCrop(ops._ResizeCenterCrop):
+class _FullDecodeResizeCenterCrop(ops.ResizeCenterCrop):
     """The fused Resize + CenterCrop with no hint and no box: the whole image is decoded."""
 
     decode_hint = ops.Transform.decode_hint

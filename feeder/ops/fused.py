@@ -138,7 +138,7 @@ def _area_upscale_window(img: np.ndarray, target: tuple[int, int], rows: tuple[i
                      cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
-class _ResizeCenterCrop(Transform):
+class ResizeCenterCrop(Transform):
     """``Resize(int)`` then ``CenterCrop``, computing only the pixels the crop keeps.
 
     The feeder's chain uses it in place of that pair: resizing the shorter side of

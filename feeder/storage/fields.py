@@ -43,14 +43,14 @@ def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
     return ext, "bytes"
 
 
-def _json_value(raw: bytes) -> Any:
+def json_value(raw: bytes) -> Any:
     """A JSON field's value. Nesting deeper than the interpreter's recursion limit
     raises RecursionError (CPython's parser guards its recursion), which the
     caller reports as a bad field, naming it."""
     return json.loads(raw)
 
 
-def _npy(raw: bytes) -> np.ndarray:
+def npy_array(raw: bytes) -> np.ndarray:
     """One ``.npy`` array from its bytes: the header's shape and dtype are checked
     against the bytes that follow before anything is allocated (``np.load``
     allocates what the header claims first); object arrays (pickles) are refused."""

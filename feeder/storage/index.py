@@ -1,7 +1,7 @@
 """Shard indices for :class:`feeder.shards.TarShards`: a local shard's index
 (its ``.idx`` file, or a scan of its headers), every shard's index loaded at once
 (:func:`load_indices`, in parallel for remote shards, within a deadline), and
-the lazy indexing's bounded table (:class:`_IndexTable`: an index loaded at its
+the lazy indexing's bounded table (:class:`IndexTable`: an index loaded at its
 shard's first need, ahead of the order in a thread of its own)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .tar import ShardIndex, index_path, scan
 
 log = logging.getLogger("feeder.shards")
 
-class _LocalShard:
+class LocalShard:
     """A shard on a local file system, read with ``os.pread``."""
 
     remote = False
@@ -43,7 +43,7 @@ class _LocalShard:
         return scan(self.pread, size, self.name, warn)
 
 
-class _IndexTable:
+class IndexTable:
     """Shard indices loaded at their first need and kept in a bounded LRU (the
     lazy indexing of :class:`TarShards`); :meth:`ahead` loads them in a thread of
     its own before the readers get there (and starts the shards' copies into the
@@ -159,13 +159,13 @@ class _IndexTable:
             del owner
 
 
-_tables: "weakref.WeakSet[_IndexTable]" = after_fork_registry()
+_tables: "weakref.WeakSet[IndexTable]" = after_fork_registry()
 
 
-class _Column:
-    """One field of :class:`_IndexTable`'s entries, indexed by shard number."""
+class Column:
+    """One field of :class:`IndexTable`'s entries, indexed by shard number."""
 
-    def __init__(self, table: _IndexTable, k: int) -> None:
+    def __init__(self, table: IndexTable, k: int) -> None:
         self.table, self.k = table, k
 
     def __getitem__(self, s: int) -> Any:

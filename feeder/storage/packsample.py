@@ -18,7 +18,7 @@ from .tar import IMAGE_EXTS
 class PackError(Exception):
     """A pack cannot run as asked (the message says why and what to do)."""
 
-def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
+def shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
     """``data`` re-encoded with its longer side at most ``max_side``; the same bytes
     when already small enough; None when it cannot be decoded."""
     out = _shrink_sized(data, ext, max_side, quality)
@@ -27,7 +27,7 @@ def _shrink(data: bytes, ext: str, max_side: int, quality: int) -> bytes | None:
 
 def _shrink_sized(data: bytes, ext: str, max_side: int,
                   quality: int) -> tuple[bytes, tuple[int, int], tuple[int, int]] | None:
-    """Like :func:`_shrink`, with the image's ``(height, width)`` before and after."""
+    """Like :func:`shrink`, with the image's ``(height, width)`` before and after."""
     import cv2  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
@@ -78,7 +78,7 @@ def image_ext(data: bytes | bytearray | memoryview) -> str | None:
 _FIELD_NAME = re.compile(r"[^\s/\\]+")
 
 
-def _describe(source: Any, i: int) -> str:
+def name_sample(source: Any, i: int) -> str:
     try:
         return f"sample {i} ({source.describe(i)})"
     except Exception:  # noqa: BLE001 - no describe(), or one that fails: the index alone
@@ -105,7 +105,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     from ..work.sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
     from ..errors import FieldError, SourceError  # noqa: PLC0415
 
-    where = _describe(source, i)
+    where = name_sample(source, i)
     try:
         data, fields, is_dict = parse_sample(source.read(i), source, i)
     except (SourceError, FieldError) as exc:

@@ -49,7 +49,7 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + c + rest for c in choices for rest in expand_braces(tail)]
 
 
-def _is_url(name: str) -> bool:
+def is_url(name: str) -> bool:
     return "://" in name and not name.startswith("file://")
 
 
@@ -82,7 +82,7 @@ def _join_remote(base_url: str, entry: str, where: str) -> str:
     if entry.startswith("file:") or os.path.isabs(entry) or entry.startswith("~") or "\0" in entry:
         raise ShardFormatError(f"{where}: entry {entry!r} names a local file; a remote shard "
                                f"list may name only remote shards (relative names or URLs)")
-    if _is_url(entry):
+    if is_url(entry):
         return entry
     if ":" in entry.split("/", 1)[0]:
         raise ShardFormatError(f"{where}: entry {entry!r}: not a relative name or a URL")
@@ -110,7 +110,7 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardFormatError(f"{where}: not a shard list (JSON with a 'shardlist' of "
                                f"{{'url': ...}} entries): {exc}") from exc
-    remote = _is_url(where)
+    remote = is_url(where)
     base = where.rsplit("/", 1)[0] if "/" in where else ""
     out = []
     facts: dict[str, ListEntry] = {}
@@ -123,7 +123,7 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
             name = plain_base + s
         elif remote:
             name = _join_remote(where, s, where)
-        elif _is_url(s) or os.path.isabs(s) or not base:
+        elif is_url(s) or os.path.isabs(s) or not base:
             name = _local(s)
         else:
             name = f"{base}/{s}"
@@ -175,7 +175,7 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
         if _BRACE.search(name):
             return expand_braces(name), None, {}
         if name.split("?", 1)[0].endswith(".json"):
-            if _is_url(name):
+            if is_url(name):
                 from .fetch import fetch_small  # noqa: PLC0415 - fsspec only when remote
 
                 raw = fetch_small(name, options=options, deadline=deadline)
@@ -186,7 +186,7 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
                 return _manifest(text, name)
             with open(_local(name), encoding="utf-8") as f:
                 return _manifest(f.read(), _local(name))
-        if _is_url(name):
+        if is_url(name):
             return [name], None, {}
         path = _local(name)
         if os.path.isdir(path):

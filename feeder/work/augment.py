@@ -24,7 +24,7 @@ from .rng import SampleRNG
 from .sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
 from ..errors import ConfigError, FieldError, TransformError
 from ..ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
-                  _ResizeCenterCrop)
+                  ResizeCenterCrop)
 from ..ops.base import foreign_transform, move_fields as _moved
 
 _VARIABLE = object()  # the output size depends on the input
@@ -136,7 +136,7 @@ def _fuse(ts: list[Transform]) -> list[tuple[int, Transform]]:
         t = ts[i]
         if (type(t) is Resize and t.shorter is not None and i + 1 < len(ts)
                 and type(ts[i + 1]) is CenterCrop):
-            steps.append((i, _ResizeCenterCrop(t, ts[i + 1])))
+            steps.append((i, ResizeCenterCrop(t, ts[i + 1])))
             i += 2
         else:
             steps.append((i, t))
