@@ -495,3 +495,22 @@ def test_start_method_the_platform_lacks_is_a_config_error(monkeypatch):
     monkeypatch.setattr(start.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     with pytest.raises(ConfigError, match=r"start_method='fork' is not available on this platform"):
         make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
+
+
+def test_a_spawned_worker_that_dies_before_reading_its_payload_is_an_error_not_a_hang(tmp_path,
+                                                                                         monkeypatch):
+    # The fresh interpreter exits before it reads anything (as a failing import or
+    # an unguarded script's second Feeder would end it); the source pickles to far
+    # more than a pipe's 64 KiB buffer, which is what a write into the start
+    # method's own pipe would have waited on forever.
+    from conftest import run_in_thread
+
+    (tmp_path / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    blobs = [bytes([i % 256]) * 4096 + BLOBS[0] for i in range(64)]  # distinct: pickled whole
+
+    def build():
+        Feeder(MemorySource(blobs), 4, [ops.CenterCrop(8)], isolation="process", start_method="spawn")
+
+    with pytest.raises(FeederError, match=r"exited with code 3 before it had read the source"):
+        run_in_thread(build, timeout=60)

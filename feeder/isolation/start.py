@@ -25,7 +25,7 @@ from ..engine import reaper as _reaper
 from ..engine.engine import live_engines
 from ..engine.stage import of_ended_pass
 from ..engine.threads import LibraryThreads
-from ..errors import ConfigError, safe_text
+from ..errors import ConfigError, FeederError, safe_text
 from . import protocol as msg
 from .worker import worker_main
 
@@ -188,7 +188,10 @@ def _launch(method: str, data: Any, why: str) -> tuple[Any, Any, str]:
     parent = None if method == "forkserver" else os.getpid()
     # The fork server's worker is its child, whichever thread asked for it.
     watch = method == "forkserver" or threading.current_thread() is threading.main_thread()
-    args = (theirs, data, parent, mine if method == "fork" else None, watch)
+    # A pickled payload goes over the control pipe once the worker runs (see
+    # _send_payload), not in the start method's own arguments.
+    later = isinstance(data, bytes)
+    args = (theirs, None if later else data, parent, mine if method == "fork" else None, watch)
     process = ctx.Process(target=worker_main, args=args, name="feeder-worker", daemon=True)
     try:
         with _sigint_ignored():
@@ -206,4 +209,35 @@ def _launch(method: str, data: Any, why: str) -> tuple[Any, Any, str]:
         raise
     theirs.close()  # only the worker holds that end now: its death is EOF here
     log.info("feeder worker process %d started with %s (%s)", process.pid, method, why)
+    if later:
+        _send_payload(mine, process, data)
     return mine, process, method
+
+
+# How long a worker that broke the pipe is given to finish exiting, for its exit code.
+_EXIT_WAIT_S = 5.0
+
+
+def _send_payload(conn: Any, process: Any, data: bytes) -> None:
+    """Send the worker what it is built from, first thing on the control pipe.
+
+    The start method's own pipe would hang here: ``spawn`` writes its arguments
+    while this process still holds the pipe's other end, so a worker that dies
+    before reading them all (an import that fails in the fresh interpreter, or a
+    script without an ``if __name__ == "__main__":`` guard starting a second
+    feeder while it is imported there) leaves a write of more than the pipe's
+    buffer (64 KiB) waiting forever. Only the worker holds the far end of the
+    control pipe, so its death fails this write at once.
+    """
+    try:
+        conn.send_bytes(data)
+    except OSError as exc:
+        process.join(_EXIT_WAIT_S)
+        conn.close()
+        raise FeederError(
+            f"the feeder's worker process (pid {process.pid}) exited with code {process.exitcode} "
+            f"before it had read the source and transforms ({len(data)} bytes); its error, if "
+            f"it printed one, is above. A start method that imports the script again "
+            f"(spawn, forkserver) runs its module-level code in the worker: a script that "
+            f"builds a Feeder at module level must do so under 'if __name__ == \"__main__\":'"
+        ) from exc

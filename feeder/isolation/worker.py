@@ -254,9 +254,10 @@ def _one_thread_pools() -> None:
 
 def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None,
                 watch_parent: bool = True) -> None:
-    """The worker process's entry point. ``data``: the pickled
-    :func:`~feeder.isolation.start.payload` (spawn, forkserver), or the objects
-    themselves with the parent's end of the pipe as ``inherited`` (fork).
+    """The worker process's entry point. ``data``: None when the pickled
+    :func:`~feeder.isolation.start.payload` comes first on ``conn`` (spawn,
+    forkserver), or the objects themselves with the parent's end of the pipe as
+    ``inherited`` (fork).
     ``watch_parent``: whether to be killed with the thread that started this
     process (see :func:`_die_with_parent`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -265,6 +266,8 @@ def worker_main(conn: Any, data: Any, parent: int | None, inherited: Any = None,
         _forget_parent(inherited)
     _one_thread_pools()
     try:
+        if data is None:  # spawn, forkserver: the payload comes first on the pipe
+            data = conn.recv_bytes()
         if isinstance(data, bytes):
             config, source, transforms = msg.loads(data)
             source = msg.loads(source)
