@@ -66,15 +66,6 @@ def test_shard_size_bound(image_folder, tmp_path):
         assert os.path.getsize(shard) <= limit or n == 1
 
 
-def test_parse_size():
-    assert parse_size("64MB") == 64_000_000
-    assert parse_size("1GiB") == 1 << 30
-    assert parse_size("500") == 500
-    for bad in ("", "12XB", "0", "-5MB"):
-        with pytest.raises(ValueError):
-            parse_size(bad)
-
-
 def test_max_side_reencodes_large_images_only(tmp_path):
     src = tmp_path / "src" / "a"
     src.mkdir(parents=True)

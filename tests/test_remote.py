@@ -166,25 +166,6 @@ def test_cache_stays_within_its_bound(packed, server, tmp_path):
         assert src.read(1)[1] == 1
 
 
-def test_eviction_removes_least_recently_used_and_dead_temporaries(tmp_path):
-    cache = ShardCache(str(tmp_path), 250)
-    for k, name in enumerate(["a", "b", "c"]):
-        p = cache.put_bytes(f"http://h/{name}", b"x" * 100)
-        os.utime(p, (1000 + k, 1000 + k))
-    # put_bytes evicts on each commit: 300 > 250, so "a" (the oldest) went.
-    assert cache.lookup("http://h/a") is None
-    assert cache.lookup("http://h/b") and cache.lookup("http://h/c")
-    cache.touch(cache.lookup("http://h/b"))  # b used now: c is the oldest
-    cache.put_bytes("http://h/d", b"y" * 100)
-    assert cache.lookup("http://h/c") is None and cache.lookup("http://h/b")
-    dead = cache.path("http://h/e") + ".part-999999999-abcd"  # no such process
-    mine = cache.temp("http://h/f")
-    for p in (dead, mine):
-        open(p, "wb").close()
-    cache.evict()
-    assert not os.path.exists(dead) and os.path.exists(mine)
-
-
 def test_processes_share_one_cache(packed, server, tmp_path):
     """Two processes reading the same shards at once: each shard is copied once,
     no partial file is ever seen, both read every sample right."""

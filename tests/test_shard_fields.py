@@ -24,7 +24,7 @@ from feeder import Feeder, SampleError, ops
 from feeder.work.decode import decode_mask
 from feeder.bench.httpserver import FileServer
 from feeder.pack import PackError, main, pack
-from feeder.shards import ShardFormatError, TarShards, field_of
+from feeder.shards import ShardFormatError, TarShards
 from feeder.synthetic import make_detection_set, make_segmentation_set
 from fields_helpers import png
 
@@ -338,16 +338,6 @@ def test_foreign_shard_fields(tmp_path, jpeg_blobs):
     assert got[0]["caption"] == ["c0", "c1"]
     # The label=None rule holds for dicts too: the .cls member is not read.
     assert "label" not in TarShards(path, label=None).read(0)
-
-
-def test_field_of_rule():
-    assert field_of("jpg") == ("image", "bytes") and field_of("cls") == ("label", "cls")
-    assert field_of("mask.png") == field_of("seg.png") == ("mask", "bytes")
-    assert field_of("boxes.npy") == ("boxes", "npy") and field_of("npy") == ("npy", "npy")
-    assert field_of("meta.json") == ("meta", "json") and field_of("txt") == ("txt", "txt")
-    assert field_of("id.cls") == ("id", "cls") and field_of("raw.bin") == ("raw", "bytes")
-    assert field_of("seg.jpg") == ("seg.jpg", "bytes") and field_of("depth.exr") == ("depth.exr", "bytes")
-    assert field_of("cls", label=None) == ("cls", "cls") and field_of("y", label="y") == ("label", "cls")
 
 
 @pytest.mark.parametrize("ext, data, field, what", [

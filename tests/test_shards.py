@@ -14,7 +14,7 @@ import pytest
 
 from feeder import Feeder, ops
 from feeder.storage.tar import ShardIndex, index_path
-from feeder.shards import ShardFormatError, TarShards, expand_braces
+from feeder.shards import ShardFormatError, TarShards
 
 from conftest import JOIN_TIMEOUT_S, drain, labels_of
 
@@ -24,13 +24,6 @@ def labelled(packed, jpeg_blobs):
     """60 samples packed into several shards (conftest's ``packed``), and the samples:
     label = sample number (exactly-once checks)."""
     return packed[0], jpeg_blobs
-
-
-def test_expand_braces():
-    assert expand_braces("t-{000..002}.tar") == ["t-000.tar", "t-001.tar", "t-002.tar"]
-    assert expand_braces("{a,b}-{8..10}") == ["a-8", "a-9", "a-10", "b-8", "b-9", "b-10"]
-    with pytest.raises(ValueError, match="backwards"):
-        expand_braces("x{3..1}")
 
 
 def test_spec_forms_agree(labelled, tmp_path):

