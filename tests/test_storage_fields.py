@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import struct
 import json
 
 import numpy as np
@@ -43,15 +44,35 @@ def test_npy_round_trip(arr):
     assert got.flags.writeable
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError,
-                   reason="fields.npy_array calls np.lib.format._read_array_header, which this "
-                          "numpy (2.x) no longer has; read_array_header_2_0 is the public one")
 def test_npy_versions_2_and_3():
     arr = np.arange(6, dtype=np.int32).reshape(2, 3)
     for version in ((2, 0), (3, 0)):
         buf = io.BytesIO()
         np.lib.format.write_array(buf, arr, version=version)
         assert np.array_equal(npy_array(buf.getvalue()), arr)
+    fortran = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, fortran, version=(3, 0))
+    got = npy_array(buf.getvalue())
+    assert np.array_equal(got, fortran)  # the values in their order, whatever the layout
+
+
+@pytest.mark.parametrize("header, why", [
+    (b"{'descr': '<i4', 'fortran_order': False}", "exactly descr"),
+    (b"{'descr': '<i4', 'fortran_order': False, 'shape': (-1,)}", "shape"),
+    (b"__import__('os').system('true')", "not a Python literal"),
+    (b"{'descr': 'not a dtype', 'fortran_order': False, 'shape': (1,)}", "dtype"),
+])
+def test_npy_version_3_headers_are_checked_not_evaluated(header, why):
+    raw = b"\x93NUMPY\x03\x00" + struct.pack("<I", len(header)) + header + b"\0" * 4
+    with pytest.raises(ValueError, match=why):
+        npy_array(raw)
+
+
+def test_npy_version_3_header_length_is_bounded():
+    raw = b"\x93NUMPY\x03\x00" + struct.pack("<I", 1 << 30) + b"{}"
+    with pytest.raises(ValueError, match="at most"):
+        npy_array(raw)
 
 
 def test_npy_big_endian_becomes_native():

@@ -4,7 +4,9 @@ of the ``.npy`` and ``.json`` formats, bounded by the member's own bytes."""
 
 from __future__ import annotations
 
+import ast
 import io
+import struct
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -50,6 +52,40 @@ def json_value(raw: bytes) -> Any:
     return json.loads(raw)
 
 
+# numpy's own bound on a .npy header (max_header_size), for the version it does not parse.
+_MAX_NPY_HEADER = 10000
+
+
+def _read_header_3_0(buf: io.BytesIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """A version 3.0 ``.npy`` header (version 2.0's layout, its text UTF-8), which
+    numpy writes but offers no public reader for: its length bounded, its text a
+    Python literal read without evaluating code, each key checked."""
+    head = buf.read(4)
+    if len(head) != 4:
+        raise ValueError("cut inside its header")
+    (size,) = struct.unpack("<I", head)
+    if size > _MAX_NPY_HEADER:
+        raise ValueError(f"a header of {size} bytes (at most {_MAX_NPY_HEADER})")
+    text = buf.read(size)
+    if len(text) != size:
+        raise ValueError("cut inside its header")
+    try:
+        d = ast.literal_eval(text.decode("utf-8"))
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"a header that is not a Python literal ({type(exc).__name__})") from None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        raise ValueError("a header without exactly descr, fortran_order and shape")
+    shape, fortran = d["shape"], d["fortran_order"]
+    if (not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape)
+            or not isinstance(fortran, bool)):
+        raise ValueError(f"a header with shape {shape!r} and fortran_order {fortran!r}")
+    try:
+        dtype = np.lib.format.descr_to_dtype(d["descr"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a header with dtype {d['descr']!r}: {exc}") from None
+    return shape, fortran, dtype
+
+
 def npy_array(raw: bytes) -> np.ndarray:
     """One ``.npy`` array from its bytes: the header's shape and dtype are checked
     against the bytes that follow before anything is allocated (``np.load``
@@ -63,8 +99,10 @@ def npy_array(raw: bytes) -> np.ndarray:
         raise
     if (major, minor) == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
-    elif major in (2, 3):
-        shape, fortran, dtype = np.lib.format._read_array_header(buf, version=(major, minor))
+    elif (major, minor) == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
+    elif (major, minor) == (3, 0):
+        shape, fortran, dtype = _read_header_3_0(buf)
     else:
         raise ValueError(f"unknown .npy version {major}.{minor}")
     if dtype.hasobject:
