@@ -123,7 +123,7 @@ def test_update_record_without_one_does_nothing(tmp_path):
     ("bad record", "has no valid record beside it"),
     ("other url", "has no valid record beside it"),
     ("cut", "holds 3 bytes, its record says 5"),
-    ("new version", "is another version of the file (ETag"),
+    ("new version", "is another version of the file (ETag '\"v1\"' -> '\"v2\"')"),
 ])
 def test_damaged_or_stale_entries_are_removed(tmp_path, caplog, damage, why):
     cache = ShardCache(str(tmp_path), 1 << 20)

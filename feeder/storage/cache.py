@@ -118,8 +118,9 @@ class ShardCache:
             why = "has no valid record beside it"
         elif recorded.size is not None and size != recorded.size:
             why = f"holds {size} bytes, its record says {recorded.size} (damaged outside feeder)"
-        elif expect is not None and recorded.change_from(expect):
-            why = f"is another version of the file ({recorded.change_from(expect)})"
+        elif expect is not None and expect.change_from(recorded):
+            # cached -> now served
+            why = f"is another version of the file ({expect.change_from(recorded)})"
         if why is not None:
             log.warning("cache entry %s (%s) %s: removed", p, url, why)
             self.remove(url)
