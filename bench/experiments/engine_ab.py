@@ -11,11 +11,11 @@ of B/A measured in the same round (the machine's drift cancels in the ratio).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+from _trees import run_in_tree  # this folder's helper (the scripts run as files)
 
 CHILD = r"""
 import json, sys, time
@@ -44,13 +44,8 @@ print(json.dumps({"img_s": n / wall, "cpu_ms": 1000 * (time.process_time() - cpu
 
 
 def run(tree: str, args) -> dict:
-    env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, "-c", CHILD, args.data, str(args.epochs), str(args.batch_size),
-                          args.decode_threads, args.augment_threads],
-                         env=env, cwd=tree, capture_output=True, text=True, timeout=600, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["feeder"].startswith(os.path.abspath(tree)), result["feeder"]
-    return result
+    return run_in_tree(tree, CHILD, [args.data, str(args.epochs), str(args.batch_size),
+                                     args.decode_threads, args.augment_threads], timeout=600)
 
 
 def main() -> None:

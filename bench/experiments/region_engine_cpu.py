@@ -20,11 +20,11 @@ one child.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+from _trees import run_in_tree  # this folder's helper (the scripts run as files)
 
 CHILD = r"""
 import json, os, resource, sys, threading, time
@@ -95,12 +95,7 @@ print(json.dumps({"feeder": feeder.__file__, "bare_ms": bare * 1e3, "engine_ms":
 
 
 def run(tree: str, data: str, epochs: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, data, str(epochs)],
-                         env=dict(os.environ, PYTHONPATH=tree), cwd=tree, capture_output=True,
-                         text=True, timeout=900, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["feeder"].startswith(os.path.abspath(tree)), result["feeder"]
-    return result
+    return run_in_tree(tree, CHILD, [data, str(epochs)], timeout=900)
 
 
 def main() -> None:
