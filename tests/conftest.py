@@ -200,16 +200,22 @@ def packed(tmp_path_factory, jpeg_blobs):
     several shards of about 40 KB, with their indices and ``train.json`` list:
     ``(folder, number of shards)``. One copy per test module; tests that change
     files serve a copy of their own."""
+    out, shards = pack_numbered(tmp_path_factory.mktemp("packed"), jpeg_blobs, "40KB")
+    assert shards >= 4
+    return out, shards
+
+
+def pack_numbered(root, blobs, shard_size: str) -> tuple[str, int]:
+    """``blobs`` (label = sample number) packed by ``feeder-pack`` into shards of
+    about ``shard_size`` under ``root/out``: ``(that folder, number of shards)``."""
     from feeder.pack import pack, parse_size
 
-    root = tmp_path_factory.mktemp("packed")
     lines = []
-    for i, blob in enumerate(jpeg_blobs):
+    for i, blob in enumerate(blobs):
         (root / f"{i}.jpg").write_bytes(blob)
         lines.append(f"{i}.jpg {i}")
     (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("40KB"))
-    assert len(res.shards) >= 4
+    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size(shard_size))
     return str(root / "out"), len(res.shards)
 
 

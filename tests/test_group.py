@@ -86,10 +86,14 @@ def test_grouping_saves_padding_against_random_batches(mixed):
     assert padded(0) * 2 <= padded(False)
 
 
-def test_order_is_deterministic_in_seed_and_epoch(mixed):
+# Grouping by aspect ratio alone (no transforms), and by planned size under jitter.
+@pytest.mark.parametrize("data, jitter, side", [("mixed", False, 40), ("many", True, 48)])
+def test_order_is_deterministic_in_seed_and_epoch(request, data, jitter, side):
+    source = request.getfixturevalue(data)
+
     def labels(seed, epoch):
-        with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=True,
-                    shuffle=True, seed=seed) as f:
+        with Feeder(source, 4, _jitter() if jitter else [], max_image_size=(side, side),
+                    group_by_aspect_ratio=True, shuffle=True, seed=seed) as f:
             f.set_epoch(epoch)
             return [b["label"].tolist() for b in collect(f)]
     first = labels(7, 0)
@@ -98,6 +102,23 @@ def test_order_is_deterministic_in_seed_and_epoch(mixed):
     assert labels(8, 0) != first
 
 
+def test_a_pass_plans_its_grouped_order_once(many, monkeypatch):
+    # The pass and the progress bookkeeping both need the grouped order; the
+    # planned sizes behind it are computed once per pass, again for a new epoch.
+    from feeder.engine import group
+
+    calls = []
+    plan = group.group_pass_order
+    monkeypatch.setattr(group, "group_pass_order", lambda *a, **k: (calls.append(1), plan(*a, **k))[1])
+    with Feeder(many, 4, _jitter(), max_image_size=(48, 48), group_by_aspect_ratio=True,
+                shuffle=True, seed=2) as f:
+        first = [b["label"].tolist() for b in collect(f, limit=2)]
+        f.state_dict()  # a mid-pass state counts positions along that order
+        assert len(calls) == 1
+        f.set_epoch(1)
+        second = [b["label"].tolist() for b in collect(f, limit=2)]
+        f.state_dict()
+        assert len(calls) == 2 and first != second
 def test_ranks_get_disjoint_grouped_shards(mixed):
     seen = []
     for rank in range(2):
@@ -421,18 +442,6 @@ def test_grouping_falls_back_to_aspect_ratio_alone_when_sizes_cannot_be_planned(
     assert not in_order(walked(_jitter(), max_image_size=(48, 48)))
     from feeder import ops
     assert in_order(walked([ops.CenterCrop(8)]))  # one fixed size: nothing to sort by
-
-
-def test_jittered_grouping_is_deterministic_in_seed_and_epoch(many):
-    def labels(seed, epoch):
-        with Feeder(many, 4, _jitter(), max_image_size=(48, 48), group_by_aspect_ratio=True,
-                    shuffle=True, seed=seed) as f:
-            f.set_epoch(epoch)
-            return [b["label"].tolist() for b in collect(f)]
-    first = labels(7, 0)
-    assert labels(7, 0) == first
-    assert labels(7, 1) != first
-    assert labels(8, 0) != first
 
 
 def test_jittered_ranks_get_disjoint_grouped_shards(many):

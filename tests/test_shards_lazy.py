@@ -13,24 +13,17 @@ import pytest
 
 from feeder import Feeder, ops
 from feeder.bench.httpserver import FileServer
-from feeder.pack import pack, parse_size
 from feeder.shards import ShardFormatError, TarShards
 
-from conftest import JOIN_TIMEOUT_S, drain, labels_of
+from conftest import JOIN_TIMEOUT_S, drain, labels_of, pack_numbered
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory, jpeg_blobs):
     """60 samples (label = sample number) in many small shards, with a shard list."""
-    root = tmp_path_factory.mktemp("lazy")
-    lines = []
-    for i, blob in enumerate(jpeg_blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size("20KB"))
-    assert len(res.shards) >= 8
-    return str(root / "out"), jpeg_blobs, len(res.shards)
+    out, shards = pack_numbered(tmp_path_factory.mktemp("lazy"), jpeg_blobs, "20KB")
+    assert shards >= 8
+    return out, jpeg_blobs, shards
 
 
 def test_lazy_source_reads_as_the_eager_one(packed):
