@@ -393,7 +393,17 @@ class Feeder:
 
     def _next_pass_indices(self) -> Iterator[int]:
         """``iter(feeder.sampler)``: the next pass's sample indices on this rank, in
-        dispatch order (the seed agreed on first, as a pass would)."""
+        dispatch order. Not a collective call, as a sampler's iteration is not:
+        before the ranks have agreed on a drawn seed (at the first pass or
+        ``skip``), it raises rather than wait for ranks that may never ask."""
+        _, world_size = self._ranks.shard()
+        dist = torch.distributed
+        if (world_size > 1 and not self._ranks.agreed and dist.is_available()
+                and dist.is_initialized()):
+            raise RuntimeError(
+                "iter(feeder.sampler) before the ranks have agreed on the shuffle seed: they "
+                "agree at the first pass (or feeder.skip), every rank at once; pass seed=... to "
+                "the Feeder, or iterate the sampler after the first pass")
         self._shard_now()
         order = self._cursor.order(self._cursor.next_epoch)
         return (int(i) for chunk in order.chunks(4096) for i in chunk)

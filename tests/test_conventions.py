@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, labels_of
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, run_in_thread
 from feeder import Batch, Feeder, SampleError, ops
 from faults_helpers import feeder_factory
 from fields_helpers import DictSource
@@ -294,3 +294,18 @@ def test_iterating_the_sampler_gives_the_next_passs_indices_in_order(jpeg_blobs,
         assert list(f.sampler) != planned  # another epoch, another order
     # what iterating the sampler said is what the pass delivered, batch by batch
     assert delivered == planned
+
+
+def test_iterating_the_sampler_never_waits_for_the_other_ranks(jpeg_blobs, monkeypatch):
+    # With a process group running and a drawn seed not yet agreed on, iterating
+    # the sampler on one rank would need the others: it says so instead of waiting.
+    with make(MemorySource(jpeg_blobs[:8]), batch_size=2, shuffle=True, rank=0, world_size=2) as f:
+        # a two-rank group, as this process would see it (none can form in one test process)
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: 0)
+        with pytest.raises(RuntimeError, match="agreed on the shuffle seed"):
+            run_in_thread(lambda: list(f.sampler), timeout=JOIN_TIMEOUT_S)
+    with make(MemorySource(jpeg_blobs[:8]), batch_size=2, shuffle=True, rank=0, world_size=2,
+              seed=5) as f:  # a given seed needs no agreement
+        assert len(run_in_thread(lambda: list(f.sampler), timeout=JOIN_TIMEOUT_S)) == 4
