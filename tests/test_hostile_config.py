@@ -13,7 +13,8 @@ import torch
 from conftest import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
 from feeder.work.augment import Chain
-from feeder.ops import SampleContext, ResizeCenterCrop
+from feeder.ops import SampleContext
+from feeder.ops.fused import ResizeCenterCrop
 from feeder.synthetic import make_image
 
 

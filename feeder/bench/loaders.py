@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder, ops
+from ..ops.fused import ResizeCenterCrop
 from ..work.augment import Chain
 from ..work.sample import DEFAULT_MAX_PIXELS
 from ..engine.steps import SampleWork
@@ -62,7 +63,7 @@ class _FullDecodeCrop(ops.RandomResizedCrop):
     decode_box = ops.Transform.decode_box
 
 
-class _FullDecodeResizeCenterCrop(ops.ResizeCenterCrop):
+class _FullDecodeResizeCenterCrop(ResizeCenterCrop):
     """The fused Resize + CenterCrop with no hint and no box: the whole image is decoded."""
 
     decode_hint = ops.Transform.decode_hint

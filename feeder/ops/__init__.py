@@ -43,7 +43,6 @@ from .batch import CutMix, MixUp, RandomErasing
 from .color import ColorJitter
 from .detection import (RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut,
                         ScaleJitter)
-from .fused import ResizeCenterCrop
 from .geometry import (CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResize, RandomResizedCrop,
                        Resize)
 

@@ -23,8 +23,8 @@ import numpy as np
 from .rng import SampleRNG
 from .sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
 from ..errors import ConfigError, FieldError, TransformError
-from ..ops import (CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform,
-                  ResizeCenterCrop)
+from ..ops import CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform
+from ..ops.fused import ResizeCenterCrop
 from ..ops.base import foreign_transform, move_fields as _moved
 
 _VARIABLE = object()  # the output size depends on the input
