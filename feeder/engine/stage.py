@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 _now = time.perf_counter
 
 
+# Counters' states as module names: the hot path reads them without a class lookup.
+_WORKING, _WAIT_IN, _WAIT_OUT, _INLINE = 0, 1, 2, 3
+
+
 def _with_wait(wait_in: float, wait_out: float, inline: float, kind: int,
                seconds: float) -> tuple[float, float, float]:
     """The wait totals with ``seconds`` of a wait of ``kind`` (a ``Counters`` state) added."""
@@ -52,7 +56,7 @@ class Counters:
     __slots__ = ("items", "_state", "started", "ended", "inline_items", "current", "cpu_s")
 
     # What the thread is doing, as kept in the state tuple.
-    WORKING, WAIT_IN, WAIT_OUT, INLINE = 0, 1, 2, 3
+    WORKING, WAIT_IN, WAIT_OUT, INLINE = _WORKING, _WAIT_IN, _WAIT_OUT, _INLINE
 
     def __init__(self) -> None:
         self.items = 0
@@ -83,7 +87,14 @@ class Counters:
         wi, wo, inl, since, kind = self._state
         t = _now()
         d = t - since
-        self._state = (*_with_wait(wi, wo, inl, kind, d), 0.0, Counters.WORKING)
+        # Inline, not _with_wait: this runs at every queue wait of every sample.
+        if kind == _WAIT_IN:
+            wi += d
+        elif kind == _WAIT_OUT:
+            wo += d
+        elif kind == _INLINE:
+            inl += d
+        self._state = (wi, wo, inl, 0.0, _WORKING)
         return t
 
     def totals(self) -> tuple[float, float, float, float]:
@@ -111,7 +122,7 @@ class Counters:
 
 def timed_put(c: Counters, channel: Channel, item: Any) -> None:
     """``channel.put(item)``, its blocked time counted as ``c``'s wait on output."""
-    c.begin_wait(Counters.WAIT_OUT)
+    c.begin_wait(_WAIT_OUT)
     try:
         channel.put(item)
     finally:
@@ -217,7 +228,7 @@ class Stage:
 
     # Timed queue access: waiting time is what the stats call wait_in / wait_out.
     def get(self, c: Counters) -> Any:
-        c.begin_wait(Counters.WAIT_IN)
+        c.begin_wait(_WAIT_IN)
         try:
             return self.inbox.get()
         finally:
@@ -276,8 +287,8 @@ class MapStage(Stage):
             if gate is not None and index >= gate.active:
                 # Parked time counts as waiting on output: the loop downstream
                 # needs fewer threads than this stage has.
-                gate.admit(index, control.stopped, lambda: begin_wait(Counters.WAIT_OUT), end_wait)
-            begin_wait(Counters.WAIT_IN)
+                gate.admit(index, control.stopped, lambda: begin_wait(_WAIT_OUT), end_wait)
+            begin_wait(_WAIT_IN)
             try:
                 task = get()
             finally:
@@ -294,7 +305,7 @@ class MapStage(Stage):
                 for step in steps:
                     if step.inline and not inline:
                         inline = True
-                        t = begin_wait(Counters.INLINE)
+                        t = begin_wait(_INLINE)
                     elif step is not steps[0]:
                         t = _now()
                     # What this thread works on, for naming samples stuck in a step.
