@@ -130,10 +130,13 @@ def test_parallel_ceiling_names_a_failing_process(tmp_path):
 
 
 def test_compare(tiny, tmp_path):
+    """The whole comparison, its consumer running a model step per batch: the rows,
+    the scan, the ratios, and how long the loop waited for data."""
     out = str(tmp_path / "out")
     proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
-                 "--threads-grid", "2x1", "--batch-size", "8", "--ceiling-images", "8", cwd=tiny["base"])
-    assert "feeder auto" in proc.stdout and "targets" in proc.stdout
+                 "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "8", "--model",
+                 cwd=tiny["base"])
+    assert "feeder auto" in proc.stdout and "targets" in proc.stdout and "loop waited" in proc.stdout
     rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
     expected = {"idle baseline", "ceiling", "parallel ceiling", "DataLoader+cv2", "feeder auto",
                 "feeder best grid"}
@@ -152,6 +155,7 @@ def test_compare(tiny, tmp_path):
         assert float(r["cpu_ms_per_image"]) > 0, r
         assert 0 < float(r["first_batch_s"]) < TIMEOUT_S, r
         assert float(r["images"]) == 24, r  # every sample, once, per epoch
+        assert 0 < float(r["consumer_wait"]) < 1, r
     if os.path.exists("/proc/self/smaps_rollup"):
         assert float(rows["feeder auto"]["peak_pss_mib"]) > 10
         assert float(rows["idle baseline"]["peak_pss_mib"]) > 10
@@ -163,6 +167,8 @@ def test_compare(tiny, tmp_path):
     assert all(float(r["throughput"]) > 0 for r in ratios)
     doc = json.load(open(os.path.join(out, "compare.json")))
     assert doc["meta"]["raw_rounds"] and doc["targets"]
+    steps = {lb: x["extra"].get("model_steps") for lb, x in doc["meta"]["raw_rounds"][0].items()}
+    assert steps["feeder auto"] == steps["DataLoader+cv2"] == 3  # 24 images in batches of 8
 
 
 def test_sweep(tiny, tmp_path):
@@ -306,21 +312,6 @@ def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_p
 
 
 @pytest.mark.timeout(TIMEOUT_S + 30)  # several loaders in subprocesses: minutes on a loaded 2-core machine
-def test_compare_with_a_model_step_reports_the_loop_wait(tiny, tmp_path):
-    out = str(tmp_path / "out")
-    proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
-                 "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "4", "--model",
-                 cwd=tiny["base"])
-    assert "loop waited" in proc.stdout
-    rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
-    for name in ("DataLoader+cv2", "feeder auto"):
-        assert 0 < float(rows[name]["consumer_wait"]) < 1, rows[name]
-        assert float(rows[name]["images"]) == 24, rows[name]
-    doc = json.load(open(os.path.join(out, "compare.json")))
-    steps = {lb: x["extra"].get("model_steps") for lb, x in doc["meta"]["raw_rounds"][0].items()}
-    assert steps["feeder auto"] == steps["DataLoader+cv2"] == 3  # 24 images in batches of 8
-
-
 # -- where results go without --out --------------------------------------------------------
 
 def _tree(path: str) -> dict[str, float]:

@@ -169,34 +169,50 @@ class WorkThreads:
 
 
 class LoaderCPU:
-    """CPU seconds the loader has used so far: this process's, less the training
-    thread's own, plus its child processes' (DataLoader's workers, feeder's worker).
+    """CPU seconds the loader has used so far: this process's threads other than
+    those the training loop had before the loader started (the training thread and
+    the step's own, such as torch's intra-op pool), plus its child processes'
+    (DataLoader's workers, feeder's worker).
 
-    Precise to microseconds (``getrusage``, ``thread_time`` and the children's
-    per-thread ``schedstat``, in nanoseconds), so a window of a fraction of a
-    second tells an idle loader (a few timed-out waits) from a working one.
+    Precise to microseconds (every thread's ``schedstat``, in nanoseconds), so a
+    window of a fraction of a second tells an idle loader (a few timed-out waits)
+    from a working one.
+
+    Args:
+        loop_threads: thread ids of this process that belong to the training loop
+            (:func:`own_threads` taken after one step, before the loader started).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loop_threads: frozenset[str] = frozenset()) -> None:
         self.pids = _child_pids()
+        self.loop_threads = loop_threads
 
     def __call__(self) -> float:
-        import resource
-
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        total = own.ru_utime + own.ru_stime - time.thread_time()
+        total = sum(_threads_cpu(os.getpid(), skip=self.loop_threads))
         for pid in self.pids:
-            try:
-                tasks = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tasks:
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        total += int(f.read().split()[0]) / 1e9
-                except (OSError, ValueError, IndexError):
-                    continue
+            total += sum(_threads_cpu(pid))
         return total
+
+
+def own_threads() -> frozenset[str]:
+    """The thread ids of this process now."""
+    return frozenset(os.listdir("/proc/self/task"))
+
+
+def _threads_cpu(pid: int, skip: frozenset[str] = frozenset()) -> Iterator[float]:
+    """CPU seconds of each of ``pid``'s threads, those in ``skip`` left out."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tasks:
+        if tid in skip:
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                yield int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def _child_pids() -> list[int]:
@@ -349,6 +365,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(len(loop_cores))
     cv2.setNumThreads(1)  # as in every loader here: each of its threads is one core's worth
     step = make_step(spec)
+    # One step before the loader starts, so that the threads the step starts (torch's
+    # intra-op pool, CUDA's) exist and are told apart from the loader's.
+    step(*next(_synthetic(spec["batch_size"], spec["device"])))
+    loop_threads = own_threads()
     row = spec["loader"]
     threads = len(loader_cores) if loader_cores is not None else int(spec["loader_threads"])
     closer: Callable[[], None] = lambda: None
@@ -391,7 +411,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             n += batch[0].shape[0]
         capacity = n / max(now() - t0, 1e-9)
         period = spec["batch_size"] / (float(spec["feed_share"]) * capacity) if row is not None else 0.0
-        loop = Windows(step, batches, batch, LoaderCPU(), float(spec["window_s"]))
+        loop = Windows(step, batches, batch, LoaderCPU(loop_threads), float(spec["window_s"]))
         idle = [loop.idle()]
         fed = []
         for _ in range(int(spec["windows"])):
