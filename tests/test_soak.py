@@ -168,7 +168,7 @@ def test_many_abandoned_passes_keep_the_buffer_pool_bounded():
 
 # -- soak: many epochs, injected faults, exact accounting ------------------------------------------
 
-SOAK_IMAGES = 5000 if LONG else 2000
+SOAK_IMAGES = 5000 if LONG else 1000
 SOAK_EPOCHS = 200 if LONG else 20
 SOAK_SEED = 20240604
 SOAK_BATCH = 32
