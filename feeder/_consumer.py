@@ -90,7 +90,7 @@ class PassIterator:
         # The hooks' callables are the feeder's bound methods: they keep the
         # feeder alive while a pass is iterated.
         self._hooks = hooks
-        self._run: Pass | None = None  # set once, by the first next()
+        self._pass: Pass | None = None  # set once, by the first next()
         self._progress: Progress | None = None  # what state_dict() says this pass has delivered
         self._start_lock = threading.Lock()  # threads sharing a fresh iterator start one pass
         self._book = hooks.book
@@ -108,41 +108,41 @@ class PassIterator:
 
     def _start(self) -> Pass:
         with self._start_lock:
-            if self._run is None:
-                run, self._progress = self._hooks.start()
+            if self._pass is None:
+                pass_, self._progress = self._hooks.start()
                 # Like DataLoader's iterator: once the loop drops it (a break, an
                 # exception), its pass stops and its threads and buffers are freed.
                 # The collector may free it while this very thread holds a pass
                 # lock, so the stop runs in the reaper thread (see _reaper). Only a
                 # weak reference: a pass holding its error, whose traceback holds
                 # the iterator's frame, must not be kept alive by the finalizer registry.
-                _reaper.watch(self, _stop_pass, weakref.ref(run))
-                self._run = run
-            return self._run
+                _reaper.watch(self, _stop_pass, weakref.ref(pass_))
+                self._pass = pass_
+            return self._pass
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        run = self._run
-        if run is None:
-            run = self._start()
-        if run.orphaned:
+        pass_ = self._pass
+        if pass_ is None:
+            pass_ = self._start()
+        if pass_.orphaned:
             raise FeederError(
                 "this pass was started before the process forked; its threads do not exist in "
                 "this process. Start a new pass (iter(feeder)) in the child.")
-        if run.output_ended:
+        if pass_.output_ended:
             raise StopIteration
         t0 = time.perf_counter()
-        pool = run.pool
+        pool = pass_.pool
         book = self._book
         pool.set_consumer_waiting(True)
         book.consumer_waiting(t0)
         try:
-            item = self._get(run, t0)
+            item = self._get(pass_, t0)
         except Closed:
-            self._closed(run)
+            self._closed(pass_)
         except BaseException:
             # KeyboardInterrupt (or anything else) while waiting: stop the pass
             # so no thread keeps working for a loop that has gone.
-            run.stop()
+            pass_.stop()
             raise
         finally:
             pool.set_consumer_waiting(False)  # before claim() below: see BufferPool.acquire
@@ -152,13 +152,13 @@ class PassIterator:
         if item is END:
             # Other threads sharing this iterator may wait in get(): closing the
             # output wakes them, and they see the end too.
-            run.output_ended = True
+            pass_.output_ended = True
             progress.ended = True
-            run.output.close()
+            pass_.output.close()
             raise StopIteration
         if isinstance(item, Failure):
-            run.fail(item.error)  # wakes the threads sharing this iterator: they raise it too
-            err = self._take_error(run)
+            pass_.fail(item.error)  # wakes the threads sharing this iterator: they raise it too
+            err = self._take_error(pass_)
             self._told.add(threading.get_ident())
             raise err from err.__cause__
         assert isinstance(item, Delivery)
@@ -166,7 +166,7 @@ class PassIterator:
         if item.lent is not None:
             pool.claim(item.lent)
         if self._cuda:
-            stream = torch.cuda.current_stream(run.cfg.device)
+            stream = torch.cuda.current_stream(pass_.cfg.device)
             stream.wait_event(item.event)
             # See _transfer.py: keep the caching allocator from reusing these
             # blocks while the consumer's stream may still read them.
@@ -174,11 +174,11 @@ class PassIterator:
                 tensor.record_stream(stream)
         book.delivered(images.shape[0])
         progress.record(item.indices)
-        self._hooks.delivered(BatchInfo(run.epoch, progress.first_batch + item.number,
+        self._hooks.delivered(BatchInfo(pass_.epoch, progress.first_batch + item.number,
                                         torch.from_numpy(item.indices)))
         return item.batch()
 
-    def _get(self, run: Pass, t0: float) -> Any:
+    def _get(self, pass_: Pass, t0: float) -> Any:
         """The next item of the pass's output; raises the timeout error past ``timeout``
         and names samples stuck for longer than ``STUCK_WARNING_S`` while it waits."""
         timeout = self._timeout
@@ -187,68 +187,68 @@ class PassIterator:
             if timeout is not None:
                 wait = min(wait, t0 + timeout - time.perf_counter())
             try:
-                return run.output.get(timeout=max(wait, 0.0))
+                return pass_.output.get(timeout=max(wait, 0.0))
             except TimeoutError:
                 pass
             waited = time.perf_counter() - t0
             if timeout is not None and waited >= timeout:
                 # The pass's error: threads sharing this iterator raise it too.
-                run.fail(FeederTimeoutError(_timeout_message(run, timeout, waited)))
+                pass_.fail(FeederTimeoutError(_timeout_message(pass_, timeout, waited)))
                 self._told.add(threading.get_ident())
-                raise self._take_error(run) from None
-            for phase, index, path, age in run.in_flight(STUCK_WARNING_S):
+                raise self._take_error(pass_) from None
+            for phase, index, path, age in pass_.in_flight(STUCK_WARNING_S):
                 if index not in self._warned:
                     self._warned.add(index)
                     log.warning("sample %d (%s) has been in stage %r for %.0f s; the training "
                                 "loop is waiting for it (Feeder(timeout=...) turns this into an "
                                 "error)", index, safe_text(path), phase, age)
 
-    def _closed(self, run: Pass) -> None:
+    def _closed(self, pass_: Pass) -> None:
         """The pass's output was closed while (or before) this thread waited: say why."""
         me = threading.get_ident()
-        err = self._take_error(run)
+        err = self._take_error(pass_)
         if err is not None and me not in self._told:
             self._told.add(me)
             raise err from err.__cause__
-        if run.was_replaced():
+        if pass_.was_replaced():
             raise FeederError(
                 "this pass was stopped because a new pass of the same feeder started "
                 "(iter(feeder) again, e.g. an evaluation loop or zip(feeder, feeder)) before "
                 "it ended; use one pass at a time, or a second Feeder for the other loop")
         raise StopIteration from None
 
-    def _take_error(self, run: Pass) -> BaseException | None:
+    def _take_error(self, pass_: Pass) -> BaseException | None:
         """The pass's error, moved into this iterator. Once raised, its traceback holds
         this iterator's frame; left in the pass (which the feeder's finalizer keeps
         reachable), it would keep the iterator and the feeder alive for good."""
         with self._failure_lock:
             err = self._failure
             if err is None:
-                err = run.error
+                err = pass_.error
                 if err is not None:
                     self._failure = err
-                    run.error = None
+                    pass_.error = None
             return err
 
     def __len__(self) -> int:
         return self._hooks.length()
 
 
-def _timeout_message(run: Pass, timeout: float, waited: float) -> str:
-    stuck = run.in_flight(timeout)
+def _timeout_message(pass_: Pass, timeout: float, waited: float) -> str:
+    stuck = pass_.in_flight(timeout)
     msg = f"no batch within timeout={timeout:g} s (waited {waited:.1f} s)"
     if stuck:
         rows = "; ".join(f"sample {index} ({safe_text(path)}) in stage {phase!r} for {age:.1f} s"
                          for phase, index, path, age in stuck[:8])
         more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
         return f"{msg}: {rows}{more}"
-    busy = run.in_flight()
+    busy = pass_.in_flight()
     return (f"{msg}; no sample has been in a stage for that long "
             f"({len(busy)} in flight): the pipeline is slower than the timeout allows")
 
 
 def _stop_pass(ref: "weakref.ref[Pass]") -> None:
     """The loop dropped the iterator of this pass (run by the reaper thread)."""
-    run = ref()
-    if run is not None:
-        run.stop()
+    pass_ = ref()
+    if pass_ is not None:
+        pass_.stop()

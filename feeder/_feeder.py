@@ -377,10 +377,10 @@ class Feeder:
         """
         if self.closed:
             raise FeederError("the feeder is closed")
-        c = self.config
+        cfg = self.config
         return PassIterator(PassHooks(self._start_pass, self._engine.book,
                                       functools.partial(setattr, self, "last_batch"), self.__len__,
-                                      c.device.type == "cuda", c.timeout))
+                                      cfg.device.type == "cuda", cfg.timeout))
 
     def _shard_now(self) -> tuple[int, int]:
         """(rank, world_size) now, with the seed agreed among the ranks once there
@@ -444,10 +444,10 @@ class Feeder:
         return self._engine.stats()
 
     def __repr__(self) -> str:
-        c = self.config
-        return (f"Feeder({self.source!r}, batch_size={c.batch_size}, image_size={self.image_size}, "
-                f"decode_threads={c.decode_threads}, augment_threads={c.augment_threads}, "
-                f"device={str(c.device)!r})")
+        cfg = self.config
+        return (f"Feeder({self.source!r}, batch_size={cfg.batch_size}, image_size={self.image_size}, "
+                f"decode_threads={cfg.decode_threads}, augment_threads={cfg.augment_threads}, "
+                f"device={str(cfg.device)!r})")
 
 
 Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

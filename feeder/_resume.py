@@ -77,7 +77,7 @@ class Progress:
         self.first_batch = batches  # the number of this run's first batch
         self.batches = batches
         self.ended = False  # the training loop has taken the end of the pass
-        self.run: Any = None  # the Pass, for the samples it skipped
+        self.pass_: Any = None  # the Pass, for the samples it skipped
         self._lock = threading.Lock()  # threads sharing one iterator record concurrently
 
     @property
@@ -138,9 +138,9 @@ class Progress:
     def _take_skips(self) -> None:
         # Under the lock. Skipped samples are handled too: without them the
         # position would stop at the first skip and the pending set would grow.
-        run = self.run
-        if run is not None:
-            skips = run.skipped_indices
+        pass_ = self.pass_
+        if pass_ is not None:
+            skips = pass_.skipped_indices
             fresh = skips[self._skips_seen:]
             self._skips_seen += len(fresh)
             self._skipped_now.extend(fresh)
@@ -414,11 +414,11 @@ class Cursor:
             progress, next_epoch = self.new_progress(epoch), epoch + 1
         # The epoch and the resume are used up only once the pass is running: a
         # start that fails (a closed feeder, a rank contradiction) leaves them.
-        run = begin(epoch, done)
+        pass_ = begin(epoch, done)
         self.next_epoch, self.resume = next_epoch, None
-        progress.run = run
+        progress.pass_ = pass_
         self.progress = progress
-        return run, progress
+        return pass_, progress
 
     def skip(self, batches: int, total: int, agree: Callable[[], Any]) -> None:
         """``Feeder.skip``: ``total`` is ``len(feeder)``; ``agree`` agrees on the seed."""

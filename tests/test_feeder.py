@@ -618,7 +618,7 @@ def test_threads_are_named_after_stages(source):
         next(it)
         # The pass's own list: a stage that has finished (the sampler, once the
         # epoch is dispatched) is no longer among the running threads.
-        names = {t.name for t in it._run.threads()}
+        names = {t.name for t in it._pass.threads()}
     assert names == {"feeder-sampler", "feeder-transfer", "feeder-read-0", "feeder-read-1",
                      "feeder-decode-0", "feeder-decode-1", "feeder-augment-0", "feeder-augment-1"}
 

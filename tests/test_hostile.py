@@ -67,7 +67,7 @@ def _cyclic_garbage_iterator(f):
     next(it)
     box = [it]
     box.append(box)
-    run = it._run
+    run = it._pass
     del it, box
     return run
 
@@ -381,7 +381,7 @@ def test_an_iterator_that_had_everything_still_ends_normally(blobs):
         it = iter(f)
         first = [next(it) for _ in range(len(f))]
         assert len(first) == len(f)
-        assert it._run.finished.wait(10)  # its end marker waits in the queue
+        assert it._pass.finished.wait(10)  # its end marker waits in the queue
         drain(f)  # a new pass while the old iterator has not yet seen its end
         with pytest.raises(StopIteration):
             next(it)

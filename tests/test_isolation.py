@@ -358,7 +358,7 @@ def test_close_with_the_worker_stuck_is_bounded():
     it = iter(f)
     it._start()
     # Until the worker reports a sample in the stuck transform.
-    assert wait_until(lambda: it._run.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
+    assert wait_until(lambda: it._pass.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
     process = f._engine.process
     t0 = time.monotonic()
     f.close()
@@ -526,7 +526,7 @@ if __name__ == "__main__":
             while frame is not None:
                 names.add(frame.f_code.co_name)
                 frame = frame.f_back
-            if {{"__next__", "get"}} <= names and it._run is not None and it._run.in_flight():
+            if {{"__next__", "get"}} <= names and it._pass is not None and it._pass.in_flight():
                 say(event="waiting", worker=f._engine.process.pid)
                 return
             time.sleep(0.01)
@@ -537,7 +537,7 @@ if __name__ == "__main__":
         next(it)
         say(event="unexpected-batch")
     except KeyboardInterrupt:
-        say(event="interrupted", at=time.monotonic(), stopped=it._run.stopped())
+        say(event="interrupted", at=time.monotonic(), stopped=it._pass.stopped())
         raise
 """
 

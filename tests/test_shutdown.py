@@ -53,7 +53,7 @@ def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
     try:
         it = iter(f)
         next(it)  # the pass starts at the first next(); then the loop stops reading
-        run = it._run
+        run = it._pass
 
         def backed_up():
             return (run.output.depth() == run.output.maxsize
@@ -83,8 +83,8 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
         it = iter(f)
         consumer, consumer_result = consume_in_thread(it)
         # The consumer's first next() starts the pass.
-        assert wait_until(lambda: it._run is not None, 10), "the pass never started"
-        run = it._run
+        assert wait_until(lambda: it._pass is not None, 10), "the pass never started"
+        run = it._pass
 
         def backed_up():
             # Both threads that run the transforms (augment, or decode when inline)
@@ -252,7 +252,7 @@ try:
 except KeyboardInterrupt:
     caught = time.monotonic()
     left = live_feeder_threads(2.0, allowed={"feeder-augment"})
-    say(event="interrupted", at=caught, stopped=it._run.stopped(), left=left)
+    say(event="interrupted", at=caught, stopped=it._pass.stopped(), left=left)
     raise
 """
 

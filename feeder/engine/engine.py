@@ -91,10 +91,10 @@ def _close_all_at_exit() -> None:
     # Stop every feeder first, then wait once for all of them: exit time must
     # not grow with the number of feeders that have a thread stuck in a read.
     engines = list(_live_engines)
-    passes = [run for engine in engines for run in engine.stop()]
+    passes = [pass_ for engine in engines for pass_ in engine.stop()]
     deadline = time.monotonic() + _EXIT_TIMEOUT_S
-    for run in passes:
-        if not run.join(max(0.0, deadline - time.monotonic())):
+    for pass_ in passes:
+        if not pass_.join(max(0.0, deadline - time.monotonic())):
             break
     for engine in engines:
         engine.free()
@@ -152,7 +152,7 @@ class EngineBase:
                   done: Any) -> Any:
         raise NotImplementedError
 
-    def _started(self, run: Any, seed: int, epoch: int, rank: int, world_size: int,
+    def _started(self, pass_: Any, seed: int, epoch: int, rank: int, world_size: int,
                  done: Any) -> None:
         """The pass's threads here are running."""
 
@@ -184,12 +184,12 @@ class EngineBase:
                 device = self.side.begin_pass()
                 self._device_resolved(device)
                 cfg = dataclasses.replace(cfg, device=device)
-            run = self._new_pass(cfg, seed, epoch, rank, world_size, done)
-            self.current = run
-            self.passes.append(run)
-            run.start()
-            self._started(run, seed, epoch, rank, world_size, done)
-            return run
+            pass_ = self._new_pass(cfg, seed, epoch, rank, world_size, done)
+            self.current = pass_
+            self.passes.append(pass_)
+            pass_.start()
+            self._started(pass_, seed, epoch, rank, world_size, done)
+            return pass_
 
     def stop(self) -> list[Any]:
         """Mark the engine closed and stop every pass without waiting; return them."""
@@ -202,8 +202,8 @@ class EngineBase:
                 self._closing()
             self.closed = True
             passes = list(self.passes)
-            for run in passes:
-                run.stop()
+            for pass_ in passes:
+                pass_.stop()
             if self.current is not None:
                 self.current.fold_output()
             if first:
@@ -223,11 +223,11 @@ class EngineBase:
         passes = self.stop()
         deadline = time.monotonic() + self._join_share * timeout
         me = threading.current_thread()
-        for run in passes:
-            if me in run.threads():
+        for pass_ in passes:
+            if me in pass_.threads():
                 continue  # close() from a transform: that thread exits when it returns
-            if not run.join(max(0.0, deadline - time.monotonic())) and self._warn_stuck:
-                stuck = [t.name for t in run.threads() if t.is_alive()]
+            if not pass_.join(max(0.0, deadline - time.monotonic())) and self._warn_stuck:
+                stuck = [t.name for t in pass_.threads() if t.is_alive()]
                 log.warning("feeder closed with threads still busy in user code: %s "
                             "(daemon threads; they exit when that call returns)", ", ".join(stuck))
         self.free()
@@ -237,8 +237,8 @@ class EngineBase:
         lock one of them held at the fork stays held. Start over with a fresh lock;
         the inherited passes are orphaned (their iterators raise, close() returns at once)."""
         self.lock = threading.Lock()
-        for run in self.passes:
-            run.orphan()
+        for pass_ in self.passes:
+            pass_.orphan()
         self.passes = []
 
     def quiet_locks(self) -> list[tuple[threading.Thread, threading.Lock]]:
@@ -335,9 +335,9 @@ class ThreadEngine(EngineBase):
 
 def stop_pass(ref: "weakref.ref[PassBase]") -> None:
     """Stop the pass ``ref`` refers to, if it is still alive (its iterator was dropped)."""
-    run = ref()
-    if run is not None:
-        run.stop()
+    pass_ = ref()
+    if pass_ is not None:
+        pass_.stop()
 
 
 def close_when_collected(engine: EngineBase) -> None:

@@ -260,13 +260,13 @@ class ProcessEngine(EngineBase):
         if isinstance(message, msg.Shipped):
             self._on_batch(message)
         elif isinstance(message, (msg.End, msg.Error)):
-            run = self._by_id.get(message.pass_id)
-            if run is not None:
+            pass_ = self._by_id.get(message.pass_id)
+            if pass_ is not None:
                 if isinstance(message, msg.End):
-                    run.skipped_indices.extend(message.skips)
-                    run.deliver(END)
+                    pass_.skipped_indices.extend(message.skips)
+                    pass_.deliver(END)
                 else:
-                    run.deliver(message.error)
+                    pass_.deliver(message.error)
         elif isinstance(message, msg.StatsReply):
             self.remote, self._rows = message.stats, message.rows
             event = self._queries.pop(message.token, None)
@@ -277,8 +277,8 @@ class ProcessEngine(EngineBase):
         return True
 
     def _fail_current(self, error: BaseException) -> None:
-        for run in list(self.passes):
-            run.fail(FeederError(str(error)) if run is not self.current else error)
+        for pass_ in list(self.passes):
+            pass_.fail(FeederError(str(error)) if pass_ is not self.current else error)
 
     def _on_batch(self, message: msg.Shipped) -> None:
         serial = message.serial
@@ -295,12 +295,12 @@ class ProcessEngine(EngineBase):
             buf.planes.wide = message.wide
         if message.schema is not None:
             self.schema.adopt(message.schema)
-        run = self._by_id.get(message.pass_id)
-        if run is None or run.stopped():
+        pass_ = self._by_id.get(message.pass_id)
+        if pass_ is None or pass_.stopped():
             self.send(msg.Free(serial))
             return
-        run.skipped_indices.extend(message.skips)
-        run.deliver(_Shipped(buf, message.n))
+        pass_.skipped_indices.extend(message.skips)
+        pass_.deliver(_Shipped(buf, message.n))
 
     def _register(self, tensor: torch.Tensor) -> None:
         """Page-lock a shared array in place, so copies from it run asynchronously.
@@ -350,14 +350,14 @@ class ProcessEngine(EngineBase):
         # The side stream's device is resolved by now: the worker is told to start
         # after it, so its first batch is registered with this device current.
         self._ids += 1
-        run = IsolatedPass(cfg, self.pool, self.book, self._ids, seed, epoch, self.schema,
+        pass_ = IsolatedPass(cfg, self.pool, self.book, self._ids, seed, epoch, self.schema,
                            self.side, self.send, self.in_flight)
-        self._by_id[run.pass_id] = run
-        return run
+        self._by_id[pass_.pass_id] = pass_
+        return pass_
 
-    def _started(self, run: IsolatedPass, seed: int, epoch: int, rank: int, world_size: int,
+    def _started(self, pass_: IsolatedPass, seed: int, epoch: int, rank: int, world_size: int,
                  done: Any) -> None:
-        self.send(msg.Start(run.pass_id, seed, epoch, rank, world_size, done))
+        self.send(msg.Start(pass_.pass_id, seed, epoch, rank, world_size, done))
 
     def _closing(self) -> None:
         if self.dead is None:
@@ -402,8 +402,8 @@ class ProcessEngine(EngineBase):
         # the side stream is busy").
         if self._registered:
             deadline = time.monotonic() + 0.2
-            for run in self.passes:
-                run.join(max(0.0, deadline - time.monotonic()))
+            for pass_ in self.passes:
+                pass_.join(max(0.0, deadline - time.monotonic()))
             side = self.side
             if side is not None and side.close():
                 cudart = torch.cuda.cudart()

@@ -194,12 +194,12 @@ class Worker:
                 except BaseException as exc:  # noqa: BLE001 - the loop must learn it
                     self.link.send_error(self.pass_id, exc)
             elif isinstance(message, msg.Stop):
-                run = engine.current
-                if run is not None and self.pass_id == message.pass_id:
-                    run.stop()
+                pass_ = engine.current
+                if pass_ is not None and self.pass_id == message.pass_id:
+                    pass_.stop()
             elif isinstance(message, msg.StatsRequest):
-                run = engine.current
-                rows = run.in_flight() if run is not None else []
+                pass_ = engine.current
+                rows = pass_.in_flight() if pass_ is not None else []
                 self.link.send(msg.StatsReply(message.token, engine.stats(), rows))
             elif isinstance(message, msg.Close):
                 return
