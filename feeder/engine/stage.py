@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -149,6 +150,10 @@ class Control(Protocol):
         """A thread of ``stage`` has left its loop (normally, on close, or failing)."""
 
 
+# Each stage thread's pass control, for of_ended_pass (a thread that is gone drops out).
+_controls: "weakref.WeakKeyDictionary[threading.Thread, Control]" = weakref.WeakKeyDictionary()
+
+
 def of_ended_pass(thread: threading.Thread) -> bool:
     """True if ``thread`` is a stage thread of a pass that has ended: stopped, or
     its end taken by the training loop. Such a thread has left its loop or
@@ -156,7 +161,7 @@ def of_ended_pass(thread: threading.Thread) -> bool:
 
     The isolated engine waits a moment for these before deciding whether it may
     fork (see ``feeder.isolation.start.quiet_threads``)."""
-    control = getattr(thread, "_feeder_control", None)
+    control = _controls.get(thread)
     return control is not None and (control.stopped() or getattr(control, "output_ended", False))
 
 
@@ -205,7 +210,7 @@ class Stage:
             self.control.thread_started(self.name, c)
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
-            t._feeder_control = self.control  # type: ignore[attr-defined] # see of_ended_pass
+            _controls[t] = self.control
             self.threads.append(t)
             t.start()
 
