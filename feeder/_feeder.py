@@ -61,7 +61,9 @@ class Feeder:
             ``"auto"``: 16 per decode thread, within [16, 128], when the
             source's reads may wait on storage (remote shards, a network or
             FUSE file system, a source without a ``reads_may_block`` attribute),
-            else 0; 0 reads in the decode threads; ``"tune"``: the ``"auto"``
+            else 0 (also for remote shards under ``shuffle_shards``, whose
+            windows are copied into the cache ahead of their reads); 0 reads in
+            the decode threads; ``"tune"``: the ``"auto"``
             count, tuned as ``decode_threads="tune"``.
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
@@ -187,7 +189,8 @@ class Feeder:
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
-        self.config = cfg = Config.build(reads_may_block(source), batch_size=batch_size, **options)
+        blocking = reads_may_block(source, windowed=options.get("shuffle_shards") is not None)
+        self.config = cfg = Config.build(blocking, batch_size=batch_size, **options)
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels, cfg.max_image_size,
                            cfg.size_divisibility)

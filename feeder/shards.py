@@ -478,6 +478,19 @@ class TarShards:
         return cached
 
     @property
+    def window_reads_may_block(self) -> bool:
+        """:attr:`reads_may_block` under the block shuffle (``shuffle_shards``): the
+        window's remote shards are copied into the cache ahead of their reads
+        (:meth:`will_read_shards`), so once a window is warm every read is a local
+        ``pread``; True only for shards on a network or FUSE file system, or
+        remote shards without a cache to copy them into."""
+        if not self.reads_may_block:
+            return False
+        shards = self._shards
+        return (any(s.remote for s in shards) and (self._store is None or self._store.cache is None)) \
+            or on_network_storage([os.path.dirname(os.path.abspath(s.name)) for s in shards if not s.remote])
+
+    @property
     def shards(self) -> list[str]:
         """The shard paths and URLs, in sample order."""
         return [s.name for s in self._shards]

@@ -152,3 +152,9 @@ def test_reads_may_block_is_the_sources_hint_else_true():
     assert reads_may_block(object()) is True
     assert reads_may_block(Hint("no")) is True  # not a bool: not trusted
     assert reads_may_block(Failing()) is True
+    # Under the block shuffle a source may say its windows are read locally.
+    window = Hint(True)
+    window.window_reads_may_block = False
+    assert reads_may_block(window) is True and reads_may_block(window, windowed=True) is False
+    assert reads_may_block(Hint(True), windowed=True) is True  # no window hint: the plain one
+    assert reads_may_block(Hint(False), windowed=True) is False

@@ -66,6 +66,36 @@ def test_remote_reads_match_local(packed, server, tmp_path):
         assert len(src) == 60 and src.read(59) == local.read(59)
 
 
+def test_read_threads_auto_reads_a_cached_window_in_the_decode_threads(packed, server, tmp_path):
+    """Remote shards get read threads; under the block shuffle their window is
+    copied into the cache ahead, so reads are local and the decode threads do
+    them (a read stage's hand-over costs CPU per sample), unless nothing caches."""
+    out, n = packed
+    with remote(server, n, tmp_path) as src:
+        assert src.reads_may_block is True and src.window_reads_may_block is False
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", decode_threads=2) as f:
+            assert f.config.read_threads == 32  # windows of samples: reads by range, ahead
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2, seed=1,
+                    decode_threads=2) as f:
+            assert f.config.read_threads == 0
+            batches, err = drain(f, timeout=T)
+            assert err is None and sorted(labels_of(batches)) == sorted(
+                int(TarShards(out).read(i)[1]) for i in range(len(src)))
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,
+                    read_threads="auto", decode_threads=2) as f:
+            assert f.config.read_threads == 0
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,
+                    read_threads=4, decode_threads=2) as f:
+            assert f.config.read_threads == 4  # given: used as given
+    with remote(server, n, tmp_path, cache_dir=False) as src:
+        assert src.window_reads_may_block is True  # nothing is copied ahead
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,
+                    decode_threads=2) as f:
+            assert f.config.read_threads == 32
+    local = TarShards(out)
+    assert local.reads_may_block is False and local.window_reads_may_block is False
+
+
 def _epoch(src, epoch, **kw):
     with Feeder(src, 8, [ops.Resize(24), ops.CenterCrop(16)], seed=5, **kw) as f:
         f.set_epoch(epoch)

@@ -447,12 +447,16 @@ def signature_parameters() -> list[inspect.Parameter]:
             for f in fields(Config) if f.name != "batch_size"]
 
 
-def reads_may_block(source: Any) -> bool:
+def reads_may_block(source: Any, windowed: bool = False) -> bool:
     """Whether ``source``'s reads may wait on storage: its ``reads_may_block``
     attribute, True when it has none (a source of unknown speed gets a read stage:
-    a slow read in a decode thread would idle a core)."""
+    a slow read in a decode thread would idle a core). ``windowed``: under the
+    block shuffle, where a source that copies each window ahead into a cache
+    says so by its ``window_reads_may_block`` attribute."""
     try:
         value = getattr(source, "reads_may_block", True)
+        if windowed and value is True:
+            value = getattr(source, "window_reads_may_block", True)
     except Exception:  # noqa: BLE001 - a failing hint must not fail the feeder
         return True
     return value if isinstance(value, bool) else True
