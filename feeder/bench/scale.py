@@ -55,9 +55,9 @@ def add_parser(sub: Any, default_out_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     p.add_argument("--decode-threads", type=int, default=2, help="decode threads (default 2)")
     p.add_argument("--read-threads", default="auto",
-                   help="read threads of both runs (default auto: their own threads for "
-                        "remote shards, 32 with 2 decode threads; none for local shards, which "
-                        "the decode threads read; 0 reads in the decode threads)")
+                   help="read threads of both runs (default auto: none, the decode threads "
+                        "read, for local shards and for remote ones whose windows are copied "
+                        "into the cache ahead; 0 reads in the decode threads)")
     p.add_argument("--image-px", type=int, default=64, help="side of the JPEG every sample holds")
     p.add_argument("--seconds", type=float, default=300.0,
                    help="stop the remote run after this long if the rank's epoch is not done")
