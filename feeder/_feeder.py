@@ -436,6 +436,14 @@ class Feeder:
         reason is logged at INFO by ``feeder.isolation``); None with threads."""
         return getattr(self._engine, "start_method", None)
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The process id of the worker process with ``isolation="process"`` (for
+        ``py-spy dump --pid``, ``top -p``, or a test that kills it); None with
+        threads and once the feeder is closed."""
+        process = getattr(self._engine, "process", None)
+        return None if process is None or self.closed else process.pid
+
     def __enter__(self) -> "Feeder":
         return self
 

@@ -262,9 +262,23 @@ def test_stats_include_the_worker_stages(pairs):
     assert {q.name for q in s.queues} >= {"decode", "collate", "output"}
 
 
+def test_worker_pid_names_the_worker_process(pairs):
+    pid = pairs.worker_pid
+    with open(f"/proc/{pid}/stat") as stat:
+        parent = int(stat.read().rsplit(") ", 1)[1].split()[1])
+    assert pid != os.getpid() and parent == os.getpid()  # our child, the worker
+    with make(MemorySource(BLOBS[:BATCH]), isolation="thread") as threads:
+        assert threads.worker_pid is None
+    if START == "fork":  # a second worker is cheap only when forked
+        f = make(MemorySource(BLOBS[:BATCH]), isolation="process")
+        assert f.worker_pid not in (None, pid)
+        f.close()
+        assert f.worker_pid is None
+
+
 def test_worker_ignores_sigint(pairs):
     # A Ctrl-C reaches the whole process group; the training process decides what stops.
-    pid = pairs._engine.process.pid
+    pid = pairs.worker_pid
     os.kill(pid, signal.SIGINT)
     pairs.set_epoch(0)
     assert len(collect(pairs)) == N // BATCH
@@ -386,7 +400,7 @@ def test_worker_killed_raises_a_clear_error(sig, why):
     try:
         it = iter(f)
         next(it)
-        os.kill(f._engine.process.pid, sig)
+        os.kill(f.worker_pid, sig)
         with pytest.raises(FeederError, match=f"killed by {sig.name}.*{why}"):
             for _ in range(N):
                 next(it)
@@ -417,7 +431,7 @@ def _worker_segments(pid: int) -> set[str]:
 @pytest.mark.parametrize("when", ["seen-dead", "closed"])
 def test_killed_worker_leaves_no_shared_memory_segment(when):
     f = make(LeavesASegment(BLOBS), isolation="process", queue_size=1, shuffle=False)
-    pid = f._engine.process.pid
+    pid = f.worker_pid
     try:
         it = iter(f)
         next(it)  # sample 0 was read (its batch came): the segment exists
@@ -457,7 +471,7 @@ if __name__ == "__main__":
                isolation="process", start_method={start!r})
     it = iter(f)
     next(it)
-    say(event="exiting", worker=f._engine.process.pid)
+    say(event="exiting", worker=f.worker_pid)
     {ending}
 """
 
@@ -527,7 +541,7 @@ if __name__ == "__main__":
                 names.add(frame.f_code.co_name)
                 frame = frame.f_back
             if {{"__next__", "get"}} <= names and it._pass is not None and it._pass.in_flight():
-                say(event="waiting", worker=f._engine.process.pid)
+                say(event="waiting", worker=f.worker_pid)
                 return
             time.sleep(0.01)
         say(event="never-blocked")

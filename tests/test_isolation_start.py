@@ -281,8 +281,8 @@ def test_forked_worker_holds_no_parent_end_of_any_pipe():
         assert len(collect(second)) == 2
         ours = {_socket_inode(first._engine.conn.fileno()), _socket_inode(second._engine.conn.fileno())}
         assert all(target.startswith("socket:") for target in ours)
-        assert not ours & _fd_targets(second._engine.process.pid)
-        assert not ours & _fd_targets(first._engine.process.pid)
+        assert not ours & _fd_targets(second.worker_pid)
+        assert not ours & _fd_targets(first.worker_pid)
 
 
 def _shm_mappings(pid: int) -> set[str]:
