@@ -4,65 +4,15 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
-import torch
 
-from feeder.engine.batch import Batch, BufferPool, Scratch
-from feeder.engine.collate import Collator
+from feeder.engine.batch import BufferPool, Scratch
 from feeder.engine.queue import END, Channel
 from feeder.work.sample import Task
 from feeder.engine.sampler import Sampler
 from feeder.engine.stage import MapStage, Step
-from feeder.engine.transfer import Converter, Delivery, Transfer
 
-TIMEOUT = 10.0
-
-
-class Control:
-    """Records what the stages ask of the pipeline."""
-
-    def __init__(self):
-        self.stop = False
-        self.failures: list[BaseException] = []
-        self.failed_samples: list[tuple[str, int, str]] = []
-        self.started: list[str] = []
-        self.exited: list[str] = []
-        self._lock = threading.Lock()
-
-    def stopped(self):
-        return self.stop
-
-    def fail(self, error):
-        self.failures.append(error)
-
-    def sample_failed(self, step, task, exc, c):
-        with self._lock:
-            self.failed_samples.append((step, task.index, type(exc).__name__))
-
-    def thread_started(self, stage, c):
-        with self._lock:
-            self.started.append(stage)
-
-    def thread_exited(self, stage, c):
-        with self._lock:
-            self.exited.append(stage)
-
-
-def drain_channel(ch: Channel) -> list:
-    """Everything up to and including END (each get bounded by TIMEOUT)."""
-    out = []
-    while True:
-        item = ch.get(timeout=TIMEOUT)
-        out.append(item)
-        if item is END:
-            return out
-
-
-def join(stage) -> None:
-    for t in stage.threads:
-        t.join(TIMEOUT)
-    assert not any(t.is_alive() for t in stage.threads)
+from stage_helpers import TIMEOUT, Control, drain_channel, join
 
 
 def run_map_stage(name, threads, steps, control, n):
@@ -181,60 +131,3 @@ def test_sampler_stops_waiting_for_a_buffer_when_stopped():
     join(sampler)
     assert control.exited == ["sampler"] and not control.failures
     pool.release(held)
-
-
-def _completed_batch(pool, index, indices, labels):
-    buf = pool.acquire(lambda: False)
-    b = Batch(index, buf, len(indices))
-    for slot, (i, y) in enumerate(zip(indices, labels)):
-        buf.images[slot] = y
-        buf.labels[slot] = y
-        buf.indices[slot] = i
-    return b
-
-
-def started_transfer(batch_size):
-    """A float32 CPU transfer stage, started, with its pool and channels."""
-    pool = BufferPool(8, batch_size, 1, 1, pin=False)
-    inbox, outbox = Channel("collate", 10), Channel("output", 10)
-    collator = Collator(batch_size, ordered=True, drop_last=False, release=pool.release)
-    device = torch.device("cpu")
-    transfer = Transfer(Control(), collator, pool, device, Converter(torch.float32, None, device),
-                        inbox, outbox)
-    transfer.start()
-    return transfer, pool, inbox, outbox
-
-
-def test_transfer_sequences_batches_and_delivers_their_sample_indices():
-    transfer, pool, inbox, outbox = started_transfer(2)
-    inbox.put(_completed_batch(pool, 1, [30, 31], [3, 4]))  # out of order: waits for batch 0
-    inbox.put(_completed_batch(pool, 0, [10, 11], [1, 2]))
-    inbox.put(END)
-    out = drain_channel(outbox)
-    join(transfer)
-    deliveries = out[:-1]
-    assert all(isinstance(d, Delivery) for d in deliveries)
-    assert [d.number for d in deliveries] == [0, 1]
-    assert [list(d.indices) for d in deliveries] == [[10, 11], [30, 31]]
-    assert [d.labels.tolist() for d in deliveries] == [[1, 2], [3, 4]]
-    assert deliveries[0].images.dtype == torch.float32
-    assert np.isclose(float(deliveries[0].images[1, 0, 0, 0]), 2 / 255)
-    assert pool.count("free") == 2  # converted batches are copies: both buffers came back
-
-
-def test_transfer_moves_indices_with_samples_when_filling_holes():
-    transfer, pool, inbox, outbox = started_transfer(3)
-    a = _completed_batch(pool, 0, [5, 6, 7], [50, 60, 70])
-    a.holes.append(1)  # sample 6 was skipped
-    inbox.put(a)
-    b = _completed_batch(pool, 1, [8, 9, 10], [80, 90, 100])
-    b.holes.append(0)  # sample 8 was skipped
-    inbox.put(b)
-    inbox.put(_completed_batch(pool, 2, [11, 12, 13], [110, 120, 130]))
-    inbox.put(END)
-    out = drain_channel(outbox)
-    join(transfer)
-    got = [([int(i) for i in d.indices], d.labels.tolist()) for d in out[:-1]]
-    # Batch 0's survivors are topped up from batch 1; batch 2 passes through whole;
-    # what is left of batch 1 ends the pass. Each index travels with its label.
-    assert got == [([5, 7, 9], [50, 70, 90]), ([11, 12, 13], [110, 120, 130]), ([10], [100])]
