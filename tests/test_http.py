@@ -14,7 +14,7 @@ import time
 import pytest
 
 from feeder.bench.httpserver import FileServer
-from feeder.storage.http import (BadAnswer, DeadlinePassed, HTTPStatusError, RangesIgnored, TooLarge,
+from feeder.storage.http import (DeadlinePassed, HTTPStatusError, RangesIgnored, TooLarge,
                                  Validator, is_http, read_range, read_whole)
 
 pytest.importorskip("aiohttp")
