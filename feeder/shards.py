@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import array
 import bisect
-import contextlib
-import gc
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +51,7 @@ from .storage.fields import FIELD_NAMES, json_value, npy_array, field_of, make_p
 from .storage.index import Column, IndexTable, LocalShard, load_indices
 from .work.sample import DEFAULT_MAX_PIXELS
 from .storage.shardlist import is_url, expand_braces, resolve
-from .storage.local import FilePool, on_network_storage
+from .storage.local import FilePool, no_collection, on_network_storage
 from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
@@ -75,22 +73,6 @@ def _release(files: FilePool, store: Any, wait: bool = False) -> None:
     if store is not None:
         store.close(wait)
     files.close()
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """No garbage collection inside: a list of 10^5 shards makes some 10^6
-    objects, all kept, and collections while they are made walk them again and
-    again (a third of the construction's time). Held from the shard list's
-    fetch and parsing to the shard objects (well under a second for 10^5 shards),
-    not for the index requests."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # TarShards(lazy_index="auto"): a shard list naming more shards than this, with
@@ -204,8 +186,8 @@ class TarShards:
         self.max_field_bytes = max_field_bytes
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         # No collection from the list's parsing to the shard objects made from it
-        # (see _no_collection; a collection between the two would walk them all).
-        with _no_collection():
+        # (see storage.local.no_collection; a collection between the two would walk them all).
+        with no_collection():
             names, self.classes, facts = resolve(spec, storage_options, deadline)
             if not names:
                 raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
@@ -247,7 +229,7 @@ class TarShards:
             sample_shards = [first]
             # One request; its parse makes 10^5 objects, whose collections would
             # walk the list's 10^6 again.
-            with _no_collection():
+            with no_collection():
                 entries = [self._table.put(first, self._index_entry(first, counts[first],
                                                                     deadline))]
         else:
