@@ -235,16 +235,21 @@ class PassIterator:
 
 
 def _timeout_message(pass_: Pass, timeout: float, waited: float) -> str:
-    stuck = pass_.in_flight(timeout)
+    # A sample in a stage for most of the wait is named: it may have started a
+    # moment after the wait did (in the isolated engine, in the worker, after the
+    # pass reached it), so "longer than the whole timeout" would miss it.
+    stuck = pass_.in_flight(timeout / 2)
     msg = f"no batch within timeout={timeout:g} s (waited {waited:.1f} s)"
     if stuck:
         rows = "; ".join(f"sample {index} ({safe_text(path)}) in stage {phase!r} for {age:.1f} s"
                          for phase, index, path, age in stuck[:8])
         more = f" and {len(stuck) - 8} more" if len(stuck) > 8 else ""
         return f"{msg}: {rows}{more}"
-    busy = pass_.in_flight()
+    busy = sorted(pass_.in_flight(), key=lambda row: -row[3])
+    oldest = "".join(f"; the oldest: sample {index} ({safe_text(path)}) in stage {phase!r} for {age:.1f} s"
+                     for phase, index, path, age in busy[:1])
     return (f"{msg}; no sample has been in a stage for that long "
-            f"({len(busy)} in flight): the pipeline is slower than the timeout allows")
+            f"({len(busy)} in flight): the pipeline is slower than the timeout allows{oldest}")
 
 
 def _stop_pass(ref: "weakref.ref[Pass]") -> None:

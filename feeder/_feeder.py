@@ -134,8 +134,9 @@ class Feeder:
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
-            :class:`~feeder.FeederTimeoutError` naming the samples in flight for
-            longer than that (stage, index, path); None waits forever, and names
+            :class:`~feeder.FeederTimeoutError` naming the samples in a stage for
+            more than half of that (stage, index, path), or the oldest in
+            flight; None waits forever, and names
             a sample in a warning once it has been in a stage for 60 s.
         exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
             False (default): pixels come out as stored, for every format, as

@@ -220,7 +220,8 @@ def test_timeout_without_stuck_samples_says_the_pipeline_is_slow():
     h = Harness(timeout=0.02)
     h.run.flight = [("decode", 2, "b.jpg", 0.001)]
     with pytest.raises(FeederTimeoutError, match=r"no sample has been in a stage for that long "
-                                                 r"\(1 in flight\): the pipeline is slower"):
+                                                 r"\(1 in flight\): the pipeline is slower.*; the oldest: "
+                                                 r"sample 2 \(b.jpg\) in stage 'decode' for 0.0 s"):
         run_in_thread(lambda: next(h.iterator()))
 
 

@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import pickle
+import re
 import signal
 import threading
 import time
@@ -26,7 +27,7 @@ import torch
 from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads, reaped
 from faults_helpers import Child, wait_until
 from fields_helpers import DictSource
-from feeder import ConfigError, Feeder, FeederError, SampleError, ops
+from feeder import ConfigError, Feeder, FeederError, FeederTimeoutError, SampleError, ops
 from feeder.errors import StageError
 from feeder.synthetic import make_detection_sample, make_image
 
@@ -382,6 +383,20 @@ def test_close_with_the_worker_stuck_is_bounded():
     assert process.exitcode is not None
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_a_timeout_names_the_sample_stuck_in_the_worker():
+    f = make(MemorySource(BLOBS[:16]), [stall, ops.CenterCrop(24)], isolation="process", timeout=2.0,
+             decode_threads=1, read_threads=0, shuffle=False)
+    try:
+        with pytest.raises(FeederTimeoutError) as caught:
+            next(iter(f))
+    finally:
+        f.close()
+    # Named as stuck, or (a spawned worker may still have been starting for most of
+    # the wait) as the oldest sample in flight.
+    assert re.search(r"sample 0 \(mem://0\) in stage 'augment' for \d\.\d s", str(caught.value)), \
+        str(caught.value)
 
 
 @pytest.mark.parametrize("sig, why", [(signal.SIGKILL, "OOM killer"), (signal.SIGBUS, "/dev/shm")])
