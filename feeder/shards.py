@@ -464,12 +464,14 @@ class TarShards:
         """:attr:`reads_may_block` under the block shuffle (``shuffle_shards``): the
         window's remote shards are copied into the cache ahead of their reads
         (:meth:`will_read_shards`), so once a window is warm every read is a local
-        ``pread``; True only for shards on a network or FUSE file system, or
-        remote shards without a cache to copy them into."""
+        ``pread``; True for shards on a network or FUSE file system, and for
+        remote shards that are not all known to fit the cache (no cache, a
+        shard larger than its bound, a size not known before the first read)."""
         if not self.reads_may_block:
             return False
         shards = self._shards
-        return (any(s.remote for s in shards) and (self._store is None or self._store.cache is None)) \
+        store = self._store
+        return (any(s.remote for s in shards) and (store is None or not store.copies_all(shards))) \
             or on_network_storage([os.path.dirname(os.path.abspath(s.name)) for s in shards if not s.remote])
 
     @property

@@ -87,6 +87,12 @@ def test_read_threads_auto_reads_a_cached_window_in_the_decode_threads(packed, s
         with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,
                     read_threads=4, decode_threads=2) as f:
             assert f.config.read_threads == 4  # given: used as given
+    with remote(server, n, tmp_path, cache_dir=str(tmp_path / "small"), cache_bytes=1000) as src:
+        # Shards larger than the cache are never copied: read by range, by read threads.
+        assert src.window_reads_may_block is True
+        with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,
+                    decode_threads=2) as f:
+            assert f.config.read_threads == 32
     with remote(server, n, tmp_path, cache_dir=False) as src:
         assert src.window_reads_may_block is True  # nothing is copied ahead
         with Feeder(src, 8, [ops.CenterCrop(16)], shuffle="shards", shuffle_shards=2,

@@ -67,7 +67,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import http as _http
@@ -366,6 +366,23 @@ class RemoteStore:
             raise
 
     # -- copies into the cache ---------------------------------------------
+    def copies_all(self, shards: Sequence[Any]) -> bool:
+        """Whether every remote shard of ``shards`` is copied into the cache when
+        wanted: there is a cache, and each shard's size is known (the shard list's
+        ``filesize``, the server's answer, or its index's end) and within its bound.
+        A shard larger than the cache is read by range for good."""
+        cache = self.cache
+        if cache is None:
+            return False
+        for shard in shards:
+            if not shard.remote:
+                continue
+            size = shard.list_size or (shard.validator.size if shard.validator is not None else None) \
+                or shard.index_end
+            if not size or size > cache.max_bytes:
+                return False
+        return True
+
     def want(self, shard: RemoteShard) -> None:
         """Start copying ``shard`` into the cache, unless it is under way or done."""
         if self.cache is None or shard.local is not None or self.stop.is_set():
