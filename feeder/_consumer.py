@@ -238,7 +238,7 @@ def _timeout_message(pass_: Pass, timeout: float, waited: float) -> str:
     # A sample in a stage for most of the wait is named: it may have started a
     # moment after the wait did (in the isolated engine, in the worker, after the
     # pass reached it), so "longer than the whole timeout" would miss it.
-    stuck = pass_.in_flight(timeout / 2)
+    stuck = sorted(pass_.in_flight(timeout / 2), key=lambda row: -row[3])
     msg = f"no batch within timeout={timeout:g} s (waited {waited:.1f} s)"
     if stuck:
         rows = "; ".join(f"sample {index} ({safe_text(path)}) in stage {phase!r} for {age:.1f} s"

@@ -5,16 +5,21 @@
 # Two test processes by default (pytest-xdist): most of the suite waits on
 # threads, child processes and servers, so two processes finish the whole suite
 # in about 0.6x the time of one, even on 2 cores. FEEDER_TEST_PROCESSES=1 runs
-# everything in this one process; a -n of your own (or -p no:xdist) wins.
+# everything in this one process, as do a -n of your own, -p no:xdist, --pdb
+# and --trace (a debugger needs the test in this process).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 vpy="$(FEEDER_EXTRAS="${FEEDER_EXTRAS:-test,docs}" bash "$root/scripts/env.sh")"
 cd "$root"
 processes="${FEEDER_TEST_PROCESSES:-2}"
-args=()
-if [[ "$processes" =~ ^[0-9]+$ ]] && (( processes > 1 )) \
-    && ! printf '%s\n' "$@" | grep -qE '^(-n|--numprocesses|--dist)|no:xdist' \
-    && "$vpy" -c "import xdist" 2>/dev/null; then
-  args=(-n "$processes")
+[[ "$processes" =~ ^[0-9]+$ ]] || { echo "FEEDER_TEST_PROCESSES must be a number, got '$processes'" >&2; exit 2; }
+parallel=$(( 10#$processes > 1 ))
+for arg in "$@"; do
+  case "$arg" in
+    -n|-n*|--numprocesses|--numprocesses=*|--dist|--dist=*|--pdb|--trace|*no:xdist*) parallel=0 ;;
+  esac
+done
+if (( parallel )) && "$vpy" -c "import xdist" 2>/dev/null; then
+  exec "$vpy" -m pytest -n "$(( 10#$processes ))" "$@"
 fi
-exec "$vpy" -m pytest "${args[@]}" "$@"
+exec "$vpy" -m pytest "$@"

@@ -129,6 +129,7 @@ def test_parallel_ceiling_names_a_failing_process(tmp_path):
         measure_parallel(missing, processes=2, limit=4, timeout_s=60)
 
 
+@pytest.mark.timeout(TIMEOUT_S + 30)  # several loaders in subprocesses: minutes on a loaded 2-core machine
 def test_compare(tiny, tmp_path):
     """The whole comparison, its consumer running a model step per batch: the rows,
     the scan, the ratios, and how long the loop waited for data."""
@@ -311,7 +312,6 @@ def test_overlap_command_refuses_without_cuda_or_with_a_wrong_loader(tiny, tmp_p
         assert code == 2 and "needs a CUDA GPU" in err
 
 
-@pytest.mark.timeout(TIMEOUT_S + 30)  # several loaders in subprocesses: minutes on a loaded 2-core machine
 # -- where results go without --out --------------------------------------------------------
 
 def _tree(path: str) -> dict[str, float]:

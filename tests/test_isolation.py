@@ -389,12 +389,16 @@ def test_a_timeout_names_the_sample_stuck_in_the_worker():
     f = make(MemorySource(BLOBS[:16]), [stall, ops.CenterCrop(24)], isolation="process", timeout=2.0,
              decode_threads=1, read_threads=0, shuffle=False)
     try:
+        it = iter(f)
+        it._start()
+        # Once the worker reports the sample in the stuck transform, the wait begins.
+        assert wait_until(lambda: it._pass.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
         with pytest.raises(FeederTimeoutError) as caught:
-            next(iter(f))
+            next(it)
     finally:
         f.close()
-    # Named as stuck, or (a spawned worker may still have been starting for most of
-    # the wait) as the oldest sample in flight.
+    # Named as stuck (in the transform for more than half of the wait), or as the
+    # oldest sample in flight.
     assert re.search(r"sample 0 \(mem://0\) in stage 'augment' for \d\.\d s", str(caught.value)), \
         str(caught.value)
 

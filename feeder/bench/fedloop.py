@@ -174,9 +174,9 @@ class LoaderCPU:
     the step's own, such as torch's intra-op pool), plus its child processes'
     (DataLoader's workers, feeder's worker).
 
-    Precise to microseconds (every thread's ``schedstat``, in nanoseconds), so a
-    window of a fraction of a second tells an idle loader (a few timed-out waits)
-    from a working one.
+    Precise to microseconds (``getrusage``, and the loop's and the children's
+    threads' ``schedstat``, in nanoseconds), so a window of a fraction of a
+    second tells an idle loader (a few timed-out waits) from a working one.
 
     Args:
         loop_threads: thread ids of this process that belong to the training loop
@@ -188,7 +188,12 @@ class LoaderCPU:
         self.loop_threads = loop_threads
 
     def __call__(self) -> float:
-        total = sum(_threads_cpu(os.getpid(), skip=self.loop_threads))
+        import resource
+
+        # This process's CPU less the loop's threads', so that a loader thread that
+        # has exited (a pass that ended) still counts.
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        total = own.ru_utime + own.ru_stime - sum(_threads_cpu(os.getpid(), only=self.loop_threads))
         for pid in self.pids:
             total += sum(_threads_cpu(pid))
         return total
@@ -199,14 +204,14 @@ def own_threads() -> frozenset[str]:
     return frozenset(os.listdir("/proc/self/task"))
 
 
-def _threads_cpu(pid: int, skip: frozenset[str] = frozenset()) -> Iterator[float]:
-    """CPU seconds of each of ``pid``'s threads, those in ``skip`` left out."""
+def _threads_cpu(pid: int, only: frozenset[str] | None = None) -> Iterator[float]:
+    """CPU seconds of each of ``pid``'s live threads (those in ``only``, if given)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return
     for tid in tasks:
-        if tid in skip:
+        if only is not None and tid not in only:
             continue
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
