@@ -721,13 +721,20 @@ def test_region_decode(tiny, tmp_path):
     out = str(tmp_path / "out")
     proc = bench("region-decode", tiny["data"], "--large", tiny["data"], "--out", out, "--rounds", "1",
                  "--epochs", "1", "--batch-size", "4", "--ceiling-images", "6", "--stage-images", "6",
-                 "--only", "feeder region,ceiling full decode", cwd=tiny["base"])
+                 "--only", "feeder region,ceiling full decode,parallel ceiling region work",
+                 cwd=tiny["base"])
     rows = read_csv(os.path.join(out, "region_decode.csv"))
-    assert [r["row"] for r in rows] == ["feeder region", "ceiling full decode"]
+    assert [r["row"] for r in rows] == ["feeder region", "ceiling full decode", "parallel ceiling region work"]
     assert all(float(r["images_per_s"]) > 0 and float(r["other_cores"]) >= 0 for r in rows)
     doc = json.load(open(os.path.join(out, "region_decode.json")))
-    ratio = doc["meta"]["ratios"]["feeder region / ceiling full decode (1-thread x cores)"]
-    assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
+    for label in ("feeder region / ceiling full decode (1-thread x cores)",
+                  "feeder region / parallel ceiling region work",
+                  "parallel ceiling region work / ceiling full decode"):
+        ratio = doc["meta"]["ratios"][label]
+        assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
+    # The parallel row ran one process per core, each timing its own share of the images.
+    parallel = doc["meta"]["rounds"][0]["parallel ceiling region work"]
+    assert parallel["cores_used"] > 0 and parallel["cpu_ms"] > 0
     for stage in doc["meta"]["stages"].values():
         assert all(stage[k] > 0 for k in ("full", "full_decode", "region", "region_c", "entropy_to_bottom",
                                           "entropy_whole"))

@@ -89,6 +89,12 @@ def specs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "ceiling full decode": {**ceiling, "full_decode": True, "env": NO_EXT},
         "ceiling simplejpeg work": {**ceiling, "env": NO_EXT},
         "ceiling region work": {**ceiling},
+        # Both cores at once, one process each on its own share of the images:
+        # what two cores really give this work (their shared cache and memory
+        # cost a few percent against one thread on an idle machine).
+        "parallel ceiling full decode": {**ceiling, "mode": "ceiling-parallel", "full_decode": True,
+                                         "env": NO_EXT},
+        "parallel ceiling region work": {**ceiling, "mode": "ceiling-parallel"},
         "large: feeder region": {**big, "kind": "feeder"},
         "large: feeder simplejpeg": {**big, "kind": "feeder", "env": NO_EXT},
         "large: feeder full decode": {**big, "kind": "feeder", "full_decode": True, "env": NO_EXT},
@@ -103,6 +109,14 @@ def specs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 RATIOS = [
     ("feeder region / ceiling full decode (1-thread x cores)", "feeder region", "ceiling full decode", 1.2),
     ("feeder region / ceiling region work (1-thread x cores)", "feeder region", "ceiling region work", None),
+    ("feeder region / parallel ceiling region work", "feeder region", "parallel ceiling region work", None),
+    ("parallel ceiling region work / ceiling full decode", "parallel ceiling region work",
+     "ceiling full decode", None),
+    ("parallel ceiling full decode / ceiling full decode", "parallel ceiling full decode",
+     "ceiling full decode", None),
+    ("parallel ceiling region work / DataLoader+cv2 simplejpeg", "parallel ceiling region work",
+     "DataLoader+cv2 simplejpeg", None),
+    ("parallel ceiling region work / DataLoader+PIL", "parallel ceiling region work", "DataLoader+PIL", None),
     ("feeder region / feeder simplejpeg", "feeder region", "feeder simplejpeg", None),
     ("feeder region / DataLoader+cv2 simplejpeg", "feeder region", "DataLoader+cv2 simplejpeg", 1.5),
     ("feeder region / DataLoader+cv2 region", "feeder region", "DataLoader+cv2 region", None),
