@@ -141,6 +141,14 @@ class Feeder:
         exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
             False (default): pixels come out as stored, for every format, as
             with torchvision's ``decode_jpeg``.
+        jpeg_verify: With the JPEG region decoder, still entropy-decode each
+            file to its end (no IDCT below the crop), so that damaged data
+            anywhere in it fails the sample as a full decode does (True,
+            default). Huffman data that lost its sync shows only at the end of
+            the scan: with False, decoding stops after the crop's last row,
+            12-18% less decode time, and a flipped byte above or inside the
+            crop can give wrong pixels with no error (a file cut below the
+            crop, or damaged only there, is then delivered).
         batch_transforms: Transforms of whole batches on ``device``, after the
             dtype conversion and normalization, in the transfer thread:
             :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables

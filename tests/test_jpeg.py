@@ -84,9 +84,10 @@ def full_at_scale(data: bytes, denom: int) -> np.ndarray:
     return img
 
 
-def region(data: bytes, top: int, left: int, h: int, w: int, denom: int, compact: bool) -> np.ndarray:
+def region(data: bytes, top: int, left: int, h: int, w: int, denom: int, compact: bool,
+           verify: bool = True) -> np.ndarray:
     buf = np.empty(h * (w + 2 * ext.PAD + 32) * 3, np.uint8)
-    stride, offset = ext.decode(data, top, left, h, w, denom, buf, 1 << 30, compact)
+    stride, offset = ext.decode(data, top, left, h, w, denom, buf, 1 << 30, compact, verify)
     return buf[:h * stride * 3].reshape(h, stride, 3)[:, offset:offset + w]
 
 
@@ -202,23 +203,28 @@ def test_cmyk_and_ycck_take_the_fallback_with_the_same_result(chain, monkeypatch
 
 
 @needs_ext
-def test_rows_below_the_crop_are_never_read():
-    """Reading stops after the crop's last row: a file cut below it decodes (the
-    cut is found when a crop reaches it, or by a full decode)."""
+def test_rows_below_the_crop_are_read_unless_verify_is_off():
+    """By default a region decode entropy-decodes the file to its end, so a file
+    cut below the crop fails as a full decode does; with verify=False reading
+    stops after the crop's last row and the crop above the cut decodes."""
     data = jpeg(make_image(256, 64, seed=4), "4:2:0")
     cut = data[:int(len(data) * 0.7)]
-    np.testing.assert_array_equal(region(cut, 8, 8, 32, 40, 1, False), full_at_scale(data, 1)[8:40, 8:48])
     with pytest.raises(DecodeError):
-        region(cut, 200, 0, 56, 64, 1, False)
+        region(cut, 8, 8, 32, 40, 1, False)
+    np.testing.assert_array_equal(region(cut, 8, 8, 32, 40, 1, False, verify=False),
+                                  full_at_scale(data, 1)[8:40, 8:48])
+    for verify in (True, False):
+        with pytest.raises(DecodeError):
+            region(cut, 200, 0, 56, 64, 1, False, verify=verify)
 
 
 @needs_ext
 @pytest.mark.parametrize("denom", [1, 8])
 def test_damage_in_the_scan_fails_a_region_that_reaches_the_last_row(denom):
     """Bytes damaged mid-scan that the entropy decoder passes over are found at
-    the end of the data ("extraneous bytes before marker"): a region ending at
-    the last row (a whole-image Resize) reads on to the end, as a full decode
-    does, instead of delivering the damaged pixels; a crop above it does not."""
+    the end of the data ("extraneous bytes before marker"): every region reads
+    on to the end, as a full decode does, instead of delivering damaged pixels;
+    with verify=False only a region ending at the last row does."""
     data = jpeg(np.random.default_rng(0).integers(0, 255, (256, 256, 3), dtype=np.uint8))
     at = int(len(data) * 0.3)
     damaged = data[:at] + bytes(b ^ 0x5A for b in data[at:at + 64]) + data[at + 64:]
@@ -229,7 +235,12 @@ def test_damage_in_the_scan_fails_a_region_that_reaches_the_last_row(denom):
         region(damaged, 0, 0, side, side, denom, False)
     with pytest.raises(DecodeError, match="extraneous bytes"):
         region(damaged, side // 2, 8, side // 2, side // 4, denom, True)
-    region(damaged, 0, 0, side // 8, side, denom, False)  # rows above the damage's end check
+    # A crop above the damaged bytes: an error by default (the file is read to its
+    # end, as a full decode reads it), exact pixels with verify=False.
+    with pytest.raises(DecodeError, match="extraneous bytes"):
+        region(damaged, 0, 0, side // 8, side, denom, False)
+    np.testing.assert_array_equal(region(damaged, 0, 0, side // 8, side, denom, False, verify=False),
+                                  full_at_scale(data, denom)[:side // 8])
 
 
 def _no_ext(monkeypatch):
@@ -593,3 +604,34 @@ def test_mutated_jpegs_decode_or_raise_decode_error(seed, edits, box, denom, key
         return
     out = np.empty((16, 16, 3), np.uint8)
     work.transform(img, key, ctx, out)
+
+
+@needs_ext
+def test_feeder_jpeg_verify_decides_what_a_crop_of_a_damaged_file_gets():
+    """jpeg_verify=True (the default): a file damaged below the crop fails its
+    sample, as without the extension; False: the crop above the damage is
+    delivered, exact. A value that is not a bool is a configuration error."""
+    from feeder import Feeder, ops
+
+    good = jpeg(make_image(256, 64, seed=5), "4:2:0")
+    bad = good[:int(len(good) * 0.7)]  # cut at about row 180 of 256: below the 16-pixel centre
+
+    class Source:
+        def __len__(self):
+            return 2
+
+        def read(self, i):
+            return (good, bad)[i], i
+
+    chain = [ops.RandomResizedCrop(16, scale=(0.01, 0.01))]
+    with Feeder(Source(), 2, chain, on_error="skip", shuffle=False) as f:
+        labels = [int(x) for _, batch in f for x in batch]
+    with Feeder(Source(), 2, [ops.CenterCrop(16)], on_error="skip", shuffle=False) as f:
+        labels_centre = [int(x) for _, batch in f for x in batch]
+    with Feeder(Source(), 2, [ops.CenterCrop(16)], on_error="skip", shuffle=False,
+                jpeg_verify=False) as f:
+        labels_unverified = [int(x) for _, batch in f for x in batch]
+    assert labels == [0] and labels_centre == [0]  # the damaged file is skipped, whatever the crop
+    assert labels_unverified == [0, 1]  # its centre lies above the cut: delivered
+    with pytest.raises(ValueError, match="jpeg_verify"):
+        Feeder(Source(), 2, chain, jpeg_verify="no")

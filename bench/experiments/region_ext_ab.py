@@ -9,7 +9,8 @@ installed one.
 
     cp feeder/work/_jpeg.*.so /tmp/before.so
     # edit feeder/work/_jpeg.c, then: python setup.py build_ext --inplace
-    python bench/experiments/region_ext_ab.py DATA /tmp/before.so feeder/work/_jpeg.*.so
+    cp feeder/work/_jpeg.*.so /tmp/after.so   # each build a copy outside the tree: a build at
+    python bench/experiments/region_ext_ab.py DATA /tmp/before.so /tmp/after.so  # the installed path is the module already loaded
 """
 
 from __future__ import annotations

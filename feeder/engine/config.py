@@ -305,6 +305,7 @@ class Config:
     max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive)
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
+    jpeg_verify: bool = _option(True, _flag)
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
     start_method: str = _option("auto", _start_method)

@@ -50,10 +50,11 @@ class SampleWork:
         chain: The compiled transforms.
         max_pixels: Largest decoded image accepted (from its header).
         exif_orientation: Apply EXIF orientation while decoding.
+        jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see ``Feeder``).
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 exif_orientation: bool = False) -> None:
+                 exif_orientation: bool = False, jpeg_verify: bool = True) -> None:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
@@ -61,6 +62,7 @@ class SampleWork:
         self.variable = chain.max_image_size is not None
         self.max_pixels = max_pixels
         self.exif_orientation = exif_orientation
+        self.jpeg_verify = jpeg_verify
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 
@@ -68,7 +70,7 @@ class SampleWork:
         """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
         return the image and the context :meth:`transform` needs."""
         img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
-                                        self.exif_orientation)
+                                        self.exif_orientation, self.jpeg_verify)
         return img, ctx if ctx is not None else SampleContext(size)
 
     def transform(self, img: np.ndarray, key: int, ctx: SampleContext,

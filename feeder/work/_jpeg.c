@@ -11,7 +11,7 @@
  *
  * Two functions:
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
- *   decode(data, top, left, height, width, denom, out, max_pixels, compact)
+ *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify)
  *       -> (stride, col_offset)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
  * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
@@ -29,6 +29,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +182,7 @@ typedef struct {
     size_t out_size;
     unsigned long long max_pixels;
     int compact;
+    int verify;
     /* out */
     unsigned stride, col_offset;
     int status;  /* 0 ok, 1 libjpeg error (message in err), 2 our own check (message in note) */
@@ -193,6 +195,7 @@ static void run_decode(Job *job)
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
     unsigned char *volatile scratch = NULL;
+    unsigned char *volatile tail = NULL;
     JSAMPROW row;
 
     if (setjmp(err.jump)) {
@@ -200,6 +203,7 @@ static void run_decode(Job *job)
         snprintf(job->note, sizeof job->note, "%s", err.message);
         jpeg_destroy_decompress(&cinfo);
         free(scratch);
+        free(tail);
         return;
     }
     open_jpeg(&cinfo, &err, job->data, job->size);
@@ -225,7 +229,10 @@ static void run_decode(Job *job)
      * file's whole coefficient buffer: 2 bytes per coefficient per component),
      * bounded above by the max_pixels check; this caps what a hostile header
      * with odd sampling factors could still make it allocate. */
-    cinfo.mem->max_memory_to_use = (long)(job->max_pixels * 24 + (64u << 20));
+    /* Saturated: a huge max_pixels must not wrap round to a small cap. */
+    cinfo.mem->max_memory_to_use =
+        job->max_pixels > (unsigned long long)(LONG_MAX - (64L << 20)) / 24
+            ? LONG_MAX : (long)(job->max_pixels * 24 + (64u << 20));
     /* For a progressive file this reads every scan (the coefficients of the
      * whole image) before any output: skipping rows can save the IDCT and
      * colour conversion only, not the entropy decoding (about 5% saved). */
@@ -291,33 +298,105 @@ static void run_decode(Job *job)
         }
         job->stride = stride;
         job->col_offset = job->compact ? 0 : offset;
+        if (job->verify && cinfo.output_scanline < cinfo.output_height) {
+            /* Entropy-decode the rows below the region too (no IDCT: skipped
+             * rows; then the last row, one iMCU row of the region's columns),
+             * so that jpeg_finish_decompress below reaches the end of the data
+             * as a full decode does. Huffman data that lost its sync (a flipped
+             * or missing byte anywhere, above and inside the region included)
+             * shows only there, as bytes left before the next marker: without
+             * this, a region ending above the last row would come back with
+             * wrong pixels and no error. */
+            JDIMENSION rest = cinfo.output_height - cinfo.output_scanline;
+            if (rest > 1)
+                jpeg_skip_scanlines(&cinfo, rest - 1);
+            if (tail == NULL)
+                tail = malloc((size_t)cinfo.output_width * 3);
+            if (tail == NULL) {
+                job->status = 2;
+                snprintf(job->note, sizeof job->note, "out of memory");
+                jpeg_abort_decompress(&cinfo);
+                goto done;
+            }
+            row = tail;
+            if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+                job->status = 2;
+                snprintf(job->note, sizeof job->note, "corrupt JPEG: no data for row %u",
+                         cinfo.output_height - 1);
+                jpeg_abort_decompress(&cinfo);
+                goto done;
+            }
+        }
         if (cinfo.output_scanline == cinfo.output_height)
-            /* The region reached the last row: read on to the end of the data
-             * as a full decode does, so damage that the entropy decoder passed
-             * over (reported as extraneous bytes before the next marker, a
-             * warning: an error here) fails this sample too, instead of a
-             * whole-image Resize delivering it. */
+            /* Read on to the end of the data as a full decode does, so damage
+             * that the entropy decoder passed over (reported as extraneous
+             * bytes before the next marker, a warning: an error here) fails
+             * this sample too. */
             jpeg_finish_decompress(&cinfo);
         else
-            /* Stop here: the rows below the region are never read. */
+            /* verify=False: stop here, the rows below the region are never
+             * read (damage the entropy decoder has not met goes unseen). */
             jpeg_abort_decompress(&cinfo);
     }
 done:
     jpeg_destroy_decompress(&cinfo);
     free(scratch);
+    free(tail);
 }
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"data", "top", "left", "height", "width", "denom", "out",
-                            "max_pixels", "compact", NULL};
+                            "max_pixels", "compact", "verify", NULL};
     Py_buffer data, out;
-    unsigned top, left, height, width, denom;
+    Py_ssize_t region[4]; /* top, left, height, width: range-checked below, never wrapped */
+    unsigned denom;
+    PyObject *limit;
     unsigned long long max_pixels;
-    int compact = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*IIIIIw*K|p", names, &data, &top, &left,
-                                     &height, &width, &denom, &out, &max_pixels, &compact))
+    int compact = 0, verify = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pp", names, &data, &region[0],
+                                     &region[1], &region[2], &region[3], &denom, &out, &limit,
+                                     &compact, &verify))
         return NULL;
+    static const char *what[] = {"top", "left", "height", "width"};
+    for (int k = 0; k < 4; k++) {
+        if (region[k] < 0 || (unsigned long long)region[k] > JPEG_MAX_DIMENSION) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return PyErr_Format(PyExc_ValueError, "%s must be in [0, %d], got %zd", what[k],
+                                JPEG_MAX_DIMENSION, region[k]);
+        }
+    }
+    unsigned top = (unsigned)region[0], left = (unsigned)region[1];
+    unsigned height = (unsigned)region[2], width = (unsigned)region[3];
+    /* A limit past 64 bits is no limit: saturate instead of wrapping to a small one. */
+    if (!PyLong_Check(limit)) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_TypeError, "max_pixels must be an int, got %s",
+                            Py_TYPE(limit)->tp_name);
+    }
+    int overflow = 0;
+    long long small = PyLong_AsLongLongAndOverflow(limit, &overflow);
+    if (small == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    if (overflow < 0 || (overflow == 0 && small <= 0)) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "max_pixels must be positive");
+    }
+    if (overflow == 0) {
+        max_pixels = (unsigned long long)small;
+    } else {
+        max_pixels = PyLong_AsUnsignedLongLong(limit);
+        if (PyErr_Occurred()) { /* 2**64 or more */
+            PyErr_Clear();
+            max_pixels = ULLONG_MAX;
+        }
+    }
     if (!(denom == 1 || denom == 2 || denom == 4 || denom == 8)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
@@ -341,6 +420,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     job.out_size = (size_t)out.len;
     job.max_pixels = max_pixels;
     job.compact = compact;
+    job.verify = verify;
     Py_BEGIN_ALLOW_THREADS
     run_decode(&job);
     Py_END_ALLOW_THREADS
@@ -358,7 +438,7 @@ static PyMethodDef methods[] = {
      "header(data) -> (width, height, components, colorspace, subsampling, progressive)\n\n"
      "Read a JPEG's header. Raises feeder.errors.DecodeError when it cannot."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(data, top, left, height, width, denom, out, max_pixels, compact=False)"
+     "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True)"
      " -> (stride, col_offset)\n\n"
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"

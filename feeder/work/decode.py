@@ -399,11 +399,15 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
 
 
 def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
-                   buffers: DecodeBuffers | None, exif_orientation: bool
+                   buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True
                    ) -> tuple[np.ndarray, tuple[int, int], Any]:
     """:func:`decode_image` with the transforms' plan: ``plan(height, width, key)``
     returns ``(need, planned)``, ``need`` as ``hint`` would and ``planned`` whatever
     the transforms drew to compute it (handed back, so that nothing is drawn twice).
+
+    ``jpeg_verify``: a JPEG decoded by region is still entropy-decoded to its
+    end, so damage anywhere in the file fails it as a full decode would (see
+    ``Feeder``'s ``jpeg_verify``).
 
     Returns:
         The image, its full (oriented) size, and ``planned`` (None when ``plan`` was
@@ -412,7 +416,7 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     if len(data) == 0:
         raise DecodeError("empty file (0 bytes)")
     if (data[:3] if type(data) is bytes else bytes(data[:3])) == _JPEG_MAGIC:
-        return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation)
+        return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation, jpeg_verify)
     header = _read_header(data)
     _check_pixels(header.height, header.width, max_pixels)
     if header.format == "PNG":
@@ -430,7 +434,7 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
 
 
 def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
-                 buffers: DecodeBuffers | None, exif_orientation: bool
+                 buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True
                  ) -> tuple[np.ndarray, tuple[int, int], Any]:
     if _jpeg is not None:
         w, h, _, colorspace, _, _ = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
@@ -455,7 +459,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         need, planned = plan(size[0], size[1], key)
         if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
                 and getattr(planned, "box", None) is not None):
-            img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers)
+            img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers,
+                                jpeg_verify)
             return img, size, planned
         if need is not None and swap:
             need = (need[1], need[0])

@@ -162,11 +162,13 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
-                  buffers: DecodeBuffers | None) -> np.ndarray:
+                  buffers: DecodeBuffers | None, verify: bool = True) -> np.ndarray:
     """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
-    ``ctx.scaled_size`` and ``ctx.scale``."""
+    ``ctx.scaled_size`` and ``ctx.scale``. ``verify``: entropy-decode the rows
+    below the region too, so that damage anywhere in the file is an error (as
+    in a full decode), not wrong pixels; False stops after the region's last row."""
     swap = orientation >= 5
     d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
     hs, ws = -(-h // d), -(-w // d)
@@ -185,7 +187,7 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     nbytes = rh * (rw + 2 * ext.PAD + 32) * 3
     buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
     try:
-        stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels)
+        stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
     except BaseException:
         if buffers is not None:
             buffers.give(buf)
