@@ -239,7 +239,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         @staticmethod
         def decode(data: Any, top: int, left: int, height: int, width: int, denom: int, buf: Any,
                    max_pixels: int, *rest: Any) -> Any:
-            calls.append((data, top, left, height, width, denom, max_pixels))
+            calls.append((data, top, left, height, width, denom, max_pixels, rest))
             return real(data, top, left, height, width, denom, buf, max_pixels, *rest)
 
     _decode._jpeg = Recorder()
@@ -250,16 +250,16 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
     biggest = max(c[3] * (c[4] + 2 * ext.PAD + 32) * 3 for c in calls)
     buf = np.empty(max(biggest, 1 << 16), np.uint8)
 
-    def c_decodes() -> None:
-        for data, top, left, height, width, denom, mp in calls:
-            real(data, top, left, height, width, denom, buf, mp)
+    def c_decodes() -> None:  # as the region path made them (jpeg_verify included)
+        for data, top, left, height, width, denom, mp, rest in calls:
+            real(data, top, left, height, width, denom, buf, mp, *rest)
 
-    def to_bottom() -> None:
-        for data, top, left, height, width, denom, mp in calls:
-            real(data, top + height - 1, left, 1, 1, denom, buf, mp)
+    def to_bottom() -> None:  # verify=False: reading stops at that row
+        for data, top, left, height, width, denom, mp, _ in calls:
+            real(data, top + height - 1, left, 1, 1, denom, buf, mp, False, False)
 
     def whole() -> None:
-        for data, *_rest, mp in calls:
+        for data, *_, mp, _ in calls:
             wd, ht = ext.header(data)[:2]
             real(data, ht - 1, 0, 1, 1, 1, buf, mp)
 
@@ -279,7 +279,8 @@ def _stage_lines(name: str, c: dict[str, float], cores: int) -> list[str]:
         f"  region path                 {c['region']:6.2f}   = header+plan {c['header_plan']:.3f}"
         f" + C region decode {c['region_c']:.2f} + crop/resize/flip/Python {c['rest']:.2f}",
         f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
-        f" (whole image {c['entropy_whole']:.2f}): {c['entropy_to_bottom'] / c['region_c']:.0%}"
+        f" (whole image {c['entropy_whole']:.2f}, which the C region decode includes: jpeg_verify"
+        f" reads the file to its end): {c['entropy_to_bottom'] / c['region_c']:.0%}"
         f" of the C region decode, which no region decode can skip",
         f"  decode time saved {1 - c['region_c'] / c['full_decode']:.0%}; per-image speed-up"
         f" {c['full'] / c['region']:.2f}x; {c['scaled_share']:.0%} decoded below 1/1; at"
