@@ -56,7 +56,8 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
                     augment_threads=spec.get("augment_threads", "auto"),
                     queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
                     full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)),
-                    persistent_workers=epochs > 1, evaluation=bool(spec.get("evaluation", False)))
+                    persistent_workers=epochs > 1, evaluation=bool(spec.get("evaluation", False)),
+                    feeder_options=spec.get("feeder_options"))
     first_batch_s = None
     images = 0
     wait_s = 0.0
