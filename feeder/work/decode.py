@@ -468,6 +468,7 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # are slower than a full decode in libjpeg-turbo, so they are not used.
         if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
             min_h, min_w = need
+    _check_scans(data)
     buf = None if buffers is None else buffers.take(h * w * 3)
     try:
         img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
@@ -481,6 +482,38 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         if buffers is not None:
             buffers.give(buf)
     return img, size, planned
+
+
+# The region decoder's bound on a progressive file's scans (each a pass over the
+# whole coefficient buffer: a small hostile file with thousands takes seconds;
+# real encoders write about ten), held on the simplejpeg path too, so that a
+# file is accepted or refused whatever the transforms and the decoder.
+MAX_SCANS = 500
+_PROGRESSIVE_SOF = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
+
+
+def _check_scans(data: bytes | memoryview) -> None:
+    """Refuse a progressive JPEG of more than :data:`MAX_SCANS` scans.
+
+    Walks the marker segments up to the first scan (their lengths, a few
+    steps); a progressive frame's scans are then counted as the ``FF DA``
+    pairs after it: inside entropy-coded data an ``FF`` byte is always
+    followed by ``00`` or a restart marker, so every such pair is a scan."""
+    raw = data
+    pos, n, progressive = 2, len(raw), False
+    while pos + 4 <= n and raw[pos] == 0xFF:
+        marker = raw[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xDA:
+            break
+        if marker in _PROGRESSIVE_SOF:
+            progressive = True
+        pos += 2 + ((raw[pos + 2] << 8) | raw[pos + 3])
+    if progressive and (raw if type(raw) is bytes else bytes(raw)).count(b"\xff\xda", pos) > MAX_SCANS:
+        raise DecodeError(f"corrupt JPEG: more than {MAX_SCANS} scans (a real encoder writes "
+                          f"about ten)")
 
 
 def buffer_of(img: np.ndarray | None) -> np.ndarray | None:
