@@ -651,11 +651,6 @@ def test_truncated_cmyk_and_ycck_are_errors():
                 SampleWork(Chain([ops.RandomResizedCrop(32)], None)).decode(data[:int(len(data) * frac)], 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CMYK/YCCK fall back to cv2.imdecode, which only warns on corrupt data: a CMYK file "
-    "with damaged entropy data (libjpeg: 'Corrupt JPEG data: N extraneous bytes before "
-    "marker 0xd9', printed to stderr) decodes to an image, where the same damage in a "
-    "YCbCr file is a DecodeError"))
 def test_damaged_cmyk_is_an_error_like_damaged_ycbcr():
     for data in _cmyk_files():
         at = len(data) // 2

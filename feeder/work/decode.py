@@ -449,10 +449,18 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
     swap = orientation >= 5  # transposing orientations: the shown image is w x h
     size = (w, h) if swap else (h, w)
     if colorspace in ("CMYK", "YCCK"):
-        # libjpeg-turbo cannot convert CMYK to RGB; OpenCV's reader handles
-        # Adobe's inverted CMYK. Rare in datasets, so the slower path is fine.
-        img = _cv2_decode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        return orient(_to_rgb8(img), orientation), size, None
+        # libjpeg-turbo cannot convert CMYK to RGB: decode the (Adobe, inverted)
+        # ink values with simplejpeg, whose corrupt-data warnings are errors as
+        # for every other JPEG (OpenCV's reader only prints them), and convert
+        # as browsers and OpenCV do: R = C * K / 255, rounded. Rare in datasets.
+        _check_scans(data)
+        try:
+            ink = simplejpeg.decode_jpeg(data, colorspace="CMYK")
+        except ValueError as exc:
+            raise DecodeError(f"corrupt JPEG ({colorspace}): {exc}") from exc
+        k = ink[..., 3:4].astype(np.uint16)
+        img = ((ink[..., :3].astype(np.uint16) * k + 127) // 255).astype(np.uint8)
+        return orient(img, orientation), size, None
     min_h = min_w = 0
     planned = None
     if plan is not None:
