@@ -45,7 +45,8 @@ class FeederDataset:
     def __init__(self, feeder: Any) -> None:
         self._feeder = weakref.ref(feeder)
         self.source = feeder.source
-        self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation)
+        self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation,
+                                feeder.config.jpeg_verify)
 
     def __len__(self) -> int:
         return len(self.source)

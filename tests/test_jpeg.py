@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from jpeg_helpers import KINDS, SUBSAMPLING, jpeg
 from feeder import DecodeError, Feeder, info, ops
 from feeder.work import decode as _decode
 from feeder.work.augment import Chain
@@ -50,28 +51,6 @@ needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: 
 #: 2.3-4.1 on average, 5.6 for the worst image; on this file's synthetic images
 #: (hard edges, fine texture) up to 11 at 1/4 (bench/README.md).
 SCALED_TOLERANCE = 12.0
-
-SUBSAMPLING = {"4:4:4": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, "4:2:2": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
-               "4:2:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, "4:4:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
-               "4:1:1": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411}
-
-
-def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90) -> bytes:
-    """A JPEG of RGB ``img``: ``kind`` a subsampling, ``gray``, ``progressive`` or ``restart``."""
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality]
-    if kind in SUBSAMPLING:
-        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SUBSAMPLING[kind]]
-    elif kind == "progressive":
-        params += [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
-    elif kind == "restart":
-        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, 3]
-    src = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY) if kind == "gray" else img[..., ::-1]
-    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(src), params)
-    assert ok
-    return buf.tobytes()
-
-
-KINDS = [*SUBSAMPLING, "gray", "progressive", "restart"]
 
 
 def full_at_scale(data: bytes, denom: int) -> np.ndarray:

@@ -39,6 +39,7 @@ import pytest
 import simplejpeg
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from jpeg_helpers import KINDS, SUBSAMPLING, jpeg
 from feeder import DecodeError, Feeder, SampleError, ops
 from feeder.engine.steps import SampleWork
 from feeder.ops import SampleContext
@@ -50,26 +51,10 @@ from feeder.work.region import decode_region, orient
 ext = D._jpeg
 pytestmark = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
 
-SUBSAMPLING = {"4:4:4": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, "4:2:2": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
-               "4:2:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, "4:4:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
-               "4:1:1": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411}
-KINDS = [*SUBSAMPLING, "gray", "progressive", "restart"]
-
 
 def enc(img: np.ndarray, kind: str = "4:2:0", quality: int = 85, rst: int = 1) -> bytes:
-    """A JPEG of RGB ``img``: ``kind`` a subsampling, ``gray``, ``progressive`` or
-    ``restart`` (4:2:0 with a restart marker every ``rst`` MCUs)."""
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality]
-    if kind in SUBSAMPLING:
-        params += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SUBSAMPLING[kind]]
-    elif kind == "progressive":
-        params += [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
-    elif kind == "restart":
-        params += [cv2.IMWRITE_JPEG_RST_INTERVAL, rst]
-    src = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY) if kind == "gray" else img[..., ::-1]
-    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(src), params)
-    assert ok
-    return buf.tobytes()
+    """:func:`jpeg_helpers.jpeg`, at this file's quality and a restart marker every MCU."""
+    return jpeg(img, kind, quality, rst)
 
 
 def noise(h: int, w: int, seed: int) -> np.ndarray:

@@ -437,12 +437,13 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
                  buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True
                  ) -> tuple[np.ndarray, tuple[int, int], Any]:
     if _jpeg is not None:
-        w, h, _, colorspace, _, _ = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
+        w, h, _, colorspace, _, progressive = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
     else:
         try:
             h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as exc:
             raise DecodeError(f"corrupt JPEG header: {exc}") from exc
+        progressive = None  # not known until the markers are walked
     if h <= 0 or w <= 0 or h * w > max_pixels:
         _check_pixels(h, w, max_pixels)  # raises, saying which
     orientation = orientation_of(None, data) if exif_orientation else 1
@@ -453,7 +454,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # ink values with simplejpeg, whose corrupt-data warnings are errors as
         # for every other JPEG (OpenCV's reader only prints them), and convert
         # as browsers and OpenCV do: R = C * K / 255, rounded. Rare in datasets.
-        _check_scans(data)
+        if progressive is not False:
+            _check_scans(data)
         try:
             ink = simplejpeg.decode_jpeg(data, colorspace="CMYK")
         except ValueError as exc:
@@ -476,7 +478,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # are slower than a full decode in libjpeg-turbo, so they are not used.
         if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
             min_h, min_w = need
-    _check_scans(data)
+    if progressive is not False:  # the extension's header said; else walk the markers
+        _check_scans(data)
     buf = None if buffers is None else buffers.take(h * w * 3)
     try:
         img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
