@@ -95,9 +95,9 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
             shard: int = 0, shards: int = 1, ready: Callable[[], None] | None = None) -> Ceiling:
     """Time the per-sample work on one thread over up to ``limit`` images of ``root``.
 
-    The images are spread evenly over the dataset (every class), read once
-    untimed first so the figure is of a warm page cache, as in the loaders'
-    runs. OpenCV is held to one thread meanwhile (the feeder does the same).
+    The images are spread evenly over the dataset (every class), read and
+    worked on once untimed first, so that the figure is of a warm page cache,
+    as in the loaders' runs, and of an epoch after the first. OpenCV is held to one thread meanwhile (the feeder does the same).
 
     Args:
         root: ImageFolder root.
@@ -122,8 +122,11 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
     try:
         for i in indices:  # warm the page cache and the code paths
             source.read(i)
-        for i in indices[:20]:
-            work(source.read(i)[0], i, out)
+        # One untimed pass of the work too: the timed one is an epoch after the
+        # first, as most of a training run's are (jpeg_verify reads each file
+        # to its end the first time only; see feeder.work.verified).
+        for i in indices:
+            work(source.read(i)[0], sample_key(seed, 0, i), out)
         if ready is not None:
             ready()
         read_s = decode_s = transform_s = 0.0

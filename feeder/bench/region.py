@@ -20,8 +20,12 @@ Two parts, both in one run:
   thread's CPU time per image (its wall time would also count other processes'
   turns on its core), and every ratio is printed in CPU per image too.
 * **Stages**, in this process, one thread, per image: the region path's header
-  + plan, the C decode and the rest (crop, resize into the output, flip,
-  Python), next to a full decode + crop + resize; and the entropy (Huffman)
+  + plan, the file's CRC-32, the C decode and the rest (crop, resize into the
+  output, flip, Python), in the first epoch (``jpeg_verify`` reads each file
+  to its end) and after it (the same bytes stop after the crop: see
+  :mod:`feeder.work.verified`), next to a full decode + crop + resize; the
+  feeder rows run several epochs, the first of them reading each file to its
+  end, and the ceilings time an epoch after the first; and the entropy (Huffman)
   decoding that no region decode can skip, measured with the extension itself
   by decoding one pixel on the crop's last row (every row above it is
   entropy-decoded and discarded without IDCT).
@@ -41,6 +45,7 @@ import numpy as np
 from .. import ImageFolder, ops
 from ..work.augment import Chain
 from ..work.rng import sample_key
+from ..work.verified import VerifiedJpegs
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
 from . import report
@@ -202,12 +207,17 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
 
     Returns:
         ``full``: full decode + crop + resize; ``full_decode``: its decode alone;
-        ``region``: the region path (decode + transforms into the output);
-        ``header_plan``: reading the header and drawing the box; ``region_c``:
-        the extension's decode; ``rest``: crop, resize into the output, flip and
-        Python; ``entropy_to_bottom``: entropy decoding of the rows down to the
-        crop's last row (what any region decode must do); ``entropy_whole``: the
-        same for the whole image; ``scaled_share``: share of images decoded below
+        ``region``: the region path (decode + transforms into the output) in an
+        epoch after the first (every file already read to its end once, see
+        :mod:`feeder.work.verified`); ``region_first``: the same in the first
+        epoch; ``header_plan``: reading the header and drawing the box;
+        ``crc``: the fingerprint of each file (its CRC-32); ``region_c``: the
+        extension's decode (after the first epoch: down to the crop's last
+        row); ``region_c_first``: the same, reading each file to its end;
+        ``rest``: crop, resize into the output, flip and Python;
+        ``entropy_to_bottom``: entropy decoding of the rows down to the crop's
+        last row (what any region decode must do); ``entropy_whole``: the same
+        for the whole image; ``scaled_share``: share of images decoded below
         1/1.
     """
     from ..work import decode as _decode
@@ -257,17 +267,22 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
             calls.append((data, top, left, height, width, denom, max_pixels, rest))
             return real(data, top, left, height, width, denom, buf, max_pixels, *rest)
 
+    run(region)()  # the first epoch: every file read to its end and remembered
     _decode._jpeg = Recorder()
     try:
-        run(region)()
+        run(region)()  # the calls of an epoch after the first
     finally:
         _decode._jpeg = ext
     biggest = max(c[3] * (c[4] + 2 * ext.PAD + 32) * 3 for c in calls)
     buf = np.empty(max(biggest, 1 << 16), np.uint8)
 
-    def c_decodes() -> None:  # as the region path made them (jpeg_verify included)
+    def c_decodes() -> None:  # as the region path made them after the first epoch
         for data, top, left, height, width, denom, mp, rest in calls:
             real(data, top, left, height, width, denom, buf, mp, *rest)
+
+    def c_decodes_first() -> None:  # the same, each file read to its end
+        for data, top, left, height, width, denom, mp, rest in calls:
+            real(data, top, left, height, width, denom, buf, mp, False, True)
 
     def to_bottom() -> None:  # verify=False: reading stops at that row
         for data, top, left, height, width, denom, mp, _ in calls:
@@ -278,27 +293,40 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
             wd, ht = ext.header(data)[:2]
             real(data, ht - 1, 0, 1, 1, 1, buf, mp)
 
+    def crcs() -> None:
+        for d in datas:
+            VerifiedJpegs.fingerprint(d)
+
+    def first_epochs() -> None:
+        run(SampleWork(Chain(chain, None)))()
+
     costs = {"full": _thread_ms(run(full), n), "full_decode": _thread_ms(full_decodes, n),
-             "region": _thread_ms(run(region), n), "header_plan": _thread_ms(headers, n),
-             "region_c": _thread_ms(c_decodes, n), "entropy_to_bottom": _thread_ms(to_bottom, n),
-             "entropy_whole": _thread_ms(whole, n)}
-    costs["rest"] = max(0.0, costs["region"] - costs["region_c"] - costs["header_plan"])
+             "region": _thread_ms(run(region), n), "region_first": _thread_ms(first_epochs, n),
+             "header_plan": _thread_ms(headers, n), "crc": _thread_ms(crcs, n),
+             "region_c": _thread_ms(c_decodes, n), "region_c_first": _thread_ms(c_decodes_first, n),
+             "entropy_to_bottom": _thread_ms(to_bottom, n), "entropy_whole": _thread_ms(whole, n)}
+    costs["rest"] = max(0.0, costs["region"] - costs["region_c"] - costs["header_plan"] - costs["crc"])
     costs["scaled_share"] = sum(c[5] > 1 for c in calls) / max(1, len(calls))
     return costs
 
 
 def _stage_lines(name: str, c: dict[str, float], cores: int) -> list[str]:
+    if "region_first" not in c:  # a report from before the fingerprints (all epochs read to the end)
+        c = {**c, "region_first": c["region"], "region_c_first": c["region_c"], "crc": 0.0}
     return [
         f"{name}: one thread, ms of CPU per image (best of 3 passes)",
-        f"  full decode + crop + resize {c['full']:6.2f}   (decode {c['full_decode']:.2f})",
-        f"  region path                 {c['region']:6.2f}   = header+plan {c['header_plan']:.3f}"
-        f" + C region decode {c['region_c']:.2f} + crop/resize/flip/Python {c['rest']:.2f}",
+        f"  full decode + crop + resize  {c['full']:6.2f}   (decode {c['full_decode']:.2f})",
+        f"  region path, after epoch 1   {c['region']:6.2f}   = header+plan {c['header_plan']:.3f}"
+        f" + CRC-32 {c['crc']:.3f} + C region decode {c['region_c']:.2f}"
+        f" + crop/resize/flip/Python {c['rest']:.2f}",
+        f"  region path, first epoch     {c['region_first']:6.2f}   (C region decode reading each file"
+        f" to its end {c['region_c_first']:.2f})",
         f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
-        f" (whole image {c['entropy_whole']:.2f}, which the C region decode includes: jpeg_verify"
-        f" reads the file to its end): {c['entropy_to_bottom'] / c['region_c']:.0%}"
+        f" (whole image {c['entropy_whole']:.2f}): {c['entropy_to_bottom'] / c['region_c']:.0%}"
         f" of the C region decode, which no region decode can skip",
-        f"  decode time saved {1 - c['region_c'] / c['full_decode']:.0%}; per-image speed-up"
-        f" {c['full'] / c['region']:.2f}x; {c['scaled_share']:.0%} decoded below 1/1; at"
+        f"  decode time saved {1 - c['region_c'] / c['full_decode']:.0%} ({1 - c['region_c_first'] / c['full_decode']:.0%}"
+        f" in the first epoch); per-image speed-up {c['full'] / c['region']:.2f}x"
+        f" ({c['full'] / c['region_first']:.2f}x); {c['scaled_share']:.0%} decoded below 1/1; at"
         f" {cores} cores with no engine overhead: {cores * 1e3 / c['region']:.0f} img/s vs the"
         f" full-decode ceiling {cores * 1e3 / c['full']:.0f}",
     ]

@@ -30,6 +30,7 @@ from ..work.augment import Chain
 from .batch import SIZE
 from ..work.decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
 from ..work.rng import epoch_key, index_key
+from ..work.verified import VerifiedJpegs
 from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, NUMERIC, Schema, Task,
                       parse_sample)
 from .stage import Step
@@ -50,7 +51,8 @@ class SampleWork:
         chain: The compiled transforms.
         max_pixels: Largest decoded image accepted (from its header).
         exif_orientation: Apply EXIF orientation while decoding.
-        jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see ``Feeder``).
+        jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see
+            ``Feeder``), once per distinct byte string (:attr:`verified`).
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -63,6 +65,8 @@ class SampleWork:
         self.max_pixels = max_pixels
         self.exif_orientation = exif_orientation
         self.jpeg_verify = jpeg_verify
+        #: The JPEG byte strings this work has read to their end without an error.
+        self.verified = VerifiedJpegs() if jpeg_verify else None
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 
@@ -70,7 +74,7 @@ class SampleWork:
         """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
         return the image and the context :meth:`transform` needs."""
         img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
-                                        self.exif_orientation, self.jpeg_verify)
+                                        self.exif_orientation, self.jpeg_verify, self.verified)
         return img, ctx if ctx is not None else SampleContext(size)
 
     def transform(self, img: np.ndarray, key: int, ctx: SampleContext,

@@ -33,6 +33,7 @@ import simplejpeg
 
 from .region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
 from .sample import DEFAULT_MAX_PIXELS
+from .verified import VerifiedJpegs
 from ..errors import DecodeError
 
 log = logging.getLogger(__name__)
@@ -399,15 +400,16 @@ def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,
 
 
 def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
-                   buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True
-                   ) -> tuple[np.ndarray, tuple[int, int], Any]:
+                   buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True,
+                   verified: VerifiedJpegs | None = None) -> tuple[np.ndarray, tuple[int, int], Any]:
     """:func:`decode_image` with the transforms' plan: ``plan(height, width, key)``
     returns ``(need, planned)``, ``need`` as ``hint`` would and ``planned`` whatever
     the transforms drew to compute it (handed back, so that nothing is drawn twice).
 
     ``jpeg_verify``: a JPEG decoded by region is still entropy-decoded to its
     end, so damage anywhere in the file fails it as a full decode would (see
-    ``Feeder``'s ``jpeg_verify``).
+    ``Feeder``'s ``jpeg_verify``); with ``verified``, only the first time its
+    exact bytes come (see :class:`~feeder.work.verified.VerifiedJpegs`).
 
     Returns:
         The image, its full (oriented) size, and ``planned`` (None when ``plan`` was
@@ -416,7 +418,8 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
     if len(data) == 0:
         raise DecodeError("empty file (0 bytes)")
     if (data[:3] if type(data) is bytes else bytes(data[:3])) == _JPEG_MAGIC:
-        return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation, jpeg_verify)
+        return _decode_jpeg(data, max_pixels, plan, key, buffers, exif_orientation, jpeg_verify,
+                            verified)
     header = _read_header(data)
     _check_pixels(header.height, header.width, max_pixels)
     if header.format == "PNG":
@@ -434,8 +437,8 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
 
 
 def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
-                 buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True
-                 ) -> tuple[np.ndarray, tuple[int, int], Any]:
+                 buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True,
+                 verified: VerifiedJpegs | None = None) -> tuple[np.ndarray, tuple[int, int], Any]:
     if _jpeg is not None:
         w, h, _, colorspace, _, progressive = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
     else:
@@ -469,8 +472,14 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         need, planned = plan(size[0], size[1], key)
         if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
                 and getattr(planned, "box", None) is not None):
+            # Bytes that were read to their end without an error before decode
+            # the same way again: reading may stop after the crop's last row.
+            fp = verified.fingerprint(data) if jpeg_verify and verified is not None else 0
+            verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
             img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers,
-                                jpeg_verify)
+                                verify)
+            if fp and verify:
+                verified.add(fp)  # type: ignore[union-attr]
             return img, size, planned
         if need is not None and swap:
             need = (need[1], need[0])

@@ -1,0 +1,173 @@
+"""jpeg_verify reads each distinct JPEG byte string to its end once
+(feeder/work/verified.py): the same bytes again stop after the crop, and bytes
+that changed in any way, even by one bit at the same length, are read to their
+end again, so damage that appears after a file first passed still fails it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simplejpeg
+
+from conftest import JOIN_TIMEOUT_S, drain
+from jpeg_helpers import jpeg
+from feeder import DecodeError, Feeder, ops
+from feeder.engine.steps import SampleWork
+from feeder.synthetic import make_image
+from feeder.work import decode as _decode
+from feeder.work.augment import Chain
+from feeder.work.verified import VerifiedJpegs
+
+ext = _decode._jpeg
+needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {_decode._jpeg_missing}")
+
+GOOD = jpeg(make_image(256, 64, seed=5), "4:2:0")
+CENTRE = (120, 24, 16, 16)  # CenterCrop(16) of the 256x64 image: (top, left, height, width)
+
+
+def _region(data: bytes, box: tuple[int, int, int, int], verify: bool) -> np.ndarray:
+    t, l, h, w = box
+    buf = np.empty(h * (w + 2 * ext.PAD + 32) * 3, np.uint8)
+    stride, offset = ext.decode(data, t, l, h, w, 1, buf, 1 << 30, False, verify)
+    return buf[:h * stride * 3].reshape(h, stride, 3)[:, offset:offset + w]
+
+
+def _silently_damaged() -> bytes:
+    """GOOD with one bit flipped above the centre crop such that stopping after the
+    crop gives wrong pixels and no error, and reading to the end is an error."""
+    ref = simplejpeg.decode_jpeg(GOOD)[120:136, 24:40]
+    sos = GOOD.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(GOOD[sos + 2:sos + 4], "big")
+    for at in range(start + 10, start + (len(GOOD) - start) // 3):
+        bad = GOOD[:at] + bytes([GOOD[at] ^ 0x10]) + GOOD[at + 1:]
+        try:
+            if np.array_equal(_region(bad, CENTRE, False), ref):
+                continue
+        except DecodeError:
+            continue
+        try:
+            _region(bad, CENTRE, True)
+        except DecodeError:
+            return bad
+    raise AssertionError("no single-bit flip of the kind the test needs")
+
+
+class _Recorder:
+    """The extension with each decode call's verify flag recorded."""
+
+    def __init__(self) -> None:
+        self.verify: list[bool] = []
+
+    def __getattr__(self, name):
+        return getattr(ext, name)
+
+    def decode(self, *args):
+        self.verify.append(bool(args[9]))
+        return ext.decode(*args)
+
+
+def test_fingerprint_is_nonzero_and_changes_with_any_byte_or_the_length():
+    fp = VerifiedJpegs.fingerprint
+    assert fp(b"") != 0 and fp(GOOD) != 0
+    assert fp(GOOD) == fp(bytearray(GOOD)) == fp(memoryview(GOOD))
+    flipped = {fp(GOOD[:k] + bytes([GOOD[k] ^ 1]) + GOOD[k + 1:]) for k in range(0, len(GOOD), 97)}
+    assert fp(GOOD) not in flipped and len(flipped) == len(range(0, len(GOOD), 97))
+    assert fp(GOOD + b"\x00") != fp(GOOD) and fp(GOOD[:-1]) != fp(GOOD)
+
+
+def test_memory_is_bounded_and_forgets_rather_than_confuses():
+    with pytest.raises(ValueError, match="power of two"):
+        VerifiedJpegs(12)
+    memo = VerifiedJpegs(slots=64)
+    assert len(memo) == 0 and not memo.seen(VerifiedJpegs.fingerprint(GOOD))
+    fps = [VerifiedJpegs.fingerprint(i.to_bytes(4, "little")) for i in range(1000)]
+    for f in fps:
+        memo.add(f)
+        assert memo.seen(f)  # just added: always found
+    assert len(memo) <= 64
+    # Entries pushed out are forgotten (read to the end again), never mistaken
+    # for others: every remembered fingerprint is one that was added.
+    remembered = [f for f in fps if memo.seen(f)]
+    assert 0 < len(remembered) <= 64
+    assert not any(memo.seen(VerifiedJpegs.fingerprint(i.to_bytes(4, "little") + b"x")) for i in range(1000))
+
+
+@needs_ext
+def test_same_bytes_are_read_to_their_end_once_and_give_the_same_pixels(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    work = SampleWork(Chain([ops.RandomResizedCrop(32)], None))
+    other = jpeg(make_image(200, 120, seed=6), "4:4:4")
+    out = np.empty((32, 32, 3), np.uint8)
+    firsts = []
+    for data in (GOOD, other):
+        img, ctx = work.decode(data, 7)
+        work.transform(img, 7, ctx, out)
+        firsts.append(out.copy())
+    for data, first in zip((bytearray(GOOD), memoryview(other)), firsts):  # equal bytes, other objects
+        img, ctx = work.decode(data, 7)
+        work.transform(img, 7, ctx, out)
+        np.testing.assert_array_equal(out, first)
+    assert rec.verify == [True, True, False, False]
+    assert len(work.verified) == 2
+
+
+@needs_ext
+def test_bytes_damaged_after_they_passed_are_read_to_their_end_again(monkeypatch):
+    bad = _silently_damaged()
+    rec = _Recorder()
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    work = SampleWork(Chain([ops.CenterCrop(16)], None))
+    img, _ = work.decode(GOOD, 0)
+    work.discard(img)
+    for _ in range(2):  # a failed decode is not remembered
+        with pytest.raises(DecodeError, match="corrupt JPEG"):
+            work.decode(bad, 0)
+    img, _ = work.decode(GOOD, 0)
+    work.discard(img)
+    assert rec.verify == [True, True, True, False]
+
+
+@needs_ext
+def test_jpeg_verify_false_keeps_no_memory(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    work = SampleWork(Chain([ops.CenterCrop(16)], None), jpeg_verify=False)
+    assert work.verified is None
+    for _ in range(2):
+        img, _ = work.decode(GOOD, 0)
+        work.discard(img)
+    assert rec.verify == [False, False]
+
+
+class _Republished:
+    """Index 0 is re-published between its reads: good bytes the first time,
+    damaged ones (same length, one bit flipped) after."""
+
+    def __init__(self, bad: bytes) -> None:
+        self.bad = bad
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 2
+
+    def read(self, i):
+        if i == 1:
+            return jpeg(make_image(256, 64, seed=9), "4:2:0"), 1
+        self.reads += 1
+        return (GOOD if self.reads == 1 else self.bad), 0
+
+
+@needs_ext
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_file_damaged_between_epochs_is_skipped_in_the_next_epoch(isolation):
+    """The memory is of bytes, not of samples: a sample whose bytes changed after
+    an epoch in which they passed fails again, in every engine."""
+    with Feeder(_Republished(_silently_damaged()), 2, [ops.CenterCrop(16)], on_error="skip",
+                shuffle=False, isolation=isolation, timeout=JOIN_TIMEOUT_S) as f:
+        labels = []
+        for _ in range(3):
+            batches, error = drain(f)
+            assert error is None
+            labels.append(sorted(int(x) for _, y in batches for x in y))
+    assert labels == [[0, 1], [1], [1]]
