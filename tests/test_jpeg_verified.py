@@ -5,6 +5,8 @@ end again, so damage that appears after a file first passed still fails it."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import simplejpeg
@@ -75,6 +77,55 @@ def test_fingerprint_is_nonzero_and_changes_with_any_byte_or_the_length():
     assert fp(GOOD + b"\x00") != fp(GOOD) and fp(GOOD[:-1]) != fp(GOOD)
 
 
+def _forge_suffix(data: bytes, target: int) -> bytes:
+    """4 bytes whose appending to ``data`` gives CRC-32 ``target`` (CRC-32 is
+    affine over GF(2): solve for the 32 bits)."""
+    base = zlib.crc32(data + bytes(4))
+    columns = [zlib.crc32(data + (1 << k).to_bytes(4, "little")) ^ base for k in range(32)]
+    rows, want = list(columns), base ^ target
+    # Gaussian elimination on 32 columns of 32 bits, tracking which input bits make each.
+    combo = [1 << k for k in range(32)]
+    solution = 0
+    for bit in range(32):
+        pivot = next((i for i in range(bit, 32) if rows[i] >> bit & 1), None)
+        assert pivot is not None
+        rows[bit], rows[pivot] = rows[pivot], rows[bit]
+        combo[bit], combo[pivot] = combo[pivot], combo[bit]
+        for i in range(32):
+            if i != bit and rows[i] >> bit & 1:
+                rows[i] ^= rows[bit]
+                combo[i] ^= combo[bit]
+    for bit in range(32):
+        if want >> bit & 1:
+            solution ^= combo[bit]
+    suffix = solution.to_bytes(4, "little")
+    assert zlib.crc32(data + suffix) == target
+    return suffix
+
+
+def test_fingerprint_holds_the_length_and_every_byte_of_a_large_file():
+    big = jpeg(np.random.default_rng(1).integers(0, 255, (320, 320, 3), dtype=np.uint8), "4:4:4", 95)
+    assert len(big) > 3 * 65536
+    tail = big[:-10] + bytes([big[-10] ^ 1]) + big[-9:]  # one bit, past the first 192 KiB
+    assert VerifiedJpegs.fingerprint(tail) != VerifiedJpegs.fingerprint(big)
+    longer = big + _forge_suffix(big, zlib.crc32(big))  # the same CRC-32, 4 bytes longer
+    assert zlib.crc32(longer) == zlib.crc32(big)
+    assert VerifiedJpegs.fingerprint(longer) != VerifiedJpegs.fingerprint(big)
+
+
+def test_memory_keeps_what_fits():
+    """At 60% of the slots, buckets of four in two places keep all but a few
+    percent (one slot per fingerprint would keep about 75%)."""
+    memo = VerifiedJpegs(slots=4096)
+    rng = np.random.default_rng(2)
+    fps = [int(x) | 1 for x in rng.integers(1, 1 << 62, 2458)]
+    for f in fps:
+        memo.add(f)
+    kept = sum(memo.seen(f) for f in fps)
+    assert kept >= 0.97 * len(fps), kept
+    assert len(memo) == kept  # nothing stored twice
+
+
 def test_memory_is_bounded_and_forgets_rather_than_confuses():
     with pytest.raises(ValueError, match="power of two"):
         VerifiedJpegs(12)
@@ -140,6 +191,62 @@ def test_jpeg_verify_false_keeps_no_memory(monkeypatch):
     assert rec.verify == [False, False]
 
 
+@needs_ext
+def test_bytes_that_changed_while_decoded_are_not_remembered(monkeypatch):
+    """A source's mutable buffer that another thread rewrites during the decode:
+    the fingerprint taken before it (damaged bytes) must not be remembered for
+    the bytes that were decoded (good ones)."""
+    bad = _silently_damaged()
+    data = bytearray(bad)
+
+    class Swap(_Recorder):
+        def decode(self, *args):
+            data[:] = GOOD  # what the decoder reads is not what was fingerprinted
+            return super().decode(*args)
+
+    monkeypatch.setattr(_decode, "_jpeg", Swap())
+    work = SampleWork(Chain([ops.CenterCrop(16)], None))
+    img, _ = work.decode(data, 0)  # the good bytes decode
+    work.discard(img)
+    assert not work.verified.seen(VerifiedJpegs.fingerprint(bad))
+    monkeypatch.setattr(_decode, "_jpeg", ext)
+    with pytest.raises(DecodeError):
+        work.decode(bad, 0)
+
+
+@needs_ext
+def test_progressive_files_are_not_remembered(monkeypatch):
+    """Their scans are all read before any row, so their end is reached anyway."""
+    rec = _Recorder()
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    work = SampleWork(Chain([ops.CenterCrop(16)], None))
+    data = jpeg(make_image(256, 64, seed=5), "progressive")
+    for _ in range(2):
+        img, _ = work.decode(data, 0)
+        work.discard(img)
+    assert rec.verify == [True, True] and len(work.verified) == 0
+
+
+@needs_ext
+def test_the_engine_keeps_its_memory_across_epochs(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    blobs = [GOOD, jpeg(make_image(256, 64, seed=9), "4:2:0")]
+
+    class Source:
+        def __len__(self):
+            return 2
+
+        def read(self, i):
+            return blobs[i], i
+
+    with Feeder(Source(), 2, [ops.CenterCrop(16)], shuffle=False, timeout=JOIN_TIMEOUT_S) as f:
+        for _ in range(3):
+            batches, error = drain(f)
+            assert error is None and sum(len(y) for _, y in batches) == 2
+    assert rec.verify == [True, True, False, False, False, False]
+
+
 class _Republished:
     """Index 0 is re-published between its reads: good bytes the first time,
     damaged ones (same length, one bit flipped) after."""
@@ -171,3 +278,15 @@ def test_a_file_damaged_between_epochs_is_skipped_in_the_next_epoch(isolation):
             assert error is None
             labels.append(sorted(int(x) for _, y in batches for x in y))
     assert labels == [[0, 1], [1], [1]]
+
+
+def test_a_pickled_copy_starts_empty():
+    import pickle
+
+    memo = VerifiedJpegs(slots=64)
+    fp = VerifiedJpegs.fingerprint(GOOD)
+    memo.add(fp)
+    copy = pickle.loads(pickle.dumps(memo))
+    assert memo.seen(fp) and not copy.seen(fp) and copy.slots == 64
+    copy.add(fp)
+    assert copy.seen(fp)

@@ -241,6 +241,9 @@ def cpu_work(m: Measurements, samples: list[Any], transforms: list[Any], budget_
              timeline: Timeline, max_pixels: int) -> None:
     """Decode and transform cost per image on one thread, and the ceiling (x cores)."""
     timeline.start("cpu")
+    # One SampleWork over the repeated samples: after the first round its JPEG
+    # region decodes stop after the crop (their bytes were read to their end
+    # once: feeder.work.verified), as in a training run's epochs after the first.
     work = SampleWork(Chain(list(transforms), None, max_pixels), max_pixels)
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)

@@ -474,11 +474,17 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
                 and getattr(planned, "box", None) is not None):
             # Bytes that were read to their end without an error before decode
             # the same way again: reading may stop after the crop's last row.
-            fp = verified.fingerprint(data) if jpeg_verify and verified is not None else 0
+            # (A progressive file's scans are all read before any row: its end
+            # costs nothing more to reach, so it is not remembered.)
+            fp = (verified.fingerprint(data) if jpeg_verify and verified is not None
+                  and not progressive else 0)
             verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
             img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers,
                                 verify)
-            if fp and verify:
+            # A buffer other than bytes may have changed while it was decoded
+            # (the decoder and the CRC release the GIL): remember only bytes
+            # that were the same before and after.
+            if fp and verify and (type(data) is bytes or verified.fingerprint(data) == fp):  # type: ignore[union-attr]
                 verified.add(fp)  # type: ignore[union-attr]
             return img, size, planned
         if need is not None and swap:
