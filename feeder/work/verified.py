@@ -16,8 +16,9 @@ defence against someone crafting files: a CRC-32 is easy to forge, and whoever
 can write the files can write a valid JPEG of any pixels anyway.
 
 The memory is bounded: a table of ``slots`` 8-byte fingerprints (16 MiB by
-default; numpy backs it with huge pages, so it is all resident after the first
-few thousand files), in buckets of :data:`WAYS` slots; a fingerprint lives in
+default, an anonymous mapping made at the first add: resident as its pages are
+written, all of it once a few thousand files have passed, and given back to
+the system when the feeder is freed), in buckets of :data:`WAYS` slots; a fingerprint lives in
 one of two buckets, and when both are full one of their eight entries is
 overwritten: the file it named is read to its end the next time it comes. A
 lost entry costs time, never correctness. With ImageNet's 1.28 million files
@@ -28,6 +29,7 @@ second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 
 from __future__ import annotations
 
+import mmap
 import threading
 import zlib
 
@@ -55,9 +57,7 @@ class VerifiedJpegs:
         self.slots = slots
         self._buckets = slots // WAYS
         self._bits = self._buckets.bit_length() - 1
-        # np.zeros takes zeroed pages from the system: memory becomes resident
-        # as slots are written (in huge pages where the system gives them).
-        self._table = memoryview(np.zeros(slots, np.uint64)).cast("B").cast("Q")
+        self._table: memoryview | None = None  # mapped on the first add
         self._adding = threading.Lock()
 
     @staticmethod
@@ -75,17 +75,26 @@ class VerifiedJpegs:
     def seen(self, fp: int) -> bool:
         """Whether bytes of fingerprint ``fp`` were added (and not pushed out since)."""
         table = self._table
+        if table is None:
+            return False
         a, b = self._bases(fp)
         return fp in table[a:a + WAYS] or fp in table[b:b + WAYS]
 
     def add(self, fp: int) -> None:
         """Remember that bytes of fingerprint ``fp`` decoded to their end without an error."""
-        table = self._table
         a, b = self._bases(fp)
         # Adds (first sightings only) take turns, so that two threads never
         # fill the same empty slot; a lookup meanwhile reads whole slots (each
         # read and write of one holds the GIL), so it never sees a torn one.
         with self._adding:
+            table = self._table
+            if table is None:
+                # An anonymous mapping, not a heap allocation: its pages are
+                # the system's zero pages until written (one 4 KiB page per
+                # slot written at first), and it goes back to the system
+                # whole when the feeder is freed. (A heap calloc of this size
+                # may be zeroed, all resident, and kept by the allocator.)
+                table = self._table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
             if fp in table[a:a + WAYS] or fp in table[b:b + WAYS]:
                 return
             for base in (a, b):
@@ -105,4 +114,6 @@ class VerifiedJpegs:
 
     def __len__(self) -> int:
         """Slots in use (counted: for tests and reports, not the decode path)."""
+        if self._table is None:
+            return 0
         return int(np.count_nonzero(np.frombuffer(self._table, np.uint64)))
