@@ -291,3 +291,26 @@ def test_soak_with_injected_faults():
           f"({len(corrupt)} corrupt files per epoch, injected {injected}), RSS growth {growth:.1f} MB")
     assert growth < SOAK_MEMORY_BOUND_MB, f"RSS grew {growth:.1f} MB over {SOAK_EPOCHS} epochs"
     assert not feeder_threads() or wait_no_feeder_threads(2.0) == []
+
+
+def test_closed_feeders_leave_no_pass_or_decode_memory_behind():
+    """A pass holds its threads; the registry of stage threads must not hold the
+    pass through them (it kept every pass, its decode buffers and its table of
+    verified JPEGs, for the life of the process)."""
+    from feeder.engine.pipeline import Pass
+    from feeder.engine.steps import SampleWork
+
+    def alive() -> tuple[int, int]:
+        gc.collect()
+        objs = gc.get_objects()
+        return sum(isinstance(o, Pass) for o in objs), sum(isinstance(o, SampleWork) for o in objs)
+
+    blobs = distinct_jpegs(24, seed=1700)
+    src = MemorySource(blobs)
+    broken = MemorySource(blobs[:9] + [b"\xff\xd8\xff broken"] + blobs[10:])
+    assert wait_no_feeder_threads(3.0) == []
+    before = alive()
+    for i in range(8):
+        _one_cycle(src, broken, i)
+    assert wait_no_feeder_threads(3.0) == []
+    assert alive() == before

@@ -150,8 +150,10 @@ class Control(Protocol):
         """A thread of ``stage`` has left its loop (normally, on close, or failing)."""
 
 
-# Each stage thread's pass control, for of_ended_pass (a thread that is gone drops out).
-_controls: "weakref.WeakKeyDictionary[threading.Thread, Control]" = weakref.WeakKeyDictionary()
+# Each stage thread's pass control, for of_ended_pass (a thread that is gone drops
+# out). The value is a weak reference too: the pass holds its threads, so a strong
+# one would keep every pass (and its decode memory) alive through its own key.
+_controls: "weakref.WeakKeyDictionary[threading.Thread, weakref.ref[Control]]" = weakref.WeakKeyDictionary()
 
 
 def of_ended_pass(thread: threading.Thread) -> bool:
@@ -161,7 +163,8 @@ def of_ended_pass(thread: threading.Thread) -> bool:
 
     The isolated engine waits a moment for these before deciding whether it may
     fork (see ``feeder.isolation.start.quiet_threads``)."""
-    control = _controls.get(thread)
+    ref = _controls.get(thread)
+    control = None if ref is None else ref()
     return control is not None and (control.stopped() or getattr(control, "output_ended", False))
 
 
@@ -210,7 +213,7 @@ class Stage:
             self.control.thread_started(self.name, c)
             name = f"feeder-{self.name}" if self.num_threads == 1 else f"feeder-{self.name}-{i}"
             t = threading.Thread(target=self._main, args=(c,), name=name, daemon=True)
-            _controls[t] = self.control
+            _controls[t] = weakref.ref(self.control)
             self.threads.append(t)
             t.start()
 
