@@ -68,6 +68,19 @@ class _Recorder:
         return ext.decode(*args)
 
 
+def _recording(monkeypatch, chain: list, recorder: _Recorder | None = None,
+               **options) -> tuple[_Recorder, SampleWork]:
+    """A SampleWork of ``chain`` whose extension calls ``recorder`` records."""
+    rec = _Recorder() if recorder is None else recorder
+    monkeypatch.setattr(_decode, "_jpeg", rec)
+    return rec, SampleWork(Chain(chain, None), **options)
+
+
+def _decode_once(work: SampleWork, data) -> None:
+    img, _ = work.decode(data, 0)
+    work.discard(img)
+
+
 def test_fingerprint_is_nonzero_and_changes_with_any_byte_or_the_length():
     fp = VerifiedJpegs.fingerprint
     assert fp(b"") != 0 and fp(GOOD) != 0
@@ -145,9 +158,7 @@ def test_memory_is_bounded_and_forgets_rather_than_confuses():
 
 @needs_ext
 def test_same_bytes_are_read_to_their_end_once_and_give_the_same_pixels(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(_decode, "_jpeg", rec)
-    work = SampleWork(Chain([ops.RandomResizedCrop(32)], None))
+    rec, work = _recording(monkeypatch, [ops.RandomResizedCrop(32)])
     other = jpeg(make_image(200, 120, seed=6), "4:4:4")
     out = np.empty((32, 32, 3), np.uint8)
     firsts = []
@@ -166,28 +177,21 @@ def test_same_bytes_are_read_to_their_end_once_and_give_the_same_pixels(monkeypa
 @needs_ext
 def test_bytes_damaged_after_they_passed_are_read_to_their_end_again(monkeypatch):
     bad = _silently_damaged()
-    rec = _Recorder()
-    monkeypatch.setattr(_decode, "_jpeg", rec)
-    work = SampleWork(Chain([ops.CenterCrop(16)], None))
-    img, _ = work.decode(GOOD, 0)
-    work.discard(img)
+    rec, work = _recording(monkeypatch, [ops.CenterCrop(16)])
+    _decode_once(work, GOOD)
     for _ in range(2):  # a failed decode is not remembered
         with pytest.raises(DecodeError, match="corrupt JPEG"):
             work.decode(bad, 0)
-    img, _ = work.decode(GOOD, 0)
-    work.discard(img)
+    _decode_once(work, GOOD)
     assert rec.verify == [True, True, True, False]
 
 
 @needs_ext
 def test_jpeg_verify_false_keeps_no_memory(monkeypatch):
-    rec = _Recorder()
-    monkeypatch.setattr(_decode, "_jpeg", rec)
-    work = SampleWork(Chain([ops.CenterCrop(16)], None), jpeg_verify=False)
+    rec, work = _recording(monkeypatch, [ops.CenterCrop(16)], jpeg_verify=False)
     assert work.verified is None
     for _ in range(2):
-        img, _ = work.decode(GOOD, 0)
-        work.discard(img)
+        _decode_once(work, GOOD)
     assert rec.verify == [False, False]
 
 
@@ -204,10 +208,8 @@ def test_bytes_that_changed_while_decoded_are_not_remembered(monkeypatch):
             data[:] = GOOD  # what the decoder reads is not what was fingerprinted
             return super().decode(*args)
 
-    monkeypatch.setattr(_decode, "_jpeg", Swap())
-    work = SampleWork(Chain([ops.CenterCrop(16)], None))
-    img, _ = work.decode(data, 0)  # the good bytes decode
-    work.discard(img)
+    _, work = _recording(monkeypatch, [ops.CenterCrop(16)], Swap())
+    _decode_once(work, data)  # the good bytes decode
     assert not work.verified.seen(VerifiedJpegs.fingerprint(bad))
     monkeypatch.setattr(_decode, "_jpeg", ext)
     with pytest.raises(DecodeError):
@@ -217,13 +219,10 @@ def test_bytes_that_changed_while_decoded_are_not_remembered(monkeypatch):
 @needs_ext
 def test_progressive_files_are_not_remembered(monkeypatch):
     """Their scans are all read before any row, so their end is reached anyway."""
-    rec = _Recorder()
-    monkeypatch.setattr(_decode, "_jpeg", rec)
-    work = SampleWork(Chain([ops.CenterCrop(16)], None))
+    rec, work = _recording(monkeypatch, [ops.CenterCrop(16)])
     data = jpeg(make_image(256, 64, seed=5), "progressive")
     for _ in range(2):
-        img, _ = work.decode(data, 0)
-        work.discard(img)
+        _decode_once(work, data)
     assert rec.verify == [True, True] and len(work.verified) == 0
 
 

@@ -97,7 +97,8 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
 
     The images are spread evenly over the dataset (every class), read and
     worked on once untimed first, so that the figure is of a warm page cache,
-    as in the loaders' runs, and of an epoch after the first. OpenCV is held to one thread meanwhile (the feeder does the same).
+    as in the loaders' runs, and of an epoch after the first. OpenCV is held
+    to one thread meanwhile (the feeder does the same).
 
     Args:
         root: ImageFolder root.

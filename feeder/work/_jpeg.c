@@ -189,6 +189,15 @@ typedef struct {
     char note[JMSG_LENGTH_MAX + 128];
 } Job;
 
+/* One of run_decode's own checks failed: say why and leave through `done`
+ * (jpeg_destroy_decompress there releases the decompressor in any state). */
+#define FAIL(...)                                                   \
+    do {                                                            \
+        job->status = 2;                                            \
+        snprintf(job->note, sizeof job->note, __VA_ARGS__);         \
+        goto done;                                                  \
+    } while (0)
+
 /* The decode proper: no Python API, run with the GIL released. */
 static void run_decode(Job *job)
 {
@@ -208,19 +217,12 @@ static void run_decode(Job *job)
     }
     open_jpeg(&cinfo, &err, job->data, job->size);
     if ((unsigned long long)cinfo.image_width * cinfo.image_height > job->max_pixels
-        || cinfo.image_width == 0 || cinfo.image_height == 0) {
-        job->status = 2;
-        snprintf(job->note, sizeof job->note, "image of %ux%u pixels exceeds max_pixels=%llu",
-                 cinfo.image_width, cinfo.image_height, job->max_pixels);
-        goto done;
-    }
+        || cinfo.image_width == 0 || cinfo.image_height == 0)
+        FAIL("image of %ux%u pixels exceeds max_pixels=%llu", cinfo.image_width,
+             cinfo.image_height, job->max_pixels);
     if (!(cinfo.jpeg_color_space == JCS_GRAYSCALE || cinfo.jpeg_color_space == JCS_YCbCr
-          || cinfo.jpeg_color_space == JCS_RGB)) {
-        job->status = 2;
-        snprintf(job->note, sizeof job->note, "colour space %s is not decoded here",
-                 colorspace_name(cinfo.jpeg_color_space));
-        goto done;
-    }
+          || cinfo.jpeg_color_space == JCS_RGB))
+        FAIL("colour space %s is not decoded here", colorspace_name(cinfo.jpeg_color_space));
     /* libjpeg-turbo converts gray to RGB by replicating the channel. */
     cinfo.out_color_space = JCS_RGB;
     cinfo.scale_num = 1;
@@ -239,15 +241,10 @@ static void run_decode(Job *job)
     jpeg_start_decompress(&cinfo);
     if (job->top + (unsigned long long)job->height > cinfo.output_height
         || job->left + (unsigned long long)job->width > cinfo.output_width
-        || job->height == 0 || job->width == 0) {
-        job->status = 2;
-        snprintf(job->note, sizeof job->note,
-                 "region %u+%u x %u+%u is outside the %ux%u image at scale 1/%u",
-                 job->left, job->width, job->top, job->height,
-                 cinfo.output_width, cinfo.output_height, job->denom);
-        jpeg_abort_decompress(&cinfo);
-        goto done;
-    }
+        || job->height == 0 || job->width == 0)
+        FAIL("region %u+%u x %u+%u is outside the %ux%u image at scale 1/%u", job->left,
+             job->width, job->top, job->height, cinfo.output_width, cinfo.output_height,
+             job->denom);
     {
         JDIMENSION x0 = job->left > PAD ? job->left - PAD : 0;
         JDIMENSION x1 = job->left + job->width + PAD;
@@ -258,22 +255,13 @@ static void run_decode(Job *job)
         unsigned offset = job->left - xoff;
         unsigned stride = job->compact ? job->width : cinfo.output_width;
         size_t need = (size_t)job->height * stride * 3;
-        if (need > job->out_size) {
-            job->status = 2;
-            snprintf(job->note, sizeof job->note,
-                     "output buffer of %zu bytes is smaller than the %zu the region needs",
-                     job->out_size, need);
-            jpeg_abort_decompress(&cinfo);
-            goto done;
-        }
+        if (need > job->out_size)
+            FAIL("output buffer of %zu bytes is smaller than the %zu the region needs",
+                 job->out_size, need);
         if (job->compact) {
             scratch = malloc((size_t)cinfo.output_width * 3);
-            if (scratch == NULL) {
-                job->status = 2;
-                snprintf(job->note, sizeof job->note, "out of memory");
-                jpeg_abort_decompress(&cinfo);
-                goto done;
-            }
+            if (scratch == NULL)
+                FAIL("out of memory");
         }
         /* Rows above the region: no IDCT or colour conversion for whole iMCU
          * rows (the entropy decoding cannot be skipped: Huffman codes have no
@@ -287,11 +275,7 @@ static void run_decode(Job *job)
             if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
                 /* A memory source never suspends, and the end of its data is a
                  * warning (an error here): no row is not expected, but is no loop. */
-                job->status = 2;
-                snprintf(job->note, sizeof job->note, "corrupt JPEG: no data for row %u",
-                         job->top + r);
-                jpeg_abort_decompress(&cinfo);
-                goto done;
+                FAIL("corrupt JPEG: no data for row %u", job->top + r);
             }
             if (job->compact)
                 memcpy(dst, scratch + (size_t)offset * 3, (size_t)job->width * 3);
@@ -310,22 +294,12 @@ static void run_decode(Job *job)
             JDIMENSION rest = cinfo.output_height - cinfo.output_scanline;
             if (rest > 1)
                 jpeg_skip_scanlines(&cinfo, rest - 1);
+            tail = malloc((size_t)cinfo.output_width * 3);
             if (tail == NULL)
-                tail = malloc((size_t)cinfo.output_width * 3);
-            if (tail == NULL) {
-                job->status = 2;
-                snprintf(job->note, sizeof job->note, "out of memory");
-                jpeg_abort_decompress(&cinfo);
-                goto done;
-            }
+                FAIL("out of memory");
             row = tail;
-            if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
-                job->status = 2;
-                snprintf(job->note, sizeof job->note, "corrupt JPEG: no data for row %u",
-                         cinfo.output_height - 1);
-                jpeg_abort_decompress(&cinfo);
-                goto done;
-            }
+            if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
+                FAIL("corrupt JPEG: no data for row %u", cinfo.output_height - 1);
         }
         if (cinfo.output_scanline == cinfo.output_height)
             /* Read on to the end of the data as a full decode does, so damage
@@ -333,16 +307,16 @@ static void run_decode(Job *job)
              * bytes before the next marker, a warning: an error here) fails
              * this sample too. */
             jpeg_finish_decompress(&cinfo);
-        else
-            /* verify=False: stop here, the rows below the region are never
-             * read (damage the entropy decoder has not met goes unseen). */
-            jpeg_abort_decompress(&cinfo);
+        /* else verify=False: stop here, the rows below the region are never
+         * read (damage the entropy decoder has not met goes unseen);
+         * jpeg_destroy_decompress below releases the decompressor. */
     }
 done:
     jpeg_destroy_decompress(&cinfo);
     free(scratch);
     free(tail);
 }
+#undef FAIL
 
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
 {
