@@ -5,8 +5,6 @@ end again, so damage that appears after a file first passed still fails it."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import simplejpeg
@@ -90,11 +88,16 @@ def test_fingerprint_is_nonzero_and_changes_with_any_byte_or_the_length():
     assert fp(GOOD + b"\x00") != fp(GOOD) and fp(GOOD[:-1]) != fp(GOOD)
 
 
+def _crc(data: bytes) -> int:
+    """The CRC in the fingerprint."""
+    return VerifiedJpegs.fingerprint(data) & 0xFFFFFFFF
+
+
 def _forge_suffix(data: bytes, target: int) -> bytes:
-    """4 bytes whose appending to ``data`` gives CRC-32 ``target`` (CRC-32 is
+    """4 bytes whose appending to ``data`` gives the CRC ``target`` (a CRC is
     affine over GF(2): solve for the 32 bits)."""
-    base = zlib.crc32(data + bytes(4))
-    columns = [zlib.crc32(data + (1 << k).to_bytes(4, "little")) ^ base for k in range(32)]
+    base = _crc(data + bytes(4))
+    columns = [_crc(data + (1 << k).to_bytes(4, "little")) ^ base for k in range(32)]
     rows, want = list(columns), base ^ target
     # Gaussian elimination on 32 columns of 32 bits, tracking which input bits make each.
     combo = [1 << k for k in range(32)]
@@ -112,8 +115,39 @@ def _forge_suffix(data: bytes, target: int) -> bytes:
         if want >> bit & 1:
             solution ^= combo[bit]
     suffix = solution.to_bytes(4, "little")
-    assert zlib.crc32(data + suffix) == target
+    assert _crc(data + suffix) == target
     return suffix
+
+
+def _crc32c_reference(data: bytes) -> int:
+    """CRC-32C from its definition (reflected polynomial 0x82F63B78), a byte at a time."""
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+        table.append(crc)
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = (crc >> 8) ^ table[(crc ^ byte) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+@needs_ext
+@pytest.mark.skipif(ext is None or not ext.CRC32C_HARDWARE, reason="no CRC-32C instruction")
+def test_crc32c_is_the_castagnoli_crc_of_every_byte():
+    assert ext.crc32c(b"123456789") == 0xE3069283  # the standard check value
+    assert ext.crc32c(b"") == 0 and ext.crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720's zeros
+    rng = np.random.default_rng(7)
+    # Short strings at every alignment, and lengths around the three-stream
+    # split (1536 bytes and up), whose joined registers must be one stream's;
+    # the last is past the size where the GIL is given up.
+    for n in [*range(0, 40), 1535, 1536, 1537, 1543, 1544, 1545, 3 * 1024 + 7, 10_007, (256 << 10) + 5]:
+        data = rng.integers(0, 256, n + 3, dtype=np.uint8).tobytes()
+        for start in (0, 1, 3):
+            view = memoryview(data)[start:start + n]
+            assert ext.crc32c(view) == _crc32c_reference(bytes(view)), (n, start)
+    assert VerifiedJpegs.fingerprint(GOOD) == (len(GOOD) << 32) | ext.crc32c(GOOD)
 
 
 def test_fingerprint_holds_the_length_and_every_byte_of_a_large_file():
@@ -121,8 +155,8 @@ def test_fingerprint_holds_the_length_and_every_byte_of_a_large_file():
     assert len(big) > 3 * 65536
     tail = big[:-10] + bytes([big[-10] ^ 1]) + big[-9:]  # one bit, past the first 192 KiB
     assert VerifiedJpegs.fingerprint(tail) != VerifiedJpegs.fingerprint(big)
-    longer = big + _forge_suffix(big, zlib.crc32(big))  # the same CRC-32, 4 bytes longer
-    assert zlib.crc32(longer) == zlib.crc32(big)
+    longer = big + _forge_suffix(big, _crc(big))  # the same CRC, 4 bytes longer
+    assert _crc(longer) == _crc(big)
     assert VerifiedJpegs.fingerprint(longer) != VerifiedJpegs.fingerprint(big)
 
 

@@ -20,7 +20,7 @@ Two parts, both in one run:
   thread's CPU time per image (its wall time would also count other processes'
   turns on its core), and every ratio is printed in CPU per image too.
 * **Stages**, in this process, one thread, per image: the region path's header
-  + plan, the file's CRC-32, the C decode and the rest (crop, resize into the
+  + plan, the file's CRC-32C, the C decode and the rest (crop, resize into the
   output, flip, Python), in the first epoch (``jpeg_verify`` reads each file
   to its end) and after it (the same bytes stop after the crop: see
   :mod:`feeder.work.verified`), next to a full decode + crop + resize; the
@@ -211,7 +211,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         epoch after the first (every file already read to its end once, see
         :mod:`feeder.work.verified`); ``region_first``: the same in the first
         epoch; ``header_plan``: reading the header and drawing the box;
-        ``crc``: the fingerprint of each file (its CRC-32); ``region_c``: the
+        ``crc``: the fingerprint of each file (its CRC-32C); ``region_c``: the
         extension's decode (after the first epoch: down to the crop's last
         row); ``region_c_first``: the same, reading each file to its end;
         ``rest``: crop, resize into the output, flip and Python;
@@ -317,7 +317,7 @@ def _stage_lines(name: str, c: dict[str, float], cores: int) -> list[str]:
         f"{name}: one thread, ms of CPU per image (best of 3 passes)",
         f"  full decode + crop + resize  {c['full']:6.2f}   (decode {c['full_decode']:.2f})",
         f"  region path, after epoch 1   {c['region']:6.2f}   = header+plan {c['header_plan']:.3f}"
-        f" + CRC-32 {c['crc']:.3f} + C region decode {c['region_c']:.2f}"
+        f" + CRC-32C {c['crc']:.3f} + C region decode {c['region_c']:.2f}"
         f" + crop/resize/flip/Python {c['rest']:.2f}",
         f"  region path, first epoch     {c['region_first']:6.2f}   (C region decode reading each file"
         f" to its end {c['region_c_first']:.2f})",

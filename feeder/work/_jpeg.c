@@ -9,10 +9,12 @@
  * only its rows and columns skips the IDCT, upsampling and colour conversion
  * of the rest, and stops reading the file after the crop's last row.
  *
- * Two functions:
+ * Three functions:
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
  *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify)
  *       -> (stride, col_offset)
+ *   crc32c(data) -> int: the fingerprint of feeder.work.verified, where the
+ *       CPU has the instruction (CRC32C_HARDWARE)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
  * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
  * slower than a full decode). Row r of the region is written at out + r *
@@ -31,9 +33,15 @@
 
 #include <limits.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define CRC_X86 1
+#endif
 
 #include <jpeglib.h>
 #include <jerror.h>
@@ -57,6 +65,130 @@
 #define MAX_SCANS 500
 
 static PyObject *DecodeError; /* feeder.errors.DecodeError */
+
+/* ---- CRC-32C: the fingerprint of feeder.work.verified ------------------------
+ *
+ * The memory of files already read to their end keys each file by its length
+ * and a CRC of all its bytes, computed for every JPEG in every epoch. CRC-32C
+ * (Castagnoli) has an instruction of its own on x86 (SSE4.2): three
+ * independent streams over thirds of the data keep the instruction's pipeline
+ * full (its latency is three cycles, its throughput one), and the three
+ * registers are joined exactly with the shift below, so the result is the
+ * CRC-32C of the whole string, about four times as fast as zlib's CRC-32.
+ * Without the instruction, feeder.work.verified uses zlib's CRC-32 instead.
+ * Like any CRC of 32 bits, it misses no burst of damage of up to 32 bits, and
+ * random damage once in 2^32. */
+#define CRC32C_POLY 0x82F63B78u /* x^32 + x^28 + ... + 1, bit-reflected */
+static uint32_t crc_x2n[72];    /* x^(2^k) mod P, for shifts of up to 2^64 bytes */
+static int crc_hardware;        /* the CPU has the instruction */
+
+/* a * b mod P, in the reflected representation (bit 31 is x^0). */
+static uint32_t crc_mulmod(uint32_t a, uint32_t b)
+{
+    uint32_t m = 1u << 31, p = 0;
+    while (a & (m | (m - 1))) { /* stops once no bit of a at or below m is left */
+        if (a & m) {
+            p ^= b;
+            a ^= m;
+        }
+        m >>= 1;
+        b = b & 1 ? (b >> 1) ^ CRC32C_POLY : b >> 1;
+    }
+    return p;
+}
+
+/* x^(8n) mod P: multiplying a CRC register by it appends n zero bytes. */
+static uint32_t crc_zeros(uint64_t n)
+{
+    uint32_t p = 1u << 31; /* x^0 */
+    for (int k = 3; n; n >>= 1, k++)
+        if (n & 1)
+            p = crc_mulmod(crc_x2n[k], p);
+    return p;
+}
+
+static void crc_init(void)
+{
+    crc_x2n[0] = 1u << 30; /* x^1 */
+    for (int k = 1; k < 72; k++)
+        crc_x2n[k] = crc_mulmod(crc_x2n[k - 1], crc_x2n[k - 1]);
+#ifdef CRC_X86
+    __builtin_cpu_init();
+    crc_hardware = __builtin_cpu_supports("sse4.2") != 0;
+#endif
+}
+
+#ifdef CRC_X86
+#if defined(__x86_64__)
+#define CRC_WORD 8
+typedef uint64_t crc_word;
+#define CRC_STEP(c, w) ((crc_word)_mm_crc32_u64((c), (w)))
+#else
+#define CRC_WORD 4
+typedef uint32_t crc_word;
+#define CRC_STEP(c, w) _mm_crc32_u32((c), (w))
+#endif
+/* The register after the `n` bytes at `p`, from register `crc` (no pre or
+ * post inversion). */
+__attribute__((target("sse4.2")))
+static uint32_t crc_hard(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc_word c0 = crc;
+    if (n >= 3 * 512) {
+        /* Three streams over thirds of the data, joined by shifting: the
+         * register after A then B is shift(reg_A, |B|) ^ reg_B(from 0). */
+        size_t k = n / 3 / CRC_WORD * CRC_WORD;
+        const unsigned char *p1 = p + k, *p2 = p + 2 * k;
+        crc_word c1 = 0, c2 = 0, w0, w1, w2;
+        for (size_t i = 0; i < k; i += CRC_WORD) {
+            memcpy(&w0, p + i, CRC_WORD);
+            memcpy(&w1, p1 + i, CRC_WORD);
+            memcpy(&w2, p2 + i, CRC_WORD);
+            c0 = CRC_STEP(c0, w0);
+            c1 = CRC_STEP(c1, w1);
+            c2 = CRC_STEP(c2, w2);
+        }
+        uint32_t shift = crc_zeros(k);
+        c0 = crc_mulmod(shift, crc_mulmod(shift, (uint32_t)c0) ^ (uint32_t)c1) ^ (uint32_t)c2;
+        p += 3 * k;
+        n -= 3 * k;
+    }
+    for (crc_word w; n >= CRC_WORD; p += CRC_WORD, n -= CRC_WORD) {
+        memcpy(&w, p, CRC_WORD);
+        c0 = CRC_STEP(c0, w);
+    }
+    for (; n; p++, n--)
+        c0 = _mm_crc32_u8((uint32_t)c0, *p);
+    return (uint32_t)c0;
+}
+#endif
+
+/* Above this, the GIL is given up for the CRC (about 20 us at the
+ * instruction's speed): below, waiting to get it back could cost more. */
+#define CRC_RELEASE_GIL (256 * 1024)
+
+static PyObject *jpeg_crc32c(PyObject *self, PyObject *arg)
+{
+#ifdef CRC_X86
+    if (crc_hardware) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        uint32_t crc;
+        if (view.len > CRC_RELEASE_GIL) {
+            Py_BEGIN_ALLOW_THREADS
+            crc = crc_hard(0xFFFFFFFFu, view.buf, (size_t)view.len);
+            Py_END_ALLOW_THREADS
+        } else {
+            crc = crc_hard(0xFFFFFFFFu, view.buf, (size_t)view.len);
+        }
+        PyBuffer_Release(&view);
+        return PyLong_FromUnsignedLong(~crc);
+    }
+#endif
+    (void)arg;
+    return PyErr_Format(PyExc_RuntimeError, "this CPU has no CRC-32C instruction (CRC32C_HARDWARE is 0)");
+}
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -417,6 +549,10 @@ static PyMethodDef methods[] = {
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
+    {"crc32c", jpeg_crc32c, METH_O,
+     "crc32c(data) -> int\n\n"
+     "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction. Raises\n"
+     "RuntimeError where the CPU has none (CRC32C_HARDWARE is 0)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -446,5 +582,7 @@ PyMODINIT_FUNC PyInit__jpeg(void)
 #endif
     PyModule_AddIntConstant(m, "PAD", PAD);
     PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS);
+    crc_init();
+    PyModule_AddIntConstant(m, "CRC32C_HARDWARE", crc_hardware);
     return m;
 }

@@ -18,9 +18,7 @@ EXIF orientation is ignored unless asked for, the same way for every format
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import re
 import struct
 import zlib
@@ -34,6 +32,8 @@ import simplejpeg
 from .region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
 from .sample import DEFAULT_MAX_PIXELS
 from .verified import VerifiedJpegs
+from . import extension
+from .extension import HOW_TO_BUILD, NO_EXTENSION_ENV
 from ..errors import DecodeError
 
 log = logging.getLogger(__name__)
@@ -41,29 +41,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DEFAULT_MAX_PIXELS", "DecodeBuffers", "SUPPORTED_FORMATS", "buffer_of", "decode_image",
            "decode_mask", "decode_planned", "decode_scale", "jpeg_decoder", "note_jpeg_decoder"]
 
-#: Setting this environment variable to 1 (before feeder is imported) makes
-#: feeder decode JPEGs with simplejpeg even when its extension is built.
-NO_EXTENSION_ENV = "FEEDER_NO_JPEG_EXT"
-
-_HOW_TO_BUILD = ("install libjpeg-turbo's headers and a C compiler (apt-get install gcc libjpeg-dev, "
-                 "or libjpeg62-turbo-dev / libjpeg-turbo8-dev; dnf install gcc libjpeg-turbo-devel; "
-                 "conda install libjpeg-turbo) and reinstall feeder (pip install -e .)")
-
-
-def _load_extension() -> tuple[Any, str | None]:
-    """The region decoder, or None and why it is not used."""
-    if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
-        return None, f"{NO_EXTENSION_ENV}={os.environ[NO_EXTENSION_ENV]} is set"
-    if importlib.util.find_spec(f"{__package__}._jpeg") is None:
-        return None, "the extension feeder.work._jpeg is not built"
-    try:
-        from . import _jpeg
-    except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
-        return None, f"the extension feeder.work._jpeg could not be loaded ({exc})"
-    return _jpeg, None
-
-
-_jpeg, _jpeg_missing = _load_extension()
+_jpeg, _jpeg_missing = extension.jpeg, extension.missing
 _noted = False
 
 
@@ -94,7 +72,7 @@ def note_jpeg_decoder() -> None:
         log.info("JPEG decoding: simplejpeg (whole image before every crop): %s", _jpeg_missing)
     else:
         log.warning("JPEG decoding: simplejpeg, which decodes the whole image before every crop: %s. "
-                    "For the faster region decoder, %s.", _jpeg_missing, _HOW_TO_BUILD)
+                    "For the faster region decoder, %s.", _jpeg_missing, HOW_TO_BUILD)
 
 # Formats decoded, each with its size read from the header before any pixel
 # memory is allocated. OpenCV can decode more (Radiance HDR, PFM, PAM, Sun
