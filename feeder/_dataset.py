@@ -21,6 +21,7 @@ import torch
 
 from .work.rng import epoch_key, index_key
 from .work.sample import IMAGE, MASK, Task
+from .engine.batch import SIZE
 from .engine.steps import SampleWork, read_sample
 from .errors import SampleError
 from .sources import describe
@@ -36,7 +37,9 @@ class FeederDataset:
     pass), and returns it as torchvision datasets do: ``(image, label)`` for
     a pair, ``(image, target)`` for a sample of named fields, ``target`` the
     dict of its other fields (arrays as tensors, scalars as Python numbers).
-    ``image`` is a uint8 ``[3, H, W]`` tensor.
+    ``image`` is a uint8 ``[3, H, W]`` tensor, at the sample's own size
+    when sizes vary (``max_image_size``: a batch pads it, a sample alone
+    is not padded; ``target["size"]`` holds that size too).
 
     Attributes:
         source: The feeder's source (``feeder.source``).
@@ -78,11 +81,13 @@ class FeederDataset:
             stage = "augment"
             out = np.empty((*work.image_size, 3), np.uint8)
             if fields is None:
-                work.transform(image, key, ctx, out)
-                return _chw(out), task.label
+                size = work.transform(image, key, ctx, out)
+                return _chw(_own_size(out, size, work.variable)), task.label
             record = work.transform_sample(image, key, ctx, out, fields)
         except Exception as exc:
             raise SampleError(stage, i, describe(self.source, i), exc) from exc
+        if work.variable:
+            out = _own_size(out, next(value for name, _, value in record if name == SIZE), True)
         target = {name: _tensor(value) for name, _kind, value in record if name != IMAGE}
         if set(target) == {"label"}:
             return _chw(out), target["label"]
@@ -95,6 +100,17 @@ class FeederDataset:
 def _epoch(feeder: Any) -> int:
     """The epoch of the feeder's latest pass, else of its next one."""
     return feeder._cursor.latest_epoch()
+
+
+def _own_size(out: np.ndarray, size: Any, variable: bool) -> np.ndarray:
+    """The image at its own size: with variable sizes (``max_image_size``) the
+    transforms wrote it into the top-left corner of a buffer of the largest
+    size, and a batch pads it; a sample alone has no padding (evaluation
+    helpers take each image's height and width from its shape)."""
+    if not variable:
+        return out
+    h, w = (int(v) for v in size)
+    return np.ascontiguousarray(out[:h, :w])
 
 
 def _chw(hwc: np.ndarray) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -275,6 +276,37 @@ def test_images_and_targets_gives_torchvisions_detection_form(jpeg_blobs):
             assert set(target) == {"boxes", "labels", "image_id"}
             assert target["boxes"].shape == (k % 3 + 1, 4) and target["labels"].tolist() == [k] * (k % 3 + 1)
             assert int(target["image_id"]) == 100 + k
+        for _ in f:
+            pass
+
+
+@pytest.mark.parametrize("fields", [False, True])
+def test_dataset_gives_each_image_at_its_own_size_when_sizes_vary(fields):
+    """With max_image_size, dataset[i] is the image unpadded (evaluation helpers such
+    as torchvision's COCO conversion take each image's size from its shape), equal to
+    the batch's slot cut to its size, with the mask cut the same way."""
+    sizes = [(40, 70), (90, 30), (64, 64)]
+    rng = np.random.default_rng(0)
+    pngs = [cv2.imencode(".png", rng.integers(0, 256, (*hw, 3), dtype=np.uint8))[1].tobytes()
+            for hw in sizes]
+
+    def sample(i):
+        if not fields:
+            return pngs[i], i
+        h, w = sizes[i]
+        return {"image": pngs[i], "mask": np.full((h, w), i + 1, np.uint8), "image_id": i}
+
+    with Feeder(DictSource(3, sample), 3, [], max_image_size=(128, 128), size_divisibility=32,
+                ordered=True, decode_threads=2) as f:
+        batch = next(iter(f))
+        images = batch["image"]
+        for i, (h, w) in enumerate(sizes):
+            image, target = f.dataset[i]
+            assert image.shape == (3, h, w)
+            assert torch.equal(image, images[i, :, :h, :w])
+            if fields:
+                assert target["size"].tolist() == [h, w]
+                assert target["mask"].shape == (h, w) and int(target["mask"].min()) == i + 1
         for _ in f:
             pass
 
