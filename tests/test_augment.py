@@ -135,6 +135,35 @@ def test_a_sample_transform_sees_and_returns_the_fields():
     assert np.array_equal(out, IMG[:, :40])
 
 
+def test_a_resize_after_an_undeclared_size_change_sizes_what_it_returned():
+    """A callable or sample transform that changes the size without declaring it
+    (cutting a 60x80 image to its left 60x40): a Resize(shorter side) after it
+    sizes the image it returned, not the decoded one the context describes."""
+    def left_half(img, rng):
+        return np.ascontiguousarray(img[:, :40])
+
+    @ops.SampleTransform
+    def left_half_sample(sample, rng):
+        boxes = sample["boxes"].copy()
+        boxes[:, 2] = np.minimum(boxes[:, 2], 40)
+        return {**sample, "image": np.ascontiguousarray(sample["image"][:, :40]), "boxes": boxes}
+
+    want = one_by_one([ops.Resize(30)], np.ascontiguousarray(IMG[:, :40]))
+    assert want.shape[:2] == (45, 30)
+    chain = Chain([left_half, ops.Resize(30)], None, max_image_size=(80, 80))
+    out, size = run(chain, IMG)
+    assert size == (45, 30)
+    assert np.array_equal(out[:45, :30], want)
+    chain = Chain([left_half_sample, ops.Resize(30)], None, max_image_size=(80, 80))
+    out = np.zeros((*chain.image_size, 3), np.uint8)
+    fields = {"boxes": np.array([[4, 6, 20, 30]], np.float32)}
+    got, size = chain.run_fields_sized(IMG, 1, SampleContext((60, 80)), out, fields,
+                                       Geometry(1.0, 0.0, 1.0, 0.0, 60, 80))
+    assert size == (45, 30)
+    assert np.array_equal(out[:45, :30], want)
+    np.testing.assert_allclose(got["boxes"], [[3, 4.5, 15, 22.5]])
+
+
 def test_a_sample_transform_that_changes_the_fields_is_a_config_error():
     @ops.SampleTransform
     def rename(sample, rng):

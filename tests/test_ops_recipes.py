@@ -726,9 +726,9 @@ def test_iou_crop_without_boxes_is_an_error_naming_the_need():
 def test_scale_jitter_and_random_shortest_size_match_torchvision_sizes():
     img = photo(60, 90)
     for k in range(20):
-        t = ops.ScaleJitter((100, 120), scale_range=(0.5, 1.5))
+        t = ops.ScaleJitter((100, 120), scale_range=(0.5, 1.5))  # (width, height), as torchvision
         s = 0.5 + SampleRNG(k).random() * 1.0
-        r = min(100 / 60, 120 / 90) * s
+        r = min(120 / 60, 100 / 90) * s
         assert t.apply(img, SampleRNG(k)).shape[:2] == (int(60 * r), int(90 * r))
         u = ops.RandomShortestSize([40, 50, 80], max_size=100)
         size = [40, 50, 80][SampleRNG(k).integers(0, 3)]
@@ -745,7 +745,7 @@ def test_scale_jitter_and_random_shortest_size_match_torchvision_sizes():
     (lambda: ops.RandomZoomOut(side_range=(0.5, 2.0)), "side_range must be \\(min, max\\) with 1.0"),
     (lambda: ops.RandomIoUCrop(min_scale=0.0), "need 0 < min_scale"),
     (lambda: ops.RandomIoUCrop(trials=0), "trials must be a positive int"),
-    (lambda: ops.ScaleJitter((100,)), "target_size must be \\(height, width\\)"),
+    (lambda: ops.ScaleJitter((100,)), "target_size must be \\(width, height\\)"),
     (lambda: ops.RandomShortestSize([480, 0]), "min_size must be a positive int"),
 ])
 def test_detection_ops_refuse_bad_parameters(make, match):

@@ -289,10 +289,13 @@ class _RandomScale(Transform):
 
 class ScaleJitter(_RandomScale):
     """torchvision's ``ScaleJitter`` (large scale jitter, Ghiasi et al.): resize by
-    ``min(target_h / h, target_w / w) * s``, ``s`` drawn from ``scale_range``.
+    ``min(target_w / w, target_h / h) * s``, ``s`` drawn from ``scale_range``.
 
     Args:
-        target_size: (height, width) the scale is relative to.
+        target_size: (width, height) the scale is relative to, in torchvision's
+            order (its ``ScaleJitter`` reads ``target_size[0]`` against the
+            width), so a recipe's value carries over unchanged; the recipes'
+            square ``(1024, 1024)`` reads the same either way.
         scale_range: Range of ``s``.
         interpolation: As in :class:`~feeder.ops.RandomResizedCrop`.
         antialias: Use area averaging when bilinear would shrink by more than 2x.
@@ -306,7 +309,7 @@ class ScaleJitter(_RandomScale):
         super().__init__(interpolation, antialias)
         if (len(target_size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
                                          for v in target_size)):
-            raise ValueError(f"ScaleJitter: target_size must be (height, width), two positive ints, "
+            raise ValueError(f"ScaleJitter: target_size must be (width, height), two positive ints, "
                              f"got {target_size!r}")
         self.target_size = (int(target_size[0]), int(target_size[1]))
         self.scale_range = _pair(scale_range, "scale_range", "ScaleJitter")
@@ -315,7 +318,7 @@ class ScaleJitter(_RandomScale):
 
     def size(self, height, width, rng):
         s = self.scale_range[0] + rng.random() * (self.scale_range[1] - self.scale_range[0])
-        r = min(self.target_size[0] / height, self.target_size[1] / width) * s
+        r = min(self.target_size[1] / height, self.target_size[0] / width) * s
         return max(1, int(height * r)), max(1, int(width * r))
 
     def __repr__(self) -> str:

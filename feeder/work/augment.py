@@ -273,8 +273,11 @@ class Chain:
                     self._boxer = boxes and k == 0
                 break
         # The context (full-size dims) is only true for transforms that see the
-        # decoded image unchanged in size.
-        self._ctx_upto = next((i for i, t in steps if not t.preserves_size), len(ts))
+        # decoded image unchanged in size: up to the first size-changing step, or
+        # the first callable or sample transform (which may change the size
+        # without saying so: a Resize after one sizes what it returned).
+        self._ctx_upto = next((i for i, t in steps if not t.preserves_size
+                               or isinstance(t, (_Callable, _SampleStep))), len(ts))
         self._steps = steps
         # What run() does per step, decided here once rather than per sample:
         # (position, transform, gets the context, check its planned size, check
