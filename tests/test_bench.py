@@ -712,26 +712,29 @@ def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
 
 
 def test_region_decode(tiny, tmp_path):
-    """The region-decode subcommand: the rows asked for, their ratios, the load
-    columns and the per-stage table (the stage figures add up)."""
+    """The region-decode subcommand: the rows asked for, their ratios (whole runs and
+    after the first epoch), the load columns and the per-stage table (the stage
+    figures add up)."""
     from feeder.work import decode as _decode
 
     if _decode._jpeg is None:
         pytest.skip(f"region decoder not in use: {_decode._jpeg_missing}")
     out = str(tmp_path / "out")
     proc = bench("region-decode", tiny["data"], "--large", tiny["data"], "--out", out, "--rounds", "1",
-                 "--epochs", "1", "--batch-size", "4", "--ceiling-images", "6", "--stage-images", "6",
+                 "--epochs", "2", "--batch-size", "4", "--ceiling-images", "6", "--stage-images", "6",
                  "--only", "feeder region,ceiling full decode,parallel ceiling region work",
                  cwd=tiny["base"])
     rows = read_csv(os.path.join(out, "region_decode.csv"))
     assert [r["row"] for r in rows] == ["feeder region", "ceiling full decode", "parallel ceiling region work"]
     assert all(float(r["images_per_s"]) > 0 and float(r["other_cores"]) >= 0 for r in rows)
+    assert float(rows[0]["images_per_s_after_epoch_1"]) > 0  # the loader's epochs after its first
     doc = json.load(open(os.path.join(out, "region_decode.json")))
     for label in ("feeder region / ceiling full decode (1-thread x cores)",
                   "feeder region / parallel ceiling region work",
                   "parallel ceiling region work / ceiling full decode"):
         ratio = doc["meta"]["ratios"][label]
         assert ratio["median"] > 0 and len(ratio["rounds"]) == 1
+        assert ratio["after_epoch_1"] > 0 and len(ratio["rounds_after_epoch_1"]) == 1
     # The parallel row ran one process per core, each timing its own share of the images.
     parallel = doc["meta"]["rounds"][0]["parallel ceiling region work"]
     assert parallel["cores_used"] > 0 and parallel["cpu_ms"] > 0

@@ -180,6 +180,11 @@ def _timed_row(spec: dict[str, Any], cores: int) -> dict[str, Any] | None:
     row = {"img_s": cores * 1e3 / res.extra["per_image_ms"] if ceiling else res.images_per_s,
            "cpu_ms": 1e3 * res.cpu_per_image_s if res.cpu_per_image_s else None,
            "cores_used": res.cpu_s / res.wall_s if res.wall_s > 0 else None}
+    ends, counts = res.extra.get("epoch_end_s") or [], res.extra.get("epoch_images") or []
+    if len(ends) > 1 and ends[-1] > ends[0]:
+        # The epochs after the first: what a long run gets once its first epoch
+        # (start-up, and each file read to its end) is behind it.
+        row["img_s_later"] = (counts[-1] - counts[0]) / (ends[-1] - ends[0])
     if busy0 is not None and busy1 is not None and elapsed > 0:
         # The machine's busy time less the child's whole CPU (start-up included:
         # run_child reaps it, so it is in RUSAGE_CHILDREN), over the same window.
@@ -354,6 +359,10 @@ def render(doc: dict[str, Any]) -> tuple[str, list[dict[str, Any]], dict[str, An
         vals = [g[name][key] for g in rounds if name in g and g[name].get(key) is not None]
         return statistics.median(vals) if vals else float("nan")
 
+    def later(r: dict[str, Any], name: str) -> float | None:
+        # A ceiling already times an epoch after the first.
+        return r["img_s"] if rows[name]["mode"] != "loader" else r.get("img_s_later")
+
     lines = [f"region-decode on {doc['dir']} and {doc['large']}: batch {doc['batch_size']}, thread "
              f"counts 'auto', median of {len(rounds)} rounds (rows in a rotated order each round); "
              f"ceilings are 1-thread rates (from the thread's CPU time per image) x {cores} cores",
@@ -361,19 +370,23 @@ def render(doc: dict[str, Any]) -> tuple[str, list[dict[str, Any]], dict[str, An
              f"machine: {doc['machine']}",
              "load average (1 min) before and after each round: "
              + ", ".join(f"{x:.2f}" for x in doc["load_average"]), "",
-             f"{'row':<42} {'img/s':>7} {'CPU ms/img':>10} {'cores used':>10} {'other load':>10}"]
+             f"{'row':<42} {'img/s':>7} {'CPU ms/img':>10} {'cores used':>10} {'other load':>10} "
+             f"{'img/s after epoch 1':>19}"]
     table = []
     for name in names:
         row = {"row": name, "images_per_s": med(name, "img_s"), "cpu_ms_per_image": med(name, "cpu_ms"),
-               "cores_used": med(name, "cores_used"), "other_cores": med(name, "other_cores")}
+               "cores_used": med(name, "cores_used"), "other_cores": med(name, "other_cores"),
+               "images_per_s_after_epoch_1": med(name, "img_s_later") if rows[name]["mode"] == "loader"
+               else float("nan")}
         table.append(row)
         cu = "(1 thread)" if rows[name]["mode"] == "ceiling" else f"{row['cores_used']:.2f}"
+        after = row["images_per_s_after_epoch_1"]
         lines.append(f"{name:<42} {row['images_per_s']:>7.0f} {row['cpu_ms_per_image']:>10.2f} {cu:>10} "
-                     f"{row['other_cores']:>10.2f}")
+                     f"{row['other_cores']:>10.2f} {'' if after != after else f'{after:.0f}':>19}")
     lines += ["", "other load: cores busy with other processes while the row ran (the machine's busy "
               "time less the row's own CPU, start-up included)", "",
               f"{'ratio (median of per-round ratios)':<64} {'img/s':>7} {'per round':>28} {'target':>7} met"
-              f" {'CPU/img':>8}"]
+              f" {'CPU/img':>8} {'after epoch 1':>13} met"]
     ratios = {}
     for label, a, b, target in RATIOS:
         if a not in rows or b not in rows:
@@ -383,15 +396,24 @@ def render(doc: dict[str, Any]) -> tuple[str, list[dict[str, Any]], dict[str, An
         # share of the cores the other processes left it.
         cpu = [g[b]["cpu_ms"] / g[a]["cpu_ms"] for g in rounds
                if a in g and b in g and g[a].get("cpu_ms") and g[b].get("cpu_ms")]
+        # The same after each row's first epoch (a ceiling's rate is one already).
+        ls = [later(g[a], a) / later(g[b], b) for g in rounds if a in g and b in g
+              and later(g[a], a) and later(g[b], b)]
         m = statistics.median(rs) if rs else float("nan")
         c = statistics.median(cpu) if cpu else float("nan")
-        ratios[label] = {"median": m, "rounds": rs, "target": target, "cpu_per_image": c}
+        lm = statistics.median(ls) if ls else float("nan")
+        ratios[label] = {"median": m, "rounds": rs, "target": target, "cpu_per_image": c,
+                         "after_epoch_1": lm, "rounds_after_epoch_1": ls}
         met = "" if target is None else ("yes" if m >= target else "NO")
+        lmet = "" if target is None or lm != lm else ("yes" if lm >= target else "NO")
         each = " ".join(f"{x:.2f}" for x in rs)
         lines.append(f"{label:<64} {m:>6.2f}x {each:>28} {('>= %.1fx' % target) if target else '':>7} "
-                     f"{met:<3} {c:>7.2f}x")
+                     f"{met:<3} {c:>7.2f}x {'' if lm != lm else f'{lm:.2f}x':>13} {lmet}")
     lines += ["", "CPU/img: the denominator row's CPU per image over the numerator's (for a ceiling, "
-              "its one thread's CPU per image)"]
+              "its one thread's CPU per image)",
+              "after epoch 1: the loaders' rates over the epochs after their first (start-up and the "
+              "first epoch, which reads each file to its end, left out), against the ceilings, which "
+              "time an epoch after the first too; what a long training run sees"]
     for name, c in doc.get("stages", {}).items():
         lines += [""] + _stage_lines(name, c, cores)
     return "\n".join(lines), table, ratios

@@ -62,6 +62,12 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     images = 0
     wait_s = 0.0
     checksum = 0
+    # When each epoch's last batch arrived (seconds from building the loader)
+    # and the images up to then: the rate after the first epoch, whose start-up
+    # and first reads a long run pays once, is (images[-1] - images[0]) /
+    # (ends[-1] - ends[0]).
+    epoch_end_s: list[float] = []
+    epoch_images: list[int] = []
     try:
         for epoch in range(epochs):
             it = loader.epoch(epoch)
@@ -81,6 +87,8 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
                     step(batch, labels)
                 elif step_ms > 0:
                     time.sleep(step_ms / 1000.0)
+            epoch_end_s.append(now() - t0)
+            epoch_images.append(images)
         if step is not None:
             step.synchronize()
         wall_s = now() - t0
@@ -90,6 +98,8 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     cpu_s = cpu_seconds() - cpu0
     extra["consumer_wait_s"] = wait_s
     extra["checksum"] = checksum
+    extra["epoch_end_s"] = epoch_end_s
+    extra["epoch_images"] = epoch_images
     if step is not None:
         extra["model_steps"] = step.steps
     return {"images": images, "wall_s": wall_s, "cpu_s": cpu_s,
