@@ -101,6 +101,29 @@ def test_a_stalled_answer_ends_at_the_deadline_or_on_stop(server, fs):
         read_whole(fs, url, stop, deadline=deadline())
 
 
+def test_the_clients_own_read_timeout_is_an_error_not_a_wait(server):
+    """A server that stops answering, with no deadline: the client's socket read
+    timeout (a TimeoutError, as "not done yet" is on Python 3.11+) ends the read
+    with that error, rather than being taken for a request still under way."""
+    aiohttp = pytest.importorskip("aiohttp")
+    fs = fsspec.filesystem("http", skip_instance_cache=True,
+                           client_kwargs={"timeout": aiohttp.ClientTimeout(sock_read=0.3)})
+    server.fail("f.bin", "stall")
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_range(fs, server.url + "/f.bin", 0, 10, threading.Event(), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            got.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(T)
+    assert not reader.is_alive(), "the read is still waiting after its socket timed out"
+    assert len(got) == 1 and isinstance(got[0], TimeoutError) and not isinstance(got[0], DeadlinePassed)
+
+
 def test_validators_compare_only_what_both_know():
     old = Validator(100, '"a"', "Mon, 01 Jan 2024 00:00:00 GMT")
     assert Validator(100, '"a"', None).change_from(old) is None

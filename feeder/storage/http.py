@@ -226,15 +226,19 @@ def _run(fs: Any, coro: Any, stop: threading.Event, deadline: float | None) -> A
     fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
     while True:
         wait = _POLL_S if deadline is None else max(0.0, min(_POLL_S, deadline - time.monotonic()))
-        try:
-            return fut.result(wait)
-        except concurrent.futures.TimeoutError:
-            if stop.is_set():
-                fut.cancel()
-                raise InterruptedError("stopped (closing)") from None
-            if deadline is not None and time.monotonic() >= deadline:
-                fut.cancel()
-                raise DeadlinePassed("no answer within the deadline") from None
+        # Wait for the future itself, not for its result: on Python 3.11+ the
+        # result's "not done yet" (concurrent.futures.TimeoutError) is the
+        # built-in TimeoutError, which the request's own errors (aiohttp's
+        # socket read timeout) also are; catching it here took a server that
+        # stopped answering for a request still under way, forever.
+        if concurrent.futures.wait([fut], wait).done:
+            return fut.result()  # the value, or the request's own error
+        if stop.is_set():
+            fut.cancel()
+            raise InterruptedError("stopped (closing)")
+        if deadline is not None and time.monotonic() >= deadline:
+            fut.cancel()
+            raise DeadlinePassed("no answer within the deadline")
 
 
 def _redirects(exc: BaseException) -> BaseException:
