@@ -416,6 +416,40 @@ def test_huge_header_records_are_refused(tmp_path):
         TarShards(str(tmp_path / "pax.tar"), label=None)
 
 
+def _with_checksum(block: bytearray) -> bytes:
+    block[148:156] = b"        "
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+@pytest.mark.parametrize("how", ["base-256", "pax"])
+def test_a_negative_member_size_is_an_error_not_a_scan_backwards(tmp_path, how):
+    """A GNU base-256 size field (or a pax size) can be negative, and Python's
+    tarfile accepts it: indexing must fail naming the shard and the byte, not step
+    back to the same header forever."""
+    first = tarfile.TarInfo("a.cls")
+    first.size = 1
+    second = tarfile.TarInfo("b.jpg")
+    second.size = 600
+    head = first.tobuf(format=tarfile.GNU_FORMAT) + b"1".ljust(512, b"\0")
+    block = bytearray(second.tobuf(format=tarfile.GNU_FORMAT))
+    records = b""
+    if how == "base-256":
+        block[124:136] = b"\xff" + ((-1024) & ((1 << 88) - 1)).to_bytes(11, "big")
+    else:
+        record = b"size=-1000\n"
+        line = b"%d %s" % (len(record) + 3, record)  # "NN size=-1000\n", NN counting itself
+        pax = bytearray(tarfile.TarInfo("././@PaxHeader").tobuf(format=tarfile.USTAR_FORMAT))
+        pax[156:157] = b"x"
+        pax[124:136] = b"%011o\0" % len(line)
+        records = _with_checksum(pax) + line.ljust(512, b"\0")
+    body = head + records + _with_checksum(block) + bytes(1024) + bytes(1024)
+    (tmp_path / "neg.tar").write_bytes(body)
+    at = 1024 + len(records)
+    with pytest.raises(ShardFormatError, match=rf"neg\.tar: .*header at byte {at} gives .*negative size"):
+        run_in_thread(lambda: TarShards(str(tmp_path / "neg.tar"), label=None))
+
+
 def test_npy_and_json_bombs_name_the_field(tmp_path, jpeg_blobs):
     buf = io.BytesIO()
     np.save(buf, np.zeros(4, np.float32))

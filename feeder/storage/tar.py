@@ -337,6 +337,9 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         valid += 1
         kind = block[156:157]
         length = _octal(block[124:136])
+        if length < 0:  # a GNU base-256 size can be negative: the scan would go backwards
+            raise ShardFormatError(f"{where}: the tar header at byte {pos} gives its member a "
+                                   f"negative size ({length}): the shard is corrupt")
         data_at = pos + BLOCK
         nxt = data_at + -(-length // BLOCK) * BLOCK
         if kind in (b"x", b"g", b"L", b"K"):
@@ -368,6 +371,10 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
                 length = int(merged["size"])
             except ValueError:
                 raise ShardFormatError(f"{where}: pax size {merged['size']!r} is not an int") from None
+            if length < 0:
+                raise ShardFormatError(f"{where}: the pax record before the tar header at byte "
+                                       f"{pos} gives member {name!r} a negative size ({length}): "
+                                       f"the shard is corrupt")
             nxt = data_at + -(-length // BLOCK) * BLOCK
         long_name, pax = None, {}
         if kind in _FILE_TYPES:
