@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from feeder import Feeder, SampleError, ops
+from feeder.storage.fetch import remote_index_url
 from feeder.storage.remote import RemoteError, ShardCache, ShardChangedError
 from feeder.storage.tar import ShardFormatError
 from feeder.bench.httpserver import FileServer
@@ -220,6 +221,37 @@ def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_pa
                 src.read(0)
         with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=8000) as src:
             assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp_path, caplog, listed):
+    """The cache kept a shard's copy but not its index (evicted first), and the shard
+    was re-published since: the next run fetches the new index, and must not read
+    the old copy at its offsets. With a shard list, its sha256 tells; without one,
+    the server is asked which version it serves."""
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    cache_dir = str(tmp_path / "c")
+    with FileServer(d) as srv:
+        url = srv.url + "/train.json" if listed else _pattern(srv, n)
+        with TarShards(url, cache_dir=cache_dir) as src:
+            _all(src)
+            assert src.wait_downloads(T)
+            shard0 = src.shards[0]
+        cache = ShardCache(cache_dir, 1 << 30)
+        cache.remove(remote_index_url(shard0))  # as the cache's eviction may do
+        assert cache.lookup(shard0) is not None
+        _republish(d, "train-000000", "train-000002")
+        if listed:  # the list re-written with the shards, as feeder-pack would
+            doc = json.loads((d / "train.json").read_text())
+            doc["shardlist"][0].update({k: doc["shardlist"][2][k]
+                                        for k in ("nsamples", "filesize", "sha256")})
+            (d / "train.json").write_text(json.dumps(doc))
+        want = TarShards(os.path.join(out, "train-000002.tar"))
+        with caplog.at_level(logging.WARNING, logger="feeder.storage.remote"):
+            with TarShards(url, cache_dir=cache_dir) as src:
+                assert [src.read(i) for i in range(len(want))] == _all(want)
+        assert "another version" in caplog.text or "the shard list says" in caplog.text
 
 
 # -- damaged cache entries ---------------------------------------------------------------

@@ -114,6 +114,7 @@ class RemoteShard:
         self.sha256: str | None = None
         self.list_size: int | None = None
         self._index_entry: str | None = None  # the cached index, to record the validator in
+        self._index_fetched = False  # the index came from the server in this process
         self._damaged = 0  # local copies found damaged (one is fetched again, then it fails)
         self.broken: str | None = None  # why every read of this shard fails (a hash mismatch)
         self._checked = 0.0
@@ -188,12 +189,39 @@ class RemoteShard:
             found = cache.lookup(self.name, self.validator)
             self._checked = now
             if found is not None:
-                recorded = cache.recorded(self.name)
+                rec = cache.record(found) or {}
+                recorded = Validator.from_dict(rec.get("validator"))
+                stale = self._stale_copy(rec, recorded)
+                if stale is not None:
+                    log.warning("cache entry %s (%s) %s: removed", found, self.name, stale)
+                    self.store.files.forget(found)
+                    cache.remove(self.name)
+                    return None  # read by range; the copy started next is of this version
                 if recorded is not None:
                     self.confirm(recorded, "its cache entry")
                 cache.touch(found)
                 self.local = found
             return found
+
+    def _stale_copy(self, rec: dict[str, Any], recorded: Validator | None) -> str | None:
+        """Why a cached copy must not be read with this process's index (None: it may).
+
+        The copy's record says its hash and version. The shard list's sha256, when
+        given, must be the copy's. Without a known version (the index was fetched
+        from the server just now, while the copy is from an earlier run: the
+        cache kept the copy but not the index, and the shard may have been
+        re-published since), the server is asked which version it serves, once."""
+        digest = rec.get("sha256")
+        if self.sha256 is not None and isinstance(digest, str) and digest != self.sha256:
+            return f"holds sha256 {digest}, the shard list says {self.sha256}"
+        if self.validator is None and self._index_fetched:
+            fs, path = filesystem(self.name, self.store.options)
+            current = self.store.retrier(self.name, "version", lambda: _info_validator(fs, path))
+            changed = "it has no record" if recorded is None else current.change_from(recorded)
+            self.confirm(current)  # this process's version: the one the index was read with
+            if changed:
+                return f"is another version than the one served now ({changed})"
+        return None
 
     def pread(self, length: int, offset: int) -> bytes:
         if self.broken is not None:
@@ -247,6 +275,9 @@ class RemoteShard:
         if cached is not None:
             with open(cached, "rb") as f:
                 text = f.read()
+            # Used now: the index ages with its copy (an index evicted before
+            # its copy makes the next run ask the server for the shard's version).
+            store.cache.touch(cached)
             self._index_entry = cached
             rec = store.cache.record(cached) or {}
             self.validator = Validator.from_dict(rec.get("shard"))
@@ -260,6 +291,7 @@ class RemoteShard:
                 if _status(exc.__cause__) not in _NO_INDEX_STATUS:
                     raise
                 text = None  # an object store's 403 for a missing key, a presigned shard URL
+            self._index_fetched = text is not None
             if text is not None and store.cache is not None:
                 self._index_entry = store.cache.put_bytes(idx_url, text, seen)
         if text is not None:
