@@ -88,14 +88,14 @@ def _write_list(path, entries, **extra):
 
 def test_local_shard_list_names_classes_and_facts(tmp_path):
     lst = _write_list(tmp_path / "train.json", [
-        {"url": "s-0.tar", "nsamples": 3, "filesize": 100, "sha256": HASH},
+        {"url": "s-0.tar", "nsamples": 3, "filesize": 10240, "sha256": HASH},
         {"url": "/abs/s-1.tar", "nsamples": 0},
         {"url": "https://h/s-2.tar"},
     ], classes=["cat", "dog"])
     names, classes, facts = resolve(lst)
     assert names == [f"{tmp_path}/s-0.tar", "/abs/s-1.tar", "https://h/s-2.tar"]
     assert classes == ["cat", "dog"]
-    assert facts[names[0]] == {"nsamples": 3, "filesize": 100, "sha256": HASH.lower()}
+    assert facts[names[0]] == {"nsamples": 3, "filesize": 10240, "sha256": HASH.lower()}
     assert facts[names[1]] == {"nsamples": 0} and facts[names[2]] == {}
 
 
@@ -121,6 +121,12 @@ def test_shard_list_image_sizes(tmp_path, caplog):
     ({"url": "a.tar", "nsamples": True}, "nsamples True is not an int >= 0"),
     ({"url": "a.tar", "filesize": "9"}, "filesize '9' is not an int >= 0"),
     ({"url": "a.tar", "sha256": "abc"}, "sha256 'abc' is not a sha256 hex digest"),
+    # Counts no shard can hold (their sum would pass the 64-bit sample numbers):
+    ({"url": "a.tar", "nsamples": 2**62}, f"nsamples {2**62} is more than a shard holds (at most {2**32})"),
+    ({"url": "a.tar", "nsamples": 10**30}, "nsamples 1000000000000000000000000000000 is more than"),
+    ({"url": "a.tar", "nsamples": 101, "filesize": 51200},
+     "nsamples 101 is more than a shard of 51200 bytes can hold (one 512-byte tar header per member: "
+     "at most 100)"),
 ])
 def test_shard_list_bad_fact_names_list_shard_and_key(tmp_path, entry, what):
     lst = _write_list(tmp_path / "train.json", [entry])

@@ -96,6 +96,11 @@ def _join_remote(base_url: str, entry: str, where: str) -> str:
     return f"{scheme}://{host}/{joined}"
 
 
+#: The most samples a shard list may say one shard holds (a tar member takes 512
+#: bytes at least: 2 TiB of empty members).
+MAX_SHARD_SAMPLES = 1 << 32
+
+
 def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
     """Shard names, classes and per-shard facts of a shard list
     (``wids-shard-index-v1`` JSON, as ``feeder-pack`` writes it), names relative
@@ -141,6 +146,19 @@ def _manifest(text: str, where: str) -> tuple[list[str], list[str] | None, dict[
                 raise ShardFormatError(f"{where}: shard {s!r}: {key} {value!r} is not "
                                        f"{'a sha256 hex digest' if kind is str else 'an int >= 0'}")
             fact[key] = value.lower() if kind is str else value
+        count = fact.get("nsamples")
+        if count is not None:
+            # Every sample is at least one member, and every member a 512-byte
+            # header: a count past that is no real shard's (and a sum of such
+            # counts could pass the 64-bit sample numbers).
+            size = fact.get("filesize")
+            most = MAX_SHARD_SAMPLES if size is None else min(MAX_SHARD_SAMPLES, size // 512)
+            if count > most:
+                raise ShardFormatError(
+                    f"{where}: shard {s!r}: nsamples {count} is more than "
+                    + (f"a shard of {size} bytes can hold (one 512-byte tar header per member: "
+                       f"at most {most})" if size is not None and most < MAX_SHARD_SAMPLES
+                       else f"a shard holds (at most {MAX_SHARD_SAMPLES})"))
         sizes = entry.get("image_sizes")
         if sizes is not None:
             try:
