@@ -23,6 +23,7 @@ import os
 import shutil
 import tarfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -254,6 +255,39 @@ def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp
         assert "another version" in caplog.text or "the shard list says" in caplog.text
 
 
+def test_a_local_shard_replaced_under_its_old_index_is_indexed_again(packed, tmp_path, caplog):
+    """A shard replaced by a copy that keeps its timestamps (cp -p, rsync -a), its old
+    index left beside it: the index's headers do not match, so the shard is indexed
+    from its own headers (with a warning), and its samples are the new ones."""
+    out, _ = packed
+    d, _ = _tree(packed, tmp_path)
+    old_index = (d / "train-000000.idx").read_bytes()
+    stamp = os.stat(d / "train-000000.tar").st_mtime_ns
+    shutil.copy(d / "train-000002.tar", d / "train-000000.tar")
+    os.utime(d / "train-000000.tar", ns=(stamp, stamp))  # the copy kept the old shard's time
+    (d / "train-000000.idx").write_bytes(old_index)
+    want = _all(TarShards(os.path.join(out, "train-000002.tar")))
+    with caplog.at_level(logging.WARNING, logger="feeder.shards"):
+        src = TarShards(str(d / "train-000000.tar"))
+    assert _all(src) == want
+    assert any("does not describe" in w and "train-000000.tar" in w for w in src.warnings)
+
+
+@pytest.mark.parametrize("kind", ["index", "list"])
+def test_local_index_and_list_files_are_bounded(packed, tmp_path, kind):
+    """A local .idx or shard list is refused past its bound (256 MiB, 1 GiB) before
+    it is read, as a remote one is (a sparse file: no disk used)."""
+    d, _ = _tree(packed, tmp_path)
+    path = d / ("train-000000.idx" if kind == "index" else "train.json")
+    with open(path, "r+b") as f:
+        f.truncate((3 << 30) if kind == "list" else (300 << 20))
+    os.utime(d / "train-000000.idx", ns=(time.time_ns() + 10**10,) * 2)  # the index is the newer
+    what = "shard index" if kind == "index" else "shard list"
+    with pytest.raises(ShardFormatError, match=rf"{path.name}: \d+ bytes, more than the \d+ a {what} may hold"):
+        run_in_thread(lambda: TarShards(str(d / "train.json") if kind == "list"
+                                        else str(d / "train-000000.tar")))
+
+
 # -- damaged cache entries ---------------------------------------------------------------
 
 def test_a_truncated_cache_entry_is_fetched_again(packed, tmp_path):
@@ -409,31 +443,31 @@ def test_shards_that_are_not_whole_tars_are_errors_naming_the_file(tmp_path, jpe
         TarShards(str(tmp_path / "cut.tar"), label=None)
 
 
-def test_oversized_members_are_refused_before_reading(tmp_path, jpeg_blobs):
+def test_oversized_members_are_refused_before_reading(tmp_path, jpeg_blobs, caplog):
     path = tmp_path / "big.tar"
-    _tar(path, [("a.jpg", jpeg_blobs[0]), ("a.cls", b"1"), ("a.json", b"{}")])
+    big = bytes(3 << 20)  # an "image" of 3 MiB: more than max_pixels=100 allows (4 bytes a pixel + 1 MiB)
+    _tar(path, [("a.jpg", jpeg_blobs[0]), ("a.cls", b"1"), ("a.json", b"{}"),
+                ("b.jpg", big), ("b.cls", b"2")])
     src = TarShards(str(path))
     assert src.read(0)["label"] == 1  # readable as written
-    ix = src._indices[0]
-    offs = {ix.exts[m]: int(ix.offsets[m]) for m in range(len(ix.exts))}
-    idx = tmp_path / "big.idx"
-    idx.write_text(f"v1.2 1\njpg {offs['jpg']} {10**15} a.jpg cls {offs['cls']} 1 a.cls "
-                   f"json {offs['json']} 2 a.json\n")
-    os.utime(idx, (os.path.getmtime(path) + 5,) * 2)
-    with pytest.raises(ShardFormatError, match=r"big\.tar:a: field 'image' \(\.jpg\) holds "
-                                               r"1000000000000000 bytes.*max_pixels") as err:
-        TarShards(str(path)).read(0)
+    with pytest.raises(ShardFormatError, match=r"big\.tar:b: field 'image' \(\.jpg\) holds "
+                                               r"3145728 bytes.*max_pixels") as err:
+        TarShards(str(path), max_pixels=100, max_field_bytes=1).read(1)
     assert err.value.field == "image"
-    idx.write_text(f"v1.2 1\njpg {offs['jpg']} {len(jpeg_blobs[0])} a.jpg cls {offs['cls']} 1 a.cls "
-                   f"json {offs['json']} {5 << 30} a.json\n")
-    os.utime(idx, (os.path.getmtime(path) + 5,) * 2)
-    with pytest.raises(ShardFormatError, match=r"field 'json' \(\.json\) holds 5368709120 bytes.*"
-                                               r"max_field_bytes"):
-        TarShards(str(path)).read(0)
     # The bound is an option: a smaller one refuses the JSON member as written.
-    os.unlink(idx)
-    with pytest.raises(ShardFormatError, match=r"field 'json' \(\.json\) holds 2 bytes"):
+    with pytest.raises(ShardFormatError, match=r"field 'json' \(\.json\) holds 2 bytes.*max_field_bytes"):
         TarShards(str(path), max_field_bytes=1).read(0)
+    # An index claiming members past the shard's end (10**15 bytes) is not the
+    # shard's: it is read by its headers instead, as written.
+    ix = src._indices[0]
+    offs = {(ix.keys[k], ix.exts[m]): int(ix.offsets[m]) for k in range(len(ix)) for m in ix.members(k)}
+    idx = tmp_path / "big.idx"
+    idx.write_text(f"v1.2 1\njpg {offs['a', 'jpg']} {10**15} a.jpg cls {offs['a', 'cls']} 1 a.cls "
+                   f"json {offs['a', 'json']} 2 a.json\n")
+    os.utime(idx, (os.path.getmtime(path) + 5,) * 2)
+    again = TarShards(str(path))
+    assert again.read(0) == src.read(0) and len(again) == 2
+    assert any("does not describe" in w and "the shard holds" in w for w in again.warnings)
 
 
 def test_huge_header_records_are_refused(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from . import http as _http
 from .http import Validator
-from .tar import ShardFormatError, index_path
+from .tar import MAX_INDEX_BYTES, MAX_LIST_BYTES, ShardFormatError, index_path
 
 # The records keep the logger of the module these came from.
 log = logging.getLogger("feeder.storage.remote")
@@ -26,9 +26,6 @@ T = TypeVar("T")
 
 _MAX_BACKOFF_S = 10.0
 _TRANSIENT_STATUS = {408, 425, 429}
-# Bounds on files read whole into memory (bytes): an index, a shard list.
-MAX_INDEX_BYTES = 256 << 20
-MAX_LIST_BYTES = 1 << 30
 
 
 class RemoteError(OSError):

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .local import FilePool, after_fork_registry
-from .tar import ShardIndex, index_path, scan
+from .tar import MAX_INDEX_BYTES, ShardIndex, index_mismatch, index_path, read_bounded, scan
 
 
 log = logging.getLogger("feeder.shards")
@@ -35,10 +35,19 @@ class LocalShard:
 
     def load_index(self, warn: Any, deadline: float | None = None) -> ShardIndex:
         idx = index_path(self.name)
-        if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
-            with open(idx, encoding="utf-8", errors="surrogateescape") as f:
-                return ShardIndex.from_text(f.read(), idx)
         size = os.path.getsize(self.name)  # FileNotFoundError names the shard
+        if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
+            text = read_bounded(idx, MAX_INDEX_BYTES, "shard index")
+            index = ShardIndex.from_text(text.decode("utf-8", "surrogateescape"), idx)
+            # Timestamps do not tell a replaced shard (a copy keeping them:
+            # cp -p, rsync -a, tar x) from the one the index was written for.
+            with open(self.name, "rb") as f:  # not the pool's: these few reads keep no descriptor
+                mismatch = index_mismatch(index, size, lambda n, at: os.pread(f.fileno(), n, at))
+            if mismatch is None:
+                return index
+            warn(f"{idx} does not describe {self.name} as it is now ({mismatch}): the shard was "
+                 f"replaced after its index was written; indexing it from its headers instead "
+                 f"(write the index again: feeder-pack, or delete it)")
         log.debug("indexing %s from its headers (no %s)", self.name, idx)
         return scan(self.pread, size, self.name, warn)
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from .tar import ShardFormatError, decode_image_sizes
+from .tar import MAX_LIST_BYTES, ShardFormatError, decode_image_sizes, read_bounded
 from ..errors import safe_text
 
 log = logging.getLogger("feeder.shards")
@@ -202,8 +202,12 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
                 except UnicodeDecodeError as exc:
                     raise ShardFormatError(f"{name}: not a shard list: not UTF-8 ({exc})") from None
                 return _manifest(text, name)
-            with open(_local(name), encoding="utf-8") as f:
-                return _manifest(f.read(), _local(name))
+            path = _local(name)
+            try:
+                text = read_bounded(path, MAX_LIST_BYTES, "shard list").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ShardFormatError(f"{path}: not a shard list: not UTF-8 ({exc})") from None
+            return _manifest(text, path)
         if is_url(name):
             return [name], None, {}
         path = _local(name)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -84,6 +85,24 @@ COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
 
 class ShardFormatError(ValueError):
     """A shard or its index cannot be understood (the message names the file)."""
+
+
+# Bounds on files read whole into memory, local or remote (bytes): a shard's
+# index (about 50 bytes a sample), a shard list.
+MAX_INDEX_BYTES = 256 << 20
+MAX_LIST_BYTES = 1 << 30
+
+
+def read_bounded(path: str, limit: int, what: str) -> bytes:
+    """The bytes of the local file ``path``, refused past ``limit`` bytes (a
+    ShardFormatError naming it) before they are read."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise ShardFormatError(f"{path}: {max(size, len(data))} bytes, more than the {limit} "
+                               f"a {what} may hold: not a {what} feeder reads")
+    return data
 
 
 @dataclass
@@ -245,6 +264,48 @@ class ShardIndex:
                                    f"in their member names")
         index.image_sizes = image_sizes
         return index
+
+
+#: Members whose tar headers :func:`index_mismatch` reads: the first, the last and
+#: evenly between.
+CHECKED_MEMBERS = 8
+
+
+def index_mismatch(index: ShardIndex, size: int, pread: Callable[[int, int], bytes]) -> str | None:
+    """Why an index file does not describe the shard of ``size`` bytes that ``pread``
+    reads (None: it does, as far as a few of its headers tell).
+
+    Its members must end within the shard, and of the tar headers before up to
+    :data:`CHECKED_MEMBERS` of them, none may give another size or name than the
+    index does, and one at least must agree: an index written for another
+    version of the shard points at other bytes. A header that is not one at all
+    is damage the index reads past (a shard is read by its index, not its
+    headers), unless no header agrees."""
+    if index.end > size:
+        return f"its members end at byte {index.end}, the shard holds {size} bytes"
+    n = len(index.offsets)
+    picks = sorted({round(k * (n - 1) / (CHECKED_MEMBERS - 1)) for k in range(CHECKED_MEMBERS)}) if n else []
+    agree = 0
+    for m in picks:
+        offset, length, name = int(index.offsets[m]), int(index.sizes[m]), index.names[m]
+        block = pread(BLOCK, offset - BLOCK) if offset >= BLOCK else b""
+        if len(block) < BLOCK or not _valid_header(block):
+            continue
+        stored = _octal(block[124:136])
+        stored_name = block[:100].rstrip(b"\0").decode("utf-8", "surrogateescape")
+        # Past 8 GiB a pax record holds the size, and the header's field may not;
+        # a long name is in a record before the header, which holds its start.
+        if stored != length and length < 8 ** 11:
+            return (f"the tar header before member {name!r} (data at byte {offset}) gives "
+                    f"{stored} bytes, the index {length}")
+        if block[345:346] == b"\0" and not (stored_name == name or (len(stored_name) >= 99
+                                                                     and name.startswith(stored_name))):
+            return (f"the tar header before member {name!r} (data at byte {offset}) names "
+                    f"{stored_name!r}")
+        agree += 1
+    if picks and not agree:
+        return f"none of the {len(picks)} members checked has its tar header before it"
+    return None
 
 
 def _octal(field: bytes) -> int:
