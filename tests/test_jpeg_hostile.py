@@ -25,6 +25,7 @@ system's libjpeg at test time (skipped without a C compiler and libjpeg's header
 from __future__ import annotations
 
 import io
+import pathlib
 import shutil
 import struct
 import subprocess
@@ -886,3 +887,87 @@ def test_concurrent_decode_image_with_plans_and_exif_match_single_threaded():
         got = list(pool.map(one, range(160), timeout=JOIN_TIMEOUT_S))
     for i, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(a, b, err_msg=f"sample {i}")
+
+
+# -- chroma sampling factors outside the usual layouts ------------------------------------
+
+SAMPLING_DIR = pathlib.Path(__file__).parent / "data" / "jpeg_sampling"
+UNUSUAL = sorted(SAMPLING_DIR.glob("*.jpg"))  # see its README: valid, written by libjpeg-turbo
+
+
+def _whole(data: bytes, denom: int = 1) -> np.ndarray:
+    w, h = ext.header(data)[:2]
+    hs, ws = -(-h // denom), -(-w // denom)
+    buf = np.empty(hs * ws * 3, np.uint8)
+    ext.decode(data, 0, 0, hs, ws, denom, buf, 1 << 30, True, True)
+    return buf.reshape(hs, ws, 3)
+
+
+def _in_thread(fn):
+    """``fn()``'s result or error, failing the test if it does not return (a decode
+    that loops holds its thread forever)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append(("err", exc))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(JOIN_TIMEOUT_S)
+    assert not t.is_alive(), "the decode did not return"
+    kind, value = out[0]
+    if kind == "err":
+        raise value
+    return value
+
+
+@pytest.mark.parametrize("path", UNUSUAL, ids=lambda p: p.stem)
+def test_unusual_sampling_is_decoded_whole_never_in_part(path):
+    """libjpeg-turbo's partial decode loops forever or gives wrong pixels on these
+    valid files: the extension refuses any region but the whole image, which it
+    decodes as OpenCV does."""
+    data = path.read_bytes()
+    assert ext.header(data)[4] == "other"
+    whole = _whole(data)
+    ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert np.array_equal(whole, ref)
+    h, w = whole.shape[:2]
+    for denom in (1, 2, 4):
+        for box in ((h // denom // 3, 0, 4, -(-w // denom)), (0, 3, -(-h // denom), 5)):
+            with pytest.raises(DecodeError, match="unusual chroma sampling factors"):
+                _in_thread(lambda: region_verified(data, *box, denom=denom))
+
+
+@pytest.mark.parametrize("path", UNUSUAL, ids=lambda p: p.stem)
+def test_unusual_sampling_is_delivered_whatever_the_transforms(path):
+    """The same file through chains that plan a region (RandomResizedCrop, CenterCrop,
+    Resize + CenterCrop) and chains that do not (a flip first, RandomCrop, Resize):
+    every one delivers it, CenterCrop alone the exact pixels, and nothing hangs."""
+    data = path.read_bytes()
+    ref = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    chains = {"crop": [ops.CenterCrop(16)], "rrc": [ops.RandomResizedCrop(16)],
+              "flip+rrc": [ops.RandomHorizontalFlip(1.0), ops.RandomResizedCrop(16)],
+              "random crop": [ops.RandomCrop(16)], "resize": [ops.Resize((16, 16))],
+              "eval": [ops.Resize(24), ops.CenterCrop(16)]}
+    for name, chain in chains.items():
+        with Feeder(MemorySource([data] * 3), 3, chain, ordered=True, decode_threads=2) as f:
+            batches, err = drain(f)
+        assert err is None, (name, err)
+        images = batches[0][0]
+        assert images.shape == (3, 3, 16, 16), name
+        if name == "crop":
+            t, l = (ref.shape[0] - 16) // 2, (ref.shape[1] - 16) // 2
+            assert np.array_equal(images[0].transpose(1, 2, 0), ref[t:t + 16, l:l + 16])
+
+
+def test_simplejpegs_refusal_of_unusual_sampling_says_what_it_is():
+    """Without the extension, simplejpeg refuses these files: the error says why (not
+    just "corrupt") and how to decode them."""
+    data = (SAMPLING_DIR / "y3x1_interleaved.jpg").read_bytes()
+    with pytest.raises(ValueError) as caught:
+        simplejpeg.decode_jpeg(data)
+    said = D._simplejpeg_says(caught.value)
+    assert "chroma sampling factors" in said and "extension" in said

@@ -378,6 +378,19 @@ static void run_decode(Job *job)
              job->width, job->top, job->height, cinfo.output_width, cinfo.output_height,
              job->denom);
     {
+        /* libjpeg-turbo's partial decode assumes the usual chroma layouts: on
+         * other sampling factors (valid, rare: a 4x4 luma, a 2x1 Cr beside a 1x1
+         * Cb) jpeg_skip_scanlines can loop forever and jpeg_crop_scanline gives
+         * wrong pixels at reduced scales. Such files are decoded whole. */
+        char sub[16];
+        subsampling_name(&cinfo, sub, sizeof sub);
+        if (strcmp(sub, "other") == 0
+            && (job->top != 0 || job->left != 0 || job->height != cinfo.output_height
+                || job->width != cinfo.output_width))
+            FAIL("a region of a JPEG with unusual chroma sampling factors cannot be decoded "
+                 "(libjpeg-turbo's partial decode does not handle them): decode the whole image");
+    }
+    {
         JDIMENSION x0 = job->left > PAD ? job->left - PAD : 0;
         JDIMENSION x1 = job->left + job->width + PAD;
         if (x1 > cinfo.output_width) x1 = cinfo.output_width;

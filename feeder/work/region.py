@@ -162,25 +162,30 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
-                  buffers: DecodeBuffers | None, verify: bool = True) -> np.ndarray:
+                  buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False) -> np.ndarray:
     """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
     ``ctx.scaled_size`` and ``ctx.scale``. ``verify``: entropy-decode the rows
     below the region too, so that damage anywhere in the file is an error (as
-    in a full decode), not wrong pixels; False stops after the region's last row."""
+    in a full decode), not wrong pixels; False stops after the region's last row.
+    ``whole``: decode all of the image (at that reduction) as the region, with
+    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``)."""
     swap = orientation >= 5
     d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
     hs, ws = -(-h // d), -(-w // d)
     shown = (ws, hs) if swap else (hs, ws)
-    t, l, bh, bw = orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
-                               _INVERSE.get(orientation, orientation))
-    # To the scaled image's pixels, one pixel wider each side when scaled: the
-    # transforms map their box with the ratio of the scaled to the full size
-    # (as for a whole scaled decode), which can round a pixel beyond t / d.
-    m = 0 if d == 1 else 2
-    y0, x0 = max(0, t // d - m), max(0, l // d - m)
-    y1, x1 = min(hs, -(-(t + bh) // d) + m), min(ws, -(-(l + bw) // d) + m)
+    if whole:
+        y0, x0, y1, x1 = 0, 0, hs, ws
+    else:
+        t, l, bh, bw = orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
+                                   _INVERSE.get(orientation, orientation))
+        # To the scaled image's pixels, one pixel wider each side when scaled: the
+        # transforms map their box with the ratio of the scaled to the full size
+        # (as for a whole scaled decode), which can round a pixel beyond t / d.
+        m = 0 if d == 1 else 2
+        y0, x0 = max(0, t // d - m), max(0, l // d - m)
+        y1, x1 = min(hs, -(-(t + bh) // d) + m), min(ws, -(-(l + bw) // d) + m)
     rh, rw = y1 - y0, x1 - x0
     # libjpeg writes rows of the region widened to the iMCU grid (at most 32
     # pixels) and by ext.PAD each side.
