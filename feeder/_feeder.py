@@ -126,7 +126,9 @@ class Feeder:
         size_divisibility: Variable sizes: pad each batch's height and width up
             to a multiple of it (32 for FPN backbones).
         mask_fill: Variable sizes: the value of padded mask pixels (255, the
-            segmentation references' ignore index).
+            segmentation references' ignore index); up to 65535, for 16-bit
+            masks that use 255 as a class (above 255 a padded batch's masks
+            come as int64, as batches with 16-bit masks do).
         group_by_aspect_ratio: Batch samples of similar aspect ratio together, as
             torchvision's ``GroupedBatchSampler`` does: True (its default factor
             3) or a factor ``k`` (0: landscape vs portrait); every sample still

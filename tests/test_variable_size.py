@@ -189,8 +189,10 @@ class Segments:
 
 
 @pytest.mark.parametrize("isolation", ENGINES)
-@pytest.mark.parametrize("fill", [255, 7])
+@pytest.mark.parametrize("fill", [255, 7, 300, 65535])
 def test_masks_padded_with_mask_fill_and_boxes_unchanged(isolation, fill):
+    """A fill past 255 (16-bit masks whose classes include 255) makes the padded
+    batches' masks int64, with the 8-bit masks' values unchanged."""
     source = Segments(_sizes(9, seed=5))
     with Feeder(source, 4, [], max_image_size=(40, 40), mask_fill=fill, shuffle=False,
                 isolation=isolation) as f:
@@ -199,7 +201,8 @@ def test_masks_padded_with_mask_fill_and_boxes_unchanged(isolation, fill):
     for b in batches:
         assert list(b) == ["image", "mask", "boxes", "id", "size"]
         masks = b["mask"]
-        assert masks.dtype == torch.uint8 and masks.shape[1:] == b["image"].shape[2:]
+        assert masks.dtype == (torch.uint8 if fill <= 255 else torch.int64)
+        assert masks.shape[1:] == b["image"].shape[2:]
         for j, index in enumerate(b["id"].tolist()):
             seen.append(index)
             img, mask, boxes = source.samples[index]
@@ -319,7 +322,7 @@ def test_stats_count_the_batches(sized):
     ([], dict(max_image_size=(40, 40), image_size=(40, 40)), "not both"),
     ([ops.CenterCrop(16)], dict(size_divisibility=32), "give max_image_size"),
     ([ops.CenterCrop(16)], dict(mask_fill=0), "give max_image_size"),
-    ([], dict(max_image_size=(40, 40), mask_fill=256), r"mask_fill must be an int in \[0, 255\]"),
+    ([], dict(max_image_size=(40, 40), mask_fill=65536), r"mask_fill must be an int in \[0, 65535\]"),
     ([], dict(max_image_size=(40, 0)), "max_image_size must be"),
     ([], dict(max_image_size=(40, 40), size_divisibility=0), "size_divisibility"),
     ([], dict(max_image_size=(1 << 15, 1 << 15), max_pixels=1 << 20), "above max_pixels"),

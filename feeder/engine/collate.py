@@ -45,11 +45,15 @@ class Padding:
         sizes = buf.arrays[SIZE][1][:n]
         Hb, Wb = batch_extent(sizes, self.divisibility)
         planes = buf.planes
-        fill = self.mask_fill
+        low, high = self.mask_fill & 0xFF, self.mask_fill >> 8
+        if planes is not None and high:
+            # A fill past 255 needs the high bytes: the batch's masks come as int64.
+            planes._high()
+            planes.wide[:n] = True
         for slot in range(n):
             h, w = (int(v) for v in sizes[slot])
-            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, fill),
-                                 (None if planes is None else planes.high, 0)):
+            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, low),
+                                 (None if planes is None else planes.high, high)):
                 if plane is None:
                     continue
                 plane[slot, h:Hb, :Wb] = value

@@ -244,10 +244,12 @@ def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
 
 
 def _mask_fill(name: str, value: object) -> int:
-    # The padding of a uint8 mask plane: 255 is the ignore index of the
-    # segmentation references (and of CrossEntropyLoss(ignore_index=255)).
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
-        raise ValueError(f"{name} must be an int in [0, 255] (the value of padded mask pixels), "
+    # The padding of the mask planes: 255 is the ignore index of the
+    # segmentation references (and of CrossEntropyLoss(ignore_index=255)); up
+    # to 65535 for 16-bit masks whose classes include 255 (a padded batch's
+    # masks then come as int64, as 16-bit masks do).
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 65535:
+        raise ValueError(f"{name} must be an int in [0, 65535] (the value of padded mask pixels), "
                          f"got {value!r}")
     return int(value)
 
