@@ -102,6 +102,8 @@ def test_a_batch_transform_needing_floats_needs_a_floating_dtype():
     ({"on_error": "ignore"}, ValueError, "on_error must be one of ('raise', 'skip')"),
     ({"isolation": "processes"}, ValueError, "isolation must be one of ('thread', 'process')"),
     ({"max_skipped": -1}, ValueError, "max_skipped must be None or an int >= 0"),
+    ({"read_threads": 10**6}, ValueError, "read_threads=1000000 is more than the 1024 threads"),
+    ({"decode_threads": 1025}, ValueError, "decode_threads=1025 is more than the 1024 threads"),
     ({"mask_fill": 65536, "max_image_size": (8, 8)}, ValueError, "mask_fill must be an int in [0, 65535]"),
     ({"group_by_aspect_ratio": 65}, ValueError, "group_by_aspect_ratio must be True, False or a group"),
     ({"image_size": (8, 0)}, ValueError, "image_size must be (height, width), two positive ints"),

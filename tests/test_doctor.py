@@ -276,7 +276,10 @@ def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatc
 @pytest.mark.parametrize("argv, message", [
     (["/no/such/folder"], "DATA '/no/such/folder'"),
     (["doctor_helpers:nothing"], "has no 'nothing'"),
-    (["{data}", "--step-ms", "-3"], "--step-ms must be > 0"),
+    (["{data}", "--step-ms", "-3"], "--step-ms must be a finite number > 0"),
+    (["{data}", "--step-ms", "inf"], "--step-ms must be a finite number > 0, got inf"),
+    (["{data}", "--seconds", "nan"], "--seconds must be a finite number > 0, got nan"),
+    (["{data}", "--seconds", "inf"], "--seconds must be a finite number > 0, got inf"),
     (["{data}", "--batch-size", "0"], "--batch-size must be >= 1"),
     # A batch larger than the set: the model's needed rate would be taken at a
     # batch size no batch has, and the verdict would be wrong.

@@ -40,6 +40,28 @@ def test_spec_forms_agree(labelled, tmp_path):
         TarShards(os.path.join(out, "missing.tar"))
 
 
+def test_a_shard_named_twice_is_refused(labelled):
+    """Its samples would come twice an epoch (and a list's nsamples is the shard's,
+    so two entries of one shard with different counts could not both hold)."""
+    import json
+
+    out, _ = labelled
+    tars = sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
+    with pytest.raises(ValueError, match=r"names shard .*train-000000\.tar more than once \(entries \[0, 2\]\)"):
+        TarShards([tars[0], tars[1], tars[0]])
+    doc = json.loads(open(os.path.join(out, "train.json")).read())
+    doc["shardlist"].append(dict(doc["shardlist"][1], nsamples=doc["shardlist"][1]["nsamples"] + 5))
+    # The list's entries name the shards beside it: it is written there.
+    listed = os.path.join(out, "dup-test.json")
+    with open(listed, "w") as f:
+        json.dump(doc, f)
+    try:
+        with pytest.raises(ValueError, match=r"train-000001\.tar more than once"):
+            TarShards(listed)
+    finally:
+        os.unlink(listed)
+
+
 def _add(tar, name, data=None, kind=tarfile.REGTYPE):
     info = tarfile.TarInfo(name)
     info.type = kind

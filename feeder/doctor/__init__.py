@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.seconds <= 0:
-        raise ValueError(f"--seconds must be > 0, got {args.seconds}")
+    if not (math.isfinite(args.seconds) and args.seconds > 0):  # nan passes a plain "<= 0"
+        raise ValueError(f"--seconds must be a finite number > 0, got {args.seconds}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: CUDA is not available")

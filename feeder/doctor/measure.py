@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import logging
+import math
 import os
 import statistics
 import threading
@@ -104,8 +105,8 @@ def open_model(spec: str | None, step_ms: float | None, device: str) -> tuple[Ca
     if spec is not None and step_ms is not None:
         raise ValueError("give --model or --step-ms, not both")
     if step_ms is not None:
-        if step_ms <= 0:
-            raise ValueError(f"--step-ms must be > 0, got {step_ms}")
+        if not (math.isfinite(step_ms) and step_ms > 0):
+            raise ValueError(f"--step-ms must be a finite number > 0, got {step_ms}")
         return SimulatedStep(step_ms), f"simulated {step_ms:g} ms step"
     if spec is None:
         return None, None

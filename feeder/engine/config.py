@@ -86,6 +86,11 @@ def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
     return field(default=default, metadata={"check": check})
 
 
+#: The most threads one pool may have: each is an OS thread with its own stack,
+#: and even reads from high-latency storage want tens in flight, not thousands.
+MAX_POOL_THREADS = 1024
+
+
 def _threads_auto(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]:
     """A thread count, or "auto" (resolved in Config.build, from the cores); with
     ``tune``, also "tune" (the "auto" count, parked and woken while it runs)."""
@@ -97,6 +102,9 @@ def _threads_auto(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]
             choices = "'auto' or 'tune'" if tune else "'auto'"
             raise ValueError(f"{name} must be {kind}, {choices}, got {value!r}"
                              if tune else f"{name} must be {kind} or 'auto', got {value!r}")
+        if value > MAX_POOL_THREADS:
+            raise ValueError(f"{name}={value} is more than the {MAX_POOL_THREADS} threads a pool "
+                             f"may have (each is an OS thread with its own stack)")
         return value
     return check
 
