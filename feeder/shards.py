@@ -191,14 +191,6 @@ class TarShards:
             names, self.classes, facts = resolve(spec, storage_options, deadline)
             if not names:
                 raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
-            if len(set(names)) != len(names):
-                # Its samples would come twice an epoch, and a list's per-shard
-                # facts (nsamples) are the shard's, not the entry's.
-                seen: set[str] = set()
-                twice = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-                raise ValueError(f"TarShards: {spec!r} names shard {twice} more than once (entries "
-                                 f"{[k for k, n in enumerate(names) if n == twice]}): every sample "
-                                 f"must come once an epoch; list each shard once")
             self.label = None if label is None else label.lower().lstrip(".")
             self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
             for name in names:

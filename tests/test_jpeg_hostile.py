@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, run_in_thread
 from jpeg_helpers import KINDS, SUBSAMPLING, jpeg
 from feeder import DecodeError, Feeder, SampleError, ops
 from feeder.engine.steps import SampleWork
@@ -903,27 +903,6 @@ def _whole(data: bytes, denom: int = 1) -> np.ndarray:
     return buf.reshape(hs, ws, 3)
 
 
-def _in_thread(fn):
-    """``fn()``'s result or error, failing the test if it does not return (a decode
-    that loops holds its thread forever)."""
-    out: list = []
-
-    def run():
-        try:
-            out.append(("ok", fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(("err", exc))
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(JOIN_TIMEOUT_S)
-    assert not t.is_alive(), "the decode did not return"
-    kind, value = out[0]
-    if kind == "err":
-        raise value
-    return value
-
-
 @pytest.mark.parametrize("path", UNUSUAL, ids=lambda p: p.stem)
 def test_unusual_sampling_is_decoded_whole_never_in_part(path):
     """libjpeg-turbo's partial decode loops forever or gives wrong pixels on these
@@ -938,7 +917,7 @@ def test_unusual_sampling_is_decoded_whole_never_in_part(path):
     for denom in (1, 2, 4):
         for box in ((h // denom // 3, 0, 4, -(-w // denom)), (0, 3, -(-h // denom), 5)):
             with pytest.raises(DecodeError, match="unusual chroma sampling factors"):
-                _in_thread(lambda: region_verified(data, *box, denom=denom))
+                run_in_thread(lambda: region_verified(data, *box, denom=denom))
 
 
 @pytest.mark.parametrize("path", UNUSUAL, ids=lambda p: p.stem)

@@ -6,6 +6,7 @@ hash) and what the list says of each shard (:func:`resolve`, for
 
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import logging
@@ -187,7 +188,20 @@ def resolve(spec: Any, options: dict | None = None, deadline: float | None = Non
 
     Raises:
         FileNotFoundError: a directory without shards, a glob matching nothing.
+        ValueError: a shard named twice (its samples would come twice an epoch,
+            and a list's facts, ``nsamples`` among them, are the shard's).
     """
+    names, classes, facts = _resolve(spec, options, deadline)
+    if len(set(names)) != len(names):
+        twice = next(name for name, n in collections.Counter(names).items() if n > 1)
+        raise ValueError(f"TarShards: {spec!r} names shard {twice} more than once (entries "
+                         f"{[k for k, name in enumerate(names) if name == twice]}): every sample "
+                         f"must come once an epoch; list each shard once")
+    return names, classes, facts
+
+
+def _resolve(spec: Any, options: dict | None, deadline: float | None
+             ) -> tuple[list[str], list[str] | None, dict[str, ListEntry]]:
     if isinstance(spec, (str, os.PathLike)):
         name = os.fspath(spec)
         if _BRACE.search(name):

@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from ..ops import dct_denom
+from ..ops import SampleContext
 from .region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
 from .sample import DEFAULT_MAX_PIXELS
 from .verified import VerifiedJpegs
@@ -452,12 +452,17 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
     # libjpeg-turbo's partial decode can loop forever or give wrong pixels on
     # them, and simplejpeg refuses them; the extension decodes them whole.
     unusual = _jpeg is not None and sampling not in USUAL_SAMPLINGS and colorspace in ("Gray", "YCbCr", "RGB")
+    need = None
     if plan is not None:
         need, planned = plan(size[0], size[1], key)
-        if unusual and getattr(planned, "box", None) is not None:
-            img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers,
-                                True, whole=True)
-            return img, size, planned
+    if unusual:
+        # The whole image at the largest reduction that covers need; a chain that
+        # planned a box gets its context filled in as for a region decode.
+        ctx = planned if getattr(planned, "box", None) is not None else SampleContext(size)
+        img = decode_region(_jpeg, data, h, w, need, ctx, orientation, max_pixels, buffers, True,
+                            whole=True)
+        return img, size, planned
+    if plan is not None:
         if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
                 and getattr(planned, "box", None) is not None):
             # Bytes that were read to their end without an error before decode
@@ -481,9 +486,6 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # are slower than a full decode in libjpeg-turbo, so they are not used.
         if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
             min_h, min_w = need
-    if unusual:
-        return _decode_whole(data, h, w, (min_h, min_w) if min_h else None, max_pixels, buffers,
-                             orientation), size, planned
     if progressive is not False:  # the extension's header said; else walk the markers
         _check_scans(data)
     buf = None if buffers is None else buffers.take(h * w * 3)
@@ -506,30 +508,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
 #: sampling factors are valid JPEG and rare (a 4x4 luma, a 2x1 Cr beside a 1x1
 #: Cb): libjpeg-turbo 2.1's row skipping loops forever on some of them and its
 #: column cropping gives wrong pixels at reduced scales, and simplejpeg refuses
-#: them all, so the extension decodes them whole (``_decode_whole``).
+#: them all, so the extension decodes them whole (``decode_region(whole=True)``).
 USUAL_SAMPLINGS = frozenset(("gray", "4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1"))
-
-
-def _decode_whole(data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
-                  max_pixels: int, buffers: DecodeBuffers | None, orientation: int) -> np.ndarray:
-    """The whole image, at the largest DCT reduction that covers ``need`` (stored
-    frame), decoded by the extension reading every row (no partial decode)."""
-    d = dct_denom(h, w, need)
-    hs, ws = -(-h // d), -(-w // d)
-    nbytes = hs * ws * 3
-    buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
-    try:
-        _jpeg.decode(data, 0, 0, hs, ws, d, buf, max_pixels, True, True)  # type: ignore[union-attr]
-    except BaseException:
-        if buffers is not None:
-            buffers.give(buf)
-        raise
-    img = buf[:nbytes].reshape(hs, ws, 3)
-    if orientation != 1:
-        img = orient(img, orientation)  # a new array: the pool buffer is free again
-        if buffers is not None:
-            buffers.give(buf)
-    return img
 
 
 def _simplejpeg_says(exc: Exception) -> str:
