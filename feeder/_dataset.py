@@ -49,7 +49,7 @@ class FeederDataset:
         self._feeder = weakref.ref(feeder)
         self.source = feeder.source
         self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation,
-                                feeder.config.jpeg_verify)
+                                feeder.config.jpeg_verify, feeder.config.jpeg_index_bytes)
 
     def __len__(self) -> int:
         return len(self.source)

@@ -806,7 +806,7 @@ def test_exif_orientation_region_equals_oriented_full_decode_cropped(orientation
         for box in edge_boxes(SH, SW):
             ctx = SampleContext((SH, SW))
             ctx.box = box
-            img = decode_region(ext, data, 75, 103, None, ctx, orientation, 1 << 30, None)
+            img, _ = decode_region(ext, data, 75, 103, None, ctx, orientation, 1 << 30, None)
             t, l, h, w = box
             np.testing.assert_array_equal(img, shown[t:t + h, l:l + w], err_msg=f"{kind} o{orientation} {box}")
             assert ctx.origin == (t, l) and ctx.scale == 1.0
@@ -815,7 +815,7 @@ def test_exif_orientation_region_equals_oriented_full_decode_cropped(orientation
             for box in edge_boxes(SH, SW):
                 ctx = SampleContext((SH, SW))
                 ctx.box = box
-                img = decode_region(ext, data, 75, 103, need, ctx, orientation, 1 << 30, None)
+                img, _ = decode_region(ext, data, 75, 103, need, ctx, orientation, 1 << 30, None)
                 assert ctx.scale == 1 / denom and ctx.scaled_size == shown_d.shape[:2]
                 y0, x0 = ctx.origin
                 np.testing.assert_array_equal(img, shown_d[y0:y0 + img.shape[0], x0:x0 + img.shape[1]])

@@ -53,17 +53,20 @@ def _silently_damaged() -> bytes:
 
 
 class _Recorder:
-    """The extension with each decode call's verify flag recorded."""
+    """The extension with each decode call's verify flag, and whether it was given
+    a row index, recorded."""
 
     def __init__(self) -> None:
         self.verify: list[bool] = []
+        self.indexed: list[bool] = []
 
     def __getattr__(self, name):
         return getattr(ext, name)
 
-    def decode(self, *args):
+    def decode(self, *args, **kwargs):
         self.verify.append(bool(args[9]))
-        return ext.decode(*args)
+        self.indexed.append(kwargs.get("index") is not None)
+        return ext.decode(*args, **kwargs)
 
 
 def _recording(monkeypatch, chain: list, recorder: _Recorder | None = None,
@@ -238,9 +241,9 @@ def test_bytes_that_changed_while_decoded_are_not_remembered(monkeypatch):
     data = bytearray(bad)
 
     class Swap(_Recorder):
-        def decode(self, *args):
+        def decode(self, *args, **kwargs):
             data[:] = GOOD  # what the decoder reads is not what was fingerprinted
-            return super().decode(*args)
+            return super().decode(*args, **kwargs)
 
     _, work = _recording(monkeypatch, [ops.CenterCrop(16)], Swap())
     _decode_once(work, data)  # the good bytes decode

@@ -182,7 +182,7 @@ def test_decode_region_full_scale_is_the_crop(box):
     t, l, bh, bw = box
     ctx = _ctx(box)
     pool = Pool()
-    img = decode_region(ext, DATA, 120, 160, None, ctx, 1, 1 << 30, pool)
+    img, _ = decode_region(ext, DATA, 120, 160, None, ctx, 1, 1 << 30, pool)
     np.testing.assert_array_equal(img, FULL[t:t + bh, l:l + bw])
     assert ctx.origin == (t, l) and ctx.scaled_size == (120, 160) and ctx.scale == 1.0
     assert len(pool.taken) == 1 and pool.given == []  # the image is the pool buffer's, lent out
@@ -191,7 +191,7 @@ def test_decode_region_full_scale_is_the_crop(box):
 @needs_ext
 def test_decode_region_reduced_scale_covers_the_box_with_a_margin():
     ctx = _ctx((40, 48, 40, 64))
-    img = decode_region(ext, DATA, 120, 160, (30, 40), ctx, 1, 1 << 30, None)
+    img, _ = decode_region(ext, DATA, 120, 160, (30, 40), ctx, 1, 1 << 30, None)
     assert ctx.scale == 0.25 and ctx.scaled_size == (30, 40)
     y0, x0 = ctx.origin
     quarter = simplejpeg.decode_jpeg(DATA, colorspace="RGB", min_height=30, min_width=40)
@@ -209,7 +209,7 @@ def test_decode_region_in_the_shown_frame(orientation):
     t, l, bh, bw = box
     pool = Pool()
     ctx = _ctx(box, (h, w))
-    img = decode_region(ext, DATA, 120, 160, None, ctx, orientation, 1 << 30, pool)
+    img, _ = decode_region(ext, DATA, 120, 160, None, ctx, orientation, 1 << 30, pool)
     np.testing.assert_array_equal(img, view[t:t + bh, l:l + bw])
     assert ctx.origin == (t, l) and ctx.scaled_size == (h, w)
     assert pool.given == pool.taken  # oriented: a new array, the buffer went back

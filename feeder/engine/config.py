@@ -27,6 +27,12 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
 def _flag(name: str, value: object) -> bool:
     # bool("False") is True: a string or a number here is a mistake, not a flag.
     if not isinstance(value, (bool, np.bool_)):
@@ -316,6 +322,7 @@ class Config:
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
     jpeg_verify: bool = _option(True, _flag)
+    jpeg_index_bytes: int = _option(128 << 20, _count)
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
     start_method: str = _option("auto", _start_method)

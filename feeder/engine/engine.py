@@ -266,7 +266,8 @@ class ThreadEngine(EngineBase):
         h, w = chain.image_size
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda" and not shared, shared=shared)
-        self.work = SampleWork(chain, config.max_pixels, config.exif_orientation, config.jpeg_verify)
+        self.work = SampleWork(chain, config.max_pixels, config.exif_orientation, config.jpeg_verify,
+                               config.jpeg_index_bytes)
         self.scratch = Scratch(h, w)
         self._limits_held = False
         self.tail = tail

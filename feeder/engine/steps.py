@@ -53,10 +53,12 @@ class SampleWork:
         exif_orientation: Apply EXIF orientation while decoding.
         jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see
             ``Feeder``), once per distinct byte string (:attr:`verified`).
+        jpeg_index_bytes: Memory for those files' row indexes (see ``Feeder``).
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 exif_orientation: bool = False, jpeg_verify: bool = True) -> None:
+                 exif_orientation: bool = False, jpeg_verify: bool = True,
+                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES) -> None:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
@@ -66,7 +68,7 @@ class SampleWork:
         self.exif_orientation = exif_orientation
         self.jpeg_verify = jpeg_verify
         #: The JPEG byte strings this work has read to their end without an error.
-        self.verified = VerifiedJpegs() if jpeg_verify else None
+        self.verified = VerifiedJpegs(index_bytes=jpeg_index_bytes) if jpeg_verify else None
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 

@@ -13,7 +13,7 @@
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
  *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify)
  *       -> (stride, col_offset)
- *   crc32c(data) -> int: the fingerprint of feeder.work.verified, where the
+ *   crc32c(data, value=0) -> int: the fingerprint of feeder.work.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
  * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
@@ -45,6 +45,8 @@
 
 #include <jpeglib.h>
 #include <jerror.h>
+
+#include "_huffman.h"
 
 /* Pixels added on each side of the requested columns: libjpeg treats the
  * edges of a cropped row as the image's edges for "fancy" chroma upsampling
@@ -167,26 +169,27 @@ static uint32_t crc_hard(uint32_t crc, const unsigned char *p, size_t n)
  * instruction's speed): below, waiting to get it back could cost more. */
 #define CRC_RELEASE_GIL (256 * 1024)
 
-static PyObject *jpeg_crc32c(PyObject *self, PyObject *arg)
+static PyObject *jpeg_crc32c(PyObject *self, PyObject *args)
 {
+    Py_buffer view;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &view, &value))
+        return NULL;
 #ifdef CRC_X86
     if (crc_hardware) {
-        Py_buffer view;
-        if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-            return NULL;
         uint32_t crc;
         if (view.len > CRC_RELEASE_GIL) {
             Py_BEGIN_ALLOW_THREADS
-            crc = crc_hard(0xFFFFFFFFu, view.buf, (size_t)view.len);
+            crc = crc_hard(~(uint32_t)value, view.buf, (size_t)view.len);
             Py_END_ALLOW_THREADS
         } else {
-            crc = crc_hard(0xFFFFFFFFu, view.buf, (size_t)view.len);
+            crc = crc_hard(~(uint32_t)value, view.buf, (size_t)view.len);
         }
         PyBuffer_Release(&view);
         return PyLong_FromUnsignedLong(~crc);
     }
 #endif
-    (void)arg;
+    PyBuffer_Release(&view);
     return PyErr_Format(PyExc_RuntimeError, "this CPU has no CRC-32C instruction (CRC32C_HARDWARE is 0)");
 }
 
@@ -315,7 +318,15 @@ typedef struct {
     unsigned long long max_pixels;
     int compact;
     int verify;
+    int own;                    /* feeder's Huffman decoder where it can (_huffman.c) */
+    const unsigned char *index; /* a row index of these bytes, or NULL */
+    size_t index_len;
+    int record;                 /* make an index (a verify pass only) */
+    unsigned max_points;
     /* out */
+    unsigned char *index_out;   /* malloc'd, index_out_len bytes: record's index */
+    size_t index_out_len;
+    unsigned jumped;            /* MCU rows the index let the decode pass over */
     unsigned stride, col_offset;
     int status;  /* 0 ok, 1 libjpeg error (message in err), 2 our own check (message in note) */
     char note[JMSG_LENGTH_MAX + 128];
@@ -337,6 +348,7 @@ static void run_decode(Job *job)
     ErrorManager err;
     unsigned char *volatile scratch = NULL;
     unsigned char *volatile tail = NULL;
+    Entropy *volatile entropy = NULL;
     JSAMPROW row;
 
     if (setjmp(err.jump)) {
@@ -377,6 +389,14 @@ static void run_decode(Job *job)
         FAIL("region %u+%u x %u+%u is outside the %ux%u image at scale 1/%u", job->left,
              job->width, job->top, job->height, cinfo.output_width, cinfo.output_height,
              job->denom);
+    if (job->own && entropy_supported(&cinfo)) {
+        /* Freed with the decompressor's pool, on every way out. */
+        entropy = (Entropy *)(*cinfo.mem->alloc_small)((j_common_ptr)&cinfo, JPOOL_IMAGE,
+                                                        sizeof(Entropy));
+        /* A verify pass reads every row: it may record an index, not use one. */
+        entropy_install(&cinfo, entropy, job->data, job->size, job->verify ? NULL : job->index,
+                        job->index_len, job->record && job->verify, job->max_points);
+    }
     {
         /* libjpeg-turbo's partial decode assumes the usual chroma layouts: on
          * other sampling factors (valid, rare: a 4x4 luma, a 2x1 Cr beside a 1x1
@@ -455,6 +475,13 @@ static void run_decode(Job *job)
         /* else verify=False: stop here, the rows below the region are never
          * read (damage the entropy decoder has not met goes unseen);
          * jpeg_destroy_decompress below releases the decompressor. */
+        if (entropy != NULL) {
+            job->jumped = entropy->jumped;
+            /* An index only from a decode that read every byte without an error. */
+            size_t n = job->record ? entropy_index(entropy, NULL, 0) : 0;
+            if (n > 0 && (job->index_out = malloc(n)) != NULL)
+                job->index_out_len = entropy_index(entropy, job->index_out, n);
+        }
     }
 done:
     jpeg_destroy_decompress(&cinfo);
@@ -466,22 +493,32 @@ done:
 static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"data", "top", "left", "height", "width", "denom", "out",
-                            "max_pixels", "compact", "verify", NULL};
-    Py_buffer data, out;
+                            "max_pixels", "compact", "verify", "own", "index", "record",
+                            "max_points", NULL};
+    Py_buffer data, out, index = {0};
     Py_ssize_t region[4]; /* top, left, height, width: range-checked below, never wrapped */
     unsigned denom;
-    PyObject *limit;
+    PyObject *limit, *index_obj = Py_None;
     unsigned long long max_pixels;
-    int compact = 0, verify = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pp", names, &data, &region[0],
+    int compact = 0, verify = 1, own = 1, record = 0;
+    unsigned max_points = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pppOpI", names, &data, &region[0],
                                      &region[1], &region[2], &region[3], &denom, &out, &limit,
-                                     &compact, &verify))
+                                     &compact, &verify, &own, &index_obj, &record, &max_points))
         return NULL;
+    if (index_obj != Py_None && PyObject_GetBuffer(index_obj, &index, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
+        return NULL;
+    }
+    int extended = record || index_obj != Py_None;
     static const char *what[] = {"top", "left", "height", "width"};
     for (int k = 0; k < 4; k++) {
         if (region[k] < 0 || (unsigned long long)region[k] > JPEG_MAX_DIMENSION) {
             PyBuffer_Release(&data);
             PyBuffer_Release(&out);
+            PyBuffer_Release(&index);
             return PyErr_Format(PyExc_ValueError, "%s must be in [0, %d], got %zd", what[k],
                                 JPEG_MAX_DIMENSION, region[k]);
         }
@@ -492,6 +529,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyLong_Check(limit)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
         return PyErr_Format(PyExc_TypeError, "max_pixels must be an int, got %s",
                             Py_TYPE(limit)->tp_name);
     }
@@ -500,11 +538,13 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     if (small == -1 && PyErr_Occurred()) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
         return NULL;
     }
     if (overflow < 0 || (overflow == 0 && small <= 0)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
         return PyErr_Format(PyExc_ValueError, "max_pixels must be positive");
     }
     if (overflow == 0) {
@@ -519,11 +559,13 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!(denom == 1 || denom == 2 || denom == 4 || denom == 8)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
         return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
     }
     if (!PyBuffer_IsContiguous(&out, 'C')) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
+        PyBuffer_Release(&index);
         return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer");
     }
     Job job;
@@ -540,16 +582,32 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     job.max_pixels = max_pixels;
     job.compact = compact;
     job.verify = verify;
+    job.own = own;
+    job.index = index_obj != Py_None ? index.buf : NULL;
+    job.index_len = index_obj != Py_None ? (size_t)index.len : 0;
+    job.record = record;
+    job.max_points = max_points;
     Py_BEGIN_ALLOW_THREADS
     run_decode(&job);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
-    if (job.status == 1)
-        return PyErr_Format(DecodeError, "corrupt JPEG: %s", job.note);
-    if (job.status == 2)
+    PyBuffer_Release(&index);
+    if (job.status != 0) {
+        free(job.index_out);
+        if (job.status == 1)
+            return PyErr_Format(DecodeError, "corrupt JPEG: %s", job.note);
         return PyErr_Format(DecodeError, "%s", job.note);
-    return Py_BuildValue("(II)", job.stride, job.col_offset);
+    }
+    if (!extended)
+        return Py_BuildValue("(II)", job.stride, job.col_offset);
+    PyObject *made = job.index_out != NULL
+        ? PyBytes_FromStringAndSize((const char *)job.index_out, (Py_ssize_t)job.index_out_len)
+        : Py_NewRef(Py_None);
+    free(job.index_out);
+    if (made == NULL)
+        return NULL;
+    return Py_BuildValue("(IINI)", job.stride, job.col_offset, made, job.jumped);
 }
 
 static PyMethodDef methods[] = {
@@ -557,14 +615,21 @@ static PyMethodDef methods[] = {
      "header(data) -> (width, height, components, colorspace, subsampling, progressive)\n\n"
      "Read a JPEG's header. Raises feeder.errors.DecodeError when it cannot."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
-     "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True)"
+     "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True,\n"
+     "       own=True, index=None, record=False, max_points=16)"
      " -> (stride, col_offset)\n\n"
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
+     "own: feeder's Huffman decoder for sequential files (else libjpeg's). With\n"
+     "record=True (and verify), or an index given, returns (stride, col_offset,\n"
+     "index, rows_jumped): index the bytes of a row index of these data (at most\n"
+     "max_points checkpoints) or None; a later decode of the same bytes given it\n"
+     "(with verify=False) starts at the row it needs.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
-    {"crc32c", jpeg_crc32c, METH_O,
-     "crc32c(data) -> int\n\n"
-     "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction. Raises\n"
+    {"crc32c", jpeg_crc32c, METH_VARARGS,
+     "crc32c(data, value=0) -> int\n\n"
+     "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction, going on\n"
+     "from value (the CRC of the bytes before, as zlib.crc32's). Raises\n"
      "RuntimeError where the CPU has none (CRC32C_HARDWARE is 0)."},
     {NULL, NULL, 0, NULL},
 };

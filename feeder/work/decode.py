@@ -459,8 +459,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # The whole image at the largest reduction that covers need; a chain that
         # planned a box gets its context filled in as for a region decode.
         ctx = planned if getattr(planned, "box", None) is not None else SampleContext(size)
-        img = decode_region(_jpeg, data, h, w, need, ctx, orientation, max_pixels, buffers, True,
-                            whole=True)
+        img, _ = decode_region(_jpeg, data, h, w, need, ctx, orientation, max_pixels, buffers, True,
+                               whole=True)
         return img, size, planned
     if plan is not None:
         if (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB")
@@ -469,16 +469,20 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             # the same way again: reading may stop after the crop's last row.
             # (A progressive file's scans are all read before any row: its end
             # costs nothing more to reach, so it is not remembered.)
-            fp = (verified.fingerprint(data) if jpeg_verify and verified is not None
-                  and not progressive else 0)
-            verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
-            img = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels, buffers,
-                                verify)
+            # The first read also records where the rows start (the row index,
+            # see verified.py); later ones start at the row above the crop.
+            fp, check = (verified.fingerprints(data) if jpeg_verify and verified is not None
+                         and not progressive else (0, 0))
+            index = verified.index(fp, check) if fp else None  # type: ignore[union-attr]
+            verify = jpeg_verify and index is None and not (fp and verified.seen(fp))  # type: ignore[union-attr]
+            img, made = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels,
+                                      buffers, verify, index=index,
+                                      record=bool(fp and verify and verified.index_bytes))  # type: ignore[union-attr]
             # A buffer other than bytes may have changed while it was decoded
             # (the decoder and the CRC release the GIL): remember only bytes
             # that were the same before and after.
-            if fp and verify and (type(data) is bytes or verified.fingerprint(data) == fp):  # type: ignore[union-attr]
-                verified.add(fp)  # type: ignore[union-attr]
+            if fp and verify and (type(data) is bytes or verified.fingerprints(data) == (fp, check)):  # type: ignore[union-attr]
+                verified.add(fp, made, check)  # type: ignore[union-attr]
             return img, size, planned
         if need is not None and swap:
             need = (need[1], need[0])

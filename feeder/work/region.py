@@ -162,7 +162,8 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
-                  buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False) -> np.ndarray:
+                  buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False,
+                  index: bytes | None = None, record: bool = False) -> tuple[np.ndarray, bytes | None]:
     """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
@@ -170,7 +171,10 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     below the region too, so that damage anywhere in the file is an error (as
     in a full decode), not wrong pixels; False stops after the region's last row.
     ``whole``: decode all of the image (at that reduction) as the region, with
-    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``)."""
+    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``).
+    ``index``: the row index recorded for these bytes (the decode starts at the
+    row above the region instead of the first); ``record``: record one (with
+    ``verify``). Returns the image and the index recorded, or None."""
     swap = orientation >= 5
     d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
     hs, ws = -(-h // d), -(-w // d)
@@ -192,7 +196,12 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     nbytes = rh * (rw + 2 * ext.PAD + 32) * 3
     buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
     try:
-        stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
+        made = None
+        if index is None and not record:
+            stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
+        else:
+            stride, offset, made, _ = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False,
+                                                 verify, index=index, record=record)
     except BaseException:
         if buffers is not None:
             buffers.give(buf)
@@ -204,4 +213,4 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
         img = orient(img, orientation)  # a new array: the pool buffer is free again
         if buffers is not None:
             buffers.give(buf)
-    return img
+    return img, made

@@ -1,0 +1,578 @@
+/*
+ * feeder's own Huffman decoder, put in libjpeg-turbo's place for sequential
+ * files, so that a later decode of the same bytes can start at the MCU row it
+ * needs instead of decoding every row above the crop.
+ *
+ * Why: a region decode skips the IDCT, upsampling and colour conversion of the
+ * rows above the crop (jpeg_skip_scanlines), but not their Huffman decoding:
+ * Huffman codes have no byte alignment, so the only way to know where row r
+ * starts is to decode rows 0 to r-1. That is 15% of the ImageNet-like region
+ * decode and 11% on large photos (bench/results/region_decode.txt). libjpeg
+ * keeps its decoder's position (a bit buffer) and DC predictions private, so
+ * no caller can restart it in the middle of a scan; a decoder of our own can.
+ *
+ * How: libjpeg calls the entropy decoder through the public struct
+ * jpeg_entropy_decoder (jpegint.h). entropy_install replaces it after
+ * jpeg_start_decompress, when nothing of the scan has been read. Its
+ * decode_mcu(cinfo, NULL) (libjpeg's "discard this MCU", which
+ * jpeg_skip_scanlines calls for every skipped MCU) only counts the MCU; the
+ * first MCU whose coefficients are wanted catches up, from the nearest
+ * checkpoint of the index when one was given, else by decoding the skipped
+ * MCUs. A checkpoint is the state at the start of an MCU row: the byte and
+ * bit of the next unread bit, the DC predictions, the restart counter. A
+ * decode that reads the whole file (feeder's jpeg_verify pass) records one
+ * every few rows; feeder keeps it beside the file's fingerprint
+ * (feeder/work/verified.py), so it only ever describes the bytes it was
+ * recorded from.
+ *
+ * What stays libjpeg's: the markers (restart markers and the end of the scan
+ * are read by libjpeg's marker reader, positioned where this decoder stopped),
+ * the IDCT, upsampling and colour conversion. The decoding follows libjpeg's
+ * (jdhuff.c, ITU T.81 F.2.2) to the bit: coefficients in natural order, runs
+ * past the 63rd coefficient landing on it, DC predictions wrapping as int.
+ * Its warnings are libjpeg's and go through libjpeg's error manager (feeder
+ * makes them errors): a code no table has ("bad Huffman code"), data that ends
+ * before the MCU does ("premature end of data segment"), bytes before a marker.
+ * tests/test_jpeg_index.py checks the pixels against libjpeg's own decoder over
+ * every layout and scale, and both decoders' verdicts on damaged files.
+ */
+#include "_huffman.h"
+
+#include <limits.h>
+#include <string.h>
+
+#include <jerror.h>
+
+/* Zig-zag position -> natural order, with 16 extra entries: a corrupt run can
+ * push the position past 63, and libjpeg writes such coefficients at 63. */
+static const int natural_order[64 + 16] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,
+    12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28,
+    35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+    58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
+    63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
+
+#define INDEX_VERSION 1
+#define INDEX_HEADER 18
+
+static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
+{
+    int count = 0;
+    for (int l = 1; l <= 16; l++)
+        count += t->bits[l];
+    if (count > 256)
+        ERREXIT(cinfo, JERR_BAD_HUFF_TABLE);
+    memset(h->look, 0, sizeof h->look);
+    memcpy(h->huffval, t->huffval, sizeof h->huffval);
+    if (is_dc)
+        for (int i = 0; i < count; i++)
+            if (t->huffval[i] > 15)
+                ERREXIT(cinfo, JERR_BAD_HUFF_TABLE);
+    int32_t code = 0;
+    int k = 0;
+    for (int l = 1; l <= 16; l++) {
+        int n = t->bits[l];
+        h->valoffset[l] = k - code;
+        for (int i = 0; i < n; i++, k++, code++)
+            if (l <= HUFF_LOOK) {
+                int shift = HUFF_LOOK - l;
+                for (int j = 0; j < (1 << shift); j++)
+                    h->look[(code << shift) | j] = (uint16_t)((l << 8) | t->huffval[k]);
+            }
+        h->maxcode[l] = n ? code - 1 : -1;
+        if (code > (1 << l)) /* codes past all-ones: libjpeg refuses the table too */
+            ERREXIT(cinfo, JERR_BAD_HUFF_TABLE);
+        code <<= 1;
+    }
+    h->maxcode[17] = INT32_MAX;
+    memset(h->fast_ac, 0, sizeof h->fast_ac);
+    if (!is_dc)
+        for (int i = 0; i < (1 << HUFF_LOOK); i++) {
+            int l = h->look[i] >> 8, rs = h->look[i] & 0xFF, r = rs >> 4, sz = rs & 15;
+            if (l == 0 || sz == 0 || l + sz > HUFF_LOOK)
+                continue;
+            unsigned v = ((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1);
+            int value = v < (1u << (sz - 1)) ? (int)v - (1 << sz) + 1 : (int)v;
+            h->fast_ac[i] = value * 65536 + r * 256 + l + sz;
+        }
+}
+
+static inline int has_ff(uint64_t x)
+{
+    uint64_t v = ~x;
+    return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
+}
+
+/* Load bytes until acc holds at least 57 bits, undoing the 0xFF00 stuffing;
+ * at a marker (or the data's end) zeros come in, counted in pad. */
+static void refill_slow(Entropy *e)
+{
+    while (e->nbits <= 56) {
+        unsigned c = 0;
+        if (e->marker == 0) {
+            if (e->pos >= e->size) {
+                /* The data ends with no marker: libjpeg's memory source warns
+                 * as soon as its reader needs a byte more, and so does this. */
+                WARNMS(e->cinfo, JWRN_JPEG_EOF);
+                e->marker = -1;
+                e->marker_end = e->size;
+            } else {
+                c = e->data[e->pos++];
+                if (c == 0xFF) {
+                    size_t p = e->pos; /* fill bytes: FF FF ... then 00 (a data FF) or a marker */
+                    while (p < e->size && e->data[p] == 0xFF)
+                        p++;
+                    if (p >= e->size) {
+                        WARNMS(e->cinfo, JWRN_JPEG_EOF);
+                        e->pos--;
+                        e->marker = -1;
+                        e->marker_end = e->size;
+                        c = 0;
+                    } else if (e->data[p] == 0) {
+                        e->pos = p + 1;
+                    } else {
+                        e->pos--;
+                        e->marker = e->data[p];
+                        e->marker_end = p + 1;
+                        c = 0;
+                    }
+                }
+            }
+        }
+        if (e->marker)
+            e->pad += 8;
+        e->acc |= (uint64_t)c << (56 - e->nbits);
+        e->nbits += 8;
+    }
+}
+
+/* Bits below nbits in acc are either zero or the very bits the next bytes
+ * bring (the fast path loads 8 bytes, of which it counts the whole ones), so
+ * OR-ing the next bytes in is exact. */
+static inline void refill(Entropy *e)
+{
+    if (e->marker == 0 && e->pos + 8 <= e->size) {
+        uint64_t x;
+        memcpy(&x, e->data + e->pos, 8);
+        x = __builtin_bswap64(x);
+        if (!has_ff(x)) {
+            e->acc |= x >> e->nbits;
+            e->pos += (size_t)((63 - e->nbits) >> 3);
+            e->nbits |= 56;
+            return;
+        }
+    }
+    refill_slow(e);
+}
+
+static inline unsigned take(Entropy *e, int n) /* 1 <= n <= 16 */
+{
+    unsigned v = (unsigned)(e->acc >> (64 - n));
+    e->acc <<= n;
+    e->nbits -= n;
+    return v;
+}
+
+static inline int extend(unsigned v, int s)
+{
+    return v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v;
+}
+
+static int slow_symbol(Entropy *e, const HuffTable *h)
+{
+    int l = HUFF_LOOK + 1;
+    int32_t code = (int32_t)(e->acc >> (64 - l));
+    while (code > h->maxcode[l]) {
+        l++;
+        code = (int32_t)(e->acc >> (64 - l));
+    }
+    if (l > 16) {
+        WARNMS(e->cinfo, JWRN_HUFF_BAD_CODE);
+        return 0; /* not reached: feeder's warnings are errors */
+    }
+    e->acc <<= l;
+    e->nbits -= l;
+    return h->huffval[(code + h->valoffset[l]) & 0xFF];
+}
+
+/* The bit reader's state in locals for the hot loop (the compiler cannot
+ * keep e->acc in a register across the coefficient stores otherwise). */
+#define LOAD_STATE() uint64_t acc = e->acc; int nbits = e->nbits
+#define SAVE_STATE() (e->acc = acc, e->nbits = nbits)
+#define REFILL()                                                          \
+    do {                                                                  \
+        if (nbits < 32) {                                                 \
+            uint64_t x_;                                                  \
+            if (e->marker == 0 && e->pos + 8 <= e->size                   \
+                && (memcpy(&x_, e->data + e->pos, 8), x_ = __builtin_bswap64(x_), !has_ff(x_))) { \
+                acc |= x_ >> nbits;                                       \
+                e->pos += (size_t)((63 - nbits) >> 3);                    \
+                nbits |= 56;                                              \
+            } else {                                                      \
+                SAVE_STATE();                                             \
+                refill_slow(e);                                           \
+                acc = e->acc;                                             \
+                nbits = e->nbits;                                         \
+            }                                                             \
+        }                                                                 \
+    } while (0)
+#define TAKE(n, v) ((v) = (unsigned)(acc >> (64 - (n))), acc <<= (n), nbits -= (n))
+#define SYMBOL(h, s)                                                      \
+    do {                                                                  \
+        unsigned look_ = (h)->look[acc >> (64 - HUFF_LOOK)];              \
+        if (look_) {                                                      \
+            int l_ = look_ >> 8;                                          \
+            acc <<= l_;                                                   \
+            nbits -= l_;                                                  \
+            (s) = look_ & 0xFF;                                           \
+        } else {                                                          \
+            SAVE_STATE();                                                 \
+            (s) = slow_symbol(e, (h));                                    \
+            acc = e->acc;                                                 \
+            nbits = e->nbits;                                             \
+        }                                                                 \
+    } while (0)
+
+static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, const HuffTable *ac,
+                                int *pred)
+{
+    LOAD_STATE();
+    unsigned v;
+    int s;
+    REFILL();
+    SYMBOL(dc, s);
+    int diff = 0;
+    if (s) {
+        TAKE(s, v);
+        diff = extend(v, s);
+    }
+    *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
+    if (blk)
+        blk[0] = (JCOEF)*pred;
+    for (int k = 1; k < 64; k++) {
+        REFILL();
+        int32_t f = ac->fast_ac[acc >> (64 - HUFF_LOOK)];
+        if (f) { /* run, size and value in one look */
+            int used = f & 0xFF;
+            k += (f >> 8) & 15;
+            acc <<= used;
+            nbits -= used;
+            if (blk)
+                blk[natural_order[k]] = (JCOEF)(f >> 16); /* arithmetic shift (gcc, clang) */
+            continue;
+        }
+        int rs;
+        SYMBOL(ac, rs);
+        int r = rs >> 4;
+        s = rs & 15;
+        if (s) {
+            k += r;
+            TAKE(s, v);
+            if (blk)
+                blk[natural_order[k]] = (JCOEF)extend(v, s);
+        } else {
+            if (r != 15)
+                break;
+            k += 15;
+        }
+    }
+    SAVE_STATE();
+}
+
+/* Step back from position p over n bytes of data. A data 0xFF is stored as
+ * FF 00 (fill FFs may come before it): a 00 after an FF is always such
+ * stuffing, never a data byte. */
+static size_t back_over(const unsigned char *data, size_t p, int n)
+{
+    for (; n > 0; n--)
+        p -= (p >= 2 && data[p - 1] == 0 && data[p - 2] == 0xFF) ? 2 : 1;
+    return p;
+}
+
+/* Hand libjpeg's source manager the position where the scan's bytes stop
+ * being ours, at a restart marker or at the end of the scan. Whole bytes
+ * loaded but not read are damage (the segment should end within the last
+ * byte read); libjpeg-turbo drops the few its read-ahead took in silently,
+ * and catches only those beyond, so it reports such damage or not depending
+ * on how far it had read ahead. This decoder reports them all: bytes before a
+ * marker already met are a warning here; otherwise the source goes back to
+ * the first of them and libjpeg's marker reader counts them (with any more
+ * before the marker) and warns. */
+static void give_source_back(Entropy *e)
+{
+    j_decompress_ptr cinfo = e->cinfo;
+    int left = (e->nbits - e->pad) / 8;
+    if (left > 0 && e->marker > 0)
+        WARNMS2(cinfo, JWRN_EXTRANEOUS_DATA, left, e->marker);
+    struct jpeg_source_mgr *src = cinfo->src;
+    size_t at = e->marker > 0 ? e->marker_end
+              : e->marker < 0 ? e->size : back_over(e->data, e->pos, left);
+    src->next_input_byte = e->data + at;
+    src->bytes_in_buffer = e->size - at;
+    cinfo->unread_marker = e->marker > 0 ? e->marker : 0;
+}
+
+static void restart(Entropy *e)
+{
+    j_decompress_ptr cinfo = e->cinfo;
+    give_source_back(e);
+    if (!(*cinfo->marker->read_restart_marker)(cinfo))
+        ERREXIT(cinfo, JERR_CANT_SUSPEND); /* a memory source never suspends */
+    if (cinfo->unread_marker != 0) /* a resync left a marker for later: it warned first */
+        WARNMS(cinfo, JWRN_HIT_MARKER);
+    e->pos = (size_t)(cinfo->src->next_input_byte - e->data);
+    e->acc = 0;
+    e->nbits = e->pad = e->marker = 0;
+    for (int c = 0; c < e->ncomp; c++)
+        e->pred[c] = 0;
+    e->restarts_to_go = cinfo->restart_interval;
+}
+
+/* The checkpoint of the current state (at an MCU row's start); 0 if it cannot
+ * be written (past a marker, a DC prediction out of int16's range). */
+static int save_point(Entropy *e, Checkpoint *cp)
+{
+    if (e->marker != 0)
+        return 0;
+    int unread = e->nbits; /* pad is 0 without a marker */
+    size_t p = back_over(e->data, e->pos, (unread + 7) / 8); /* the bytes holding unread bits */
+    if (p > UINT32_MAX)
+        return 0;
+    cp->pos = (uint32_t)p;
+    cp->skip = (uint8_t)((8 - unread % 8) % 8);
+    cp->next_restart = (uint8_t)(e->cinfo->marker->next_restart_num & 7);
+    cp->restarts_to_go = (uint16_t)e->restarts_to_go;
+    for (int c = 0; c < MAX_COMPS_IN_SCAN; c++) {
+        int v = c < e->ncomp ? e->pred[c] : 0;
+        if (v < INT16_MIN || v > INT16_MAX)
+            return 0;
+        cp->pred[c] = (int16_t)v;
+    }
+    return 1;
+}
+
+static void restore_point(Entropy *e, const Checkpoint *cp, unsigned row)
+{
+    e->pos = cp->pos;
+    e->acc = 0;
+    e->nbits = e->pad = e->marker = 0;
+    refill(e);
+    if (cp->skip)
+        take(e, cp->skip);
+    for (int c = 0; c < e->ncomp; c++)
+        e->pred[c] = cp->pred[c];
+    e->restarts_to_go = cp->restarts_to_go;
+    e->cinfo->marker->next_restart_num = cp->next_restart;
+    e->jumped += row - (unsigned)(e->mcu / e->per_row);
+    e->mcu = (uint64_t)row * e->per_row;
+}
+
+static void decode_one(Entropy *e, JBLOCKROW *blocks)
+{
+    j_decompress_ptr cinfo = e->cinfo;
+    if (e->record && e->mcu % e->per_row == 0) {
+        uint64_t row = e->mcu / e->per_row;
+        if (row > 0 && row % e->stride == 0 && row / e->stride <= e->npoints) {
+            if (e->recorded == row / e->stride - 1 && save_point(e, &e->points[e->recorded]))
+                e->recorded++;
+            else
+                e->record = 0; /* a gap: this file gets no index */
+        }
+    }
+    if (cinfo->restart_interval) {
+        if (e->restarts_to_go == 0)
+            restart(e);
+        e->restarts_to_go--;
+    }
+    for (int b = 0; b < cinfo->blocks_in_MCU; b++)
+        decode_block(e, blocks ? blocks[b][0] : NULL, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
+    if (e->nbits < e->pad) /* read past the end of the data: libjpeg's warning */
+        WARNMS(cinfo, JWRN_HIT_MARKER);
+    e->mcu++;
+}
+
+static void catch_up(Entropy *e, uint64_t target)
+{
+    if (e->have_index) {
+        uint64_t i = target / e->per_row / e->stride; /* point i-1 is at row i*stride */
+        if (i > e->npoints)
+            i = e->npoints;
+        if (i >= 1 && i * e->stride * e->per_row > e->mcu)
+            restore_point(e, &e->points[i - 1], (unsigned)(i * e->stride));
+    }
+    while (e->mcu < target)
+        decode_one(e, NULL);
+}
+
+static boolean own_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
+{
+    Entropy *e = (Entropy *)cinfo->entropy;
+    if (e->want >= e->total) /* libjpeg asks for no more than the scan holds */
+        return TRUE;
+    if (MCU_data == NULL) { /* a skipped MCU: decoded only if a later one needs it */
+        e->want++;
+        return TRUE;
+    }
+    if (e->want > e->mcu)
+        catch_up(e, e->want);
+    decode_one(e, MCU_data);
+    e->want++;
+    if (e->mcu == e->total)
+        give_source_back(e); /* libjpeg reads on from here to the end of the file */
+    return TRUE;
+}
+
+static void own_start_pass(j_decompress_ptr cinfo)
+{
+    /* One scan, already started when this decoder took over: a second start is
+     * a file this decoder was not meant for. */
+    ERREXIT(cinfo, JERR_NOT_COMPILED);
+}
+
+int entropy_supported(j_decompress_ptr cinfo)
+{
+    return !cinfo->progressive_mode && !cinfo->arith_code && cinfo->data_precision == 8
+           && !cinfo->buffered_image && !jpeg_has_multiple_scans(cinfo)
+           && cinfo->comps_in_scan >= 1 && cinfo->comps_in_scan <= MAX_COMPS_IN_SCAN
+           && cinfo->blocks_in_MCU >= 1 && cinfo->blocks_in_MCU <= D_MAX_BLOCKS_IN_MCU
+           && cinfo->Ss == 0 && cinfo->Se == 63 && cinfo->Ah == 0 && cinfo->Al == 0
+           && cinfo->unread_marker == 0 && cinfo->MCUs_per_row > 0 && cinfo->MCU_rows_in_scan > 0;
+}
+
+static size_t entry_size(const Entropy *e)
+{
+    return 5 + (e->cinfo->restart_interval ? 2 : 0) + 2 * (size_t)e->ncomp;
+}
+
+static void put16(unsigned char *p, unsigned v) { p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); }
+static void put32(unsigned char *p, uint32_t v) { put16(p, v & 0xFFFF); put16(p + 2, v >> 16); }
+static unsigned get16(const unsigned char *p) { return p[0] | (unsigned)p[1] << 8; }
+static uint32_t get32(const unsigned char *p) { return get16(p) | (uint32_t)get16(p + 2) << 16; }
+
+/* Read an index; 0 (and no points) if it does not describe this scan. */
+static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan_start)
+{
+    j_decompress_ptr cinfo = e->cinfo;
+    if (n < INDEX_HEADER || p[0] != 'F' || p[1] != 'H' || p[2] != INDEX_VERSION
+        || p[3] != e->ncomp || get32(p + 8) != e->per_row || get32(p + 12) != e->rows
+        || get16(p + 16) != cinfo->restart_interval)
+        return 0;
+    unsigned stride = get16(p + 4), npoints = get16(p + 6);
+    if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0
+        || n != INDEX_HEADER + npoints * entry_size(e))
+        return 0;
+    e->points = (Checkpoint *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
+                                                         npoints * sizeof(Checkpoint));
+    const unsigned char *q = p + INDEX_HEADER;
+    for (unsigned i = 0; i < npoints; i++) {
+        Checkpoint *cp = &e->points[i];
+        memset(cp, 0, sizeof *cp);
+        cp->pos = get32(q);
+        cp->skip = q[4] & 7;
+        cp->next_restart = q[4] >> 3;
+        q += 5;
+        if (cinfo->restart_interval) {
+            cp->restarts_to_go = (uint16_t)get16(q);
+            q += 2;
+        }
+        for (int c = 0; c < e->ncomp; c++, q += 2)
+            cp->pred[c] = (int16_t)get16(q);
+        if (cp->pos < scan_start || cp->pos >= e->size || cp->next_restart > 7
+            || cp->restarts_to_go > cinfo->restart_interval || (i > 0 && cp->pos < e->points[i - 1].pos))
+            return 0;
+    }
+    e->stride = stride;
+    e->npoints = npoints;
+    return 1;
+}
+
+size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
+{
+    if (e == NULL || !e->record || e->npoints == 0 || e->recorded != e->npoints || e->mcu != e->total)
+        return 0;
+    size_t n = INDEX_HEADER + e->npoints * entry_size(e);
+    if (out == NULL || cap < n)
+        return n;
+    out[0] = 'F';
+    out[1] = 'H';
+    out[2] = INDEX_VERSION;
+    out[3] = (unsigned char)e->ncomp;
+    put16(out + 4, e->stride);
+    put16(out + 6, e->npoints);
+    put32(out + 8, e->per_row);
+    put32(out + 12, e->rows);
+    put16(out + 16, e->cinfo->restart_interval);
+    unsigned char *q = out + INDEX_HEADER;
+    for (unsigned i = 0; i < e->npoints; i++) {
+        const Checkpoint *cp = &e->points[i];
+        put32(q, cp->pos);
+        q[4] = (unsigned char)(cp->skip | cp->next_restart << 3);
+        q += 5;
+        if (e->cinfo->restart_interval) {
+            put16(q, cp->restarts_to_go);
+            q += 2;
+        }
+        for (int c = 0; c < e->ncomp; c++, q += 2)
+            put16(q, (uint16_t)cp->pred[c]);
+    }
+    return n;
+}
+
+void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points)
+{
+    memset(e, 0, sizeof *e);
+    e->cinfo = cinfo;
+    e->data = data;
+    e->size = size;
+    const unsigned char *at = cinfo->src->next_input_byte;
+    if (at < data || at > data + size)
+        ERREXIT(cinfo, JERR_NOT_COMPILED); /* not the memory source this decoder was given */
+    e->pos = (size_t)(at - data);
+    e->ncomp = cinfo->comps_in_scan;
+    e->per_row = cinfo->MCUs_per_row;
+    e->rows = cinfo->MCU_rows_in_scan;
+    e->total = (uint64_t)e->per_row * e->rows;
+    e->restarts_to_go = cinfo->restart_interval;
+    int built[2 * NUM_HUFF_TBLS] = {0};
+    for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
+        int ci = cinfo->MCU_membership[b];
+        if (ci < 0 || ci >= e->ncomp)
+            ERREXIT(cinfo, JERR_NOT_COMPILED);
+        jpeg_component_info *comp = cinfo->cur_comp_info[ci];
+        int dn = comp->dc_tbl_no, an = comp->ac_tbl_no;
+        if (dn < 0 || dn >= NUM_HUFF_TBLS || cinfo->dc_huff_tbl_ptrs[dn] == NULL)
+            ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, dn);
+        if (an < 0 || an >= NUM_HUFF_TBLS || cinfo->ac_huff_tbl_ptrs[an] == NULL)
+            ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, an);
+        if (!built[dn]) {
+            build_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn]);
+            built[dn] = 1;
+        }
+        if (!built[NUM_HUFF_TBLS + an]) {
+            build_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, &e->tables[NUM_HUFF_TBLS + an]);
+            built[NUM_HUFF_TBLS + an] = 1;
+        }
+        e->member[b] = ci;
+        e->dc[b] = &e->tables[dn];
+        e->ac[b] = &e->tables[NUM_HUFF_TBLS + an];
+    }
+    if (index != NULL && parse_index(e, index, index_len, e->pos)) {
+        e->have_index = 1;
+    } else if (record && e->rows > 1 && max_points > 0) {
+        unsigned stride = (e->rows - 1 + max_points - 1) / max_points;
+        if (stride < 1)
+            stride = 1;
+        e->stride = stride;
+        e->npoints = (e->rows - 1) / stride;
+        if (e->npoints > 0 && e->npoints <= 0xFFFF && stride <= 0xFFFF) {
+            e->points = (Checkpoint *)(*cinfo->mem->alloc_small)(
+                (j_common_ptr)cinfo, JPOOL_IMAGE, e->npoints * sizeof(Checkpoint));
+            e->record = 1;
+        }
+    }
+    e->pub.start_pass = own_start_pass;
+    e->pub.decode_mcu = own_decode_mcu;
+    e->pub.insufficient_data = FALSE;
+    cinfo->entropy = &e->pub;
+}

@@ -1,0 +1,108 @@
+/*
+ * feeder's own Huffman decoder for libjpeg-turbo's decompressor, with an index
+ * of where each MCU row starts (see _huffman.c).
+ */
+#ifndef FEEDER_HUFFMAN_H
+#define FEEDER_HUFFMAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jpeglib.h>
+
+/* The two structs of libjpeg's internals this decoder uses: the entropy
+ * decoder's (its place in the decompressor) and the marker reader's (the
+ * restart markers). Debian installs jpegint.h; upstream libjpeg-turbo does not,
+ * so they are declared here as libjpeg has laid them out since version 6b. */
+#if defined(__has_include)
+#if __has_include(<jpegint.h>)
+#include <jpegint.h>
+#define FEEDER_HAVE_JPEGINT 1
+#endif
+#endif
+#ifndef FEEDER_HAVE_JPEGINT
+struct jpeg_marker_reader {
+    void (*reset_marker_reader)(j_decompress_ptr cinfo);
+    int (*read_markers)(j_decompress_ptr cinfo);
+    jpeg_marker_parser_method read_restart_marker;
+    boolean saw_SOI;
+    boolean saw_SOF;
+    int next_restart_num;
+    unsigned int discarded_bytes;
+};
+struct jpeg_entropy_decoder {
+    void (*start_pass)(j_decompress_ptr cinfo);
+    boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+    boolean insufficient_data;
+};
+#endif
+
+#define HUFF_LOOK 9 /* bits looked up at once; longer codes take the slow path */
+
+typedef struct {
+    uint16_t look[1 << HUFF_LOOK]; /* (length << 8) | symbol for codes of up to HUFF_LOOK bits; 0 otherwise */
+    int32_t maxcode[18];           /* largest code of each length (-1: none); [17] a sentinel */
+    int32_t valoffset[17];         /* symbol index of a code: code + valoffset[length] */
+    uint8_t huffval[256];
+    /* AC tables: a code and its value bits within HUFF_LOOK bits, decoded in
+     * one look: value * 65536 + run * 256 + bits used; 0 otherwise */
+    int32_t fast_ac[1 << HUFF_LOOK];
+} HuffTable;
+
+/* Where the entropy decoder stands at the start of an MCU row. */
+typedef struct {
+    uint32_t pos;           /* offset in the file of the byte holding the next unread bit */
+    uint8_t skip;           /* bits of that byte already read (0-7) */
+    uint8_t next_restart;   /* the RSTn expected next (0-7) */
+    uint16_t restarts_to_go;
+    int16_t pred[MAX_COMPS_IN_SCAN]; /* DC predictions */
+} Checkpoint;
+
+typedef struct {
+    struct jpeg_entropy_decoder pub; /* first: libjpeg calls through it */
+    j_decompress_ptr cinfo;
+    const unsigned char *data;
+    size_t size;
+    /* the bit reader: acc holds nbits bits, most significant first; the last
+     * `pad` of them are zeros added after the end of the data (a marker) */
+    size_t pos;
+    uint64_t acc;
+    int nbits, pad;
+    int marker;        /* 0: none met; -1: the data ended; else the marker's code */
+    size_t marker_end; /* offset just past the marker */
+    int pred[MAX_COMPS_IN_SCAN];
+    unsigned restarts_to_go;
+    /* the MCUs: decoded so far, asked for (skipped rows included), in all */
+    uint64_t mcu, want, total;
+    unsigned per_row, rows;
+    int ncomp;
+    const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
+    int member[D_MAX_BLOCKS_IN_MCU];
+    HuffTable tables[2 * NUM_HUFF_TBLS];
+    /* the index: a checkpoint every `stride` MCU rows, rows stride, 2*stride, ... */
+    Checkpoint *points;
+    unsigned npoints, stride;
+    int have_index; /* points were given: jump to them */
+    int record;     /* fill points as the rows go by */
+    unsigned recorded; /* points filled (record) */
+    unsigned jumped;   /* rows passed over by a jump (for tests) */
+} Entropy;
+
+/* Whether the own decoder can run this file: a single sequential Huffman scan
+ * of 8-bit samples (baseline or extended), after jpeg_start_decompress. */
+int entropy_supported(j_decompress_ptr cinfo);
+
+/* Take over the entropy decoding of `cinfo` (after jpeg_start_decompress; the
+ * file is data[0:size], libjpeg's memory source at the first byte of the scan).
+ * `index` (may be NULL) is an index that entropy_index wrote for these bytes;
+ * one that does not fit this file is not used. `record`: keep a checkpoint
+ * every few rows, at most `max_points` of them. Errors longjmp through libjpeg. */
+void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points);
+
+/* The recorded index in bytes: its size (0 if none), written to out when out is
+ * not NULL and cap is enough. */
+size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap);
+
+#endif
