@@ -329,12 +329,13 @@ static void restart(Entropy *e)
 }
 
 /* The checkpoint of the current state (at an MCU row's start); 0 if it cannot
- * be written (past a marker, a DC prediction out of int16's range). */
+ * be written (a DC prediction out of int16's range). After a marker was met
+ * (a restart marker where the row starts a restart interval, the end), pos is
+ * at its first byte and the bits read ahead of it are zeros (pad): the unread
+ * bits of the data are still the last ones loaded before pos. */
 static int save_point(Entropy *e, Checkpoint *cp)
 {
-    if (e->marker != 0)
-        return 0;
-    int unread = e->nbits; /* pad is 0 without a marker */
+    int unread = e->nbits - e->pad;
     size_t p = back_over(e->data, e->pos, (unread + 7) / 8); /* the bytes holding unread bits */
     if (p > UINT32_MAX)
         return 0;

@@ -1,0 +1,359 @@
+"""feeder's own Huffman decoder (feeder/work/_huffman.c) and the row index it
+records (feeder/work/verified.py).
+
+What is promised, checked against libjpeg-turbo's own Huffman decoder
+(``own=False``) as the reference:
+
+* Every valid sequential file decodes to the same pixels as with libjpeg's
+  decoder, at every layout, restart interval and scale, with or without an
+  index; an index makes the decode start below the first row (it is used).
+* An index describes only the bytes it was recorded from: a foreign, cut or
+  garbled one is not used, or at worst gives a decode error, never a crash.
+* On damaged data the own decoder is never laxer than libjpeg's: where libjpeg
+  reports damage it does too, and where both decode, the pixels are the same.
+* The memory of indexes is bounded, survives no overwrite, and never hands out
+  another file's index, under threads.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from jpeg_helpers import SUBSAMPLING, jpeg
+from feeder import ConfigError, DecodeError, Feeder, ops
+from feeder.synthetic import make_image
+from feeder.work import decode as D
+from feeder.work.verified import VerifiedJpegs
+
+ext = D._jpeg
+needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
+
+
+def _noisy(h: int, w: int, seed: int) -> np.ndarray:
+    """Smooth image plus noise: many coefficients, many 0xFF bytes at quality 100."""
+    rng = np.random.default_rng(seed)
+    base = make_image(h, w, seed=seed).astype(np.int16)
+    return np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+
+
+def _decode(data: bytes, box: tuple[int, int, int, int], denom: int, **kw) -> tuple[np.ndarray, tuple]:
+    t, l, h, w = box
+    out = np.zeros(h * w * 3, np.uint8)
+    got = ext.decode(data, t, l, h, w, denom, out, 1 << 30, True, kw.pop("verify", True), **kw)
+    return out.reshape(h, w, 3), got
+
+
+def _scaled(data: bytes, denom: int) -> tuple[int, int]:
+    w, h = ext.header(data)[:2]
+    return -(-h // denom), -(-w // denom)
+
+
+def _boxes(H: int, W: int, rng: random.Random, n: int) -> list[tuple[int, int, int, int]]:
+    boxes = [(0, 0, H, W), (H - 1, W - 1, 1, 1), (H // 2, 0, H - H // 2, W)]
+    for _ in range(n):
+        t, l = rng.randrange(H), rng.randrange(W)
+        boxes.append((t, l, rng.randrange(1, H - t + 1), rng.randrange(1, W - l + 1)))
+    return boxes
+
+
+FILES = [(kind, rst) for kind in [*SUBSAMPLING, "gray"] for rst in (0,)] + \
+        [("restart", rst) for rst in (1, 2, 7, 1000)]
+
+
+@needs_ext
+@pytest.mark.parametrize("kind,rst", FILES)
+def test_own_decoder_and_its_index_give_libjpegs_pixels(kind, rst):
+    rng = random.Random(hash((kind, rst)) & 0xFFFF)
+    for seed, (h, w), quality in [(1, (203, 157), 100), (2, (64, 300), 75), (3, (9, 17), 90)]:
+        data = jpeg(_noisy(h, w, seed), kind, quality, rst=max(rst, 1))
+        for denom in (1, 2, 4, 8):
+            H, W = _scaled(data, denom)
+            _, (_, _, index, _) = _decode(data, (0, 0, H, W), denom, record=True)
+            mcu_h = 16 if kind in ("4:2:0", "4:4:0", "restart") else 8
+            assert (index is not None) == (h > mcu_h), (kind, rst, h)  # one MCU row: nothing to skip
+            for box in _boxes(H, W, rng, 6):
+                ref, _ = _decode(data, box, denom, own=False)
+                own, _ = _decode(data, box, denom)
+                fast, _ = _decode(data, box, denom, verify=False, index=index)
+                assert np.array_equal(own, ref), (kind, rst, seed, denom, box)
+                assert np.array_equal(fast, ref), (kind, rst, seed, denom, box)
+
+
+@needs_ext
+def test_an_index_makes_a_crop_low_in_the_image_skip_the_rows_above():
+    data = jpeg(_noisy(480, 320, 7), "4:2:0", 90)
+    _, (_, _, index, jumped) = _decode(data, (0, 0, 480, 320), 1, record=True)
+    assert index is not None and jumped == 0
+    assert len(index) < 300  # at most 16 checkpoints of 11 bytes, and a header
+    ref, _ = _decode(data, (400, 16, 64, 100), 1, own=False)
+    fast, (_, _, made, jumped) = _decode(data, (400, 16, 64, 100), 1, verify=False, index=index)
+    assert np.array_equal(fast, ref) and made is None
+    assert 20 <= jumped <= 25  # 480 / 16 = 30 MCU rows; the crop starts in row 25
+    # A decode that must read every byte (verify) does not jump.
+    _, (_, _, _, jumped) = _decode(data, (400, 16, 64, 100), 1, index=index)
+    assert jumped == 0
+    # Neither does libjpeg's decoder, nor a crop starting in the first row.
+    _, (_, _, _, jumped) = _decode(data, (400, 16, 64, 100), 1, verify=False, index=index, own=False)
+    assert jumped == 0
+    _, (_, _, _, jumped) = _decode(data, (3, 16, 64, 100), 1, verify=False, index=index)
+    assert jumped == 0
+
+
+@needs_ext
+def test_max_points_bounds_the_index():
+    data = jpeg(_noisy(640, 64, 8), "4:4:4", 90)  # 80 MCU rows
+    sizes = {}
+    for points in (1, 4, 16, 79, 200):
+        _, (_, _, index, _) = _decode(data, (0, 0, 640, 64), 1, record=True, max_points=points)
+        sizes[points] = len(index)
+        ref, _ = _decode(data, (600, 0, 40, 64), 1, own=False)
+        fast, _ = _decode(data, (600, 0, 40, 64), 1, verify=False, index=index)
+        assert np.array_equal(fast, ref), points
+    assert sizes[1] < sizes[4] < sizes[16] < sizes[79] == sizes[200]
+    _, (_, _, index, _) = _decode(data, (0, 0, 640, 64), 1, record=True, max_points=0)
+    assert index is None
+
+
+@needs_ext
+def test_a_crop_that_stops_early_records_no_index():
+    data = jpeg(_noisy(160, 64, 9), "4:2:0", 90)
+    _, (_, _, index, _) = _decode(data, (0, 0, 16, 64), 1, record=True, verify=False)
+    assert index is None  # only a read to the end makes one
+
+
+@needs_ext
+def test_progressive_and_arithmetic_files_have_no_index():
+    data = jpeg(_noisy(64, 64, 10), "progressive", 90)
+    _, (_, _, index, _) = _decode(data, (0, 0, 64, 64), 1, record=True)
+    assert index is None
+
+
+@needs_ext
+def test_an_index_of_other_bytes_or_garbled_is_never_a_crash():
+    a = jpeg(_noisy(160, 96, 11), "4:2:0", 90)
+    b = jpeg(_noisy(160, 96, 12), "4:2:0", 90)  # same geometry, other bytes
+    c = jpeg(_noisy(96, 160, 13), "4:4:4", 90)
+    index = {k: _decode(d, (0, 0, *_scaled(d, 1)), 1, record=True)[1][2] for k, d in
+             {"a": a, "b": b, "c": c}.items()}
+    ref, _ = _decode(a, (100, 10, 50, 50), 1, own=False)
+    # Another layout's index does not fit: not used, the pixels are right.
+    got, (_, _, _, jumped) = _decode(a, (100, 10, 50, 50), 1, verify=False, index=index["c"])
+    assert jumped == 0 and np.array_equal(got, ref)
+    rng = random.Random(14)
+    blobs = [b"", b"FH", index["a"][:-1], index["a"] + b"\0", bytes(len(index["a"])),
+             bytes(rng.randrange(256) for _ in range(len(index["a"])))]
+    for k in range(200):  # every byte of a good index garbled in turn
+        bad = bytearray(index["a"])
+        bad[k % len(bad)] ^= 1 << rng.randrange(8)
+        blobs.append(bytes(bad))
+    blobs.append(index["b"])  # fits the layout, describes other bytes
+    for blob in blobs:
+        try:
+            _decode(a, (100, 10, 50, 50), 1, verify=False, index=blob)
+        except DecodeError:
+            pass  # an index is trusted for speed, not for pixels: feeder keeps
+            # it with the file's fingerprints; here only "no crash" is promised
+
+
+def _mutations(data: bytes, rng: random.Random, n: int) -> list[bytes]:
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    out = []
+    for _ in range(n):
+        d = bytearray(data)
+        kind = rng.randrange(5)
+        p = rng.randrange(start, len(d) - 2)
+        if kind == 0:
+            d[p] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            del d[p:p + rng.randrange(1, 6)]
+        elif kind == 2:
+            d[p:p] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
+        elif kind == 3:
+            d = d[:p]
+        else:
+            d[p] = 0xFF
+        out.append(bytes(d))
+    return out
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "gray", "restart"])
+def test_on_damaged_data_the_own_decoder_is_never_laxer_than_libjpegs(kind):
+    rng = random.Random(kind)
+    data = jpeg(_noisy(48, 40, 15), kind, 90, rst=2)
+    counts = {"both refuse": 0, "both decode": 0, "only own refuses": 0}
+    for bad in _mutations(data, rng, 150):
+        H, W = _scaled(bad, 1) if bad[:2] == b"\xff\xd8" else (0, 0)
+        for box in [(0, 0, H, W), (H // 3, 5, H // 3, W - 10)]:
+            verdicts = []
+            for own in (False, True):
+                try:
+                    verdicts.append(_decode(bad, box, 1, own=own)[0])
+                except DecodeError:
+                    verdicts.append(None)
+            lib, mine = verdicts
+            assert not (lib is None and mine is not None), "libjpeg refused, own decoder passed"
+            if lib is not None and mine is not None:
+                assert np.array_equal(lib, mine)
+                counts["both decode"] += 1
+            else:
+                counts["both refuse" if lib is None else "only own refuses"] += 1
+    assert counts["both refuse"] > 100 and counts["both decode"] > 20, counts
+
+
+@needs_ext
+@pytest.mark.parametrize("junk", [1, 2, 3])
+def test_every_junk_byte_before_the_end_marker_is_reported(junk):
+    """libjpeg-turbo's read-ahead swallows a few junk bytes before EOI unseen;
+    the own decoder reports them all."""
+    for seed in range(20):
+        data = jpeg(_noisy(40, 56, 100 + seed), "4:2:0", 90)
+        bad = data[:-2] + bytes([0x5A] * junk) + data[-2:]
+        with pytest.raises(DecodeError, match="extraneous bytes before marker 0xd9"):
+            _decode(bad, (0, 0, 40, 56), 1)
+
+
+@needs_ext
+def test_junk_before_a_restart_marker_is_reported():
+    data = jpeg(_noisy(64, 64, 16), "restart", 90, rst=2)
+    at = data.index(b"\xff\xd0")
+    bad = data[:at] + b"\x5a" + data[at:]
+    with pytest.raises(DecodeError, match="extraneous bytes before marker 0xd0"):
+        _decode(bad, (0, 0, 64, 64), 1)
+
+
+# --- the memory of indexes -------------------------------------------------
+
+
+def test_verified_keeps_an_index_found_by_both_fingerprints():
+    mem = VerifiedJpegs(slots=64, index_bytes=4096)
+    data = bytes(range(256)) * 3
+    fp, check = mem.fingerprints(data)
+    assert fp == mem.fingerprint(data) and fp >> 32 == len(data)
+    assert mem.index(fp, check) is None
+    mem.add(fp, b"ROWS", check)
+    assert mem.seen(fp) and mem.index(fp, check) == b"ROWS"
+    assert mem.index(fp, check ^ 1) is None  # same fingerprint, other first half
+    other, other_check = mem.fingerprints(data[::-1])
+    assert mem.index(other, other_check) is None
+    mem.add(other, None, other_check)  # verified, no index
+    assert mem.seen(other) and mem.index(other, other_check) is None
+
+
+def test_the_ring_of_indexes_is_bounded_and_forgets_the_oldest():
+    mem = VerifiedJpegs(slots=1024, index_bytes=1000)
+    keys = []
+    for k in range(40):
+        data = k.to_bytes(4, "little") * 50
+        fp, check = mem.fingerprints(data)
+        mem.add(fp, bytes([k]) * 80, check)  # 80 + 18 bytes each: 10 fit
+        keys.append((fp, check, k))
+    kept = [k for fp, check, k in keys if mem.index(fp, check) is not None]
+    assert kept == list(range(30, 40))
+    for fp, check, k in keys[30:]:
+        assert mem.index(fp, check) == bytes([k]) * 80
+    too_big = VerifiedJpegs(slots=64, index_bytes=50)
+    fp, check = too_big.fingerprints(b"x")
+    too_big.add(fp, bytes(100), check)
+    assert too_big.seen(fp) and too_big.index(fp, check) is None
+    none = VerifiedJpegs(slots=64, index_bytes=0)
+    none.add(fp, b"ROWS", check)
+    assert none.seen(fp) and none.index(fp, check) is None
+
+
+def test_the_index_memory_pickles_empty_with_its_size():
+    mem = VerifiedJpegs(slots=64, index_bytes=5000)
+    fp, check = mem.fingerprints(b"abc")
+    mem.add(fp, b"ROWS", check)
+    copy = pickle.loads(pickle.dumps(mem))
+    assert copy.index_bytes == 5000 and copy.slots == 64 and copy.index(fp, check) is None
+    with pytest.raises(ValueError, match="index_bytes"):
+        VerifiedJpegs(index_bytes=-1)
+
+
+def test_threads_adding_and_looking_up_never_get_another_files_index():
+    """A tiny ring written round many times while other threads read from it."""
+    mem = VerifiedJpegs(slots=256, index_bytes=600)
+    files = [(k.to_bytes(2, "little") * (20 + k % 7)) for k in range(300)]
+    keys = [mem.fingerprints(d) for d in files]
+    start = threading.Barrier(4, timeout=JOIN_TIMEOUT_S)
+    wrong: list = []
+
+    def writer(part: int) -> None:
+        start.wait()
+        for _ in range(20):
+            for k in range(part, len(files), 2):
+                fp, check = keys[k]
+                mem.add(fp, files[k][:40] + bytes([k % 251]) * (k % 50), check)
+
+    def reader() -> None:
+        start.wait()
+        for _ in range(20):
+            for k, (fp, check) in enumerate(keys):
+                got = mem.index(fp, check)
+                if got is not None and got != files[k][:40] + bytes([k % 251]) * (k % 50):
+                    wrong.append(k)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in (0, 1)] + \
+              [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive()
+    assert wrong == []
+
+
+# --- through a Feeder ------------------------------------------------------
+
+
+def _batches(blobs: list[bytes], epochs: int, **options) -> list[np.ndarray]:
+    out = []
+    with Feeder(MemorySource(blobs), 8, [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()],
+                shuffle=True, seed=5, decode_threads=2, **options) as feeder:
+        for _ in range(epochs):
+            batches, error = drain(feeder)
+            assert error is None
+            out += [images for images, _ in batches]
+    return out
+
+
+@needs_ext
+def test_a_feeder_gives_the_same_batches_with_and_without_indexes(monkeypatch):
+    blobs = [jpeg(_noisy(90 + 7 * k, 120 - 3 * k, 200 + k), ["4:2:0", "4:4:4", "gray", "restart"][k % 4], 90)
+             for k in range(24)]
+    calls = []
+    real = ext.decode
+
+    def counting(*args, **kwargs):
+        got = real(*args, **kwargs)
+        if kwargs.get("index") is not None:
+            calls.append(got[3])
+        return got
+
+    plain = _batches(blobs, 3, jpeg_index_bytes=0)
+    assert calls == []
+    class Counting:  # the extension, its decode calls with an index counted
+        decode = staticmethod(counting)
+
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+    monkeypatch.setattr(D, "_jpeg", Counting())
+    indexed = _batches(blobs, 3)
+    assert len(indexed) == len(plain) and all(np.array_equal(a, b) for a, b in zip(plain, indexed))
+    assert len(calls) == 2 * len(blobs)  # epochs 2 and 3 decode with the index
+    assert sum(calls) > 0  # and some crops start below the first row
+
+
+@pytest.mark.parametrize("bad", [-1, True, "128MB", 1.5, None])
+def test_jpeg_index_bytes_must_be_a_count(bad):
+    with pytest.raises((ValueError, ConfigError), match="jpeg_index_bytes"):
+        Feeder(MemorySource([b""]), 1, jpeg_index_bytes=bad)
