@@ -26,9 +26,12 @@ Two parts, both in one run:
   :mod:`feeder.work.verified`), next to a full decode + crop + resize; the
   feeder rows run several epochs, the first of them reading each file to its
   end, and the ceilings time an epoch after the first; and the entropy (Huffman)
-  decoding that no region decode can skip, measured with the extension itself
-  by decoding one pixel on the crop's last row (every row above it is
-  entropy-decoded and discarded without IDCT).
+  decoding down to the crop's last row, measured with the extension itself by
+  decoding one pixel on that row: from the first row (every row above it is
+  entropy-decoded and discarded without IDCT), and from the checkpoint above
+  the crop that the row index (recorded in the first epoch) gives. The C
+  decode after the first epoch is also timed without the index and with
+  libjpeg-turbo's own Huffman decoder.
 """
 
 from __future__ import annotations
@@ -268,9 +271,9 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
 
         @staticmethod
         def decode(data: Any, top: int, left: int, height: int, width: int, denom: int, buf: Any,
-                   max_pixels: int, *rest: Any) -> Any:
-            calls.append((data, top, left, height, width, denom, max_pixels, rest))
-            return real(data, top, left, height, width, denom, buf, max_pixels, *rest)
+                   max_pixels: int, *rest: Any, **kw: Any) -> Any:
+            calls.append((data, top, left, height, width, denom, max_pixels, rest, kw))
+            return real(data, top, left, height, width, denom, buf, max_pixels, *rest, **kw)
 
     run(region)()  # the first epoch: every file read to its end and remembered
     _decode._jpeg = Recorder()
@@ -281,20 +284,35 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
     biggest = max(c[3] * (c[4] + 2 * ext.PAD + 32) * 3 for c in calls)
     buf = np.empty(max(biggest, 1 << 16), np.uint8)
 
-    def c_decodes() -> None:  # as the region path made them after the first epoch
-        for data, top, left, height, width, denom, mp, rest in calls:
-            real(data, top, left, height, width, denom, buf, mp, *rest)
+    def c_decodes() -> None:  # as the region path made them after the first epoch (with the row index)
+        for data, top, left, height, width, denom, mp, rest, kw in calls:
+            real(data, top, left, height, width, denom, buf, mp, *rest, **kw)
 
-    def c_decodes_first() -> None:  # the same, each file read to its end
-        for data, top, left, height, width, denom, mp, rest in calls:
-            real(data, top, left, height, width, denom, buf, mp, False, True)
+    def c_decodes_no_index() -> None:  # the same, from the first row
+        for data, top, left, height, width, denom, mp, rest, _ in calls:
+            real(data, top, left, height, width, denom, buf, mp, False, False)
+
+    def c_decodes_libjpeg() -> None:  # the same, with libjpeg-turbo's Huffman decoder
+        for data, top, left, height, width, denom, mp, rest, _ in calls:
+            real(data, top, left, height, width, denom, buf, mp, False, False, own=False)
+
+    def c_decodes_first() -> None:  # each file read to its end, its row index recorded
+        for data, top, left, height, width, denom, mp, rest, _ in calls:
+            real(data, top, left, height, width, denom, buf, mp, False, True, record=True)
 
     def to_bottom() -> None:  # verify=False: reading stops at that row
-        for data, top, left, height, width, denom, mp, _ in calls:
+        for data, top, left, height, width, denom, mp, _, _ in calls:
             real(data, top + height - 1, left, 1, 1, denom, buf, mp, False, False)
 
+    def column(indexed: bool) -> Callable[[], None]:  # the crop's rows, one pixel wide (little IDCT)
+        def go() -> None:
+            for data, top, left, height, width, denom, mp, _, kw in calls:
+                real(data, top, left, height, 1, denom, buf, mp, False, False,
+                     index=kw.get("index") if indexed else None)
+        return go
+
     def whole() -> None:
-        for data, *_, mp, _ in calls:
+        for data, *_, mp, _, _ in calls:
             wd, ht = ext.header(data)[:2]
             real(data, ht - 1, 0, 1, 1, 1, buf, mp)
 
@@ -309,7 +327,13 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
              "region": _thread_ms(run(region), n), "region_first": _thread_ms(first_epochs, n),
              "header_plan": _thread_ms(headers, n), "crc": _thread_ms(crcs, n),
              "region_c": _thread_ms(c_decodes, n), "region_c_first": _thread_ms(c_decodes_first, n),
-             "entropy_to_bottom": _thread_ms(to_bottom, n), "entropy_whole": _thread_ms(whole, n)}
+             "region_c_no_index": _thread_ms(c_decodes_no_index, n),
+             "region_c_libjpeg": _thread_ms(c_decodes_libjpeg, n),
+             "entropy_to_bottom": _thread_ms(to_bottom, n),
+             "column_first_row": _thread_ms(column(False), n),
+             "column_index": _thread_ms(column(True), n),
+             "entropy_whole": _thread_ms(whole, n)}
+    costs["indexed_share"] = sum(c[8].get("index") is not None for c in calls) / max(1, len(calls))
     costs["rest"] = max(0.0, costs["region"] - costs["region_c"] - costs["header_plan"] - costs["crc"])
     costs["scaled_share"] = sum(c[5] > 1 for c in calls) / max(1, len(calls))
     return costs
@@ -326,9 +350,17 @@ def _stage_lines(name: str, c: dict[str, float], cores: int) -> list[str]:
         f" + crop/resize/flip/Python {c['rest']:.2f}",
         f"  region path, first epoch     {c['region_first']:6.2f}   (C region decode reading each file"
         f" to its end {c['region_c_first']:.2f})",
-        f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
-        f" (whole image {c['entropy_whole']:.2f}): {c['entropy_to_bottom'] / c['region_c']:.0%}"
-        f" of the C region decode, which no region decode can skip",
+        *([f"  C region decode after epoch 1: {c['region_c']:.2f} with the row index"
+           f" ({c['indexed_share']:.0%} of the files had one), {c['region_c_no_index']:.2f} from the"
+           f" first row, {c['region_c_libjpeg']:.2f} with libjpeg-turbo's Huffman decoder",
+           f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
+           f" (whole image {c['entropy_whole']:.2f}); the crop's rows one pixel wide"
+           f" {c['column_first_row']:.2f} from the first row, {c['column_index']:.2f} from the"
+           f" checkpoint above the crop"]
+          if "region_c_no_index" in c else
+          [f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
+           f" (whole image {c['entropy_whole']:.2f}): {c['entropy_to_bottom'] / c['region_c']:.0%}"
+           f" of the C region decode, which no region decode can skip"]),
         f"  decode time saved {1 - c['region_c'] / c['full_decode']:.0%} ({1 - c['region_c_first'] / c['full_decode']:.0%}"
         f" in the first epoch); per-image speed-up {c['full'] / c['region']:.2f}x"
         f" ({c['full'] / c['region_first']:.2f}x); {c['scaled_share']:.0%} decoded below 1/1; at"
