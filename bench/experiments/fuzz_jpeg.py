@@ -4,7 +4,13 @@ Mutates valid JPEGs (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, gray, progressive,
 restart markers) with bit flips, truncation, insertion, deletion and
 overwrites, decodes a random region at a random scale of each, and checks that
 every input gives an image of the asked shape or ``DecodeError`` (anything
-else stops the run with the input saved), that no input takes longer than
+else stops the run with the input saved); that feeder's Huffman decoder
+(``feeder/work/_huffman.c``) refuses whatever libjpeg-turbo's refuses and gives
+its pixels where both decode (``own refuses`` counts the inputs only feeder's
+refuses: bytes before a marker that libjpeg-turbo's read-ahead swallowed, an
+invalid code its fast path read as zero); that a decode from the row index
+recorded on the way gives the same pixels again (and a garbled index an image
+or ``DecodeError``), that no input takes longer than
 ``--slow-s`` seconds, and that the process's memory stays flat (RSS printed
 every ``--every`` inputs; the run fails when the last reading is more than
 ``--max-growth-mb`` above the one after the warm-up).
@@ -119,8 +125,36 @@ def main() -> int:
             h, w = rnd.randint(1, H - top), rnd.randint(1, W - left)
             if h * (w + 2 * ext.PAD + 32) * 3 > buf.size:
                 raise DecodeError("region too large for this run's buffer")
-            stride, offset = ext.decode(data, top, left, h, w, d, buf, 1 << 20, rnd.random() < 0.5)
+            compact = rnd.random() < 0.5
+            size = h * (w if compact else w + 2 * ext.PAD + 32) * 3
+            # libjpeg-turbo's own Huffman decoder first: feeder's must not pass
+            # what it refuses, nor give other pixels where both pass.
+            try:
+                ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact, own=False)
+                reference = buf[:size].copy()
+            except DecodeError:
+                reference = None
+            try:
+                stride, offset, index, _ = ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact,
+                                                      record=True)
+            except DecodeError:
+                counts["own refuses"] = counts.get("own refuses", 0) + (reference is not None)
+                raise
+            assert reference is not None, "libjpeg's decoder refused what feeder's passed"
+            assert np.array_equal(buf[:size], reference), "feeder's decoder gave other pixels"
             assert stride >= w + offset, (stride, offset, w)
+            if index is not None:  # the same bytes again, from the row index: the same pixels
+                if rnd.random() < 0.1:  # or a garbled index: an image or DecodeError, no crash
+                    bad = bytearray(index)
+                    bad[rnd.randrange(len(bad))] ^= 1 << rnd.randrange(8)
+                    try:
+                        ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact, False, index=bytes(bad))
+                    except DecodeError:
+                        pass
+                else:
+                    ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact, False, index=index)
+                    assert np.array_equal(buf[:size], reference), "the row index gave other pixels"
+                    counts["indexed"] = counts.get("indexed", 0) + 1
             counts["image"] += 1
         except DecodeError:
             counts["DecodeError"] += 1

@@ -462,7 +462,7 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
     if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0
         || n != INDEX_HEADER + npoints * entry_size(e))
         return 0;
-    e->points = (Checkpoint *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
+    e->points = (Checkpoint *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_PERMANENT,
                                                          npoints * sizeof(Checkpoint));
     const unsigned char *q = p + INDEX_HEADER;
     for (unsigned i = 0; i < npoints; i++) {
@@ -568,7 +568,7 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
         e->npoints = (e->rows - 1) / stride;
         if (e->npoints > 0 && e->npoints <= 0xFFFF && stride <= 0xFFFF) {
             e->points = (Checkpoint *)(*cinfo->mem->alloc_small)(
-                (j_common_ptr)cinfo, JPOOL_IMAGE, e->npoints * sizeof(Checkpoint));
+                (j_common_ptr)cinfo, JPOOL_PERMANENT, e->npoints * sizeof(Checkpoint));
             e->record = 1;
         }
     }

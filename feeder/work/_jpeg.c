@@ -390,8 +390,10 @@ static void run_decode(Job *job)
              job->width, job->top, job->height, cinfo.output_width, cinfo.output_height,
              job->denom);
     if (job->own && entropy_supported(&cinfo)) {
-        /* Freed with the decompressor's pool, on every way out. */
-        entropy = (Entropy *)(*cinfo.mem->alloc_small)((j_common_ptr)&cinfo, JPOOL_IMAGE,
+        /* In the permanent pool: jpeg_finish_decompress frees the image pool,
+         * and the index is read after it; jpeg_destroy_decompress frees this
+         * on every way out. */
+        entropy = (Entropy *)(*cinfo.mem->alloc_small)((j_common_ptr)&cinfo, JPOOL_PERMANENT,
                                                         sizeof(Entropy));
         /* A verify pass reads every row: it may record an index, not use one. */
         entropy_install(&cinfo, entropy, job->data, job->size, job->verify ? NULL : job->index,
