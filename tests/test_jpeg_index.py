@@ -276,6 +276,8 @@ def test_the_index_memory_pickles_empty_with_its_size():
     assert copy.index_bytes == 5000 and copy.slots == 64 and copy.index(fp, check) is None
     with pytest.raises(ValueError, match="index_bytes"):
         VerifiedJpegs(index_bytes=-1)
+    with pytest.raises(ValueError, match="cannot map"):  # at once, not in some later decode
+        VerifiedJpegs(index_bytes=1 << 60)
 
 
 def test_threads_adding_and_looking_up_never_get_another_files_index():
@@ -353,7 +355,7 @@ def test_a_feeder_gives_the_same_batches_with_and_without_indexes(monkeypatch):
     assert sum(calls) > 0  # and some crops start below the first row
 
 
-@pytest.mark.parametrize("bad", [-1, True, "128MB", 1.5, None])
+@pytest.mark.parametrize("bad", [-1, True, "128MB", 1.5, None, 1 << 60])
 def test_jpeg_index_bytes_must_be_a_count(bad):
     with pytest.raises((ValueError, ConfigError), match="jpeg_index_bytes"):
         Feeder(MemorySource([b""]), 1, jpeg_index_bytes=bad)

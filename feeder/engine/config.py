@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -27,9 +28,17 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-def _count(name: str, value: object) -> int:
+def _memory_bytes(name: str, value: object) -> int:
+    """A number of bytes of this machine's memory (0 allowed)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        raise ValueError(f"{name} must be an int >= 0 (bytes), got {value!r}")
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such figure here
+        ram = 1 << 48
+    if value > ram:
+        raise ValueError(f"{name} must be at most this machine's memory ({ram / 2**30:.1f} GiB), "
+                         f"got {value!r} bytes")
     return value
 
 
@@ -322,7 +331,7 @@ class Config:
     timeout: float | None = _option(None, lambda name, v: _timeout(v))
     exif_orientation: bool = _option(False, _flag)
     jpeg_verify: bool = _option(True, _flag)
-    jpeg_index_bytes: int = _option(128 << 20, _count)
+    jpeg_index_bytes: int = _option(128 << 20, _memory_bytes)
     batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
     isolation: str = _option("thread", _choice("thread", "process"))
     start_method: str = _option("auto", _start_method)

@@ -93,7 +93,16 @@ class VerifiedJpegs:
         self._bits = self._buckets.bit_length() - 1
         self._table: memoryview | None = None  # mapped on the first add
         self._where: memoryview | None = None  # per slot: 1 + where its index starts in the ring, or 0
-        self._ring: memoryview | None = None   # the indexes, written round and round
+        # The indexes, written round and round: mapped now, so that a size the
+        # system cannot give fails here, not in the middle of a decode (the
+        # pages are the system's zero pages until written).
+        self._ring: memoryview | None = None
+        if index_bytes:
+            try:
+                self._ring = memoryview(mmap.mmap(-1, index_bytes))
+            except (OSError, OverflowError, ValueError) as exc:
+                raise ValueError(f"index_bytes={index_bytes}: the system cannot map that much memory "
+                                 f"({exc})") from None
         self._head = 0                          # bytes ever written to the ring
         self._adding = threading.Lock()
 
@@ -167,8 +176,7 @@ class VerifiedJpegs:
         size = _RECORD.size + len(index)
         if size > self.index_bytes or len(index) > 0xFFFF:
             return -1
-        if self._ring is None:
-            self._ring = memoryview(mmap.mmap(-1, self.index_bytes))
+        assert self._ring is not None  # mapped in __init__ when index_bytes > 0
         at = self._head
         if at % self.index_bytes + size > self.index_bytes:  # no record wraps round the end
             at += self.index_bytes - at % self.index_bytes
