@@ -151,19 +151,23 @@ class Feeder:
             feeder remembers the length and CRC-32C of the files that passed
             (a 16 MiB table; of ImageNet's 1.28 million files, 1.3% are read
             to their end again in the second epoch), and a later decode of
-            the same bytes stops after the crop; changed bytes (a re-published
-            or damaged file) are read to their end again. False: decoding always
+            the same bytes stops after the crop, and starts at the row above
+            it (see ``jpeg_index_bytes``); changed bytes (a re-published or
+            damaged file) are read to their end again. False: decoding always
             stops after the crop's last row (the first epoch's decode 12-18%
-            faster), and a flipped byte above or inside the crop can give
-            wrong pixels with no error (a file cut below the crop, or damaged
-            only there, is then delivered).
+            faster; later epochs about 12% slower than the default, which
+            skips the rows above the crop), and a flipped byte above or inside
+            the crop can give wrong pixels with no error (a file cut below the
+            crop, or damaged only there, is then delivered).
         jpeg_index_bytes: Memory for the row indexes of JPEGs read to their end
-            with ``jpeg_verify`` (default 128 MiB, taken as used; 0: none). That
-            first read records where every few MCU rows start (about 170 bytes
-            for an ImageNet-sized file); a later crop of the same bytes starts
+            with ``jpeg_verify`` (default 128 MiB, taken as used, plus a 16 MiB
+            table; 0: none; at most the machine's memory). That first read
+            records where every few MCU rows start (about 200 bytes for an
+            ImageNet-sized file); a later crop of the same bytes starts
             decoding at the row above it instead of the first row: 12% less
             decode time on ImageNet-sized files and on large photos. When the
-            memory is full the oldest indexes give way.
+            memory is full the oldest indexes give way. With
+            ``jpeg_verify=False`` no file is read to its end, so none has one.
         batch_transforms: Transforms of whole batches on ``device``, after the
             dtype conversion and normalization, in the transfer thread:
             :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables

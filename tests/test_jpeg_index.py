@@ -7,8 +7,10 @@ What is promised, checked against libjpeg-turbo's own Huffman decoder
 * Every valid sequential file decodes to the same pixels as with libjpeg's
   decoder, at every layout, restart interval and scale, with or without an
   index; an index makes the decode start below the first row (it is used).
-* An index describes only the bytes it was recorded from: a foreign, cut or
-  garbled one is not used, or at worst gives a decode error, never a crash.
+* An index describes only the bytes it was recorded from: one of another file
+  (other length, or other bytes at its checkpoints) is not used; a garbled one
+  gives a decode error or wrong pixels (feeder checks an index's own CRC before
+  use), never a crash.
 * On damaged data the own decoder is never laxer than libjpeg's: where libjpeg
   reports damage it does too, and where both decode, the pixels are the same.
 * The memory of indexes is bounded, survives no overwrite, and never hands out
@@ -90,7 +92,7 @@ def test_an_index_makes_a_crop_low_in_the_image_skip_the_rows_above():
     data = jpeg(_noisy(480, 320, 7), "4:2:0", 90)
     _, (_, _, index, jumped) = _decode(data, (0, 0, 480, 320), 1, record=True)
     assert index is not None and jumped == 0
-    assert len(index) < 300  # at most 16 checkpoints of 11 bytes, and a header
+    assert len(index) < 320  # at most 16 checkpoints of 13 bytes, and a header
     ref, _ = _decode(data, (400, 16, 64, 100), 1, own=False)
     fast, (_, _, made, jumped) = _decode(data, (400, 16, 64, 100), 1, verify=False, index=index)
     assert np.array_equal(fast, ref) and made is None
@@ -157,8 +159,15 @@ def test_an_index_of_other_bytes_or_garbled_is_never_a_crash():
         try:
             _decode(a, (100, 10, 50, 50), 1, verify=False, index=blob)
         except DecodeError:
-            pass  # an index is trusted for speed, not for pixels: feeder keeps
-            # it with the file's fingerprints; here only "no crash" is promised
+            pass  # a garbled checkpoint can mislead the decoder: feeder keeps an
+            # index with its file's fingerprints and its own CRC; here only "no
+            # crash" is promised
+    # An index of other bytes of the same layout: the file's length and the
+    # bytes at each checkpoint (16 bits of them) do not match: not used.
+    got, (_, _, _, jumped) = _decode(a, (100, 10, 50, 50), 1, verify=False, index=index["b"])
+    assert jumped == 0 and np.array_equal(got, ref)
+    got, (_, _, _, jumped) = _decode(a, (100, 10, 50, 50), 1, verify=False, index=index["a"])
+    assert jumped > 0 and np.array_equal(got, ref)
 
 
 def _mutations(data: bytes, rng: random.Random, n: int) -> list[bytes]:
@@ -359,3 +368,23 @@ def test_a_feeder_gives_the_same_batches_with_and_without_indexes(monkeypatch):
 def test_jpeg_index_bytes_must_be_a_count(bad):
     with pytest.raises((ValueError, ConfigError), match="jpeg_index_bytes"):
         Feeder(MemorySource([b""]), 1, jpeg_index_bytes=bad)
+
+
+@needs_ext
+@pytest.mark.parametrize("transforms", [[], [ops.RandomResizedCrop(32)], [ops.Resize(40), ops.CenterCrop(32)]])
+def test_a_stray_byte_before_the_end_marker_fails_the_sample_whatever_the_transforms(transforms):
+    """One Huffman decoder judges every JPEG the extension can decode, crop or
+    not: the verdict does not depend on the transforms."""
+    good = jpeg(_noisy(56, 72, 300), "4:2:0", 90)
+    bad = good[:-2] + b"\x5a" + good[-2:]
+    sized = {} if transforms else {"image_size": (56, 72)}
+    with Feeder(MemorySource([good, bad]), 1, transforms, on_error="skip", **sized) as feeder:
+        batches, error = drain(feeder)
+        assert error is None and len(batches) == 1 and feeder.stats().skipped == 1
+
+
+def test_no_index_memory_is_mapped_without_indexes():
+    mem = VerifiedJpegs(slots=64, index_bytes=0)
+    fp, check = mem.fingerprints(b"abc")
+    mem.add(fp, b"ROWS", check)
+    assert mem.seen(fp) and mem._where is None and mem._ring is None

@@ -52,8 +52,20 @@ static const int natural_order[64 + 16] = {
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
     63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
-#define INDEX_VERSION 1
-#define INDEX_HEADER 18
+#define INDEX_VERSION 2
+#define INDEX_HEADER 22
+
+/* 16 bits of the 8 bytes from p (fewer at the end of the data): each
+ * checkpoint carries those of the bytes it points at, and the file's length
+ * is in the header, so that an index of other bytes is almost never used
+ * (feeder itself finds an index by the file's fingerprints). FNV-1a, folded. */
+static unsigned bytes_sig(const unsigned char *data, size_t size, size_t p)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = p; i < size && i < p + 8; i++)
+        h = (h ^ data[i]) * 16777619u;
+    return (h ^ (h >> 16)) & 0xFFFF;
+}
 
 static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
 {
@@ -442,7 +454,7 @@ int entropy_supported(j_decompress_ptr cinfo)
 
 static size_t entry_size(const Entropy *e)
 {
-    return 5 + (e->cinfo->restart_interval ? 2 : 0) + 2 * (size_t)e->ncomp;
+    return 7 + (e->cinfo->restart_interval ? 2 : 0) + 2 * (size_t)e->ncomp;
 }
 
 static void put16(unsigned char *p, unsigned v) { p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); }
@@ -456,7 +468,7 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
     j_decompress_ptr cinfo = e->cinfo;
     if (n < INDEX_HEADER || p[0] != 'F' || p[1] != 'H' || p[2] != INDEX_VERSION
         || p[3] != e->ncomp || get32(p + 8) != e->per_row || get32(p + 12) != e->rows
-        || get16(p + 16) != cinfo->restart_interval)
+        || get16(p + 16) != cinfo->restart_interval || get32(p + 18) != (uint32_t)e->size)
         return 0;
     unsigned stride = get16(p + 4), npoints = get16(p + 6);
     if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0
@@ -471,7 +483,8 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
         cp->pos = get32(q);
         cp->skip = q[4] & 7;
         cp->next_restart = q[4] >> 3;
-        q += 5;
+        unsigned sig = get16(q + 5);
+        q += 7;
         if (cinfo->restart_interval) {
             cp->restarts_to_go = (uint16_t)get16(q);
             q += 2;
@@ -479,7 +492,8 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
         for (int c = 0; c < e->ncomp; c++, q += 2)
             cp->pred[c] = (int16_t)get16(q);
         if (cp->pos < scan_start || cp->pos >= e->size || cp->next_restart > 7
-            || cp->restarts_to_go > cinfo->restart_interval || (i > 0 && cp->pos < e->points[i - 1].pos))
+            || cp->restarts_to_go > cinfo->restart_interval || (i > 0 && cp->pos < e->points[i - 1].pos)
+            || sig != bytes_sig(e->data, e->size, cp->pos))
             return 0;
     }
     e->stride = stride;
@@ -489,7 +503,8 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
 
 size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
 {
-    if (e == NULL || !e->record || e->npoints == 0 || e->recorded != e->npoints || e->mcu != e->total)
+    if (e == NULL || !e->record || e->npoints == 0 || e->recorded != e->npoints || e->mcu != e->total
+        || e->size > UINT32_MAX)
         return 0;
     size_t n = INDEX_HEADER + e->npoints * entry_size(e);
     if (out == NULL || cap < n)
@@ -503,12 +518,14 @@ size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
     put32(out + 8, e->per_row);
     put32(out + 12, e->rows);
     put16(out + 16, e->cinfo->restart_interval);
+    put32(out + 18, (uint32_t)e->size);
     unsigned char *q = out + INDEX_HEADER;
     for (unsigned i = 0; i < e->npoints; i++) {
         const Checkpoint *cp = &e->points[i];
         put32(q, cp->pos);
         q[4] = (unsigned char)(cp->skip | cp->next_restart << 3);
-        q += 5;
+        put16(q + 5, bytes_sig(e->data, e->size, cp->pos));
+        q += 7;
         if (e->cinfo->restart_interval) {
             put16(q, cp->restarts_to_go);
             q += 2;

@@ -455,9 +455,15 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
     need = None
     if plan is not None:
         need, planned = plan(size[0], size[1], key)
-    if unusual:
+    if unusual or (_jpeg is not None and colorspace in ("Gray", "YCbCr", "RGB") and need is None
+                   and getattr(planned, "box", None) is None):
         # The whole image at the largest reduction that covers need; a chain that
-        # planned a box gets its context filled in as for a region decode.
+        # planned a box gets its context filled in as for a region decode. A
+        # whole image at full size goes through the extension too, so that one
+        # Huffman decoder judges damaged data whether a crop is drawn or not
+        # (feeder's reports the junk bytes before a marker that libjpeg-turbo's
+        # read-ahead, and so simplejpeg's, can pass over). A hint without a box
+        # stays with simplejpeg, whose 3/8, 5/8... scales the extension has not.
         ctx = planned if getattr(planned, "box", None) is not None else SampleContext(size)
         img, _ = decode_region(_jpeg, data, h, w, need, ctx, orientation, max_pixels, buffers, True,
                                whole=True)

@@ -35,17 +35,20 @@ second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 
 It also keeps, for the files read to their end, where their rows start: the
 row index that feeder's Huffman decoder records during that read (a
-checkpoint every few MCU rows, at most 16, about 170 bytes for an
+checkpoint every few MCU rows, at most 16, about 200 bytes for an
 ImageNet-sized file; see ``feeder/work/_huffman.c``). A later decode of the
 same bytes starts at the checkpoint above its crop instead of decoding every
 row above it: 12% less decode time on ImageNet-like files, 12% on large
 photos (``bench/results/region_decode.txt``). The indexes live in a ring of
 ``index_bytes`` (128 MiB by default, an anonymous mapping like the table: room
-for about 700,000 ImageNet files); when it is full the oldest are written
-over, and their files decode from their first row again. An index is found
-through its file's fingerprint and checked against a second CRC-32C (of the
-file's first half) and its own CRC before use, so it only ever describes the
-bytes it was recorded from.
+for about 600,000 ImageNet files), found through a second table of 8 bytes per
+slot (16 MiB more when indexes are kept, resident as written, like the
+first); when the ring is full the oldest are written over, and their files
+decode from their first row again. An index is found through its file's
+fingerprint and checked against a second CRC-32C (of the file's first half)
+and its own CRC before use, so it only ever describes the bytes it was
+recorded from (the decoder also checks the file's length and 16 bits of the
+bytes at each checkpoint).
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ class VerifiedJpegs:
                 # whole when the feeder is freed. (A heap calloc of this size
                 # may be zeroed, all resident, and kept by the allocator.)
                 table = self._table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
-                self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+                if self.index_bytes:
+                    self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
             if fp in table[a:a + WAYS] or fp in table[b:b + WAYS]:
                 return
             slot = -1
@@ -165,10 +169,12 @@ class VerifiedJpegs:
             if slot < 0:
                 # Both buckets full: push out one of their eight entries, chosen by fp's bits.
                 slot = (a if fp & 1 else b) + ((fp >> 1) & (WAYS - 1))
-            self._where[slot] = 0  # type: ignore[index]
+            where = self._where
+            if where is not None and where[slot]:
+                where[slot] = 0  # the slot's old index is not the new file's
             table[slot] = fp
-            if index:
-                self._where[slot] = 1 + self._keep(fp, check, index)  # type: ignore[index]
+            if index and where is not None:
+                where[slot] = 1 + self._keep(fp, check, index)
 
     def _keep(self, fp: int, check: int, index: bytes) -> int:
         """Write a record of ``index`` into the ring (the caller holds ``_adding``);
