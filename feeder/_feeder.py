@@ -165,7 +165,7 @@ class Feeder:
             records where every few MCU rows start (about 200 bytes for an
             ImageNet-sized file); a later crop of the same bytes starts
             decoding at the row above it instead of the first row: 12% less
-            decode time on ImageNet-sized files and on large photos. When the
+            decode time on ImageNet-sized files, 9% on large photos. When the
             memory is full the oldest indexes give way. With
             ``jpeg_verify=False`` no file is read to its end, so none has one.
         batch_transforms: Transforms of whole batches on ``device``, after the

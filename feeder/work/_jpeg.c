@@ -11,8 +11,10 @@
  *
  * Three functions:
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
- *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify)
- *       -> (stride, col_offset)
+ *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify,
+ *          own=True, index=None, record=False, max_points=16)
+ *       -> (stride, col_offset), or with record or index
+ *          (stride, col_offset, index recorded or None, MCU rows jumped)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.work.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
@@ -22,6 +24,11 @@
  * libjpeg write straight into `out` (its row is the region widened to the iMCU
  * grid and by a few pixels, see PAD), "compact" mode copies only the wanted
  * columns (stride = width, col_offset = 0).
+ *
+ * For sequential files the Huffman decoding is feeder's own (_huffman.c,
+ * own=False keeps libjpeg's), which can record a row index while it reads a
+ * file to its end and start a later decode of the same bytes at the row above
+ * the region.
  *
  * The decode runs without the GIL and calls no Python API; libjpeg's
  * errors come back through setjmp/longjmp, and its warnings (corrupt data,
@@ -431,8 +438,8 @@ static void run_decode(Job *job)
                 FAIL("out of memory");
         }
         /* Rows above the region: no IDCT or colour conversion for whole iMCU
-         * rows (the entropy decoding cannot be skipped: Huffman codes have no
-         * byte alignment). libjpeg-turbo decodes the context rows fancy
+         * rows (their entropy decoding is skipped only with feeder's decoder
+         * and a row index: Huffman codes have no byte alignment). libjpeg-turbo decodes the context rows fancy
          * upsampling needs, so the first kept row matches a full decode. */
         if (job->top > 0)
             jpeg_skip_scanlines(&cinfo, job->top);

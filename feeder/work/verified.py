@@ -38,7 +38,7 @@ row index that feeder's Huffman decoder records during that read (a
 checkpoint every few MCU rows, at most 16, about 200 bytes for an
 ImageNet-sized file; see ``feeder/work/_huffman.c``). A later decode of the
 same bytes starts at the checkpoint above its crop instead of decoding every
-row above it: 12% less decode time on ImageNet-like files, 12% on large
+row above it: 12% less decode time on ImageNet-like files, 9% on large
 photos (``bench/results/region_decode.txt``). The indexes live in a ring of
 ``index_bytes`` (128 MiB by default, an anonymous mapping like the table: room
 for about 600,000 ImageNet files), found through a second table of 8 bytes per
