@@ -155,19 +155,18 @@ class Feeder:
             it (see ``jpeg_index_bytes``); changed bytes (a re-published or
             damaged file) are read to their end again. False: decoding always
             stops after the crop's last row (the first epoch's decode 12-18%
-            faster; later epochs about 12% slower than the default, which
-            skips the rows above the crop), and a flipped byte above or inside
-            the crop can give wrong pixels with no error (a file cut below the
-            crop, or damaged only there, is then delivered).
-        jpeg_index_bytes: Memory for the row indexes of JPEGs read to their end
-            with ``jpeg_verify`` (default 128 MiB, taken as used, plus a 16 MiB
-            table; 0: none; at most the machine's memory). That first read
-            records where every few MCU rows start (about 200 bytes for an
-            ImageNet-sized file); a later crop of the same bytes starts
-            decoding at the row above it instead of the first row: 12% less
-            decode time on ImageNet-sized files, 9% on large photos. When the
-            memory is full the oldest indexes give way. With
-            ``jpeg_verify=False`` no file is read to its end, so none has one.
+            faster), and a flipped byte above or inside the crop can give
+            wrong pixels with no error (a file cut below the crop, or damaged
+            only there, is then delivered).
+        jpeg_index_bytes: Memory for the JPEGs' row indexes (default 128 MiB,
+            taken as used, plus a 16 MiB table; 0: none; at most the machine's
+            memory). A decode records where every few MCU rows it passes start
+            (all of them in ``jpeg_verify``'s read to the end, about 200 bytes
+            for an ImageNet-sized file; down to the crop otherwise); a later
+            crop of the same bytes starts decoding at the row above it instead
+            of the first row (12% less decode time on ImageNet-sized files, 9%
+            on large photos), and records on if it reads further. When the
+            memory is full the oldest indexes give way.
         batch_transforms: Transforms of whole batches on ``device``, after the
             dtype conversion and normalization, in the transfer thread:
             :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables

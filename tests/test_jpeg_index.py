@@ -123,14 +123,27 @@ def test_max_points_bounds_the_index():
 
 
 @needs_ext
-def test_a_crop_that_stops_early_records_no_index():
-    data = jpeg(_noisy(160, 64, 9), "4:2:0", 90)
-    _, (_, _, index, _) = _decode(data, (0, 0, 16, 64), 1, record=True, verify=False)
-    assert index is None  # only a read to the end makes one
+def test_a_crop_that_stops_early_records_the_rows_it_passed_and_a_later_one_goes_on():
+    data = jpeg(_noisy(320, 64, 9), "4:2:0", 90)  # 20 MCU rows
+    _, (_, _, first, _) = _decode(data, (0, 0, 16, 64), 1, record=True, verify=False)
+    assert first is None  # one MCU row read: nothing to keep
+    _, (_, _, upper, _) = _decode(data, (40, 0, 100, 64), 1, record=True, verify=False)
+    assert upper is not None  # rows down to 140 (MCU row 8)
+    ref, _ = _decode(data, (250, 0, 60, 64), 1, own=False)
+    got, (_, _, longer, jumped) = _decode(data, (250, 0, 60, 64), 1, verify=False, index=upper,
+                                          record=True)
+    assert np.array_equal(got, ref) and jumped > 0 and len(longer) > len(upper)
+    # With the longer index a crop near the bottom starts lower still.
+    got, (_, _, none_new, jumped_more) = _decode(data, (250, 0, 60, 64), 1, verify=False, index=longer,
+                                                 record=True)
+    assert np.array_equal(got, ref) and jumped_more > jumped and none_new is None
+    # A read to the end records every row, whatever it was given.
+    _, (_, _, whole, _) = _decode(data, (250, 0, 60, 64), 1, index=upper, record=True)
+    assert len(whole) >= len(longer)
 
 
 @needs_ext
-def test_progressive_and_arithmetic_files_have_no_index():
+def test_progressive_files_have_no_index():
     data = jpeg(_noisy(64, 64, 10), "progressive", 90)
     _, (_, _, index, _) = _decode(data, (0, 0, 64, 64), 1, record=True)
     assert index is None
@@ -362,6 +375,31 @@ def test_a_feeder_gives_the_same_batches_with_and_without_indexes(monkeypatch):
     assert len(indexed) == len(plain) and all(np.array_equal(a, b) for a, b in zip(plain, indexed))
     assert len(calls) == 2 * len(blobs)  # epochs 2 and 3 decode with the index
     assert sum(calls) > 0  # and some crops start below the first row
+
+
+@needs_ext
+def test_without_jpeg_verify_crops_build_the_index_as_they_go(monkeypatch):
+    blobs = [jpeg(_noisy(200 + 9 * k, 80, 400 + k), ["4:2:0", "4:4:4", "restart"][k % 3], 90)
+             for k in range(12)]
+    jumps = []
+    real = ext.decode
+
+    class Counting:  # the extension, the rows its decodes jumped counted
+        @staticmethod
+        def decode(*args, **kwargs):
+            got = real(*args, **kwargs)
+            if len(got) == 4:
+                jumps.append(got[3])
+            return got
+
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+    plain = _batches(blobs, 4, jpeg_verify=False, jpeg_index_bytes=0)
+    monkeypatch.setattr(D, "_jpeg", Counting())
+    indexed = _batches(blobs, 4, jpeg_verify=False)
+    assert len(indexed) == len(plain) and all(np.array_equal(a, b) for a, b in zip(plain, indexed))
+    assert sum(jumps) > 0
 
 
 @pytest.mark.parametrize("bad", [-1, True, "128MB", 1.5, None, 1 << 60])

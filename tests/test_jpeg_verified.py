@@ -224,12 +224,16 @@ def test_bytes_damaged_after_they_passed_are_read_to_their_end_again(monkeypatch
 
 
 @needs_ext
-def test_jpeg_verify_false_keeps_no_memory(monkeypatch):
+def test_jpeg_verify_false_reads_no_file_to_its_end(monkeypatch):
+    """It keeps row indexes (of the rows its crops passed), never a verdict."""
     rec, work = _recording(monkeypatch, [ops.CenterCrop(16)], jpeg_verify=False)
-    assert work.verified is None
     for _ in range(2):
         _decode_once(work, GOOD)
-    assert rec.verify == [False, False]
+    assert rec.verify == [False, False] and rec.indexed == [False, True]
+    _, work = _recording(monkeypatch, [ops.CenterCrop(16)], rec, jpeg_verify=False, jpeg_index_bytes=0)
+    assert work.verified is None
+    _decode_once(work, GOOD)
+    assert rec.verify == [False, False, False] and rec.indexed == [False, True, False]
 
 
 @needs_ext

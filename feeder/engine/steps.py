@@ -68,7 +68,9 @@ class SampleWork:
         self.exif_orientation = exif_orientation
         self.jpeg_verify = jpeg_verify
         #: The JPEG byte strings this work has read to their end without an error.
-        self.verified = VerifiedJpegs(index_bytes=jpeg_index_bytes) if jpeg_verify else None
+        #: With neither (jpeg_verify=False, jpeg_index_bytes=0), None.
+        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes) if jpeg_verify or jpeg_index_bytes
+                         else None)
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 

@@ -20,10 +20,11 @@
  * checkpoint of the index when one was given, else by decoding the skipped
  * MCUs. A checkpoint is the state at the start of an MCU row: the byte and
  * bit of the next unread bit, the DC predictions, the restart counter. A
- * decode that reads the whole file (feeder's jpeg_verify pass) records one
- * every few rows; feeder keeps it beside the file's fingerprint
- * (feeder/work/verified.py), so it only ever describes the bytes it was
- * recorded from.
+ * decode records one every few rows, as far down as it reads (to the end in
+ * feeder's jpeg_verify pass, to the crop's last row otherwise), and a decode
+ * given an index goes on recording past its last point; feeder keeps the
+ * index beside the file's fingerprint (feeder/work/verified.py), so it only
+ * ever describes the bytes it was recorded from.
  *
  * What stays libjpeg's: the markers (restart markers and the end of the scan
  * are read by libjpeg's marker reader, positioned where this decoder stopped),
@@ -52,8 +53,8 @@ static const int natural_order[64 + 16] = {
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
     63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
-#define INDEX_VERSION 2
-#define INDEX_HEADER 22
+#define INDEX_VERSION 3
+#define INDEX_HEADER 24
 
 /* 16 bits of the 8 bytes from p (fewer at the end of the data): each
  * checkpoint carries those of the bytes it points at, and the file's length
@@ -384,12 +385,16 @@ static void decode_one(Entropy *e, JBLOCKROW *blocks)
 {
     j_decompress_ptr cinfo = e->cinfo;
     if (e->record && e->mcu % e->per_row == 0) {
+        /* Rows are passed in order from a known point (the first row, or a
+         * checkpoint up to the last one known), so the next one to record is
+         * always reached before any later one. */
         uint64_t row = e->mcu / e->per_row;
-        if (row > 0 && row % e->stride == 0 && row / e->stride <= e->npoints) {
-            if (e->recorded == row / e->stride - 1 && save_point(e, &e->points[e->recorded]))
+        if (row > 0 && row % e->stride == 0 && row / e->stride == e->recorded + 1
+            && e->recorded < e->npoints) {
+            if (save_point(e, &e->points[e->recorded]))
                 e->recorded++;
             else
-                e->record = 0; /* a gap: this file gets no index */
+                e->record = 0; /* a prediction out of range: the index ends here */
         }
     }
     if (cinfo->restart_interval) {
@@ -408,8 +413,8 @@ static void catch_up(Entropy *e, uint64_t target)
 {
     if (e->have_index) {
         uint64_t i = target / e->per_row / e->stride; /* point i-1 is at row i*stride */
-        if (i > e->npoints)
-            i = e->npoints;
+        if (i > e->recorded)
+            i = e->recorded;
         if (i >= 1 && i * e->stride * e->per_row > e->mcu)
             restore_point(e, &e->points[i - 1], (unsigned)(i * e->stride));
     }
@@ -470,14 +475,14 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
         || p[3] != e->ncomp || get32(p + 8) != e->per_row || get32(p + 12) != e->rows
         || get16(p + 16) != cinfo->restart_interval || get32(p + 18) != (uint32_t)e->size)
         return 0;
-    unsigned stride = get16(p + 4), npoints = get16(p + 6);
-    if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0
-        || n != INDEX_HEADER + npoints * entry_size(e))
+    unsigned stride = get16(p + 4), npoints = get16(p + 6), count = get16(p + 22);
+    if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0 || count == 0
+        || count > npoints || n != INDEX_HEADER + count * entry_size(e))
         return 0;
     e->points = (Checkpoint *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_PERMANENT,
                                                          npoints * sizeof(Checkpoint));
     const unsigned char *q = p + INDEX_HEADER;
-    for (unsigned i = 0; i < npoints; i++) {
+    for (unsigned i = 0; i < count; i++) {
         Checkpoint *cp = &e->points[i];
         memset(cp, 0, sizeof *cp);
         cp->pos = get32(q);
@@ -498,15 +503,17 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
     }
     e->stride = stride;
     e->npoints = npoints;
+    e->recorded = e->given = count;
     return 1;
 }
 
 size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
 {
-    if (e == NULL || !e->record || e->npoints == 0 || e->recorded != e->npoints || e->mcu != e->total
-        || e->size > UINT32_MAX)
+    /* Whatever rows the decode passed (all of them when it read the file to
+     * its end), if that is more than the index it was given. */
+    if (e == NULL || e->points == NULL || e->recorded <= e->given || e->size > UINT32_MAX)
         return 0;
-    size_t n = INDEX_HEADER + e->npoints * entry_size(e);
+    size_t n = INDEX_HEADER + e->recorded * entry_size(e);
     if (out == NULL || cap < n)
         return n;
     out[0] = 'F';
@@ -519,8 +526,9 @@ size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
     put32(out + 12, e->rows);
     put16(out + 16, e->cinfo->restart_interval);
     put32(out + 18, (uint32_t)e->size);
+    put16(out + 22, e->recorded);
     unsigned char *q = out + INDEX_HEADER;
-    for (unsigned i = 0; i < e->npoints; i++) {
+    for (unsigned i = 0; i < e->recorded; i++) {
         const Checkpoint *cp = &e->points[i];
         put32(q, cp->pos);
         q[4] = (unsigned char)(cp->skip | cp->next_restart << 3);
@@ -577,6 +585,7 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
     }
     if (index != NULL && parse_index(e, index, index_len, e->pos)) {
         e->have_index = 1;
+        e->record = record; /* go on recording past its last point */
     } else if (record && e->rows > 1 && max_points > 0) {
         unsigned stride = (e->rows - 1 + max_points - 1) / max_points;
         if (stride < 1)

@@ -80,12 +80,14 @@ typedef struct {
     const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
     int member[D_MAX_BLOCKS_IN_MCU];
     HuffTable tables[2 * NUM_HUFF_TBLS];
-    /* the index: a checkpoint every `stride` MCU rows, rows stride, 2*stride, ... */
+    /* the index: room for a checkpoint every `stride` MCU rows (rows stride,
+     * 2*stride, ...: npoints of them), the first `recorded` known */
     Checkpoint *points;
     unsigned npoints, stride;
     int have_index; /* points were given: jump to them */
-    int record;     /* fill points as the rows go by */
-    unsigned recorded; /* points filled (record) */
+    int record;     /* fill in points as the rows go by */
+    unsigned recorded; /* points known: given, then recorded */
+    unsigned given;    /* points the index given had */
     unsigned jumped;   /* rows passed over by a jump (for tests) */
 } Entropy;
 
@@ -97,12 +99,14 @@ int entropy_supported(j_decompress_ptr cinfo);
  * file is data[0:size], libjpeg's memory source at the first byte of the scan).
  * `index` (may be NULL) is an index that entropy_index wrote for these bytes;
  * one that does not fit this file is not used. `record`: keep a checkpoint
- * every few rows, at most `max_points` of them. Errors longjmp through libjpeg. */
+ * every few rows (room for `max_points`, unless an index was given), going on
+ * from the given index's last. Errors longjmp through libjpeg. */
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
                      const unsigned char *index, size_t index_len, int record, unsigned max_points);
 
-/* The recorded index in bytes: its size (0 if none), written to out when out is
- * not NULL and cap is enough. */
+/* The recorded index in bytes (the rows the decode passed, when more than the
+ * index it was given): its size (0 if none), written to out when out is not
+ * NULL and cap is enough. */
 size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap);
 
 #endif

@@ -402,9 +402,11 @@ static void run_decode(Job *job)
          * on every way out. */
         entropy = (Entropy *)(*cinfo.mem->alloc_small)((j_common_ptr)&cinfo, JPOOL_PERMANENT,
                                                         sizeof(Entropy));
-        /* A verify pass reads every row: it may record an index, not use one. */
+        /* A verify pass reads every row: it records a whole index, and uses
+         * none. A decode that stops after the region records the rows it
+         * passed, going on from the index it was given. */
         entropy_install(&cinfo, entropy, job->data, job->size, job->verify ? NULL : job->index,
-                        job->index_len, job->record && job->verify, job->max_points);
+                        job->index_len, job->record, job->max_points);
     }
     {
         /* libjpeg-turbo's partial decode assumes the usual chroma layouts: on
@@ -486,7 +488,7 @@ static void run_decode(Job *job)
          * jpeg_destroy_decompress below releases the decompressor. */
         if (entropy != NULL) {
             job->jumped = entropy->jumped;
-            /* An index only from a decode that read every byte without an error. */
+            /* An index only from a decode that ended without an error. */
             size_t n = job->record ? entropy_index(entropy, NULL, 0) : 0;
             if (n > 0 && (job->index_out = malloc(n)) != NULL)
                 job->index_out_len = entropy_index(entropy, job->index_out, n);
@@ -630,10 +632,11 @@ static PyMethodDef methods[] = {
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
      "own: feeder's Huffman decoder for sequential files (else libjpeg's). With\n"
-     "record=True (and verify), or an index given, returns (stride, col_offset,\n"
-     "index, rows_jumped): index the bytes of a row index of these data (at most\n"
-     "max_points checkpoints) or None; a later decode of the same bytes given it\n"
-     "(with verify=False) starts at the row it needs.\n"
+     "record=True, or an index given, returns (stride, col_offset, index,\n"
+     "rows_jumped): index the bytes of a row index of these data as far as the\n"
+     "decode read (room for max_points checkpoints; going on from the index\n"
+     "given), or None when it knows no more than the one given; a later decode\n"
+     "of the same bytes given it (with verify=False) starts at the row it needs.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
     {"crc32c", jpeg_crc32c, METH_VARARGS,
      "crc32c(data, value=0) -> int\n\n"

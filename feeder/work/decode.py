@@ -475,20 +475,26 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             # the same way again: reading may stop after the crop's last row.
             # (A progressive file's scans are all read before any row: its end
             # costs nothing more to reach, so it is not remembered.)
-            # The first read also records where the rows start (the row index,
-            # see verified.py); later ones start at the row above the crop.
-            fp, check = (verified.fingerprints(data) if jpeg_verify and verified is not None
-                         and not progressive else (0, 0))
+            # Every decode also records where the rows it passes start (the row
+            # index, see verified.py: all of them in the read to the end, down
+            # to the crop otherwise); a later one starts at the row above its
+            # crop, and records on past the index's last row if it goes further.
+            fp, check = (verified.fingerprints(data) if verified is not None and not progressive
+                         else (0, 0))
             index = verified.index(fp, check) if fp else None  # type: ignore[union-attr]
-            verify = jpeg_verify and index is None and not (fp and verified.seen(fp))  # type: ignore[union-attr]
+            verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
             img, made = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels,
                                       buffers, verify, index=index,
-                                      record=bool(fp and verify and verified.index_bytes))  # type: ignore[union-attr]
+                                      record=bool(fp and verified.index_bytes))  # type: ignore[union-attr]
             # A buffer other than bytes may have changed while it was decoded
             # (the decoder and the CRC release the GIL): remember only bytes
             # that were the same before and after.
-            if fp and verify and (type(data) is bytes or verified.fingerprints(data) == (fp, check)):  # type: ignore[union-attr]
-                verified.add(fp, made, check)  # type: ignore[union-attr]
+            if fp and (verify or made is not None) and (
+                    type(data) is bytes or verified.fingerprints(data) == (fp, check)):  # type: ignore[union-attr]
+                if verify:
+                    verified.add(fp, made, check)  # type: ignore[union-attr]
+                else:
+                    verified.keep_index(fp, made, check)  # type: ignore[union-attr, arg-type]
             return img, size, planned
         if need is not None and swap:
             need = (need[1], need[0])

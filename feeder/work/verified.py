@@ -33,10 +33,11 @@ lost entry costs time, never correctness. With ImageNet's 1.28 million files
 second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 (``bench/experiments/verified_capacity.py``).
 
-It also keeps, for the files read to their end, where their rows start: the
-row index that feeder's Huffman decoder records during that read (a
-checkpoint every few MCU rows, at most 16, about 200 bytes for an
-ImageNet-sized file; see ``feeder/work/_huffman.c``). A later decode of the
+It also keeps where the files' rows start: the row index that feeder's Huffman
+decoder records as a decode passes them (a checkpoint every few MCU rows, at
+most 16, about 200 bytes for an ImageNet-sized file read to its end; down to
+the crop for a decode that stops there, and longer when a later one reads
+further: :meth:`VerifiedJpegs.keep_index`; see ``feeder/work/_huffman.c``). A later decode of the
 same bytes starts at the checkpoint above its crop instead of decoding every
 row above it: 12% less decode time on ImageNet-like files, 9% on large
 photos (``bench/results/region_decode.txt``). The indexes live in a ring of
@@ -141,40 +142,58 @@ class VerifiedJpegs:
         """Remember that bytes of fingerprint ``fp`` decoded to their end without an
         error, with their row ``index`` if one was recorded (``check``: the
         CRC-32C of their first half, from :meth:`fingerprints`)."""
-        a, b = self._bases(fp)
-        # Adds (first sightings only) take turns, so that two threads never
-        # fill the same empty slot; a lookup meanwhile reads whole slots (each
-        # read and write of one holds the GIL), so it never sees a torn one.
+        # Adds take turns, so that two threads never fill the same empty slot;
+        # a lookup meanwhile reads whole slots (each read and write of one
+        # holds the GIL), so it never sees a torn one.
         with self._adding:
-            table = self._table
-            if table is None:
-                # An anonymous mapping, not a heap allocation: its pages are
-                # the system's zero pages until written (one 4 KiB page per
-                # slot written at first), and it goes back to the system
-                # whole when the feeder is freed. (A heap calloc of this size
-                # may be zeroed, all resident, and kept by the allocator.)
-                table = self._table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
-                if self.index_bytes:
-                    self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
-            if fp in table[a:a + WAYS] or fp in table[b:b + WAYS]:
-                return
-            slot = -1
-            for base in (a, b):
-                for i in range(base, base + WAYS):
-                    if table[i] == 0:
-                        slot = i
-                        break
-                if slot >= 0:
+            self._put(fp, index, check, False)
+
+    def keep_index(self, fp: int, index: bytes, check: int) -> None:
+        """Keep ``index`` for the bytes of fingerprints ``(fp, check)`` in place of
+        any kept before (a decode that read further than the index it had).
+        Bytes not added yet are added, unread to their end: only a feeder with
+        ``jpeg_verify=False``, which never asks :meth:`seen`, keeps indexes of
+        such bytes."""
+        if index and self.index_bytes:
+            with self._adding:
+                self._put(fp, index, check, True)
+
+    def _put(self, fp: int, index: bytes | None, check: int, replace: bool) -> None:
+        """add() and keep_index(), the caller holding ``_adding``."""
+        a, b = self._bases(fp)
+        table = self._table
+        if table is None:
+            # An anonymous mapping, not a heap allocation: its pages are the
+            # system's zero pages until written (one 4 KiB page per slot
+            # written at first), and it goes back to the system whole when the
+            # feeder is freed. (A heap calloc of this size may be zeroed, all
+            # resident, and kept by the allocator.)
+            table = self._table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+            if self.index_bytes:
+                self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+        where = self._where
+        for base in (a, b):
+            for i in range(base, base + WAYS):
+                if table[i] == fp:
+                    if replace and index and where is not None:
+                        where[i] = 1 + self._keep(fp, check, index)
+                    return
+        slot = -1
+        for base in (a, b):
+            for i in range(base, base + WAYS):
+                if table[i] == 0:
+                    slot = i
                     break
-            if slot < 0:
-                # Both buckets full: push out one of their eight entries, chosen by fp's bits.
-                slot = (a if fp & 1 else b) + ((fp >> 1) & (WAYS - 1))
-            where = self._where
-            if where is not None and where[slot]:
-                where[slot] = 0  # the slot's old index is not the new file's
-            table[slot] = fp
-            if index and where is not None:
-                where[slot] = 1 + self._keep(fp, check, index)
+            if slot >= 0:
+                break
+        if slot < 0:
+            # Both buckets full: push out one of their eight entries, chosen by fp's bits.
+            slot = (a if fp & 1 else b) + ((fp >> 1) & (WAYS - 1))
+        if where is not None and where[slot]:
+            where[slot] = 0  # the slot's old index is not the new file's
+        table[slot] = fp
+        if index and where is not None:
+            where[slot] = 1 + self._keep(fp, check, index)
 
     def _keep(self, fp: int, check: int, index: bytes) -> int:
         """Write a record of ``index`` into the ring (the caller holds ``_adding``);
