@@ -22,7 +22,7 @@ import torch
 from .work.rng import epoch_key, index_key
 from .work.sample import IMAGE, MASK, Task
 from .engine.batch import SIZE
-from .engine.steps import SampleWork, read_sample
+from .engine.steps import SampleWork, read_sample, source_files
 from .errors import SampleError
 from .sources import describe
 
@@ -49,7 +49,8 @@ class FeederDataset:
         self._feeder = weakref.ref(feeder)
         self.source = feeder.source
         self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation,
-                                feeder.config.jpeg_verify, feeder.config.jpeg_index_bytes)
+                                feeder.config.jpeg_verify, feeder.config.jpeg_index_bytes,
+                                files=source_files(feeder.source))
 
     def __len__(self) -> int:
         return len(self.source)

@@ -151,22 +151,26 @@ class Feeder:
             feeder remembers the length and CRC-32C of the files that passed
             (a 16 MiB table; of ImageNet's 1.28 million files, 1.3% are read
             to their end again in the second epoch), and a later decode of
-            the same bytes stops after the crop, and starts at the row above
-            it (see ``jpeg_index_bytes``); changed bytes (a re-published or
+            the same bytes stops after the crop, and decodes only the crop's
+            part of its rows (see ``jpeg_index_bytes``); changed bytes (a re-published or
             damaged file) are read to their end again. False: decoding always
             stops after the crop's last row (the first epoch's decode 12-18%
             faster), and a flipped byte above or inside the crop can give
             wrong pixels with no error (a file cut below the crop, or damaged
             only there, is then delivered).
-        jpeg_index_bytes: Memory for the JPEGs' row indexes (default 128 MiB,
+        jpeg_index_bytes: Memory for the JPEGs' indexes (default 128 MiB,
             taken as used, plus a 16 MiB table; 0: none; at most the machine's
-            memory). A decode records where every few MCU rows it passes start
-            (all of them in ``jpeg_verify``'s read to the end, about 200 bytes
-            for an ImageNet-sized file; down to the crop otherwise); a later
-            crop of the same bytes starts decoding at the row above it instead
-            of the first row (12% less decode time on ImageNet-sized files, 9%
-            on large photos), and records on if it reads further. When the
-            memory is full the oldest indexes give way.
+            memory). A decode records checkpoints in the Huffman data it
+            passes (all of the file in ``jpeg_verify``'s read to the end; down
+            to the crop otherwise): at every MCU row and every 4 MCUs along it
+            (about 2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
+            that every file of the source gets an equal share of three
+            quarters of this memory (ImageNet's 1.28 million files get a
+            checkpoint every few rows). A later crop of the same bytes decodes
+            each of its rows from the checkpoint before its first column to
+            its last column, instead of every row above it and every row
+            whole, and records on if it reads further. When the memory is
+            full the oldest indexes give way.
         batch_transforms: Transforms of whole batches on ``device``, after the
             dtype conversion and normalization, in the transfer thread:
             :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables

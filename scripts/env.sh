@@ -45,7 +45,7 @@ fi
 stamp="$venv/.feeder-install"
 # The extension's sources and whether its headers are there count too, so that
 # installing the headers later rebuilds it.
-want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root/feeder/work/_jpeg.c" | cksum) $extras"
+want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root"/feeder/work/*.c | cksum) $extras"
 want="$want jpeg=$(has_jpeg_headers && echo yes || echo no)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "feeder: installing feeder[$extras] (editable)" >&2

@@ -742,7 +742,7 @@ def test_region_decode(tiny, tmp_path):
         assert all(stage[k] > 0 for k in ("full", "full_decode", "region", "region_first", "region_c",
                                           "region_c_first", "crc", "entropy_to_bottom", "entropy_whole"))
         assert 0 <= stage["scaled_share"] <= 1
-    assert "from the checkpoint above the crop" in proc.stdout and "region path, first epoch" in proc.stdout
+    assert "from the checkpoints before the crop" in proc.stdout and "region path, first epoch" in proc.stdout
     assert open(os.path.join(out, "region_decode.txt")).read().strip() == proc.stdout.strip()
     again = bench("region-decode", tiny["data"], "--report", os.path.join(out, "region_decode.json"),
                   "--out", str(tmp_path / "again"), cwd=tiny["base"])

@@ -69,14 +69,15 @@ FILES = [(kind, rst) for kind in [*SUBSAMPLING, "gray"] for rst in (0,)] + \
 
 
 @needs_ext
+@pytest.mark.parametrize("points", [16, 4096])  # rows only; every row, columns too
 @pytest.mark.parametrize("kind,rst", FILES)
-def test_own_decoder_and_its_index_give_libjpegs_pixels(kind, rst):
-    rng = random.Random(hash((kind, rst)) & 0xFFFF)
+def test_own_decoder_and_its_index_give_libjpegs_pixels(kind, rst, points):
+    rng = random.Random(hash((kind, rst, points)) & 0xFFFF)
     for seed, (h, w), quality in [(1, (203, 157), 100), (2, (64, 300), 75), (3, (9, 17), 90)]:
         data = jpeg(_noisy(h, w, seed), kind, quality, rst=max(rst, 1))
         for denom in (1, 2, 4, 8):
             H, W = _scaled(data, denom)
-            _, (_, _, index, _) = _decode(data, (0, 0, H, W), denom, record=True)
+            _, (_, _, index, _) = _decode(data, (0, 0, H, W), denom, record=True, max_points=points)
             mcu_h = 16 if kind in ("4:2:0", "4:4:0", "restart") else 8
             assert (index is not None) == (h > mcu_h), (kind, rst, h)  # one MCU row: nothing to skip
             for box in _boxes(H, W, rng, 6):
@@ -96,28 +97,68 @@ def test_an_index_makes_a_crop_low_in_the_image_skip_the_rows_above():
     ref, _ = _decode(data, (400, 16, 64, 100), 1, own=False)
     fast, (_, _, made, jumped) = _decode(data, (400, 16, 64, 100), 1, verify=False, index=index)
     assert np.array_equal(fast, ref) and made is None
-    assert 20 <= jumped <= 25  # 480 / 16 = 30 MCU rows; the crop starts in row 25
+    # 480 / 16 = 30 MCU rows of 20 MCUs, at most 16 points: every other row;
+    # the crop starts in row 25 (MCUs 500 on), and the rows with a point are
+    # entered at it, passing over the MCUs right of the crop (8 on) above them
+    assert 20 * 20 + 2 * 12 <= jumped <= 25 * 20 + 2 * 12
     # A decode that must read every byte (verify) does not jump.
     _, (_, _, _, jumped) = _decode(data, (400, 16, 64, 100), 1, index=index)
     assert jumped == 0
     # Neither does libjpeg's decoder, nor a crop starting in the first row.
     _, (_, _, _, jumped) = _decode(data, (400, 16, 64, 100), 1, verify=False, index=index, own=False)
     assert jumped == 0
+    # A crop starting in the first row has no rows to jump over: only the MCUs
+    # right of it (8 on) in the rows above the two with a point (2 and 4).
     _, (_, _, _, jumped) = _decode(data, (3, 16, 64, 100), 1, verify=False, index=index)
-    assert jumped == 0
+    assert jumped == 2 * 12
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "gray", "restart"])
+def test_a_grid_index_jumps_over_the_columns_beside_the_crop(kind):
+    """With checkpoints along the rows, a crop's rows start at the point before
+    its first column and end after its last one: the MCUs to either side are
+    jumped over, not decoded, and the pixels stay libjpeg's."""
+    data = jpeg(_noisy(256, 512, 11), kind, 90, rst=3)
+    _, (_, _, rows, _) = _decode(data, (0, 0, 256, 512), 1, record=True, max_points=4)
+    _, (_, _, grid, _) = _decode(data, (0, 0, 256, 512), 1, record=True, max_points=4096)
+    assert len(grid) > len(rows)
+    rng = random.Random(5)
+    for box in [(100, 200, 60, 100), (0, 300, 256, 200), (200, 0, 56, 40), (255, 511, 1, 1),
+                *_boxes(256, 512, rng, 20)]:
+        ref, _ = _decode(data, box, 1, own=False)
+        by_rows, (_, _, _, rows_jumped) = _decode(data, box, 1, verify=False, index=rows)
+        by_grid, (_, _, _, grid_jumped) = _decode(data, box, 1, verify=False, index=grid)
+        assert np.array_equal(by_rows, ref) and np.array_equal(by_grid, ref), (kind, box)
+        t, l, h, w = box
+        if l >= 80 or l + w <= 400:  # several MCUs beside the crop on a side
+            assert grid_jumped > rows_jumped, (kind, box, grid_jumped, rows_jumped)
+        else:
+            assert grid_jumped >= rows_jumped, (kind, box)
+    # The same grid index recorded by crops that stopped early, then extended.
+    _, (_, _, upper, _) = _decode(data, (0, 0, 100, 512), 1, record=True, verify=False, max_points=4096)
+    ref, _ = _decode(data, (150, 100, 100, 300), 1, own=False)
+    got, (_, _, longer, _) = _decode(data, (150, 100, 100, 300), 1, verify=False, index=upper,
+                                     record=True)
+    assert np.array_equal(got, ref) and len(longer) > len(upper)
+    got, (_, _, _, jumped) = _decode(data, (150, 100, 100, 300), 1, verify=False, index=longer)
+    assert np.array_equal(got, ref) and jumped > 0
 
 
 @needs_ext
 def test_max_points_bounds_the_index():
     data = jpeg(_noisy(640, 64, 8), "4:4:4", 90)  # 80 MCU rows
     sizes = {}
-    for points in (1, 4, 16, 79, 200):
+    for points in (1, 4, 16, 79, 200, 1000):
         _, (_, _, index, _) = _decode(data, (0, 0, 640, 64), 1, record=True, max_points=points)
         sizes[points] = len(index)
         ref, _ = _decode(data, (600, 0, 40, 64), 1, own=False)
         fast, _ = _decode(data, (600, 0, 40, 64), 1, verify=False, index=index)
         assert np.array_equal(fast, ref), points
-    assert sizes[1] < sizes[4] < sizes[16] < sizes[79] == sizes[200]
+    # Up to 79 points: every few rows (the last, every row); then points along
+    # the rows too, every 4 MCUs at the finest: 80 rows x 2 - 1 = 159 points.
+    assert sizes[1] < sizes[4] < sizes[16] < sizes[79] < sizes[200] == sizes[1000]
+    assert sizes[200] == 26 + 159 * 13
     _, (_, _, index, _) = _decode(data, (0, 0, 640, 64), 1, record=True, max_points=0)
     assert index is None
 
@@ -300,6 +341,66 @@ def test_the_index_memory_pickles_empty_with_its_size():
         VerifiedJpegs(index_bytes=-1)
     with pytest.raises(ValueError, match="cannot map"):  # at once, not in some later decode
         VerifiedJpegs(index_bytes=1 << 60)
+
+
+def test_each_file_gets_an_equal_share_of_the_ring():
+    """max_points from the ring's size and the number of files: three quarters
+    of the ring shared out, the record and index headers taken off, 13 bytes a
+    point, within 4..4096; 16 (a row index) when the number is not known."""
+    mib = 1 << 20
+    assert VerifiedJpegs.points_for(128 * mib, 1000) == 4096
+    assert VerifiedJpegs.points_for(128 * mib, 2000) == (128 * mib * 3 // 4 // 2000 - 44) // 13
+    assert VerifiedJpegs.points_for(128 * mib, 20_000) == (128 * mib * 3 // 4 // 20_000 - 18 - 26) // 13
+    assert VerifiedJpegs.points_for(128 * mib, 1_281_167) == 4  # ImageNet: the least
+    assert VerifiedJpegs.points_for(128 * mib, None) == 16
+    assert VerifiedJpegs.points_for(0, 10) == 0
+    assert VerifiedJpegs.points_for(128 * mib, 0) == 4096
+    # What every file may take fits the ring, down to the least share.
+    for files in (1, 100, 10_000, 100_000):
+        points = VerifiedJpegs.points_for(128 * mib, files)
+        if points > VerifiedJpegs.MIN_POINTS:
+            assert files * (18 + 26 + 13 * points) <= 128 * mib * 3 // 4
+    assert VerifiedJpegs(index_bytes=1 * mib, files=500).points == VerifiedJpegs.points_for(mib, 500)
+    copy = pickle.loads(pickle.dumps(VerifiedJpegs(slots=64, index_bytes=5000, files=7)))
+    assert copy.files == 7 and copy.points == VerifiedJpegs.points_for(5000, 7)
+    for bad in (-1, 1.5, True, "9"):
+        with pytest.raises(ValueError, match="files"):
+            VerifiedJpegs(index_bytes=5000, files=bad)
+
+
+@needs_ext
+def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
+    """The feeder's memory gives each file of its source an equal share: a few
+    files get the finest grid (every row, every 4 MCUs), many files in little
+    memory a coarser one; the decodes are asked for that many points."""
+    blobs = [jpeg(_noisy(256, 256, 500 + k), "4:4:4", 90) for k in range(6)]
+    asked = []
+    real = ext.decode
+
+    class Asking:  # the extension, the max_points of its recording decodes noted
+        @staticmethod
+        def decode(*args, **kwargs):
+            if kwargs.get("record"):
+                asked.append(kwargs.get("max_points"))
+            return real(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+    monkeypatch.setattr(D, "_jpeg", Asking())
+    for index_bytes, want in ((128 << 20, 4096), (30_000, (30_000 * 3 // 4 // 6 - 44) // 13)):
+        asked.clear()
+        with Feeder(MemorySource(blobs), 3, [ops.RandomResizedCrop(48)], seed=1, decode_threads=2,
+                    jpeg_index_bytes=index_bytes) as feeder:
+            assert feeder._engine.work.verified.points == want
+            for _ in range(2):
+                assert drain(feeder)[1] is None
+            kept = [feeder._engine.work.verified.index(*VerifiedJpegs.fingerprints(b)) for b in blobs]
+        assert asked and set(asked) == {want}
+        # 256 / 8 = 32 MCU rows of 32 MCUs: the finest grid has 32 x 8 - 1 points
+        sizes = {len(k) for k in kept if k is not None}
+        assert sizes == ({26 + 13 * (32 * 8 - 1)} if want == 4096 else sizes) and sizes
+        assert all(n <= 26 + 13 * want for n in sizes)
 
 
 def test_threads_adding_and_looking_up_never_get_another_files_index():

@@ -8,8 +8,9 @@ else stops the run with the input saved); that feeder's Huffman decoder
 (``feeder/work/_huffman.c``) refuses whatever libjpeg-turbo's refuses and gives
 its pixels where both decode (``own refuses`` counts the inputs only feeder's
 refuses: bytes before a marker that libjpeg-turbo's read-ahead swallowed, an
-invalid code its fast path read as zero); that a decode from the row index
-recorded on the way gives the same pixels again (and a garbled index an image
+invalid code its fast path read as zero); that a decode from the index
+recorded on the way (every few rows, or every row and every few MCUs along
+it: ``max_points`` 16, 64 or 4096) gives the same pixels again (and a garbled index an image
 or ``DecodeError``), that no input takes longer than
 ``--slow-s`` seconds, and that the process's memory stays flat (RSS printed
 every ``--every`` inputs; the run fails when the last reading is more than
@@ -136,14 +137,14 @@ def main() -> int:
                 reference = None
             try:
                 stride, offset, index, _ = ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact,
-                                                      record=True)
+                                                      record=True, max_points=rnd.choice((16, 64, 4096)))
             except DecodeError:
                 counts["own refuses"] = counts.get("own refuses", 0) + (reference is not None)
                 raise
             assert reference is not None, "libjpeg's decoder refused what feeder's passed"
             assert np.array_equal(buf[:size], reference), "feeder's decoder gave other pixels"
             assert stride >= w + offset, (stride, offset, w)
-            if index is not None:  # the same bytes again, from the row index: the same pixels
+            if index is not None:  # the same bytes again, from the index: the same pixels
                 if rnd.random() < 0.1:  # or a garbled index: an image or DecodeError, no crash
                     bad = bytearray(index)
                     bad[rnd.randrange(len(bad))] ^= 1 << rnd.randrange(8)
@@ -153,7 +154,7 @@ def main() -> int:
                         pass
                 else:
                     ext.decode(data, top, left, h, w, d, buf, 1 << 20, compact, False, index=index)
-                    assert np.array_equal(buf[:size], reference), "the row index gave other pixels"
+                    assert np.array_equal(buf[:size], reference), "the index gave other pixels"
                     counts["indexed"] = counts.get("indexed", 0) + 1
             counts["image"] += 1
         except DecodeError:

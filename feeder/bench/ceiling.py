@@ -115,7 +115,7 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
     source = ImageFolder(root)
     indices = timed_indices(len(source), limit, shard, shards)
     n = len(indices)
-    work = sample_work(full_decode_transforms() if full_decode else transforms())
+    work = sample_work(full_decode_transforms() if full_decode else transforms(), files=len(source))
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     saved = cv2.getNumThreads()

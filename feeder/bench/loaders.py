@@ -160,12 +160,13 @@ class PILDataset(torch.utils.data.Dataset):
 
 
 def sample_work(transform_list: list[Any] | None = None,
-                max_pixels: int = DEFAULT_MAX_PIXELS) -> SampleWork:
+                max_pixels: int = DEFAULT_MAX_PIXELS, files: int | None = None) -> SampleWork:
     """The feeder's own per-sample work (``feeder.engine.steps.SampleWork``, the very object
     the engine's decode and augment steps call), for ``transform_list`` (default
-    :func:`transforms`)."""
+    :func:`transforms`); ``files``: the source's length, which sizes each JPEG's
+    index as a feeder over that source sizes it."""
     return SampleWork(Chain(transform_list if transform_list is not None else transforms(), None),
-                      max_pixels)
+                      max_pixels, files=files)
 
 
 class FeederWorkDataset(torch.utils.data.Dataset):
@@ -185,7 +186,7 @@ class FeederWorkDataset(torch.utils.data.Dataset):
 
     def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0) -> None:
         self.source = ImageFolder(root)
-        self.work = sample_work(transform_list)
+        self.work = sample_work(transform_list, files=len(self.source))
         self.seed = seed
         self.epoch = 0
 

@@ -28,8 +28,8 @@ Two parts, both in one run:
   end, and the ceilings time an epoch after the first; and the entropy (Huffman)
   decoding down to the crop's last row, measured with the extension itself by
   decoding one pixel on that row: from the first row (every row above it is
-  entropy-decoded and discarded without IDCT), and from the checkpoint above
-  the crop that the row index (recorded in the first epoch) gives. The C
+  entropy-decoded and discarded without IDCT), and from the checkpoints before
+  the crop that the index (recorded in the first epoch) gives. The C
   decode after the first epoch is also timed without the index and with
   libjpeg-turbo's own Huffman decoder.
 """
@@ -238,7 +238,9 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
     datas = [source.read(i)[0] for i in idx]
     keys = [sample_key(0, 0, i) for i in idx]
     n = len(datas)
-    region, full = SampleWork(Chain(chain, None)), SampleWork(Chain(full_chain, None))
+    # Each JPEG's index sized as a feeder over this source sizes it.
+    region = SampleWork(Chain(chain, None), files=len(source))
+    full = SampleWork(Chain(full_chain, None), files=len(source))
     h, w = region.image_size
     out = np.empty((h, w, 3), np.uint8)
 
@@ -284,7 +286,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
     biggest = max(c[3] * (c[4] + 2 * ext.PAD + 32) * 3 for c in calls)
     buf = np.empty(max(biggest, 1 << 16), np.uint8)
 
-    def c_decodes() -> None:  # as the region path made them after the first epoch (with the row index)
+    def c_decodes() -> None:  # as the region path made them after the first epoch (with the index)
         for data, top, left, height, width, denom, mp, rest, kw in calls:
             real(data, top, left, height, width, denom, buf, mp, *rest, **kw)
 
@@ -296,9 +298,10 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         for data, top, left, height, width, denom, mp, rest, _ in calls:
             real(data, top, left, height, width, denom, buf, mp, False, False, own=False)
 
-    def c_decodes_first() -> None:  # each file read to its end, its row index recorded
-        for data, top, left, height, width, denom, mp, rest, _ in calls:
-            real(data, top, left, height, width, denom, buf, mp, False, True, record=True)
+    def c_decodes_first() -> None:  # each file read to its end, its index recorded
+        for data, top, left, height, width, denom, mp, rest, kw in calls:
+            real(data, top, left, height, width, denom, buf, mp, False, True, record=True,
+                 max_points=kw.get("max_points", 16))
 
     def to_bottom() -> None:  # verify=False: reading stops at that row
         for data, top, left, height, width, denom, mp, _, _ in calls:
@@ -321,7 +324,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
             VerifiedJpegs.fingerprint(d)
 
     def first_epochs() -> None:
-        run(SampleWork(Chain(chain, None)))()
+        run(SampleWork(Chain(chain, None), files=len(source)))()
 
     costs = {"full": _thread_ms(run(full), n), "full_decode": _thread_ms(full_decodes, n),
              "region": _thread_ms(run(region), n), "region_first": _thread_ms(first_epochs, n),
@@ -350,13 +353,13 @@ def _stage_lines(name: str, c: dict[str, float], cores: int) -> list[str]:
         f" + crop/resize/flip/Python {c['rest']:.2f}",
         f"  region path, first epoch     {c['region_first']:6.2f}   (C region decode reading each file"
         f" to its end {c['region_c_first']:.2f})",
-        *([f"  C region decode after epoch 1: {c['region_c']:.2f} with the row index"
+        *([f"  C region decode after epoch 1: {c['region_c']:.2f} with the index"
            f" ({c['indexed_share']:.0%} of the files had one), {c['region_c_no_index']:.2f} from the"
            f" first row, {c['region_c_libjpeg']:.2f} with libjpeg-turbo's Huffman decoder",
            f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
            f" (whole image {c['entropy_whole']:.2f}); the crop's rows one pixel wide"
            f" {c['column_first_row']:.2f} from the first row, {c['column_index']:.2f} from the"
-           f" checkpoint above the crop"]
+           f" checkpoints before the crop"]
           if "region_c_no_index" in c else
           [f"  entropy decoding down to the crop's last row {c['entropy_to_bottom']:.2f}"
            f" (whole image {c['entropy_whole']:.2f}): {c['entropy_to_bottom'] / c['region_c']:.0%}"

@@ -245,7 +245,8 @@ def cpu_work(m: Measurements, samples: list[Any], transforms: list[Any], budget_
     # One SampleWork over the repeated samples: after the first round its JPEG
     # region decodes stop after the crop (their bytes were read to their end
     # once: feeder.work.verified), as in a training run's epochs after the first.
-    work = SampleWork(Chain(list(transforms), None, max_pixels), max_pixels)
+    # Each file's index sized as a feeder over these samples would size it.
+    work = SampleWork(Chain(list(transforms), None, max_pixels), max_pixels, files=len(samples))
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     decode: list[float] = []

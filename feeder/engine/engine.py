@@ -35,7 +35,7 @@ from .pipeline import Pass, PassBase, stage_threads
 from .stats import Stats, StatsBook
 from .threads import LibraryThreads
 from .transfer import SideStream
-from .steps import SampleWork
+from .steps import SampleWork, source_files
 from ..errors import FeederError
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ class ThreadEngine(EngineBase):
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda" and not shared, shared=shared)
         self.work = SampleWork(chain, config.max_pixels, config.exif_orientation, config.jpeg_verify,
-                               config.jpeg_index_bytes)
+                               config.jpeg_index_bytes, files=source_files(source))
         self.scratch = Scratch(h, w)
         self._limits_held = False
         self.tail = tail

@@ -41,6 +41,16 @@ _INT64 = (-(1 << 63), 1 << 63)
 _SIZE_DTYPE = np.dtype(np.int64)
 
 
+def source_files(source: Any) -> int | None:
+    """How many samples ``source`` holds (an upper bound on its distinct files),
+    or None when it cannot say."""
+    try:
+        n = len(source)
+    except Exception:  # noqa: BLE001 - any source that cannot say is "not known"
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
+
+
 class SampleWork:
     """Decode and transform one sample, with one feeder's settings.
 
@@ -53,12 +63,14 @@ class SampleWork:
         exif_orientation: Apply EXIF orientation while decoding.
         jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see
             ``Feeder``), once per distinct byte string (:attr:`verified`).
-        jpeg_index_bytes: Memory for those files' row indexes (see ``Feeder``).
+        jpeg_index_bytes: Memory for those files' indexes (see ``Feeder``).
+        files: How many distinct files the source holds (None: not known): each
+            file's share of that memory (see ``VerifiedJpegs``).
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
                  exif_orientation: bool = False, jpeg_verify: bool = True,
-                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES) -> None:
+                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES, files: int | None = None) -> None:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
@@ -69,7 +81,8 @@ class SampleWork:
         self.jpeg_verify = jpeg_verify
         #: The JPEG byte strings this work has read to their end without an error.
         #: With neither (jpeg_verify=False, jpeg_index_bytes=0), None.
-        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes) if jpeg_verify or jpeg_index_bytes
+        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files)
+                         if jpeg_verify or jpeg_index_bytes
                          else None)
         self.buffers = DecodeBuffers()
         self.schema = Schema()

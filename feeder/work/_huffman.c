@@ -53,8 +53,11 @@ static const int natural_order[64 + 16] = {
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63,
     63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63, 63};
 
-#define INDEX_VERSION 3
-#define INDEX_HEADER 24
+#define INDEX_VERSION 4
+#define INDEX_HEADER 26
+/* Columns between checkpoints along a row, at least: finer grids cost memory
+ * for little (bench/results/region_decode.txt) */
+#define MIN_CSTRIDE 4
 
 /* 16 bits of the 8 bytes from p (fewer at the end of the data): each
  * checkpoint carries those of the bytes it points at, and the file's length
@@ -365,7 +368,14 @@ static int save_point(Entropy *e, Checkpoint *cp)
     return 1;
 }
 
-static void restore_point(Entropy *e, const Checkpoint *cp, unsigned row)
+/* The MCU at which point p of the grid lies. */
+static uint64_t point_mcu(const Entropy *e, unsigned p)
+{
+    unsigned q = p + 1; /* the grid's first position, the scan's first MCU, is no point */
+    return (uint64_t)(q / e->ncols) * e->rstride * e->per_row + (uint64_t)(q % e->ncols) * e->cstride;
+}
+
+static void restore_point(Entropy *e, const Checkpoint *cp, uint64_t mcu)
 {
     e->pos = cp->pos;
     e->acc = 0;
@@ -377,24 +387,25 @@ static void restore_point(Entropy *e, const Checkpoint *cp, unsigned row)
         e->pred[c] = cp->pred[c];
     e->restarts_to_go = cp->restarts_to_go;
     e->cinfo->marker->next_restart_num = cp->next_restart;
-    e->jumped += row - (unsigned)(e->mcu / e->per_row);
-    e->mcu = (uint64_t)row * e->per_row;
+    e->jumped += mcu - e->mcu;
+    e->mcu = mcu;
 }
 
 static void decode_one(Entropy *e, JBLOCKROW *blocks)
 {
     j_decompress_ptr cinfo = e->cinfo;
-    if (e->record && e->mcu % e->per_row == 0) {
-        /* Rows are passed in order from a known point (the first row, or a
-         * checkpoint up to the last one known), so the next one to record is
-         * always reached before any later one. */
-        uint64_t row = e->mcu / e->per_row;
-        if (row > 0 && row % e->stride == 0 && row / e->stride == e->recorded + 1
-            && e->recorded < e->npoints) {
-            if (save_point(e, &e->points[e->recorded]))
-                e->recorded++;
+    if (e->record && e->mcu == e->next_mcu) {
+        /* MCUs are passed one by one from a known point (the first MCU, or a
+         * checkpoint up to the last one known), so the next point to record
+         * is always reached before any later one. */
+        if (save_point(e, &e->points[e->recorded])) {
+            e->recorded++;
+            if (e->recorded < e->npoints)
+                e->next_mcu = point_mcu(e, e->recorded);
             else
-                e->record = 0; /* a prediction out of range: the index ends here */
+                e->record = 0; /* the grid is full */
+        } else {
+            e->record = 0; /* a prediction out of range: the index ends here */
         }
     }
     if (cinfo->restart_interval) {
@@ -411,12 +422,19 @@ static void decode_one(Entropy *e, JBLOCKROW *blocks)
 
 static void catch_up(Entropy *e, uint64_t target)
 {
-    if (e->have_index) {
-        uint64_t i = target / e->per_row / e->stride; /* point i-1 is at row i*stride */
-        if (i > e->recorded)
-            i = e->recorded;
-        if (i >= 1 && i * e->stride * e->per_row > e->mcu)
-            restore_point(e, &e->points[i - 1], (unsigned)(i * e->stride));
+    if (e->have_index && e->recorded > 0) {
+        /* The last point at or before target: in target's row if that row is
+         * on the grid, else the last one of the grid row above it. */
+        uint64_t row = target / e->per_row, g = row / e->rstride;
+        uint64_t j = row == g * e->rstride ? (target % e->per_row) / e->cstride : e->ncols - 1;
+        uint64_t q = g * e->ncols + j; /* its number + 1 */
+        if (q > e->recorded)
+            q = e->recorded;
+        if (q >= 1) {
+            uint64_t at = point_mcu(e, (unsigned)(q - 1));
+            if (at > e->mcu)
+                restore_point(e, &e->points[q - 1], at);
+        }
     }
     while (e->mcu < target)
         decode_one(e, NULL);
@@ -430,6 +448,17 @@ static boolean own_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data)
     if (MCU_data == NULL) { /* a skipped MCU: decoded only if a later one needs it */
         e->want++;
         return TRUE;
+    }
+    if (e->skip_cols) {
+        /* A column libjpeg does not IDCT (its coefficients stay the zeros it
+         * put there): like a skipped MCU. On the last row those right of the
+         * crop are decoded, so that the scan's end is reached as libjpeg's
+         * decoder reaches it (jpeg_finish_decompress reads on from there). */
+        unsigned col = (unsigned)(e->want % e->per_row);
+        if (col < e->col_lo || (col > e->col_hi && e->want / e->per_row + 1 < e->rows)) {
+            e->want++;
+            return TRUE;
+        }
     }
     if (e->want > e->mcu)
         catch_up(e, e->want);
@@ -475,8 +504,12 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
         || p[3] != e->ncomp || get32(p + 8) != e->per_row || get32(p + 12) != e->rows
         || get16(p + 16) != cinfo->restart_interval || get32(p + 18) != (uint32_t)e->size)
         return 0;
-    unsigned stride = get16(p + 4), npoints = get16(p + 6), count = get16(p + 22);
-    if (stride == 0 || npoints != (e->rows - 1) / stride || npoints == 0 || count == 0
+    unsigned rstride = get16(p + 4), npoints = get16(p + 6), count = get16(p + 22);
+    unsigned cstride = get16(p + 24);
+    if (rstride == 0 || cstride == 0)
+        return 0;
+    unsigned ncols = (e->per_row + cstride - 1) / cstride;
+    if ((uint64_t)((e->rows - 1) / rstride + 1) * ncols - 1 != npoints || npoints == 0 || count == 0
         || count > npoints || n != INDEX_HEADER + count * entry_size(e))
         return 0;
     e->points = (Checkpoint *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_PERMANENT,
@@ -501,9 +534,13 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
             || sig != bytes_sig(e->data, e->size, cp->pos))
             return 0;
     }
-    e->stride = stride;
+    e->rstride = rstride;
+    e->cstride = cstride;
+    e->ncols = ncols;
     e->npoints = npoints;
     e->recorded = e->given = count;
+    if (count < npoints)
+        e->next_mcu = point_mcu(e, count);
     return 1;
 }
 
@@ -520,13 +557,14 @@ size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
     out[1] = 'H';
     out[2] = INDEX_VERSION;
     out[3] = (unsigned char)e->ncomp;
-    put16(out + 4, e->stride);
+    put16(out + 4, e->rstride);
     put16(out + 6, e->npoints);
     put32(out + 8, e->per_row);
     put32(out + 12, e->rows);
     put16(out + 16, e->cinfo->restart_interval);
     put32(out + 18, (uint32_t)e->size);
     put16(out + 22, e->recorded);
+    put16(out + 24, e->cstride);
     unsigned char *q = out + INDEX_HEADER;
     for (unsigned i = 0; i < e->recorded; i++) {
         const Checkpoint *cp = &e->points[i];
@@ -585,16 +623,34 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
     }
     if (index != NULL && parse_index(e, index, index_len, e->pos)) {
         e->have_index = 1;
-        e->record = record; /* go on recording past its last point */
-    } else if (record && e->rows > 1 && max_points > 0) {
-        unsigned stride = (e->rows - 1 + max_points - 1) / max_points;
-        if (stride < 1)
-            stride = 1;
-        e->stride = stride;
-        e->npoints = (e->rows - 1) / stride;
-        if (e->npoints > 0 && e->npoints <= 0xFFFF && stride <= 0xFFFF) {
+        e->record = record && e->recorded < e->npoints; /* go on recording past its last point */
+    } else if (record && max_points > 0) {
+        /* The grid: every row, with a point every cstride columns, the
+         * closest columns that fit max_points; rows every rstride with one
+         * point each (at their start) when not even that fits. */
+        unsigned rstride = 1, cstride = MIN_CSTRIDE;
+        if (max_points > 0xFFFF)
+            max_points = 0xFFFF;
+        if (e->rows - 1 > max_points) {
+            rstride = (e->rows - 1 + max_points - 1) / max_points;
+            cstride = e->per_row;
+        } else {
+            while (cstride < e->per_row
+                   && (uint64_t)e->rows * ((e->per_row + cstride - 1) / cstride) - 1 > max_points)
+                cstride *= 2;
+        }
+        if (cstride > e->per_row)
+            cstride = e->per_row;
+        unsigned ncols = (e->per_row + cstride - 1) / cstride;
+        uint64_t npoints = (uint64_t)((e->rows - 1) / rstride + 1) * ncols - 1;
+        if (npoints > 0 && npoints <= 0xFFFF && rstride <= 0xFFFF && cstride <= 0xFFFF) {
+            e->rstride = rstride;
+            e->cstride = cstride;
+            e->ncols = ncols;
+            e->npoints = (unsigned)npoints;
             e->points = (Checkpoint *)(*cinfo->mem->alloc_small)(
                 (j_common_ptr)cinfo, JPOOL_PERMANENT, e->npoints * sizeof(Checkpoint));
+            e->next_mcu = point_mcu(e, 0);
             e->record = 1;
         }
     }
@@ -602,4 +658,15 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
     e->pub.decode_mcu = own_decode_mcu;
     e->pub.insufficient_data = FALSE;
     cinfo->entropy = &e->pub;
+}
+
+void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last)
+{
+    Entropy *e = (Entropy *)cinfo->entropy;
+    /* Only with an index: without one the MCUs beside the crop must be decoded
+     * anyway to reach the next row, and a decode given none judges the whole
+     * of each row it reads (damage right of a crop fails it, as before). */
+    e->skip_cols = e->have_index && first <= last && last < e->per_row && (first > 0 || last + 1 < e->per_row);
+    e->col_lo = first;
+    e->col_hi = last;
 }

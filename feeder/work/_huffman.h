@@ -1,6 +1,6 @@
 /*
  * feeder's own Huffman decoder for libjpeg-turbo's decompressor, with an index
- * of where each MCU row starts (see _huffman.c).
+ * of where MCU rows (and points along them) start (see _huffman.c).
  */
 #ifndef FEEDER_HUFFMAN_H
 #define FEEDER_HUFFMAN_H
@@ -80,15 +80,23 @@ typedef struct {
     const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
     int member[D_MAX_BLOCKS_IN_MCU];
     HuffTable tables[2 * NUM_HUFF_TBLS];
-    /* the index: room for a checkpoint every `stride` MCU rows (rows stride,
-     * 2*stride, ...: npoints of them), the first `recorded` known */
+    /* the index: checkpoints on a grid of MCU positions, row-major: rows 0,
+     * rstride, 2*rstride, ... and in each of them columns 0, cstride,
+     * 2*cstride, ... (ncols of them), all but the scan's first MCU: npoints in
+     * all, the first `recorded` known */
     Checkpoint *points;
-    unsigned npoints, stride;
+    unsigned npoints, rstride, cstride, ncols;
+    uint64_t next_mcu; /* where the next point to record lies */
     int have_index; /* points were given: jump to them */
-    int record;     /* fill in points as the rows go by */
+    int record;     /* fill in points as the decode passes them */
     unsigned recorded; /* points known: given, then recorded */
     unsigned given;    /* points the index given had */
-    unsigned jumped;   /* rows passed over by a jump (for tests) */
+    uint64_t jumped;   /* MCUs passed over by jumps (for tests and the bench) */
+    /* Columns libjpeg will not IDCT (outside the crop, see entropy_crop):
+     * their coefficients are not decoded where the index lets the decode
+     * jump over them. */
+    int skip_cols;
+    unsigned col_lo, col_hi;
 } Entropy;
 
 /* Whether the own decoder can run this file: a single sequential Huffman scan
@@ -103,6 +111,12 @@ int entropy_supported(j_decompress_ptr cinfo);
  * from the given index's last. Errors longjmp through libjpeg. */
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
                      const unsigned char *index, size_t index_len, int record, unsigned max_points);
+
+/* The decode needs only the MCU columns first..last of each row (libjpeg's
+ * cropped output, jpeg_crop_scanline): with an index, the others are decoded
+ * only when the decode must pass them to reach a needed one (no checkpoint
+ * to jump to). */
+void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last);
 
 /* The recorded index in bytes (the rows the decode passed, when more than the
  * index it was given): its size (0 if none), written to out when out is not

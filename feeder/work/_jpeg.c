@@ -14,7 +14,7 @@
  *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify,
  *          own=True, index=None, record=False, max_points=16)
  *       -> (stride, col_offset), or with record or index
- *          (stride, col_offset, index recorded or None, MCU rows jumped)
+ *          (stride, col_offset, index recorded or None, MCUs jumped)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.work.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
@@ -26,9 +26,10 @@
  * columns (stride = width, col_offset = 0).
  *
  * For sequential files the Huffman decoding is feeder's own (_huffman.c,
- * own=False keeps libjpeg's), which can record a row index while it reads a
- * file to its end and start a later decode of the same bytes at the row above
- * the region.
+ * own=False keeps libjpeg's), which can record an index of checkpoints (every
+ * MCU row, every few MCUs along it) while it reads a file, and start a later
+ * decode of the same bytes at the checkpoint before the region's first column
+ * in each of its rows.
  *
  * The decode runs without the GIL and calls no Python API; libjpeg's
  * errors come back through setjmp/longjmp, and its warnings (corrupt data,
@@ -333,7 +334,7 @@ typedef struct {
     /* out */
     unsigned char *index_out;   /* malloc'd, index_out_len bytes: record's index */
     size_t index_out_len;
-    unsigned jumped;            /* MCU rows the index let the decode pass over */
+    unsigned long long jumped;  /* MCUs the index let the decode pass over */
     unsigned stride, col_offset;
     int status;  /* 0 ok, 1 libjpeg error (message in err), 2 our own check (message in note) */
     char note[JMSG_LENGTH_MAX + 128];
@@ -426,8 +427,17 @@ static void run_decode(Job *job)
         JDIMENSION x1 = job->left + job->width + PAD;
         if (x1 > cinfo.output_width) x1 = cinfo.output_width;
         JDIMENSION xoff = x0, cw = x1 - x0;
-        if (xoff != 0 || cw != cinfo.output_width)
+        int cropped = xoff != 0 || cw != cinfo.output_width;
+        if (cropped)
             jpeg_crop_scanline(&cinfo, &xoff, &cw); /* moves xoff left to the iMCU grid */
+#ifdef FEEDER_HAVE_JPEGINT
+        /* libjpeg IDCTs only the iMCU columns of the crop (first_iMCU_col to
+         * last_iMCU_col, jdcoefct.c) but asks the entropy decoder for every
+         * MCU of a row: with a checkpoint at the crop's columns, feeder's
+         * decoder jumps over the others. A verify pass decodes them all. */
+        if (entropy != NULL && !job->verify && cropped)
+            entropy_crop(&cinfo, cinfo.master->first_iMCU_col, cinfo.master->last_iMCU_col);
+#endif
         unsigned offset = job->left - xoff;
         unsigned stride = job->compact ? job->width : cinfo.output_width;
         size_t need = (size_t)job->height * stride * 3;
@@ -618,7 +628,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     free(job.index_out);
     if (made == NULL)
         return NULL;
-    return Py_BuildValue("(IINI)", job.stride, job.col_offset, made, job.jumped);
+    return Py_BuildValue("(IINK)", job.stride, job.col_offset, made, job.jumped);
 }
 
 static PyMethodDef methods[] = {
@@ -633,10 +643,12 @@ static PyMethodDef methods[] = {
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
      "own: feeder's Huffman decoder for sequential files (else libjpeg's). With\n"
      "record=True, or an index given, returns (stride, col_offset, index,\n"
-     "rows_jumped): index the bytes of a row index of these data as far as the\n"
-     "decode read (room for max_points checkpoints; going on from the index\n"
-     "given), or None when it knows no more than the one given; a later decode\n"
-     "of the same bytes given it (with verify=False) starts at the row it needs.\n"
+     "mcus_jumped): index the bytes of an index of these data as far as the\n"
+     "decode read (at most max_points checkpoints: every MCU row and every few\n"
+     "MCUs along it, or every few rows when that does not fit; going on from\n"
+     "the index given), or None when it knows no more than the one given; a\n"
+     "later decode of the same bytes given it (with verify=False) starts each\n"
+     "row of the region at the checkpoint before its first column.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
     {"crc32c", jpeg_crc32c, METH_VARARGS,
      "crc32c(data, value=0) -> int\n\n"

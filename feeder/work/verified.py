@@ -33,19 +33,26 @@ lost entry costs time, never correctness. With ImageNet's 1.28 million files
 second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 (``bench/experiments/verified_capacity.py``).
 
-It also keeps where the files' rows start: the row index that feeder's Huffman
-decoder records as a decode passes them (a checkpoint every few MCU rows, at
-most 16, about 200 bytes for an ImageNet-sized file read to its end; down to
-the crop for a decode that stops there, and longer when a later one reads
-further: :meth:`VerifiedJpegs.keep_index`; see ``feeder/work/_huffman.c``). A later decode of the
-same bytes starts at the checkpoint above its crop instead of decoding every
-row above it: 12% less decode time on ImageNet-like files, 9% on large
-photos (``bench/results/region_decode.txt``). The indexes live in a ring of
-``index_bytes`` (128 MiB by default, an anonymous mapping like the table: room
-for about 600,000 ImageNet files), found through a second table of 8 bytes per
-slot (16 MiB more when indexes are kept, resident as written, like the
-first); when the ring is full the oldest are written over, and their files
-decode from their first row again. An index is found through its file's
+It also keeps where the files' Huffman data can be entered: the index that
+feeder's Huffman decoder records as a decode passes them (see
+``feeder/work/_huffman.c``): a checkpoint (13 bytes) at the start of every MCU
+row and every 4 MCUs along it, or every 8, 16... MCUs, or only every few rows,
+so that a file's index stays within its share of the ring (:attr:`VerifiedJpegs.points`);
+all of the file in the read to its end, down to the crop for a decode that
+stops there, longer when a later one reads further
+(:meth:`VerifiedJpegs.keep_index`). A later decode of the same bytes enters
+each row of its crop at the checkpoint before the crop's first column and
+leaves it after the last, instead of decoding every row above the crop and
+every row whole (``bench/results/region_decode.txt``). The indexes live in a
+ring of ``index_bytes`` (128 MiB by default, an anonymous mapping like the
+table), found through a second table of 8 bytes per slot (16 MiB more when
+indexes are kept, resident as written, like the first); when the ring is full
+the oldest are written over, and their files decode from their first row
+again. Each file's share is the ring's three quarters over the number of
+files (``files``, the source's length): every MCU row and every 4 MCUs along
+it take about 2.8 KB for an ImageNet-sized file (45,000 such files in the
+default ring), 21 KB for a 1500x1100 photo; ImageNet's 1.28 million files get
+a checkpoint every few rows (the least: 4 points, about 80 bytes each). An index is found through its file's
 fingerprint and checked against a second CRC-32C (of the file's first half)
 and its own CRC before use, so it only ever describes the bytes it was
 recorded from (the decoder also checks the file's length and 16 bits of the
@@ -80,19 +87,33 @@ class VerifiedJpegs:
 
     Args:
         slots: Table size, a power of two of at least 8 (8 bytes each).
-        index_bytes: Room for row indexes (0: none kept).
+        index_bytes: Room for indexes (0: none kept).
+        files: How many distinct files will come (None: not known), which sets
+            each file's share of that room (:attr:`points`).
     """
 
     SLOTS = 1 << 21
     INDEX_BYTES = 128 << 20
+    #: Checkpoints per file: at least, at most, and when the number of files is not known.
+    MIN_POINTS, MAX_POINTS, UNKNOWN_POINTS = 4, 4096, 16
+    POINT_BYTES = 13  # a checkpoint of a 3-component file without restart markers
+    INDEX_HEADER = 26
 
-    def __init__(self, slots: int = SLOTS, index_bytes: int = INDEX_BYTES) -> None:
+    def __init__(self, slots: int = SLOTS, index_bytes: int = INDEX_BYTES,
+                 files: int | None = None) -> None:
         if slots < 2 * WAYS or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two of at least {2 * WAYS}, got {slots}")
         if not isinstance(index_bytes, int) or isinstance(index_bytes, bool) or index_bytes < 0:
             raise ValueError(f"index_bytes must be an int of at least 0, got {index_bytes!r}")
+        if files is not None and (not isinstance(files, int) or isinstance(files, bool) or files < 0):
+            raise ValueError(f"files must be None or an int of at least 0, got {files!r}")
         self.slots = slots
         self.index_bytes = index_bytes
+        self.files = files
+        #: The most checkpoints a file's index may have: three quarters of the
+        #: ring shared among ``files`` (the ring also holds indexes written again,
+        #: longer), within MIN_POINTS..MAX_POINTS; 0 without a ring.
+        self.points = self.points_for(index_bytes, files)
         self._buckets = slots // WAYS
         self._bits = self._buckets.bit_length() - 1
         self._table: memoryview | None = None  # mapped on the first add
@@ -109,6 +130,16 @@ class VerifiedJpegs:
                                  f"({exc})") from None
         self._head = 0                          # bytes ever written to the ring
         self._adding = threading.Lock()
+
+    @classmethod
+    def points_for(cls, index_bytes: int, files: int | None) -> int:
+        """Checkpoints per file for a ring of ``index_bytes`` shared by ``files``."""
+        if not index_bytes:
+            return 0
+        if files is None:
+            return cls.UNKNOWN_POINTS
+        share = index_bytes * 3 // 4 // max(1, files) - _RECORD.size - cls.INDEX_HEADER
+        return max(cls.MIN_POINTS, min(cls.MAX_POINTS, share // cls.POINT_BYTES))
 
     @staticmethod
     def fingerprints(data: bytes | bytearray | memoryview) -> tuple[int, int]:
@@ -243,10 +274,10 @@ class VerifiedJpegs:
 
     def __getstate__(self) -> dict:
         # A copy in another process starts empty: its decodes verify for themselves.
-        return {"slots": self.slots, "index_bytes": self.index_bytes}
+        return {"slots": self.slots, "index_bytes": self.index_bytes, "files": self.files}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["slots"], state.get("index_bytes", self.INDEX_BYTES))
+        self.__init__(state["slots"], state.get("index_bytes", self.INDEX_BYTES), state.get("files"))
 
     def __len__(self) -> int:
         """Slots in use (counted: for tests and reports, not the decode path)."""
