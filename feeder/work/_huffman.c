@@ -432,8 +432,21 @@ static void catch_up(Entropy *e, uint64_t target)
             q = e->recorded;
         if (q >= 1) {
             uint64_t at = point_mcu(e, (unsigned)(q - 1));
-            if (at > e->mcu)
-                restore_point(e, &e->points[q - 1], at);
+            const Checkpoint *cp = &e->points[q - 1];
+            if (at > e->mcu && q - 1 < e->given
+                && cp->sig != bytes_sig(e->data, e->size, cp->pos)) {
+                /* A given point whose bytes are not these: the index is of
+                 * other bytes (feeder finds its indexes by the file's
+                 * fingerprints; this guards a caller that does not). Use
+                 * none of it from here on, and record nothing. Checked at
+                 * the jump, not when the index is read: a decode uses a few
+                 * of its hundreds of points. */
+                e->have_index = 0;
+                e->record = 0;
+                e->recorded = e->given;
+            } else if (at > e->mcu) {
+                restore_point(e, cp, at);
+            }
         }
     }
     while (e->mcu < target)
@@ -529,9 +542,9 @@ static int parse_index(Entropy *e, const unsigned char *p, size_t n, size_t scan
         }
         for (int c = 0; c < e->ncomp; c++, q += 2)
             cp->pred[c] = (int16_t)get16(q);
+        cp->sig = (uint16_t)sig;
         if (cp->pos < scan_start || cp->pos >= e->size || cp->next_restart > 7
-            || cp->restarts_to_go > cinfo->restart_interval || (i > 0 && cp->pos < e->points[i - 1].pos)
-            || sig != bytes_sig(e->data, e->size, cp->pos))
+            || cp->restarts_to_go > cinfo->restart_interval || (i > 0 && cp->pos < e->points[i - 1].pos))
             return 0;
     }
     e->rstride = rstride;

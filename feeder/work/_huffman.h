@@ -57,6 +57,7 @@ typedef struct {
     uint8_t next_restart;   /* the RSTn expected next (0-7) */
     uint16_t restarts_to_go;
     int16_t pred[MAX_COMPS_IN_SCAN]; /* DC predictions */
+    uint16_t sig;           /* of a given point: 16 bits of the bytes at pos, checked before a jump */
 } Checkpoint;
 
 typedef struct {

@@ -241,7 +241,7 @@ class VerifiedJpegs:
         # its copy is whole (see index()).
         self._head = at + size
         start = at % self.index_bytes
-        self._ring[start:start + size] = _RECORD.pack(fp, check, zlib.crc32(index), len(index)) + index
+        self._ring[start:start + size] = _RECORD.pack(fp, check, _crc(index), len(index)) + index
         return at
 
     def index(self, fp: int, check: int) -> bytes | None:
@@ -258,16 +258,17 @@ class VerifiedJpegs:
                 if at < 0:
                     return None
                 start = at % self.index_bytes
-                head = bytes(ring[start:start + _RECORD.size])
-                if len(head) < _RECORD.size:
+                if start + _RECORD.size > self.index_bytes:
                     return None
-                # One copy of the whole record, then the checks on the copy.
-                record = bytes(ring[start:start + _RECORD.size + _RECORD.unpack(head)[3]])
+                # The head, then one copy of the body (an index is up to tens of
+                # KB, read for every decode), then the checks: the ring's head
+                # moves on before a record is written over, so if it has not
+                # passed this one, neither read saw a write.
+                got_fp, got_check, crc, n = _RECORD.unpack_from(ring, start)
+                body = bytes(ring[start + _RECORD.size:start + _RECORD.size + n])
                 if self._head > at + self.index_bytes:  # written over since
                     return None
-                got_fp, got_check, crc, n = _RECORD.unpack_from(record)
-                body = record[_RECORD.size:_RECORD.size + n]
-                if got_fp != fp or got_check != check or len(body) != n or zlib.crc32(body) != crc:
+                if got_fp != fp or got_check != check or len(body) != n or _crc(body) != crc:
                     return None
                 return body
         return None
