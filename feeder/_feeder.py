@@ -163,7 +163,7 @@ class Feeder:
             memory). A decode records checkpoints in the Huffman data it
             passes (all of the file in ``jpeg_verify``'s read to the end; down
             to the crop otherwise): at every MCU row and every 4 MCUs along it
-            (about 2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
+            (2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
             that every file of the source gets an equal share of three
             quarters of this memory (ImageNet's 1.28 million files get a
             checkpoint every few rows). A later crop of the same bytes decodes

@@ -7,10 +7,12 @@ What is promised, checked against libjpeg-turbo's own Huffman decoder
 * Every valid sequential file decodes to the same pixels as with libjpeg's
   decoder, at every layout, restart interval and scale, with or without an
   index; an index makes the decode start below the first row (it is used).
-* An index describes only the bytes it was recorded from: one of another file
-  (other length, or other bytes at its checkpoints) is not used; a garbled one
-  gives a decode error or wrong pixels (feeder checks an index's own CRC before
-  use), never a crash.
+* An index is used only for the bytes it was recorded from: feeder finds it by
+  the file's length and CRC-32C and checks its own CRC; the decoder itself
+  refuses one of another length or layout, and stops using one at the first
+  checkpoint whose bytes (16 bits of them) are not these. Given directly, a
+  garbled one, or one of other bytes that passes those checks, gives a decode
+  error or wrong pixels, never a crash.
 * On damaged data the own decoder is never laxer than libjpeg's: where libjpeg
   reports damage it does too, and where both decode, the pixels are the same.
 * The memory of indexes is bounded, survives no overwrite, and never hands out
@@ -19,8 +21,12 @@ What is promised, checked against libjpeg-turbo's own Huffman decoder
 
 from __future__ import annotations
 
+import glob
+import os
 import pickle
 import random
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -143,6 +149,61 @@ def test_a_grid_index_jumps_over_the_columns_beside_the_crop(kind):
     assert np.array_equal(got, ref) and len(longer) > len(upper)
     got, (_, _, _, jumped) = _decode(data, (150, 100, 100, 300), 1, verify=False, index=longer)
     assert np.array_equal(got, ref) and jumped > 0
+
+
+def _other_libjpeg() -> str | None:
+    """A libjpeg-turbo of the same soname as the system's but another release:
+    the one Pillow's wheels bundle (3.x), if installed."""
+    try:
+        import PIL
+    except ImportError:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(PIL.__file__)),
+                                          "pillow.libs", "libjpeg-*.so.62*")))
+    return found[0] if found else None
+
+
+_ACROSS_RELEASES = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from jpeg_helpers import jpeg
+from feeder.synthetic import make_image
+from feeder.work import _jpeg as ext
+loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
+assert any(sys.argv[2] in l for l in loaded), loaded
+bad = 0
+for kind in ("4:2:0", "4:4:4", "gray", "restart"):
+    data = jpeg(make_image(256, 512, seed=3), kind, 90, rst=3)
+    out = np.empty(1 << 22, np.uint8)
+    index = ext.decode(data, 0, 0, 256, 512, 1, out, 1 << 24, True, True, record=True, max_points=4096)[2]
+    for box in ((100, 300, 50, 100), (0, 200, 256, 40), (10, 0, 90, 64), (200, 37, 56, 300)):
+        t, l, h, w = box
+        ref = np.zeros(h * w * 3, np.uint8)
+        ext.decode(data, t, l, h, w, 1, ref, 1 << 24, True, own=False)
+        got = np.zeros(h * w * 3, np.uint8)
+        jumped = ext.decode(data, t, l, h, w, 1, got, 1 << 24, True, False, index=index)[3]
+        bad += not np.array_equal(got, ref) or jumped == 0
+print("mismatches", bad)
+"""
+
+
+@needs_ext
+def test_column_skipping_does_not_depend_on_libjpegs_private_layout():
+    """The crop's MCU columns are computed from jpeg_crop_scanline's public
+    outputs: read from libjpeg-turbo's private struct, whose layout changed
+    between 2.x and 3.x under the same soname, an extension built against one
+    release and run on the other gave grey blocks with no error. Here the
+    extension runs on Pillow's bundled libjpeg-turbo (3.x), preloaded."""
+    other = _other_libjpeg()
+    if other is None:
+        pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
+    env = {**os.environ, "LD_PRELOAD": other}
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _ACROSS_RELEASES, here, os.path.basename(other)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("mismatches 0"), proc.stdout
 
 
 @needs_ext
@@ -345,12 +406,13 @@ def test_the_index_memory_pickles_empty_with_its_size():
 
 def test_each_file_gets_an_equal_share_of_the_ring():
     """max_points from the ring's size and the number of files: three quarters
-    of the ring shared out, the record and index headers taken off, 13 bytes a
-    point, within 4..4096; 16 (a row index) when the number is not known."""
+    of the ring shared out (half that when indexes are rewritten as they grow),
+    the record and index headers taken off, 15 bytes a point (the most one
+    takes), within 4..4096; 16 (a row index) when the number is not known."""
     mib = 1 << 20
     assert VerifiedJpegs.points_for(128 * mib, 1000) == 4096
-    assert VerifiedJpegs.points_for(128 * mib, 2000) == (128 * mib * 3 // 4 // 2000 - 44) // 13
-    assert VerifiedJpegs.points_for(128 * mib, 20_000) == (128 * mib * 3 // 4 // 20_000 - 18 - 26) // 13
+    assert VerifiedJpegs.points_for(128 * mib, 2000) == (128 * mib * 3 // 4 // 2000 - 44) // 15
+    assert VerifiedJpegs.points_for(128 * mib, 20_000) == (128 * mib * 3 // 4 // 20_000 - 18 - 26) // 15
     assert VerifiedJpegs.points_for(128 * mib, 1_281_167) == 4  # ImageNet: the least
     assert VerifiedJpegs.points_for(128 * mib, None) == 16
     assert VerifiedJpegs.points_for(0, 10) == 0
@@ -359,10 +421,12 @@ def test_each_file_gets_an_equal_share_of_the_ring():
     for files in (1, 100, 10_000, 100_000):
         points = VerifiedJpegs.points_for(128 * mib, files)
         if points > VerifiedJpegs.MIN_POINTS:
-            assert files * (18 + 26 + 13 * points) <= 128 * mib * 3 // 4
+            assert files * (18 + 26 + 15 * points) <= 128 * mib * 3 // 4
     assert VerifiedJpegs(index_bytes=1 * mib, files=500).points == VerifiedJpegs.points_for(mib, 500)
-    copy = pickle.loads(pickle.dumps(VerifiedJpegs(slots=64, index_bytes=5000, files=7)))
-    assert copy.files == 7 and copy.points == VerifiedJpegs.points_for(5000, 7)
+    assert VerifiedJpegs(index_bytes=mib, files=500, rewritten=True).points == \
+        VerifiedJpegs.points_for(mib, 1000)
+    copy = pickle.loads(pickle.dumps(VerifiedJpegs(slots=64, index_bytes=5000, files=7, rewritten=True)))
+    assert copy.files == 7 and copy.rewritten and copy.points == VerifiedJpegs.points_for(5000, 14)
     for bad in (-1, 1.5, True, "9"):
         with pytest.raises(ValueError, match="files"):
             VerifiedJpegs(index_bytes=5000, files=bad)
@@ -388,7 +452,7 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
             return getattr(ext, name)
 
     monkeypatch.setattr(D, "_jpeg", Asking())
-    for index_bytes, want in ((128 << 20, 4096), (30_000, (30_000 * 3 // 4 // 6 - 44) // 13)):
+    for index_bytes, want in ((128 << 20, 4096), (30_000, (30_000 * 3 // 4 // 6 - 44) // 15)):
         asked.clear()
         with Feeder(MemorySource(blobs), 3, [ops.RandomResizedCrop(48)], seed=1, decode_threads=2,
                     jpeg_index_bytes=index_bytes) as feeder:
@@ -401,6 +465,24 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
         sizes = {len(k) for k in kept if k is not None}
         assert sizes == ({26 + 13 * (32 * 8 - 1)} if want == 4096 else sizes) and sizes
         assert all(n <= 26 + 13 * want for n in sizes)
+
+
+def test_a_shorter_index_never_replaces_a_longer_one():
+    """Two decodes of the same bytes that started with no index (two threads,
+    a file listed twice) each keep what they passed: the deeper one stays."""
+    mem = VerifiedJpegs(slots=64, index_bytes=10_000)
+    fp, check = mem.fingerprints(b"the same bytes")
+    mem.keep_index(fp, b"D" * 400, check)
+    mem.keep_index(fp, b"S" * 40, check)
+    assert mem.index(fp, check) == b"D" * 400
+    mem.keep_index(fp, b"L" * 500, check)
+    assert mem.index(fp, check) == b"L" * 500
+    for k in range(40):  # the ring written round: the kept one is gone, a short one is kept again
+        other = mem.fingerprints(bytes([k]) * 9)
+        mem.add(other[0], bytes([k]) * 400, other[1])
+    assert mem.index(fp, check) is None
+    mem.keep_index(fp, b"S" * 40, check)
+    assert mem.index(fp, check) == b"S" * 40
 
 
 def test_threads_adding_and_looking_up_never_get_another_files_index():

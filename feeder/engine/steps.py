@@ -81,7 +81,7 @@ class SampleWork:
         self.jpeg_verify = jpeg_verify
         #: The JPEG byte strings this work has read to their end without an error.
         #: With neither (jpeg_verify=False, jpeg_index_bytes=0), None.
-        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files)
+        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files, rewritten=not jpeg_verify)
                          if jpeg_verify or jpeg_index_bytes
                          else None)
         self.buffers = DecodeBuffers()

@@ -60,9 +60,10 @@ static const int natural_order[64 + 16] = {
 #define MIN_CSTRIDE 4
 
 /* 16 bits of the 8 bytes from p (fewer at the end of the data): each
- * checkpoint carries those of the bytes it points at, and the file's length
- * is in the header, so that an index of other bytes is almost never used
- * (feeder itself finds an index by the file's fingerprints). FNV-1a, folded. */
+ * checkpoint carries those of the bytes it points at (checked before a jump
+ * to it), and the file's length is in the header, so that an index of other
+ * bytes is almost never used (feeder itself finds an index by the file's
+ * fingerprints). FNV-1a, folded. */
 static unsigned bytes_sig(const unsigned char *data, size_t size, size_t p)
 {
     uint32_t h = 2166136261u;

@@ -340,6 +340,14 @@ typedef struct {
     char note[JMSG_LENGTH_MAX + 128];
 } Job;
 
+/* The smallest scaled DCT block size of any component (its name depends on
+ * the API version libjpeg-turbo was built for). */
+#if JPEG_LIB_VERSION >= 70
+#define MIN_DCT_SIZE(c) ((c)->min_DCT_h_scaled_size)
+#else
+#define MIN_DCT_SIZE(c) ((c)->min_DCT_scaled_size)
+#endif
+
 /* One of run_decode's own checks failed: say why and leave through `done`
  * (jpeg_destroy_decompress there releases the decompressor in any state). */
 #define FAIL(...)                                                   \
@@ -430,14 +438,23 @@ static void run_decode(Job *job)
         int cropped = xoff != 0 || cw != cinfo.output_width;
         if (cropped)
             jpeg_crop_scanline(&cinfo, &xoff, &cw); /* moves xoff left to the iMCU grid */
-#ifdef FEEDER_HAVE_JPEGINT
-        /* libjpeg IDCTs only the iMCU columns of the crop (first_iMCU_col to
-         * last_iMCU_col, jdcoefct.c) but asks the entropy decoder for every
-         * MCU of a row: with a checkpoint at the crop's columns, feeder's
-         * decoder jumps over the others. A verify pass decodes them all. */
-        if (entropy != NULL && !job->verify && cropped)
-            entropy_crop(&cinfo, cinfo.master->first_iMCU_col, cinfo.master->last_iMCU_col);
-#endif
+        /* libjpeg IDCTs only the iMCU columns of the crop and asks the
+         * entropy decoder for every MCU of a row: with a checkpoint at the
+         * crop's columns, feeder's decoder jumps over the others. Those
+         * columns are computed here as jpeg_crop_scanline computes them
+         * (master->first_iMCU_col .. last_iMCU_col, jdapistd.c), from its
+         * public outputs: the private struct they live in changed layout
+         * between libjpeg-turbo 2.x and 3.x under the same soname, and read
+         * through the other version's header it gives other columns (their
+         * blocks then decode as grey, with no error). A verify pass decodes
+         * every column. */
+        if (entropy != NULL && !job->verify && cropped) {
+            int align = MIN_DCT_SIZE(&cinfo);
+            if (!(cinfo.comps_in_scan == 1 && cinfo.num_components == 1))
+                align *= cinfo.max_h_samp_factor;
+            if (align > 0)
+                entropy_crop(&cinfo, xoff / (unsigned)align, (xoff + cw + (unsigned)align - 1) / (unsigned)align - 1);
+        }
         unsigned offset = job->left - xoff;
         unsigned stride = job->compact ? job->width : cinfo.output_width;
         size_t need = (size_t)job->height * stride * 3;

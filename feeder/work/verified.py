@@ -35,7 +35,7 @@ second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 
 It also keeps where the files' Huffman data can be entered: the index that
 feeder's Huffman decoder records as a decode passes them (see
-``feeder/work/_huffman.c``): a checkpoint (13 bytes) at the start of every MCU
+``feeder/work/_huffman.c``): a checkpoint (13 bytes, 15 with restart markers) at the start of every MCU
 row and every 4 MCUs along it, or every 8, 16... MCUs, or only every few rows,
 so that a file's index stays within its share of the ring (:attr:`VerifiedJpegs.points`);
 all of the file in the read to its end, down to the crop for a decode that
@@ -49,14 +49,17 @@ table), found through a second table of 8 bytes per slot (16 MiB more when
 indexes are kept, resident as written, like the first); when the ring is full
 the oldest are written over, and their files decode from their first row
 again. Each file's share is the ring's three quarters over the number of
-files (``files``, the source's length): every MCU row and every 4 MCUs along
-it take about 2.8 KB for an ImageNet-sized file (45,000 such files in the
-default ring), 21 KB for a 1500x1100 photo; ImageNet's 1.28 million files get
-a checkpoint every few rows (the least: 4 points, about 80 bytes each). An index is found through its file's
+files (``files``, the source's length; half that with ``rewritten``, as
+indexes that grow crop by crop are written again), counted at 15 bytes a
+point: every MCU row and every 4 MCUs along it take 2.8 KB for a
+500x375-sized 4:2:0 file (about 30,000 such files get it in the default
+ring), 10.8 KB for the same as 4:4:4 and 43 KB for a 1500x1100 4:4:4 photo
+(``bench/results/index_density.txt``); ImageNet's 1.28 million files get a
+checkpoint every few rows (the least: 4 points, about 100 bytes each). An index is found through its file's
 fingerprint and checked against a second CRC-32C (of the file's first half)
 and its own CRC before use, so it only ever describes the bytes it was
-recorded from (the decoder also checks the file's length and 16 bits of the
-bytes at each checkpoint).
+recorded from (the decoder also checks the file's length, and 16 bits of the
+bytes at each checkpoint it jumps to).
 """
 
 from __future__ import annotations
@@ -90,17 +93,20 @@ class VerifiedJpegs:
         index_bytes: Room for indexes (0: none kept).
         files: How many distinct files will come (None: not known), which sets
             each file's share of that room (:attr:`points`).
+        rewritten: Indexes grow as crops reach further down their files and are
+            written again, longer (``jpeg_verify=False``): each file gets half the
+            share, so that the ring also holds the copies a longer one replaced.
     """
 
     SLOTS = 1 << 21
     INDEX_BYTES = 128 << 20
     #: Checkpoints per file: at least, at most, and when the number of files is not known.
     MIN_POINTS, MAX_POINTS, UNKNOWN_POINTS = 4, 4096, 16
-    POINT_BYTES = 13  # a checkpoint of a 3-component file without restart markers
+    POINT_BYTES = 15  # a checkpoint of a 3-component file with restart markers (13 without)
     INDEX_HEADER = 26
 
     def __init__(self, slots: int = SLOTS, index_bytes: int = INDEX_BYTES,
-                 files: int | None = None) -> None:
+                 files: int | None = None, rewritten: bool = False) -> None:
         if slots < 2 * WAYS or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two of at least {2 * WAYS}, got {slots}")
         if not isinstance(index_bytes, int) or isinstance(index_bytes, bool) or index_bytes < 0:
@@ -110,10 +116,11 @@ class VerifiedJpegs:
         self.slots = slots
         self.index_bytes = index_bytes
         self.files = files
+        self.rewritten = bool(rewritten)
         #: The most checkpoints a file's index may have: three quarters of the
-        #: ring shared among ``files`` (the ring also holds indexes written again,
-        #: longer), within MIN_POINTS..MAX_POINTS; 0 without a ring.
-        self.points = self.points_for(index_bytes, files)
+        #: ring shared among ``files`` (half that when indexes are rewritten),
+        #: within MIN_POINTS..MAX_POINTS; 0 without a ring.
+        self.points = self.points_for(index_bytes, files if files is None or not rewritten else 2 * files)
         self._buckets = slots // WAYS
         self._bits = self._buckets.bit_length() - 1
         self._table: memoryview | None = None  # mapped on the first add
@@ -206,7 +213,11 @@ class VerifiedJpegs:
         for base in (a, b):
             for i in range(base, base + WAYS):
                 if table[i] == fp:
-                    if replace and index and where is not None:
+                    # A longer index of the same bytes stays: two decodes that
+                    # started with none (threads, a file listed twice) each
+                    # keep what they passed, and the deeper one must win.
+                    if (replace and index and where is not None
+                            and self._kept_length(where[i] - 1, fp, check) < len(index)):
                         where[i] = 1 + self._keep(fp, check, index)
                     return
         slot = -1
@@ -225,6 +236,18 @@ class VerifiedJpegs:
         table[slot] = fp
         if index and where is not None:
             where[slot] = 1 + self._keep(fp, check, index)
+
+    def _kept_length(self, at: int, fp: int, check: int) -> int:
+        """The length of the index of ``(fp, check)`` kept at ``at`` in the ring
+        (bytes ever written), 0 if there is none there any more."""
+        ring = self._ring
+        if at < 0 or ring is None or self._head > at + self.index_bytes:
+            return 0
+        start = at % self.index_bytes
+        if start + _RECORD.size > self.index_bytes:
+            return 0
+        got_fp, got_check, _, n = _RECORD.unpack_from(ring, start)
+        return n if (got_fp, got_check) == (fp, check) else 0
 
     def _keep(self, fp: int, check: int, index: bytes) -> int:
         """Write a record of ``index`` into the ring (the caller holds ``_adding``);
@@ -275,10 +298,12 @@ class VerifiedJpegs:
 
     def __getstate__(self) -> dict:
         # A copy in another process starts empty: its decodes verify for themselves.
-        return {"slots": self.slots, "index_bytes": self.index_bytes, "files": self.files}
+        return {"slots": self.slots, "index_bytes": self.index_bytes, "files": self.files,
+                "rewritten": self.rewritten}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["slots"], state.get("index_bytes", self.INDEX_BYTES), state.get("files"))
+        self.__init__(state["slots"], state.get("index_bytes", self.INDEX_BYTES), state.get("files"),
+                      state.get("rewritten", False))
 
     def __len__(self) -> int:
         """Slots in use (counted: for tests and reports, not the decode path)."""
