@@ -489,11 +489,22 @@ def test_interference_idle_windows_wait_until_the_loader_is_dry():
     assert not got["drained"] and got["loader_cpu"] > 0
 
 
-def test_interference_fed_windows_take_batches_at_the_pace():
+def test_interference_fed_windows_take_batches_at_the_pace(monkeypatch):
+    import itertools
+
     import torch
 
+    from feeder.bench import fedloop
     from feeder.bench.fedloop import Windows
 
+    # A clock of our own: each reading moves it 1 ms, wall and thread time
+    # alike, so that a next() that returns at once is never taken for a wait
+    # (on the real clock, a busy machine that preempts the test inside next()
+    # made it one).
+    ticks = itertools.count()
+    monkeypatch.setattr(fedloop, "now", lambda: next(ticks) * 1e-3)
+    cpu_ticks = itertools.count()
+    monkeypatch.setattr(fedloop.time, "thread_time", lambda: next(cpu_ticks) * 1e-3)
     taken = []
 
     def batches():
