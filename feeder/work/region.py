@@ -163,8 +163,7 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
                   buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False,
-                  index: bytes | None = None, record: bool = False,
-                  points: int = 16) -> tuple[np.ndarray, bytes | None]:
+                  index: bytes | None = None, record: int = 0) -> tuple[np.ndarray, bytes | None]:
     """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
@@ -175,8 +174,9 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``).
     ``index``: the row index recorded for these bytes (the decode starts at the
     checkpoint before the region's first column in each of its rows instead of
-    the first row); ``record``: record one, of at most ``points`` checkpoints
-    (see ``VerifiedJpegs.points``). Returns the image and the index recorded, or None."""
+    the first row); ``record``: record one of at most this many checkpoints
+    (0: none; see ``VerifiedJpegs.points``). Returns the image and the index
+    recorded, or None."""
     swap = orientation >= 5
     d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
     hs, ws = -(-h // d), -(-w // d)
@@ -203,7 +203,7 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
             stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
         else:
             stride, offset, made, _ = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False,
-                                                 verify, index=index, record=record, max_points=points)
+                                                 verify, index=index, record=record > 0, max_points=record)
     except BaseException:
         if buffers is not None:
             buffers.give(buf)
