@@ -35,6 +35,22 @@ def test_watch_runs_the_call_once_the_object_is_freed():
     assert done.wait(JOIN_TIMEOUT_S)
 
 
+def test_watch_all_runs_the_call_once_after_the_last_object_is_freed():
+    _reaper.ensure_running()
+    ran = []
+    objs = [Watched(), Watched(), Watched()]
+    _reaper.watch_all(objs, ran.append, "released")
+    for _ in range(2):
+        objs.pop(0)
+        gc.collect()
+        reaped()
+        assert ran == []  # one is still alive
+    objs.pop()
+    gc.collect()
+    reaped()
+    assert ran == ["released"]
+
+
 def test_unwatch_cancels_and_may_be_repeated():
     _reaper.ensure_running()
     ran = []

@@ -21,9 +21,10 @@ lock (a ``weakref.finalize`` body, say).
 
 Lock audit (what freeing an object or a signal can reach):
 
-* Watched objects: a pass iterator (stops its pass), a CPU batch view (returns
-  its buffer to the pool), a :class:`~feeder.Feeder` (stops its engine). The
-  freeing thread only runs ``SimpleQueue.put``.
+* Watched objects: a pass iterator (stops its pass), the views of a CPU batch
+  into its buffer (the last one freed returns the buffer to the pool), a
+  :class:`~feeder.Feeder` (stops its engine). The freeing thread only runs
+  ``SimpleQueue.put``.
 * Signals: feeder installs no signal handler. ``KeyboardInterrupt`` is raised
   in the main thread between bytecodes; ``with lock:`` blocks release their
   locks as it unwinds, and ``next()`` stops the pass in ordinary code after.
@@ -89,6 +90,33 @@ def watch(obj: Any, fn: Callable[..., Any], *args: Any) -> int:
     ref = weakref.ref(obj, _calls.put)
     _watched[id(ref)] = (ref, fn, args)
     return id(ref)
+
+
+class _Countdown:
+    """Runs ``fn(*args)`` at its ``count``-th call. Called in the reaper thread only,
+    one call at a time, so it needs no lock."""
+
+    __slots__ = ("left", "fn", "args")
+
+    def __init__(self, count: int, fn: Callable[..., Any], args: tuple) -> None:
+        self.left, self.fn, self.args = count, fn, args
+
+    def __call__(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            fn, args = self.fn, self.args
+            self.fn = self.args = None  # hold nothing once done
+            fn(*args)
+
+
+def watch_all(objs: list[Any], fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` in the reaper thread once every object of ``objs`` has
+    been freed (several views of one resource: it is free when the last goes).
+
+    ``args`` must not refer to any of ``objs``."""
+    countdown = _Countdown(len(objs), fn, args)
+    for obj in objs:
+        watch(obj, countdown)
 
 
 def unwatch(token: int) -> None:
