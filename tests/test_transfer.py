@@ -6,8 +6,11 @@ tests/cuda/ on one; cut and padded variable-size copies: tests/test_variable_siz
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from conftest import encode_png, reaped, run_in_thread
+from feeder import Feeder, ops
 from feeder.engine.batch import Batch, BufferPool
 from feeder.engine.collate import Collator
 from feeder.engine.queue import Channel, END
@@ -71,3 +74,174 @@ def test_transfer_moves_indices_with_samples_when_filling_holes():
     # Batch 0's survivors are topped up from batch 1; batch 2 passes through whole;
     # what is left of batch 1 ends the pass. Each index travels with its label.
     assert got == [([5, 7, 9], [50, 70, 90]), ([11, 12, 13], [110, 120, 130]), ([10], [100])]
+
+
+# -- every field of a delivered batch stays valid while the loop holds it ----------------
+
+KEEP_SAMPLES = 40  # 20 batches of 2: several times the pool's buffers
+KEEP_BATCHES = 16
+MASK_FILL = 255
+
+
+def colour_of(i: int) -> tuple[int, int, int]:
+    return (i * 37 % 200 + 30, i * 91 % 200 + 30, i * 53 % 200 + 30)
+
+
+def size_of(i: int, variable: bool) -> tuple[int, int]:
+    # Variable sizes put a full-size image in most batches: their masks are
+    # then one dense block of the buffer's mask plane.
+    return ((12, 12), (7, 12), (12, 5), (12, 12), (9, 10))[i % 5] if variable else (12, 12)
+
+
+class KeptSource:
+    """Sample ``i``: a solid image of ``colour_of(i)``, its mask all ``i + 1``
+    (16-bit ``1000 + i`` for every seventh sample: a batch of int64 masks),
+    an array, boxes and per-box ids that name ``i``, and ``"name"`` passed
+    through. Module level, so the process engine can pickle it."""
+
+    def __init__(self, variable: bool, boxes: bool) -> None:
+        self.variable, self.boxes = variable, boxes
+
+    def __len__(self) -> int:
+        return KEEP_SAMPLES
+
+    def read(self, i: int) -> dict:
+        h, w = size_of(i, self.variable)
+        image = np.empty((h, w, 3), np.uint8)
+        image[...] = colour_of(i)
+        wide = i % 7 == 3
+        sample = {"image": encode_png(image),
+                  "mask": np.full((h, w), 1000 + i if wide else i + 1, np.uint16 if wide else np.uint8),
+                  "label": i % 5, "weights": np.array([i, -i, i / 2], np.float32), "name": f"s{i}"}
+        if self.boxes:
+            k = 1 + i % 3
+            sample["boxes"] = np.tile(np.array([[i / 16, 1, i / 16 + 1, 3]], np.float32), (k, 1))
+            sample["box_ids"] = np.full(k, i, np.int64)
+        return sample
+
+
+def mask_id(values: torch.Tensor) -> torch.Tensor:
+    values = values.long()
+    return torch.where(values >= 1000, values - 1000, values - 1)
+
+
+def expected_pixels(ids: torch.Tensor, dtype, normalize) -> torch.Tensor:
+    """The ``[3, h, w]`` pixels of solid samples ``ids`` (``[h, w]``; -1: padding), as
+    delivered."""
+    colours = torch.tensor([colour_of(i) for i in range(KEEP_SAMPLES)], dtype=torch.float64)
+    pixels = colours[ids.clamp(min=0)].permute(2, 0, 1)
+    if dtype is not None:
+        pixels = pixels / 255
+        if normalize is not None:
+            mean, std = (torch.tensor(v, dtype=torch.float64).view(3, 1, 1) for v in normalize)
+            pixels = (pixels - mean) / std
+    return torch.where(ids < 0, 0.0, pixels)  # padding is 0, normalized or not
+
+
+def check_sample_fields(i: int, got: dict, dtype, normalize, variable: bool, mixed: bool) -> None:
+    """Sample ``i``'s fields in a kept batch (a target dict of ``images_and_targets``,
+    or one slot of a batch), compared with what its source made."""
+    h, w = size_of(i, variable)
+    mask = got["mask"]
+    if mixed:
+        # CutMix pasted a box of a partner's mask and pixels (padding included)
+        # anywhere in the slot: each pixel still names its sample.
+        ids = torch.where(mask == MASK_FILL, -1, mask_id(mask))
+    else:
+        ids = torch.full(mask.shape, -1)
+        ids[:h, :w] = i
+        got_ids = torch.where(mask == MASK_FILL, -1, mask_id(mask))
+        assert torch.equal(got_ids, ids), f"sample {i}: its mask changed"
+    if "image" in got:
+        image = got["image"]
+        ids = ids[:image.shape[1], :image.shape[2]]  # images_and_targets: the image's part
+        atol = 1e-2 if dtype == torch.float16 else 1e-5
+        torch.testing.assert_close(image.double(), expected_pixels(ids, dtype, normalize), atol=atol,
+                                   rtol=0, msg=lambda m: f"sample {i}: its image changed: {m}")
+    assert got["weights"].tolist() == [i, -i, i / 2], f"sample {i}: its array changed"
+    assert got["name"] == f"s{i}"
+    if not mixed:
+        assert int(got["label"]) == i % 5
+    if "boxes" in got:
+        k = 1 + i % 3
+        assert got["boxes"].tolist() == [[i / 16, 1, i / 16 + 1, 3]] * k, f"sample {i}: its boxes changed"
+        assert got["box_ids"].tolist() == [i] * k
+    if variable and "size" in got:
+        assert got["size"].tolist() == [h, w]
+
+
+def keep_and_check(f, dtype, normalize, variable: bool, mixed: bool) -> None:
+    """Iterate a pass to its end keeping, of its first ``KEEP_BATCHES`` batches, the
+    whole batch, or only its other fields and slices of them, or only its
+    ``images_and_targets()``; then check everything kept against its source."""
+    kept = []
+
+    def run():
+        for number, batch in enumerate(f):
+            if number >= KEEP_BATCHES:
+                continue
+            ids = f.last_batch.indices.tolist()
+            form = number % 3
+            if form == 0:
+                kept.append((ids, "batch", batch))
+            elif form == 1:  # no image: the mask alone must keep its memory
+                fields = {k: v for k, v in batch.items() if k != "image"}
+                slices = (batch["mask"][0], batch["mask"][1:, :3], batch["weights"][1])
+                kept.append((ids, "fields", (fields, slices)))
+            else:
+                kept.append((ids, "targets", batch.images_and_targets()))
+            del batch
+            reaped()  # a dropped buffer is back in the pool before the next batch
+        return len(kept)
+
+    assert run_in_thread(run) == KEEP_BATCHES
+    reaped()
+    for ids, form, what in kept:
+        if form == "targets":
+            images, targets = what
+            for i, image, target in zip(ids, images, targets):
+                check_sample_fields(i, {**target, "image": image}, dtype, normalize, variable, mixed)
+            continue
+        batch, slices = (what, None) if form == "batch" else what
+        for k, i in enumerate(ids):
+            one = {name: value[k] for name, value in batch.items()}
+            check_sample_fields(i, one, dtype, normalize, variable, mixed)
+        if slices is not None:
+            first, rest, weights = slices
+            assert torch.equal(first, batch["mask"][0]) and torch.equal(rest, batch["mask"][1:, :3])
+            assert weights.tolist() == [ids[1], -ids[1], ids[1] / 2]
+
+
+NORMALIZE = ((0.5, 0.4, 0.3), (0.25, 0.2, 0.3))
+CONVERSIONS = [(None, None), (torch.float32, None), (torch.float32, NORMALIZE),
+               (torch.float16, None), (torch.float16, NORMALIZE)]
+
+
+def _conversion_id(c) -> str:
+    dtype, normalize = c
+    return ("uint8" if dtype is None else str(dtype).split(".")[1]) + ("-normalized" if normalize else "")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("variable", [False, True], ids=["fixed", "variable"])
+@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("conversion", CONVERSIONS, ids=_conversion_id)
+def test_kept_fields_stay_valid_until_dropped(conversion, memory_format, variable, isolation):
+    dtype, normalize = conversion
+    size = {"max_image_size": (12, 12)} if variable else {"image_size": (12, 12)}
+    with Feeder(KeptSource(variable, boxes=True), 2, [], shuffle=False, decode_threads=1,
+                queue_size=1, dtype=dtype, normalize=normalize, memory_format=memory_format,
+                isolation=isolation, **size) as f:
+        keep_and_check(f, dtype, normalize, variable, mixed=False)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("variable", [False, True], ids=["fixed", "variable"])
+@pytest.mark.parametrize("conversion", CONVERSIONS[1:], ids=_conversion_id)
+def test_kept_fields_of_mixed_batches_stay_valid_until_dropped(conversion, variable, isolation):
+    dtype, normalize = conversion
+    size = {"max_image_size": (12, 12)} if variable else {"image_size": (12, 12)}
+    with Feeder(KeptSource(variable, boxes=False), 2, [], shuffle=False, decode_threads=1,
+                queue_size=1, dtype=dtype, normalize=normalize, seed=4, isolation=isolation,
+                batch_transforms=[ops.CutMix(1.0, 5)], **size) as f:
+        keep_and_check(f, dtype, normalize, variable, mixed=True)

@@ -243,12 +243,20 @@ class MaskPlanes:
         """Whether the first ``n`` slots hold a 16-bit mask (the batch is then int64)."""
         return bool(self.wide[:n].any())
 
-    def host(self, n: int, height: int | None = None, width: int | None = None) -> np.ndarray:
+    def host(self, n: int, height: int | None = None, width: int | None = None,
+             copy: bool = True) -> np.ndarray:
         """The first ``n`` masks (their top left ``height x width``, default all) as one
-        host array: uint8, or int64 when wide."""
+        dense host array: uint8, or int64 when wide.
+
+        Args:
+            copy: False: a view of the low plane where that region of it is dense
+                uint8 (the caller must then keep the buffer until the view is
+                gone); True: always memory of its own.
+        """
         region = np.s_[:n, :height, :width]
         if not self.is_wide(n):
-            return np.ascontiguousarray(self.low[region])
+            low = self.low[region]
+            return np.array(low, order="C", copy=True) if copy else np.ascontiguousarray(low)
         return self.low[region].astype(np.int64) | (self.high[region].astype(np.int64) << 8)
 
 

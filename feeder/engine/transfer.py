@@ -88,7 +88,7 @@ from .on_device import BatchTransforms, Converter
 from .collate import CollatingStage, Collator, batch_extent
 from .config import resolve_device
 from .queue import END, Channel, Closed
-from .reaper import watch
+from .reaper import watch, watch_all
 from ..work.sample import BOX_LIST, IMAGE, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
 from .stage import Control, Counters
 from ..errors import FeederError
@@ -473,6 +473,9 @@ class Transfer(CollatingStage):
         event = None
         lent = None
         keep: list[torch.Tensor] = []  # pinned staging tensors, alive until the copy is done
+        # A lent CPU batch's views of its buffer (the image, masks): the buffer
+        # returns to the pool once the training loop has dropped all of them.
+        views: list[np.ndarray] = []
         extent = None
         try:
             if self.size_divisibility is not None:
@@ -493,26 +496,24 @@ class Transfer(CollatingStage):
                             extra.append(sizes)
                     images = self.convert(images.permute(0, 3, 1, 2))
                 else:
-                    if extent is not None and not self.convert.keeps_buffer_layout:
-                        # The conversion reads the batch's part of the buffer only.
-                        region = buf.images[:n, :extent[0], :extent[1]]
-                        images = self.convert(torch.from_numpy(region).permute(0, 3, 1, 2))
-                    elif extent is not None:
-                        # Lent as a view of the batch's part of the buffer, as a
-                        # fixed-size batch is: channels innermost, with the rows
-                        # (and images) of the buffer's stride. A dense copy would
-                        # cost a serial pass over the batch in this thread (the
+                    # The batch's part of the buffer (all of it for fixed sizes).
+                    region = (buf.images[:n] if extent is None
+                              else buf.images[:n, :extent[0], :extent[1]])
+                    if self.convert.keeps_buffer_layout:
+                        # Lent as a view: channels innermost, with the rows (and
+                        # images) of the buffer's stride. A dense copy would cost
+                        # a serial pass over the batch in this thread (the
                         # training loop's .contiguous() makes one when it needs it).
-                        view = buf.images[:n, :extent[0], :extent[1]]
-                        images = torch.from_numpy(view).permute(0, 3, 1, 2)
+                        images = torch.from_numpy(region).permute(0, 3, 1, 2)
                         lent = buf
-                    elif self.convert.keeps_buffer_layout:
-                        view = buf.images[:n]
-                        images = torch.from_numpy(view).permute(0, 3, 1, 2)
-                        lent = buf
+                        views.append(region)
                     else:
-                        images = self.convert(torch.from_numpy(buf.images[:n]).permute(0, 3, 1, 2))
-                    fields, extra = _gather(buf, n, self.schema, self.device, keep, extent)
+                        # The buffer returns to the pool at delivery: the
+                        # conversion's output, and every other field, is memory
+                        # of its own.
+                        images = self.convert(torch.from_numpy(region).permute(0, 3, 1, 2))
+                    fields, extra = _gather(buf, n, self.schema, self.device, keep, extent,
+                                            views if lent is not None else None)
                     if self.size_divisibility is not None:
                         sizes = buf.arrays[SIZE][0][:n].clone()
                 if self.size_divisibility is not None and self.convert.normalized:
@@ -543,7 +544,8 @@ class Transfer(CollatingStage):
             raise
         if lent is not None:
             self.pool.lend(buf)
-            watch(view, self.pool.release, buf)
+            # The last reference may go in any thread, inside any lock (see _reaper).
+            watch_all(views, self.pool.release, buf)
         output = None
         if self.size_divisibility is not None:
             keys = self.schema.keys if self.schema.is_dict else (IMAGE, *fields)
@@ -609,12 +611,17 @@ def zero_padding(images: torch.Tensor, sizes: np.ndarray) -> None:
 
 
 def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
-            keep: list[torch.Tensor], extent: tuple[int, int] | None = None
+            keep: list[torch.Tensor], extent: tuple[int, int] | None = None,
+            views: list[np.ndarray] | None = None
             ) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """Every field of the first ``n`` slots of ``buf`` but the image, as delivered:
     tensors on ``device`` (copied there on the current stream) or lists; masks cut
     to ``extent`` (a variable-size batch's). Returns them with the device tensors
-    the consumer's stream must record."""
+    the consumer's stream must record.
+
+    On the CPU, every field is memory of its own, except with ``views`` (a lent
+    batch's): masks may then be views of the buffer, each appended to ``views``,
+    so that the buffer stays lent until they are gone too."""
     cuda = device.type == "cuda"
     fields: dict[str, Any] = {}
     extra: list[torch.Tensor] = []
@@ -635,7 +642,10 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
                     value = value.long() | (high.long() << 8)
                     extra.append(value)
             else:
-                value = torch.from_numpy(planes.host(n, *(extent or (None, None))))
+                host = planes.host(n, *(extent or (None, None)), copy=views is None)
+                if views is not None and np.may_share_memory(host, planes.low):
+                    views.append(host)
+                value = torch.from_numpy(host)
         elif kind in (BOX_LIST, PER_BOX):
             arrays = buf.lists[name][:n]
             if cuda:
