@@ -57,6 +57,22 @@ def test_uint8_output_is_the_buffer_itself():
     assert y.is_contiguous() and y.dtype == torch.uint8 and torch.equal(y, x)
 
 
+@pytest.mark.parametrize("dtype, memory_format", [(None, "contiguous"), (torch.float32, "channels_last"),
+                                                  (torch.float16, "contiguous")])
+@pytest.mark.parametrize("h, w", [(1, 1), (4, 5)])
+def test_output_not_kept_in_the_buffer_layout_is_memory_of_its_own(dtype, memory_format, h, w):
+    # The transfer stage returns the buffer to the pool as soon as it has such an
+    # output: even a batch already laid out as asked (1x1 images) must be a copy.
+    x = batch(h=h, w=w)
+    conv = Converter(dtype, None, CPU, memory_format=memory_format)
+    assert not conv.keeps_buffer_layout
+    got = conv(x)
+    assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    expected = got.clone()
+    x.zero_()
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_scaled_to_unit_range_in_the_layout_asked(dtype, memory_format):

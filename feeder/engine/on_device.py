@@ -55,12 +55,16 @@ class Converter:
 
     @property
     def keeps_buffer_layout(self) -> bool:
-        """The output is the uint8 buffer itself, as laid out (a CPU batch can be lent)."""
+        """The output is the uint8 buffer itself, as laid out (a CPU batch can be lent);
+        otherwise it is always memory of its own."""
         return self.dtype is None and not self.contiguous
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if self.dtype is None:
-            return images.contiguous() if self.contiguous else images
+            # A clone, not .contiguous(): that returns the input itself when it is
+            # already contiguous (a 1x1 image), and the caller then returns the
+            # buffer under it to the pool while the batch is still in use.
+            return images.clone(memory_format=torch.contiguous_format) if self.contiguous else images
         out = images.to(self.compute, memory_format=self.layout)
         out.mul_(self.scale).add_(self.shift)
         return out.to(self.dtype)  # a no-op for float32 and float64; keeps the strides
