@@ -310,6 +310,8 @@ class _ShardWriter:
         # Each image's size goes in the shard's index, read with it when the
         # shard is first read (aspect-ratio grouping reads no image header).
         ix.image_sizes = np.asarray(self.image_sizes, np.int64).reshape(-1, 2)
+        # The reader checks the shard against this size before using the index.
+        ix.shard_size = os.path.getsize(self.tmp)
         _write_index(ix, self.tmp_idx)
         os.replace(self.tmp_idx, self.idx)
         os.replace(self.tmp, self.path)
@@ -423,8 +425,11 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         if ix.keys[:1] != [f"{start:09d}"]:
             raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
                             f"expected {start:09d}); pass --overwrite to start over")
-        if ix.image_sizes is None:  # an earlier version's shard: its index gains them
-            ix.image_sizes = np.asarray(_stored_sizes(shard, ix), np.int64).reshape(-1, 2)
+        if ix.image_sizes is None or ix.shard_size is None:
+            # An earlier version's shard: its index gains what this version writes.
+            if ix.image_sizes is None:
+                ix.image_sizes = np.asarray(_stored_sizes(shard, ix), np.int64).reshape(-1, 2)
+            ix.shard_size = os.path.getsize(shard)
             _write_index(ix, tmp_idx)
             os.replace(tmp_idx, idx)
         done_shards.append((shard, len(ix)))

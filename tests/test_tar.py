@@ -167,3 +167,15 @@ def test_image_sizes_round_trip_and_are_checked():
                      (encode_image_sizes([[-2, 5]]), 1)):
         with pytest.raises(ValueError, match="image_sizes"):
             decode_image_sizes(value, n)
+
+
+def test_the_shard_size_line_round_trips_and_is_checked():
+    ix = ShardIndex.from_members([("a.jpg", 512, 10), ("a.cls", 1536, 1)])
+    ix.shard_size = 10240
+    text = ix.to_text()
+    assert "# shard_size 10240\n" in text
+    assert ShardIndex.from_text(text, "x.idx").shard_size == 10240
+    assert ShardIndex.from_text(text.replace("# shard_size 10240\n", ""), "x.idx").shard_size is None
+    for bad, match in (("# shard_size ten", "shard size"), ("# shard_size 1000", "past the 1000 bytes")):
+        with pytest.raises(ShardFormatError, match=rf"x\.idx: .*{match}"):
+            ShardIndex.from_text(text.replace("# shard_size 10240", bad), "x.idx")

@@ -21,6 +21,12 @@ the samples' lines, each image's (height, width) for aspect-ratio grouping::
 
     # image_sizes <base64 of little-endian int32 (height, width) pairs, one per sample>
 
+and one giving the size of the shard it was written for, in bytes, which
+every read checks the shard against (a shard re-published or replaced under
+the same name, read with this index, would give other samples' bytes)::
+
+    # shard_size <bytes>
+
 DALI reads the announced number of sample lines and nothing after them, so the
 index stays DALI's; feeder reads the sizes with the index, when the shard is
 first read, so a shard list of 10^5 shards stays the few megabytes of names and
@@ -79,6 +85,8 @@ def index_path(shard: str) -> str:
 
 #: How the index's image sizes line starts (see the module docstring).
 SIZES_LINE = "# image_sizes"
+#: How the index's shard size line starts (see the module docstring).
+SHARD_SIZE_LINE = "# shard_size"
 
 COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
 
@@ -131,6 +139,9 @@ class ShardIndex:
     #: int64 ``[samples, 2]``: each sample's image (height, width), -1 where
     #: unknown, when the index file carries them (``feeder-pack`` writes them).
     image_sizes: np.ndarray | None = None
+    #: The size of the shard this index was made from, bytes (the index file's
+    #: ``# shard_size`` line, or the bytes a scan read); None when not known.
+    shard_size: int | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -199,6 +210,8 @@ class ShardIndex:
                     return None
                 parts.append(f"{self.exts[m]} {int(self.offsets[m])} {int(self.sizes[m])} {name}")
             lines.append(" ".join(parts))
+        if self.shard_size is not None:
+            lines.append(f"{SHARD_SIZE_LINE} {self.shard_size}")
         if self.image_sizes is not None:
             lines.append(f"{SIZES_LINE} {encode_image_sizes(self.image_sizes)}")
         return "\n".join(lines) + "\n"
@@ -227,9 +240,16 @@ class ShardIndex:
         # Lines after the announced samples' lines: feeder's own (# image_sizes);
         # other comment lines are skipped, anything else is an error.
         image_sizes = None
+        shard_size = None
         while len(body) > count and body[-1].startswith("#"):
             extra = body.pop()
-            if extra.startswith(SIZES_LINE + " "):
+            if extra.startswith(SHARD_SIZE_LINE + " "):
+                value = extra[len(SHARD_SIZE_LINE) + 1:].strip()
+                if not (value.isascii() and value.isdigit()) or len(value) > 20:
+                    raise ShardFormatError(f"{where}: line {len(body) + 2} (shard size): "
+                                           f"{value[:40]!r} is not a size in bytes")
+                shard_size = int(value)
+            elif extra.startswith(SIZES_LINE + " "):
                 try:
                     image_sizes = decode_image_sizes(extra[len(SIZES_LINE) + 1:].strip(), count)
                 except ValueError as exc:
@@ -263,6 +283,10 @@ class ShardIndex:
             raise ShardFormatError(f"{where}: {count} index lines but {len(index)} distinct keys "
                                    f"in their member names")
         index.image_sizes = image_sizes
+        index.shard_size = shard_size
+        if shard_size is not None and index.end > shard_size:
+            raise ShardFormatError(f"{where}: its members end at byte {index.end}, past the "
+                                   f"{shard_size} bytes of the shard it says it was made from")
         return index
 
 
@@ -283,6 +307,8 @@ def index_mismatch(index: ShardIndex, size: int, pread: Callable[[int, int], byt
     headers), unless no header agrees."""
     if index.end > size:
         return f"its members end at byte {index.end}, the shard holds {size} bytes"
+    if index.shard_size is not None and index.shard_size != size:
+        return f"it was made from a shard of {index.shard_size} bytes, the shard holds {size}"
     n = len(index.offsets)
     picks = sorted({round(k * (n - 1) / (CHECKED_MEMBERS - 1)) for k in range(CHECKED_MEMBERS)}) if n else []
     agree = 0
@@ -344,29 +370,15 @@ def _valid_header(block: bytes) -> bool:
         return False
 
 
-def scan(pread: Callable[[int, int], bytes], size: int, where: str,
-         warn: Callable[[str], None], strict: bool = False) -> ShardIndex:
-    """Index a tar shard from its headers.
-
-    Args:
-        pread: ``pread(length, offset) -> bytes`` on the shard.
-        size: The shard's size, bytes.
-        where: The shard's name, for messages.
-        warn: Called with a message for each damaged spot (the scan goes on past it).
-        strict: A member cut short by the end of the file is an error too (a copy
-            of a remote shard: the copy, not the shard, may have been cut).
-
-    Returns:
-        The index. A member cut short by the end of the shard stays in it (reading
-        it fails, naming the shard and key); after a corrupt header the scan looks
-        for the next valid header and warns how many bytes it passed over.
+def scan_members(pread: Callable[[int, int], bytes], size: int, where: str,
+                 warn: Callable[[str], None], strict: bool = False) -> "Scanned":
+    """The members a tar shard's headers give, and how the shard ends (see
+    :func:`scan` for the arguments).
 
     Raises:
-        ShardFormatError: the file is empty or holds no tar header at all (an
-            error page, another format), it ends after a complete member
-            without the end-of-archive marker (cut short: whatever followed is
-            lost, and nothing else would say so), or a header record (long
-            name, pax) claims more than :data:`MAX_RECORD_BYTES`.
+        ShardFormatError: the file is empty or holds no tar header at all, or a
+            header record claims more than :data:`MAX_RECORD_BYTES`; with
+            ``strict``, a member cut short by the end of the file.
     """
     if size == 0:
         raise ShardFormatError(f"{where}: empty file (0 bytes), not a tar shard")
@@ -454,13 +466,71 @@ def scan(pread: Callable[[int, int], bytes], size: int, where: str,
         head = pread(min(size, 32), 0)
         raise ShardFormatError(f"{where}: not a tar shard: no valid tar header in its {size} "
                                f"bytes (it starts with {head!r})")
-    if not ended and not cut:
-        last = f"after member {members[-1][0]!r}" if members else "before any member"
-        raise ShardFormatError(
-            f"{where}: ends at byte {size} {last} without the tar end-of-archive marker: the "
-            f"shard is cut short and the samples stored after that point are lost (copy or "
-            f"re-pack it whole)")
-    return ShardIndex.from_members(members, lambda msg: warn(f"{where}: {msg}"))
+    return Scanned(members, size, ended, cut)
+
+
+@dataclass
+class Scanned:
+    """What :func:`scan_members` found in a shard's headers.
+
+    Attributes:
+        members: ``(name, data offset, size)`` of each regular file member.
+        size: The shard's size, bytes.
+        ended: The end-of-archive marker was found.
+        cut: The last member runs past the end of the file.
+    """
+
+    members: list[tuple[str, int, int]]
+    size: int
+    ended: bool
+    cut: bool
+
+    def index(self, where: str, warn: Callable[[str], None]) -> ShardIndex:
+        """The shard's index.
+
+        Raises:
+            ShardFormatError: the shard ends after a complete member without the
+                end-of-archive marker (cut short: whatever followed is lost, and
+                nothing else would say so).
+        """
+        if not self.ended and not self.cut:
+            members = self.members
+            last = f"after member {members[-1][0]!r}" if members else "before any member"
+            raise ShardFormatError(
+                f"{where}: ends at byte {self.size} {last} without the tar end-of-archive "
+                f"marker: the shard is cut short and the samples stored after that point are "
+                f"lost (copy or re-pack it whole)")
+        index = ShardIndex.from_members(self.members, lambda msg: warn(f"{where}: {msg}"))
+        index.shard_size = self.size
+        return index
+
+
+def scan(pread: Callable[[int, int], bytes], size: int, where: str,
+         warn: Callable[[str], None], strict: bool = False) -> ShardIndex:
+    """Index a tar shard from its headers (:func:`scan_members`, then
+    :meth:`Scanned.index`).
+
+    Args:
+        pread: ``pread(length, offset) -> bytes`` on the shard.
+        size: The shard's size, bytes.
+        where: The shard's name, for messages.
+        warn: Called with a message for each damaged spot (the scan goes on past it).
+        strict: A member cut short by the end of the file is an error too (a copy
+            of a remote shard: the copy, not the shard, may have been cut).
+
+    Returns:
+        The index (its ``shard_size`` is ``size``). A member cut short by the
+        end of the shard stays in it (reading it fails, naming the shard and
+        key); after a corrupt header the scan looks for the next valid header
+        and warns how many bytes it passed over.
+
+    Raises:
+        ShardFormatError: the file is empty or holds no tar header at all (an
+            error page, another format), it ends after a complete member
+            without the end-of-archive marker, or a header record (long name,
+            pax) claims more than :data:`MAX_RECORD_BYTES`.
+    """
+    return scan_members(pread, size, where, warn, strict).index(where, warn)
 
 
 #: The member extensions that hold a sample's image (TarShards' default ``image_exts``).
