@@ -90,3 +90,28 @@ def test_s3_shard_list_and_a_replaced_object(packed, s3, tmp_path):
                 src._store.copy_now(src._shards[0])
         finally:
             client.upload_file(os.path.join(out, "train-000000.tar"), "indexed", "train-000000.tar")
+
+
+def test_s3_object_replaced_before_its_first_read_is_an_error(packed, s3):
+    """An object replaced by one of another size between the source's construction
+    and its first read: its size (asked once, when first read) is checked against
+    the size its index was made from, so each of its samples is an error naming
+    the key and both sizes, not another shard's sample."""
+    out, n = packed
+    client, options = s3
+    shards = TarShards(out).shards
+    sizes = [os.path.getsize(p) for p in shards]
+    k = next(k for k, size in enumerate(sizes) if size < max(sizes))
+    victim, other = os.path.basename(shards[k]), shards[sizes.index(max(sizes))]
+    client.create_bucket(Bucket="swap")
+    for f in sorted(os.listdir(out)):
+        client.upload_file(os.path.join(out, f), "swap", f)
+    with TarShards("s3://swap/train-{000000..%06d}.tar" % (n - 1), cache_dir=False,
+                   storage_options=options) as src:
+        first, stop = src.shard_ranges()[k]
+        client.upload_file(other, "swap", victim)
+        for i in range(first, stop):
+            with pytest.raises(ShardChangedError, match=rf"s3://swap/{victim}: .* holds "
+                                                        rf"{max(sizes)} bytes, but its index was "
+                                                        rf"made from a shard of {sizes[k]} bytes"):
+                src.read(i)

@@ -224,6 +224,69 @@ def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_pa
             assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
 
 
+def _smaller_shard(out, samples=1):
+    """``(k, shard k's name, a larger shard's name, their sizes)``: the first shard
+    of at least ``samples`` samples that some other shard is larger than."""
+    local = TarShards(out)
+    names = [os.path.basename(p)[:-4] for p in local.shards]
+    sizes = [os.path.getsize(p) for p in local.shards]
+    k = next(k for k, (a, b) in enumerate(local.shard_ranges())
+             if b - a >= samples and sizes[k] < max(sizes))
+    big = sizes.index(max(sizes))
+    return k, names[k], names[big], sizes[k], sizes[big]
+
+
+def _swap_bytes(d, name, other):
+    """Shard ``name``'s bytes replaced by shard ``other``'s, its index left as it was."""
+    shutil.copy(d / f"{other}.tar", d / ".swap")
+    os.replace(d / ".swap", d / f"{name}.tar")
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_shard_republished_before_its_first_read_without_validators_is_an_error(
+        packed, tmp_path, cache):
+    """A server that sends no ETag or Last-Modified, and a shard re-published
+    between the source's construction and its first read: the first answer's
+    size is checked against the size the index was made from, so every sample
+    of the shard is an error naming the URL and both sizes, never another
+    shard's sample under this one's number."""
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    k, victim, other, size, other_size = _smaller_shard(out)
+    with FileServer(d, validators=False) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c") if cache else False,
+                       backoff_s=0.01) as src:
+            first, stop = src.shard_ranges()[k]
+            _swap_bytes(d, victim, other)
+            for i in range(first, stop):
+                with pytest.raises(ShardChangedError,
+                                   match=rf"{victim}\.tar: the server says it holds "
+                                         rf"{other_size} bytes, but its index was made "
+                                         rf"from a shard of {size} bytes"):
+                    src.read(i)
+
+
+def test_a_range_answer_of_another_size_mid_run_is_a_changed_shard(packed, tmp_path):
+    """Without validators, a later range answer whose total differs from the
+    first's is the shard re-published: a ShardChangedError naming both sizes,
+    not a transient cut retried and reported as one."""
+    out, _ = packed
+    d, n = _tree(packed, tmp_path)
+    k, victim, other, size, other_size = _smaller_shard(out, samples=2)
+    idx = d / f"{victim}.idx"
+    idx.write_text("".join(line for line in idx.read_text().splitlines(True)  # another tool's:
+                           if not line.startswith("#")))  # no shard size
+    with FileServer(d, validators=False) as srv:
+        with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
+            first, _ = src.shard_ranges()[k]
+            assert src.read(first)[1] == first
+            _swap_bytes(d, victim, other)
+            with pytest.raises(ShardChangedError, match=rf"{victim}\.tar: the server says it "
+                                                        rf"holds {other_size} bytes, but it held "
+                                                        rf"{size}"):
+                src.read(first + 1)
+
+
 @pytest.mark.parametrize("listed", [False, True])
 def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp_path, caplog, listed):
     """The cache kept a shard's copy but not its index (evicted first), and the shard
@@ -252,7 +315,8 @@ def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp
         with caplog.at_level(logging.WARNING, logger="feeder.storage.remote"):
             with TarShards(url, cache_dir=cache_dir) as src:
                 assert [src.read(i) for i in range(len(want))] == _all(want)
-        assert "another version" in caplog.text or "the shard list says" in caplog.text
+        assert ("another version" in caplog.text or "the shard list says" in caplog.text
+                or "its index was made from a shard of" in caplog.text)
 
 
 def test_a_local_shard_replaced_under_its_old_index_is_indexed_again(packed, tmp_path, caplog):

@@ -44,6 +44,12 @@ descriptor (POSIX keeps the file until it is closed).
   under the same URL: :class:`ShardChangedError` names it, and the stale index
   and copy are removed from the cache so that the next ``TarShards(...)``
   indexes the new version (offsets are never reused across versions).
+- Every answer's size (a range's ``Content-Range`` total, a copy's length, a
+  non-HTTP back-end's object size) must be the shard list's ``filesize``, the
+  size of the shard the index was made from (its ``# shard_size`` line) and
+  the first answer's: without ``ETag`` and ``Last-Modified`` the size is what
+  tells a shard re-published before its first read. A cached index the shard
+  list contradicts is removed and fetched again.
 - A copy is committed to the cache only when its size matches the server's
   ``Content-Length``, the shard's validator, and its index; with a ``sha256``
   in the shard list (``feeder-pack`` writes one), its hash too. Each cache
@@ -100,6 +106,9 @@ class RemoteShard:
             first answer, a cache record or the cached index's record), None
             until known.
         index_end: Bytes the shard must hold (the end of its index's last member).
+        index_size: The size of the shard the index was made from, bytes (its
+            ``# shard_size`` line, or the copy it was scanned from; None: not
+            known).
         sha256: The shard's hash from the shard list, hex (None: not given).
     """
 
@@ -111,6 +120,7 @@ class RemoteShard:
         self.local: str | None = None
         self.validator: Validator | None = None
         self.index_end = 0
+        self.index_size: int | None = None
         self.sha256: str | None = None
         self.list_size: int | None = None
         self._index_entry: str | None = None  # the cached index, to record the validator in
@@ -120,13 +130,26 @@ class RemoteShard:
         self._checked = 0.0
         self._copy_after = 0.0  # when a failed copy may be tried again
 
+    def state(self) -> Any:
+        """What a copy of this shard in another process needs (see :meth:`restore`):
+        what the list said, what the index needs, the version read."""
+        return (self.sha256, self.list_size, self.index_end, self.index_size, self.validator)
+
+    def restore(self, state: Any) -> None:
+        self.sha256, self.list_size, self.index_end, self.index_size, self.validator = state
+
     # -- the version being read -------------------------------------------------
     def confirm(self, seen: Validator, where: str = "the server", copy: bool = False) -> None:
         """Check an answer's validator against the version this process reads.
 
-        A copy whose size alone is wrong was cut on its way (transient: it is
-        fetched again); a changed ``ETag`` or ``Last-Modified``, or a server
-        saying the shard is smaller than its index, is another version.
+        Every answer's size is compared with each size this process was told
+        (the shard list's ``filesize``, the size the index was made from, the
+        size of the first answer) and must hold the index's members: without
+        ``ETag`` and ``Last-Modified`` the size is all that tells a shard
+        re-published under the same URL from the one its index describes. A
+        copy whose size alone is wrong was cut on its way (transient: it is
+        fetched again); a changed ``ETag`` or ``Last-Modified``, or an answer
+        giving the shard another size, is another version.
 
         Raises:
             ShardChangedError: another version (the stale cache entries are removed).
@@ -136,31 +159,37 @@ class RemoteShard:
             raise ShardChangedError(self.broken)
         with self.store.version_lock:
             known = self.validator
-            if known is None:
-                short = seen.size is not None and seen.size < self.index_end
-                listed = self.list_size is not None and seen.size is not None and seen.size != self.list_size
-                if (short or listed) and copy:
-                    raise _http.BadAnswer(f"the copy holds {seen.size} bytes, but the shard "
-                                          f"{'list says ' + str(self.list_size) if listed else 'index needs ' + str(self.index_end)}")
-                if short:
-                    self._changed(f"{where} says it holds {seen.size} bytes but its index points "
-                                  f"at bytes up to {self.index_end}")
-                if listed:
-                    self._changed(f"{where} says it holds {seen.size} bytes, the shard list "
-                                  f"says {self.list_size}")
-                self.validator = seen
-                if self._index_entry is not None and self.store.cache is not None:
-                    self.store.cache.update_record(self._index_entry, shard=seen.to_dict())
+            if known is not None:
+                versions = Validator(None, seen.etag, seen.modified).change_from(known)
+                if versions:
+                    self._changed(f"changed since its index was read ({versions}): re-published "
+                                  f"under the same URL")
+            wrong = self._size_mismatch(seen.size, known)
+            if wrong is not None:
+                if copy:
+                    raise _http.BadAnswer(f"the copy holds {seen.size} bytes, but {wrong}")
+                self._changed(f"{where} says it holds {seen.size} bytes, but {wrong}: "
+                              f"re-published under the same URL, or damaged")
+            if known is not None:
+                self.validator = known.merged(seen)
                 return
-            versions = Validator(None, seen.etag, seen.modified).change_from(known)
-            if versions:
-                self._changed(f"changed since its index was read ({versions}): re-published "
-                              f"under the same URL")
-            sized = Validator(seen.size).change_from(known)
-            if sized:
-                raise _http.BadAnswer(f"{where}: {sized} with the same version: a cut or "
-                                      f"inconsistent answer")
-            self.validator = known.merged(seen)
+            self.validator = seen
+            if self._index_entry is not None and self.store.cache is not None:
+                self.store.cache.update_record(self._index_entry, shard=seen.to_dict())
+
+    def _size_mismatch(self, size: int | None, known: Validator | None) -> str | None:
+        """What a shard of ``size`` bytes contradicts (None: nothing this process knows)."""
+        if size is None:
+            return None
+        if self.list_size is not None and size != self.list_size:
+            return f"the shard list says {self.list_size}"
+        if self.index_size is not None and size != self.index_size:
+            return f"its index was made from a shard of {self.index_size} bytes"
+        if size < self.index_end:
+            return f"its index points at bytes up to {self.index_end}"
+        if known is not None and known.size is not None and size != known.size:
+            return f"it held {known.size} bytes when this process first read it"
+        return None
 
     def _changed(self, what: str) -> None:
         store = self.store
@@ -207,13 +236,16 @@ class RemoteShard:
         """Why a cached copy must not be read with this process's index (None: it may).
 
         The copy's record says its hash and version. The shard list's sha256, when
-        given, must be the copy's. Without a known version (the index was fetched
+        given, must be the copy's, and its size the list's and the index's. Without a known version (the index was fetched
         from the server just now, while the copy is from an earlier run: the
         cache kept the copy but not the index, and the shard may have been
         re-published since), the server is asked which version it serves, once."""
         digest = rec.get("sha256")
         if self.sha256 is not None and isinstance(digest, str) and digest != self.sha256:
             return f"holds sha256 {digest}, the shard list says {self.sha256}"
+        wrong = None if recorded is None else self._size_mismatch(recorded.size, None)
+        if wrong is not None:
+            return f"holds {recorded.size} bytes, but {wrong}"
         if self.validator is None and self._index_fetched:
             fs, path = filesystem(self.name, self.store.options)
             try:
@@ -279,36 +311,56 @@ class RemoteShard:
         if cached is not None:
             with open(cached, "rb") as f:
                 text = f.read()
-            # Used now: the index ages with its copy (an index evicted before
-            # its copy makes the next run ask the server for the shard's version).
-            store.cache.touch(cached)
-            self._index_entry = cached
+            index = ShardIndex.from_text(text.decode("utf-8", "surrogateescape"), idx_url)
             rec = store.cache.record(cached) or {}
-            self.validator = Validator.from_dict(rec.get("shard"))
-        else:
-            try:
-                text, seen = fetch_bounded(idx_url, MAX_INDEX_BYTES, store.retrier, store.options,
-                                           deadline)
-            except FileNotFoundError:
-                text = None
-            except RemoteError as exc:
-                if _status(exc.__cause__) not in _NO_INDEX_STATUS:
-                    raise
-                text = None  # an object store's 403 for a missing key, a presigned shard URL
-            self._index_fetched = text is not None
-            if text is not None and store.cache is not None:
-                self._index_entry = store.cache.put_bytes(idx_url, text, seen)
+            recorded = Validator.from_dict(rec.get("shard"))
+            # The cache kept the index of the version it was read with: one the
+            # shard list (given again, maybe re-written) contradicts is stale.
+            stale = self._size_mismatch(index.shard_size, None) or (
+                None if recorded is None else self._size_mismatch(recorded.size, None))
+            if stale is None:
+                # Used now: the index ages with its copy (an index evicted before
+                # its copy makes the next run ask the server for the shard's version).
+                store.cache.touch(cached)
+                self._index_entry = cached
+                self.validator = recorded
+                self.index_end, self.index_size = index.end, index.shard_size
+                return index
+            log.warning("cache entry %s (%s) is the index of another version of the shard "
+                        "(%s): removed, fetching it again", cached, idx_url, stale)
+            store.cache.remove(idx_url)
+            store.cache.remove(self.name)
+        try:
+            text, seen = fetch_bounded(idx_url, MAX_INDEX_BYTES, store.retrier, store.options,
+                                       deadline)
+        except FileNotFoundError:
+            text = None
+        except RemoteError as exc:
+            if _status(exc.__cause__) not in _NO_INDEX_STATUS:
+                raise
+            text = None  # an object store's 403 for a missing key, a presigned shard URL
+        self._index_fetched = text is not None
         if text is not None:
             index = ShardIndex.from_text(text.decode("utf-8", "surrogateescape"), idx_url)
-            self.index_end = index.end
+            if (index.shard_size is not None and self.list_size is not None
+                    and index.shard_size != self.list_size):
+                raise ShardFormatError(f"{idx_url}: the index of a shard of {index.shard_size} "
+                                       f"bytes, but the shard list says {self.name} holds "
+                                       f"{self.list_size}: the index or the list is damaged or "
+                                       f"out of date (re-pack, or fix the list)")
+            if store.cache is not None:
+                self._index_entry = store.cache.put_bytes(idx_url, text, seen)
+            self.index_end, self.index_size = index.end, index.shard_size
             return index
         # No index: the headers are spread over the whole shard, so copy it once
         # (into the cache, where the reads will find it) and scan it locally.
         log.debug("%s has no index (%s): copying the shard to index it", self.name, idx_url)
         path = store.copy_now(self, deadline)
         try:
-            return scan(lambda n, o: store.files.pread(path, n, o), os.path.getsize(path),
-                        self.name, warn, strict=True)
+            index = scan(lambda n, o: store.files.pread(path, n, o), os.path.getsize(path),
+                         self.name, warn, strict=True)
+            self.index_end, self.index_size = index.end, index.shard_size
+            return index
         except ShardFormatError:
             # A copy that is not a whole tar must not stay cached as if it were.
             if store.cache is not None:
