@@ -389,8 +389,7 @@ class TarShards:
                 del state[name]
         del state["_warn_lock"]
         state["_shards"] = [shard.name for shard in self._shards]
-        state["_shard_facts"] = [(s.sha256, s.list_size, s.index_end, s.validator)
-                                 if s.remote else None for s in self._shards]
+        state["_shard_facts"] = [s.state() for s in self._shards]
         del state["files"], state["_store"], state["_finalizer"]
         return state
 
@@ -404,7 +403,7 @@ class TarShards:
         self._open_shards(names)
         for shard, fact in zip(self._shards, facts):
             if fact is not None:
-                shard.sha256, shard.list_size, shard.index_end, shard.validator = fact
+                shard.restore(fact)
 
     def _where(self) -> str:
         first = self._shards[0].name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
 import tarfile
 import threading
 from collections import Counter
@@ -289,6 +290,61 @@ def test_skip_loses_only_truncated_samples(labelled, tmp_path):
     with _feeder(src, on_error="raise", shuffle=False) as f:
         with pytest.raises(Exception, match=f"train-000002.tar:{ix.keys[-1]}"):
             delivered(f)
+
+
+@pytest.mark.parametrize("index_newer", [True, False])
+def test_a_shard_cut_under_its_index_keeps_its_samples_numbered(labelled, tmp_path, index_newer):
+    """A shard cut in its middle, its index beside it (newer: written after the
+    damage; older: the cut changed the shard's time): every sample the index
+    promises keeps its number, and each one past the cut is a counted skip
+    naming the shard and key; none is lost unseen, and len() stays the index's."""
+    out, _ = labelled
+    for f in os.listdir(out):
+        if f.endswith((".tar", ".idx")):
+            shutil.copy(os.path.join(out, f), tmp_path / f)
+    victim = tmp_path / "train-000000.tar"
+    ix = ShardIndex.from_text(open(index_path(str(victim))).read(), str(victim))
+    cut = int(ix.offsets[ix.start[1]]) + 10  # inside the second sample's first member
+    with open(victim, "r+b") as f:
+        f.truncate(cut)
+    stamp = os.stat(victim).st_mtime_ns
+    os.utime(tmp_path / "train-000000.idx", ns=(stamp + (10**10 if index_newer else -10**10),) * 2)
+    lost = {int(k) for k in ix.keys[1:]}
+    assert len(lost) >= 2
+    src = TarShards(str(tmp_path))
+    assert len(src) == 60
+    assert any("train-000000.tar: truncated" in w and f"the {len(lost)} samples" in w
+               for w in src.warnings)
+    with _feeder(src, on_error="skip", decode_threads=2) as f:
+        got = delivered(f)
+        stats = f.stats()
+    assert sorted(got) == sorted(set(range(60)) - lost)
+    assert stats.skipped == len(lost)
+    with _feeder(src, on_error="raise", shuffle=False) as f:
+        with pytest.raises(Exception, match=f"train-000000.tar:{ix.keys[1]}: truncated shard"):
+            delivered(f)
+
+
+def test_a_local_shard_changed_after_indexing_fails_its_reads(labelled, tmp_path):
+    """A shard replaced by one of another size between the source's construction
+    and its first read: each read is an error naming both sizes, never other
+    samples' bytes at the old index's offsets."""
+    out, _ = labelled
+    names = sorted(f for f in os.listdir(out) if f.endswith(".tar"))
+    sizes = {f: os.path.getsize(os.path.join(out, f)) for f in names}
+    victim, other = names[-1], next(f for f in names if sizes[f] != sizes[names[-1]])
+    for f in os.listdir(out):
+        if f.endswith((".tar", ".idx")):
+            shutil.copy(os.path.join(out, f), tmp_path / f)
+    src = TarShards(str(tmp_path))
+    first, stop = src.shard_ranges()[names.index(victim)]
+    shutil.copy(tmp_path / other, tmp_path / ".swap")
+    os.replace(tmp_path / ".swap", tmp_path / victim)
+    for i in range(first, stop):
+        with pytest.raises(ShardFormatError, match=rf"{victim}: holds {sizes[other]} bytes, "
+                                                   rf"{sizes[victim]} when its index was loaded"):
+            src.read(i)
+    assert src.read(0)[1] == 0  # the other shards read as before
 
 
 # -- shuffle="shards": the order for streaming storage -------------------------------

@@ -16,40 +16,110 @@ from collections.abc import Iterable
 from typing import Any
 
 from .local import FilePool, after_fork_registry
-from .tar import MAX_INDEX_BYTES, ShardIndex, index_mismatch, index_path, read_bounded, scan
+from .tar import (MAX_INDEX_BYTES, Scanned, ShardFormatError, ShardIndex, index_mismatch, index_path,
+                  read_bounded, scan_members)
 
 
 log = logging.getLogger("feeder.shards")
 
 class LocalShard:
-    """A shard on a local file system, read with ``os.pread``."""
+    """A shard on a local file system, read with ``os.pread``.
+
+    Attributes:
+        size: The shard's size when its index was loaded, bytes (None before):
+            each descriptor opened on it is checked against it, so a shard
+            replaced or changed after it was indexed fails its reads, naming
+            both sizes, instead of giving other bytes at the index's offsets.
+    """
 
     remote = False
 
     def __init__(self, path: str, files: FilePool) -> None:
         self.name = path
         self.files = files
+        self.size: int | None = None
 
     def pread(self, length: int, offset: int) -> bytes:
-        return self.files.pread(self.name, length, offset)
+        return self.files.pread(self.name, length, offset, self._check_open)
+
+    def _check_open(self, fd: int) -> None:
+        size = self.size
+        if size is None:
+            return
+        now = os.fstat(fd).st_size
+        if now != size:
+            raise ShardFormatError(f"{self.name}: holds {now} bytes, {size} when its index was "
+                                   f"loaded: the shard was replaced or changed since; build the "
+                                   f"source again (TarShards(...)) to index it as it is now")
+
+    def state(self) -> Any:
+        """What a copy of this shard in another process needs (see :meth:`restore`)."""
+        return self.size
+
+    def restore(self, state: Any) -> None:
+        self.size = state
 
     def load_index(self, warn: Any, deadline: float | None = None) -> ShardIndex:
         idx = index_path(self.name)
         size = os.path.getsize(self.name)  # FileNotFoundError names the shard
-        if os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1:
-            text = read_bounded(idx, MAX_INDEX_BYTES, "shard index")
-            index = ShardIndex.from_text(text.decode("utf-8", "surrogateescape"), idx)
+        if self.size is not None and size != self.size:
+            # Loaded again (lazy indexing keeps a bounded number): the samples are
+            # numbered from the first load, and descriptors may be open on it.
+            raise ShardFormatError(f"{self.name}: holds {size} bytes, {self.size} when its index "
+                                   f"was first loaded: the shard was replaced or changed since; "
+                                   f"build the source again (TarShards(...)) to index it as it is now")
+        index = None
+        fresh = os.path.isfile(idx) and os.path.getmtime(idx) >= os.path.getmtime(self.name) - 1
+        if os.path.isfile(idx):
+            try:
+                text = read_bounded(idx, MAX_INDEX_BYTES, "shard index")
+                index = ShardIndex.from_text(text.decode("utf-8", "surrogateescape"), idx)
+            except ShardFormatError:
+                if fresh:
+                    raise
+                # An index older than its shard is not used to read it; it only
+                # tells a shard cut since (a truncation changes the time) below.
+        if index is not None and fresh:
             # Timestamps do not tell a replaced shard (a copy keeping them:
             # cp -p, rsync -a, tar x) from the one the index was written for.
             with open(self.name, "rb") as f:  # not the pool's: these few reads keep no descriptor
                 mismatch = index_mismatch(index, size, lambda n, at: os.pread(f.fileno(), n, at))
             if mismatch is None:
+                self.size = size
                 return index
             warn(f"{idx} does not describe {self.name} as it is now ({mismatch}): the shard was "
                  f"replaced after its index was written; indexing it from its headers instead "
                  f"(write the index again: feeder-pack, or delete it)")
-        log.debug("indexing %s from its headers (no %s)", self.name, idx)
-        return scan(self.pread, size, self.name, warn)
+        log.debug("indexing %s from its headers", self.name)
+        found = scan_members(self.pread, size, self.name, warn)
+        if index is not None and _cut_from(found, index):
+            # The shard is the one the index describes, cut short: the samples
+            # the index promises past the cut stay numbered, and each fails when
+            # read (a counted skip), so that nothing is lost unseen and the
+            # numbering (len, resume) stays the index's.
+            lost = [index.keys[s] for s in range(len(index))
+                    if any(int(index.offsets[m] + index.sizes[m]) > size
+                           for m in index.members(s))]
+            keys = lost[0] if len(lost) == 1 else f"{lost[0]} ... {lost[-1]}"
+            warn(f"{self.name}: truncated: it holds {size} bytes, its index {idx} needs "
+                 f"{index.end}; the {len(lost)} samples stored past the cut ({keys}) fail "
+                 f"when read (copy or re-pack the shard whole)")
+            self.size = size
+            return index
+        self.size = size
+        return found.index(self.name, warn)
+
+
+def _cut_from(found: Scanned, index: ShardIndex) -> bool:
+    """Whether the shard scanned as ``found`` is the one ``index`` describes, cut
+    short: it lacks the end-of-archive marker, the index's members run past its
+    end, and every member its headers give is the index's, at the same offset
+    and size (a shard re-packed with fewer samples ends with the marker)."""
+    if found.ended or index.end <= found.size or not found.members:
+        return False
+    listed = {name: (int(offset), int(n)) for name, offset, n in
+              zip(index.names, index.offsets, index.sizes)}
+    return all(listed.get(name) == (offset, n) for name, offset, n in found.members)
 
 
 class IndexTable:

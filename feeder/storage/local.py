@@ -15,7 +15,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Open descriptors kept per pool: far below the usual soft limit of 1024, and
@@ -45,7 +45,7 @@ class FilePool:
         for entry in self._open.values():
             entry[1] = 0
 
-    def _acquire(self, path: str) -> list:
+    def _acquire(self, path: str, check: Callable[[int], None] | None = None) -> list:
         with self._lock:
             entry = self._open.get(path)
             if entry is not None:
@@ -53,6 +53,12 @@ class FilePool:
                 entry[1] += 1
                 return entry
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))  # outside the lock: may block
+        if check is not None:
+            try:
+                check(fd)
+            except BaseException:
+                os.close(fd)
+                raise
         with self._lock:
             entry = self._open.get(path)
             if entry is not None:  # another thread opened it meanwhile
@@ -77,9 +83,16 @@ class FilePool:
             if entry[2] and entry[1] == 0:
                 os.close(entry[0])
 
-    def pread(self, path: str, length: int, offset: int) -> bytes:
-        """Up to ``length`` bytes of ``path`` from ``offset`` (fewer only at the end of the file)."""
-        entry = self._acquire(path)
+    def pread(self, path: str, length: int, offset: int,
+              check: Callable[[int], None] | None = None) -> bytes:
+        """Up to ``length`` bytes of ``path`` from ``offset`` (fewer only at the end of the file).
+
+        Args:
+            check: Called with each new descriptor of ``path`` before it is kept
+                or read (it raises to refuse the file: one changed since its
+                index was made).
+        """
+        entry = self._acquire(path, check)
         try:
             fd = entry[0]
             data = os.pread(fd, length, offset)
