@@ -5,6 +5,7 @@ produce garbage, and the precision of low-precision normalization."""
 from __future__ import annotations
 
 import tracemalloc
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from conftest import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
+from feeder.engine.config import Config
 from feeder.work.augment import Chain
 from feeder.ops import SampleContext
 from feeder.ops.fused import ResizeCenterCrop
@@ -264,3 +266,18 @@ def test_flags_keep_their_meaning(source):
         batches, err = drain(f)
     assert err is None
     assert [int(v) for _, y in batches for v in y] == list(range(len(source)))
+
+
+# -- every Feeder option refuses inf, NaN and negative numbers, naming the value -------------
+
+@pytest.mark.parametrize("option", ["batch_size", *(f.name for f in fields(Config) if f.name != "batch_size")])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), float("-inf"), -1])
+def test_every_feeder_option_refuses_non_finite_and_negative_numbers(source, option, bad):
+    # Accepted at construction, such a value would fail every sample (or every batch).
+    if option == "batch_size":
+        make = lambda: Feeder(source, bad, [ops.CenterCrop(16)])  # noqa: E731
+    else:
+        make = lambda: Feeder(source, 4, [ops.CenterCrop(16)], **{option: bad})  # noqa: E731
+    with pytest.raises(ValueError) as info:
+        make()
+    assert option in str(info.value) and repr(bad) in str(info.value), str(info.value)

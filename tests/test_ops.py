@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import cv2
@@ -144,3 +145,109 @@ def test_sample_rng_is_deterministic_and_in_range():
     with pytest.raises(ValueError):
         r.integers(5, 5)
     assert math.isfinite(r.random())
+
+
+# -- every configuration number of every op is checked at construction ---------------
+
+INF, NAN = float("inf"), float("nan")
+
+# What each op needs besides its defaults, to be built at all; a new op with a
+# required parameter must be added here (the test says so).
+REQUIRED = {
+    "RandomResizedCrop": {"size": 8}, "Resize": {"size": 8}, "CenterCrop": {"size": 8},
+    "RandomCrop": {"size": 8}, "RandomResize": {"min_size": 8}, "ScaleJitter": {"target_size": (64, 64)},
+    "RandomShortestSize": {"min_size": 8}, "MixUp": {"alpha": 0.2, "num_classes": 3},
+    "CutMix": {"alpha": 0.2, "num_classes": 3},
+    "Albumentations": {"compose": "albumentations"}, "Kornia": {"module": "kornia"},
+    "SampleTransform": {"fn": lambda sample, rng: sample},
+}
+# Not configurable ops: the protocol's classes.
+NOT_OPS = {"Geometry", "Transform"}
+# Parameters that take a range (min, max) besides the ones whose default is one,
+# and parameters without a numeric default that take a number, with a good value.
+MORE = {
+    ("ColorJitter", "brightness"): (0.5, 1.5), ("ColorJitter", "contrast"): (0.5, 1.5),
+    ("ColorJitter", "saturation"): (0.5, 1.5), ("ColorJitter", "hue"): (-0.1, 0.1),
+    ("Resize", "max_size"): 16, ("RandomResize", "max_size"): 16, ("RandomResize", "max_long"): 32,
+    ("RandomShortestSize", "max_size"): 16, ("RandomCrop", "padding"): 2,
+    ("Albumentations", "output_size"): (8, 8), ("SampleTransform", "output_size"): (8, 8),
+}
+# Parameters where a negative number (or a negative lower bound) is meaningful.
+NEGATIVE_OK = {("RandomErasing", "value"), ("ColorJitter", "hue"), ("RandomPhotometricDistort", "hue")}
+
+
+def _stand_in(value):
+    if value == "albumentations":
+        A = pytest.importorskip("albumentations")
+        return A.Compose([A.HorizontalFlip()])
+    if value == "kornia":
+        K = pytest.importorskip("kornia.augmentation")
+        return K.ColorJiggle(0.1)
+    return value
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cases():
+    """(op, parameter, bad value) for every numeric parameter of every op in ops.__all__."""
+    cases = []
+    for name in ops.__all__:
+        cls = getattr(ops, name)
+        if not isinstance(cls, type) or name in NOT_OPS:
+            continue
+        for p in list(inspect.signature(cls).parameters.values()):
+            good = MORE.get((name, p.name), p.default)
+            if good is inspect.Parameter.empty:
+                good = REQUIRED.get(name, {}).get(p.name, inspect.Parameter.empty)
+            assert good is not inspect.Parameter.empty, f"add ops.{name}'s {p.name} to REQUIRED"
+            if isinstance(good, tuple) and len(good) == 2 and all(_is_number(v) for v in good):
+                lo, hi = good
+                bad = [(lo, INF), (NAN, hi), (lo, NAN), (-INF, hi), (lo, hi, hi), (lo,)]
+                if lo != hi:
+                    bad.append((hi, lo))
+                if (name, p.name) not in NEGATIVE_OK:
+                    bad.append((-1, hi))
+            elif _is_number(good):
+                bad = [INF, NAN, -INF] + ([-1] if (name, p.name) not in NEGATIVE_OK else [])
+            else:
+                continue
+            cases += [pytest.param(name, p.name, b, id=f"{name}-{p.name}-{b!r}") for b in bad]
+    return cases
+
+
+def _build(name, **overrides):
+    kwargs = {k: _stand_in(v) for k, v in REQUIRED.get(name, {}).items()}
+    kwargs.update(overrides)
+    return getattr(ops, name)(**kwargs)
+
+
+def test_every_op_builds_with_the_table_values():
+    for name in ops.__all__:
+        if isinstance(getattr(ops, name), type) and name not in NOT_OPS:
+            _build(name)
+
+
+@pytest.mark.parametrize("name, param, bad", _cases())
+def test_every_op_refuses_infinite_nan_reversed_and_malformed_ranges(name, param, bad):
+    # Accepted, such a value fails every sample at run time: with on_error="skip"
+    # a typo in the configuration would silently empty the epoch.
+    with pytest.raises(ValueError) as info:
+        _build(name, **{param: bad})
+    assert repr(bad) in str(info.value), str(info.value)
+    assert name in str(info.value)
+
+
+@pytest.mark.parametrize("make, bad", [
+    (lambda: ops.RandomIoUCrop(sampler_options=(0.0, NAN, 1.0)), "nan"),  # NaN: any crop passes
+    (lambda: ops.RandomIoUCrop(sampler_options=(0.0, 2.0)), "2.0"),
+    (lambda: ops.RandomIoUCrop(sampler_options=0.5), "0.5"),
+    (lambda: ops.RandomErasing(value=(0.0, INF, 0.0)), "inf"),
+    (lambda: ops.Resize(8.5), "8.5"),
+    (lambda: ops.RandomResizedCrop((8, 8.7)), "8.7"),
+])
+def test_lists_and_fractional_sizes_are_refused_naming_the_value(make, bad):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert bad in str(info.value)

@@ -740,10 +740,10 @@ def test_scale_jitter_and_random_shortest_size_match_torchvision_sizes():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: ops.RandomPhotometricDistort(brightness=(1.2, 0.8)), "brightness must be \\(min, max\\)"),
-    (lambda: ops.RandomPhotometricDistort(hue=(-0.1, 0.7)), "hue must be within"),
+    (lambda: ops.RandomPhotometricDistort(hue=(-0.1, 0.7)), "hue must be \\(min, max\\) within \\[-0.5, 0.5\\]"),
     (lambda: ops.RandomPhotometricDistort(p=2), "p must be in \\[0, 1\\]"),
-    (lambda: ops.RandomZoomOut(side_range=(0.5, 2.0)), "side_range must be \\(min, max\\) with 1.0"),
-    (lambda: ops.RandomIoUCrop(min_scale=0.0), "need 0 < min_scale"),
+    (lambda: ops.RandomZoomOut(side_range=(0.5, 2.0)), "side_range must be \\(min, max\\) within \\[1, inf\\]"),
+    (lambda: ops.RandomIoUCrop(min_scale=0.0), "\\(min_scale, max_scale\\) must be \\(min, max\\) within \\(0, 1\\]"),
     (lambda: ops.RandomIoUCrop(trials=0), "trials must be a positive int"),
     (lambda: ops.ScaleJitter((100,)), "target_size must be \\(width, height\\)"),
     (lambda: ops.RandomShortestSize([480, 0]), "min_size must be a positive int"),

@@ -23,16 +23,78 @@ _INTERPOLATION = {
 }
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _size2(size: int | Sequence[int], what: str) -> tuple[int, int]:
-    if isinstance(size, int):
-        pair = (size, size)
+    # Whole numbers only: int(224.7) would truncate silently, int(inf) raises an
+    # OverflowError that names nothing.
+    if _whole(size):
+        pair: tuple[Any, ...] = (size, size)
+    elif isinstance(size, (str, bytes)) or not hasattr(size, "__iter__"):
+        raise ValueError(f"{what}: size must be an int or (height, width), got {size!r}")
     else:
-        pair = tuple(int(s) for s in size)
-        if len(pair) != 2:
+        pair = tuple(size)  # type: ignore[arg-type]
+        if len(pair) != 2 or not all(_whole(s) for s in pair):
             raise ValueError(f"{what}: size must be an int or (height, width), got {size!r}")
     if min(pair) <= 0:
         raise ValueError(f"{what}: size must be positive, got {size!r}")
-    return pair  # type: ignore[return-value]
+    return int(pair[0]), int(pair[1])
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a finite float, or None when it is not a finite real number (a
+    bool, a string, inf, NaN)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                      np.floating)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_number(value: object, name: str, what: str, low: float = -math.inf,
+                 high: float = math.inf, low_open: bool = False, high_open: bool = False) -> float:
+    """A configuration number: finite, within ``low``..``high`` (open ends where asked).
+
+    Raises:
+        ValueError: naming ``what``, ``name`` and the value.
+    """
+    v = _real(value)
+    if (v is None or v < low or v > high or (low_open and v == low)
+            or (high_open and v == high)):
+        raise ValueError(f"{what}: {name} must be in {_interval(low, high, low_open, high_open)} "
+                         f"and finite, got {value!r}")
+    return v
+
+
+def check_range(value: object, name: str, what: str, low: float = -math.inf,
+                high: float = math.inf, low_open: bool = False) -> tuple[float, float]:
+    """A configuration range ``(min, max)``: two finite numbers, ``min <= max``, both
+    within ``low``..``high`` (``low`` excluded with ``low_open``). An infinite bound
+    would pass here and fail on every sample, a configuration typo that
+    ``on_error="skip"`` would turn into an empty epoch.
+
+    Raises:
+        ValueError: naming ``what``, ``name`` and the value.
+    """
+    bounds = f"within {_interval(low, high, low_open, False)}"
+    items: tuple[Any, ...] | None = None
+    if not isinstance(value, (str, bytes)) and hasattr(value, "__iter__"):
+        items = tuple(value)  # type: ignore[arg-type]
+    if items is None or len(items) != 2 or any(_real(v) is None for v in items):
+        raise ValueError(f"{what}: {name} must be (min, max), two finite numbers {bounds}, "
+                         f"got {value!r}")
+    a, b = float(items[0]), float(items[1])
+    if a > b:
+        raise ValueError(f"{what}: {name} must be (min, max) with min <= max, got {value!r}")
+    if a < low or b > high or (low_open and a == low):
+        raise ValueError(f"{what}: {name} must be (min, max) {bounds}, got {value!r}")
+    return a, b
 
 
 def _interp(name: str, what: str) -> int:

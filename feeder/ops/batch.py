@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..work.rng import SampleRNG
+from .base import check_number, check_range
 
 
 class _Mixing:
@@ -70,13 +71,11 @@ class _Mixing:
 
     def __init__(self, alpha: float, num_classes: int, label_smoothing: float = 0.0) -> None:
         name = type(self).__name__
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
-            raise ValueError(f"{name}: alpha must be a positive number, got {alpha!r}")
+        alpha = check_number(alpha, "alpha", name, 0.0, low_open=True)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"{name}: num_classes must be a positive int, got {num_classes!r}")
-        if (isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float))
-                or not 0.0 <= label_smoothing < 1.0):
-            raise ValueError(f"{name}: label_smoothing must be in [0, 1), got {label_smoothing!r}")
+        label_smoothing = check_number(label_smoothing, "label_smoothing", name, 0.0, 1.0,
+                                       high_open=True)
         self.alpha = float(alpha)
         self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)
@@ -234,24 +233,22 @@ class RandomErasing:
 
     def __init__(self, p: float = 0.5, scale: tuple[float, float] = (0.02, 0.33),
                  ratio: tuple[float, float] = (0.3, 3.3), value: float | str | tuple = 0.0) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomErasing: p must be in [0, 1], got {p!r}")
-        if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
-            raise ValueError(f"RandomErasing: scale must be (min, max) with 0 < min <= max <= 1, got {scale!r}")
-        if len(ratio) != 2 or not 0.0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"RandomErasing: ratio must be (min, max) with 0 < min <= max, got {ratio!r}")
+        p = check_number(p, "p", "RandomErasing", 0.0, 1.0)
+        scale = check_range(scale, "scale", "RandomErasing", 0.0, 1.0, low_open=True)
+        ratio = check_range(ratio, "ratio", "RandomErasing", 0.0, low_open=True)
         if isinstance(value, str):
             if value != "random":
                 raise ValueError(f"RandomErasing: value must be a number, a per-channel sequence or "
                                  f"'random', got {value!r}")
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = float(value)
+            value = check_number(value, "value", "RandomErasing")
         else:
             try:
-                value = tuple(float(v) for v in value)  # type: ignore[union-attr]
+                values = tuple(value)  # type: ignore[arg-type]
             except TypeError:
                 raise ValueError(f"RandomErasing: value must be a number, a per-channel sequence or "
                                  f"'random', got {value!r}") from None
+            value = tuple(check_number(v, f"value {value!r}: each", "RandomErasing") for v in values)
         self.p, self.value = float(p), value
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))

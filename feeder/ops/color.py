@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from ..work.rng import SampleRNG
-from .base import Photometric, _into
+from .base import Photometric, _into, check_number, check_range
 
 try:  # optional: installed with albumentations (the albumentations extra)
     import stringzilla as _sz
@@ -189,22 +189,21 @@ def equalize(img: np.ndarray) -> np.ndarray:
 def _range(value: float | Sequence[float], name: str, center: float, low: float,
            high: float) -> tuple[float, float] | None:
     """torchvision's ColorJitter ``_check_input``: a number v gives [center - v, center + v]
-    (clipped at ``low``), a pair is taken as is; (center, center) means off (None)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
+    (clipped at ``low``), a pair is taken as is; (center, center) means off (None).
+    Both must be finite (an infinite factor fails on every sample)."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        if not value >= 0:  # NaN too
             raise ValueError(f"ColorJitter: {name} must be non-negative, got {value!r}")
-        rng = (max(low, center - value), center + value)
+        v = check_number(value, name, "ColorJitter", 0.0)
+        rng = (max(low, center - v), center + v)
+        if not rng[1] <= high:
+            raise ValueError(f"ColorJitter: {name}={value!r} gives the range {rng}, outside "
+                             f"[{low}, {high}]")
+    elif isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"ColorJitter: {name} must be a number or (min, max), got {value!r}")
     else:
-        try:
-            rng = tuple(float(v) for v in value)  # type: ignore[union-attr]
-        except (TypeError, ValueError):
-            raise ValueError(f"ColorJitter: {name} must be a number or (min, max), got {value!r}") from None
-        if len(rng) != 2 or not low <= rng[0] <= rng[1] <= high:
-            raise ValueError(f"ColorJitter: {name} must be (min, max) with {low} <= min <= max <= "
-                             f"{high}, got {value!r}")
-    if not (low <= rng[0] <= rng[1] <= high):
-        raise ValueError(f"ColorJitter: {name}={value!r} gives the range {rng}, outside [{low}, {high}]")
-    return None if rng[0] == rng[1] == center else rng  # type: ignore[return-value]
+        rng = check_range(value, name, "ColorJitter", low, high)
+    return None if rng[0] == rng[1] == center else rng
 
 
 class ColorJitter(Photometric):

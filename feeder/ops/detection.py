@@ -17,18 +17,13 @@ from ..work.rng import SampleRNG
 from ..work.sample import BOXES
 from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
-                   _resize_with_geometry, keep_boxes, move_fields)
+                   _resize_with_geometry, _whole, check_number, check_range, keep_boxes, move_fields)
 from .geometry import _fill3, _mask_fill
 
 
-def _pair(value: Sequence[float], name: str, what: str, low: float = 0.0) -> tuple[float, float]:
-    try:
-        a, b = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what}: {name} must be (min, max), got {value!r}") from None
-    if not low <= a <= b:
-        raise ValueError(f"{what}: {name} must be (min, max) with {low} <= min <= max, got {value!r}")
-    return a, b
+def _pair(value: Sequence[float], name: str, what: str, low: float = 0.0,
+          high: float = float("inf"), low_open: bool = False) -> tuple[float, float]:
+    return check_range(value, name, what, low, high, low_open)
 
 
 class RandomPhotometricDistort(Photometric):
@@ -57,12 +52,8 @@ class RandomPhotometricDistort(Photometric):
         self.brightness = _pair(brightness, "brightness", what)
         self.contrast = _pair(contrast, "contrast", what)
         self.saturation = _pair(saturation, "saturation", what)
-        self.hue = _pair(hue, "hue", what, low=-0.5)
-        if self.hue[1] > 0.5:
-            raise ValueError(f"{what}: hue must be within [-0.5, 0.5], got {hue!r}")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"{what}: p must be in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.hue = _pair(hue, "hue", what, low=-0.5, high=0.5)
+        self.p = check_number(p, "p", what, 0.0, 1.0)
 
     def params(self, rng: SampleRNG) -> dict[str, Any]:
         """The draws for one sample, in torchvision's order: each factor or None,
@@ -122,9 +113,7 @@ class RandomZoomOut(Transform):
                  mask_fill: int = 255) -> None:
         self.fill = _fill3(fill, "RandomZoomOut")
         self.side_range = _pair(side_range, "side_range", "RandomZoomOut", low=1.0)
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomZoomOut: p must be in [0, 1], got {p!r}")
-        self.p = float(p)
+        self.p = check_number(p, "p", "RandomZoomOut", 0.0, 1.0)
         self.mask_fill = _mask_fill(mask_fill, "RandomZoomOut")
 
     def params(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int, int, int] | None:
@@ -196,13 +185,16 @@ class RandomIoUCrop(Transform):
                  sampler_options: Sequence[float] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0),
                  trials: int = 40) -> None:
         self.min_scale, self.max_scale = _pair((min_scale, max_scale), "(min_scale, max_scale)",
-                                               "RandomIoUCrop")
-        if self.max_scale > 1.0 or self.min_scale <= 0:
-            raise ValueError(f"RandomIoUCrop: need 0 < min_scale <= max_scale <= 1, got "
-                             f"{(min_scale, max_scale)}")
+                                               "RandomIoUCrop", 0.0, 1.0, low_open=True)
         self.min_aspect_ratio, self.max_aspect_ratio = _pair(
-            (min_aspect_ratio, max_aspect_ratio), "(min_aspect_ratio, max_aspect_ratio)", "RandomIoUCrop")
-        self.options = [float(o) for o in sampler_options]
+            (min_aspect_ratio, max_aspect_ratio), "(min_aspect_ratio, max_aspect_ratio)",
+            "RandomIoUCrop", low_open=True)
+        if isinstance(sampler_options, (str, bytes)) or not hasattr(sampler_options, "__iter__"):
+            raise ValueError(f"RandomIoUCrop: sampler_options must be a list of minimum IoUs in "
+                             f"[0, 1], got {sampler_options!r}")
+        # A NaN option would accept any crop (no IoU compares below it).
+        self.options = [check_number(o, f"sampler_options {list(sampler_options)!r}: each",
+                                     "RandomIoUCrop", 0.0, 1.0) for o in sampler_options]
         if not self.options:
             raise ValueError("RandomIoUCrop: sampler_options is empty")
         if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -307,14 +299,12 @@ class ScaleJitter(_RandomScale):
     def __init__(self, target_size: Sequence[int], scale_range: Sequence[float] = (0.1, 2.0),
                  interpolation: str = "bilinear", antialias: bool = True) -> None:
         super().__init__(interpolation, antialias)
-        if (len(target_size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0
-                                         for v in target_size)):
+        if (isinstance(target_size, (str, bytes)) or not hasattr(target_size, "__len__")
+                or len(target_size) != 2 or any(not _whole(v) or v <= 0 for v in target_size)):
             raise ValueError(f"ScaleJitter: target_size must be (width, height), two positive ints, "
                              f"got {target_size!r}")
         self.target_size = (int(target_size[0]), int(target_size[1]))
-        self.scale_range = _pair(scale_range, "scale_range", "ScaleJitter")
-        if self.scale_range[0] <= 0:
-            raise ValueError(f"ScaleJitter: scale_range must be positive, got {scale_range!r}")
+        self.scale_range = _pair(scale_range, "scale_range", "ScaleJitter", low_open=True)
 
     def size(self, height, width, rng):
         s = self.scale_range[0] + rng.random() * (self.scale_range[1] - self.scale_range[0])
@@ -343,14 +333,14 @@ class RandomShortestSize(_RandomScale):
     def __init__(self, min_size: int | Sequence[int], max_size: int | None = None,
                  interpolation: str = "bilinear", antialias: bool = True) -> None:
         super().__init__(interpolation, antialias)
-        sizes = [min_size] if isinstance(min_size, int) else list(min_size)
-        if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in sizes):
+        iterable = not isinstance(min_size, (str, bytes)) and hasattr(min_size, "__iter__")
+        sizes = list(min_size) if iterable else [min_size]  # type: ignore[arg-type]
+        if not sizes or any(not _whole(v) or v <= 0 for v in sizes):
             raise ValueError(f"RandomShortestSize: min_size must be a positive int or a list of "
                              f"them, got {min_size!r}")
-        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                     or max_size <= 0):
+        if max_size is not None and (not _whole(max_size) or max_size <= 0):
             raise ValueError(f"RandomShortestSize: max_size must be a positive int, got {max_size!r}")
-        self.min_size, self.max_size = sizes, max_size
+        self.min_size, self.max_size = [int(v) for v in sizes], max_size
 
     def size(self, height, width, rng):
         s = self.min_size[rng.integers(0, len(self.min_size))]

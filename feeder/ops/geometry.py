@@ -11,7 +11,7 @@ import numpy as np
 
 from ..work.rng import SampleRNG
 from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
-                   _resize_with_geometry, _size2, _window_box)
+                   _resize_with_geometry, _size2, _whole, _window_box, check_number, check_range)
 
 def _shorter_side(height: int, width: int, size: int, max_size: int | None) -> tuple[int, int]:
     """(height, width) with the shorter side ``size``, torchvision's ``_compute_resized_output_size``:
@@ -40,12 +40,8 @@ class RandomResizedCrop(Transform):
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), interpolation: str = "bilinear",
                  antialias: bool = True) -> None:
         self.output_size = _size2(size, "RandomResizedCrop")
-        if not (0 < scale[0] <= scale[1]):
-            raise ValueError(f"RandomResizedCrop: scale must satisfy 0 < min <= max, got {scale}")
-        if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"RandomResizedCrop: ratio must satisfy 0 < min <= max, got {ratio}")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = check_range(scale, "scale", "RandomResizedCrop", low=0.0, low_open=True)
+        self.ratio = check_range(ratio, "ratio", "RandomResizedCrop", low=0.0, low_open=True)
         self.interpolation = interpolation
         self._interp = _interp(interpolation, "RandomResizedCrop")
         self.antialias = antialias
@@ -150,10 +146,10 @@ class Resize(Transform):
 
     def __init__(self, size: int | Sequence[int], interpolation: str = "bilinear",
                  antialias: bool = True, max_size: int | None = None) -> None:
-        if isinstance(size, int) and not isinstance(size, bool):
+        if _whole(size):
             if size <= 0:
                 raise ValueError(f"Resize: size must be positive, got {size}")
-            self.shorter: int | None = size
+            self.shorter: int | None = int(size)
             self.output_size = None
         else:
             self.shorter = None
@@ -262,9 +258,7 @@ class RandomHorizontalFlip(Transform):
     inplace = True
 
     def __init__(self, p: float = 0.5) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: p must be in [0, 1], got {p}")
-        self.p = p
+        self.p = check_number(p, "p", "RandomHorizontalFlip", 0.0, 1.0)
 
     def apply(self, img, rng, out=None, ctx=None):
         flip = rng.random() < self.p
@@ -358,6 +352,8 @@ def _padding4(padding: int | Sequence[int] | None) -> tuple[int, int, int, int]:
         return 0, 0, 0, 0
     if isinstance(padding, int) and not isinstance(padding, bool):
         p = (padding,) * 4
+    elif isinstance(padding, (str, bytes)) or not hasattr(padding, "__iter__"):
+        p = (padding,)  # refused below, with the value
     else:
         p = tuple(padding)
         if len(p) == 2:
