@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 
+import cv2
+
 import numpy as np
 import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
-from feeder import Feeder, ops
+from feeder import ConfigError, Feeder, SampleError, ops
 from feeder.work.rng import SampleRNG
 from feeder.ops.base import Geometry
 from fields_helpers import DictSource, rgb_png
@@ -166,3 +168,29 @@ def test_the_new_ops_give_the_same_batches_in_a_worker_process(source):
             return [b[0].clone() for b in drain(f)]
     threads, process = run("thread"), run("process")
     assert len(threads) > 1 and all(torch.equal(x, y) for x, y in zip(threads, process))
+
+
+def _shrink_image(image, **kwargs):
+    return cv2.resize(image, (10, 8), interpolation=cv2.INTER_AREA)
+
+
+def test_albumentations_refuses_a_mask_left_at_the_old_size():
+    # The image is resized, the mask is not: delivered, the batch would crop it.
+    t = ops.Albumentations(A.Compose([A.Lambda(image=_shrink_image)]), output_size=(8, 10))
+    img, mask = photo(20, 30), np.ones((20, 30), np.uint8)
+    with pytest.raises(ConfigError, match=r"Albumentations\(Compose\(\[Lambda\]\)\) returned a 8x10 "
+                                          r"image .* mask of shape \(20, 30\) \(field 'mask'\)") as info:
+        t.apply_fields(img, SampleRNG(0), {"mask": mask}, Geometry.identity(20, 30))
+    assert info.value.field == "mask"
+
+
+def test_albumentations_mask_mismatch_is_not_skipped_and_names_the_sample():
+    def make(i):
+        img = photo(20, 30, seed=i)
+        return {"image": rgb_png(img), "mask": np.ones((20, 30), np.uint8)}
+    aug = [ops.Albumentations(A.Compose([A.Lambda(image=_shrink_image)]), output_size=(8, 10))]
+    f = Feeder(DictSource(8, make), 4, aug, seed=0, on_error="skip")
+    with f, pytest.raises(SampleError, match=r"on sample \d+ .*field 'mask'.*changed the image's size "
+                                             r"but not the mask's") as info:
+        drain(f)
+    assert info.value.field == "mask"

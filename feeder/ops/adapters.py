@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..work.rng import SampleRNG
 from ..work.sample import BOX_PREFIX, BOXES, MASK
 from .base import Geometry, Transform, _size2, move_fields
@@ -143,6 +144,18 @@ class Albumentations(Transform):
             mask = np.asarray(result["mask"])
             if mask.ndim == 3 and mask.shape[2] == 1:
                 mask = mask[:, :, 0]
+            if mask.shape != new.shape[:2]:
+                # Written as it is, the batch would crop or pad it to the image's
+                # size: every pixel paired with the wrong class. The same for
+                # every sample, so a configuration error, never skipped.
+                err = ConfigError(
+                    f"{self!r} returned a {new.shape[0]}x{new.shape[1]} image (height x width) "
+                    f"with a mask of shape {mask.shape} (field {MASK!r}): a transform of the "
+                    f"pipeline changed the image's size but not the mask's (an ImageOnlyTransform "
+                    f"or A.Lambda that resizes, say); use a DualTransform, or give A.Lambda a "
+                    f"mask= function that moves the mask as the image")
+                err.field = MASK
+                raise err
             fields[MASK] = np.ascontiguousarray(mask.astype(fields[MASK].dtype, copy=False))
         if BOXES in fields:
             got = np.asarray(result["bboxes"], np.float64).reshape(-1, 5)
