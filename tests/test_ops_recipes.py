@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
-from feeder import Feeder, TransformError, ops
+from feeder import ConfigError, Feeder, SampleError, TransformError, ops
 from feeder.work.augment import Chain
 from feeder.work.rng import SampleRNG
 from feeder.ops import SampleContext, autoaugment, color
@@ -830,3 +830,48 @@ def test_a_mask_fill_an_8_bit_mask_cannot_hold_names_the_option():
     with Feeder(Seg(), 2, [ops.RandomCrop(24, mask_fill=300)], decode_threads=1) as f:
         with pytest.raises(SampleError, match=r"mask_fill=300 does not fit the sample's uint8 mask"):
             next(iter(f))
+
+
+def _first_drawing(t, name):
+    """A SampleRNG key for which ``t`` draws the op ``name`` first on a 16x16 image."""
+    for k in range(2000):
+        if t.draw(SampleRNG(k), 16, 16)[0][0] == name:
+            return k
+    raise AssertionError(f"{t!r} never draws {name}")
+
+
+@pytest.mark.parametrize("make", [lambda: ops.TrivialAugmentWide(mask_fill=300),
+                                  lambda: ops.RandAugment(num_ops=1, mask_fill=300)])
+@pytest.mark.parametrize("op", ["ShearX", "Rotate", "TranslateY", "Identity"])
+def test_a_policy_refuses_a_mask_fill_the_mask_cannot_hold_whatever_it_draws(make, op):
+    # Before: a shear or a rotation wrote 255 (cv2 saturates the fill), a
+    # translation failed, the others passed: which depended on the draw.
+    t = make()
+    img, mask = photo(16, 16), np.ones((16, 16), np.uint8)
+    with pytest.raises(ConfigError, match=r"mask_fill=300 does not fit the sample's uint8 mask "
+                                          r"\(field 'mask'") as info:
+        t.apply_fields(img, SampleRNG(_first_drawing(t, op)), {"mask": mask}, Geometry.identity(16, 16))
+    assert info.value.field == "mask"
+    # 16-bit masks hold it.
+    k = _first_drawing(t, "ShearX")
+    _, moved, _ = t.apply_fields(img, SampleRNG(k), {"mask": mask.astype(np.uint16)},
+                                 Geometry.identity(16, 16))
+    assert (moved["mask"] == 300).any()
+
+
+def test_zoom_out_refuses_a_mask_fill_the_mask_cannot_hold_on_every_sample():
+    # p=0: no sample gets a canvas, and still the mask_fill is refused from the first.
+    chain = Chain([ops.RandomZoomOut(p=0.0, mask_fill=300), ops.Resize((8, 8))], None)
+    mask = np.ones((16, 16), np.uint8)
+    with pytest.raises(ConfigError, match="mask_fill=300 does not fit"):
+        chain.run_fields(photo(16, 16), 0, SampleContext((16, 16)), np.zeros((8, 8, 3), np.uint8),
+                         {"mask": mask}, Geometry.identity(16, 16))
+
+
+def test_a_policy_mask_fill_mistake_is_not_skipped():
+    def make(i):
+        return {"image": rgb_png(photo(16, 16, seed=i)), "mask": np.ones((16, 16), np.uint8)}
+    f = Feeder(DictSource(8, make), 4, [ops.TrivialAugmentWide(mask_fill=300)], image_size=(16, 16), seed=0,
+               on_error="skip")
+    with f, pytest.raises(SampleError, match=r"on sample \d+ .*field 'mask'.*mask_fill=300"):
+        drain(f)

@@ -23,7 +23,7 @@ import numpy as np
 from ..work.rng import SampleRNG
 from ..work.sample import BOXES, MASK
 from . import color
-from .base import Geometry, Transform, _interp, keep_boxes, move_fields
+from .base import Geometry, Transform, _interp, check_mask_fill, keep_boxes, move_fields
 from .geometry import _fill3, _mask_fill
 
 _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
@@ -179,6 +179,9 @@ class _Policy(Transform):
         return self.apply(img, _Replay(ops), out, ctx), geometry
 
     def apply_fields(self, img, rng, fields, geometry, out=None, ctx=None):
+        if MASK in fields:
+            # cv2.warpAffine would saturate the fill to the mask's dtype.
+            check_mask_fill(self.mask_fill, fields[MASK], self)
         H, W = img.shape[:2]
         ops = self.draw(rng, H, W)
         for name, mag in ops:

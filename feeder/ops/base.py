@@ -11,6 +11,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..errors import ConfigError
 from ..work.rng import SampleRNG
 from ..work.sample import BOX_PREFIX, BOXES, MASK
 
@@ -167,6 +168,25 @@ def _window_box(ctx: SampleContext, top: int, left: int, h: int, w: int, shape: 
     return t, l
 
 
+def check_mask_fill(fill: int, mask: np.ndarray, who: object = None) -> None:
+    """Refuse a ``mask_fill`` the sample's mask cannot hold (300 in an 8-bit mask):
+    written as it is, it would saturate to 255 or wrap. Checked on every sample,
+    whether or not this one gets padding, so the first sample says it; the masks
+    of a feeder all have one dtype, so it is a :class:`~feeder.ConfigError`
+    (never skipped), for the ``"mask"`` field.
+
+    Raises:
+        ConfigError: naming ``who`` (the transform), the field and the value.
+    """
+    top = np.iinfo(mask.dtype).max
+    if fill > top:
+        by = "" if who is None else f"{who!r}: "
+        err = ConfigError(f"{by}mask_fill={fill} does not fit the sample's {mask.dtype} mask (field "
+                          f"{MASK!r}, at most {top}); use a mask_fill that does, or 16-bit masks")
+        err.field = MASK
+        raise err
+
+
 class Geometry:
     """Where a transform moved the pixels: an affine map per axis from input to
     output coordinates, ``y_out = y * sy + ty`` and ``x_out = x * sx + tx``, with
@@ -234,11 +254,7 @@ class Geometry:
             vx &= (cx >= x0) & (cx < x1)
         out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
         fill = self.fill or 0
-        if fill > np.iinfo(mask.dtype).max:
-            # An 8-bit mask (a palette or gray PNG) cannot hold the padding value.
-            raise ValueError(f"mask_fill={fill} does not fit the sample's {mask.dtype} mask "
-                             f"(at most {np.iinfo(mask.dtype).max}); use a mask_fill that does, or "
-                             f"16-bit masks")
+        check_mask_fill(fill, mask)  # an 8-bit mask (a palette or gray PNG) holds up to 255
         if not vy.all():
             out[~vy] = fill
         if not vx.all():

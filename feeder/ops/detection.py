@@ -136,7 +136,9 @@ class RandomZoomOut(Transform):
         H, W = img.shape[:2]
         q = self.params(H, W, rng)
         if q is None:
-            return img, Geometry.identity(H, W)
+            # With the fill all the same: a mask that cannot hold it is refused on
+            # every sample, not only on those that get a canvas.
+            return img, Geometry(1.0, 0.0, 1.0, 0.0, H, W, self.mask_fill)
         top, left, ch, cw = q
         if out is None or out.shape != (ch, cw, 3) or out.dtype != np.uint8:
             out = np.empty((ch, cw, 3), np.uint8)
