@@ -277,3 +277,69 @@ def test_cutmix_moves_masks_directly():
     assert torch.equal(out_m["mask"][pasted], masks["mask"].flip(0)[pasted])
     with pytest.raises(ValueError, match="MixUp cannot mix the mask field"):
         ops.MixUp(1.0, 10).apply_with_masks(x, y, torch.Generator(), masks)
+
+
+# -- what a batch transform returns is checked ----------------------------------------
+
+def _drop_one(images, labels, generator):
+    return images[1:], labels
+
+
+def _flatten(images, labels, generator):
+    return images.flatten(0, 1), labels
+
+
+def _to_double(images, labels, generator):
+    return images.double(), labels
+
+
+def _to_meta(images, labels, generator):
+    # Another device than the batch's, testable without a GPU: as CPU tensors
+    # returned on a CUDA feeder would be.
+    return torch.empty_like(images, device="meta"), labels
+
+
+def _labels_to_meta(images, labels, generator):
+    return images, torch.empty_like(labels, device="meta")
+
+
+def _drop_a_label(images, labels, generator):
+    return images, labels[1:]
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_drop_one, "images of shape (3, 3, 16, 16) for a batch of shape (4, 3, 16, 16)"),
+    (_flatten, "images of shape (12, 16, 16) for a batch of shape (4, 3, 16, 16)"),
+    (_to_double, "torch.float64 images, not torch.float32 (the feeder's dtype)"),
+    (_to_meta, "images on meta, not on the batch's device cpu"),
+    (_labels_to_meta, "labels on meta, not on the batch's device cpu"),
+    (_drop_a_label, "3 labels for 4 images"),
+])
+def test_a_batch_transform_output_that_is_not_the_batch_is_refused_naming_it(small, fn, words):
+    with make(small, batch_size=4, batch_transforms=[fn]) as f:
+        batches, err = drain(f)
+    assert batches == [] and isinstance(err, FeederError)
+    assert f"batch transform {fn!r} returned" in str(err) and words in str(err), str(err)
+    assert "on batch 0 of epoch 0" in str(err)
+
+
+def test_a_uint8_feeder_checks_its_own_dtype(small):
+    with make(small, dtype=None, batch_size=4, batch_transforms=[_to_double]) as f:
+        _, err = drain(f)
+    assert isinstance(err, FeederError) and "torch.float64 images, not torch.uint8" in str(err)
+
+
+def test_a_moved_mask_of_another_shape_is_refused():
+    from feeder.engine.on_device import BatchTransforms
+
+    class Crops:
+        def apply_with_masks(self, images, labels, generator, masks):
+            return images, labels, {k: m[:, 1:] for k, m in masks.items()}
+
+        def __call__(self, images, labels, generator):
+            return images, labels
+
+    images, masks = torch.zeros(2, 3, 4, 4), {"mask": torch.zeros(2, 4, 4, dtype=torch.uint8)}
+    with pytest.raises(FeederError, match=r"mask field 'mask' of shape \(2, 3, 4\), not \(2, 4, 4\)"):
+        BatchTransforms((Crops(),), 0, 0, torch.device("cpu"), torch.float32)(
+            images, torch.zeros(2, dtype=torch.int64), 0, masks)

@@ -86,14 +86,17 @@ class BatchTransforms:
         seed: The feeder's seed.
         epoch: The pass's epoch.
         device: Where batches are transformed (the generators' device).
+        dtype: The images' dtype, which every transform must keep (the feeder's
+            ``dtype``, ``torch.uint8`` for None); None: not checked.
     """
 
     def __init__(self, transforms: tuple[Any, ...], seed: int, epoch: int,
-                 device: torch.device) -> None:
+                 device: torch.device, dtype: torch.dtype | None = None) -> None:
         self.transforms = transforms
         self.seed = seed
         self.epoch = epoch
         self.device = device
+        self.dtype = dtype
         # Transforms with a class count take labels in [0, num_classes).
         self.bounds = [(t, t.num_classes) for t in transforms
                        if isinstance(getattr(t, "num_classes", None), int)]
@@ -158,6 +161,9 @@ class BatchTransforms:
         and, for a batch of images of different sizes, ``sizes`` (each image's valid
         ``(height, width)``, host int64 ``[B, 2]``), so it draws within the image
         rather than over its padding."""
+        shape, device = tuple(images.shape), images.device
+        label_rows = labels.shape[0] if isinstance(labels, torch.Tensor) and labels.dim() else None
+        mask_shapes = {name: tuple(m.shape) for name, m in (masks or {}).items()}
         for position, t in enumerate(self.transforms):
             try:
                 if indices is not None and hasattr(t, "apply_keyed"):
@@ -185,4 +191,38 @@ class BatchTransforms:
                 raise StageError("transfer", f"batch transform {t!r} must return (images, labels) "
                                  f"tensors; got ({type(images).__name__}, "
                                  f"{type(labels).__name__}) on batch {number}")
+            self._check_output(t, number, shape, device, label_rows, mask_shapes, images, labels,
+                               masks)
         return images, labels
+
+    def _check_output(self, t: Any, number: int, shape: tuple[int, ...], device: torch.device,
+                      label_rows: int | None, mask_shapes: dict[str, tuple[int, ...]],
+                      images: torch.Tensor, labels: Any, masks: dict[str, torch.Tensor] | None
+                      ) -> None:
+        """Refuse what a transform returned that the batch cannot be: delivered as it
+        is, 3 images for 4 labels, a 3-D tensor or another dtype would surface far
+        away in the training loop, and a tensor on another device in the CUDA
+        stream bookkeeping (``record_stream``) or not at all."""
+        problems = []
+        if images.dim() != len(shape) or images.shape[0] != shape[0] or images.shape[1] != shape[1]:
+            problems.append(f"images of shape {tuple(images.shape)} for a batch of shape {shape} "
+                            f"(the batch size and channels must stay)")
+        if self.dtype is not None and images.dtype != self.dtype:
+            problems.append(f"{images.dtype} images, not {self.dtype} (the feeder's dtype)")
+        if images.device != device:
+            problems.append(f"images on {images.device}, not on the batch's device {device}")
+        if isinstance(labels, torch.Tensor):
+            rows = labels.shape[0] if labels.dim() else None
+            if label_rows is not None and rows != shape[0]:
+                problems.append(f"{rows} labels for {shape[0]} images")
+            if labels.device != device:
+                problems.append(f"labels on {labels.device}, not on the batch's device {device}")
+        for name, mask in (masks or {}).items():
+            if name in mask_shapes and tuple(mask.shape) != mask_shapes[name]:
+                problems.append(f"mask field {name!r} of shape {tuple(mask.shape)}, not "
+                                f"{mask_shapes[name]}")
+            if mask.device != device:
+                problems.append(f"mask field {name!r} on {mask.device}, not on {device}")
+        if problems:
+            raise StageError("transfer", f"batch transform {t!r} returned {'; '.join(problems)} "
+                                         f"on batch {number} of epoch {self.epoch}")
