@@ -12,7 +12,7 @@ import torch
 
 from conftest import MemorySource, collect, drain
 from faults_helpers import feeder_factory
-from feeder import Feeder, FeederError, ops
+from feeder import ConfigError, Feeder, FeederError, ops
 from feeder.work.rng import batch_generator
 
 AUG = [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()]
@@ -343,3 +343,12 @@ def test_a_moved_mask_of_another_shape_is_refused():
     with pytest.raises(FeederError, match=r"mask field 'mask' of shape \(2, 3, 4\), not \(2, 4, 4\)"):
         BatchTransforms((Crops(),), 0, 0, torch.device("cpu"), torch.float32)(
             images, torch.zeros(2, dtype=torch.int64), 0, masks)
+
+
+@pytest.mark.parametrize("op", [ops.MixUp(1.0, NUM_CLASSES), ops.CutMix(1.0, NUM_CLASSES)])
+def test_mixing_is_refused_on_variable_size_batches(small, op):
+    # A partner of another size: its pixels would land in the image's padding
+    # and the image's padding over its pixels, outside what "size" names.
+    with pytest.raises(ConfigError, match=rf"batch_transforms\[0\]: {type(op).__name__} mixes images "
+                                          rf"of different sizes.*max_image_size"):
+        Feeder(small, 4, [], dtype=torch.float32, max_image_size=(96, 96), batch_transforms=[op])

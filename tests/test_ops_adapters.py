@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
-from feeder import ConfigError, Feeder, SampleError, ops
+from feeder import ConfigError, Feeder, FeederError, SampleError, ops
 from feeder.work.rng import SampleRNG
 from feeder.ops.base import Geometry
 from fields_helpers import DictSource, rgb_png
@@ -194,3 +194,39 @@ def test_albumentations_mask_mismatch_is_not_skipped_and_names_the_sample():
                                              r"but not the mask's") as info:
         drain(f)
     assert info.value.field == "mask"
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda K: K.RandomHorizontalFlip(), "RandomHorizontalFlip"),
+    (lambda K: K.AugmentationSequential(K.ColorJiggle(0.1), K.RandomAffine(10.0)), "RandomAffine"),
+    (lambda K: torch.nn.Sequential(K.RandomResizedCrop((16, 16))), "RandomResizedCrop"),
+])
+def test_kornia_geometric_ops_are_refused_on_variable_size_batches_at_construction(source, make, named):
+    K = pytest.importorskip("kornia.augmentation")
+    # Each image lies in the region its "size" names: a flip or a warp of the
+    # padded batch would move it out of there.
+    with pytest.raises(ConfigError, match=rf"batch_transforms\[0\]: Kornia.*geometric op\(s\) "
+                                          rf"\['{named}'\].*max_image_size"):
+        Feeder(source, 4, [], dtype=torch.float32, max_image_size=(96, 96),
+               batch_transforms=[ops.Kornia(make(K))])
+    Feeder(source, 4, [ops.CenterCrop(16)], dtype=torch.float32,
+           batch_transforms=[ops.Kornia(make(K))]).close()  # fixed sizes: accepted
+
+
+def test_kornia_intensity_ops_run_on_variable_size_batches(source):
+    K = pytest.importorskip("kornia.augmentation")
+    with Feeder(source, 4, [], dtype=torch.float32, max_image_size=(160, 160), seed=0,
+                batch_transforms=[ops.Kornia(K.ColorJiggle(0.2, p=1.0))]) as f:
+        batches = drain(f)
+    assert batches and all(b["image"].dtype == torch.float32 for b in batches)
+
+
+def test_kornia_geometric_op_added_after_construction_is_refused_at_the_first_batch(source):
+    K = pytest.importorskip("kornia.augmentation")
+    module = torch.nn.Sequential(K.ColorJiggle(0.1))
+    f = Feeder(source, 4, [], dtype=torch.float32, max_image_size=(160, 160),
+               batch_transforms=[ops.Kornia(module)])
+    module.append(K.RandomVerticalFlip())
+    with f, pytest.raises(FeederError, match=r"refused batch 0 .*\['RandomVerticalFlip'\]"):
+        drain(f)
+

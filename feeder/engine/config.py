@@ -412,7 +412,16 @@ class Config:
                     raise ConfigError(f"{name}={values[name]!r} applies to variable-size batches: "
                                       f"give max_image_size=(height, width) too, or leave {name} "
                                       f"at {default}")
-        elif values["image_size"] is not None:
+        else:
+            for i, t in enumerate(values["batch_transforms"]):
+                # A transform that would move images out of their "size" region.
+                check = getattr(t, "check_variable_size", None)
+                if check is not None:
+                    try:
+                        check()
+                    except ValueError as exc:
+                        raise ConfigError(f"batch_transforms[{i}]: {exc}") from None
+        if values["max_image_size"] is not None and values["image_size"] is not None:
             raise ConfigError(f"give image_size (every image that size) or max_image_size "
                               f"(variable sizes up to it), not both; got image_size="
                               f"{values['image_size']}, max_image_size={values['max_image_size']}")

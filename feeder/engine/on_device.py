@@ -88,10 +88,13 @@ class BatchTransforms:
         device: Where batches are transformed (the generators' device).
         dtype: The images' dtype, which every transform must keep (the feeder's
             ``dtype``, ``torch.uint8`` for None); None: not checked.
+        variable: The batches hold images of different sizes (``max_image_size``).
     """
 
     def __init__(self, transforms: tuple[Any, ...], seed: int, epoch: int,
-                 device: torch.device, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device, dtype: torch.dtype | None = None,
+                 variable: bool = False) -> None:
+        self.variable = variable
         self.transforms = transforms
         self.seed = seed
         self.epoch = epoch
@@ -142,10 +145,13 @@ class BatchTransforms:
         kinds = {name: spec.kind for name, spec in schema.specs.items() if name != LABEL}
         for t in self.transforms:
             check = getattr(t, "check_fields", None)
-            if check is None:
-                continue
+            # Checked at construction too; again here, for a module changed since.
+            size_check = getattr(t, "check_variable_size", None) if self.variable else None
             try:
-                check(kinds)
+                if check is not None:
+                    check(kinds)
+                if size_check is not None:
+                    size_check()
             except ValueError as exc:
                 raise StageError("transfer", f"batch transform {t!r} refused batch {number} of "
                                  f"epoch {self.epoch}: {exc}") from exc

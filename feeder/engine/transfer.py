@@ -367,10 +367,10 @@ class Transfer(CollatingStage):
         """The transfer stage of a pass with settings ``cfg`` (the feeder's ``Config``, its
         device resolved) and the pass's ``seed`` and ``epoch``."""
         convert = Converter(cfg.dtype, cfg.normalize, cfg.device, cfg.memory_format)
-        batch = (BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device,
-                                 cfg.dtype if cfg.dtype is not None else torch.uint8)
-                 if cfg.batch_transforms else None)
         variable = cfg.max_image_size is not None
+        batch = (BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device,
+                                 cfg.dtype if cfg.dtype is not None else torch.uint8, variable)
+                 if cfg.batch_transforms else None)
         return cls(control, collator, pool, cfg.device, convert, inbox, outbox, batch, schema, side,
                    cfg.size_divisibility if variable else None)
 

@@ -178,6 +178,19 @@ class Albumentations(Transform):
 _GLOBAL_RNG = threading.Lock()
 
 
+def _kornia_ops(module: Any, base: str) -> list[str]:
+    """The class names of the kornia augmentations in ``module`` (itself and every
+    submodule, as ``torch.nn.Module.modules`` walks them) that derive from a class
+    whose name starts with ``base``: judged by class names, so kornia need not be
+    imported here."""
+    walk = getattr(module, "modules", None)
+    found = []
+    for m in (walk() if callable(walk) else (module,)):
+        if any(k.__name__.startswith(base) for k in type(m).__mro__):
+            found.append(type(m).__name__)
+    return found
+
+
 class Kornia:
     """Run a kornia augmentation module (``kornia.augmentation.*`` or an
     ``AugmentationSequential`` of them) on whole batches on the device, as a
@@ -190,7 +203,11 @@ class Kornia:
     reproducible, but another thread drawing from torch's global generator during
     that call (a training step on the CPU, say) draws from the fork: prefer the
     built-in batch transforms where they exist. Images only: a batch with a mask or
-    boxes is refused (the module would move the pixels without them).
+    boxes is refused (the module would move the pixels without them), and so are
+    geometric ops (kornia's ``GeometricAugmentationBase2D``: crops, flips,
+    affine warps) on variable-size batches (``max_image_size``), which would move
+    each image out of the region its ``"size"`` names. The module must return a batch like the one
+    it got (batch size, channels, dtype, device): the feeder checks.
 
     Args:
         module: The kornia module, called as ``module(images)``; it must return a
@@ -211,6 +228,22 @@ class Kornia:
         if not callable(module):
             raise TypeError(f"Kornia: {module!r} is not callable; pass a kornia augmentation module")
         self.module = module
+
+    def check_variable_size(self) -> None:
+        """Refuse variable-size batches (``max_image_size``) when the module holds a
+        geometric op: each image lies in the top-left region its ``"size"`` names,
+        and a crop, flip or warp of the padded batch would move it out of there.
+
+        Raises:
+            ValueError: naming the geometric ops.
+        """
+        geometric = _kornia_ops(self.module, "GeometricAugmentationBase")
+        if geometric:
+            raise ValueError(f"{self!r}: the geometric op(s) {geometric} would move each image of a "
+                             f"variable-size batch (max_image_size) out of the region its \"size\" "
+                             f"names; use the per-sample transforms (ops.RandomHorizontalFlip, "
+                             f"ops.RandomCrop, ops.Albumentations...) for geometry, or fixed-size "
+                             f"batches")
 
     def check_fields(self, kinds: dict[str, str]) -> None:
         moved = sorted(k for k, kind in kinds.items() if kind in ("mask", "boxes", "per-box"))

@@ -59,6 +59,21 @@ class _Mixing:
                 f"in the source (its read() can load a partner sample and merge both images' "
                 f"boxes), or drop the box fields from the samples")
 
+    def check_variable_size(self) -> None:
+        """Refuse variable-size batches (``max_image_size``): each image lies in the
+        region its ``"size"`` names, and mixing it with a partner of another size
+        puts the partner's pixels in its padding and its padding over the
+        partner's pixels, under labels mixed as if both were whole.
+
+        Raises:
+            ValueError: naming the transform.
+        """
+        raise ValueError(f"{type(self).__name__} mixes images of different sizes in a "
+                         f"variable-size batch (max_image_size): each image's padding would be "
+                         f"blended or pasted over its partner's pixels, outside the region its "
+                         f"\"size\" names; use fixed-size batches (image_size= or a fixed-size "
+                         f"transform last) with {type(self).__name__}")
+
     def apply_with_masks(self, images: torch.Tensor, labels: torch.Tensor,
                          generator: torch.Generator, masks: dict[str, torch.Tensor]
                          ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
