@@ -230,3 +230,8 @@ def test_kornia_geometric_op_added_after_construction_is_refused_at_the_first_ba
     with f, pytest.raises(FeederError, match=r"refused batch 0 .*\['RandomVerticalFlip'\]"):
         drain(f)
 
+
+def test_kornia_mixing_ops_are_refused():
+    K = pytest.importorskip("kornia.augmentation")
+    with pytest.raises(ValueError, match=r"\['RandomMixUpV2'\] mix images.*ops.MixUp"):
+        ops.Kornia(K.RandomMixUpV2())

@@ -206,7 +206,10 @@ class Kornia:
     boxes is refused (the module would move the pixels without them), and so are
     geometric ops (kornia's ``GeometricAugmentationBase2D``: crops, flips,
     affine warps) on variable-size batches (``max_image_size``), which would move
-    each image out of the region its ``"size"`` names. The module must return a batch like the one
+    each image out of the region its ``"size"`` names. kornia's mixing ops
+    (``RandomMixUpV2``, ``RandomCutMixV2``...) are refused: the adapter passes
+    images only, so the labels would stay unmixed; use :class:`~feeder.ops.MixUp`
+    and :class:`~feeder.ops.CutMix`. The module must return a batch like the one
     it got (batch size, channels, dtype, device): the feeder checks.
 
     Args:
@@ -215,6 +218,7 @@ class Kornia:
 
     Raises:
         TypeError: ``module`` is not callable.
+        ValueError: ``module`` holds a kornia mixing op.
     """
 
     batch_transform = True  # it takes whole batches (see base.foreign_transform)
@@ -227,6 +231,11 @@ class Kornia:
     def __init__(self, module: Any) -> None:
         if not callable(module):
             raise TypeError(f"Kornia: {module!r} is not callable; pass a kornia augmentation module")
+        mixing = _kornia_ops(module, "MixAugmentationBase")
+        if mixing:
+            raise ValueError(f"Kornia: {mixing} mix images across the batch, but the adapter "
+                             f"passes images only and the labels would stay unmixed; use "
+                             f"ops.MixUp or ops.CutMix in batch_transforms")
         self.module = module
 
     def check_variable_size(self) -> None:
