@@ -236,12 +236,44 @@ def test_kept_fields_stay_valid_until_dropped(conversion, memory_format, variabl
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-@pytest.mark.parametrize("variable", [False, True], ids=["fixed", "variable"])
 @pytest.mark.parametrize("conversion", CONVERSIONS[1:], ids=_conversion_id)
-def test_kept_fields_of_mixed_batches_stay_valid_until_dropped(conversion, variable, isolation):
-    dtype, normalize = conversion
+def test_kept_fields_of_mixed_batches_stay_valid_until_dropped(conversion, isolation):
+    # Fixed sizes only: mixing ops refuse variable-size batches.
+    dtype, normalize, variable = *conversion, False
     size = {"max_image_size": (12, 12)} if variable else {"image_size": (12, 12)}
     with Feeder(KeptSource(variable, boxes=False), 2, [], shuffle=False, decode_threads=1,
                 queue_size=1, dtype=dtype, normalize=normalize, seed=4, isolation=isolation,
                 batch_transforms=[ops.CutMix(1.0, 5)], **size) as f:
         keep_and_check(f, dtype, normalize, variable, mixed=True)
+
+
+# -- images_and_targets ---------------------------------------------------------------
+
+def _detection_batch():
+    from feeder.engine.transfer import Batch as FieldBatch
+    return FieldBatch(image=torch.zeros(2, 3, 4, 4), boxes=[torch.zeros(1, 4), torch.zeros(0, 4)],
+                      box_labels=[torch.tensor([1]), torch.tensor([], dtype=torch.int64)],
+                      labels=torch.tensor([7, 8]))
+
+
+@pytest.mark.parametrize("rename, fields", [
+    ({"box_labels": "labels"}, "'box_labels' and 'labels'"),
+    ({"box_labels": "scores", "boxes": "scores"}, "'boxes' and 'box_labels'"),
+])
+def test_images_and_targets_refuses_a_rename_onto_another_field(rename, fields):
+    # Before, the later field silently replaced the earlier in every target.
+    with pytest.raises(ValueError, match="images_and_targets") as info:
+        _detection_batch().images_and_targets(rename=rename)
+    assert "would both be" in str(info.value)
+    assert all(name in str(info.value) for name in fields.replace("'", "").split(" and "))
+
+
+def test_images_and_targets_refuses_a_rename_of_a_missing_field():
+    with pytest.raises(ValueError, match=r"rename names the field\(s\) \['box_label'\]"):
+        _detection_batch().images_and_targets(rename={"box_label": "cls"})
+
+
+def test_images_and_targets_renames_onto_a_field_renamed_away():
+    _, targets = _detection_batch().images_and_targets(rename={"labels": "image_labels",
+                                                               "box_labels": "labels"})
+    assert targets[0]["labels"].tolist() == [1] and int(targets[1]["image_labels"]) == 8

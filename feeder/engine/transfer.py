@@ -235,12 +235,31 @@ class Batch(dict):
         Args:
             rename: Field names to give other keys in the targets, e.g.
                 ``{"box_labels": "labels"}`` for torchvision's detection models.
+
+        Raises:
+            ValueError: ``rename`` names a field the batch does not have, or gives a
+                field the name of another target (of a field already called so, or
+                of another renamed field): one would silently replace the other.
         """
         images = self["image"]
         n = images.shape[0]
         sizes = self["size"].tolist() if "size" in self else [tuple(images.shape[-2:])] * n
         out = [img[:, :h, :w] for img, (h, w) in zip(images, sizes)]
         rename = rename or {}
+        kept = [name for name in dict.keys(self) if name not in ("image", "size")]
+        missing = sorted(set(rename) - set(kept))
+        if missing:
+            raise ValueError(f"images_and_targets: rename names the field(s) {missing}, which the "
+                             f"targets do not have (their fields: {kept})")
+        claimed: dict[str, str] = {}
+        for name in kept:
+            key = rename.get(name, name)
+            if key in claimed:
+                raise ValueError(f"images_and_targets: with rename={rename!r}, the fields "
+                                 f"{claimed[key]!r} and {name!r} would both be {key!r} in the "
+                                 f"targets, and one would replace the other; choose another name, "
+                                 f"or rename the other field too")
+            claimed[key] = name
         targets: list[dict[str, Any]] = [{} for _ in range(n)]
         for name, value in dict.items(self):
             if name in ("image", "size"):
