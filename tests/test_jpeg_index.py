@@ -589,3 +589,85 @@ def test_no_index_memory_is_mapped_without_indexes():
     fp, check = mem.fingerprints(b"abc")
     mem.add(fp, b"ROWS", check)
     assert mem.seen(fp) and mem._where is None and mem._ring is None
+
+
+# --- fill bytes ------------------------------------------------------------
+
+
+def _stuffed_zeros(data: bytes) -> list[int]:
+    """Offsets of the FF 00 pairs (data FFs) in the scan of ``data``."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    return [i for i in range(start, len(data) - 2) if data[i] == 0xFF and data[i + 1] == 0]
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["4:2:0", "restart"])
+def test_fill_bytes_before_a_stuffed_zero_are_refused(kind):
+    """FF FF 00 is no valid stream (fill bytes come before markers only):
+    libjpeg-turbo's slow path reads it as one FF, its fast path as a marker,
+    and the two give other pixels. The own decoder refuses it, in a verify
+    pass and from an index alike."""
+    data = jpeg(_noisy(200, 160, 17), kind, 95, rst=2)
+    _, (_, _, index, _) = _decode(data, (0, 0, 200, 160), 1, record=True, max_points=4096)
+    wides = _stuffed_zeros(data)
+    for p in wides[::max(1, len(wides) // 40)]:
+        for fill in (b"\xff", b"\xff\xff"):
+            bad = data[:p] + fill + data[p:]
+            for kw in ({}, {"record": True, "max_points": 4096}):
+                with pytest.raises(DecodeError, match="fill bytes before a stuffed zero"):
+                    _decode(bad, (0, 0, 200, 160), 1, **kw)
+            with pytest.raises(DecodeError, match="fill bytes before a stuffed zero"):
+                _decode(bad, (190, 0, 10, 160), 1, verify=False, index=index)
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["4:2:0", "restart"])
+def test_fill_bytes_before_a_marker_decode_as_libjpeg_does(kind):
+    """Fill bytes before a marker are valid: the pixels are libjpeg's, and a
+    decode from the index recorded over them gives them again."""
+    data = jpeg(_noisy(200, 160, 18), kind, 95, rst=2)
+    start = _stuffed_zeros(data)[0]  # in the scan
+    markers = [i for i in range(start, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD9]
+    rng = random.Random(18)
+    for p in markers[::max(1, len(markers) // 12)]:
+        padded = data[:p] + b"\xff" * rng.randrange(1, 4) + data[p:]
+        _, (_, _, index, _) = _decode(padded, (0, 0, 200, 160), 1, record=True, max_points=4096)
+        for box in [(0, 0, 200, 160), (120, 30, 80, 100), (64, 0, 40, 160)]:
+            ref, _ = _decode(padded, box, 1, own=False)
+            own, _ = _decode(padded, box, 1)
+            fast, _ = _decode(padded, box, 1, verify=False, index=index)
+            assert np.array_equal(own, ref) and np.array_equal(fast, ref), (p, box)
+
+
+@needs_ext
+def test_a_feeder_never_delivers_a_file_with_fill_bytes_before_a_stuffed_zero(monkeypatch):
+    """Through a Feeder, CenterCrop, three epochs: the damaged file fails in
+    the first (jpeg_verify) and in the later ones (decoded from the index of
+    the files around it); the others' pixels equal libjpeg's decoder's."""
+    good = [jpeg(_noisy(96 + 8 * k, 128, 500 + k), ["4:2:0", "restart"][k % 2], 95, rst=2) for k in range(6)]
+    data = good[0]
+    wides = _stuffed_zeros(data)
+    bads = [data[:p] + b"\xff" + data[p:] for p in (wides[len(wides) // 2], wides[-1])]
+    blobs = good + bads
+    names = [f"{k}.jpg" for k in range(len(blobs))]
+
+    def epochs(**options):
+        out = []
+        with Feeder(MemorySource(blobs, names=names), 1, [ops.CenterCrop(64)], on_error="skip",
+                    seed=3, decode_threads=2, **options) as feeder:
+            for _ in range(3):
+                batches, error = drain(feeder)
+                assert error is None
+                out.append(sorted((int(labels[0]), images[0].tobytes()) for images, labels in batches))
+            skipped = feeder.stats().skipped_paths
+        return out, skipped
+
+    got, skipped = epochs()
+    assert sorted(set(skipped)) == names[len(good):]
+    assert all([k for k, _ in epoch] == list(range(len(good))) for epoch in got)
+    ref, _ = epochs(jpeg_index_bytes=0)
+    monkeypatch.setattr(D, "_jpeg", None)  # the fallback decoder for the good files
+    lib, _ = epochs()
+    good_only = [[item for item in epoch if item[0] < len(good)] for epoch in lib]
+    assert got == ref == good_only

@@ -33,7 +33,9 @@
  * past the 63rd coefficient landing on it, DC predictions wrapping as int.
  * Its warnings are libjpeg's and go through libjpeg's error manager (feeder
  * makes them errors): a code no table has ("bad Huffman code"), data that ends
- * before the MCU does ("premature end of data segment"), bytes before a marker.
+ * before the MCU does ("premature end of data segment"), bytes before a marker;
+ * and one of its own: fill bytes before a stuffed zero (FF FF 00), on which
+ * libjpeg-turbo's slow and fast paths disagree.
  * tests/test_jpeg_index.py checks the pixels against libjpeg's own decoder over
  * every layout and scale, and both decoders' verdicts on damaged files.
  */
@@ -43,6 +45,15 @@
 #include <string.h>
 
 #include <jerror.h>
+
+/* This decoder's own warning, beside libjpeg's (added to the error manager's
+ * messages by entropy_install where it has none of its caller's). */
+#define OWN_MESSAGE_FIRST 1000
+#define JWRN_FILL_BEFORE_STUFFING OWN_MESSAGE_FIRST
+static const char *const own_messages[] = {
+    "Corrupt JPEG data: %d fill bytes before a stuffed zero byte",
+    NULL,
+};
 
 /* Zig-zag position -> natural order, with 16 extra entries: a corrupt run can
  * push the position past 63, and libjpeg writes such coefficients at 63. */
@@ -120,6 +131,17 @@ static inline int has_ff(uint64_t x)
     return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
 }
 
+/* A data byte taken from the file bytes [start, end), more than one (FF 00):
+ * kept so that the file offset of any byte in the bit buffer is known, not
+ * guessed from the bytes (the bit buffer holds at most 8 bytes, so the last 8
+ * such suffice). */
+static void note_wide(Entropy *e, size_t start, size_t end)
+{
+    unsigned k = (unsigned)(e->nwide++ % WIDE_RING);
+    e->wide_start[k] = start;
+    e->wide_end[k] = end;
+}
+
 /* Load bytes until acc holds at least 57 bits, undoing the 0xFF00 stuffing;
  * at a marker (or the data's end) zeros come in, counted in pad. */
 static void refill_slow(Entropy *e)
@@ -146,6 +168,14 @@ static void refill_slow(Entropy *e)
                         e->marker_end = e->size;
                         c = 0;
                     } else if (e->data[p] == 0) {
+                        /* FF 00 is a data FF. Fill bytes may come before a
+                         * marker only (T.81 B.1.1.2): before a 00 they are
+                         * damage, which libjpeg-turbo's slow path reads as one
+                         * FF and its fast path as a marker (zeros), so that
+                         * the same file decodes two ways there. Refused. */
+                        if (p > e->pos)
+                            WARNMS1(e->cinfo, JWRN_FILL_BEFORE_STUFFING, (int)(p - e->pos));
+                        note_wide(e, e->pos - 1, p + 1);
                         e->pos = p + 1;
                     } else {
                         e->pos--;
@@ -296,14 +326,20 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     SAVE_STATE();
 }
 
-/* Step back from position p over n bytes of data. A data 0xFF is stored as
- * FF 00 (fill FFs may come before it): a 00 after an FF is always such
- * stuffing, never a data byte. */
-static size_t back_over(const unsigned char *data, size_t p, int n)
+/* The file offset of the first of the last n data bytes the reader loaded
+ * (n <= 8, pos the offset just past them): each a file byte, or the span
+ * note_wide recorded. Bytes loaded before the reader last moved (a jump, a
+ * restart) are never asked for. */
+static size_t back_over(const Entropy *e, size_t pos, int n)
 {
-    for (; n > 0; n--)
-        p -= (p >= 2 && data[p - 1] == 0 && data[p - 2] == 0xFF) ? 2 : 1;
-    return p;
+    uint64_t k = e->nwide;
+    for (; n > 0; n--) {
+        if (k > 0 && e->wide_end[(k - 1) % WIDE_RING] == pos)
+            pos = e->wide_start[--k % WIDE_RING];
+        else
+            pos--;
+    }
+    return pos;
 }
 
 /* Hand libjpeg's source manager the position where the scan's bytes stop
@@ -323,7 +359,7 @@ static void give_source_back(Entropy *e)
         WARNMS2(cinfo, JWRN_EXTRANEOUS_DATA, left, e->marker);
     struct jpeg_source_mgr *src = cinfo->src;
     size_t at = e->marker > 0 ? e->marker_end
-              : e->marker < 0 ? e->size : back_over(e->data, e->pos, left);
+              : e->marker < 0 ? e->size : back_over(e, e->pos, left);
     src->next_input_byte = e->data + at;
     src->bytes_in_buffer = e->size - at;
     cinfo->unread_marker = e->marker > 0 ? e->marker : 0;
@@ -340,6 +376,7 @@ static void restart(Entropy *e)
     e->pos = (size_t)(cinfo->src->next_input_byte - e->data);
     e->acc = 0;
     e->nbits = e->pad = e->marker = 0;
+    e->nwide = 0;
     for (int c = 0; c < e->ncomp; c++)
         e->pred[c] = 0;
     e->restarts_to_go = cinfo->restart_interval;
@@ -353,7 +390,7 @@ static void restart(Entropy *e)
 static int save_point(Entropy *e, Checkpoint *cp)
 {
     int unread = e->nbits - e->pad;
-    size_t p = back_over(e->data, e->pos, (unread + 7) / 8); /* the bytes holding unread bits */
+    size_t p = back_over(e, e->pos, (unread + 7) / 8); /* the bytes holding unread bits */
     if (p > UINT32_MAX)
         return 0;
     cp->pos = (uint32_t)p;
@@ -381,6 +418,7 @@ static void restore_point(Entropy *e, const Checkpoint *cp, uint64_t mcu)
     e->pos = cp->pos;
     e->acc = 0;
     e->nbits = e->pad = e->marker = 0;
+    e->nwide = 0;
     refill(e);
     if (cp->skip)
         take(e, cp->skip);
@@ -667,6 +705,11 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
             e->next_mcu = point_mcu(e, 0);
             e->record = 1;
         }
+    }
+    if (cinfo->err->addon_message_table == NULL) {
+        cinfo->err->addon_message_table = own_messages;
+        cinfo->err->first_addon_message = OWN_MESSAGE_FIRST;
+        cinfo->err->last_addon_message = OWN_MESSAGE_FIRST;
     }
     e->pub.start_pass = own_start_pass;
     e->pub.decode_mcu = own_decode_mcu;

@@ -38,6 +38,7 @@ struct jpeg_entropy_decoder {
 };
 #endif
 
+#define WIDE_RING 8 /* the bit buffer's 64 bits: at most 8 bytes loaded and not read */
 #define HUFF_LOOK 9 /* bits looked up at once; longer codes take the slow path */
 
 typedef struct {
@@ -71,6 +72,10 @@ typedef struct {
     uint64_t acc;
     int nbits, pad;
     int marker;        /* 0: none met; -1: the data ended; else the marker's code */
+    /* The file spans of the last data bytes that took more than one file
+     * byte (FF 00), the newest at (nwide - 1) % WIDE_RING: see back_over */
+    size_t wide_start[WIDE_RING], wide_end[WIDE_RING];
+    uint64_t nwide;
     size_t marker_end; /* offset just past the marker */
     int pred[MAX_COMPS_IN_SCAN];
     unsigned restarts_to_go;
