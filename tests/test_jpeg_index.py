@@ -184,6 +184,25 @@ for kind in ("4:2:0", "4:4:4", "gray", "restart"):
         got = np.zeros(h * w * 3, np.uint8)
         jumped = ext.decode(data, t, l, h, w, 1, got, 1 << 24, True, False, index=index)[3]
         bad += not np.array_equal(got, ref) or jumped == 0
+# Fill bytes before a stuffed zero: refused on this release too; before a
+# marker: libjpeg's pixels.
+data = jpeg(make_image(128, 96, seed=4), "restart", 95, rst=2)
+sos = data.index(b"\xff\xda")
+p = data.index(b"\xff\x00", sos + 20)
+out = np.empty(1 << 22, np.uint8)
+try:
+    ext.decode(data[:p] + b"\xff" + data[p:], 0, 0, 128, 96, 1, out, 1 << 24, True)
+    bad += 1
+except Exception as exc:
+    bad += "fill bytes before a stuffed zero" not in str(exc)
+p = data.index(b"\xff\xd1")
+padded = data[:p] + b"\xff\xff" + data[p:]
+ref = np.zeros(128 * 96 * 3, np.uint8)
+ext.decode(padded, 0, 0, 128, 96, 1, ref, 1 << 24, True, own=False)
+got = np.zeros(128 * 96 * 3, np.uint8)
+ext.decode(padded, 0, 0, 128, 96, 1, got, 1 << 24, True)
+bad += not np.array_equal(got, ref)
+print("layout", ext.ENTROPY_LAYOUT)
 print("mismatches", bad)
 """
 
@@ -193,8 +212,10 @@ def test_column_skipping_does_not_depend_on_libjpegs_private_layout():
     """The crop's MCU columns are computed from jpeg_crop_scanline's public
     outputs: read from libjpeg-turbo's private struct, whose layout changed
     between 2.x and 3.x under the same soname, an extension built against one
-    release and run on the other gave grey blocks with no error. Here the
-    extension runs on Pillow's bundled libjpeg-turbo (3.x), preloaded."""
+    release and run on the other gave grey blocks with no error. The entropy
+    decoder's struct changed too: the own decoder names only its two methods,
+    the same in both, and tells which layout runs. Here the extension runs on
+    Pillow's bundled libjpeg-turbo (3.x), preloaded."""
     other = _other_libjpeg()
     if other is None:
         pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
@@ -204,6 +225,11 @@ def test_column_skipping_does_not_depend_on_libjpegs_private_layout():
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("mismatches 0"), proc.stdout
+    # libjpeg-turbo 3.x put two lossless-mode methods before insufficient_data
+    # in the entropy decoder struct: the extension, built against the
+    # system's release, tells the running library's layout.
+    assert "layout 3.x" in proc.stdout, proc.stdout
+    assert ext.ENTROPY_LAYOUT == ("3.x" if ext.LIBJPEG_TURBO_VERSION.startswith("3.") else "6b-2.x")
 
 
 @needs_ext

@@ -39,8 +39,12 @@
  * tests/test_jpeg_index.py checks the pixels against libjpeg's own decoder over
  * every layout and scale, and both decoders' verdicts on damaged files.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* dladdr */
+#endif
 #include "_huffman.h"
 
+#include <dlfcn.h>
 #include <limits.h>
 #include <string.h>
 
@@ -54,6 +58,13 @@ static const char *const own_messages[] = {
     "Corrupt JPEG data: %d fill bytes before a stuffed zero byte",
     NULL,
 };
+
+#ifdef FEEDER_HAVE_JPEGINT
+/* Headers of a release whose entropy decoder is longer than any this file
+ * knows: fail the build rather than the decode. */
+_Static_assert(sizeof(EntropyPub) >= sizeof(struct jpeg_entropy_decoder),
+               "libjpeg's struct jpeg_entropy_decoder outgrew EntropyPub: check its new fields");
+#endif
 
 /* Zig-zag position -> natural order, with 16 extra entries: a corrupt run can
  * push the position past 63, and libjpeg writes such coefficients at 63. */
@@ -528,6 +539,23 @@ static void own_start_pass(j_decompress_ptr cinfo)
     ERREXIT(cinfo, JERR_NOT_COMPILED);
 }
 
+const char *entropy_library_layout(void)
+{
+    /* The library that holds jpeg_std_error is the one every call goes to
+     * (the dynamic linker's choice, LD_PRELOAD included). 3.0 added lossless
+     * mode, its entry points, and the entropy decoder's lossless methods. */
+    Dl_info info;
+    const char *layout = NULL;
+    if (dladdr((void *)(uintptr_t)&jpeg_std_error, &info) && info.dli_fname != NULL) {
+        void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (lib != NULL) {
+            layout = dlsym(lib, "jpeg_enable_lossless") != NULL ? "3.x" : "6b-2.x";
+            dlclose(lib);
+        }
+    }
+    return layout;
+}
+
 int entropy_supported(j_decompress_ptr cinfo)
 {
     return !cinfo->progressive_mode && !cinfo->arith_code && cinfo->data_precision == 8
@@ -711,10 +739,10 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
         cinfo->err->first_addon_message = OWN_MESSAGE_FIRST;
         cinfo->err->last_addon_message = OWN_MESSAGE_FIRST;
     }
+    /* pub's tail stays the zeros memset wrote (see EntropyPub) */
     e->pub.start_pass = own_start_pass;
     e->pub.decode_mcu = own_decode_mcu;
-    e->pub.insufficient_data = FALSE;
-    cinfo->entropy = &e->pub;
+    cinfo->entropy = (struct jpeg_entropy_decoder *)(void *)&e->pub;
 }
 
 void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last)

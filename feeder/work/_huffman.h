@@ -11,10 +11,12 @@
 
 #include <jpeglib.h>
 
-/* The two structs of libjpeg's internals this decoder uses: the entropy
- * decoder's (its place in the decompressor) and the marker reader's (the
- * restart markers). Debian installs jpegint.h; upstream libjpeg-turbo does not,
- * so they are declared here as libjpeg has laid them out since version 6b. */
+/* The marker reader's struct of libjpeg's internals (this decoder reads its
+ * restart markers through it), and the entropy decoder's (for the pointer
+ * type of cinfo->entropy). Debian installs jpegint.h; upstream libjpeg-turbo
+ * does not, so they are declared here as libjpeg has laid them out since
+ * version 6b (the marker reader's fields this decoder uses have not moved
+ * since). */
 #if defined(__has_include)
 #if __has_include(<jpegint.h>)
 #include <jpegint.h>
@@ -31,12 +33,24 @@ struct jpeg_marker_reader {
     int next_restart_num;
     unsigned int discarded_bytes;
 };
-struct jpeg_entropy_decoder {
+struct jpeg_entropy_decoder;
+#endif
+
+/* libjpeg's struct jpeg_entropy_decoder as this decoder fills it in. Its two
+ * methods come first in every release; what follows changed under the same
+ * soname: up to 2.x, insufficient_data; from 3.0, two lossless-mode methods
+ * (decode_mcus, process_restart) and then insufficient_data. An extension
+ * built against one release's jpegint.h and run on the other would write and
+ * read other fields than libjpeg does. So only the two methods are named; the
+ * rest is zeros, as long as the longest layout: libjpeg reads
+ * insufficient_data as FALSE at either place, and the lossless methods
+ * (NULL) are never called for the files this decoder takes (8-bit DCT scans,
+ * entropy_supported). */
+typedef struct {
     void (*start_pass)(j_decompress_ptr cinfo);
     boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
-    boolean insufficient_data;
-};
-#endif
+    void *tail[3]; /* zeros: 3.x's decode_mcus, process_restart, insufficient_data */
+} EntropyPub;
 
 #define WIDE_RING 8 /* the bit buffer's 64 bits: at most 8 bytes loaded and not read */
 #define HUFF_LOOK 9 /* bits looked up at once; longer codes take the slow path */
@@ -62,7 +76,7 @@ typedef struct {
 } Checkpoint;
 
 typedef struct {
-    struct jpeg_entropy_decoder pub; /* first: libjpeg calls through it */
+    EntropyPub pub; /* first: libjpeg calls through it */
     j_decompress_ptr cinfo;
     const unsigned char *data;
     size_t size;
@@ -104,6 +118,11 @@ typedef struct {
     int skip_cols;
     unsigned col_lo, col_hi;
 } Entropy;
+
+/* The layout of libjpeg's entropy decoder struct in the library this process
+ * runs (not the headers it was built with): "6b-2.x", "3.x", or NULL where the
+ * library cannot be told (the own decoder is then never installed). */
+const char *entropy_library_layout(void);
 
 /* Whether the own decoder can run this file: a single sequential Huffman scan
  * of 8-bit samples (baseline or extended), after jpeg_start_decompress. */

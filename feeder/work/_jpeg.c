@@ -75,6 +75,10 @@
 #define MAX_SCANS 500
 
 static PyObject *DecodeError; /* feeder.errors.DecodeError */
+/* The layout of the running library's entropy decoder struct (see
+ * entropy_library_layout): found once at import; NULL: feeder's Huffman
+ * decoder is never installed, libjpeg's decodes. */
+static const char *entropy_layout;
 
 /* ---- CRC-32C: the fingerprint of feeder.work.verified ------------------------
  *
@@ -405,7 +409,7 @@ static void run_decode(Job *job)
         FAIL("region %u+%u x %u+%u is outside the %ux%u image at scale 1/%u", job->left,
              job->width, job->top, job->height, cinfo.output_width, cinfo.output_height,
              job->denom);
-    if (job->own && entropy_supported(&cinfo)) {
+    if (job->own && entropy_layout != NULL && entropy_supported(&cinfo)) {
         /* In the permanent pool: jpeg_finish_decompress frees the image pool,
          * and the index is read after it; jpeg_destroy_decompress frees this
          * on every way out. */
@@ -699,6 +703,11 @@ PyMODINIT_FUNC PyInit__jpeg(void)
 #else
     PyModule_AddStringConstant(m, "LIBJPEG_TURBO_VERSION", "unknown");
 #endif
+    entropy_layout = entropy_library_layout();
+    if (entropy_layout != NULL)
+        PyModule_AddStringConstant(m, "ENTROPY_LAYOUT", entropy_layout);
+    else
+        PyModule_AddObjectRef(m, "ENTROPY_LAYOUT", Py_None);
     PyModule_AddIntConstant(m, "PAD", PAD);
     PyModule_AddIntConstant(m, "MAX_SCANS", MAX_SCANS);
     crc_init();
