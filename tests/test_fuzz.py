@@ -147,3 +147,98 @@ def test_mutated_file_through_a_feeder(data, on_error, ordered):
         assert len(got) == 4, seen  # the mutated file decoded: it is delivered like any other
         assert_exactly_once([h for h in got if h in GOOD_HASHES], GOOD_HASHES)
     assert wait_no_feeder_threads(2.0) == [], seen
+
+
+# --- fill bytes, against libjpeg-turbo's own Huffman decoder -----------------
+
+from feeder.work import decode as _decode_module  # noqa: E402
+
+_ext = _decode_module._jpeg
+
+
+def _fill_seeds() -> list[bytes]:
+    import cv2
+
+    from feeder.synthetic import make_image
+    rgb = np.ascontiguousarray(make_image(96, 80, seed=5)[..., ::-1])
+    noise = np.random.default_rng(5).integers(-40, 40, rgb.shape)
+    rgb = np.clip(rgb.astype(np.int16) + noise, 0, 255).astype(np.uint8)  # many FF 00 pairs
+    out = []
+    for params in ([], [cv2.IMWRITE_JPEG_RST_INTERVAL, 1],
+                   [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444]):
+        ok, buf = cv2.imencode(".jpg", rgb, [cv2.IMWRITE_JPEG_QUALITY, 97] + params)
+        assert ok
+        out.append(buf.tobytes())
+    return out
+
+
+FILL_SEEDS = _fill_seeds() if _ext is not None else []
+
+
+def _scan_pairs(data: bytes) -> list[int]:
+    """Offsets of the FF 00 pairs and markers (RSTn, EOI) in the scan."""
+    sos = data.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(data[sos + 2:sos + 4], "big")
+    return [i for i in range(start, len(data) - 1)
+            if data[i] == 0xFF and (data[i + 1] == 0 or 0xD0 <= data[i + 1] <= 0xD9)]
+
+
+@st.composite
+def _filled(draw):
+    """(bytes, whether fill bytes went before a stuffed zero and nothing else
+    was damaged)."""
+    data = bytearray(FILL_SEEDS[draw(st.sampled_from(range(len(FILL_SEEDS))))])
+    pairs = _scan_pairs(bytes(data))
+    before_zero = False
+    for at in sorted(draw(st.lists(st.sampled_from(pairs), min_size=1, max_size=3, unique=True)), reverse=True):
+        before_zero |= data[at + 1] == 0
+        data[at:at] = b"\xff" * draw(st.integers(1, 3))
+    if draw(st.booleans()):  # and a flipped bit somewhere in the scan
+        data[draw(st.integers(pairs[0], len(data) - 3))] ^= 1 << draw(st.integers(0, 7))
+        before_zero = False
+    return bytes(data), before_zero
+
+
+FILL_BOXES = [(0, 0, 96, 80), (40, 16, 56, 48), (88, 0, 8, 80)]
+
+
+def _ext_decode(data: bytes, box, **kw):
+    t, l, h, w = box
+    out = np.zeros(h * w * 3, np.uint8)
+    try:
+        got = _ext.decode(data, t, l, h, w, 1, out, MAX_PIXELS, True, kw.pop("verify", True), **kw)
+    except DecodeError:
+        return None, None
+    return out, got
+
+
+@pytest.mark.skipif(_ext is None, reason="region decoder not in use")
+def test_fill_seeds_decode_with_both_decoders():
+    """The fill-byte fuzz starts from files both decoders decode, and that
+    have stuffed zeros and markers to put fill bytes before."""
+    for data in FILL_SEEDS:
+        pairs = _scan_pairs(data)
+        assert sum(data[i + 1] == 0 for i in pairs) >= 10 and sum(data[i + 1] != 0 for i in pairs) >= 1
+        for box in FILL_BOXES:
+            assert _ext_decode(data, box, own=False)[0] is not None and _ext_decode(data, box)[0] is not None
+
+
+@pytest.mark.skipif(_ext is None, reason="region decoder not in use")
+@FUZZ
+@given(case=_filled(), box=st.sampled_from(FILL_BOXES))
+def test_fill_bytes_the_own_decoder_is_never_laxer_than_libjpeg(case, box):
+    """Fill bytes before stuffed zeros (refused) and before markers (valid),
+    with or without other damage: feeder's decoder refuses what libjpeg-turbo's
+    refuses, gives its pixels where both decode, and a decode from the index
+    recorded on the way gives them again."""
+    data, before_zero = case
+    lib, _ = _ext_decode(data, box, own=False)
+    mine, got = _ext_decode(data, box, record=True, max_points=4096)
+    assert not (lib is None and mine is not None), "libjpeg refused, the own decoder passed"
+    assert not (before_zero and mine is not None), "fill bytes before a stuffed zero passed"
+    if mine is None:
+        return
+    assert np.array_equal(lib, mine)
+    if got[2] is not None:
+        again, _ = _ext_decode(data, box, verify=False, index=got[2])
+        assert again is not None and np.array_equal(again, lib)
