@@ -1,8 +1,8 @@
 """A long fuzz run of the JPEG region decoder (``feeder.work._jpeg``), by hand.
 
 Mutates valid JPEGs (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, gray, progressive,
-restart markers) with bit flips, truncation, insertion, deletion and
-overwrites, decodes a random region at a random scale of each, and checks that
+restart markers) with bit flips, truncation, insertion, deletion,
+overwrites and fill bytes (before a stuffed zero, before a marker), decodes a random region at a random scale of each, and checks that
 every input gives an image of the asked shape or ``DecodeError`` (anything
 else stops the run with the input saved); that feeder's Huffman decoder
 (``feeder/work/_huffman.c``) refuses whatever libjpeg-turbo's refuses and gives
@@ -58,8 +58,21 @@ def seeds() -> list[bytes]:
     return out
 
 
+def fill_bytes(buf: bytearray, rnd: random.Random) -> None:
+    """Insert fill bytes (FF) before a stuffed zero (FF 00: invalid, feeder's
+    decoder refuses it) or before a marker (valid: libjpeg's pixels)."""
+    pairs = [i for i in range(len(buf) - 1) if buf[i] == 0xFF and (buf[i + 1] == 0 or 0xD0 <= buf[i + 1] <= 0xD9)]
+    if pairs:
+        at = rnd.choice(pairs)
+        buf[at:at] = b"\xff" * rnd.randint(1, 3)
+
+
 def mutate(data: bytes, rnd: random.Random) -> bytes:
     buf = bytearray(data)
+    if rnd.random() < 0.2:  # fill bytes alone: mostly a valid file or exactly one fault
+        fill_bytes(buf, rnd)
+        if rnd.random() < 0.5:
+            return bytes(buf)
     for _ in range(rnd.randint(1, 6)):
         at = rnd.randrange(0, 700) if rnd.random() < 0.5 else rnd.randrange(0, len(buf) + 1)
         at = min(at, len(buf))
@@ -87,6 +100,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--every", type=int, default=5000)
+    ap.add_argument("--seconds", type=float, default=None, help="stop after this long (a bounded run)")
     ap.add_argument("--slow-s", type=float, default=2.0)
     ap.add_argument("--max-growth-mb", type=float, default=20.0)
     ap.add_argument("--save", default="/tmp/fuzz_jpeg_failure.jpg")
@@ -113,7 +127,11 @@ def main() -> int:
     slowest = 0.0
     start_rss = None
     t0 = time.perf_counter()
+    done = args.count
     for i in range(1, args.count + 1):
+        if args.seconds is not None and time.perf_counter() - t0 > args.seconds:
+            done = i - 1
+            break
         data = mutate(rnd.choice(base), rnd)
         t = time.perf_counter()
         try:
@@ -177,7 +195,7 @@ def main() -> int:
             print(f"{i} inputs: {counts}, RSS {rss_mb():.1f} MiB, slowest {slowest * 1e3:.1f} ms, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
     growth = rss_mb() - (start_rss or rss_mb())
-    print(f"done: {args.count} inputs, {counts}, RSS growth after warm-up {growth:+.1f} MiB, "
+    print(f"done: {done} inputs, {counts}, RSS growth after warm-up {growth:+.1f} MiB, "
           f"slowest {slowest * 1e3:.1f} ms")
     return 0 if growth <= args.max_growth_mb else 1
 
