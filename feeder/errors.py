@@ -148,3 +148,33 @@ def with_field(exc: BaseException, field: str) -> BaseException:
         except AttributeError:  # an exception type with __slots__
             exc.add_note(f"field {field!r}")
     return exc
+
+
+class UserCodeError(RuntimeError):
+    """Code a command line was pointed at (``MODULE:NAME``: a source, a factory,
+    transforms, a model step) raised. The message says which argument named it
+    and what it raised; the original is chained as ``__cause__``."""
+
+
+def call_user(what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, with anything it raises turned into a
+    :class:`UserCodeError` whose message starts with ``what`` (the argument
+    that named ``fn``, as in ``"--model mymodel:train_step"``)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise UserCodeError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` as the one line a command prints for it after ``PROG: error: ``.
+
+    feeder's own errors, ``ValueError`` and ``OSError`` name what is at fault in
+    their message; any other type is shown before its message (a bare
+    ``KeyError`` says ``'x'``). Line breaks in the message become ``"; "``.
+    """
+    text = str(exc)
+    own = type(exc).__module__.split(".")[0] == "feeder" or type(exc) is ValueError
+    if not (own or isinstance(exc, OSError)) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return safe_text("; ".join(line.strip() for line in text.splitlines() if line.strip()))

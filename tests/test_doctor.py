@@ -297,3 +297,50 @@ def test_python_dash_m_feeder_doctor():
     r = subprocess.run([sys.executable, "-m", "feeder.doctor", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "feeder-doctor" in r.stdout and "--step-ms" in r.stdout
+
+
+# -- hostile arguments: one line naming the culprit, never a traceback -----------------
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, str]:
+    from cli_helpers import hostile_files
+
+    return hostile_files(tmp_path_factory.mktemp("doctor-hostile"))
+
+
+DOCTOR_HOSTILE = [
+    # (argv, status, names the last line must hold)
+    (["http://127.0.0.1:{port}/train.json"], 1, ["http://127.0.0.1:{port}/train.json"]),
+    (["{missing}.json"], 2, ["{missing}.json"]),
+    (["{photos}", "--model", "cli_helpers:raising_step", "--batch-size", "2", "--seconds", "1"], 1,
+     ["--model cli_helpers:raising_step raised ValueError: the step blew up"]),
+    (["cli_helpers:raising_source"], 1, ["DATA cli_helpers:raising_source raised RuntimeError"]),
+    (["cli_helpers:BrokenReads", "--batch-size", "2"], 1,
+     ["DATA cli_helpers:BrokenReads: reading sample", "disk gone"]),
+    (["{photos}", "--model", "no_such_module:step"], 2, ["no_such_module"]),
+    (["{photos}", "--device", "bogus"], 2, ["--device 'bogus'"]),
+    (["{photos}", "--batch-size", "2", "--out", "{afile}"], 2, ["--out '{afile}'"]),
+    (["{photos}", "--transforms", "cli_helpers:forty_two"], 2,
+     ["--transforms cli_helpers:forty_two gave 42, not a list of transforms"]),
+    (["{notimg}", "--batch-size", "2", "--seconds", "1"], 1, ["{notimg}/a/", "not a decodable image"]),
+    (["{empty}"], 2, ["{empty}"]),
+    (["{photos}", "--seconds", "-1"], 2, ["--seconds"]),
+]
+
+
+@pytest.mark.parametrize("argv, status, names", DOCTOR_HOSTILE)
+def test_doctor_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    out = [] if "--out" in argv else ["--out", "{out}"]
+    r = run_cli("feeder.doctor", [*argv, *out, "-q"], hostile, tmp_path)
+    assert_one_line_error(r, "feeder-doctor", names, hostile, status)
+
+
+def test_doctor_debug_shows_the_traceback_of_user_code(hostile, tmp_path):
+    from cli_helpers import run_cli
+
+    r = run_cli("feeder.doctor", ["cli_helpers:raising_source", "--debug", "-q", "--out", "{out}"],
+                hostile, tmp_path)
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "the source blew up" in r.stderr

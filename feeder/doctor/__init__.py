@@ -40,6 +40,7 @@ import sys
 import time
 from typing import Any
 
+from ..errors import error_line
 from .verdict import BOTTLENECKS, Fed, Measurements, Verdict, decide
 
 __all__ = ["BOTTLENECKS", "Fed", "Measurements", "Verdict", "decide", "main", "run"]
@@ -77,18 +78,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-process", action="store_true",
                    help='skip the isolation="process" run (it starts a worker process)')
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, show the full traceback instead of one line")
     return p
 
 
 def _out_dir(out: str | None) -> str:
     path = out or f"feeder-doctor-{time.strftime('%Y%m%d-%H%M%S')}"
-    os.makedirs(path, exist_ok=True)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--out {path!r} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:  # a file on the way, no permission: before any measurement
+        raise ValueError(f"--out {path!r}: cannot make the folder: {exc.strerror or exc}") from None
     return path
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {name!r} is not a device (cpu, cuda or cuda:N)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                             f"CUDA device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"--device {name!r}: the doctor measures on cpu or cuda")
+    return device
 
 
 def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
     """Measure, decide, write the outputs; returns them and the report text."""
-    import torch
     from tqdm import tqdm
 
     from . import measure
@@ -98,9 +123,7 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if not (math.isfinite(args.seconds) and args.seconds > 0):  # nan passes a plain "<= 0"
         raise ValueError(f"--seconds must be a finite number > 0, got {args.seconds}")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: CUDA is not available")
+    _device(args.device)
     out = _out_dir(args.out)
     source, kind = measure.open_source(args.data)
     transforms = measure.open_transforms(args.transforms)
@@ -174,15 +197,20 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``feeder-doctor``; returns the exit status."""
+    """Entry point of ``feeder-doctor``; returns the exit status: 0, 2 for a bad
+    argument, 1 for a failure while measuring. An error is one line on stderr
+    naming what is at fault (``--debug``: the traceback instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         _, _, text = run(args)
-    except ValueError as exc:
-        print(f"feeder-doctor: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"feeder-doctor: error: {error_line(exc)}", file=sys.stderr)
+        # ValueError: an argument (or DATA) the doctor cannot use, found before measuring
+        return 2 if isinstance(exc, ValueError) else 1
     print(text)
     return 0

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder, TarShards, ops
+from ..errors import SampleError, UserCodeError, call_user
+from ..sources import describe
 from ..work.augment import Chain
 from ..engine.config import Config, reads_may_block
 from ..work.decode import jpeg_decoder
@@ -34,15 +36,22 @@ _now = time.perf_counter
 
 # -- what the command line names -------------------------------------------------------
 
-def load_object(spec: str) -> Any:
-    """``module:name`` -> the object (a source, a transform list, a step function)."""
+def load_object(spec: str, what: str) -> Any:
+    """``module:name`` -> the object (a source, a transform list, a step function).
+
+    Raises:
+        ValueError: the module cannot be found or has no such name.
+        UserCodeError: importing the module raised (``what`` names the argument).
+    """
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ValueError(f"expected MODULE:NAME, got {spec!r}")
+        raise ValueError(f"{what}: expected MODULE:NAME, got {spec!r}")
     try:
         obj = importlib.import_module(module)
     except ImportError as exc:
         raise ValueError(f"{spec!r}: cannot import module {module!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code failed: the user's, said as such
+        raise UserCodeError(f"{what}: importing {module!r} raised {type(exc).__name__}: {exc}") from exc
     for part in name.split("."):
         try:
             obj = getattr(obj, part)
@@ -60,16 +69,21 @@ def open_source(data: str) -> tuple[Any, str]:
     ``shards``, ``remote-shards``, ``object``). Remote shards are read without the
     local cache: the doctor measures the first epoch's condition."""
     if _is_object_spec(data):
-        obj = load_object(data)
+        obj = load_object(data, f"DATA {data}")
         if isinstance(obj, type) or (callable(obj) and not callable(getattr(obj, "read", None))):
-            obj = obj()  # a class or a factory
+            obj = call_user(f"DATA {data}", obj)  # a class or a factory
         if not (hasattr(obj, "__len__") and callable(getattr(obj, "read", None))):
             raise ValueError(f"{data!r} is not a source (needs __len__ and read(index))")
+        call_user(f"DATA {data}: len()", len, obj)
         return obj, "object"
     if "://" in data:
         return TarShards(data, cache_dir=False), "remote-shards"
     if data.endswith((".json", ".tar")) or "{" in data:
-        return TarShards(data), "shards"
+        try:
+            return TarShards(data), "shards"
+        except FileNotFoundError as exc:  # a mistyped DATA, said as a missing folder is
+            raise ValueError(f"DATA {data!r}: {exc.strerror or exc}"
+                             + (f": {exc.filename!r}" if exc.filename not in (None, data) else "")) from None
     if os.path.isdir(data):
         if any(name.endswith(".tar") for name in os.listdir(data)):
             return TarShards(data), "shards"
@@ -81,13 +95,29 @@ def open_source(data: str) -> tuple[Any, str]:
 
 
 def open_transforms(spec: str) -> list[Any]:
+    """``--transforms``: ``train``, ``eval`` or ``MODULE:NAME`` of a list of
+    transforms (or of a function returning one).
+
+    Raises:
+        ValueError: ``spec`` names no list of callables.
+        UserCodeError: the function named raised.
+    """
     if spec == "train":
         return [ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()]
     if spec == "eval":
         return [ops.Resize(256), ops.CenterCrop(224)]
-    obj = load_object(spec)
-    obj = obj() if callable(obj) and not isinstance(obj, (list, tuple)) else obj
+    what = f"--transforms {spec}"
+    obj = load_object(spec, what)
+    if callable(obj) and not isinstance(obj, (list, tuple)):
+        obj = call_user(what, obj)
+    if not isinstance(obj, (list, tuple)) or not all(callable(t) for t in obj):
+        raise ValueError(f"{what} gave {_short(obj)}, not a list of transforms (callables)")
     return list(obj)
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class SimulatedStep:
@@ -114,10 +144,15 @@ def open_model(spec: str | None, step_ms: float | None, device: str) -> tuple[Ca
         from ..bench.model import ModelStep
 
         return ModelStep(device), "feeder's built-in ResNet-style step"
-    fn = load_object(spec)
+    what = f"--model {spec}"
+    fn = load_object(spec, what)
     if not callable(fn):
-        raise ValueError(f"--model {spec!r} is not callable")
-    return fn, spec
+        raise ValueError(f"{what} is {_short(fn)}, not callable")
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> Any:
+        return call_user(what, fn, images, labels)
+
+    return step, spec
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -175,8 +210,17 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
             timeline: Timeline, tick: Callable[[], None]) -> list[Any]:
     """Per-sample read latency on one thread (first reads, then the same again), and
     the read rate with the feeder's read concurrency. Returns samples read, for the
-    CPU phase."""
+    CPU phase, as ``(index, description, sample)``.
+
+    Raises:
+        UserCodeError: a read raised (the message names DATA and the sample).
+    """
     timeline.start("storage")
+
+    def read(index: int) -> Any:
+        return call_user(f"DATA {m.data}: reading sample {index} ({describe(source, index)})",
+                         source.read, index)
+
     first: list[float] = []
     kept: list[Any] = []
     size = 0
@@ -184,17 +228,17 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     pos = 0
     while pos < len(indices) and (_now() < deadline or len(first) < 5) and len(first) < 400:
         t = _now()
-        sample = source.read(indices[pos])
+        sample = read(indices[pos])
         first.append(_now() - t)
         size += len(image_bytes(sample))
         if len(kept) < 64:
-            kept.append(sample)
+            kept.append((indices[pos], describe(source, indices[pos]), sample))
         pos += 1
         timeline.tick(1)
     again: list[float] = []
     for i in indices[:min(len(first), 50)]:
         t = _now()
-        source.read(i)
+        read(i)
         again.append(_now() - t)
     m.read_ms_first = 1e3 * first[0] if first else None
     m.read_ms = _median_ms(first)
@@ -218,7 +262,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
                 if k >= len(rest):
                     return
                 state["next"] += 1
-            b = len(image_bytes(source.read(rest[k])))
+            b = len(image_bytes(read(rest[k])))
             with lock:
                 state["done"] += 1
                 state["bytes"] += b
@@ -238,9 +282,14 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     return kept
 
 
-def cpu_work(m: Measurements, samples: list[Any], transforms: list[Any], budget_s: float,
-             timeline: Timeline, max_pixels: int) -> None:
-    """Decode and transform cost per image on one thread, and the ceiling (x cores)."""
+def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: list[Any],
+             budget_s: float, timeline: Timeline, max_pixels: int) -> None:
+    """Decode and transform cost per image on one thread, and the ceiling (x cores).
+
+    Raises:
+        SampleError: a sample failed to decode or transform (the error names it,
+            as the feeder's would).
+    """
     timeline.start("cpu")
     # One SampleWork over the repeated samples: after the first round its JPEG
     # region decodes stop after the crop (their bytes were read to their end
@@ -259,12 +308,19 @@ def cpu_work(m: Measurements, samples: list[Any], transforms: list[Any], budget_
         deadline = _now() + budget_s
         k = 0
         while samples and (_now() < deadline or len(decode) < 3) and len(decode) < 2000:
-            data = image_bytes(samples[k % len(samples)])
+            index, name, sample = samples[k % len(samples)]
+            data = image_bytes(sample)
             key = sample_key(0, k // len(samples), k % len(samples))
             t0 = _now()
-            img, ctx = work.decode(data, key)
+            try:
+                img, ctx = work.decode(data, key)
+            except Exception as exc:
+                raise SampleError("decode", index, name, exc) from exc
             t1 = _now()
-            work.transform(img, key, ctx, out)
+            try:
+                work.transform(img, key, ctx, out)
+            except Exception as exc:
+                raise SampleError("augment", index, name, exc) from exc
             t2 = _now()
             if k >= 2:  # the first calls warm the code paths
                 decode.append(t1 - t0)
