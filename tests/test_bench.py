@@ -758,3 +758,45 @@ def test_region_decode(tiny, tmp_path):
     again = bench("region-decode", tiny["data"], "--report", os.path.join(out, "region_decode.json"),
                   "--out", str(tmp_path / "again"), cwd=tiny["base"])
     assert again.stdout.strip() == proc.stdout.strip()  # the tables, recomputed from the saved runs
+
+
+# -- hostile arguments: one line naming the culprit, never a traceback -----------------
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, str]:
+    from cli_helpers import hostile_files
+
+    return hostile_files(tmp_path_factory.mktemp("bench-hostile"))
+
+
+BENCH_HOSTILE = [
+    # (argv, status, names the last line must hold)
+    (["compare", "{missing}", "--out", "{out}"], 2, ["DIR '{missing}'"]),
+    (["sweep", "{afile}", "--out", "{out}"], 2, ["DIR '{afile}'"]),
+    (["compare", "{photos}", "--out", "{afile}"], 2, ["--out '{afile}'"]),
+    (["compare", "{photos}", "--out", "{out}", "--device", "bogus"], 2, ["--device 'bogus'"]),
+    (["compare", "{photos}", "--out", "{out}", "--batch-size", "-1"], 2, ["--batch-size"]),
+    (["sweep", "{photos}", "--out", "{out}", "--step-ms", "nan"], 2, ["--step-ms"]),
+    (["sweep", "{photos}", "--out", "{out}", "--decode", "-1"], 2, ["--decode"]),
+    (["make-data", "{afile}"], 2, ["DIR '{afile}'"]),
+    (["make-data", "{out}", "--n-classes", "0"], 2, ["--n-classes"]),
+    (["region-decode", "{photos}", "--out", "{out}", "--report", "{afile}"], 1, ["--report {afile}"]),
+    (["region-decode", "{photos}", "--out", "{out}", "--report", "{missing}"], 1, ["{missing}"]),
+    (["scale", "--out", "{out}", "--shards", "-1"], 2, ["--shards"]),
+]
+
+
+@pytest.mark.parametrize("argv, status, names", BENCH_HOSTILE)
+def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    r = run_cli("feeder.bench", ["-q", *argv], hostile, tmp_path)
+    assert_one_line_error(r, "feeder-bench", names, hostile, status)
+
+
+def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_path):
+    from cli_helpers import run_cli
+
+    r = run_cli("feeder.bench", ["-q", "interference", "--report", "{missing}"], hostile, tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert hostile["missing"] in r.stderr.strip().splitlines()[-1]

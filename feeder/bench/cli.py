@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ..errors import error_line
 
 # Without --out, each run writes into a new folder of this name (plus a time
 # stamp): never into an existing results folder, and never into the package's
@@ -69,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks of feeder against torch DataLoader, and tuning sweeps.")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, out: bool = True) -> None:
@@ -162,9 +167,81 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Numeric options shared by the subcommands, checked before any measurement (a
+# bad one would otherwise surface minutes in, or as a run that measures nothing):
+# each name with the least value it takes. Names a subcommand lacks are skipped.
+_AT_LEAST = {
+    1: ("batch_size", "epochs", "large_epochs", "repeats", "scan_repeats", "rounds", "limit",
+        "ceiling_images", "stage_images", "n_classes", "per_class", "batches", "windows",
+        "shards", "per", "world_size", "image_px", "local_batches", "loop_cores", "loader_cores",
+        "proxy_ops"),
+    0: ("workers", "pil_workers", "processes", "warmup", "queue_size", "rank", "model_batch",
+        "window", "decode_threads", "read_threads", "latency_ms", "window_s", "feed_share",
+        "capacity_s", "cache_shards", "seconds", "rss_every", "shard_size"),
+}
+# Comma-separated lists, each item with its least value.
+_LISTS_AT_LEAST = {"decode": 1, "augment": 0, "queue": 1, "workers_grid": 0, "step_ms": 0}
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, with argparse's one-line usage error (exit status 2), the paths and
+    numbers no benchmark can run with, before any work starts."""
+    def bad(message: str) -> None:
+        parser.error(message)
+
+    for least, names in _AT_LEAST.items():
+        for name in names:
+            value = getattr(args, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+                    math.isfinite(value) and value >= least):
+                bad(f"--{name.replace('_', '-')} must be a finite number >= {least}, got {value}")
+    for name, least in _LISTS_AT_LEAST.items():
+        for value in getattr(args, name, None) or []:
+            if not (math.isfinite(value) and value >= least):
+                bad(f"--{name.replace('_', '-')}: every value must be a finite number >= {least}, "
+                    f"got {value}")
+    for d, a in getattr(args, "threads_grid", None) or []:
+        if d < 1 or a < 0:
+            bad(f"--threads-grid: DECODExAUGMENT needs DECODE >= 1 and AUGMENT >= 0, got {d}x{a}")
+    out = getattr(args, "out", None)
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        bad(f"--out {out!r} is a file, not a folder")
+    root = getattr(args, "dir", None)
+    if args.command == "make-data":
+        if os.path.exists(root) and not os.path.isdir(root):
+            bad(f"DIR {root!r} is a file, not a folder")
+    elif root is not None and not getattr(args, "report", None) and not os.path.isdir(root):
+        bad(f"DIR {root!r} is not a folder" + ("" if os.path.exists(root) else " (it does not exist)"))
+    large = getattr(args, "large", None)
+    if isinstance(large, str) and not os.path.isdir(large):
+        bad(f"--large {large!r} is not a folder")
+    device = getattr(args, "device", None)
+    if device is not None:
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError):
+            bad(f"--device {device!r} is not a device (cpu, cuda or cuda:N)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``feeder-bench``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of ``feeder-bench``; returns the exit status: 0, 2 for a bad
+    argument, 1 for a failure while measuring. An error is one line on stderr
+    naming what is at fault (``--debug``: the traceback instead)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    try:
+        return _run(args)
+    except Exception as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"feeder-bench: error: {error_line(exc)}\n")
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     from . import report

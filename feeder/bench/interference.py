@@ -345,10 +345,11 @@ def write_raw(path: str, doc: dict[str, Any]) -> None:
 
 def read_json(path: str) -> Any:
     """A JSON file, plain or gzip-compressed (told by its first bytes, not its name)."""
-    with open(path, "rb") as f:
-        compressed = f.read(2) == b"\x1f\x8b"
-    opener = gzip.open if compressed else open
+    compressed = False
     try:
+        with open(path, "rb") as f:
+            compressed = f.read(2) == b"\x1f\x8b"
+        opener = gzip.open if compressed else open
         with opener(path, "rt") as f:
             return json.load(f)
     except (OSError, EOFError, ValueError) as exc:

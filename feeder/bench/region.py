@@ -462,11 +462,15 @@ def run(args: argparse.Namespace) -> int:
     from ..work import decode as _decode
 
     if args.report:
-        with open(args.report) as f:
-            saved = json.load(f)
-        meta = dict(saved["meta"])
-        meta.setdefault("command", saved.get("command", "?"))
-        meta.setdefault("machine", report.describe_machine(saved["machine"]))
+        try:
+            with open(args.report) as f:
+                saved = json.load(f)
+            meta = dict(saved["meta"])
+            meta.setdefault("command", saved.get("command", "?"))
+            meta.setdefault("machine", report.describe_machine(saved["machine"]))
+        except (ValueError, KeyError, TypeError) as exc:  # OSError names the file itself
+            raise ValueError(f"--report {args.report}: not a saved region_decode.json "
+                             f"({type(exc).__name__}: {exc})") from exc
         meta.setdefault("batch_size", 64)
         text, _, _ = render(meta)
         print(text)
