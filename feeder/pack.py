@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UserCodeError, call_user, error_line
 from .storage.packsample import PackError, name_sample, shrink, image_ext, image_size_of, sample_members
 from .storage.tar import IMAGE_EXTS, ShardIndex, index_path
 from .storage.sizes import parse_size
@@ -353,6 +354,10 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         raise PackError(f"--max-side must be positive, got {max_side}")
     if not 1 <= quality <= 100:
         raise PackError(f"--quality must be in 1..100, got {quality}")
+    if workers is not None and (isinstance(workers, bool) or workers < 1):
+        raise PackError(f"--workers must be >= 1, got {workers}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise PackError(f"OUT_DIR {out_dir!r} is a file, not a folder")
     obj = None
     if hasattr(source, "read") and hasattr(source, "__len__") and not isinstance(source, type):
         obj = source
@@ -454,7 +459,9 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
                     raise
                 # The source's read failed without saying on what (os.read's
                 # errors name no file): name the sample.
-                raise OSError(exc.errno, f"reading {name_sample(obj, i)}: {exc.strerror or exc}") from exc
+                what = f"reading {name_sample(obj, i)}: {exc.strerror or exc}"
+                # OSError(None, text) would print as "[Errno None] text"
+                raise (OSError(exc.errno, what) if exc.errno is not None else OSError(what)) from exc
             return i, members, status
         path = paths[i]
         data = _read_input(path)
@@ -556,6 +563,7 @@ def load_source(spec: str) -> Any:
 
     Raises:
         PackError: the module or the name cannot be found, or it is not a source.
+        UserCodeError: the module, class or function named raised.
     """
     import importlib  # noqa: PLC0415
 
@@ -568,9 +576,12 @@ def load_source(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise PackError(f"{spec!r}: cannot find the source ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # the module's own code failed: the user's, said as such
+        raise UserCodeError(f"SOURCE {spec}: importing {module!r} raised {type(exc).__name__}: "
+                            f"{exc}") from exc
     if isinstance(obj, type) or (callable(obj) and not (hasattr(obj, "read")
                                                          and hasattr(obj, "__len__"))):
-        obj = obj()  # a class, or a function making the source
+        obj = call_user(f"SOURCE {spec}", obj)  # a class, or a function making the source
     if not (hasattr(obj, "read") and hasattr(obj, "__len__")):
         raise PackError(f"{spec!r} is {type(obj).__name__}, not a source (an object with __len__ "
                         f"and read(index))")
@@ -600,11 +611,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a pack of this name in OUT_DIR instead of resuming it")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, show the full traceback instead of one line")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``feeder-pack`` command; returns the exit status."""
+    """The ``feeder-pack`` command; returns the exit status: 0, 2 for a pack that
+    cannot run as asked (or unreadable input), 1 for another failure (the
+    source's own code raising). An error is one line on stderr naming what is at
+    fault (``--debug``: the traceback instead)."""
     args = build_parser().parse_args(argv)
     try:
         source: Any = args.source
@@ -613,9 +629,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = pack(source, args.out_dir, shard_size=args.shard_size, name=args.name,
                       max_side=args.max_side, quality=args.quality, workers=args.workers,
                       overwrite=args.overwrite, progress=not args.quiet)
-    except (PackError, OSError, ValueError) as exc:
-        sys.stderr.write(f"feeder-pack: error: {exc}\n")
-        return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"feeder-pack: error: {error_line(exc)}\n")
+        # what the pack was asked, or its input, cannot work; anything else is a failure
+        return 2 if isinstance(exc, (PackError, OSError, ValueError)) else 1
     out = sys.stdout
     out.write(f"{result.samples} samples in {len(result.shards)} shards in {args.out_dir}"
               + (f" ({result.resumed} shards kept from an earlier run)" if result.resumed else "")

@@ -328,3 +328,37 @@ def test_source_read_error_without_a_filename_names_the_sample(tmp_path, jpeg_bl
             return f"blob://{i}"
     with pytest.raises(OSError, match=r"reading sample 2 \(blob://2\): Input/output error"):
         pack(Flaky(), str(tmp_path / "out"))
+
+
+# -- hostile arguments: one line naming the culprit, never a traceback -----------------
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, str]:
+    from cli_helpers import hostile_files
+
+    return hostile_files(tmp_path_factory.mktemp("pack-hostile"))
+
+
+PACK_HOSTILE = [
+    # (argv, status, names the last line must hold)
+    (["{missing}", "{out}"], 2, ["{missing}"]),
+    (["{photos}", "{afile}"], 2, ["OUT_DIR '{afile}'"]),
+    (["{photos}", "{out}", "--workers", "-1"], 2, ["--workers"]),
+    (["{photos}", "{out}", "--shard-size", "nan"], 2, ["--shard-size"]),
+    (["{photos}", "{out}", "--max-side", "-5"], 2, ["--max-side"]),
+    (["no_such_module:source", "{out}"], 2, ["no_such_module"]),
+    (["cli_helpers:raising_source", "{out}"], 1,
+     ["SOURCE cli_helpers:raising_source raised RuntimeError: the source blew up"]),
+    (["cli_helpers:BrokenReads", "{out}"], 2, ["sample 0", "disk gone"]),
+    (["{empty}", "{out}"], 2, ["{empty}"]),
+    (["{noimage}", "{out}"], 2, ["{noimage}"]),
+    (["{list}", "{out}"], 2, ["gone.jpg"]),
+]
+
+
+@pytest.mark.parametrize("argv, status, names", PACK_HOSTILE)
+def test_pack_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    r = run_cli("feeder.pack", ["-q", *argv], hostile, tmp_path)
+    assert_one_line_error(r, "feeder-pack", names, hostile, status)
