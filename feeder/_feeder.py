@@ -393,9 +393,12 @@ class Feeder:
 
         Raises:
             ValueError: the state is not one of these, or a setting that decides
-                the output differs (source length, seed, batch size, shuffle,
+                the order or the output differs (source length, shard layout,
+                seed, batch size, shuffle, shuffle_window, shuffle_shards,
                 drop_last, ordered, on_error, rank (see above), world_size, image
-                size, transforms); the message names the field and both values.
+                size, max_image_size, size_divisibility, group_by_aspect_ratio,
+                exif_orientation, transforms); the message names the field and
+                both values.
         """
         self._cursor.load_state_dict(state)
 

@@ -13,6 +13,7 @@ of whatever is left, and each sample not yet delivered comes exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from typing import Any
@@ -288,16 +289,30 @@ def _check_batches(n: int, batches: int, length: int, batch_size: int, skip: boo
 def check_settings(saved: Any, current: dict[str, Any]) -> None:
     """Refuse a state whose output-determining settings differ from this feeder's.
 
+    A setting an earlier version saved only when it was set (see
+    :data:`SAVED_WHEN_SET`) counts as its default when the state lacks it; any
+    other missing setting, or one this feeder does not know, is refused.
+
     Raises:
         ValueError: naming the first differing field and both values.
     """
     if not isinstance(saved, dict):
         raise ValueError(f"state['settings'] must be a dict, got {type(saved).__name__}")
+    unknown = sorted(str(name) for name in saved if name not in current)
+    if unknown:
+        raise ValueError(f"state['settings'] holds {unknown[0]!r}, which this feeder does not "
+                         f"know: the state is from another version or damaged")
     for name, value in current.items():
-        if name not in saved:
+        if name in saved:
+            was = saved[name]
+        elif name in SAVED_WHEN_SET:
+            was = SAVED_WHEN_SET[name]
+        elif name in UNRECORDED_BEFORE:
+            continue  # an earlier version's state: it did not record this
+        else:
             raise ValueError(f"state['settings'] lacks {name!r}")
-        if _normal(saved[name]) != _normal(value):
-            raise ValueError(f"cannot resume: {name} differs (saved {saved[name]!r}, "
+        if _normal(was) != _normal(value):
+            raise ValueError(f"cannot resume: {name} differs (saved {was!r}, "
                              f"this feeder {value!r})")
 
 
@@ -360,8 +375,24 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     return handled, skipped
 
 
-# Settings saved in a state only when set (see Cursor.settings).
-_OPTIONAL_SETTINGS = ("max_image_size", "size_divisibility", "group_by_aspect_ratio")
+# Settings an earlier version saved only when they were set: a state without
+# one was saved with its default. Every state saves them now.
+SAVED_WHEN_SET: dict[str, Any] = {"shuffle_window": 8192, "shuffle_shards": None,
+                                  "max_image_size": None, "size_divisibility": 1,
+                                  "group_by_aspect_ratio": None}
+# Facts an earlier version did not record at all: a state without one is not checked on it.
+UNRECORDED_BEFORE = ("shard_layout",)
+
+
+def layout_digest(layout: Any) -> str | None:
+    """The shards' sample ranges, which ``shuffle="shards"`` orders by, in a short
+    string (two sources of one length may cut it into other shards); None
+    for the other orders, which do not depend on them."""
+    if layout is None:
+        return None
+    ranges = np.asarray(layout.ranges, dtype=np.int64).reshape(-1, 2)
+    digest = hashlib.blake2b(ranges.tobytes(), digest_size=8).hexdigest()
+    return f"{len(ranges)} shards, blake2b {digest}"
 
 
 class Cursor:
@@ -384,6 +415,7 @@ class Cursor:
         self.source = source
         self.chain = chain
         self.layout = layout
+        self.layout_digest = layout_digest(layout)
         self.ranks = ranks
         self.next_epoch = 0
         self.progress: Progress | None = None  # the latest pass's
@@ -454,23 +486,21 @@ class Cursor:
         return Progress(epoch, len(self.source), lambda: self.order(epoch), start, skipped, batches)
 
     def settings(self) -> dict[str, Any]:
-        """The settings that decide which samples a pass delivers, in which batches."""
+        """The settings that decide which samples a pass delivers, in which order and
+        batches, and with which pixels: every one is saved and checked on load."""
         c = self.config
         rank, world_size = self.ranks.shard()
-        return {"source_length": len(self.source), "seed": self.ranks.seed,
-                "batch_size": c.batch_size, "shuffle": c.shuffle, "drop_last": c.drop_last,
-                "ordered": c.ordered, "on_error": c.on_error, "rank": rank,
-                "world_size": world_size, "image_size": tuple(self.chain.image_size),
+        return {"source_length": len(self.source), "shard_layout": self.layout_digest,
+                "seed": self.ranks.seed, "batch_size": c.batch_size, "shuffle": c.shuffle,
+                "shuffle_window": c.shuffle_window, "shuffle_shards": c.shuffle_shards,
+                "drop_last": c.drop_last, "ordered": c.ordered, "on_error": c.on_error,
+                "rank": rank, "world_size": world_size,
+                "image_size": tuple(self.chain.image_size),
+                "max_image_size": None if c.max_image_size is None else tuple(c.max_image_size),
+                "size_divisibility": c.size_divisibility,
+                "group_by_aspect_ratio": c.group_by_aspect_ratio,
                 "exif_orientation": c.exif_orientation,
-                "transforms": describe_transforms(self.chain.transforms),
-                **({"shuffle_window": c.shuffle_window} if c.shuffle == "shards" else {}),
-                **({"shuffle_shards": c.shuffle_shards} if c.shuffle_shards is not None else {}),
-                # Only when set: states saved before these options existed still load.
-                **({"max_image_size": tuple(c.max_image_size),
-                    "size_divisibility": c.size_divisibility}
-                   if c.max_image_size is not None else {}),
-                **({"group_by_aspect_ratio": c.group_by_aspect_ratio}
-                   if c.group_by_aspect_ratio is not None else {})}
+                "transforms": describe_transforms(self.chain.transforms)}
 
     def _finished(self, handled: int) -> bool:
         c = self.config
@@ -506,15 +536,27 @@ class Cursor:
                 if not compact:
                     done, failed, _ = progress.snapshot()
                     delivered, skipped = pack(done), pack(failed)
+        # A grouped order depends on the images' sizes, not on the settings alone:
+        # the resumed pass checks that it regroups the same way.
+        grouped = (self.grouped_digest(progress.order)
+                   if progress is not None and self.config.group_by_aspect_ratio is not None
+                   else None)
         if compact:
             return {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
                     "batches": batches, "position": None if handled is None else handled.position,
                     "after": None if handled is None else list(handled.after),
                     "skipped": skipped_list, "skipped_total": skipped_total(),
-                    "settings": self.settings()}
+                    "grouped_order": grouped, "settings": self.settings()}
         return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
                 "batches": batches, "delivered": delivered, "skipped": skipped,
-                "skipped_total": skipped_total(), "settings": self.settings()}
+                "skipped_total": skipped_total(), "grouped_order": grouped,
+                "settings": self.settings()}
+
+    @staticmethod
+    def grouped_digest(order: Order) -> str:
+        """A digest of a grouped pass's order (an array: see ``group_sequence``)."""
+        flat = np.ascontiguousarray(order.take(0, len(order)), dtype=np.int64)
+        return hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """``Feeder.load_state_dict``."""
@@ -557,12 +599,6 @@ class Cursor:
             # with ordered batches, every rank's position is its batch count,
             # and the ranks step together, so this rank continues from there.
             current["rank"] = saved["rank"]
-        if isinstance(saved, dict):
-            # Saved only when set (older states lack them): a state saved with
-            # one of them must not load into a feeder without it.
-            for name in _OPTIONAL_SETTINGS:
-                if name in saved and name not in current:
-                    current[name] = None
         return current
 
     def _resumed_pass(self, state: dict[str, Any], version: int, epoch: int, next_epoch: int,
@@ -572,6 +608,15 @@ class Cursor:
         length = len(self.source)
         skip = c.on_error == "skip"
         order = self.order(epoch, saved_rank, seed)
+        saved_grouped = state.get("grouped_order")
+        if (saved_grouped is not None and c.group_by_aspect_ratio is not None
+                and saved_grouped != self.grouped_digest(order)):
+            # Same settings, other sizes: the images changed, or their headers
+            # read otherwise (positions along another order would lose samples).
+            raise ValueError(f"cannot resume: grouped_order of epoch {epoch} differs (saved "
+                             f"{saved_grouped!r}, this feeder {self.grouped_digest(order)!r}): "
+                             f"the image sizes that group_by_aspect_ratio reads are not those "
+                             f"of the saving run")
         field = "delivered"
         if version == FORMAT_VERSION:
             if length > LAZY_MIN:

@@ -359,3 +359,56 @@ def test_settings_of_another_type_are_refused(source, name, value):
     if name == "seed":
         with Feeder(source, B, transforms(), seed=None) as f, pytest.raises(ValueError, match="seed"):
             f.load_state_dict(state)
+
+
+# -- every setting that changes the order is saved and checked ---------------------------
+
+def test_every_order_setting_is_saved_and_checked(source):
+    """A setting saved only when set loaded into a feeder without it: the resumed
+    pass would count positions along another order."""
+    class Sharded(MemorySource):
+        def __init__(self, blobs, cut):
+            super().__init__(blobs)
+            self.cut = cut
+
+        def shard_ranges(self):
+            return [(a, min(a + self.cut, len(self))) for a in range(0, len(self), self.cut)]
+
+    blobs = source.blobs[:40]
+    kw = dict(shuffle="shards", seed=1, decode_threads=1, augment_threads=0)
+    with Feeder(Sharded(blobs, 5), 4, transforms(), shuffle_shards=2, **kw) as f:
+        drain(f, limit=2)
+        state = f.state_dict()
+    for name in ("shuffle_window", "shuffle_shards", "max_image_size", "size_divisibility",
+                 "group_by_aspect_ratio", "shard_layout"):
+        assert name in state["settings"], name
+    for other, field, saved, mine in (
+            (dict(), "shuffle_shards", "2", "None"),
+            (dict(shuffle_shards=3), "shuffle_shards", "2", "3"),
+            (dict(shuffle_window=7), "shuffle_window", "8192", "7"),
+            (dict(shuffle_shards=2, cut=4), "shard_layout", "8 shards", "10 shards")):
+        cut = other.pop("cut", 5)
+        with Feeder(Sharded(blobs, cut), 4, transforms(), **kw, **other) as g:
+            with pytest.raises(ValueError, match=f"cannot resume: {field} differs") as info:
+                g.load_state_dict(state)
+        assert saved in str(info.value) and mine in str(info.value)
+
+
+def test_a_state_of_the_previous_version_loads_with_absent_settings_as_defaults(source):
+    """States saved before every setting was recorded lack those left at their
+    default: they load as before; a setting this feeder does not know is refused."""
+    first, state = interrupted(source, 2)
+    old = dict(state["settings"])
+    for name in ("shuffle_window", "shuffle_shards", "max_image_size", "size_divisibility",
+                 "group_by_aspect_ratio", "shard_layout"):
+        del old[name]
+    with make(source) as f:
+        f.load_state_dict({**state, "settings": old})
+        rest, = epochs(f, 1)
+    with make(source) as f:
+        whole, = epochs(f, 1)
+    assert_same(first + rest, whole)
+    refused(source, {**state, "settings": {**state["settings"], "sort_by": 1}},
+            r"state\['settings'\] holds 'sort_by'")
+    refused(source, {**state, "settings": {**old, "max_image_size": (40, 40)}},
+            r"max_image_size differs \(saved \(40, 40\), this feeder None\)")
