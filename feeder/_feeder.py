@@ -332,7 +332,12 @@ class Feeder:
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next pass: its order and randomness depend on (seed, epoch) alone.
-        Without a call, each pass uses the previous pass's epoch + 1, starting at 0."""
+        Without a call, each pass uses the previous pass's epoch + 1, starting at 0.
+
+        Raises:
+            ValueError: ``epoch`` is not an int in ``[0, 2**64)`` (orders and
+                randomness are keyed by 64 bits of it).
+        """
         self._cursor.set_epoch(epoch)
 
     def skip(self, batches: int) -> None:

@@ -38,6 +38,10 @@ COMPACT_ABOVE = 1 << 19
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+# Epochs are in [0, EPOCHS): the order's and the samples' keys take 64 bits of
+# the epoch, so epoch 2**64 would repeat epoch 0.
+EPOCHS = 1 << 64
+
 # The end of every message refusing a state that no pass could have left.
 _DAMAGED = "the state is damaged or from other settings"
 
@@ -427,8 +431,8 @@ class Cursor:
         return self.progress.epoch if self.progress is not None else self.next_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < EPOCHS:
+            raise ValueError(f"epoch must be an int in [0, 2**64), got {epoch!r}")
         self.next_epoch = epoch
         if self.resume is not None and self.resume[0].epoch != epoch:
             self.resume = None  # another epoch than the loaded state's unfinished one
@@ -437,6 +441,9 @@ class Cursor:
         """Start the next pass: ``begin(epoch, handled)`` starts its threads (``handled``:
         what a resumed pass must not dispatch again); returns the pass and its progress."""
         epoch = self.next_epoch
+        if epoch >= EPOCHS:
+            raise ValueError(f"epoch {epoch} is past the last epoch 2**64 - 1 (orders and "
+                             f"randomness are keyed by 64 bits of it): set_epoch() another")
         resume = self.resume
         done = None
         if resume is not None and resume[0].epoch == epoch:
@@ -654,11 +661,14 @@ class Cursor:
 def _check_counts(state: dict[str, Any], epoch: Any, version: int) -> None:
     """Refuse a state whose epochs and counts are not ints >= 0, or that holds an
     unfinished pass's fields without its epoch."""
-    for name, value in (("epoch", epoch), ("next_epoch", state.get("next_epoch")),
-                        ("batches", state.get("batches"))):
+    for name, value, most in (("epoch", epoch, EPOCHS - 1),
+                              ("next_epoch", state.get("next_epoch"), EPOCHS),
+                              ("batches", state.get("batches"), None)):
         if not (value is None and name == "epoch") and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+                or (most is not None and value > most)):
+            bound = "" if most is None else f" and <= {'2**64' if most == EPOCHS else '2**64 - 1'}"
+            raise ValueError(f"state[{name!r}] must be an int >= 0{bound}, got {value!r}")
     total = state.get("skipped_total")
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
         raise ValueError(f"state['skipped_total'] must be an int >= 0, got {total!r}")

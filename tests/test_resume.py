@@ -412,3 +412,28 @@ def test_a_state_of_the_previous_version_loads_with_absent_settings_as_defaults(
             r"state\['settings'\] holds 'sort_by'")
     refused(source, {**state, "settings": {**old, "max_image_size": (40, 40)}},
             r"max_image_size differs \(saved \(40, 40\), this feeder None\)")
+
+
+@pytest.mark.parametrize("epoch", [2**64, 2**64 + 1, -1, 1.0, True, "3", None])
+def test_set_epoch_refuses_epochs_outside_the_keyed_range(source, epoch):
+    with make(source) as f:
+        with pytest.raises(ValueError, match=r"epoch must be an int in \[0, 2\*\*64\)"):
+            f.set_epoch(epoch)
+
+
+def test_the_epoch_after_the_last_is_refused_not_wrapped(source):
+    with make(source) as f:
+        f.set_epoch(2**64 - 1)
+        last, = epochs(f, 1)
+        # The epoch after the last would repeat epoch 0: the next pass refuses to start.
+        _, err = drain(f)
+        assert isinstance(err, ValueError) and "past the last epoch" in str(err), err
+        f.set_epoch(0)
+        zero, = epochs(f, 1)
+    assert labels_of(last) != labels_of(zero)
+
+
+def test_states_with_epochs_outside_the_keyed_range_are_refused(source):
+    _, state = interrupted(source, 1)
+    refused(source, {**state, "epoch": 2**64}, r"state\['epoch'\] must be an int >= 0 and <= 2\*\*64 - 1")
+    refused(source, {**state, "next_epoch": 2**64 + 1}, r"state\['next_epoch'\]")
