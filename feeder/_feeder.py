@@ -434,8 +434,9 @@ class Feeder:
         return rank, world_size
 
     def _next_pass_indices(self) -> Iterator[int]:
-        """``iter(feeder.sampler)``: the next pass's sample indices on this rank, in
-        dispatch order. Not a collective call, as a sampler's iteration is not:
+        """``iter(feeder.sampler)``: the sample indices the next pass dispatches on
+        this rank, in order (after :meth:`skip` or :meth:`load_state_dict`, only
+        those it has left). Not a collective call, as a sampler's iteration is not:
         before the ranks have agreed on a drawn seed (at the first pass or
         ``skip``), it raises rather than wait for ranks that may never ask."""
         _, world_size = self._ranks.shard()
@@ -447,7 +448,7 @@ class Feeder:
                 "agree at the first pass (or feeder.skip), every rank at once; pass seed=... to "
                 "the Feeder, or iterate the sampler after the first pass")
         self._shard_now()
-        order = self._cursor.order(self._cursor.next_epoch)
+        order = self._cursor.next_order()
         return (int(i) for chunk in order.chunks(4096) for i in chunk)
 
     def _start_pass(self) -> tuple[Pass, Progress]:

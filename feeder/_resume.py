@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .engine.group import group_sequence
-from .engine.order import Handled, Order
+from .engine.order import Handled, Order, Remaining
 from .engine.ranks import Ranks
 from .engine.sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
 
@@ -486,6 +486,18 @@ class Cursor:
                               c.on_error == "skip", seed, epoch,
                               this_rank if rank is None else rank, world_size, self.layout)
         return group_sequence(order, self.source, c, self.chain, seed, epoch)
+
+    def next_order(self) -> Any:
+        """What the next pass dispatches on this rank, in order: its epoch's order,
+        less what a loaded state's pass or :meth:`skip` has handled."""
+        epoch = self.next_epoch
+        if epoch >= EPOCHS:
+            raise ValueError(f"epoch {epoch} is past the last epoch 2**64 - 1: set_epoch() another")
+        order = self.order(epoch)
+        resume = self.resume
+        if resume is not None and resume[0].epoch == epoch:
+            return Remaining(order, resume[0].handled())
+        return order
 
     def new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
                      batches: int = 0) -> Progress:

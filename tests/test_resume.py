@@ -428,6 +428,8 @@ def test_the_epoch_after_the_last_is_refused_not_wrapped(source):
         # The epoch after the last would repeat epoch 0: the next pass refuses to start.
         _, err = drain(f)
         assert isinstance(err, ValueError) and "past the last epoch" in str(err), err
+        with pytest.raises(ValueError, match="past the last epoch"):
+            list(f.sampler)
         f.set_epoch(0)
         zero, = epochs(f, 1)
     assert labels_of(last) != labels_of(zero)

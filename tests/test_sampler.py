@@ -71,3 +71,41 @@ def test_num_batches():
     assert num_batches(10, 3, drop_last=True) == 3
     assert num_batches(10, 3, drop_last=False) == 4
     assert num_batches(0, 3, drop_last=False) == 0
+
+
+# -- iter(feeder.sampler): what the next pass dispatches ----------------------------------
+
+@pytest.mark.parametrize("how", ["skip", "resume", "resume_unordered"])
+def test_the_sampler_lists_what_the_next_pass_delivers(source, how):
+    """After skip() or a resume the next pass leaves out what was handled; the
+    sampler's iteration lists the same samples, in the same order."""
+    from conftest import drain, labels_of
+    from feeder import Feeder, ops
+
+    kw = dict(shuffle=True, seed=3, decode_threads=2, augment_threads=0,
+              ordered=how != "resume_unordered")
+    make = lambda: Feeder(source, 8, [ops.RandomResizedCrop(16)], **kw)  # noqa: E731
+    with make() as f:
+        if how == "skip":
+            f.set_epoch(1)
+            f.skip(2)
+        else:
+            f.set_epoch(1)
+            head, err = drain(f, limit=3)
+            assert err is None
+            state = f.state_dict()
+            f.close()
+            f = make()
+            f.load_state_dict(state)
+        with f:
+            listed = list(f.sampler)
+            rest, err = drain(f)
+            assert err is None
+            again = list(f.sampler)  # the pass has ended: the next epoch, whole
+    delivered = labels_of(rest)
+    assert len(listed) == len(delivered) < len(source)
+    if kw["ordered"]:
+        assert listed == delivered
+    else:
+        assert sorted(listed) == sorted(delivered)
+    assert len(again) == len(source)

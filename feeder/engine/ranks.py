@@ -142,7 +142,8 @@ class EpochSampler:
     epoch) set the feeder's epoch through it; ``len()`` is this rank's samples
     per epoch; iterating it gives this rank's sample indices of the next pass
     (the epoch last set), in the order the feeder dispatches them, as iterating
-    a ``DistributedSampler`` does. It holds the feeder weakly, so an unclosed feeder is still
+    a ``DistributedSampler`` does: after ``skip`` or ``load_state_dict``, only
+    the samples that pass has left. It holds the feeder weakly, so an unclosed feeder is still
     collected (and its threads stopped) when the program drops it.
     """
 
