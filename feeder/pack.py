@@ -231,11 +231,12 @@ def _remove(path: str) -> None:
         pass
 
 
-def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
+def _stored_sizes(shard: str, ix: ShardIndex) -> tuple[list[tuple[int, int]], list[bool]]:
     """The image sizes of a shard written by an earlier run of a version that kept
-    them in the shard list (a resumed pack), read from the images' headers in the
-    shard itself."""
-    sizes = []
+    them in the shard list, or did not record the EXIF-transposed images (a
+    resumed pack), read from the images' headers in the shard itself: the sizes
+    as stored, and whether each image's orientation swaps them."""
+    sizes, transposed = [], []
     with open(shard, "rb") as f:
         for sample in range(len(ix)):
             fields = []
@@ -245,7 +246,15 @@ def _stored_sizes(shard: str, ix: ShardIndex) -> list[tuple[int, int]]:
                     fields.append((ix.exts[m], f.read(int(ix.sizes[m]))))
                     break
             sizes.append(image_size_of(fields))
-    return sizes
+            transposed.append(is_transposed(fields))
+    return sizes, transposed
+
+
+def is_transposed(fields: Sequence[tuple[str, bytes]]) -> bool:
+    """Whether the sample image's EXIF orientation swaps its height and width (its
+    size with ``exif_orientation=True``: see ``TarShards.oriented_image_sizes``)."""
+    stored = image_size_of(fields)
+    return stored[0] != stored[1] and image_size_of(fields, True) == (stored[1], stored[0])
 
 
 def _write_index(ix: ShardIndex, path: str) -> None:
@@ -271,6 +280,7 @@ class _ShardWriter:
         self.members: list[tuple[str, int, int]] = []
         self.samples = 0
         self.image_sizes: list[tuple[int, int]] = []  # for the index (see image_size_of)
+        self.transposed: list[bool] = []  # for the index (see is_transposed)
 
     @property
     def size(self) -> int:
@@ -292,6 +302,7 @@ class _ShardWriter:
             data_at = self.tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
             self.members.append((info.name, data_at, len(data)))
         self.image_sizes.append(image_size_of(fields))
+        self.transposed.append(is_transposed(fields))
         self.samples += 1
 
     def finish(self) -> None:
@@ -311,6 +322,7 @@ class _ShardWriter:
         # Each image's size goes in the shard's index, read with it when the
         # shard is first read (aspect-ratio grouping reads no image header).
         ix.image_sizes = np.asarray(self.image_sizes, np.int64).reshape(-1, 2)
+        ix.image_transposed = np.asarray(self.transposed, bool)
         # The reader checks the shard against this size before using the index.
         ix.shard_size = os.path.getsize(self.tmp)
         _write_index(ix, self.tmp_idx)
@@ -430,10 +442,12 @@ def pack(source: Any, out_dir: str, *, shard_size: int = 64_000_000, name: str =
         if ix.keys[:1] != [f"{start:09d}"]:
             raise PackError(f"{shard} does not continue the pack (first key {ix.keys[:1]}, "
                             f"expected {start:09d}); pass --overwrite to start over")
-        if ix.image_sizes is None or ix.shard_size is None:
+        if ix.image_sizes is None or ix.image_transposed is None or ix.shard_size is None:
             # An earlier version's shard: its index gains what this version writes.
-            if ix.image_sizes is None:
-                ix.image_sizes = np.asarray(_stored_sizes(shard, ix), np.int64).reshape(-1, 2)
+            if ix.image_sizes is None or ix.image_transposed is None:
+                sizes, transposed = _stored_sizes(shard, ix)
+                ix.image_sizes = np.asarray(sizes, np.int64).reshape(-1, 2)
+                ix.image_transposed = np.asarray(transposed, bool)
             ix.shard_size = os.path.getsize(shard)
             _write_index(ix, tmp_idx)
             os.replace(tmp_idx, idx)

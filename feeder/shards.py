@@ -479,7 +479,8 @@ class TarShards:
         return [s.name for s in self._shards]
 
     def image_sizes(self) -> np.ndarray | None:
-        """int64 ``[len, 2]``: each sample's image (height, width), -1 where unknown, as
+        """int64 ``[len, 2]``: each sample's image (height, width) as stored (before
+        any EXIF orientation: see :meth:`oriented_image_sizes`), -1 where unknown, as
         the shards' indices give them (``feeder-pack`` stores them there; a shard
         list of an earlier version holds them itself, and is read as well); None
         when a shard's index has none (shards packed by another tool). Used by
@@ -494,17 +495,52 @@ class TarShards:
             sizes = self._image_sizes = self._indexed_image_sizes()
         return None if sizes is None else sizes.copy()
 
+    def oriented_image_sizes(self) -> np.ndarray | None:
+        """:meth:`image_sizes` after each image's EXIF orientation (height and width
+        swapped for orientations 5 to 8): the sizes ``Feeder(exif_orientation=True)``
+        decodes, which its aspect-ratio grouping uses. None when a shard's index
+        does not record the transposed images (shards packed by another tool or an
+        earlier version: the grouping then reads the headers)."""
+        sizes = self.image_sizes()
+        if sizes is None:
+            return None
+        flags = getattr(self, "_transposed", None)
+        if flags is None and not getattr(self, "_transposed_read", False):
+            self._transposed_read = True
+            flags = self._transposed = self._indexed_transposed()
+        if flags is None:
+            return None
+        sizes[flags] = sizes[flags][:, ::-1]
+        return sizes
+
+    def _indexed_transposed(self) -> np.ndarray | None:
+        """Every sample's EXIF-transposed flag from its shard's index, or None if one
+        lacks them."""
+        parts = [ix.image_transposed for ix in self._all_indices()]
+        if not parts or any(p is None for p in parts):
+            return None
+        return np.concatenate(parts)
+
+    def _all_indices(self) -> list[Any]:
+        """Every shard's index (with lazy indexing, read once more, not through the LRU)."""
+        if self._lazy_counts is None:
+            return [self._indices[s] for s in range(len(self._shards))]
+        indices = self._load_indices(self._shards, self._warn, None, None)
+        for shard, ix, expected in zip(self._shards, indices, self._lazy_counts):
+            if len(ix) != expected:
+                raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
+                                       f"list says {expected}: the shard or the list is "
+                                       f"damaged or out of date (re-pack, or fix the list)")
+        return indices
+
     def _indexed_image_sizes(self) -> np.ndarray | None:
         """Every sample's image size from its shard's index, or None if one lacks them."""
-        if self._lazy_counts is None:
-            indices = [self._indices[s] for s in range(len(self._shards))]
-        else:
-            indices = self._load_indices(self._shards, self._warn, None, None)
-            for shard, ix, expected in zip(self._shards, indices, self._lazy_counts):
-                if len(ix) != expected:
-                    raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
-                                           f"list says {expected}: the shard or the list is "
-                                           f"damaged or out of date (re-pack, or fix the list)")
+        indices = self._all_indices()
+        # The transposed flags come with the same indices: read them now, once.
+        flags = [ix.image_transposed for ix in indices]
+        self._transposed_read = True
+        self._transposed = (np.concatenate(flags) if flags and all(f is not None for f in flags)
+                            else None)
         parts = [ix.image_sizes for ix in indices]
         if not parts or any(p is None for p in parts):
             return None

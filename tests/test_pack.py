@@ -50,9 +50,11 @@ def test_pack_image_folder_roundtrip(image_folder, tmp_path):
         assert text.startswith("v1.2 ")
         scanned = scan(lambda n, o, p=shard: FilePool().pread(p, n, o), os.path.getsize(shard), shard,
                        pytest.fail)
-        # ... then one line of image sizes (for aspect-ratio grouping), which DALI does not read.
+        # ... then a line of image sizes and one of EXIF-transposed images (for
+        # aspect-ratio grouping), which DALI does not read.
         body, sizes_line, rest = text.partition("# image_sizes ")
-        assert scanned.to_text() == body and sizes_line and rest.count("\n") == 1
+        assert scanned.to_text() == body and sizes_line and rest.count("\n") == 2
+        assert rest.splitlines()[1].startswith("# image_transposed ")
         with tarfile.open(shard) as tar:  # a standard tar, readable by any tool
             names = tar.getnames()
         assert all(n.endswith((".jpg", ".png", ".cls")) for n in names)

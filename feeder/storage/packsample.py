@@ -202,14 +202,17 @@ def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
     return out.tobytes()
 
 
-def image_size_of(fields: Sequence[tuple[str, Any]]) -> tuple[int, int]:
+def image_size_of(fields: Sequence[tuple[str, Any]],
+                  exif_orientation: bool = False) -> tuple[int, int]:
     """The (height, width) of a sample's image (its first member with an image
-    extension, as TarShards picks it by default), from the header; (-1, -1) when
-    it has none or it cannot be read (the sample then fails when it is decoded)."""
+    extension, as TarShards picks it by default), from the header, after its
+    EXIF orientation with ``exif_orientation``; (-1, -1) when it has none or it
+    cannot be read (the sample then fails when it is decoded)."""
     for ext, data in fields:
         if ext in IMAGE_EXTS:
             try:
-                return header_size(data)
+                return header_size(data, exif_orientation)
             except Exception:  # noqa: BLE001 - reported when the sample is decoded
                 return -1, -1
+    return -1, -1
     return -1, -1

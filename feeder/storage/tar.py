@@ -20,6 +20,8 @@ member's data (after its header blocks). ``feeder-pack`` adds one line after
 the samples' lines, each image's (height, width) for aspect-ratio grouping::
 
     # image_sizes <base64 of little-endian int32 (height, width) pairs, one per sample>
+    # image_transposed <base64 of one bit per sample (numpy's packbits): set where
+    #   the image's EXIF orientation (5 to 8) swaps its height and width>
 
 and one giving the size of the shard it was written for, in bytes, which
 every read checks the shard against (a shard re-published or replaced under
@@ -87,6 +89,8 @@ def index_path(shard: str) -> str:
 SIZES_LINE = "# image_sizes"
 #: How the index's shard size line starts (see the module docstring).
 SHARD_SIZE_LINE = "# shard_size"
+#: How the index's line of EXIF-transposed images starts (see the module docstring).
+TRANSPOSED_LINE = "# image_transposed"
 
 COMPRESSED = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4")
 
@@ -142,6 +146,9 @@ class ShardIndex:
     #: The size of the shard this index was made from, bytes (the index file's
     #: ``# shard_size`` line, or the bytes a scan read); None when not known.
     shard_size: int | None = None
+    #: bool ``[samples]``: the images whose EXIF orientation swaps height and
+    #: width (their sizes with ``exif_orientation=True``), when the index carries it.
+    image_transposed: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -214,6 +221,9 @@ class ShardIndex:
             lines.append(f"{SHARD_SIZE_LINE} {self.shard_size}")
         if self.image_sizes is not None:
             lines.append(f"{SIZES_LINE} {encode_image_sizes(self.image_sizes)}")
+        if self.image_transposed is not None:
+            bits = np.packbits(np.asarray(self.image_transposed, bool)).tobytes()
+            lines.append(f"{TRANSPOSED_LINE} {base64.b64encode(bits).decode('ascii')}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -239,7 +249,7 @@ class ShardIndex:
         body = [line for line in lines[1:] if line.strip()]
         # Lines after the announced samples' lines: feeder's own (# image_sizes);
         # other comment lines are skipped, anything else is an error.
-        image_sizes = None
+        image_sizes = transposed = None
         shard_size = None
         while len(body) > count and body[-1].startswith("#"):
             extra = body.pop()
@@ -255,6 +265,12 @@ class ShardIndex:
                 except ValueError as exc:
                     raise ShardFormatError(f"{where}: line {len(body) + 2} (image sizes): "
                                            f"{exc}") from None
+            elif extra.startswith(TRANSPOSED_LINE + " "):
+                try:
+                    transposed = decode_bits(extra[len(TRANSPOSED_LINE) + 1:].strip(), count)
+                except ValueError as exc:
+                    raise ShardFormatError(f"{where}: line {len(body) + 2} (transposed "
+                                           f"images): {exc}") from None
         if len(body) != count:
             raise ShardFormatError(f"{where}: line 1 announces {count} samples but the index "
                                    f"has {len(body)} lines")
@@ -283,6 +299,7 @@ class ShardIndex:
             raise ShardFormatError(f"{where}: {count} index lines but {len(index)} distinct keys "
                                    f"in their member names")
         index.image_sizes = image_sizes
+        index.image_transposed = transposed
         index.shard_size = shard_size
         if shard_size is not None and index.end > shard_size:
             raise ShardFormatError(f"{where}: its members end at byte {index.end}, past the "
@@ -542,6 +559,25 @@ def encode_image_sizes(sizes: Any) -> str:
     index stores them (and shard lists of earlier versions did): base64 of
     little-endian int32 pairs (8 bytes a sample, 11 in base64)."""
     return base64.b64encode(np.asarray(sizes, "<i4").reshape(-1, 2).tobytes()).decode("ascii")
+
+
+def decode_bits(value: Any, nsamples: int) -> np.ndarray:
+    """One bit per sample as an index stores it (base64 of numpy's packbits) as a
+    bool array, checked.
+
+    Raises:
+        ValueError: not base64 of ``ceil(nsamples / 8)`` bytes, or a padding bit set.
+    """
+    try:
+        raw = base64.b64decode(value, validate=True) if isinstance(value, str) else None
+    except ValueError:
+        raw = None
+    if raw is None or len(raw) != (nsamples + 7) // 8:
+        raise ValueError(f"not base64 of one bit per sample ({nsamples} samples)")
+    bits = np.unpackbits(np.frombuffer(raw, np.uint8)).astype(bool)
+    if bits[nsamples:].any():
+        raise ValueError(f"a bit is set past the last of the {nsamples} samples")
+    return bits[:nsamples]
 
 
 def decode_image_sizes(value: Any, nsamples: int | None) -> np.ndarray:
