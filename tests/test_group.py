@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from conftest import JOIN_TIMEOUT_S, collect as collect_pass, collected
 from feeder import Feeder
 from feeder.work.decode import header_size
 from feeder.engine.group import group_ids, grouped_order
@@ -495,3 +495,154 @@ def test_resuming_a_pack_of_an_earlier_version_adds_the_sizes_to_its_indices(tmp
     assert all("image_sizes" not in e
                for e in json.loads((out / "train.json").read_text())["shardlist"])
     assert TarShards(str(out / "train.json")).image_sizes().tolist() == [list(s) for s in sizes]
+
+
+# -- sizes as decoded: EXIF orientation, caches keyed by it, no transient failure kept --
+
+def _exif_jpeg(h: int, w: int, orientation: int, value: int) -> bytes:
+    """A JPEG stored ``h`` x ``w`` whose EXIF orientation is ``orientation``."""
+    import io
+    from PIL import Image
+    img = Image.fromarray(np.full((h, w, 3), value, np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", exif=exif.tobytes(), quality=90)
+    return buf.getvalue()
+
+
+def _rotated_photos(n: int, seed: int = 0) -> tuple[list[bytes], list[bool]]:
+    """Photos all stored landscape; about half carry EXIF orientation 6 or 8 (a
+    portrait photo as cameras store it). Returns the JPEGs and which are portrait
+    once oriented."""
+    rng = np.random.default_rng(seed)
+    blobs, portrait = [], []
+    for i in range(n):
+        h, w = int(rng.integers(16, 24)), int(rng.integers(32, 40))
+        turned = bool(rng.random() < 0.5)
+        blobs.append(_exif_jpeg(h, w, int(rng.choice([6, 8])) if turned else 1, i))
+        portrait.append(turned)
+    return blobs, portrait
+
+
+class Photos:
+    """JPEGs from memory (no image_sizes(): grouping reads their headers)."""
+
+    def __init__(self, blobs):
+        self.blobs = blobs
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def read(self, index):
+        self.reads += 1
+        return self.blobs[index], index
+
+
+def _grouped(source, exif, **kw):
+    """One pass's batches as (source indices, delivered (height, width)s)."""
+    with Feeder(source, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=5,
+                shuffle=True, exif_orientation=exif, decode_threads=2, augment_threads=0,
+                **kw) as f:
+        return collected(f, keep=lambda b: (f.last_batch.indices.tolist(), b["size"].tolist()))
+
+
+def _homogeneous(batches, portrait):
+    """Every batch but the last two (the groups' leftovers) of one orientation."""
+    uniform = [len({portrait[i] for i in indices}) == 1 for indices, _ in batches]
+    return all(uniform[:-2]), uniform
+
+
+def test_packed_shards_group_by_oriented_sizes(tmp_path):
+    """feeder-pack's indices give the sizes as stored and which images EXIF
+    orientation transposes: exif_orientation=True groups by the oriented sizes
+    (stored sizes would mix portrait and landscape in most batches)."""
+    import os
+    from feeder.pack import pack, parse_size
+    from feeder.shards import TarShards
+    blobs, portrait = _rotated_photos(32, seed=1)
+    os.makedirs(tmp_path / "src" / "c0")
+    for i, blob in enumerate(blobs):
+        (tmp_path / "src" / "c0" / f"{i:03d}.jpg").write_bytes(blob)
+    res = pack(str(tmp_path / "src"), str(tmp_path / "out"), shard_size=parse_size("8KB"))
+    assert len(res.shards) > 1
+    listing = str(tmp_path / "out" / "train.json")
+    for lazy in (False, True):
+        shards = TarShards(listing, lazy_index=lazy)
+        stored = shards.image_sizes()
+        assert (stored[:, 0] < stored[:, 1]).all()  # every photo stored landscape
+        assert [bool(h > w) for h, w in shards.oriented_image_sizes()] == portrait
+    shards = TarShards(listing)
+    batches = _grouped(shards, True)
+    ok, uniform = _homogeneous(batches, portrait)
+    assert ok, uniform
+    # The delivered images are oriented: portrait where the grouping said so.
+    for indices, sizes in batches:
+        assert [h > w for h, w in sizes] == [portrait[i] for i in indices]
+    assert sorted(i for indices, _ in batches for i in indices) == list(range(32))
+
+
+def test_header_scan_groups_by_oriented_sizes_whichever_feeder_scanned_first():
+    """The header cache is kept per exif_orientation: a feeder's order does not
+    depend on which setting read the same source first."""
+    blobs, portrait = _rotated_photos(32, seed=2)
+    alone = _grouped(Photos(blobs), True)
+    ok, uniform = _homogeneous(alone, portrait)
+    assert ok, uniform
+    shared = Photos(blobs)
+    stored_first = _grouped(shared, False)  # scans the stored sizes: every photo landscape
+    after = _grouped(shared, True)
+    assert [i for i, _ in after] == [i for i, _ in alone]
+    assert [i for i, _ in _grouped(shared, False)] == [i for i, _ in stored_first]
+
+
+class Flaky(Photos):
+    """Reads of the listed samples fail with an OSError ``failures`` times each."""
+
+    def __init__(self, blobs, bad, failures):
+        super().__init__(blobs)
+        self.left = {i: failures for i in bad}
+
+    def read(self, index):
+        if self.left.get(index, 0) > 0:
+            self.left[index] -= 1
+            raise ConnectionResetError(f"storage hiccup reading {index}")
+        return super().read(index)
+
+
+def test_a_transient_read_failure_in_the_scan_is_retried_not_kept():
+    """A read that failed once must not leave the sample's size unknown for the
+    process: the grouped order (and a restarted job's resume) would change."""
+    from feeder.engine.group import READ_ATTEMPTS
+    blobs, portrait = _rotated_photos(24, seed=3)
+    reference = [i for i, _ in _grouped(Photos(blobs), True)]
+    flaky = Flaky(blobs, bad=[2, 5], failures=READ_ATTEMPTS - 1)
+    assert [i for i, _ in _grouped(flaky, True)] == reference
+    # A storage that keeps failing fails the pass, naming the sample; nothing is
+    # kept: once it recovers, the order is the one of a fresh process.
+    down = Flaky(blobs, bad=[4], failures=READ_ATTEMPTS)
+    with Feeder(down, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=5,
+                shuffle=True, exif_orientation=True, decode_threads=2, augment_threads=0) as f:
+        _, err = collect_pass(f)
+        assert err is not None and "sample 4" in str(err) and "ConnectionResetError" in str(err)
+    assert [i for i, _ in _grouped(down, True)] == reference
+
+
+def test_a_resume_whose_grouped_order_differs_is_refused():
+    """The same settings with other image sizes regroup otherwise: positions along
+    that order would lose samples; the state says so instead."""
+    blobs, _ = _rotated_photos(24, seed=4)
+    kw = dict(max_image_size=(40, 40), group_by_aspect_ratio=0, seed=5, shuffle=True,
+              decode_threads=2, augment_threads=0)
+    with Feeder(Photos(blobs), 4, [], **kw) as f:
+        collected(f, limit=2)
+        state = f.state_dict()
+    assert state["grouped_order"] is not None
+    with Feeder(Photos(blobs), 4, [], **kw) as g:
+        g.load_state_dict(state)  # the same sizes: accepted
+    other = Photos(blobs)
+    other.image_sizes = lambda: [(30, 20) if i % 3 else (20, 30) for i in range(len(blobs))]
+    with Feeder(other, 4, [], **kw) as g:
+        with pytest.raises(ValueError, match="cannot resume: grouped_order of epoch 0 differs"):
+            g.load_state_dict(state)

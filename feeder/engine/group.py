@@ -5,12 +5,19 @@ little padding.
 
 The groups are torchvision's ``create_aspect_ratio_groups(k)``: width / height
 quantized at the bins ``2 ** linspace(-1, 1, 2k + 1)`` (k=0: one bin at 1,
-landscape vs portrait). The sizes come from ``source.image_sizes()`` when the
-source has it (``feeder-pack``'s shards store them in their index), else from
-each image's header, read once per source and process (cached with the source,
-only for the samples a rank reads). A sample whose header cannot be read gets a
-group of its own: decoding it fails the usual way (raised, or skipped and
-counted under ``on_error="skip"``).
+landscape vs portrait). The sizes are those the images decode to: with
+``exif_orientation=True``, after the EXIF orientation (a portrait photo stored
+landscape groups as a portrait). They come from the source when it gives them
+(``source.image_sizes()`` as stored, ``source.oriented_image_sizes()`` as
+oriented: ``feeder-pack``'s shards store both in their index), else from each
+image's header, read once per source, ``exif_orientation`` and process (cached
+with the source, only for the samples a rank reads) by a few daemon threads that
+the pass's stop (``close()``) ends. A sample whose bytes hold no readable header
+gets a group of its own: decoding it fails the usual way (raised, or skipped and
+counted under ``on_error="skip"``). A read that fails with an ``OSError`` (a
+storage failure, perhaps transient) is tried again and then fails the pass with
+a :class:`ScanError`: taken as an unknown size, it would make the order depend
+on the storage's luck in this process.
 
 Sizes, too, for variable-size batches (``max_image_size``): when the transforms
 can say each sample's output size before decoding it (every size-changing step
@@ -41,11 +48,12 @@ import hashlib
 import logging
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .queue import Closed
 from ..work.decode import header_size
 from ..work.rng import epoch_key, index_key
 from ..sources import describe
@@ -62,8 +70,19 @@ _UNKNOWN = -1
 #: --padding: 6.76x against random batches, aspect groups alone 1.80x).
 SIZE_WINDOW = 8
 
-_cache: "weakref.WeakKeyDictionary[Any, np.ndarray]" = weakref.WeakKeyDictionary()
+# Header sizes read by the scan, per source and per exif_orientation (the sizes
+# depend on both): {source: {exif_orientation: int64 [len(source), 2]}}.
+_cache: "weakref.WeakKeyDictionary[Any, dict[bool, np.ndarray]]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+# Reads of one sample the scan tries before it fails: an OSError may be a
+# transient storage failure, and a size it left unknown would change the order.
+READ_ATTEMPTS = 3
+# Seconds the scan's caller waits between looks at the stop flag.
+_POLL_S = 0.05
+
+
+class ScanError(RuntimeError):
+    """The header scan could not read a sample's size (a storage failure)."""
 
 
 def _encoded(sample: Any) -> Any:
@@ -75,9 +94,31 @@ def _encoded(sample: Any) -> Any:
     return None
 
 
-def _read_size(source: Any, index: int, exif_orientation: bool) -> tuple[int, int]:
+def _read_size(source: Any, index: int, exif_orientation: bool,
+               give_up: threading.Event) -> tuple[int, int]:
+    """The size of sample ``index`` from its header, (-1, -1) when its bytes hold
+    no readable image (decoding it then fails the usual way, naming it): that
+    depends on the bytes alone. A read that fails with an OSError is tried again
+    and then raised as a :class:`ScanError`, never taken as an unknown size: the
+    grouped order would then depend on the storage's luck in this process."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            sample = source.read(index)
+        except OSError as exc:
+            if attempt + 1 == READ_ATTEMPTS or give_up.wait(0.1 * 2 ** attempt):
+                raise ScanError(f"aspect-ratio grouping: reading sample {index} "
+                                f"({describe(source, index)}) for its image size failed "
+                                f"{attempt + 1} times: {type(exc).__name__}: {exc}; the grouped "
+                                f"order needs every size (give the source image_sizes(), or "
+                                f"fix the storage)") from exc
+            continue
+        except Exception as exc:  # noqa: BLE001 - the decode step reports it, naming the sample
+            log.debug("aspect-ratio grouping: no size for sample %d (%s): %s", index,
+                      describe(source, index), exc)
+            return _UNKNOWN, _UNKNOWN
+        break
     try:
-        data = _encoded(source.read(index))
+        data = _encoded(sample)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             return _UNKNOWN, _UNKNOWN
         return header_size(data, exif_orientation)
@@ -87,35 +128,103 @@ def _read_size(source: Any, index: int, exif_orientation: bool) -> tuple[int, in
         return _UNKNOWN, _UNKNOWN
 
 
-def image_sizes(source: Any, indices: Any, exif_orientation: bool = False) -> np.ndarray:
-    """int64 ``[len(source), 2]`` (height, width) of the images, known at least at
-    ``indices`` (-1 where unreadable or not asked for yet). From
-    ``source.image_sizes()`` when the source has it, else read from the headers
-    once and cached with the source."""
-    given = getattr(source, "image_sizes", None)
-    if callable(given):
-        sizes = given()
-        if sizes is not None:
-            sizes = np.asarray(sizes, dtype=np.int64)
-            if sizes.shape != (len(source), 2):
-                raise ValueError(f"{type(source).__name__}.image_sizes() must give (height, width) "
-                                 f"for each of its {len(source)} samples, got shape {sizes.shape}")
-            return sizes
+def _scan(source: Any, missing: np.ndarray, exif_orientation: bool,
+          stopped: Callable[[], bool]) -> np.ndarray:
+    """The sizes of the samples ``missing``, read in a few daemon threads (interpreter
+    exit never waits for them) that stop taking samples once ``stopped()`` is
+    true or the caller leaves (an exception, Ctrl-C).
+
+    Raises:
+        Closed: ``stopped()`` became true before the scan finished.
+        ScanError: a sample could not be read (see :func:`_read_size`).
+    """
+    found = np.full((len(missing), 2), _UNKNOWN - 1, np.int64)
+    give_up = threading.Event()
+    errors: list[BaseException] = []
+    taken = iter(range(len(missing)))
+    take_lock = threading.Lock()
+
+    def work() -> None:
+        while not give_up.is_set():
+            with take_lock:
+                k = next(taken, None)
+            if k is None:
+                return
+            try:
+                found[k] = _read_size(source, int(missing[k]), exif_orientation, give_up)
+            except BaseException as exc:  # noqa: BLE001 - handed to the scan's caller
+                errors.append(exc)
+                give_up.set()
+                return
+
+    threads = [threading.Thread(target=work, name=f"feeder-sizes-{i}", daemon=True)
+               for i in range(min(_READ_THREADS, len(missing)))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                if stopped():
+                    raise Closed()
+                t.join(_POLL_S)
+    finally:
+        give_up.set()  # the threads take no further sample: a read in progress ends alone
+    if errors:
+        raise errors[0]
+    return found
+
+
+def _given_sizes(source: Any, exif_orientation: bool) -> np.ndarray | None:
+    """The sizes the source gives itself: ``image_sizes()`` (as stored), or with
+    ``exif_orientation`` ``oriented_image_sizes()`` (as oriented); None when it
+    has no such method or it answers None."""
+    name = "oriented_image_sizes" if exif_orientation else "image_sizes"
+    given = getattr(source, name, None)
+    if not callable(given):
+        return None
+    sizes = given()
+    if sizes is None:
+        return None
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if sizes.shape != (len(source), 2):
+        raise ValueError(f"{type(source).__name__}.{name}() must give (height, width) "
+                         f"for each of its {len(source)} samples, got shape {sizes.shape}")
+    return sizes
+
+
+def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
+                stopped: Callable[[], bool] | None = None) -> np.ndarray:
+    """int64 ``[len(source), 2]`` (height, width) of the images as decoded (oriented
+    when ``exif_orientation``), known at least at ``indices`` (-1 where
+    unreadable, -2 where not asked for yet). From the source when it gives them
+    (see :func:`_given_sizes`), else read from the headers once and cached with
+    the source and ``exif_orientation``.
+
+    Args:
+        stopped: Ends the header scan early (the pass's stop flag).
+
+    Raises:
+        Closed: ``stopped()`` became true during the scan.
+        ScanError: a read failed with an OSError on every attempt.
+    """
+    given = _given_sizes(source, exif_orientation)
+    if given is not None:
+        return given
     try:
         with _lock:
-            sizes = _cache.get(source)
+            per_source = _cache.setdefault(source, {})
+            sizes = per_source.get(exif_orientation)
             if sizes is None or len(sizes) != len(source):
-                sizes = _cache[source] = np.full((len(source), 2), _UNKNOWN - 1, np.int64)
+                sizes = per_source[exif_orientation] = np.full((len(source), 2), _UNKNOWN - 1,
+                                                               np.int64)
     except TypeError:  # a source that cannot be weakly referenced: read each pass
         sizes = np.full((len(source), 2), _UNKNOWN - 1, np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     missing = indices[sizes[indices, 0] < _UNKNOWN] if len(indices) else indices
     if len(missing):
         log.debug("aspect-ratio grouping: reading %d image headers", len(missing))
-        with ThreadPoolExecutor(min(_READ_THREADS, len(missing)),
-                                thread_name_prefix="feeder-sizes") as pool:
-            found = list(pool.map(lambda i: _read_size(source, int(i), exif_orientation), missing))
-        sizes[missing] = np.asarray(found, dtype=np.int64)
+        sizes[missing] = _scan(source, missing, exif_orientation,
+                               stopped if stopped is not None else (lambda: False))
     return sizes
 
 
@@ -213,11 +322,11 @@ def grouped_order(order: list[int], groups: np.ndarray, batch_size: int,
 
 def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int,
                      exif_orientation: bool = False, chain: Any = None, seed: int = 0,
-                     epoch: int = 0) -> list[int]:
+                     epoch: int = 0, stopped: Callable[[], bool] | None = None) -> list[int]:
     """A pass's ``order`` regrouped by aspect ratio, and by planned size when
     ``chain`` makes variable sizes it can plan (the one place both the pass and the
-    feeder's resume checks compute it)."""
-    sizes = image_sizes(source, order, exif_orientation)
+    feeder's resume checks compute it). ``stopped`` ends a header scan early."""
+    sizes = image_sizes(source, order, exif_orientation, stopped)
     areas = None
     if chain is not None and getattr(chain, "max_image_size", None) is not None:
         planned = planned_sizes(chain, sizes, order, seed, epoch)
@@ -230,14 +339,16 @@ def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int
 
 
 def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: int = 0,
-                   epoch: int = 0) -> Any:
+                   epoch: int = 0, stopped: Callable[[], bool] | None = None) -> Any:
     """A pass's :class:`~feeder.engine.order.Order` regrouped when ``cfg`` (the feeder's
     Config) asks for grouping, else ``order`` itself: the one function the
     pass and the feeder's resume and skip use, so their positions agree.
     ``chain`` (the feeder's :class:`~feeder.work.augment.Chain`), ``seed`` and ``epoch``
     give the samples' planned sizes (see the module's docstring).
     Grouping needs every size of the rank's samples, so it holds the rank's order
-    as an array (sources of images to group are far below the lazy orders' sizes)."""
+    as an array (sources of images to group are far below the lazy orders' sizes).
+    ``stopped`` (the pass's stop flag) ends a header scan early, raising
+    :class:`~feeder.engine.queue.Closed`."""
     factor = cfg.group_by_aspect_ratio
     if factor is None:
         return order
@@ -247,7 +358,9 @@ def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: i
     # The pass and the progress bookkeeping both ask for the same pass's order;
     # the planned sizes behind it cost about 5 us a sample, so the answer is
     # kept per chain (one per feeder) for the latest two passes.
-    key = (factor, cfg.batch_size, cfg.exif_orientation, seed, epoch, len(source),
+    # Everything the answer depends on: the chain (the memo's owner) plans the
+    # sizes, the source and exif_orientation give them, the rest cut the batches.
+    key = (id(source), factor, cfg.batch_size, cfg.exif_orientation, seed, epoch, len(source),
            hashlib.blake2b(np.ascontiguousarray(flat, dtype=np.int64).tobytes(), digest_size=16).digest())
     memo = None
     if chain is not None:
@@ -257,7 +370,7 @@ def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: i
         if hit is not None:
             return ArrayOrder(hit)
     grouped = np.asarray(group_pass_order(flat, source, factor, cfg.batch_size, cfg.exif_orientation,
-                                          chain, seed, epoch), dtype=np.int64)
+                                          chain, seed, epoch, stopped), dtype=np.int64)
     grouped.flags.writeable = False
     if memo is not None:
         with _memo_lock:
