@@ -372,3 +372,65 @@ def test_interpreter_exit_with_a_running_feeder(case):
     if case == "uncaught-exception":
         assert "loss is nan" in child.stderr
     assert "Traceback" not in child.stderr or case == "uncaught-exception", child.stderr
+
+
+# -- the aspect-ratio header scan stops with the feeder -----------------------------------
+
+SLOW_SCAN = """
+class Slow(Mem):
+    # Every read waits on a gate: the header scan is mid-way while the test acts.
+    def __init__(self, blobs):
+        super().__init__(blobs)
+        self.gate = threading.Event()
+        self.started = 0
+        self.lock = threading.Lock()
+        self.eight = threading.Event()
+    def read(self, i):
+        with self.lock:
+            self.started += 1
+            if self.started >= 8:
+                self.eight.set()
+        self.gate.wait(60)
+        return super().read(i)
+
+src = Slow(BLOBS)
+f = Feeder(src, 4, [ops.CenterCrop(32)], seed=0, group_by_aspect_ratio=True, decode_threads=2,
+           augment_threads=0)
+it = iter(f)
+it._start()  # the pass starts: its sampler scans the headers (as a first next() would)
+assert src.eight.wait(30), "the scan never started"
+"""
+
+SCAN_CLOSED = SLOW_SCAN + """
+started = src.started
+f.close()
+src.gate.set()  # the reads in progress end; the scan must start no other
+left = live_feeder_threads(10.0)
+say(event="closed", started=started, after=src.started, left=left)
+"""
+
+SCAN_EXIT = SLOW_SCAN + """
+say(event="exiting")
+"""
+
+
+def test_close_stops_the_header_scan():
+    child = Child(SCAN_CLOSED)
+    try:
+        report = json.loads(child.expect_line(60))
+        rc = child.wait(20)
+    finally:
+        child.kill()
+    assert rc == 0, child.stderr
+    assert report["left"] == [], report  # the scan's threads have exited
+    assert report["after"] == report["started"], report  # no read after close()
+
+
+def test_interpreter_exit_does_not_wait_for_the_header_scan():
+    child = Child(SCAN_EXIT)
+    try:
+        assert json.loads(child.expect_line(60)) == {"event": "exiting"}
+        rc = child.wait(20)  # a scan whose reads wait 60 s each: a hang fails here
+    finally:
+        child.kill()
+    assert rc == 0, child.stderr

@@ -244,7 +244,7 @@ class Pass(PassBase):
             # A resumed pass: ``done`` (a Handled) gives the positions of the
             # order an earlier run already handled.
             # This rank's samples regrouped by aspect ratio, when asked (see _group).
-            full = group_sequence(full, source, cfg, work.chain, seed, epoch)
+            full = group_sequence(full, source, cfg, work.chain, seed, epoch, self.stopped)
             order = full if done is None else Remaining(full, done)
             if hasattr(source, "will_read") or hasattr(source, "will_read_shards"):
                 order = Hinting(order, source)  # lazy shard indices, window prefetch
