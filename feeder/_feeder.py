@@ -132,7 +132,9 @@ class Feeder:
         group_by_aspect_ratio: Batch samples of similar aspect ratio together, as
             torchvision's ``GroupedBatchSampler`` does: True (its default factor
             3) or a factor ``k`` (0: landscape vs portrait); every sample still
-            once per epoch, in an order that depends only on (seed, epoch, rank).
+            once per epoch, in an order that depends only on (seed, epoch, rank)
+            and the images' sizes as decoded (after their EXIF orientation with
+            ``exif_orientation=True``).
         max_pixels: Largest decoded ``width * height`` accepted; larger images
             are rejected from their header (decompression bombs).
         timeout: Seconds ``next()`` may wait for a batch before it raises
