@@ -3,6 +3,9 @@ tests/test_jpeg_hostile.py)."""
 
 from __future__ import annotations
 
+import glob
+import os
+
 import cv2
 import numpy as np
 
@@ -26,3 +29,16 @@ def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90, rst: int = 3) 
     ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(src), params)
     assert ok
     return buf.tobytes()
+
+
+def other_libjpeg() -> str | None:
+    """A libjpeg-turbo of the same soname as the system's but another release:
+    the one Pillow's wheels bundle (3.x), if installed (to preload under the
+    extension in a subprocess)."""
+    try:
+        import PIL
+    except ImportError:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(PIL.__file__)),
+                                          "pillow.libs", "libjpeg-*.so.62*")))
+    return found[0] if found else None

@@ -21,7 +21,6 @@ What is promised, checked against libjpeg-turbo's own Huffman decoder
 
 from __future__ import annotations
 
-import glob
 import os
 import pickle
 import random
@@ -33,7 +32,7 @@ import numpy as np
 import pytest
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import SUBSAMPLING, jpeg
+from jpeg_helpers import SUBSAMPLING, jpeg, other_libjpeg
 from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
 from feeder.work import decode as D
@@ -151,18 +150,6 @@ def test_a_grid_index_jumps_over_the_columns_beside_the_crop(kind):
     assert np.array_equal(got, ref) and jumped > 0
 
 
-def _other_libjpeg() -> str | None:
-    """A libjpeg-turbo of the same soname as the system's but another release:
-    the one Pillow's wheels bundle (3.x), if installed."""
-    try:
-        import PIL
-    except ImportError:
-        return None
-    found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(PIL.__file__)),
-                                          "pillow.libs", "libjpeg-*.so.62*")))
-    return found[0] if found else None
-
-
 _ACROSS_RELEASES = r"""
 import sys
 import numpy as np
@@ -216,7 +203,7 @@ def test_column_skipping_does_not_depend_on_libjpegs_private_layout():
     decoder's struct changed too: the own decoder names only its two methods,
     the same in both, and tells which layout runs. Here the extension runs on
     Pillow's bundled libjpeg-turbo (3.x), preloaded."""
-    other = _other_libjpeg()
+    other = other_libjpeg()
     if other is None:
         pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
     env = {**os.environ, "LD_PRELOAD": other}
