@@ -1,10 +1,12 @@
 """JPEG test files of every kind the region decoder handles (tests/test_jpeg.py,
-tests/test_jpeg_hostile.py)."""
+tests/test_jpeg_hostile.py), and of the other coding processes (lossless,
+12/16-bit: tests/data/jpeg_lossless)."""
 
 from __future__ import annotations
 
 import glob
 import os
+import pathlib
 
 import cv2
 import numpy as np
@@ -29,6 +31,45 @@ def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90, rst: int = 3) 
     ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(src), params)
     assert ok
     return buf.tobytes()
+
+
+#: JPEGs in the other coding processes (lossless, 12/16-bit), made
+#: by tests/data/jpeg_lossless/make_jpegs.c (see the README there).
+OTHER_PROCESSES = pathlib.Path(__file__).parent / "data" / "jpeg_lossless"
+
+
+def other_process(name: str) -> bytes:
+    """The bytes of ``tests/data/jpeg_lossless/<name>``."""
+    return (OTHER_PROCESSES / name).read_bytes()
+
+
+def stored_scene(h: int, w: int, components: int) -> np.ndarray:
+    """The 8-bit samples make_jpegs.c writes (its ``scene``, computed the same
+    way in doubles): what a lossless file of that size stores, exactly."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    ramps = [x / w, y / h, (x + y) / (w + h)]
+    planes = []
+    for c in range(components):
+        v = 0.15 + 0.6 * ramps[0 if c % 3 == 0 else c]
+        v = np.where(((x // 9 + y // 7) % 5) == 0, v + 0.2, v)
+        v = np.where((x > w // 2) & (y > h // 3), 0.9 - 0.5 * v, v)
+        planes.append(np.minimum((v * 255 + 0.5).astype(np.int64), 255))
+    return np.stack(planes, -1).astype(np.uint8)
+
+
+def lossless_shown(name: str) -> np.ndarray:
+    """The RGB a lossless test file shows, from the samples it stores exactly."""
+    h, w = (6, 8) if name.endswith("8x6.jpg") else (45, 62)
+    if "gray" in name:
+        return np.repeat(stored_scene(h, w, 1), 3, axis=2)
+    if "cmyk" in name:  # Adobe (inverted) ink, as every CMYK JPEG: R = C * K / 255
+        ink = stored_scene(h, w, 4).astype(np.uint16)
+        return ((ink[..., :3] * ink[..., 3:] + 127) // 255).astype(np.uint8)
+    return stored_scene(h, w, 3)
+
+
+#: The lossless files feeder decodes (8-bit RGB, gray and CMYK).
+LOSSLESS = ["lossless_rgb.jpg", "lossless_rgb_8x6.jpg", "lossless_gray.jpg", "lossless_cmyk.jpg"]
 
 
 def other_libjpeg() -> str | None:
