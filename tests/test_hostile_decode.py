@@ -26,9 +26,10 @@ import simplejpeg
 import feeder.work.decode as decode_mod
 from conftest import MemorySource, drain, encode_jpeg, encode_png
 from faults_helpers import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
+from jpeg_helpers import other_process
 from feeder import DecodeError, Feeder, FileList, ImageFolder, SampleError, ops
 from feeder.engine.config import DEFAULTS, Config
-from feeder.work.decode import SUPPORTED_FORMATS, decode_image
+from feeder.work.decode import SUPPORTED_FORMATS, decode_image, header_size
 
 
 @pytest.fixture
@@ -301,6 +302,83 @@ TRUNCATED = _truncated_headers()
 def test_unreadable_header_refused_as_corrupt(row, no_pixel_decode):
     with pytest.raises(DecodeError, match="corrupt"):
         decode_image(TRUNCATED[row])
+
+
+# -- JPEG coding processes -----------------------------------------------------------
+
+
+def _sof_at(data: bytes) -> int:
+    """Where a test file's SOF marker is (its first marker segment in the range)."""
+    pos = 2
+    while not (0xC0 <= data[pos + 1] <= 0xCF and data[pos + 1] not in (0xC4, 0xC8, 0xCC)):
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return pos
+
+
+def _with_sof(data: bytes, marker: int) -> bytes:
+    at = _sof_at(data) + 1
+    return data[:at] + bytes([marker]) + data[at + 1:]
+
+
+def _refused_processes() -> dict[str, tuple[bytes, str]]:
+    """Valid JPEGs (or valid headers) in processes feeder does not decode: the
+    error names what the header says."""
+    rows = {
+        "12-bit-sequential": (other_process("gray_12bit.jpg"), r"12-bit samples \(SOF1, extended sequential\)"),
+        "12-bit-lossless": (other_process("lossless_gray_12bit.jpg"), r"12-bit samples \(SOF3, lossless\)"),
+        "16-bit-lossless": (other_process("lossless_gray_16bit.jpg"), r"16-bit samples \(SOF3, lossless\)"),
+    }
+    for marker in (0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF):
+        rows[f"hierarchical-SOF{marker - 0xC0}"] = (
+            _with_sof(other_process("lossless_rgb.jpg"), marker), rf"hierarchical JPEG \(SOF{marker - 0xC0}, differential")
+    return rows
+
+
+REFUSED_PROCESSES = _refused_processes()
+
+
+@pytest.mark.parametrize("row", sorted(REFUSED_PROCESSES))
+@pytest.mark.parametrize("decoder", ["extension", "simplejpeg"])
+def test_jpeg_process_feeder_does_not_decode_is_refused_by_name(row, decoder, monkeypatch,
+                                                                no_pixel_decode):
+    """12- and 16-bit samples and hierarchical frames are refused from the
+    header with the process named, on both decoder paths and by header_size,
+    not as a "corrupt header" in one path and "Unsupported color conversion"
+    or "data precision" in the other."""
+    if decoder == "extension" and decode_mod._jpeg is None:
+        pytest.skip("the extension is not in use")
+    if decoder == "simplejpeg":
+        monkeypatch.setattr(decode_mod, "_jpeg", None)
+    data, match = REFUSED_PROCESSES[row]
+    with pytest.raises(DecodeError, match=match):
+        decode_image(data, hint=lambda h, w, key: (8, 8))
+    with pytest.raises(DecodeError, match=match):
+        header_size(data)
+
+
+def test_jpeg_header_walk_is_bounded():
+    """The walk to the frame header reads no length past the data and stops
+    after a bounded number of steps: every prefix of a file gives an image or
+    a DecodeError (never an IndexError), and a header of 5000 empty comments
+    or fill bytes before its frame is refused (the walk stops after 4096 steps)."""
+    data = encode_jpeg(smooth_rgb(24, 40), 90)
+    whole = decode_image(data)[0]
+    for n in range(3, len(data), 5):
+        try:
+            img, _ = decode_image(data[:n], hint=lambda h, w, key: (4, 4))
+        except DecodeError:
+            continue
+        assert img.shape[2] == 3
+    padded = data[:2] + b"\xff\xfe\x00\x02" * 5000 + data[2:]
+    with pytest.raises(DecodeError, match="more than 4096 marker segments"):
+        decode_image(padded)
+    with pytest.raises(DecodeError, match="more than 4096 marker segments"):
+        header_size(padded)
+    fill = data[:2] + b"\xff" * 5000 + data[2:]
+    with pytest.raises(DecodeError, match="more than 4096 marker segments"):
+        decode_image(fill)
+    few = data[:2] + b"\xff\xfe\x00\x02" * 50 + data[2:]  # 50 more steps: a header as any
+    np.testing.assert_array_equal(decode_image(few)[0], whole)
 
 
 def test_decoded_size_checked_again(monkeypatch):

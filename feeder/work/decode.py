@@ -277,6 +277,101 @@ def _check_pixels(h: int, w: int, max_pixels: int) -> None:
             f"(possible decompression bomb); raise max_pixels to accept it")
 
 
+# A JPEG's start-of-frame marker names its coding process (ITU-T T.81, table
+# B.1); 0xC4, 0xC8 and 0xCC in that range are other markers (DHT, JPG, DAC).
+_SOF_PROCESS = {
+    0xC0: "baseline", 0xC1: "extended sequential", 0xC2: "progressive", 0xC3: "lossless",
+    0xC5: "differential sequential", 0xC6: "differential progressive", 0xC7: "differential lossless",
+    0xC9: "extended sequential, arithmetic", 0xCA: "progressive, arithmetic",
+    0xCB: "lossless, arithmetic", 0xCD: "differential sequential, arithmetic",
+    0xCE: "differential progressive, arithmetic", 0xCF: "differential lossless, arithmetic",
+}
+_HIERARCHICAL_SOF = frozenset((0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF))
+_PROGRESSIVE_SOF = frozenset((0xC2, 0xCA))
+# Segments (and fill bytes) walked before the first scan: real files have
+# tens at most (an ICC profile is cut into at most 255 APP2 segments); the
+# bound keeps a hostile run of tiny segments from costing a Python loop per
+# four bytes of the file.
+_MAX_HEADER_STEPS = 4096
+
+
+class _JpegFrame(NamedTuple):
+    """A JPEG's frame header (its SOF segment), read by :func:`_jpeg_frame`."""
+
+    marker: int  # 0xC0..0xCF: the coding process
+    precision: int  # bits per sample
+    height: int
+    width: int
+    components: int
+    scan_at: int  # a progressive frame's first SOS marker (where the walk stopped when none)
+
+    @property
+    def process(self) -> str:
+        return f"SOF{self.marker - 0xC0}, {_SOF_PROCESS[self.marker]}"
+
+    @property
+    def progressive(self) -> bool:
+        return self.marker in _PROGRESSIVE_SOF
+
+
+def _jpeg_frame(data: bytes | memoryview) -> _JpegFrame | None:
+    """The frame header of a JPEG, found by walking its marker segments from
+    SOI to the first scan (each length checked against the bytes left), and
+    checked against what feeder decodes.
+
+    The decoders' own header reading does not say which process a file uses,
+    and that decides how it may be decoded: DCT scaling has no meaning for a
+    lossless file, and a libjpeg-turbo that ignores it there writes a full-size
+    image where a scaled one was asked for (libjpeg-turbo 3.0 to 3.1.3's
+    TurboJPEG, which simplejpeg bundles, past the end of its output).
+
+    Returns:
+        The frame, or None when the walk found none before the first scan (or
+        the data's end): a corrupt header, for the decoder to report.
+
+    Raises:
+        DecodeError: a process or sample precision feeder does not decode
+            (hierarchical files; samples of other than 8 bits), or a header of
+            more than ``_MAX_HEADER_STEPS`` segments and fill bytes.
+    """
+    pos, n, frame = 2, len(data), None
+    for _ in range(_MAX_HEADER_STEPS):
+        if pos + 4 > n or data[pos] != 0xFF:
+            break
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xDA or marker == 0xD9:  # first scan, or end of image
+            break
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2 or pos + 2 + length > n:
+            break
+        if marker in _SOF_PROCESS and frame is None:  # a second one is the decoder's error
+            if length < 8:
+                break
+            frame = (marker, data[pos + 4], (data[pos + 5] << 8) | data[pos + 6],
+                     (data[pos + 7] << 8) | data[pos + 8], data[pos + 9])
+            if marker not in _PROGRESSIVE_SOF:
+                break  # only a progressive frame's scans are counted: stop here
+        pos += 2 + length
+    else:
+        raise DecodeError(f"corrupt JPEG header: more than {_MAX_HEADER_STEPS} marker segments "
+                          f"and fill bytes before the first scan")
+    if frame is None:
+        return None
+    found = _JpegFrame(*frame, pos)
+    if found.marker in _HIERARCHICAL_SOF:
+        raise DecodeError(f"hierarchical JPEG ({found.process}) is not supported: libjpeg-turbo "
+                          f"decodes no differential frames; re-encode it as a baseline or "
+                          f"progressive JPEG")
+    if found.precision != 8:
+        raise DecodeError(f"JPEG of {found.precision}-bit samples ({found.process}) is not "
+                          f"supported: feeder decodes 8-bit JPEGs (libjpeg-turbo's 8-bit "
+                          f"interface); convert it to 8 bits, or to a 16-bit PNG or TIFF")
+    return found
+
+
 def _to_rgb8(img: np.ndarray) -> np.ndarray:
     """Any cv2.imdecode result (gray, BGR, BGRA; 8/16-bit or float) to uint8 RGB."""
     if img.dtype == np.uint16:
@@ -418,15 +513,18 @@ def decode_planned(data: bytes | memoryview, max_pixels: int, plan: Plan | None,
 def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, key: Any,
                  buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True,
                  verified: VerifiedJpegs | None = None) -> tuple[np.ndarray, tuple[int, int], Any]:
+    frame = _jpeg_frame(data)  # the process first: it decides how the file may be decoded
     if _jpeg is not None:
-        w, h, _, colorspace, sampling, progressive = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
+        w, h, _, colorspace, sampling, scans = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
     else:
         try:
             h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as exc:
             raise DecodeError(f"corrupt JPEG header: {_simplejpeg_says(exc)}") from exc
-        progressive = None  # not known until the markers are walked
-        sampling = None
+        sampling = scans = None
+    if frame is None:  # the decoder read a header that the marker walk could not
+        raise DecodeError("corrupt JPEG header: no frame header (SOF) in a walk of its marker "
+                          "segments (bytes between them?)")
     if h <= 0 or w <= 0 or h * w > max_pixels:
         _check_pixels(h, w, max_pixels)  # raises, saying which
     orientation = orientation_of(None, data) if exif_orientation else 1
@@ -437,12 +535,8 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # ink values with simplejpeg, whose corrupt-data warnings are errors as
         # for every other JPEG (OpenCV's reader only prints them), and convert
         # as browsers and OpenCV do: R = C * K / 255, rounded. Rare in datasets.
-        if progressive is not False:
-            _check_scans(data)
-        try:
-            ink = simplejpeg.decode_jpeg(data, colorspace="CMYK")
-        except ValueError as exc:
-            raise DecodeError(f"corrupt JPEG ({colorspace}): {exc}") from exc
+        _check_scans(data, frame)
+        ink = _simplejpeg_whole(data, "CMYK", frame, colorspace)
         k = ink[..., 3:4].astype(np.uint16)
         img = ((ink[..., :3].astype(np.uint16) * k + 127) // 255).astype(np.uint8)
         return orient(img, orientation), size, None
@@ -479,7 +573,7 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             # index, see verified.py: all of them in the read to the end, down
             # to the crop otherwise); a later one starts at the row above its
             # crop, and records on past the index's last row if it goes further.
-            fp, check = (verified.fingerprints(data) if verified is not None and not progressive
+            fp, check = (verified.fingerprints(data) if verified is not None and not scans
                          else (0, 0))
             index = verified.index(fp, check) if fp else None  # type: ignore[union-attr]
             verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
@@ -502,8 +596,7 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # are slower than a full decode in libjpeg-turbo, so they are not used.
         if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
             min_h, min_w = need
-    if progressive is not False:  # the extension's header said; else walk the markers
-        _check_scans(data)
+    _check_scans(data, frame)
     buf = None if buffers is None else buffers.take(h * w * 3)
     try:
         img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=min_h, min_width=min_w,
@@ -528,6 +621,15 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
 USUAL_SAMPLINGS = frozenset(("gray", "4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1"))
 
 
+def _simplejpeg_whole(data: bytes | memoryview, colorspace: str, frame: _JpegFrame,
+                      stored: str) -> np.ndarray:
+    """The whole image at full size through simplejpeg (no scaling asked for)."""
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace=colorspace)
+    except ValueError as exc:
+        raise DecodeError(f"corrupt JPEG ({frame.process}, {stored}): {exc}") from exc
+
+
 def _simplejpeg_says(exc: Exception) -> str:
     """simplejpeg's error, with what it means when the file is valid but has sampling
     factors it cannot decode (TurboJPEG's API knows the usual layouts only)."""
@@ -544,29 +646,16 @@ def _simplejpeg_says(exc: Exception) -> str:
 # real encoders write about ten), held on the simplejpeg path too, so that a
 # file is accepted or refused whatever the transforms and the decoder.
 MAX_SCANS = 500
-_PROGRESSIVE_SOF = frozenset((0xC2, 0xC6, 0xCA, 0xCE))
 
 
-def _check_scans(data: bytes | memoryview) -> None:
+def _check_scans(data: bytes | memoryview, frame: _JpegFrame) -> None:
     """Refuse a progressive JPEG of more than :data:`MAX_SCANS` scans.
 
-    Walks the marker segments up to the first scan (their lengths, a few
-    steps); a progressive frame's scans are then counted as the ``FF DA``
-    pairs after it: inside entropy-coded data an ``FF`` byte is always
-    followed by ``00`` or a restart marker, so every such pair is a scan."""
-    raw = data
-    pos, n, progressive = 2, len(raw), False
-    while pos + 4 <= n and raw[pos] == 0xFF:
-        marker = raw[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0xDA:
-            break
-        if marker in _PROGRESSIVE_SOF:
-            progressive = True
-        pos += 2 + ((raw[pos + 2] << 8) | raw[pos + 3])
-    if progressive and (raw if type(raw) is bytes else bytes(raw)).count(b"\xff\xda", pos) > MAX_SCANS:
+    A progressive frame's scans are counted as the ``FF DA`` pairs from its
+    first scan on: inside entropy-coded data an ``FF`` byte is always followed
+    by ``00`` or a restart marker, so every such pair is a scan."""
+    if frame.progressive and (data if type(data) is bytes else bytes(data)).count(
+            b"\xff\xda", frame.scan_at) > MAX_SCANS:
         raise DecodeError(f"corrupt JPEG: more than {MAX_SCANS} scans (a real encoder writes "
                           f"about ten)")
 
@@ -686,6 +775,7 @@ def header_size(data: bytes | memoryview, exif_orientation: bool = False) -> tup
         DecodeError: a format that cannot be decoded, or a header that cannot be read.
     """
     if bytes(data[:2]) == b"\xff\xd8":
+        _jpeg_frame(data)  # refuses what decode_image refuses, by the same words
         if _jpeg is not None:
             w, h = _jpeg.header(data)[:2]
         else:
