@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import simplejpeg
 
-from conftest import encode_jpeg, encode_png
-from feeder import DecodeError
-from feeder.work.decode import decode_image
+from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_png
+from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+from feeder import DecodeError, Feeder, ops
+from feeder.work import decode as _decode
+from feeder.work.decode import DecodeBuffers, decode_image
 from feeder.synthetic import make_image
 
 
@@ -125,3 +131,79 @@ def test_max_pixels_rejects_from_header():
     with pytest.raises(DecodeError, match="max_pixels"):
         decode_image(png, max_pixels=100)
     assert decode_image(data, max_pixels=40 * 60)[0].shape == (40, 60, 3)
+
+
+# -- lossless JPEGs ------------------------------------------------------------------
+
+
+@pytest.fixture(params=["extension", "simplejpeg"])
+def jpeg_path(request, monkeypatch):
+    """Each JPEG decoder path: feeder's extension (where built), and simplejpeg alone."""
+    if request.param == "extension" and _decode._jpeg is None:
+        pytest.skip(f"the extension is not in use: {_decode._jpeg_missing}")
+    if request.param == "simplejpeg":
+        monkeypatch.setattr(_decode, "_jpeg", None)
+    return request.param
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+@pytest.mark.parametrize("need", [None, (10, 12), (1, 1)])
+def test_lossless_jpeg_is_decoded_whole_and_exact(jpeg_path, name, need):
+    """DCT scaling means nothing to a lossless file: simplejpeg's libjpeg-turbo
+    (3.0 to 3.1.3) decoded it at full size into an image sized for the scale the
+    hint allowed (garbage, mean error near 80 grey levels); the extension's
+    system libjpeg-turbo 2.1 refused it as a corrupt header. Both paths decode
+    it whole, to the samples it stores."""
+    data = other_process(name)
+    want = lossless_shown(name)
+    hint = None if need is None else (lambda h, w, key: need)
+    img, size = decode_image(data, hint=hint, buffers=DecodeBuffers())
+    assert size == want.shape[:2]
+    np.testing.assert_array_equal(img, want)
+
+
+_LOSSLESS_NO_BUFFERS = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from feeder.work import decode as _decode
+from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+assert _decode._jpeg is None, "the simplejpeg path is forced"
+for name in LOSSLESS:
+    for need in ((10, 12), (1, 1), (23, 31)):
+        img, size = _decode.decode_image(other_process(name), hint=lambda h, w, key: need)
+        assert np.array_equal(img, lossless_shown(name)), (name, need, img.shape)
+print("exact")
+"""
+
+
+def test_lossless_jpeg_with_a_hint_and_no_buffers_does_not_overrun():
+    """Without buffers, simplejpeg allocated the scaled image and its
+    libjpeg-turbo wrote the full-size one into it: a heap overrun. In a
+    subprocess on the simplejpeg path, so that a crash fails only this test."""
+    env = {**os.environ, "FEEDER_NO_JPEG_EXT": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(_decode.__file__))),
+                                          os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", _LOSSLESS_NO_BUFFERS, os.path.dirname(os.path.abspath(__file__))],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "exact", (r.returncode, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("chain", [
+    lambda: [ops.RandomResizedCrop(24)],
+    lambda: [ops.Resize(30), ops.CenterCrop(24)],
+], ids=["RandomResizedCrop", "Resize+CenterCrop"])
+def test_feeder_crops_lossless_jpegs_as_the_same_pixels_in_png(jpeg_path, chain):
+    """A Feeder over lossless JPEGs delivers what it delivers for PNGs of the
+    pixels they store: decoded whole at full size, then the same crop."""
+    names = LOSSLESS * 2
+    batches = {}
+    for kind in ("jpeg", "png"):
+        blobs = [other_process(n) if kind == "jpeg" else encode_png(lossless_shown(n)) for n in names]
+        with Feeder(MemorySource(blobs), 4, chain(), seed=11, ordered=True) as f:
+            batches[kind], err = drain(f, JOIN_TIMEOUT_S)
+        assert err is None, err
+    assert len(batches["jpeg"]) == len(batches["png"]) == 2
+    for (x, y), (rx, ry) in zip(batches["jpeg"], batches["png"]):
+        np.testing.assert_array_equal(y, ry)
+        np.testing.assert_array_equal(x, rx)

@@ -26,7 +26,7 @@ import simplejpeg
 import feeder.work.decode as decode_mod
 from conftest import MemorySource, drain, encode_jpeg, encode_png
 from faults_helpers import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
-from jpeg_helpers import other_process
+from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 from feeder import DecodeError, Feeder, FileList, ImageFolder, SampleError, ops
 from feeder.engine.config import DEFAULTS, Config
 from feeder.work.decode import SUPPORTED_FORMATS, decode_image, header_size
@@ -327,6 +327,7 @@ def _refused_processes() -> dict[str, tuple[bytes, str]]:
         "12-bit-sequential": (other_process("gray_12bit.jpg"), r"12-bit samples \(SOF1, extended sequential\)"),
         "12-bit-lossless": (other_process("lossless_gray_12bit.jpg"), r"12-bit samples \(SOF3, lossless\)"),
         "16-bit-lossless": (other_process("lossless_gray_16bit.jpg"), r"16-bit samples \(SOF3, lossless\)"),
+        "lossless-ycbcr": (other_process("lossless_ycbcr.jpg"), r"lossless JPEG \(SOF3, lossless\) stored as YCbCr"),
     }
     for marker in (0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF):
         rows[f"hierarchical-SOF{marker - 0xC0}"] = (
@@ -341,10 +342,10 @@ REFUSED_PROCESSES = _refused_processes()
 @pytest.mark.parametrize("decoder", ["extension", "simplejpeg"])
 def test_jpeg_process_feeder_does_not_decode_is_refused_by_name(row, decoder, monkeypatch,
                                                                 no_pixel_decode):
-    """12- and 16-bit samples and hierarchical frames are refused from the
-    header with the process named, on both decoder paths and by header_size,
-    not as a "corrupt header" in one path and "Unsupported color conversion"
-    or "data precision" in the other."""
+    """12- and 16-bit samples, hierarchical frames and lossless YCbCr (which
+    libjpeg-turbo cannot convert) are refused from the header with the process
+    named, on both decoder paths and by header_size, not as a "corrupt header"
+    in one path and "Unsupported color conversion" in the other."""
     if decoder == "extension" and decode_mod._jpeg is None:
         pytest.skip("the extension is not in use")
     if decoder == "simplejpeg":
@@ -352,8 +353,36 @@ def test_jpeg_process_feeder_does_not_decode_is_refused_by_name(row, decoder, mo
     data, match = REFUSED_PROCESSES[row]
     with pytest.raises(DecodeError, match=match):
         decode_image(data, hint=lambda h, w, key: (8, 8))
-    with pytest.raises(DecodeError, match=match):
-        header_size(data)
+    if not row.startswith("lossless-"):  # the colour space is a decoder's reading
+        with pytest.raises(DecodeError, match=match):
+            header_size(data)
+
+
+@pytest.mark.parametrize("marker", [0xC3, 0xCB])
+def test_lossless_jpeg_is_never_asked_for_a_scale(marker, monkeypatch):
+    """SOF3 and SOF11 (lossless, Huffman or arithmetic): simplejpeg is asked
+    for the whole image at full size, whatever the transforms need (an SOF11
+    made here by relabelling Huffman data decodes to an error or some image,
+    never by a scaled call)."""
+    monkeypatch.setattr(decode_mod, "_jpeg", None)
+    calls = []
+    real = simplejpeg.decode_jpeg
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        if kwargs.get("min_height") or kwargs.get("min_width"):  # would overrun the heap: never run it
+            raise AssertionError(f"a scaled decode of a lossless JPEG: {kwargs}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode_mod.simplejpeg, "decode_jpeg", spy)
+    data = _with_sof(other_process("lossless_rgb.jpg"), marker)
+    try:
+        img, size = decode_image(data, hint=lambda h, w, key: (4, 4))
+        assert img.shape == (45, 62, 3) and size == (45, 62)
+    except DecodeError:
+        pass
+    assert calls
+    assert header_size(data) == (45, 62)
 
 
 def test_jpeg_header_walk_is_bounded():
@@ -379,6 +408,19 @@ def test_jpeg_header_walk_is_bounded():
         decode_image(fill)
     few = data[:2] + b"\xff\xfe\x00\x02" * 50 + data[2:]  # 50 more steps: a header as any
     np.testing.assert_array_equal(decode_image(few)[0], whole)
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_lossless_jpeg_with_exif_orientation(name):
+    """A lossless file is oriented as any other image."""
+    data = other_process(name)
+    exif = (b"Exif\x00\x00" + b"II*\x00" + struct.pack("<IH", 8, 1)
+            + struct.pack("<HHIHH", 274, 3, 1, 6, 0) + bytes(4))
+    oriented = data[:2] + b"\xff\xe1" + struct.pack(">H", len(exif) + 2) + exif + data[2:]
+    img, size = decode_image(oriented, exif_orientation=True, hint=lambda h, w, key: (2, 2))
+    want = np.rot90(lossless_shown(name), -1)
+    assert size == want.shape[:2]
+    np.testing.assert_array_equal(img, want)
 
 
 def test_decoded_size_checked_again(monkeypatch):

@@ -569,13 +569,14 @@ def _patched_sof(data: bytes, marker: int | None = None, precision: int | None =
 @pytest.mark.parametrize("what, kwargs, header_says, feeder_says", [
     ("12-bit", {"precision": 12}, "precision 12", r"12-bit samples \(SOF0, baseline\)"),
     ("16-bit", {"precision": 16}, "precision 16", r"16-bit samples \(SOF0, baseline\)"),
-    ("lossless", {"marker": 0xC3}, "0xc3", "0xc3"),
+    ("lossless", {"marker": 0xC3}, "0xc3", r"lossless JPEG \(SOF3, lossless\) stored as YCbCr"),
     ("hierarchical", {"marker": 0xC5}, "0xc5", r"hierarchical JPEG \(SOF5, differential sequential\)"),
 ])
 def test_unsupported_coding_processes_are_refused_naming_why(what, kwargs, header_says, feeder_says):
     """The extension's libjpeg-turbo 2.x reads 8-bit DCT headers only; feeder
-    refuses a 12- or 16-bit or hierarchical header naming the process, from
-    the header, on every path."""
+    refuses a 12- or 16-bit or hierarchical header, and a lossless one stored
+    as YCbCr (libjpeg-turbo converts no colours in lossless mode), naming the
+    process, from the header, on every path."""
     data = _patched_sof(enc(make_image(32, 32, seed=8)), **kwargs)
     with pytest.raises(DecodeError, match=header_says):
         ext.header(data)

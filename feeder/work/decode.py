@@ -286,6 +286,7 @@ _SOF_PROCESS = {
     0xCB: "lossless, arithmetic", 0xCD: "differential sequential, arithmetic",
     0xCE: "differential progressive, arithmetic", 0xCF: "differential lossless, arithmetic",
 }
+_LOSSLESS_SOF = frozenset((0xC3, 0xCB))
 _HIERARCHICAL_SOF = frozenset((0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF))
 _PROGRESSIVE_SOF = frozenset((0xC2, 0xCA))
 # Segments (and fill bytes) walked before the first scan: real files have
@@ -308,6 +309,10 @@ class _JpegFrame(NamedTuple):
     @property
     def process(self) -> str:
         return f"SOF{self.marker - 0xC0}, {_SOF_PROCESS[self.marker]}"
+
+    @property
+    def lossless(self) -> bool:
+        return self.marker in _LOSSLESS_SOF
 
     @property
     def progressive(self) -> bool:
@@ -514,13 +519,17 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
                  buffers: DecodeBuffers | None, exif_orientation: bool, jpeg_verify: bool = True,
                  verified: VerifiedJpegs | None = None) -> tuple[np.ndarray, tuple[int, int], Any]:
     frame = _jpeg_frame(data)  # the process first: it decides how the file may be decoded
-    if _jpeg is not None:
+    lossless = frame is not None and frame.lossless
+    if _jpeg is not None and not lossless:
         w, h, _, colorspace, sampling, scans = _jpeg.header(data)  # raises DecodeError("corrupt JPEG header: ...")
     else:
+        # A lossless file is read by simplejpeg whatever the path: the system's
+        # libjpeg-turbo before 3.0 knows no lossless process.
         try:
             h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as exc:
-            raise DecodeError(f"corrupt JPEG header: {_simplejpeg_says(exc)}") from exc
+            needs = " (lossless JPEGs need libjpeg-turbo 3.0 or later)" if lossless else ""
+            raise DecodeError(f"corrupt JPEG header: {_simplejpeg_says(exc)}{needs}") from exc
         sampling = scans = None
     if frame is None:  # the decoder read a header that the marker walk could not
         raise DecodeError("corrupt JPEG header: no frame header (SOF) in a walk of its marker "
@@ -535,10 +544,27 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
         # ink values with simplejpeg, whose corrupt-data warnings are errors as
         # for every other JPEG (OpenCV's reader only prints them), and convert
         # as browsers and OpenCV do: R = C * K / 255, rounded. Rare in datasets.
+        # Whole, at full size, whatever the transforms need (lossless files too).
         _check_scans(data, frame)
         ink = _simplejpeg_whole(data, "CMYK", frame, colorspace)
         k = ink[..., 3:4].astype(np.uint16)
         img = ((ink[..., :3].astype(np.uint16) * k + 127) // 255).astype(np.uint8)
+        return orient(img, orientation), size, None
+    if lossless:
+        # DCT scaling means nothing to a lossless file, and libjpeg-turbo 3.0 to
+        # 3.1.3 (simplejpeg bundles one) decodes it at full size into the
+        # output sized for the scale asked for: garbage with a pool buffer,
+        # a heap overrun without. It is decoded whole at full size, as a PNG
+        # is, and the transforms draw their crop from that. libjpeg-turbo
+        # converts no colours in lossless mode: gray is widened here.
+        if colorspace == "Gray":
+            img = cv2.cvtColor(_simplejpeg_whole(data, "GRAY", frame, colorspace), cv2.COLOR_GRAY2RGB)
+        elif colorspace == "RGB":
+            img = _simplejpeg_whole(data, "RGB", frame, colorspace)
+        else:
+            raise DecodeError(f"lossless JPEG ({frame.process}) stored as {colorspace} is not "
+                              f"supported: libjpeg-turbo converts no colours in lossless mode "
+                              f"(RGB, gray and CMYK lossless JPEGs are decoded)")
         return orient(img, orientation), size, None
     min_h = min_w = 0
     planned = None
@@ -775,8 +801,10 @@ def header_size(data: bytes | memoryview, exif_orientation: bool = False) -> tup
         DecodeError: a format that cannot be decoded, or a header that cannot be read.
     """
     if bytes(data[:2]) == b"\xff\xd8":
-        _jpeg_frame(data)  # refuses what decode_image refuses, by the same words
-        if _jpeg is not None:
+        frame = _jpeg_frame(data)  # refuses what decode_image refuses, by the same words
+        if frame is not None and frame.lossless:
+            h, w = frame.height, frame.width  # the system's libjpeg-turbo may not read it
+        elif _jpeg is not None:
             w, h = _jpeg.header(data)[:2]
         else:
             try:
