@@ -3,7 +3,8 @@ libjpeg-turbo) and the fallback to simplejpeg without it.
 
 * The region it decodes is bit-identical to a full decode (at the same DCT
   scale) cropped, for every subsampling, gray, progressive and restart-marker
-  files, at 1/1, 1/2, 1/4 and 1/8.
+  files, at 1/1, 1/2, 1/4 and 1/8; a decode that its libjpeg-turbo did not
+  scale as asked (a lossless file on 3.x) is an error.
 * Through the transforms: RandomResizedCrop, Resize + CenterCrop, CenterCrop
   and Resize give the same pixels as the simplejpeg path wherever both decode at
   the same scale (always at 1/1: the crop before the resize is a full decode's),
@@ -33,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import KINDS, SUBSAMPLING, jpeg
+from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, other_libjpeg, other_process
 from feeder import DecodeError, Feeder, info, ops
 from feeder.work import decode as _decode
 from feeder.work.augment import Chain
@@ -87,6 +88,53 @@ def test_region_is_bit_identical_to_a_full_decode_cropped(kind):
                 got = region(data, t, l, h, w, denom, compact)
                 np.testing.assert_array_equal(got, ref[t:t + h, l:l + w],
                                               err_msg=f"{kind} 1/{denom} box {(t, l, h, w)}")
+
+
+_LOSSLESS_ON_3X = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from jpeg_helpers import other_process, stored_scene
+from feeder.errors import DecodeError
+from feeder.work import _jpeg as ext
+from feeder.work.decode import decode_image
+loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
+assert any(sys.argv[2] in l for l in loaded), loaded
+data = other_process("lossless_rgb_8x6.jpg")
+want = stored_scene(6, 8, 3)
+out = np.zeros(1 << 12, np.uint8)
+ext.decode(data, 0, 0, 6, 8, 1, out, 1 << 20, True)  # at full size, libjpeg-turbo 3.x reads it
+assert np.array_equal(out[:6 * 8 * 3].reshape(6, 8, 3), want)
+for denom in (2, 4, 8):
+    for verify in (True, False):
+        h, w = -(-6 // denom), -(-8 // denom)
+        try:
+            ext.decode(data, 0, 0, h, w, denom, out, 1 << 20, True, verify)
+            print("decoded", denom, verify)
+        except DecodeError as exc:
+            assert f"not at scale 1/{denom}" in str(exc), str(exc)
+img, _ = decode_image(data, hint=lambda h, w, key: (2, 2))
+assert np.array_equal(img, want)
+print("done")
+"""
+
+
+@needs_ext
+def test_extension_refuses_a_scale_its_libjpeg_did_not_apply():
+    """libjpeg-turbo 3.x reads lossless files and decodes them at full size
+    whatever the scale: the extension's region, in pixels of the scaled image,
+    then named other rows (with verify=False and no column crop, no error at
+    all). It checks the scale it got; feeder itself decodes lossless files
+    whole. Here the extension runs on Pillow's bundled libjpeg-turbo (3.x)."""
+    other = other_libjpeg()
+    if other is None:
+        pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
+    env = {**os.environ, "LD_PRELOAD": other}
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _LOSSLESS_ON_3X, here, os.path.basename(other)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "done", proc.stdout
 
 
 @needs_ext

@@ -403,6 +403,17 @@ static void run_decode(Job *job)
      * whole image) before any output: skipping rows can save the IDCT and
      * colour conversion only, not the entropy decoding (about 5% saved). */
     jpeg_start_decompress(&cinfo);
+    /* The region is in pixels of the image at 1/denom: the library must have
+     * scaled as asked. libjpeg-turbo 3.x decodes a lossless file at full size
+     * whatever the scale (DCT scaling means nothing there), and rows read at
+     * full size through a region computed for a reduced one are another part
+     * of the image, with no error where no crop or skip refuses them. */
+    if (cinfo.output_width != (cinfo.image_width + job->denom - 1) / job->denom
+        || cinfo.output_height != (cinfo.image_height + job->denom - 1) / job->denom)
+        FAIL("the JPEG decodes at %ux%u, not at scale 1/%u of its %ux%u (a lossless JPEG, which "
+             "libjpeg-turbo does not scale?): decode it whole at full size",
+             cinfo.output_width, cinfo.output_height, job->denom, cinfo.image_width,
+             cinfo.image_height);
     if (job->top + (unsigned long long)job->height > cinfo.output_height
         || job->left + (unsigned long long)job->width > cinfo.output_width
         || job->height == 0 || job->width == 0)
