@@ -502,6 +502,10 @@ def test_info_says_which_decoder_runs():
     assert jpeg_info["decoder"] == ("feeder.work._jpeg" if ext is not None else "simplejpeg")
     assert jpeg_info["region_decode"] is (ext is not None)
     assert (jpeg_info["reason"] is None) is (ext is not None)
+    if ext is None:
+        assert jpeg_info["huffman"] is None
+    else:  # the own Huffman decoder runs exactly where the library's layout is known
+        assert jpeg_info["huffman"] == ("libjpeg-turbo" if ext.ENTROPY_LAYOUT is None else "feeder")
 
 
 def _has_jpeg_headers() -> bool:

@@ -51,13 +51,18 @@ def jpeg_decoder() -> dict[str, Any]:
 
     Returns:
         ``{"decoder": "feeder.work._jpeg" or "simplejpeg", "region_decode": bool,
-        "libjpeg_turbo": version or None, "reason": why the extension is not used, or None}``.
+        "libjpeg_turbo": version or None, "huffman": "feeder" (its own Huffman
+        decoder, with the row index) or "libjpeg-turbo" (the running library's
+        entropy-decoder layout is not one it knows) or None, "reason": why the
+        extension is not used, or None}``.
     """
     if _jpeg is not None:
+        own = getattr(_jpeg, "ENTROPY_LAYOUT", None) is not None
         return {"decoder": "feeder.work._jpeg", "region_decode": True,
-                "libjpeg_turbo": _jpeg.LIBJPEG_TURBO_VERSION, "reason": None}
+                "libjpeg_turbo": _jpeg.LIBJPEG_TURBO_VERSION,
+                "huffman": "feeder" if own else "libjpeg-turbo", "reason": None}
     return {"decoder": "simplejpeg", "region_decode": False, "libjpeg_turbo": None,
-            "reason": _jpeg_missing}
+            "huffman": None, "reason": _jpeg_missing}
 
 
 def note_jpeg_decoder() -> None:
