@@ -83,3 +83,23 @@ def other_libjpeg() -> str | None:
     found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(PIL.__file__)),
                                           "pillow.libs", "libjpeg-*.so.62*")))
     return found[0] if found else None
+
+
+def run_on_other_libjpeg(script: str) -> str:
+    """Run ``script`` (``python -c``) with :func:`other_libjpeg` preloaded, its
+    arguments the tests' folder and that library's file name; skip the calling
+    test where none is installed. Returns its standard output (it must exit 0)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    other = other_libjpeg()
+    if other is None:
+        pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", script, here, os.path.basename(other)],
+                          env={**os.environ, "LD_PRELOAD": other}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, other_libjpeg, other_process
+from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, run_on_other_libjpeg, other_process
 from feeder import DecodeError, Feeder, info, ops
 from feeder.work import decode as _decode
 from feeder.work.augment import Chain
@@ -126,15 +126,8 @@ def test_extension_refuses_a_scale_its_libjpeg_did_not_apply():
     then named other rows (with verify=False and no column crop, no error at
     all). It checks the scale it got; feeder itself decodes lossless files
     whole. Here the extension runs on Pillow's bundled libjpeg-turbo (3.x)."""
-    other = other_libjpeg()
-    if other is None:
-        pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
-    env = {**os.environ, "LD_PRELOAD": other}
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _LOSSLESS_ON_3X, here, os.path.basename(other)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "done", proc.stdout
+    out = run_on_other_libjpeg(_LOSSLESS_ON_3X)
+    assert out.strip() == "done", out
 
 
 @needs_ext

@@ -21,18 +21,15 @@ What is promised, checked against libjpeg-turbo's own Huffman decoder
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import SUBSAMPLING, jpeg, other_libjpeg
+from jpeg_helpers import SUBSAMPLING, jpeg, run_on_other_libjpeg
 from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
 from feeder.work import decode as D
@@ -203,19 +200,12 @@ def test_column_skipping_does_not_depend_on_libjpegs_private_layout():
     decoder's struct changed too: the own decoder names only its two methods,
     the same in both, and tells which layout runs. Here the extension runs on
     Pillow's bundled libjpeg-turbo (3.x), preloaded."""
-    other = other_libjpeg()
-    if other is None:
-        pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
-    env = {**os.environ, "LD_PRELOAD": other}
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _ACROSS_RELEASES, here, os.path.basename(other)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith("mismatches 0"), proc.stdout
+    out = run_on_other_libjpeg(_ACROSS_RELEASES)
+    assert out.strip().endswith("mismatches 0"), out
     # libjpeg-turbo 3.x put two lossless-mode methods before insufficient_data
     # in the entropy decoder struct: the extension, built against the
     # system's release, tells the running library's layout.
-    assert "layout 3.x" in proc.stdout, proc.stdout
+    assert "layout 3.x" in out, out
     assert ext.ENTROPY_LAYOUT == ("3.x" if ext.LIBJPEG_TURBO_VERSION.startswith("3.") else "6b-2.x")
 
 
