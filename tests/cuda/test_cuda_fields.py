@@ -83,6 +83,7 @@ def test_every_field_on_the_device_equals_the_cpu_path(wide_every):
         assert all(b.is_cuda for b in first["boxes"]) and all(b.is_cuda for b in first["box_labels"])
         assert first["key"] == [f"k{i}" for i in first["label"].tolist()]
         del it, first
+        f.set_epoch(0)  # again the CPU feeder's pass, not the next epoch
         cuda, err = collect(f, slow_consumer=True)
     assert err is None
     same(cpu, cuda)

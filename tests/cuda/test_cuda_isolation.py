@@ -16,7 +16,8 @@ from cuda_helpers import (MEAN, SPIN, STD, assert_sums, batch_sum, make_isolated
                           reference_sums)
 from cuda_helpers import big_source as _big_source
 from feeder import ops
-from test_isolation import DictSource, assert_same
+from fields_helpers import DictSource
+from test_isolation import assert_same, make_dict
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -83,11 +84,11 @@ def test_consumer_stream_lagging_behind(big_source):
 
 def test_dict_samples_on_cuda():
     transforms = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
-    with make(DictSource(), transforms, batch_size=8, device="cuda") as f:
+    with make(DictSource(20, make_dict), transforms, batch_size=8, device="cuda") as f:
         expect = [{k: (v.cpu() if isinstance(v, torch.Tensor) else
                        [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
                    for k, v in b.items()} for b in f]
-    with make(DictSource(), transforms, batch_size=8, device="cuda", isolation="process") as f:
+    with make(DictSource(20, make_dict), transforms, batch_size=8, device="cuda", isolation="process") as f:
         got = [{k: (v.cpu() if isinstance(v, torch.Tensor) else
                     [t.cpu() if isinstance(t, torch.Tensor) else t for t in v])
                 for k, v in b.items()} for b in f]
