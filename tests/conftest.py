@@ -57,6 +57,47 @@ def pytest_collection_modifyitems(session, config, items):
                                 "would error on a GPU): " + "; ".join(problems))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_cuda(reason): a test under tests/cuda that needs a "
+                                       "real CUDA device; skipped under the CUDA stand-in")
+
+
+@pytest.fixture(autouse=True)
+def cuda(request):
+    """Under ``tests/cuda`` on a machine without CUDA: the CUDA stand-in
+    (``tests/cuda_standin.py``), recording every CUDA call, or a skip for a test
+    marked ``real_cuda``. None elsewhere, and on a CUDA machine (the device itself)."""
+    from cuda_standin import REAL_CUDA, Standin
+
+    if REAL_CUDA or CUDA_TESTS not in Path(str(request.node.path)).resolve().parents:
+        yield None
+        return
+    marker = request.node.get_closest_marker("real_cuda")
+    if marker is not None:
+        pytest.skip("needs a real CUDA device: " + marker.kwargs["reason"])
+    patches = pytest.MonkeyPatch()
+    standin = Standin().install(patches)
+    # An isolated feeder forks here, as before any real CUDA call (the
+    # stand-in's state is plain Python, safe to fork): spawning would start an
+    # interpreter without the stand-in, seconds per test.
+    patches.setattr("torch.cuda.is_initialized", lambda: False)
+    try:
+        yield standin
+    finally:
+        # Every feeder's threads and clean-ups end before torch.cuda is restored:
+        # a late one would reach the real (absent) CUDA.
+        import gc
+        gc.collect()
+        reaped()
+        wait_no_feeder_threads(10.0)
+        from feeder.engine.engine import live_engines
+        for engine in live_engines():  # kept alive, say by a failed test's traceback
+            engine.free()
+            if getattr(engine, "side", None) is not None:
+                engine.side.device = None  # exit's free() then touches no device
+        patches.undo()
+
+
 def feeder_threads() -> list[threading.Thread]:
     """Threads of feeder passes (not the process-wide reaper, which idles on its queue)."""
     return [t for t in threading.enumerate()

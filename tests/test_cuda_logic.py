@@ -1,11 +1,10 @@
 """The CUDA-only logic of the transfer path, checked without a GPU: ``torch.cuda``
-is replaced by a recording fake, and each test asserts what the code asks of
+is replaced by the recording CUDA stand-in (``tests/cuda_standin.py``), and each test asserts what the code asks of
 CUDA and in which order (the module docstring of ``feeder/engine/transfer.py`` names
 these tests; ``scripts/gpu-check`` checks the same on a GPU)."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from cuda_standin import Standin
 from feeder import Feeder, ops
 from feeder.engine import batch as _batch
 from feeder.engine import transfer as _transfer
@@ -25,91 +25,9 @@ from feeder.engine.queue import Closed
 AUG = [ops.CenterCrop(32)]
 
 
-class FakeCuda:
-    """What the transfer path calls in ``torch.cuda``, recorded in ``log`` with the
-    fake thread-local current device at the time of the call."""
-
-    def __init__(self, current: int = 0, count: int = 2) -> None:
-        self.log: list[tuple] = []
-        self.count = count
-        self.local = threading.local()
-        self.default = current
-        fake = self
-
-        class Event:
-            def __init__(self, enable_timing=False, blocking=False, interprocess=False):
-                fake.log.append(("event", blocking))
-                self.blocking = blocking
-
-            def record(self, stream=None):
-                fake.log.append(("record", getattr(stream, "index", None)))
-
-            def synchronize(self):
-                fake.log.append(("sync", self.blocking, fake.current()))
-
-        class Stream:
-            def __init__(self, device=None, priority=0):
-                self.index = torch.device(device).index if device is not None else fake.current()
-                self.priority = priority
-                fake.log.append(("stream", self.index, priority, fake.current()))
-
-            @staticmethod
-            def priority_range():
-                return (0, -5)
-
-            def synchronize(self):
-                fake.log.append(("spin", self.index))
-
-        class Cudart:
-            def cudaHostRegister(self, ptr, size, flags):
-                fake.log.append(("register", ptr, fake.current()))
-                return 0
-
-            def cudaHostUnregister(self, ptr):
-                fake.log.append(("unregister", ptr, fake.current()))
-                return 0
-
-        self.Event, self.Stream, self.cudart = Event, Stream, Cudart()
-
-    def current(self) -> int:
-        return getattr(self.local, "device", self.default)
-
-    def set_current(self, index: int) -> None:
-        """``torch.cuda.set_device`` in the calling thread."""
-        self.local.device = index
-
-    @contextlib.contextmanager
-    def device(self, device):
-        index = device if isinstance(device, int) else torch.device(device).index
-        before = self.current()
-        self.local.device = index
-        try:
-            yield
-        finally:
-            self.local.device = before
-
-    def install(self, monkeypatch) -> "FakeCuda":
-        cuda = torch.cuda
-        monkeypatch.setattr(cuda, "is_available", lambda: True)
-        monkeypatch.setattr(cuda, "is_initialized", lambda: False)
-        monkeypatch.setattr(cuda, "device_count", lambda: self.count)
-        monkeypatch.setattr(cuda, "current_device", self.current)
-        monkeypatch.setattr(cuda, "set_device", lambda d: self.set_current(torch.device(d).index))
-        monkeypatch.setattr(cuda, "device", self.device)
-        monkeypatch.setattr(cuda, "Event", self.Event)
-        monkeypatch.setattr(cuda, "Stream", self.Stream)
-        monkeypatch.setattr(cuda, "cudart", lambda: self.cudart)
-        monkeypatch.setattr(torch.accelerator.memory, "empty_host_cache",
-                            lambda: self.log.append(("empty host cache", self.current())))
-        return self
-
-    def kinds(self, *names: str) -> list[tuple]:
-        return [entry for entry in self.log if entry[0] in names]
-
-
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    return FakeCuda().install(monkeypatch)
+    return Standin().install(monkeypatch)
 
 
 def source() -> MemorySource:

@@ -1,7 +1,7 @@
 """The CUDA transfer stage: side stream, event ordering, pinned-buffer reuse,
 caching-allocator safety, and values identical to the CPU path.
 
-Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from cuda_helpers import (MEAN, SPIN, STD, assert_same_batches, assert_sums, bat
 from cuda_helpers import big_source as _big_source
 from feeder.engine import transfer as _transfer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture
@@ -62,6 +61,7 @@ def test_values_identical_to_cpu_path(big_source, kw):
     assert_same_batches(a, err_a, b, err_b, close_to_cpu_path)
 
 
+@pytest.mark.real_cuda(reason="reads the streams of copies and kernels in a profiler trace")
 def test_copies_run_on_a_side_stream(big_source, tmp_path):
     from torch.profiler import ProfilerActivity, profile
     with make(big_source, device="cuda", batch_size=32) as f:
@@ -149,3 +149,41 @@ def test_exactly_once_and_order_on_cuda(big_source):
     with make(big_source, device="cuda", batch_size=10, shuffle=False, drop_last=False) as f:
         batches, err = drain(f)
     assert err is None and labels_of(batches) == list(range(240))
+
+
+def test_each_batch_is_copied_recorded_waited_for_and_recorded_on_the_consumer_stream(
+        big_source, cuda):
+    """The order of the CUDA calls behind every batch (the stand-in's call log; on
+    a GPU, test_copies_run_on_a_side_stream and the race tests check the effects):
+    pinned, non-blocking copies on the feeder's side stream in its transfer thread;
+    the batch's event recorded there after them; the consumer's stream made to wait
+    on it before next() returns; every device tensor recorded on that stream."""
+    if cuda is None:
+        pytest.skip("the CUDA call log exists under the stand-in only")
+    consumer = torch.cuda.Stream()
+    got = []
+    with make(big_source, device="cuda", batch_size=32) as f, torch.cuda.stream(consumer):
+        for x, y in f:
+            got.append((len(cuda.calls), x.untyped_storage().data_ptr(),
+                        y.untyped_storage().data_ptr()))
+        side = f._engine.side.stream(torch.device("cuda", 0))
+    assert len(got) == 8 and side.cuda_stream != consumer.cuda_stream
+    copies = cuda.of("copy to device")
+    assert copies and all(c.stream == side.cuda_stream and c.detail["pinned"]
+                          and c.detail["non_blocking"] and c.thread.startswith("feeder-")
+                          for c in copies)
+    start = 0
+    for end, images, labels in got:
+        calls = cuda.calls[start:end]
+        start = end
+        records = [i for i, c in enumerate(calls) if c.what == "record"]
+        waits = [i for i, c in enumerate(calls) if c.what == "wait"]
+        assert len(waits) == 1 and calls[waits[0]].stream == consumer.cuda_stream
+        event = calls[waits[0]].detail["event"]
+        record = next(i for i in records if calls[i].detail["event"] == event)
+        assert calls[record].stream == side.cuda_stream
+        assert any(c.what == "copy to device" for c in calls[:record])
+        recorded = {c.detail["storage"] for c in calls[waits[0]:] if c.what == "record_stream"
+                    and c.stream == consumer.cuda_stream}
+        assert {images, labels} <= recorded
+    assert cuda.contexts == {0}

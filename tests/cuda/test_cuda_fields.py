@@ -2,7 +2,7 @@
 the batch's event, from pinned memory, recorded on the consumer's stream, and
 equal to what the CPU path delivers.
 
-Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from feeder.engine import transfer as _transfer
 from feeder.synthetic import make_image
 from fields_helpers import DictSource, cell_mask, check_mask_follows_image, coordinate_image, png, rgb_png
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 CHAIN = [ops.RandomResizedCrop(40, scale=(0.3, 1.0)), ops.RandomHorizontalFlip()]
 SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds of delay

@@ -2,7 +2,7 @@
 (cudaHostRegister), copies from them that keep the thread engine's values and
 ordering, released only after their copy, unregistered on close.
 
-Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from feeder import ops
 from fields_helpers import DictSource
 from test_isolation import assert_same, make_dict
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture

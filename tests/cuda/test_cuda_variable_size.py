@@ -2,7 +2,7 @@
 (rows only, or whole slots, cut on the device), the sizes behind the same event,
 equal to what the CPU path delivers, on both engines.
 
-Skipped without a GPU. Run on a GPU machine with ``bash scripts/test.sh tests/cuda -v``.
+On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import torch
 from test_variable_size import Segments, Sized, _sizes, collect
 from feeder import Feeder
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
