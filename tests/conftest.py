@@ -43,9 +43,82 @@ def missing_fixtures(items) -> list[str]:
     return problems
 
 
+def unmarked_skips(items) -> list[str]:
+    """``"test id: why"`` for every test under ``tests/cuda`` that skips other than by
+    ``real_cuda(reason=...)``: on a machine without CUDA the suite runs under the
+    stand-in, and a test that needs the device says why in that one marker."""
+    problems = []
+    for item in items:
+        if CUDA_TESTS not in Path(str(item.path)).resolve().parents:
+            continue
+        for mark in item.iter_markers():
+            if mark.name in ("skip", "skipif"):
+                problems.append(f"{item.nodeid}: marked {mark.name} (use real_cuda(reason=...))")
+            elif mark.name == "real_cuda" and not str(mark.kwargs.get("reason", "")).strip():
+                problems.append(f"{item.nodeid}: real_cuda without a reason")
+    return problems
+
+
+def bad_calls(module) -> list[str]:
+    """``"file:line: call: error"`` for every call in ``module`` (a test module) of a
+    function or class defined in the test suite (its helpers, fixtures' factories,
+    the module's own functions) whose arguments do not fit its signature.
+
+    A test that skips never makes its calls; a helper whose signature changed
+    would fail only on the machine that runs it. Calls with ``*`` or ``**``
+    arguments, and names a function binds locally, are left out."""
+    import ast
+    import inspect
+
+    tests_root = CUDA_TESTS.parent
+    path = Path(module.__file__)
+    tree = ast.parse(path.read_text(), str(path))
+    problems = []
+
+    def local_names(fn) -> set[str]:
+        names = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+        return names
+
+    def visit(node, shadowed: frozenset) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            shadowed = shadowed | local_names(node)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in shadowed:
+            target = getattr(module, node.func.id, None)
+            try:
+                source = inspect.getsourcefile(target) if callable(target) else None
+            except TypeError:
+                source = None
+            splat = any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords)
+            if source and tests_root in Path(source).resolve().parents and not splat:
+                try:
+                    signature = inspect.signature(target)
+                except (TypeError, ValueError):
+                    signature = None
+                if signature is not None:
+                    try:
+                        signature.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+                    except TypeError as exc:
+                        problems.append(f"{path.name}:{node.lineno}: {node.func.id}(): {exc}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, shadowed)
+
+    visit(tree, frozenset())
+    return problems
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Fail the run at collection when a GPU test names a fixture that does not exist
-    (checked on every machine; see ``missing_fixtures``)."""
+    """Fail the run at collection when a GPU test names a fixture that does not exist,
+    skips without saying why it needs the device, or calls a test helper with
+    arguments its signature refuses (checked on every machine; see
+    ``missing_fixtures``, ``unmarked_skips`` and ``bad_calls``)."""
     # The start-method tests first: tests of remote storage leave fsspec's event
     # loop thread running for the rest of the process, after which
     # start_method="auto" must spawn; the rule's fork cases need a process
@@ -55,6 +128,17 @@ def pytest_collection_modifyitems(session, config, items):
     if problems:
         raise pytest.UsageError("tests under tests/cuda name fixtures that do not exist (they "
                                 "would error on a GPU): " + "; ".join(problems))
+    problems = unmarked_skips(items)
+    if problems:
+        raise pytest.UsageError("tests under tests/cuda skip without saying why they need a "
+                                "GPU: " + "; ".join(problems))
+    modules = {id(item.module): item.module for item in items
+               if CUDA_TESTS in Path(str(item.path)).resolve().parents
+               and getattr(item, "module", None) is not None}
+    problems = [p for module in modules.values() for p in bad_calls(module)]
+    if problems:
+        raise pytest.UsageError("tests under tests/cuda call test helpers with arguments their "
+                                "signatures refuse: " + "; ".join(problems))
 
 
 def pytest_configure(config):

@@ -105,7 +105,7 @@ def test_collection_fails_on_a_gpu_test_naming_a_missing_fixture(tmp_path):
     (tmp_path / "cuda").mkdir()
     body = textwrap.dedent("""
         import pytest
-        pytestmark = pytest.mark.skipif(True, reason="needs a CUDA GPU")
+        pytestmark = pytest.mark.real_cuda(reason="needs a CUDA GPU")
 
         @pytest.fixture
         def helper(a, b):
@@ -127,6 +127,51 @@ def test_collection_fails_on_a_gpu_test_naming_a_missing_fixture(tmp_path):
     good = _collect(tmp_path)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "2 tests collected" in good.stdout
+
+
+def test_collection_fails_on_a_gpu_test_calling_a_helper_wrongly_or_skipping_unmarked(tmp_path):
+    """A test under tests/cuda that calls a test helper with arguments its signature
+    refuses (as after the helper's signature changed) fails collection even when the
+    test itself is skipped; so does a skip that is not real_cuda(reason=...)."""
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text())
+    (tmp_path / "helpers.py").write_text("class Source:\n    def __init__(self, n, make):\n"
+                                         "        self.n = n\n")
+    (tmp_path / "cuda").mkdir()
+    body = textwrap.dedent("""
+        import pytest
+        from helpers import Source
+
+        def local(n):
+            return n
+
+        @pytest.mark.real_cuda(reason="needs the device")
+        def test_uses_it():
+            Source(4, len)
+            Source(n=4, make=len)
+            Source(*[4, len])
+            make = Source
+            make()
+            local(n=1)
+    """)
+    wrong = {"Source()": "missing a required argument: 'n'",
+             "local(1, 2)": "too many positional arguments",
+             "Source(4, len, names=1)": "got an unexpected keyword argument 'names'"}
+    (tmp_path / "cuda" / "test_bad.py").write_text(body + "".join(f"    {c}\n" for c in wrong))
+    bad = _collect(tmp_path)
+    assert bad.returncode != 0
+    for line, (call, expect) in enumerate(wrong.items(), 16):
+        assert f"test_bad.py:{line}: {call.split('(')[0]}(): {expect}" in bad.stdout + bad.stderr
+    (tmp_path / "cuda" / "test_bad.py").write_text(body)
+    good = _collect(tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    marks = ['pytest.mark.skipif(True, reason="no GPU")', "pytest.mark.real_cuda",
+             'pytest.mark.real_cuda(reason=" ")']
+    (tmp_path / "cuda" / "test_bad.py").write_text("import pytest\n" + "".join(
+        f"@{mark}\ndef test_{i}():\n    pass\n" for i, mark in enumerate(marks)))
+    bad = _collect(tmp_path)
+    assert bad.returncode != 0
+    for i in range(len(marks)):
+        assert f"test_bad.py::test_{i}: " in bad.stdout + bad.stderr
 
 
 def test_the_gpu_suite_names_only_existing_fixtures():
