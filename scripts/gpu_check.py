@@ -21,7 +21,27 @@ risks on a real GPU, once, and prints one table row per check:
   (values against the CPU path; one side stream throughout).
 * ``exit mid-epoch``: a script leaving mid-epoch with copies in flight exits
   with code 0 and prints no error.
+* ``synchronisation audit``: ``torch.cuda.set_sync_debug_mode("warn")`` over
+  steady-state passes of uint8 pairs, normalized fp16, MixUp, CutMix, dict
+  samples with masks and boxes, variable-size batches through
+  ``images_and_targets`` and the isolated engine: warnings counted, 0 expected.
+* ``isolated engine, copies slowed``: the isolated engine with every copy
+  slowed, compared byte for byte with the CPU path.
+* ``no context on GPU 0 before next()``: per engine, in a fresh process with one
+  GPU visible: building the feeder initializes no CUDA; the first ``next()``
+  then creates the context on the pass's device.
+* ``H2D GB/s and transfer CPU``: 38.5 MB uint8 batches (256 x 224 x 224 x 3)
+  on both engines: achieved host-to-device GB/s (floor ``H2D_FLOOR_GBPS``:
+  below it, copies are not from pinned memory) and the transfer thread's CPU
+  share.
+* ``pinned and device memory``: pinned host bytes and device bytes held by a
+  pass against docs/design/memory.md's formula.
+* ``copy/compute overlap``: a small conv net's training step (bf16,
+  channels_last, batch 256 at 224, defined here: no download) fed by feeder and
+  by DataLoader(pin_memory=True), against the step on a resident batch.
 
+Each row's verdict is a function of its figures (``*_verdict``), tested on the
+CPU in CI with recorded numbers. Without a GPU every row prints SKIP.
 Exit status: 0 when nothing failed, 1 otherwise, 2 without a GPU.
 """
 
@@ -30,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -52,6 +73,10 @@ from feeder.synthetic import make_image  # noqa: E402
 SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds per batch
 CPU_TARGET = 0.10  # transfer thread CPU / busy time
 SUBPROCESS_S = 300
+H2D_FLOOR_GBPS = 8.0  # pinned copies on PCIe 4/5 x16 reach 20+; pageable ones stay below
+BIG_BATCH = (256, 224)  # batch size, side: 256 x 224 x 224 x 3 uint8 = 38.5 MB
+OVERLAP_SLACK = 0.15  # a fed step may cost this much more than the step on a resident batch
+MEMORY_SLACK = 2 << 20  # the caching allocator's rounding: one 2 MiB block per tensor kind
 
 
 class MemorySource:
@@ -117,9 +142,10 @@ def identical(a, b) -> str:
     return ""
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "scripts"),
-                                                      os.environ.get("PYTHONPATH", "")]))
+def run_python(code: str, **environ: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "scripts"),
+                                         os.environ.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=SUBPROCESS_S)
 
@@ -127,6 +153,67 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 def error_lines(stderr: str) -> list[str]:
     words = ("Traceback", "CUDA error", "Exception ignored", "Error", "error:")
     return [line for line in stderr.splitlines() if any(w in line for w in words)]
+
+
+# -- verdicts: pure functions of the figures (tested on the CPU) ------------------------
+def sync_verdict(counts: dict) -> tuple[str, str]:
+    """``counts``: synchronisation warnings per case; any is a FAIL."""
+    bad = {case: n for case, n in counts.items() if n}
+    detail = ", ".join(f"{case} {n}" for case, n in counts.items())
+    return ("FAIL" if bad else "PASS"), f"warnings: {detail} (0 expected)"
+
+
+def context_verdict(results: dict) -> tuple[str, str]:
+    """``results``: per engine, (CUDA initialized after building, before ``next()``;
+    devices with a context after the first ``next()``)."""
+    notes, failed = [], False
+    for engine, (early, devices) in results.items():
+        failed |= bool(early) or list(devices) != [0]
+        notes.append(f"{engine}: {'initialized at build' if early else 'nothing at build'}, "
+                     f"contexts after next() {sorted(devices)}")
+    return ("FAIL" if failed else "PASS"), "; ".join(notes)
+
+
+def h2d_verdict(rows: dict) -> tuple[str, str]:
+    """``rows``: per engine, (bytes copied, seconds of copying, transfer CPU s, busy s)."""
+    notes, failed = [], False
+    for engine, (nbytes, copy_s, cpu_s, busy_s) in rows.items():
+        gbps = nbytes / copy_s / 1e9 if copy_s > 0 else 0.0
+        share = cpu_s / busy_s if busy_s > 0 else float("nan")
+        failed |= gbps < H2D_FLOOR_GBPS or not share < CPU_TARGET
+        notes.append(f"{engine} {gbps:.1f} GB/s, transfer CPU {100 * share:.1f}%")
+    return ("FAIL" if failed else "PASS"), (
+        "; ".join(notes) + f" (floor {H2D_FLOOR_GBPS:g} GB/s, CPU < {100 * CPU_TARGET:.0f}%)")
+
+
+def memory_bounds(batch_size: int, side: int, num_buffers: int, queue_size: int,
+                  itemsize: int) -> tuple[int, int]:
+    """docs/design/memory.md for a pass of square uint8 images: (pinned host bytes:
+    ``num_buffers`` buffers of images and int64 labels; device bytes: ``queue_size + 1``
+    batches waiting plus the one the loop holds, in the output dtype)."""
+    images = batch_size * side * side * 3
+    pinned = num_buffers * (images + 8 * batch_size)
+    device = (queue_size + 2) * (images * itemsize + 8 * batch_size)
+    return pinned, device
+
+
+def memory_verdict(pinned: int, pinned_bound: int, device: int, device_bound: int
+                   ) -> tuple[str, str]:
+    ok = pinned <= pinned_bound + MEMORY_SLACK and device <= device_bound + MEMORY_SLACK
+    return ("PASS" if ok else "FAIL"), (
+        f"pinned {pinned / 1e6:.1f} MB (bound {pinned_bound / 1e6:.1f}), "
+        f"device {device / 1e6:.1f} MB (bound {device_bound / 1e6:.1f})")
+
+
+def overlap_verdict(alone_s: float, feeder_s: float, dataloader_s: float | None
+                    ) -> tuple[str, str]:
+    """Seconds per step: on a resident batch, fed by feeder, fed by DataLoader."""
+    ratio = feeder_s / alone_s if alone_s > 0 else float("inf")
+    detail = (f"step {1e3 * alone_s:.1f} ms alone, {1e3 * feeder_s:.1f} ms fed by feeder "
+              f"(x{ratio:.2f})")
+    if dataloader_s is not None:
+        detail += f", {1e3 * dataloader_s:.1f} ms by DataLoader(pin_memory=True)"
+    return ("PASS" if ratio <= 1 + OVERLAP_SLACK else "FAIL"), detail
 
 
 # -- the checks: each returns (status, detail) ---------------------------------------
@@ -301,6 +388,253 @@ def check_exit_mid_epoch(args):
     return "PASS", "exit code 0, no error printed: " + ", ".join(notes)
 
 
+# -- the checks added for the first GPU run -------------------------------------------
+class FieldSource:
+    """Dict samples (image, 8-bit mask PNG, boxes, label) made on read (module level:
+    spawned workers import it)."""
+
+    def __init__(self, n: int, size: int = 64) -> None:
+        import cv2
+        self.n, self.size = n, size
+        self.image = simplejpeg.encode_jpeg(np.ascontiguousarray(make_image(size, size, 7)),
+                                            quality=90, colorspace="RGB")
+        mask = (np.arange(size * size).reshape(size, size) % 5).astype(np.uint8)
+        self.mask = cv2.imencode(".png", mask)[1].tobytes()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, index: int):
+        s = self.size
+        return {"image": self.image, "mask": self.mask, "label": index,
+                "boxes": np.array([[0, 0, s / 2, s / 2], [1, 1, s, s]], np.float32)[: 1 + index % 2]}
+
+
+def audit_cases():
+    """(name, feeder factory, what the loop does with a batch) for the synchronisation audit."""
+    pairs = MemorySource(64)
+    fields = FieldSource(64)
+    touch = lambda batch: None  # noqa: E731 - the loop only takes the batch
+    return [
+        ("uint8 pairs", lambda: make(pairs, device="cuda"), touch),
+        ("fp16 normalized", lambda: make(pairs, device="cuda", dtype=torch.float16,
+                                         normalize=((0.5,) * 3, (0.25,) * 3)), touch),
+        ("MixUp", lambda: make(pairs, device="cuda", dtype=torch.float32,
+                               batch_transforms=[ops.MixUp(0.4, 64)]), touch),
+        ("CutMix", lambda: make(pairs, device="cuda", dtype=torch.float32,
+                                batch_transforms=[ops.CutMix(1.0, 64)]), touch),
+        ("dict, masks and boxes", lambda: make(fields, device="cuda"), touch),
+        ("variable size, images_and_targets",
+         lambda: Feeder(pairs, 16, [], device="cuda", max_image_size=(96, 96), seed=3,
+                        size_divisibility=8, timeout=120),
+         lambda batch: batch.images_and_targets()),
+        ("isolated engine", lambda: make(pairs, device="cuda", isolation="process"), touch),
+    ]
+
+
+def sync_warnings(build, use) -> int:
+    """Synchronisation warnings over a steady-state pass (after a warm-up pass)."""
+    import warnings
+    with build() as f:
+        for _ in f:
+            pass
+        f.set_epoch(1)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for batch in f:
+                    use(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def check_sync_audit(args):
+    return sync_verdict({name: sync_warnings(build, use) for name, build, use in audit_cases()})
+
+
+def check_isolated_slowed(args):
+    source = MemorySource(96)
+    with make(source, device="cpu") as cpu:
+        cpu.set_epoch(1)
+        expect = to_host(cpu)
+    with slowed_copies():
+        with make(source, device="cuda", isolation="process", queue_size=1) as gpu:
+            gpu.set_epoch(1)
+            got = [(x.cpu().clone(), y.cpu().clone()) for x, y in gpu]
+    diff = identical(expect, got)
+    return ("FAIL", diff) if diff else ("PASS", f"{len(got)} batches identical to the CPU path")
+
+
+def check_no_context_before_next(args):
+    results = {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    for isolation in ("thread", "process"):
+        code = f"""
+            import json, torch
+            from gpu_check import MemorySource, make
+            f = make(MemorySource(48), device="cuda", isolation={isolation!r})
+            early = torch.cuda.is_initialized()
+            next(iter(f))
+            has = getattr(torch._C, "_cuda_hasPrimaryContext", lambda i: True)
+            print("RESULT", json.dumps([early, [i for i in range(torch.cuda.device_count()) if has(i)]]))
+            f.close()
+        """
+        result = run_python(code, CUDA_VISIBLE_DEVICES=visible)
+        if result.returncode != 0 or "RESULT" not in result.stdout:
+            return "FAIL", f"{isolation}: " + (error_lines(result.stderr) or [result.stderr[-300:]])[-1]
+        import json
+        results[isolation] = json.loads(result.stdout.split("RESULT", 1)[1])
+    return context_verdict(results)
+
+
+@contextlib.contextmanager
+def timed_copies(spans: list):
+    """Time every batch's copies on the side stream with CUDA events (appended to
+    ``spans`` as event pairs; read them after a synchronize)."""
+    real = _transfer.SideStream.copying
+
+    @contextlib.contextmanager
+    def copying(self):
+        with real(self):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            spans.append((start, end))
+    _transfer.SideStream.copying = copying
+    try:
+        yield
+    finally:
+        _transfer.SideStream.copying = real
+
+
+def big_batches(isolation: str, spans: list, measure_memory: bool = False):
+    """One steady-state pass of 38.5 MB uint8 batches: (bytes, copy s, transfer CPU s,
+    busy s) and, with ``measure_memory``, (pinned bytes, bound, device bytes, bound)."""
+    batch, side = BIG_BATCH
+    source = MemorySource(batch * 4, size=64)
+    f = Feeder(source, batch, [ops.RandomResizedCrop(side)], device="cuda", isolation=isolation,
+               decode_threads=max(2, (os.cpu_count() or 4) - 2), seed=1, timeout=300)
+    with f:
+        for _ in f:
+            pass
+        torch.cuda.synchronize()
+        before = f.stats().stage("transfer")
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        spans.clear()
+        nbytes = 0
+        f.set_epoch(1)
+        with timed_copies(spans):
+            for x, _ in f:
+                nbytes += x.numel() * x.element_size()
+        torch.cuda.synchronize()
+        after = f.stats().stage("transfer")
+        copy_s = sum(a.elapsed_time(b) for a, b in spans) / 1e3
+        row = (nbytes, copy_s, after.cpu_s - before.cpu_s, after.busy_s - before.busy_s)
+        memory = None
+        if measure_memory:
+            host = getattr(torch.cuda, "host_memory_stats", lambda: {})()
+            pinned = host.get("allocated_bytes.peak", host.get("allocated_bytes.current", 0))
+            device = torch.cuda.max_memory_allocated() - base
+            pinned_bound, device_bound = memory_bounds(batch, side, f.num_buffers,
+                                                       f.config.queue_size, 1)
+            memory = (pinned, pinned_bound, device, device_bound)
+    return row, memory
+
+
+def check_h2d(args, shared):
+    rows, spans = {}, []
+    for isolation in ("thread", "process"):
+        rows[isolation], memory = big_batches(isolation, spans, isolation == "thread")
+        if memory is not None:
+            shared["memory"] = memory
+    return h2d_verdict(rows)
+
+
+def check_memory(args, shared):
+    if "memory" not in shared:
+        return "SKIP", "needs the H2D check"
+    return memory_verdict(*shared["memory"])
+
+
+def small_net() -> "torch.nn.Module":
+    """A small conv net (no download): enough compute per step to hide a copy behind."""
+    nn = torch.nn
+    layers, cin = [], 3
+    for cout in (64, 128, 256, 256):
+        layers += [nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False),
+                   nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+        cin = cout
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000))
+
+
+def step_time(batches, steps: int = 20, warmup: int = 5) -> float:
+    """Seconds per training step of the small net over ``batches`` ((x, y) on the GPU)."""
+    model = small_net().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    it = iter(batches)
+    t0 = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        x, y = next(it)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x.to(memory_format=torch.channels_last)), y % 1000)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+class _Resident(torch.utils.data.Dataset):
+    """DataLoader's side: ready uint8 images (no decode: only the copy is compared)."""
+
+    def __init__(self, n: int, side: int) -> None:
+        self.n, self.image = n, torch.randint(0, 256, (3, side, side), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return self.image, i
+
+
+def check_overlap(args):
+    batch, side = BIG_BATCH
+    steps, warmup = 20, 5
+    mean, std = torch.tensor([0.45] * 3).view(1, 3, 1, 1), torch.tensor([0.25] * 3).view(1, 3, 1, 1)
+    x = torch.randn(batch, 3, side, side, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    alone = step_time(itertools.repeat((x, y)), steps, warmup)
+    source = MemorySource(batch * 2, size=64)
+    with Feeder(source, batch, [ops.RandomResizedCrop(side)], device="cuda", dtype=torch.float16,
+                normalize=((0.45,) * 3, (0.25,) * 3), decode_threads=max(2, (os.cpu_count() or 4) - 2),
+                seed=1, timeout=300) as f:
+        def fed():
+            epoch = 0
+            while True:
+                f.set_epoch(epoch)
+                yield from f
+                epoch += 1
+        feeder_s = step_time(fed(), steps, warmup)
+    loader = torch.utils.data.DataLoader(_Resident(batch * (steps + warmup), side), batch_size=batch,
+                                         num_workers=4, pin_memory=True)
+    m, sd = mean.cuda(), std.cuda()
+
+    def moved():
+        for images, labels in loader:
+            images = images.cuda(non_blocking=True).float().div_(255).sub_(m).div_(sd)
+            yield images, labels.cuda(non_blocking=True)
+    dataloader_s = step_time(moved(), steps, warmup)
+    return overlap_verdict(alone, feeder_s, dataloader_s)
+
+
 CHECKS = [
     ("gpu suite (pytest tests/cuda)", check_suite, False),
     ("copy slowed on the side stream", check_slowed_copy, True),
@@ -309,6 +643,12 @@ CHECKS = [
     ("teardown while the side stream is busy", check_busy_teardown, False),
     ("40 passes against a user stream", check_user_stream, False),
     ("exit mid-epoch", check_exit_mid_epoch, False),
+    ("synchronisation audit", check_sync_audit, False),
+    ("isolated engine, copies slowed", check_isolated_slowed, False),
+    ("no context on GPU 0 before next()", check_no_context_before_next, False),
+    ("H2D GB/s and transfer CPU", check_h2d, True),
+    ("pinned and device memory", check_memory, True),
+    ("copy/compute overlap", check_overlap, False),
 ]
 
 
@@ -320,6 +660,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu-check: torch.cuda.is_available() is False; this check is for a CUDA machine",
               file=sys.stderr)
+        print_table([(name, "SKIP", "no CUDA device", 0.0) for name, _, _ in CHECKS])
         return 2
     print(f"gpu-check: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
@@ -337,13 +678,17 @@ def main(argv=None) -> int:
             status, detail = "FAIL", f"{type(exc).__name__}: {exc}"
         rows.append((name, status, detail, time.perf_counter() - t0))
         print(f"  {status:<5} {name} ({rows[-1][3]:.1f} s)", flush=True)
+    print_table(rows)
+    return 1 if any(r[1] == "FAIL" for r in rows) else 0
+
+
+def print_table(rows) -> None:
+    """The result table: one row per check (name, PASS/FAIL/SKIP, seconds, detail)."""
     width = max(len(r[0]) for r in rows)
     print()
     print(f"{'check':<{width}}  {'result':<6}  {'s':>6}  detail")
     for name, status, detail, seconds in rows:
-        print(f"{name:<{width}}  {status:<6}  {seconds:>6.1f}  {detail}")
-    return 1 if any(r[1] == "FAIL" for r in rows) else 0
-
+        print(f"{name:<{width}}  {status:<6}  {seconds:>6.1f}  {detail}", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())
