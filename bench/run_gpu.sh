@@ -1,64 +1,118 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the CUDA tests and the GPU and many-core benchmarks, into
-# bench/results/gpu-<GPU name>/. Each part stays under ten minutes, so the
-# parts can also be run one by one:
+# On a CUDA machine: the GPU acceptance run, in about ten minutes on one GPU,
+# everything under one folder ($OUT when set, else bench/results/gpu/<date>/):
 #
-#   bash bench/run_gpu.sh            # all parts
-#   bash bench/run_gpu.sh tests      # tests/cuda, verbose, then scripts/gpu-check (its table)
+#   bash bench/run_gpu.sh            # tests + check (fits ten minutes on one H100/H200)
+#   bash bench/run_gpu.sh all        # also the benchmarks below (longer)
+#   bash bench/run_gpu.sh tests      # pytest tests/cuda only
+#   bash bench/run_gpu.sh check      # scripts/gpu-check only (its table)
 #   bash bench/run_gpu.sh cpu        # ceiling + compare on CPU, all cores (the DataLoader targets)
 #   bash bench/run_gpu.sh cuda       # compare --device cuda --model, then overlap (profiler trace)
-#   bash bench/run_gpu.sh interference   # the training thread's CUDA step alone and fed (GIL interference)
+#   bash bench/run_gpu.sh interference   # the training thread's CUDA step alone and fed
 #
-# Environment: as bench/run_all.sh (PYTHON, FEEDER_BENCH_DATA, FEEDER_BENCH_OUT).
-set -euo pipefail
+# Every step runs under `timeout` (its budget in seconds below) and goes on
+# whatever the one before did: each writes its log (<step>.txt) and a line to
+# status.txt (PASS, FAIL or SKIP, seconds, log); the exit status is the worst
+# one (0 PASS, 1 FAIL; 2 when there is no GPU at all).
+# Environment: as bench/run_all.sh (PYTHON, FEEDER_BENCH_DATA, FEEDER_BENCH_OUT), OUT
+# (used when FEEDER_BENCH_OUT is not set), and
+# STEP_BUDGET_S to scale every budget (e.g. 2 for a slower GPU).
+set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-part="${1:-all}"
-case "$part" in all|tests|cpu|cuda|interference) ;;
-  *) echo "usage: bash bench/run_gpu.sh [all|tests|cpu|cuda|interference]" >&2; exit 2;; esac
-PYTHON="$(bash bench/python.sh)"
+part="${1:-default}"
+case "$part" in default|all|tests|check|cpu|cuda|interference) ;;
+  *) echo "usage: bash bench/run_gpu.sh [default|all|tests|check|cpu|cuda|interference]" >&2; exit 2;; esac
+PYTHON="${PYTHON:-$(bash bench/python.sh)}"
+out="${FEEDER_BENCH_OUT:-bench/results/gpu/$(date +%Y-%m-%d)}"
+[ -n "${OUT:-}" ] && [ -z "${FEEDER_BENCH_OUT:-}" ] && out="$OUT"  # the device runner's folder
+mkdir -p "$out"
+status_file="$out/status.txt"
+: > "$status_file"
+scale="${STEP_BUDGET_S:-1}"
+worst=0
+
+# step NAME BUDGET_S COMMAND...: run COMMAND with its output in $out/NAME.txt,
+# stopped after BUDGET_S x STEP_BUDGET_S seconds; record its status.
+step() {
+  local name="$1" budget="$2"; shift 2
+  local log="$out/$name.txt" t0 rc status
+  t0=$(date +%s)
+  echo "== $name (budget ${budget} s x $scale)" >&2
+  [ "$1" = bench ] && set -- "$PYTHON" -m feeder.bench "${@:2}"
+  timeout --kill-after=20 "$(( budget * scale ))" "$@" > "$log" 2>&1
+  rc=$?
+  case "$rc" in
+    0) status=PASS ;;
+    124|137) status=FAIL; echo "run_gpu.sh: $name stopped after its budget" >> "$log" ;;
+    *) status=FAIL ;;
+  esac
+  printf '%-14s %-5s %5ss  %s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" "$log" | tee -a "$status_file" >&2
+  [ "$status" = FAIL ] && worst=1
+  return 0
+}
+
+skip() {
+  printf '%-14s %-5s %5ss  %s\n' "$1" SKIP 0 "$2" | tee -a "$status_file" >&2
+}
+
+"$PYTHON" - > "$out/machine.txt" 2>&1 <<'EOF'
+import platform, subprocess, torch
+print("python", platform.python_version(), "torch", torch.__version__, "CUDA", torch.version.cuda)
+for i in range(torch.cuda.device_count()):
+    print(f"cuda:{i}", torch.cuda.get_device_name(i))
+try:
+    print(subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip())
+except OSError:
+    pass
+EOF
 if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "run_gpu.sh: torch.cuda.is_available() is False for $PYTHON; this script is for a CUDA machine" >&2
+  for name in cuda_tests gpu_check; do skip "$name" "no CUDA device"; done
   exit 2
 fi
-gpu="$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0))")"
-slug="$(printf '%s' "$gpu" | tr -cs 'A-Za-z0-9' '-' | sed 's/-*$//')"
-data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
-out="${FEEDER_BENCH_OUT:-bench/results/gpu-$slug}"
-bench() { "$PYTHON" -m feeder.bench "$@"; }
-mkdir -p "$out/cpu" "$out/cuda" "$out/interference"
-echo "GPU: $gpu; results in $out" >&2
+echo "GPU run: results in $out" >&2
 
-if [ ! -d "$data/imagenet-like" ]; then  # the same dataset as bench/run_all.sh
-  bench make-data "$data/imagenet-like" --n-classes 20 --per-class 100 --seed 0 | tee "$out/data.txt"
+want() { case "$part" in default|all|"$1") return 0 ;; *) return 1 ;; esac; }
+
+if want tests; then
+  step cuda_tests 180 "$PYTHON" -m pytest tests/cuda -v -p no:cacheprovider -p no:xdist
 fi
-
-if [ "$part" = all ] || [ "$part" = tests ]; then
-  "$PYTHON" -m pytest tests/cuda -v 2>&1 | tee "$out/cuda_tests.txt"
+if want check; then
   # The acceptance table of the CUDA transfer path (the suite ran just above).
-  PYTHON="$PYTHON" bash scripts/gpu-check --skip-suite 2>&1 | tee "$out/gpu_check.txt"
+  step gpu_check 360 "$PYTHON" scripts/gpu_check.py --skip-suite
 fi
 
-if [ "$part" = all ] || [ "$part" = cpu ]; then
-  bench ceiling "$data/imagenet-like" --out "$out/cpu" --limit 500 --repeats 3 | tee "$out/cpu/ceiling.txt"
-  bench compare "$data/imagenet-like" --out "$out/cpu" --epochs 3 --repeats 3 --batch-size 64 \
-    --workers-grid 4,8,12,16 --threads-grid 8x0,16x0,24x0,12x4 | tee "$out/cpu/compare.txt"
+if [ "$part" = all ] || [ "$part" = cpu ] || [ "$part" = cuda ] || [ "$part" = interference ]; then
+  data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
+  mkdir -p "$out/cpu" "$out/cuda" "$out/interference"
+  if [ ! -d "$data/imagenet-like" ]; then  # the same dataset as bench/run_all.sh
+    step make_data 600 bench make-data "$data/imagenet-like" --n-classes 20 \
+      --per-class 100 --seed 0
+  fi
+  if [ "$part" = all ] || [ "$part" = cpu ]; then
+    step ceiling 600 bench ceiling "$data/imagenet-like" --out "$out/cpu" \
+      --limit 500 --repeats 3
+    step compare_cpu 600 bench compare "$data/imagenet-like" --out "$out/cpu" \
+      --epochs 3 --repeats 3 --batch-size 64 --workers-grid 4,8,12,16 --threads-grid 8x0,16x0,24x0,12x4
+  fi
+  if [ "$part" = all ] || [ "$part" = cuda ]; then
+    step compare_cuda 600 bench compare "$data/imagenet-like" --out "$out/cuda" \
+      --device cuda --model --epochs 2 --repeats 3 --batch-size 64 --workers-grid 4,8,16 \
+      --threads-grid 8x0,16x0
+    step overlap 600 bench overlap "$data/imagenet-like" --out "$out/cuda" \
+      --loaders feeder,dl-cv2 --workers 8 --batches 30 --warmup 10 --batch-size 64
+  fi
+  if [ "$part" = all ] || [ "$part" = interference ]; then
+    # The synchronized CUDA step and the launch-bound proxy, alone and fed, the
+    # loader on one core; then the model step with the loader on 8 cores.
+    step interference 600 bench interference "$data/imagenet-like" --out "$out/interference" \
+      --device cuda --rounds 3 --batch-size 64 --loader-cores 1
+    step interference8 600 bench interference "$data/imagenet-like" --out "$out/interference/loader8" \
+      --device cuda --rounds 3 --batch-size 64 \
+      --loader-cores 8 --steps model
+  fi
 fi
-
-if [ "$part" = all ] || [ "$part" = cuda ]; then
-  bench compare "$data/imagenet-like" --out "$out/cuda" --device cuda --model --epochs 2 --repeats 3 \
-    --batch-size 64 --workers-grid 4,8,16 --threads-grid 8x0,16x0 | tee "$out/cuda/compare.txt"
-  bench overlap "$data/imagenet-like" --out "$out/cuda" --loaders feeder,dl-cv2 --workers 8 \
-    --batches 30 --warmup 10 --batch-size 64 | tee "$out/cuda/overlap.txt"
-fi
-
-if [ "$part" = all ] || [ "$part" = interference ]; then
-  # The synchronized CUDA step (kernel launches: the real thing the proxy stands for) and the
-  # launch-bound proxy, alone and fed, with the loader on one core; then the model step with the
-  # loader on 8 cores (decode_threads=8 against num_workers=8), the loop on its own core throughout.
-  bench interference "$data/imagenet-like" --out "$out/interference" --device cuda --rounds 3 \
-    --batch-size 64 --loader-cores 1 | tee "$out/interference/interference.txt"
-  bench interference "$data/imagenet-like" --out "$out/interference/loader8" --device cuda --rounds 3 \
-    --batch-size 64 --loader-cores 8 --steps model | tee "$out/interference/interference_loader8.txt"
-fi
-echo "results in $out" >&2
+echo "results in $out; status:" >&2
+cat "$status_file" >&2
+exit "$worst"

@@ -10,7 +10,9 @@ import csv
 import gzip
 import json
 import os
+import re
 import subprocess
+import textwrap
 import threading
 import sys
 
@@ -365,8 +367,9 @@ def test_the_regeneration_scripts_write_into_bench_results():
     for script in ("run_all.sh", "run_gpu.sh"):
         text = open(os.path.join(ROOT, "bench", script)).read()
         assert 'out="${FEEDER_BENCH_OUT:-bench/results' in text
+        # A command, or a step of run_gpu.sh running one: "step NAME BUDGET bench ...".
         calls = [line for line in text.splitlines()
-                 if line.lstrip().startswith("bench ") and "make-data" not in line]
+                 if re.match(r"\s*(step \w+ \d+ )?bench ", line) and "make-data" not in line]
         assert calls and all('--out "$out' in line for line in calls), script
 
 
@@ -800,3 +803,28 @@ def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_pa
     r = run_cli("feeder.bench", ["-q", "interference", "--report", "{missing}"], hostile, tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert hostile["missing"] in r.stderr.strip().splitlines()[-1]
+
+
+def test_run_gpu_goes_on_after_a_failing_step_and_returns_the_worst(tmp_path):
+    """bench/run_gpu.sh with a Python that claims a GPU, whose pytest fails: the
+    check still runs, each step's status and log are recorded, the exit status is 1."""
+    fake = tmp_path / "python"
+    fake.write_text(textwrap.dedent("""\
+        #!/usr/bin/env bash
+        case "$*" in
+          "-m pytest"*) echo "1 failed"; exit 1 ;;
+          *gpu_check.py*) echo "gpu-check table"; exit 0 ;;
+          *) cat > /dev/null; exit 0 ;;
+        esac
+    """))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=str(fake), OUT=str(out))
+    env.pop("FEEDER_BENCH_OUT", None)
+    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "run_gpu.sh")], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    status = (out / "status.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in status] == [["cuda_tests", "FAIL"], ["gpu_check", "PASS"]]
+    assert (out / "cuda_tests.txt").read_text().startswith("1 failed")
+    assert (out / "gpu_check.txt").read_text().startswith("gpu-check table")
