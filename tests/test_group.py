@@ -629,6 +629,37 @@ def test_a_transient_read_failure_in_the_scan_is_retried_not_kept():
     assert [i for i, _ in _grouped(down, True)] == reference
 
 
+class Missing(Photos):
+    """The listed samples' files are absent (``FileNotFoundError``) until ``restore``."""
+
+    def __init__(self, blobs, gone):
+        super().__init__(blobs)
+        self.gone = set(gone)
+
+    def read(self, index):
+        if index in self.gone:
+            raise FileNotFoundError(2, "No such file or directory", f"img_{index}.jpg")
+        return super().read(index)
+
+
+def test_a_missing_file_in_the_scan_is_a_skip_not_a_failed_pass():
+    """A file the storage says is absent fails its sample, as without grouping
+    (a counted skip under on_error="skip"), not the whole pass; its size is not
+    kept, so once it is back the order is a fresh process's."""
+    blobs, _ = _rotated_photos(24, seed=6)
+    reference = [i for i, _ in _grouped(Photos(blobs), True)]
+    missing = Missing(blobs, gone=[3])
+    with Feeder(missing, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=5,
+                shuffle=True, exif_orientation=True, decode_threads=2, augment_threads=0,
+                on_error="skip") as f:
+        batches = collected(f, keep=lambda b: b["label"].tolist())
+        assert f.stats().skipped == 1
+    delivered = [i for b in batches for i in b]
+    assert sorted(delivered) == [i for i in range(24) if i != 3]
+    missing.gone.clear()
+    assert [i for i, _ in _grouped(missing, True)] == reference
+
+
 def test_a_resume_whose_grouped_order_differs_is_refused():
     """The same settings with other image sizes regroup otherwise: positions along
     that order would lose samples; the state says so instead."""

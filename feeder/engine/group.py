@@ -14,7 +14,10 @@ image's header, read once per source, ``exif_orientation`` and process (cached
 with the source, only for the samples a rank reads) by a few daemon threads that
 the pass's stop (``close()``) ends. A sample whose bytes hold no readable header
 gets a group of its own: decoding it fails the usual way (raised, or skipped and
-counted under ``on_error="skip"``). A read that fails with an ``OSError`` (a
+counted under ``on_error="skip"``). So does a sample the storage says is not
+there or not readable (``FileNotFoundError``, ``PermissionError``,
+``IsADirectoryError``, ``NotADirectoryError``): its size is left unread, so a
+later pass reads it again. A read that fails with any other ``OSError`` (a
 storage failure, perhaps transient) is tried again and then fails the pass with
 a :class:`ScanError`: taken as an unknown size, it would make the order depend
 on the storage's luck in this process.
@@ -63,6 +66,13 @@ log = logging.getLogger(__name__)
 # Reads of headers run in a few threads: a read may wait on storage.
 _READ_THREADS = 8
 _UNKNOWN = -1
+# A size not read: not asked for yet, or the storage's answer was that the
+# sample is absent (read again at the next need).
+_NOT_READ = _UNKNOWN - 1
+# The storage's own answer about one sample, not a failure of the storage: the
+# decode step reports it naming the sample (a counted skip under
+# on_error="skip"), as it does without grouping.
+_ABSENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 #: Batches' worth of samples of one aspect group sorted by planned size at a time.
 #: Larger windows pad less but let size, more than the epoch's order, decide who
 #: shares a batch; 8 cuts the padding of detection's scale jitter (shorter side
@@ -98,12 +108,19 @@ def _read_size(source: Any, index: int, exif_orientation: bool,
                give_up: threading.Event) -> tuple[int, int]:
     """The size of sample ``index`` from its header, (-1, -1) when its bytes hold
     no readable image (decoding it then fails the usual way, naming it): that
-    depends on the bytes alone. A read that fails with an OSError is tried again
-    and then raised as a :class:`ScanError`, never taken as an unknown size: the
-    grouped order would then depend on the storage's luck in this process."""
+    depends on the bytes alone. A read that fails with another OSError is tried
+    again and then raised as a :class:`ScanError`, never taken as an unknown size: the
+    grouped order would then depend on the storage's luck in this process. A
+    sample the storage says is absent (see :data:`_ABSENT`) is left unread
+    (-2, -2): the pass reports it when it reads it, and a later scan reads it
+    again."""
     for attempt in range(READ_ATTEMPTS):
         try:
             sample = source.read(index)
+        except _ABSENT as exc:
+            log.debug("aspect-ratio grouping: no size for sample %d (%s): %s", index,
+                      describe(source, index), exc)
+            return _NOT_READ, _NOT_READ
         except OSError as exc:
             if attempt + 1 == READ_ATTEMPTS or give_up.wait(0.1 * 2 ** attempt):
                 raise ScanError(f"aspect-ratio grouping: reading sample {index} "
@@ -138,7 +155,7 @@ def _scan(source: Any, missing: np.ndarray, exif_orientation: bool,
         Closed: ``stopped()`` became true before the scan finished.
         ScanError: a sample could not be read (see :func:`_read_size`).
     """
-    found = np.full((len(missing), 2), _UNKNOWN - 1, np.int64)
+    found = np.full((len(missing), 2), _NOT_READ, np.int64)
     give_up = threading.Event()
     errors: list[BaseException] = []
     taken = iter(range(len(missing)))
@@ -195,8 +212,9 @@ def _given_sizes(source: Any, exif_orientation: bool) -> np.ndarray | None:
 def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
                 stopped: Callable[[], bool] | None = None) -> np.ndarray:
     """int64 ``[len(source), 2]`` (height, width) of the images as decoded (oriented
-    when ``exif_orientation``), known at least at ``indices`` (-1 where
-    unreadable, -2 where not asked for yet). From the source when it gives them
+    when ``exif_orientation``), known at least at ``indices`` (-1 where the bytes
+    hold no readable header, -2 where not read: not asked for yet, or absent from
+    the storage, see :func:`_read_size`). From the source when it gives them
     (see :func:`_given_sizes`), else read from the headers once and cached with
     the source and ``exif_orientation``.
 
@@ -215,10 +233,10 @@ def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
             per_source = _cache.setdefault(source, {})
             sizes = per_source.get(exif_orientation)
             if sizes is None or len(sizes) != len(source):
-                sizes = per_source[exif_orientation] = np.full((len(source), 2), _UNKNOWN - 1,
+                sizes = per_source[exif_orientation] = np.full((len(source), 2), _NOT_READ,
                                                                np.int64)
     except TypeError:  # a source that cannot be weakly referenced: read each pass
-        sizes = np.full((len(source), 2), _UNKNOWN - 1, np.int64)
+        sizes = np.full((len(source), 2), _NOT_READ, np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     missing = indices[sizes[indices, 0] < _UNKNOWN] if len(indices) else indices
     if len(missing):
