@@ -239,6 +239,29 @@ def test_every_op_refuses_infinite_nan_reversed_and_malformed_ranges(name, param
     assert name in str(info.value)
 
 
+def _flag_cases():
+    """(op, parameter, bad value) for every switch (a parameter whose default is a
+    bool) of every op in ops.__all__."""
+    cases = []
+    for name in ops.__all__:
+        cls = getattr(ops, name)
+        if not isinstance(cls, type) or name in NOT_OPS:
+            continue
+        for p in inspect.signature(cls).parameters.values():
+            if isinstance(p.default, bool):
+                cases += [pytest.param(name, p.name, b, id=f"{name}-{p.name}-{b!r}")
+                          for b in ("False", 0, None)]
+    return cases
+
+
+@pytest.mark.parametrize("name, param, bad", _flag_cases())
+def test_every_op_refuses_a_switch_that_is_not_a_bool(name, param, bad):
+    # "False" is truthy: accepted, it would silently turn the switch on.
+    with pytest.raises(ValueError) as info:
+        _build(name, **{param: bad})
+    assert repr(bad) in str(info.value) and name in str(info.value) and param in str(info.value)
+
+
 @pytest.mark.parametrize("make, bad", [
     (lambda: ops.RandomIoUCrop(sampler_options=(0.0, NAN, 1.0)), "nan"),  # NaN: any crop passes
     (lambda: ops.RandomIoUCrop(sampler_options=(0.0, 2.0)), "2.0"),

@@ -98,6 +98,18 @@ def check_range(value: object, name: str, what: str, low: float = -math.inf,
     return a, b
 
 
+def check_flag(value: object, name: str, what: str) -> bool:
+    """A configuration switch: True or False only (a string such as ``"False"``
+    is truthy and would silently turn the switch on).
+
+    Raises:
+        ValueError: naming ``what``, ``name`` and the value.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{what}: {name} must be True or False, got {value!r}")
+    return value
+
+
 def _interp(name: str, what: str) -> int:
     try:
         return _INTERPOLATION[name]

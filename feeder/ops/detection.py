@@ -17,7 +17,8 @@ from ..work.rng import SampleRNG
 from ..work.sample import BOXES
 from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
-                   _resize_with_geometry, _whole, check_number, check_range, keep_boxes, move_fields)
+                   _resize_with_geometry, _whole, check_flag, check_number, check_range, keep_boxes,
+                   move_fields)
 from .geometry import _fill3, _mask_fill
 
 
@@ -265,7 +266,7 @@ class _RandomScale(Transform):
     def __init__(self, interpolation: str, antialias: bool) -> None:
         self.interpolation = interpolation
         self._interp = _interp(interpolation, type(self).__name__)
-        self.antialias = antialias
+        self.antialias = check_flag(antialias, "antialias", type(self).__name__)
 
     def size(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int]:
         raise NotImplementedError

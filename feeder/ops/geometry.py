@@ -11,7 +11,8 @@ import numpy as np
 
 from ..work.rng import SampleRNG
 from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
-                   _resize_with_geometry, _size2, _whole, _window_box, check_number, check_range)
+                   _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_number,
+                   check_range)
 
 def _shorter_side(height: int, width: int, size: int, max_size: int | None) -> tuple[int, int]:
     """(height, width) with the shorter side ``size``, torchvision's ``_compute_resized_output_size``:
@@ -44,7 +45,7 @@ class RandomResizedCrop(Transform):
         self.ratio = check_range(ratio, "ratio", "RandomResizedCrop", low=0.0, low_open=True)
         self.interpolation = interpolation
         self._interp = _interp(interpolation, "RandomResizedCrop")
-        self.antialias = antialias
+        self.antialias = check_flag(antialias, "antialias", "RandomResizedCrop")
 
     def params(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int, int, int]:
         """(top, left, crop_height, crop_width), as torchvision's ``get_params``."""
@@ -164,7 +165,7 @@ class Resize(Transform):
         self.size = size
         self.interpolation = interpolation
         self._interp = _interp(interpolation, "Resize")
-        self.antialias = antialias
+        self.antialias = check_flag(antialias, "antialias", "Resize")
 
     def target(self, height: int, width: int) -> tuple[int, int]:
         if self.shorter is None:
@@ -323,7 +324,7 @@ class RandomResize(Transform):
         self.min_size, self.max_size, self.max_long = min_size, max_size, max_long
         self.interpolation = interpolation
         self._interp = _interp(interpolation, "RandomResize")
-        self.antialias = antialias
+        self.antialias = check_flag(antialias, "antialias", "RandomResize")
 
     def target(self, height: int, width: int, rng: SampleRNG) -> tuple[int, int]:
         """The output size for one sample (one draw from ``rng``)."""
