@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from feeder import Feeder
+from feeder import Feeder, ops
 from feeder.ops import RandomHorizontalFlip, RandomResizedCrop
 
 from conftest import CountingSource, MemorySource, drain, labels_of
@@ -392,6 +392,31 @@ def test_every_order_setting_is_saved_and_checked(source):
             with pytest.raises(ValueError, match=f"cannot resume: {field} differs") as info:
                 g.load_state_dict(state)
         assert saved in str(info.value) and mine in str(info.value)
+
+
+@pytest.mark.parametrize("saved, mine", [
+    (ops.RandomResizedCrop(32), ops.RandomResizedCrop(32, antialias=False)),
+    (ops.Resize(32), ops.Resize(32, antialias=False)),
+    (ops.RandomResize(32, 40), ops.RandomResize(32, 40, antialias=False)),
+    (ops.ScaleJitter((32, 32)), ops.ScaleJitter((32, 32), antialias=False)),
+    (ops.ScaleJitter((32, 32)), ops.ScaleJitter((32, 32), interpolation="nearest")),
+    (ops.RandomShortestSize(32), ops.RandomShortestSize(32, antialias=False)),
+    (ops.RandomShortestSize(32), ops.RandomShortestSize(32, interpolation="area")),
+    (ops.RandomZoomOut(), ops.RandomZoomOut(mask_fill=0)),
+], ids=lambda t: type(t).__name__)
+def test_a_resume_with_another_transform_setting_is_refused(source, saved, mine):
+    """The transforms are compared by their reprs: a repr that leaves out a
+    setting lets a resumed run change its pixels unnoticed."""
+    assert repr(saved) != repr(mine)
+    kw = dict(seed=1, decode_threads=1, augment_threads=0)
+    if not isinstance(saved, ops.RandomResizedCrop):  # the others' sizes vary
+        kw["max_image_size"] = (640, 640)
+    with Feeder(source, 4, [saved], **kw) as f:
+        drain(f, limit=2)
+        state = f.state_dict()
+    with Feeder(source, 4, [mine], **kw) as g:
+        with pytest.raises(ValueError, match="cannot resume: transforms differ"):
+            g.load_state_dict(state)
 
 
 def test_a_state_of_the_previous_version_loads_with_absent_settings_as_defaults(source):

@@ -19,7 +19,7 @@ from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
                    _resize_with_geometry, _whole, check_flag, check_number, check_range, keep_boxes,
                    move_fields)
-from .geometry import _fill3, _mask_fill
+from .geometry import _fill3, _mask_fill, _resize_extras
 
 
 def _pair(value: Sequence[float], name: str, what: str, low: float = 0.0,
@@ -148,7 +148,9 @@ class RandomZoomOut(Transform):
         return out, Geometry(1.0, float(top), 1.0, float(left), ch, cw, self.mask_fill)
 
     def __repr__(self) -> str:
-        return f"RandomZoomOut(fill={self.fill}, side_range={self.side_range}, p={self.p})"
+        # mask_fill only when not the default: states saved before it was named still load.
+        extra = f", mask_fill={self.mask_fill}" if self.mask_fill != 255 else ""
+        return f"RandomZoomOut(fill={self.fill}, side_range={self.side_range}, p={self.p}{extra})"
 
 
 def _iou(boxes: np.ndarray, box: tuple[float, float, float, float]) -> np.ndarray:
@@ -315,7 +317,8 @@ class ScaleJitter(_RandomScale):
         return max(1, int(height * r)), max(1, int(width * r))
 
     def __repr__(self) -> str:
-        return f"ScaleJitter({self.target_size}, scale_range={self.scale_range})"
+        return (f"ScaleJitter({self.target_size}, scale_range={self.scale_range}"
+                f"{_resize_extras(self.antialias, self.interpolation)})")
 
 
 class RandomShortestSize(_RandomScale):
@@ -353,4 +356,5 @@ class RandomShortestSize(_RandomScale):
         return max(1, int(height * r)), max(1, int(width * r))
 
     def __repr__(self) -> str:
-        return f"RandomShortestSize({self.min_size}, max_size={self.max_size})"
+        return (f"RandomShortestSize({self.min_size}, max_size={self.max_size}"
+                f"{_resize_extras(self.antialias, self.interpolation)})")

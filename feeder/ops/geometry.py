@@ -14,6 +14,15 @@ from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _i
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_number,
                    check_range)
 
+def _resize_extras(antialias: bool, interpolation: str | None = None) -> str:
+    """The settings a resize's repr names only when they are not the default (a
+    feeder's state compares reprs on resume: one that left a setting out would
+    let a resume change it unnoticed, one that named a default would refuse the
+    states saved before it was named)."""
+    extra = f", interpolation={interpolation!r}" if interpolation not in (None, "bilinear") else ""
+    return extra + ("" if antialias else ", antialias=False")
+
+
 def _shorter_side(height: int, width: int, size: int, max_size: int | None) -> tuple[int, int]:
     """(height, width) with the shorter side ``size``, torchvision's ``_compute_resized_output_size``:
     the longer side ``int(size * long / short)``; when that exceeds ``max_size``, the
@@ -124,7 +133,8 @@ class RandomResizedCrop(Transform):
 
     def __repr__(self) -> str:
         return (f"RandomResizedCrop(size={self.output_size}, scale={self.scale}, ratio="
-                f"({self.ratio[0]:.4g}, {self.ratio[1]:.4g}), interpolation={self.interpolation!r})")
+                f"({self.ratio[0]:.4g}, {self.ratio[1]:.4g}), interpolation={self.interpolation!r}"
+                f"{_resize_extras(self.antialias)})")
 
 
 class Resize(Transform):
@@ -194,6 +204,7 @@ class Resize(Transform):
 
     def __repr__(self) -> str:
         extra = f", max_size={self.max_size}" if self.max_size is not None else ""
+        extra += _resize_extras(self.antialias)
         return f"Resize({self.size!r}, interpolation={self.interpolation!r}{extra})"
 
 
@@ -343,6 +354,7 @@ class RandomResize(Transform):
 
     def __repr__(self) -> str:
         extra = f", max_long={self.max_long}" if self.max_long is not None else ""
+        extra += _resize_extras(self.antialias)
         return (f"RandomResize({self.min_size}, {self.max_size}, "
                 f"interpolation={self.interpolation!r}{extra})")
 
