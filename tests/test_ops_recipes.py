@@ -555,6 +555,18 @@ def test_random_erasing_through_the_feeder_is_deterministic_across_threads(sourc
     assert any((a[0] == -1.0).any() for a in one)
 
 
+@pytest.mark.parametrize("value", [-1.0, 0.5, 256, (0, 300, 0), (0.5, 0, 0)])
+def test_random_erasing_refuses_a_value_uint8_images_cannot_hold(value):
+    # torch writes it wrapped or truncated (-1 as 255, 0.5 as 0): wrong pixels.
+    t = ops.RandomErasing(p=1.0, value=value)
+    images = torch.zeros(2, 3, 16, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"RandomErasing: value=.* does not fit torch.uint8 images"):
+        t.apply_keyed(images, torch.zeros(2), [SampleRNG(i) for i in range(2)])
+    fits = ops.RandomErasing(p=1.0, value=(0, 255, 7))
+    out, _ = fits.apply_keyed(images, torch.zeros(2), [SampleRNG(i) for i in range(2)])
+    assert (out[:, 1] == 255).any() and (out[:, 2] == 7).any()
+
+
 @pytest.mark.parametrize("fields", [("mask", "boxes", "box_labels"), ()])
 def test_random_erasing_runs_on_batches_without_labels(fields):
     # Segmentation and detection samples have no "label": RandomErasing leaves

@@ -296,6 +296,15 @@ class RandomErasing:
                              f"got {tuple(images.shape)} and {len(rngs)}")
         if not images.is_floating_point() and self.value == "random":
             raise ValueError("RandomErasing: value='random' needs floating images")
+        if not images.is_floating_point() and self.value != "random":
+            # torch writes a value an integer dtype cannot hold wrapped or
+            # truncated (-1 as 255, 0.5 as 0): the erased pixels would be wrong.
+            info = torch.iinfo(images.dtype)
+            values = self.value if isinstance(self.value, tuple) else (self.value,)
+            if any(v != int(v) or not info.min <= v <= info.max for v in values):
+                raise ValueError(f"RandomErasing: value={self.value!r} does not fit {images.dtype} "
+                                 f"images (whole numbers in [{info.min}, {info.max}]); a value for "
+                                 f"normalized images needs dtype= or normalize= on the feeder")
         C, H, W = images.shape[1:]
         fill = None
         if isinstance(self.value, tuple):
