@@ -162,6 +162,7 @@ class Standin:
         self.initialized = False
         self.sync_mode = 0
         self.pinned: dict[int, tuple[int, Any]] = {}  # address -> (bytes, the owner kept alive)
+        self.locked: dict[int, int] = {}  # address -> bytes cudaHostRegister'ed now
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._defaults: dict[int, Any] = {}
@@ -237,12 +238,14 @@ class Standin:
                 fake.call("register", ptr=ptr, size=size)
                 fake.touch(fake.current())
                 fake.pinned[ptr] = (size, None)
+                fake.locked[ptr] = size
                 return 0
 
             def cudaHostUnregister(self, ptr):
                 fake.log.append(("unregister", ptr, fake.current()))
                 fake.call("unregister", ptr=ptr)
                 fake.pinned.pop(ptr, None)
+                fake.locked.pop(ptr)  # unregistering what is not registered is a bug
                 return 0
 
         class Generator(torch.Generator):

@@ -120,38 +120,91 @@ def test_cuda_device_resolved_when_the_pass_starts(fake_cuda, monkeypatch):
         assert run.cfg.device == torch.device("cuda", 1)
         assert run.side is f._engine.side
         assert fake_cuda.kinds("stream") == [("stream", 1, -5, 1)]
-        assert f._engine.pool._geometry[3] == torch.device("cuda", 1)
+        assert f._engine.pool.pinned.device == torch.device("cuda", 1)
         f._engine.start_pass(0, 1, 0, 1)  # the next pass: the same stream
         assert len(fake_cuda.kinds("stream")) == 1
-    # Teardown drained the stream (asleep) with its device current, then gave the
-    # host cache back with that device current.
-    names = [e[0] for e in fake_cuda.log]
-    assert ("sync", True, 1) in fake_cuda.log and ("empty host cache", 1) in fake_cuda.log
-    assert names.index("sync") < names.index("empty host cache")
+    # Teardown drained the stream (asleep) with its device current; torch's host
+    # cache, shared with the rest of the process, is left alone.
+    assert ("sync", True, 1) in fake_cuda.log
+    assert not fake_cuda.kinds("empty host cache")
     assert f._engine.side.closed
 
 
-def test_pinned_buffers_allocated_with_the_pass_device_current(fake_cuda, monkeypatch):
-    made = []
-    real_empty = torch.empty
-
-    def empty(*shape, pin_memory=False, **kw):
-        made.append((pin_memory, fake_cuda.current()))
-        return real_empty(*shape, **kw)
-
-    monkeypatch.setattr(_batch.torch, "empty", empty)
+def test_pinned_buffers_allocated_with_the_pass_device_current(fake_cuda):
     pool = _batch.BufferPool(4, 2, 8, 8, pin=True)
     pool.pin_with(torch.device("cuda", 1))
     buf = pool.try_acquire()
     buf.array("score", torch.zeros(0, dtype=torch.float32).numpy().dtype, ())
     buf.masks()
-    assert made and all(entry == (True, 1) for entry in made), made
+    registered = fake_cuda.kinds("register")
+    assert len(registered) == 4  # images, labels, the numeric field, the mask plane
+    assert all(entry[2] == 1 for entry in registered), registered
     assert fake_cuda.current() == 0  # the allocating thread's own device is left alone
     plain = _batch.BufferPool(4, 2, 8, 8, pin=False)
-    plain.pin_with(torch.device("cuda", 1))  # no pinning asked: nothing changes
-    made.clear()
-    plain.try_acquire()
-    assert made and all(entry == (False, 0) for entry in made)
+    plain.pin_with(torch.device("cuda", 1))  # no pinning asked: nothing is locked
+    plain.try_acquire().masks()
+    assert len(fake_cuda.kinds("register")) == 4
+
+
+def test_pinned_blocks_are_exactly_the_buffer_bytes(fake_cuda):
+    """Each array of a pinned buffer is one block of its own, locked at its bytes
+    rounded to the page (torch's caching host allocator would round a 38.5 MB
+    buffer up to 64 MiB), at the array's own address."""
+    from feeder.engine.pinned import PAGE, page_round
+    pool = _batch.BufferPool(4, 256, 224, 224, pin=True)
+    pool.pin_with(torch.device("cuda", 0))
+    buf = pool.try_acquire()
+    buf.masks()
+    arrays = [buf.images_t, buf.labels_t, buf.planes.low_t]
+    expect = {t.data_ptr(): page_round(t.numel() * t.element_size()) for t in arrays}
+    assert fake_cuda.locked == expect
+    assert expect[buf.images_t.data_ptr()] == 256 * 224 * 224 * 3  # a whole number of pages
+    assert expect[buf.labels_t.data_ptr()] == PAGE
+    assert all(ptr % PAGE == 0 for ptr in expect)
+    assert pool.pinned.locked_bytes == sum(expect.values())
+    assert buf.images.flags.writeable and buf.images.shape == (256, 224, 224, 3)
+    pool.release(buf)
+    pool.close()
+    pool.unpin()
+    assert fake_cuda.locked == {} and pool.pinned.locked_bytes == 0
+    assert [e[1] for e in fake_cuda.kinds("unregister")] == list(expect)
+
+
+def test_pinned_blocks_unlocked_after_the_drain(fake_cuda, monkeypatch):
+    """close() unlocks every pinned block, after the side stream drained and with the
+    pass's device current; so does the collection of a feeder never closed. A
+    drain that cannot start leaves them locked (and mapped)."""
+    from feeder.engine import engine as _engine
+    from conftest import reaped
+    monkeypatch.setattr(_engine, "Pass", StubPass)
+    for how in ("close", "collect", "timeout"):
+        fake_cuda.log.clear()
+        f = Feeder(source(), 4, AUG, device="cuda")
+        fake_cuda.set_current(1)
+        f._engine.start_pass(0, 0, 0, 1)
+        fake_cuda.set_current(0)
+        pool = f._engine.pool
+        pool.release(pool.try_acquire())
+        locked = dict(fake_cuda.locked)
+        assert len(locked) == 2
+        if how == "timeout":
+            f._engine.side.close = lambda timeout=1.0: False  # a copy held the lock
+        if how == "collect":
+            del f, pool
+            import gc
+            gc.collect()
+            reaped()
+        else:
+            f.close()
+        if how == "timeout":
+            assert fake_cuda.locked == locked and pool.pinned.locked_bytes > 0
+            del f._engine.side.close
+            f._engine.free()  # a later free, once the stream drains, unlocks them
+        assert fake_cuda.locked == {}, how
+        names = [e[0] for e in fake_cuda.log]
+        assert names.index("sync") < names.index("unregister")
+        assert {e[2] for e in fake_cuda.kinds("unregister")} == {1}
+        assert not fake_cuda.kinds("empty host cache")
 
 
 def test_teardown_waits_for_a_copy_being_queued(fake_cuda):
@@ -194,13 +247,37 @@ def test_side_stream_drained_before_unregister(fake_cuda):
         engine.side.begin_pass()  # as start_pass does
         fake_cuda.set_current(0)  # the receiving thread's own device
         engine._register(torch.zeros(16, dtype=torch.uint8))
-        ptr = engine._registered[0]
+        ptr = next(iter(fake_cuda.locked))
     names = [e[0] for e in fake_cuda.log]
     assert ("register", ptr, 1) in fake_cuda.log
     assert ("unregister", ptr, 1) in fake_cuda.log
     assert names.index("sync") < names.index("unregister")
     assert ("sync", True, 1) in fake_cuda.log
-    assert engine._registered == []
+    assert fake_cuda.locked == {} and engine.pinned.locked_bytes == 0
+
+
+def test_isolated_close_that_times_out_keeps_the_mirrors_registered(fake_cuda):
+    """A close whose drain cannot start (a copy being queued holds the side stream)
+    leaves the shared arrays registered, and keeps them mapped: unmapping pages
+    that are still registered, or that a queued copy may read, is the hazard."""
+    f = Feeder(source(), 4, AUG, device="cuda", isolation="process", start_method="fork")
+    engine = f._engine
+    engine.side.begin_pass()
+    view = _batch.BatchBuffer.mirror(1)
+    shared = torch.zeros(4096, dtype=torch.uint8).share_memory_()
+    view.attach("labels", shared)
+    engine._mirrors[1] = view
+    engine._register(shared)
+    ptr = shared.data_ptr()
+    del shared
+    engine.side.close = lambda timeout=1.0: False  # the copy lock held past the timeout
+    f.close()
+    assert ptr in fake_cuda.locked and not fake_cuda.kinds("unregister")
+    assert engine._mirrors.get(1) is view and view.labels_t.data_ptr() == ptr
+    assert engine.pinned.locked_bytes == 4096
+    del engine.side.close
+    engine.free()  # once the stream can drain, the arrays are unregistered and dropped
+    assert fake_cuda.locked == {} and engine._mirrors == {}
 
 
 def test_a_cuda_transfer_stage_needs_a_resolved_device_and_a_side_stream():

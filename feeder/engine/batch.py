@@ -2,7 +2,9 @@
 batches being filled in them (``_collate`` turns them into deliverable batches).
 
 Memory: the pool holds at most ``Config.num_buffers`` buffers of
-``batch_size * H * W * 3`` bytes each (plus 8 bytes a label). Decoded samples are
+``batch_size * H * W * 3`` bytes each (plus 8 bytes a label). On CUDA each
+array is a page-locked block of its own, locked at its size rounded to the
+page (:mod:`.pinned`), and unlocked when the engine is freed. Decoded samples are
 written by the augment stage straight into their slot of a buffer, so there is
 no per-batch allocation and no collate copy on the normal path.
 
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from .pinned import PinnedHost
 from .queue import Closed
 from ..work.sample import LABEL, MASKS, NUMERIC
 
@@ -40,8 +43,9 @@ class BatchBuffer:
     """One preallocated batch: ``images`` [B,H,W,3] uint8, ``labels`` [B] int64 and
     ``indices`` [B] int64 (the source index of the sample in each slot).
 
-    ``images_t``/``labels_t`` are torch views of the same memory (pinned when
-    the target device is CUDA); ``images``/``labels`` are numpy views of it.
+    ``images_t``/``labels_t`` are torch views of the same memory (page-locked in
+    ``pin`` when the target device is CUDA); ``images``/``labels`` are numpy
+    views of it.
 
     Other fields get their storage on first use (:meth:`array`, :meth:`masks`,
     :meth:`objects`) and keep it while the buffer lives: every batch of one
@@ -51,8 +55,8 @@ class BatchBuffer:
     __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "pin", "arrays",
                  "lists", "planes", "shared", "__weakref__")
 
-    def __init__(self, batch_size: int, height: int, width: int, pin: bool, serial: int,
-                 shared: bool = False) -> None:
+    def __init__(self, batch_size: int, height: int, width: int, pin: PinnedHost | None,
+                 serial: int, shared: bool = False) -> None:
         # ``shared``: every fixed-shape array in shared memory, for the isolated
         # engine's worker process to fill and the training process to read.
         self.shared = shared
@@ -117,7 +121,7 @@ class BatchBuffer:
         its own; each shared array is :meth:`attach`-ed as it first arrives."""
         buf = cls.__new__(cls)
         buf.serial = serial
-        buf.pin = False
+        buf.pin = None
         buf.shared = True
         buf.arrays = {}
         buf.lists = {}
@@ -151,22 +155,20 @@ class BatchBuffer:
                 self.objects(name)[slot] = value
 
 
-def _host(shape: tuple[int, ...], dtype: torch.dtype, pin: "bool | torch.device",
+def _host(shape: tuple[int, ...], dtype: torch.dtype, pin: PinnedHost | None,
           shared: bool) -> torch.Tensor:
-    """An uninitialized host tensor: pinned, in shared memory, or plain.
+    """An uninitialized host tensor: page-locked in ``pin``, in shared memory, or plain.
 
-    ``pin`` a CUDA device: pinned with that device current. Page-locked memory
-    serves every device, but allocating it needs a CUDA context, and torch's
-    host allocator takes the calling thread's current device when no context
-    exists yet: the sampler thread's is GPU 0, so a torchrun rank would create
-    a context there. (test_pinned_buffers_allocated_with_the_pass_device_current.)
+    ``pin`` locks it with the pass's device current: page-locked memory serves
+    every device, but locking it needs a CUDA context, and the calling thread
+    (the sampler, a worker) has GPU 0 current, so a torchrun rank would create a
+    context there. (test_pinned_buffers_allocated_with_the_pass_device_current.)
     """
     if shared:
         return torch.empty(shape, dtype=dtype).share_memory_()
-    if isinstance(pin, torch.device):
-        with torch.cuda.device(pin):
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
-    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+    if isinstance(pin, PinnedHost):
+        return pin.empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype)
 
 
 # Field storage is allocated by whichever thread first writes a field into a
@@ -188,7 +190,7 @@ class MaskPlanes:
 
     __slots__ = ("low_t", "low", "high_t", "high", "wide", "_pin", "_shared")
 
-    def __init__(self, batch_size: int, height: int, width: int, pin: bool,
+    def __init__(self, batch_size: int, height: int, width: int, pin: PinnedHost | None,
                  shared: bool = False) -> None:
         self._shared = shared
         self.low_t = _host((batch_size, height, width), torch.uint8, pin, shared)
@@ -203,7 +205,7 @@ class MaskPlanes:
         """A view of shared planes, attached as they arrive (see :meth:`BatchBuffer.mirror`)."""
         planes = cls.__new__(cls)
         planes.high_t = planes.high = None
-        planes._pin = False
+        planes._pin = None
         planes._shared = True
         planes.wide = np.zeros(batch_size, np.bool_)
         return planes
@@ -290,8 +292,10 @@ class BufferPool:
     Args:
         capacity: Most buffers allocated in normal operation.
         batch_size, height, width: Buffer geometry.
-        pin: Allocate page-locked memory (for asynchronous copies to CUDA);
-            with which device current is set per pass by :meth:`pin_with`.
+        pin: Allocate page-locked memory (for asynchronous copies to CUDA), in
+            :attr:`pinned`; with which device current is set per pass by
+            :meth:`pin_with`. The engine unlocks it (:meth:`unpin`) after close,
+            once the side stream has drained.
     """
 
     # Buffers always allowed: the batch the training loop holds and the one being filled.
@@ -300,7 +304,9 @@ class BufferPool:
     def __init__(self, capacity: int, batch_size: int, height: int, width: int, pin: bool,
                  shared: bool = False) -> None:
         self.capacity = capacity
-        self._geometry = (batch_size, height, width, pin)
+        #: The page-locked memory of the buffers (None: pageable buffers).
+        self.pinned = PinnedHost() if pin else None
+        self._geometry = (batch_size, height, width, self.pinned)
         self._shared = shared
         # How many threads of the training loop wait inside next(), and since when
         # it has been busy outside it (None while one waits). While it waits, the
@@ -366,13 +372,17 @@ class BufferPool:
         return None
 
     def pin_with(self, device: torch.device) -> None:
-        """Allocate the pinned buffers from now on with ``device`` current (the
-        pass's resolved CUDA device; see ``_host``). Buffers made before stay:
-        pinned memory serves every device."""
-        with self._cond:
-            b, h, w, pin = self._geometry
-            if pin:
-                self._geometry = (b, h, w, device)
+        """Lock the buffers' memory from now on with ``device`` current (the pass's
+        resolved CUDA device; see ``_host``). Buffers made before stay: pinned
+        memory serves every device."""
+        if self.pinned is not None:
+            self.pinned.device = device
+
+    def unpin(self) -> None:
+        """Unlock every buffer's memory (they stay valid, pageable, while in use).
+        Only once no copy can read them: after close and the side stream's drain."""
+        if self.pinned is not None:
+            self.pinned.unregister_all()
 
     def try_acquire(self, owner: object = None) -> BatchBuffer | None:
         """A buffer for ``owner`` now (free, or newly allocated where the policy allows), else None."""
@@ -507,6 +517,8 @@ class BufferPool:
         self._waiters = 0
         self._busy_since = _now()
         self.on_consumer = None  # a parent's pass: its gate does not run here
+        if self.pinned is not None:
+            self.pinned.forget()  # page locks are the parent's, not inherited
         for entry in list(self._ledger.values()):
             if entry[0] in (FILLING, PARKED, RETIRED):
                 entry[0], entry[1] = FREE, None

@@ -301,22 +301,17 @@ class ThreadEngine(EngineBase):
         self.pool.close()
         self.work.buffers.close()
         self.scratch.close()
+        # The pinned buffers are unlocked only once no copy can read them: the side
+        # stream is drained first (asleep) and takes no new copy after. If the
+        # drain cannot start (a copy being queued holds it), they stay locked and
+        # referenced: unlocking memory the DMA engine may still read is the hazard.
+        # Nothing else in the process's pinned memory is touched (torch's host
+        # cache is other code's). gpu-check: "teardown while the side stream is
+        # busy", "exit mid-epoch". (test_pinned_blocks_unlocked_after_the_drain.)
         side = self.side
-        if side is not None and side.device is not None:
-            # Copies still queued keep their pinned blocks in torch's host cache (it
-            # holds a block until its copy's event): wait for them first, asleep, so
-            # that the cache can give every block back. No new copy starts after.
-            # gpu-check: "teardown while the side stream is busy", "exit mid-epoch".
-            drained = side.close()
-            # Freed pinned buffers go to torch's caching host allocator, which keeps
-            # them for reuse; give the unused ones back to the system (torch >= 2.9),
-            # with the pass's device current: this may be the reaper or the exit
-            # thread, whose current device (GPU 0) may have no context.
-            memory = getattr(getattr(torch, "accelerator", None), "memory", None)
-            empty = getattr(memory, "empty_host_cache", None)
-            if empty is not None and drained:
-                with side.current():
-                    empty()
+        drained = side.close() if side is not None else True
+        if drained:
+            self.pool.unpin()
         # Bounded, as in stop(): exit must not hang on a thread stuck holding it.
         locked = self.lock.acquire(timeout=CLOSE_TIMEOUT_S)
         try:

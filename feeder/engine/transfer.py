@@ -43,12 +43,18 @@ the ``scripts/gpu-check`` row that checks it on a GPU):
   from the decoders; a blocking one sleeps. ``stats().stage("transfer").cpu_s``
   reports the thread's CPU time. (test_events_are_blocking; gpu-check "copy
   slowed on the side stream" and "transfer CPU / wall".)
+* The pinned buffers are the engine's own: each array a block of its bytes
+  rounded to the page, locked with ``cudaHostRegister`` (``pinned.py``), not
+  torch's caching host allocator, which rounds blocks up to a power of two and
+  keeps them for the whole process. (test_pinned_blocks_are_exactly_the_buffer_bytes.)
 * Teardown: before host memory a copy may still read is unregistered
-  (``cudaHostUnregister``, the isolated engine) or handed back to the system
-  (``empty_host_cache``), :meth:`SideStream.close` refuses new copies and
-  waits, with a blocking event, for everything queued on the side streams.
-  (test_side_stream_drained_before_unregister; gpu-check "teardown while the
-  side stream is busy" and "exit mid-epoch".)
+  (``cudaHostUnregister``: the pool's buffers, the isolated engine's shared
+  arrays), :meth:`SideStream.close` refuses new copies and waits, with a
+  blocking event, for everything queued on the side streams; if it cannot,
+  the memory stays registered and mapped. torch's host cache, which other code
+  of the process shares, is left alone.
+  (test_side_stream_drained_before_unregister, test_pinned_blocks_unlocked_after_the_drain;
+  gpu-check "teardown while the side stream is busy" and "exit mid-epoch".)
 * The device tensors are allocated by PyTorch's caching allocator on the side
   stream. When the training loop drops them, the allocator would hand that
   memory to the next allocation on the side stream at once, although kernels

@@ -19,6 +19,7 @@ import torch
 from ..engine import reaper as _reaper
 from ..engine.batch import BatchBuffer
 from ..engine.engine import EngineBase
+from ..engine.pinned import PinnedHost
 from ..engine.pipeline import PassBase
 from ..engine.queue import END, Channel, Closed
 from ..work.sample import Schema
@@ -47,8 +48,6 @@ _LAST_STATS_S = 0.1
 # cannot ship more batches than it has buffers, so this is never full in
 # practice; it only must not be the reason the receiver blocks.
 _SHIPPED_CAPACITY = 1 << 12
-# cudaHostRegisterPortable: the registration holds in every CUDA context.
-_CUDA_HOST_REGISTER_PORTABLE = 1
 
 
 class _Shipped:
@@ -194,7 +193,8 @@ class ProcessEngine(EngineBase):
         self._rows: list = []  # its samples in flight, as of then
         self._queries: dict[int, threading.Event] = {}
         self._mirrors: dict[int, BatchBuffer] = {}  # buffer serial -> this process's view
-        self._registered: list[int] = []  # addresses page-locked with cudaHostRegister
+        # The shared arrays page-locked in place (with the pass's device current).
+        self.pinned = PinnedHost()
         self._cuda = config.device.type == "cuda"
         self._send_lock = threading.Lock()
         # Held while the receiving thread handles a message (see quiet_threads).
@@ -310,17 +310,10 @@ class ProcessEngine(EngineBase):
         "portable", it counts as pinned in every CUDA context, whichever device
         this thread has current. It is made with the pass's device current (for
         the context it needs): this thread's own would be GPU 0, a context there
-        in every torchrun rank (test_side_stream_drained_before_unregister)."""
-        ptr, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-        if size == 0:
-            return
-        with self.side.current():
-            code = torch.cuda.cudart().cudaHostRegister(ptr, size, _CUDA_HOST_REGISTER_PORTABLE)
-        if int(code) != 0:
-            log.warning("cudaHostRegister of a %d-byte shared batch array failed (%s): copies "
-                        "from it will not overlap the training step", size, code)
-            return
-        self._registered.append(ptr)
+        in every torchrun rank (test_side_stream_drained_before_unregister). The
+        ledger keeps the array mapped until it is unregistered."""
+        self.pinned.device = self.side.device
+        self.pinned.register(tensor)
 
     def _query(self, timeout: float = _QUERY_S) -> None:
         """Ask the worker for its stats and samples in flight; wait up to ``timeout`` s."""
@@ -399,20 +392,21 @@ class ProcessEngine(EngineBase):
         # transfer thread still running (or stuck) may have copies in flight: the
         # side streams are drained first and take no new copy after
         # (test_side_stream_drained_before_unregister; gpu-check "teardown while
-        # the side stream is busy").
-        if self._registered:
+        # the side stream is busy"). If the drain cannot start, the shared arrays
+        # stay registered, and mapped (the ledger and the mirrors keep them), for
+        # the life of the process
+        # (test_isolated_close_that_times_out_keeps_the_mirrors_registered).
+        side = self.side
+        if self.pinned.locked_bytes:
             deadline = time.monotonic() + 0.2
             for pass_ in self.passes:
                 pass_.join(max(0.0, deadline - time.monotonic()))
-            side = self.side
-            if side is not None and side.close():
-                cudart = torch.cuda.cudart()
-                with side.current():  # this thread's own device may have no context
-                    for ptr in self._registered:
-                        cudart.cudaHostUnregister(ptr)
-                self._registered = []
-        elif self.side is not None:
-            self.side.close()
+            if side is None or side.close():
+                self.pinned.unregister_all()
+            else:
+                return
+        elif side is not None:
+            side.close()
         self._mirrors = {}
 
     def after_fork(self) -> None:
@@ -435,6 +429,7 @@ class ProcessEngine(EngineBase):
         self._by_id = {}
         self.current = None
         self._mirrors = {}
+        self.pinned.forget()  # page locks are the parent's, not inherited
 
 
 # Where torch's shared-memory segments have names (Linux), and how it names them:
