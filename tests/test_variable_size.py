@@ -482,3 +482,42 @@ def test_images_and_targets_cuts_each_mask_to_its_image():
         for k, (img, target) in enumerate(zip(images, targets)):
             assert img.shape[1:] == shapes[k] and target["mask"].shape == shapes[k]
             assert bool((target["mask"] == k + 1).all())  # none of the padding's mask_fill
+
+
+def test_images_and_targets_reads_no_size_back_from_the_device(monkeypatch):
+    """The sizes come from the host copy the transfer stage had: on CUDA, reading
+    the "size" tensor (``.tolist()``) would wait for the device every step. A
+    "size" the caller replaced is read from the tensor given."""
+    import pickle
+
+    import simplejpeg
+
+    shapes = [(20, 30), (36, 24), (16, 16), (40, 40)]
+    blobs = [simplejpeg.encode_jpeg(np.zeros((h, w, 3), np.uint8)) for h, w in shapes]
+
+    class Src:
+        def __len__(self):
+            return len(shapes)
+
+        def read(self, i):
+            return {"image": blobs[i], "id": i}
+
+    with Feeder(Src(), 4, [], max_image_size=(40, 40), decode_threads=1) as f:
+        batch = next(iter(f))
+    replaced = dict(batch)
+    again = pickle.loads(pickle.dumps(batch))
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(self):
+        if self is batch["size"]:
+            raise AssertionError("the batch's size tensor was read back")
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    images, _ = batch.images_and_targets()
+    assert [tuple(img.shape[1:]) for img in images] == shapes
+    assert [tuple(img.shape[1:]) for img in again.images_and_targets()[0]] == shapes
+    from feeder.engine.transfer import Batch
+    replaced["size"] = torch.tensor([[10, 10]] * 4)
+    images, _ = Batch(replaced.items()).images_and_targets()
+    assert all(tuple(img.shape[1:]) == (10, 10) for img in images)

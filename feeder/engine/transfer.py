@@ -228,7 +228,11 @@ class Batch(dict):
     and the trainers' device moves (which rebuild mappings from ``items()``).
     """
 
-    __slots__ = ()
+    # ("size" tensor, its rows as host (height, width) pairs): a variable-size
+    # batch's sizes as the transfer stage had them on the host, so that
+    # images_and_targets() does not read them back from the device (a wait for
+    # the device every step).
+    __slots__ = ("_host_sizes",)
 
     def images_and_targets(self, rename: dict[str, str] | None = None
                            ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
@@ -249,7 +253,14 @@ class Batch(dict):
         """
         images = self["image"]
         n = images.shape[0]
-        sizes = self["size"].tolist() if "size" in self else [tuple(images.shape[-2:])] * n
+        size = dict.get(self, "size")
+        host = getattr(self, "_host_sizes", None)
+        if size is None:
+            sizes = [tuple(images.shape[-2:])] * n
+        elif host is not None and host[0] is size:
+            sizes = host[1]
+        else:
+            sizes = size.tolist()
         out = [img[:, :h, :w] for img, (h, w) in zip(images, sizes)]
         rename = rename or {}
         kept = [name for name in dict.keys(self) if name not in ("image", "size")]
@@ -332,12 +343,18 @@ class Delivery:
     lent: BatchBuffer | None = None
     fields: dict[str, Any] | None = None
     extra: tuple[torch.Tensor, ...] = ()
+    sizes: list | None = None  # a variable-size batch's "size" rows, from the host
 
     def batch(self) -> Any:
         """What ``next()`` returns: ``(images, labels)``, or the dict of fields."""
         if self.fields is None:
             return self.images, self.labels
-        return Batch(self.fields.items()) if type(self.fields) is dict else self.fields
+        if type(self.fields) is not dict:
+            return self.fields
+        batch = Batch(self.fields.items())
+        if self.sizes is not None:
+            batch._host_sizes = (self.fields[SIZE], self.sizes)
+        return batch
 
     def device_tensors(self) -> list[torch.Tensor]:
         """Every tensor of the batch whose memory the consumer's stream will read."""
@@ -582,7 +599,9 @@ class Transfer(CollatingStage):
             for name in self.schema.keys:
                 output[name] = images if name == "image" else fields[name]
         delivery = Delivery(images, labels, indices, number, event, lent, output,
-                            tuple(t for t in extra if isinstance(t, torch.Tensor)) if cuda else ())
+                            tuple(t for t in extra if isinstance(t, torch.Tensor)) if cuda else (),
+                            None if self.size_divisibility is None
+                            else [tuple(hw) for hw in buf.arrays[SIZE][1][:n].tolist()])
         if cuda:
             try:
                 self.put(c, self.outbox, delivery)
