@@ -269,3 +269,14 @@ def test_masks_move_with_the_images():
     images, _ = BatchTransforms((Flip(),), 0, 0, CPU)(torch.tensor([[[[1.0, 2.0]]] * 3]).view(1, 3, 1, 2),
                                                       torch.tensor([0]), 0, masks=masks)
     assert masks["mask"].tolist() == [[[2, 1]]] and images[0, 0, 0].tolist() == [2.0, 1.0]
+
+
+def test_normalize_constants_are_made_once_per_device_and_dtype():
+    """A pass's converter reuses the constants of earlier passes: making them copies
+    from pageable memory, which waits for the device, at every pass start."""
+    norm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    a = Converter(torch.float16, norm, torch.device("cpu"))
+    b = Converter(torch.float16, [list(norm[0]), list(norm[1])], torch.device("cpu"))
+    assert a.scale is b.scale and a.shift is b.shift
+    c = Converter(torch.float64, norm, torch.device("cpu"))
+    assert c.scale.dtype == torch.float64 and c.scale is not a.scale

@@ -5,6 +5,7 @@ draws depend only on (seed, epoch, batch number), never on thread timing."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,18 @@ from .batch import BatchBuffer
 from ..work.rng import SampleRNG, batch_generator, epoch_key, index_key
 from ..work.sample import INT_SCALAR, LABEL, NUMERIC, Schema
 from ..errors import StageError
+
+
+@functools.lru_cache(maxsize=64)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[1, 3, 1, 1]`` scale and shift of ``(x / 255 - mean) / std`` on ``device``,
+    made once per (mean, std, dtype, device), not per pass: the copy from pageable
+    memory waits for the device. Never freed, so no stream sees their memory reused."""
+    mean_t = torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float64).view(1, 3, 1, 1)
+    return ((1.0 / (255.0 * std_t)).to(device=device, dtype=dtype),
+            (-mean_t / std_t).to(device=device, dtype=dtype))
 
 
 class Converter:
@@ -48,10 +61,8 @@ class Converter:
         else:
             mean, std = normalize
         self.compute = torch.float64 if dtype == torch.float64 else torch.float32
-        mean_t = torch.tensor(mean, dtype=torch.float64).view(1, 3, 1, 1)
-        std_t = torch.tensor(std, dtype=torch.float64).view(1, 3, 1, 1)
-        self.scale = (1.0 / (255.0 * std_t)).to(device=device, dtype=self.compute)
-        self.shift = (-mean_t / std_t).to(device=device, dtype=self.compute)
+        self.scale, self.shift = _affine(tuple(map(float, mean)), tuple(map(float, std)),
+                                         self.compute, device)
 
     @property
     def keeps_buffer_layout(self) -> bool:
