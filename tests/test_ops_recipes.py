@@ -545,6 +545,64 @@ def test_random_erasing_random_values_are_per_sample_and_reproducible():
     assert abs(float(a[a != 0].std()) - 1.0) < 0.3  # standard normal noise
 
 
+def aten_ops(fn) -> int:
+    """How many aten operations ``fn()`` runs (each is a kernel launch on a device)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("value", [0.5, (1.0, 2.0, 3.0)])
+def test_random_erasing_writes_a_batch_in_a_fixed_number_of_operations(value):
+    """The rectangles are written in one pass over the batch, not one slice per erased
+    sample: the operations run do not grow with the batch."""
+    t = ops.RandomErasing(p=1.0, value=value)
+
+    def run(b):
+        images = torch.rand(b, 3, 20, 24)
+        return aten_ops(lambda: t.apply_keyed(images, torch.zeros(b), [SampleRNG(i) for i in range(b)]))
+
+    run(2)  # the fill constant is made on the first call
+    assert run(4) == run(32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("value", [2.0, (1.0, 2.0, 3.0), (7.0,)])
+def test_random_erasing_matches_one_slice_per_sample(dtype, channels_last, value, monkeypatch):
+    """The batched write gives what writing each sample's rectangle does, in the
+    input's dtype and memory format; the fill is made once per device and dtype."""
+    t = ops.RandomErasing(p=0.7, value=value)
+    images = (torch.rand(8, 3, 20, 24) * 200).to(dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    sizes = np.array([[20, 24], [12, 10]] * 4)
+    out, _ = t.apply_keyed(images, torch.zeros(8), [SampleRNG(i, 3) for i in range(8)], sizes=sizes)
+    want = images.clone()
+    for b in range(8):
+        box = tv_erasing_params(*map(int, sizes[b]), 0.7, (0.02, 0.33), (0.3, 3.3), SampleRNG(b, 3))
+        if box is not None:
+            top, left, h, w = box
+            fill = torch.tensor(value if isinstance(value, tuple) else (value,), dtype=dtype)
+            want[b, :, top:top + h, left:left + w] = fill.view(-1, 1, 1)
+    assert torch.equal(out, want) and out.dtype == dtype
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    rngs = [SampleRNG(i, 3) for i in range(8)]
+    monkeypatch.setattr(torch, "tensor", None)  # no constant is made again
+    again, _ = t.apply_keyed(images, torch.zeros(8), rngs, sizes=sizes)
+    monkeypatch.undo()
+    assert torch.equal(again, out)
+
+
 def test_random_erasing_through_the_feeder_is_deterministic_across_threads(source):
     def run(threads):
         f = Feeder(source, 4, [ops.RandomResizedCrop(24)], dtype=torch.float32, seed=2,

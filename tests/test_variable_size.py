@@ -357,6 +357,24 @@ def test_zero_padding_clears_outside_each_size():
     assert images[1, :, :2, :3].all() and images[1].sum() == 3 * 2 * 3
 
 
+def test_zero_padding_clears_a_batch_in_a_fixed_number_of_operations():
+    """One pass over the batch, not up to two per sample, with the device's copy of
+    the sizes when given; a batch without padding is left untouched."""
+    from test_ops_recipes import aten_ops
+
+    def run(b):
+        images = torch.ones(b, 3, 6, 7).contiguous(memory_format=torch.channels_last)
+        sizes = np.array([[6, 7], [2, 3], [6, 3], [2, 7]] * (b // 4))
+        n = aten_ops(lambda: zero_padding(images, sizes, torch.from_numpy(sizes)))
+        for img, (h, w) in zip(images, sizes):
+            assert img[:, :h, :w].all() and img.sum() == 3 * h * w
+        return n
+
+    assert run(4) == run(32)
+    full = torch.ones(2, 3, 6, 7)
+    assert aten_ops(lambda: zero_padding(full, np.array([[6, 7], [6, 7]]))) == 0
+
+
 @pytest.mark.parametrize("isolation", ENGINES)
 def test_in_place_transforms_work_in_the_images_region(isolation):
     # A flip writes the resized image into its region of the slot (no copy of its

@@ -563,7 +563,7 @@ class Transfer(CollatingStage):
                     # The padding was 0 in uint8, so (0 - mean) / std once normalized:
                     # make it 0 in the output, as torchvision's ImageList pads
                     # normalized images. (Host sizes: no wait for the device.)
-                    zero_padding(images, buf.arrays[SIZE][1][:n])
+                    zero_padding(images, buf.arrays[SIZE][1][:n], sizes)
                 labels = fields.get(LABEL)
                 if self.batch is not None:
                     masks = {name: fields[name] for name, spec in self.schema.specs.items()
@@ -644,15 +644,22 @@ def copy_region(host: torch.Tensor, n: int, extent: tuple[int, int] | None,
     return out if out.is_contiguous() else out.contiguous()
 
 
-def zero_padding(images: torch.Tensor, sizes: np.ndarray) -> None:
+def zero_padding(images: torch.Tensor, sizes: np.ndarray,
+                 device_sizes: torch.Tensor | None = None) -> None:
     """Set the pixels of ``images`` (``[n, C, Hb, Wb]``) outside each image's valid
-    (height, width) in ``sizes`` to 0, in place."""
+    (height, width) in ``sizes`` (host ``[n, 2]``) to 0, in place, in one pass
+    over the batch. ``device_sizes``: the same sizes already on ``images``'
+    device (the batch's "size" field), so that nothing is copied here."""
     Hb, Wb = images.shape[2:]
-    for i, (h, w) in enumerate(sizes.tolist()):
-        if h < Hb:
-            images[i, :, h:].zero_()
-        if w < Wb:
-            images[i, :, :h, w:].zero_()
+    if not len(sizes) or (sizes[:, 0] >= Hb).all() and (sizes[:, 1] >= Wb).all():
+        return  # no padding in this batch
+    if device_sizes is None:
+        device_sizes = torch.from_numpy(np.ascontiguousarray(sizes)).to(images.device)
+    h = device_sizes[:, 0].view(-1, 1, 1, 1)
+    w = device_sizes[:, 1].view(-1, 1, 1, 1)
+    rows = torch.arange(Hb, device=images.device).view(1, 1, Hb, 1)
+    cols = torch.arange(Wb, device=images.device).view(1, 1, 1, Wb)
+    images.masked_fill_((rows >= h) | (cols >= w), 0)
 
 
 def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,

@@ -3,9 +3,12 @@ conversion (``Feeder(batch_transforms=[...])``)."""
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..work.rng import SampleRNG
@@ -223,7 +226,10 @@ class RandomErasing:
     The draws are per sample, from the sample's own random stream (seed, epoch,
     index), on the host (no wait for the device): a sample is erased the same way
     whichever batch or thread it comes through. The rectangles are written on the
-    device, one slice per erased sample. It runs after the dtype conversion and
+    device in one pass over the batch (a mask built from them); the fill values
+    are copied to a device once, not per batch. ``value="random"`` draws each
+    sample's noise from a generator seeded from its stream, one draw per erased
+    sample. It runs after the dtype conversion and
     ``normalize``, so ``value=0`` is the mean colour, as in torchvision's recipes
     (RandomErasing after Normalize). Masks and boxes are left alone (as torchvision).
     The input batch is never written: as torchvision's default ``inplace=False``,
@@ -306,31 +312,45 @@ class RandomErasing:
                                  f"images (whole numbers in [{info.min}, {info.max}]); a value for "
                                  f"normalized images needs dtype= or normalize= on the feeder")
         C, H, W = images.shape[1:]
-        fill = None
-        if isinstance(self.value, tuple):
-            if len(self.value) not in (1, C):
-                raise ValueError(f"RandomErasing: value has {len(self.value)} entries for {C} channels")
-            fill = torch.tensor(self.value, dtype=images.dtype, device=images.device).view(-1, 1, 1)
-        out = None
+        if isinstance(self.value, tuple) and len(self.value) not in (1, C):
+            raise ValueError(f"RandomErasing: value has {len(self.value)} entries for {C} channels")
+        # (top, left, height, width) per sample; an empty rectangle where none is erased.
+        boxes = np.zeros((len(rngs), 4), np.int64)
+        erased = []
         for b, rng in enumerate(rngs):
             box = self.params(H, W, rng) if sizes is None else self.params(int(sizes[b][0]),
                                                                            int(sizes[b][1]), rng)
-            if box is None:
-                continue
-            if out is None:
-                out = images.clone()  # torchvision's inplace=False
-            top, left, h, w = box
-            region = out[b, :, top:top + h, left:left + w]
-            if self.value == "random":
-                gen = torch.Generator(device=images.device)
+            if box is not None:
+                boxes[b] = box
+                erased.append((b, box, rng))
+        if not erased:
+            return images, labels  # torchvision's inplace=False: nothing to copy
+        device = images.device
+        if self.value == "random":
+            # Each sample's noise is its own stream's (seeded from it), as before:
+            # the values cannot come from one draw for the batch without depending
+            # on the batch's other samples.
+            out = images.clone()
+            gen = _generator(device)
+            for b, (top, left, h, w), rng in erased:
                 gen.manual_seed(rng.integers(0, 1 << 63))
-                region.copy_(torch.randn((C, h, w), generator=gen, device=images.device,
-                                         dtype=torch.float32))
-            elif fill is not None:
-                region.copy_(fill.expand(C, h, w))
-            else:
-                region.fill_(self.value)
-        return (images if out is None else out), labels
+                out[b, :, top:top + h, left:left + w].copy_(
+                    torch.randn((C, h, w), generator=gen, device=device, dtype=torch.float32))
+            return out, labels
+        # One mask for the batch, built on the device from the rectangles (copied
+        # from pinned memory: a pageable copy would wait for the stream).
+        rects = torch.from_numpy(boxes)
+        if device.type == "cuda":
+            rects = rects.pin_memory().to(device, non_blocking=True)
+        top, left, h, w = rects.t().reshape(4, -1, 1, 1, 1).unbind(0)
+        rows = torch.arange(H, device=device).view(1, 1, H, 1)
+        cols = torch.arange(W, device=device).view(1, 1, 1, W)
+        mask = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
+        value = self.value if isinstance(self.value, tuple) else (self.value,)
+        fill = _constant(value, images.dtype, device)
+        out = torch.empty_like(images)  # the input's memory format
+        torch.where(mask, fill, images, out=out)
+        return out, labels
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,3 +360,26 @@ class RandomErasing:
 
     def __repr__(self) -> str:
         return f"RandomErasing(p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value!r})"
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a ``[len(values), 1, 1]`` tensor on ``device``, made once per
+    (values, dtype, device): a copy from pageable memory waits for the stream.
+    Never freed, so no stream can see its memory reused."""
+    return torch.tensor(values, dtype=dtype).view(-1, 1, 1).to(device)
+
+
+_generators = threading.local()
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """This thread's generator on ``device``, made once and reseeded per sample
+    (reseeding is a host-side step; making a device generator is not free)."""
+    found = getattr(_generators, "by_device", None)
+    if found is None:
+        found = _generators.by_device = {}
+    gen = found.get(device)
+    if gen is None:
+        gen = found[device] = torch.Generator(device=device)
+    return gen
