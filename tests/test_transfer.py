@@ -247,6 +247,50 @@ def test_kept_fields_of_mixed_batches_stay_valid_until_dropped(conversion, isola
         keep_and_check(f, dtype, normalize, variable, mixed=True)
 
 
+def test_a_full_queue_does_not_hold_a_copied_buffer():
+    """A CUDA delivery that finds the output queue full waits for its copy and gives
+    its pinned buffer back before it blocks; with room, the buffer goes back after
+    the put (the wait then overlaps the loop's turnaround)."""
+    import threading
+
+    from conftest import JOIN_TIMEOUT_S
+    from feeder.engine.stage import Counters
+
+    pool = BufferPool(4, 1, 1, 1, pin=False)
+    outbox = Channel("output", 1)
+    stage = Transfer(Control(), None, pool, torch.device("cpu"), None, Channel("in", 1), outbox)
+    log, released = [], threading.Event()
+
+    class Event:
+        def synchronize(self):
+            log.append("sync")
+
+    real_release = pool.release
+
+    def release(buf):
+        log.append("release")
+        real_release(buf)
+        released.set()
+
+    pool.release = release
+    stage._hand_over(Counters(), "first", pool.acquire(lambda: False), Event())
+    assert log == ["sync", "release"] and outbox.depth() == 1  # room: put, then the wait
+    log.clear()
+    released.clear()
+    t = threading.Thread(target=stage._hand_over,
+                         args=(Counters(), "second", pool.acquire(lambda: False), Event()),
+                         daemon=True)
+    t.start()
+    # The queue is full: the buffer comes back while the put is still blocked.
+    assert released.wait(JOIN_TIMEOUT_S) and log == ["sync", "release"]
+    alive, free = t.is_alive(), pool.count("free")
+    assert outbox.get(timeout=JOIN_TIMEOUT_S) == "first"  # unblocks the put either way
+    assert alive and free == 1
+    t.join(JOIN_TIMEOUT_S)
+    assert not t.is_alive() and outbox.get(timeout=JOIN_TIMEOUT_S) == "second"
+    assert log == ["sync", "release"]
+
+
 # -- images_and_targets ---------------------------------------------------------------
 
 def _detection_batch():
