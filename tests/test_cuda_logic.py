@@ -98,6 +98,28 @@ def test_side_stream_made_once_per_device_with_the_highest_priority(fake_cuda):
     assert fake_cuda.current() == 1
 
 
+def test_cuda_resolved_to_another_gpu_than_local_rank_warns(fake_cuda, monkeypatch, caplog):
+    """A torchrun rank that iterates before set_device(local_rank), or from a thread
+    of its own, resolves "cuda" to GPU 0: said once, not silently."""
+    import logging
+    from feeder.engine import config as _config
+    monkeypatch.setattr(_config, "_warned_ranks", set())
+    caplog.set_level(logging.WARNING, logger="feeder")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    side = _transfer.SideStream(torch.device("cuda"))
+    assert side.begin_pass() == torch.device("cuda", 0)
+    side.begin_pass()
+    warned = [r for r in caplog.records if "LOCAL_RANK=1" in r.getMessage()]
+    assert len(warned) == 1 and "cuda:0" in warned[0].getMessage()
+    caplog.clear()
+    fake_cuda.set_current(1)  # set_device(local_rank): as it should be
+    assert side.begin_pass() == torch.device("cuda", 1)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # one GPU visible per rank: its own is GPU 0
+    fake_cuda.set_current(0)
+    side.begin_pass()
+    assert not caplog.records
+
+
 def test_explicit_cuda_index_is_kept(fake_cuda):
     fake_cuda.set_current(1)
     side = _transfer.SideStream(torch.device("cuda", 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -13,6 +14,8 @@ import numpy as np
 import torch
 
 from ..work.augment import image_size_pair
+
+log = logging.getLogger(__name__)
 from ..work.sample import DEFAULT_MAX_PIXELS
 from .threads import auto_read_threads, auto_threads, cores_for_this_rank
 from .tune import TunedThreads
@@ -93,7 +96,34 @@ def resolve_device(device: torch.device) -> torch.device:
     (its first ``next()``), as ``torch.cuda.set_device`` left it."""
     if device.type != "cuda" or device.index is not None:
         return device
-    return torch.device("cuda", torch.cuda.current_device())
+    index = torch.cuda.current_device()
+    _check_local_rank(index)
+    return torch.device("cuda", index)
+
+
+_warned_ranks: set[tuple[int, int]] = set()
+
+
+def _check_local_rank(index: int) -> None:
+    """Warn (once per pair) when ``"cuda"`` resolves to a GPU other than the one
+    torchrun's ``LOCAL_RANK`` names: a rank that iterates before its
+    ``set_device(local_rank)``, or from a thread of its own (the current device
+    is per thread), would otherwise deliver every batch to that GPU silently.
+    Only where ``LOCAL_RANK`` indexes a visible GPU: a rank that sees one GPU
+    (``CUDA_VISIBLE_DEVICES`` per rank) has it as GPU 0."""
+    try:
+        local = int(os.environ.get("LOCAL_RANK", ""))
+    except ValueError:
+        return
+    if local == index or not 0 <= local < torch.cuda.device_count():
+        return
+    if (local, index) in _warned_ranks:
+        return
+    _warned_ranks.add((local, index))
+    log.warning(
+        "device='cuda' resolved to cuda:%d, but LOCAL_RANK=%d: this thread's current device is "
+        "not the rank's GPU (call torch.cuda.set_device(local_rank) before iterating, in the "
+        "thread that iterates, or pass device=f'cuda:{local_rank}')", index, local)
 
 
 def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
