@@ -36,14 +36,14 @@ def test_same_batches_as_the_thread_engine(big_source, kw):
         got, err = drain(f)
         engine = f._engine
         # Every shared array the transfer stage copied from is page-locked in place.
-        assert engine._registered
+        assert engine.pinned.locked_bytes > 0
         for buf in engine._mirrors.values():
             assert buf.images_t.is_pinned() and buf.labels_t.is_pinned()
     assert err is None and len(got) == len(expect)
     for (xa, ya), (xb, yb) in zip(expect, got):
         np.testing.assert_array_equal(ya, yb)
         np.testing.assert_array_equal(xa, xb)  # the same kernels on the same bytes
-    assert engine._registered == [] and engine._mirrors == {}
+    assert engine.pinned.locked_bytes == 0 and engine._mirrors == {}
 
 
 def test_buffers_go_back_only_after_their_copy(big_source, monkeypatch):
