@@ -403,6 +403,7 @@ def test_every_order_setting_is_saved_and_checked(source):
     (ops.RandomShortestSize(32), ops.RandomShortestSize(32, antialias=False)),
     (ops.RandomShortestSize(32), ops.RandomShortestSize(32, interpolation="area")),
     (ops.RandomZoomOut(), ops.RandomZoomOut(mask_fill=0)),
+    (ops.RandomResizedCrop(32), ops.RandomResizedCrop(32, ratio=(0.75, 1.3334))),
 ], ids=lambda t: type(t).__name__)
 def test_a_resume_with_another_transform_setting_is_refused(source, saved, mine):
     """The transforms are compared by their reprs: a repr that leaves out a

@@ -133,8 +133,16 @@ class RandomResizedCrop(Transform):
 
     def __repr__(self) -> str:
         return (f"RandomResizedCrop(size={self.output_size}, scale={self.scale}, ratio="
-                f"({self.ratio[0]:.4g}, {self.ratio[1]:.4g}), interpolation={self.interpolation!r}"
-                f"{_resize_extras(self.antialias)})")
+                f"({_ratio_text(self.ratio[0])}, {_ratio_text(self.ratio[1])}), "
+                f"interpolation={self.interpolation!r}{_resize_extras(self.antialias)})")
+
+
+def _ratio_text(value: float) -> str:
+    # Four digits, as saved states have them, where that names the value exactly
+    # (or it is the default's 3/4 or 4/3); every digit otherwise, so that resume
+    # tells (0.75, 1.3334) from the default.
+    short = f"{value:.4g}"
+    return short if float(short) == value or value in (3 / 4, 4 / 3) else repr(value)
 
 
 class Resize(Transform):
