@@ -26,6 +26,7 @@ from .engine.group import group_sequence
 from .engine.order import Handled, Order, Remaining
 from .engine.ranks import Ranks
 from .engine.sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
+from .work.sample import DEFAULT_MAX_PIXELS
 
 FORMAT_VERSION = 1  # bitmaps of delivered and skipped samples
 COMPACT_VERSION = 2  # a position in the order, the few handled past it, the skipped
@@ -383,7 +384,8 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
 # one was saved with its default. Every state saves them now.
 SAVED_WHEN_SET: dict[str, Any] = {"shuffle_window": 8192, "shuffle_shards": None,
                                   "max_image_size": None, "size_divisibility": 1,
-                                  "group_by_aspect_ratio": None}
+                                  "group_by_aspect_ratio": None,
+                                  "max_pixels": DEFAULT_MAX_PIXELS}
 # Facts an earlier version did not record at all: a state without one is not checked on it.
 UNRECORDED_BEFORE = ("shard_layout",)
 
@@ -519,6 +521,8 @@ class Cursor:
                 "size_divisibility": c.size_divisibility,
                 "group_by_aspect_ratio": c.group_by_aspect_ratio,
                 "exif_orientation": c.exif_orientation,
+                # Which samples fail (and, under on_error="skip", which batches come).
+                "max_pixels": c.max_pixels,
                 "transforms": describe_transforms(self.chain.transforms)}
 
     def _finished(self, handled: int) -> bool:

@@ -380,7 +380,7 @@ def test_every_order_setting_is_saved_and_checked(source):
         drain(f, limit=2)
         state = f.state_dict()
     for name in ("shuffle_window", "shuffle_shards", "max_image_size", "size_divisibility",
-                 "group_by_aspect_ratio", "shard_layout"):
+                 "group_by_aspect_ratio", "max_pixels", "shard_layout"):
         assert name in state["settings"], name
     for other, field, saved, mine in (
             (dict(), "shuffle_shards", "2", "None"),
@@ -426,7 +426,7 @@ def test_a_state_of_the_previous_version_loads_with_absent_settings_as_defaults(
     first, state = interrupted(source, 2)
     old = dict(state["settings"])
     for name in ("shuffle_window", "shuffle_shards", "max_image_size", "size_divisibility",
-                 "group_by_aspect_ratio", "shard_layout"):
+                 "group_by_aspect_ratio", "max_pixels", "shard_layout"):
         del old[name]
     with make(source) as f:
         f.load_state_dict({**state, "settings": old})
@@ -438,6 +438,9 @@ def test_a_state_of_the_previous_version_loads_with_absent_settings_as_defaults(
             r"state\['settings'\] holds 'sort_by'")
     refused(source, {**state, "settings": {**old, "max_image_size": (40, 40)}},
             r"max_image_size differs \(saved \(40, 40\), this feeder None\)")
+    # max_pixels decides which samples fail, so which come under on_error="skip".
+    refused(source, {**state, "settings": {**old, "max_pixels": 1000}},
+            r"max_pixels differs \(saved 1000, this feeder \d+\)")
 
 
 @pytest.mark.parametrize("epoch", [2**64, 2**64 + 1, -1, 1.0, True, "3", None])
