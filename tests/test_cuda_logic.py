@@ -120,6 +120,31 @@ def test_cuda_resolved_to_another_gpu_than_local_rank_warns(fake_cuda, monkeypat
     assert not caplog.records
 
 
+def test_cuda_resolved_to_gpu_0_from_a_helper_thread_warns(fake_cuda, monkeypatch, caplog):
+    """Without LOCAL_RANK, a loop run from a thread of its own resolves "cuda" to
+    GPU 0 whatever the main thread set: said once per thread, not silently."""
+    import logging
+    from feeder.engine import config as _config
+    monkeypatch.setattr(_config, "_warned_ranks", set())
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    caplog.set_level(logging.WARNING, logger="feeder")
+    fake_cuda.set_current(1)  # the main thread's set_device(1)
+    side = _transfer.SideStream(torch.device("cuda"))
+    assert side.begin_pass() == torch.device("cuda", 1)
+    got = []
+    for _ in range(2):  # the second pass in the same thread says nothing more
+        t = threading.Thread(target=lambda: got.append(side.begin_pass()), name="loop")
+        t.start()
+        t.join(JOIN_TIMEOUT_S)
+    assert got == [torch.device("cuda", 0)] * 2
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'loop'" in warned[0] and "cuda:0" in warned[0], warned
+    caplog.clear()
+    with fake_cuda.device(0):  # GPU 0 chosen in the main thread: nothing to say
+        side.begin_pass()
+    assert not caplog.records
+
+
 def test_explicit_cuda_index_is_kept(fake_cuda):
     fake_cuda.set_current(1)
     side = _transfer.SideStream(torch.device("cuda", 0))

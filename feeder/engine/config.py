@@ -6,6 +6,7 @@ import inspect
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -97,33 +98,56 @@ def resolve_device(device: torch.device) -> torch.device:
     if device.type != "cuda" or device.index is not None:
         return device
     index = torch.cuda.current_device()
-    _check_local_rank(index)
+    if not _check_local_rank(index):
+        _check_thread(index)
     return torch.device("cuda", index)
 
 
-_warned_ranks: set[tuple[int, int]] = set()
+_warned_ranks: set[tuple[Any, Any]] = set()
 
 
-def _check_local_rank(index: int) -> None:
+def _check_local_rank(index: int) -> bool:
     """Warn (once per pair) when ``"cuda"`` resolves to a GPU other than the one
     torchrun's ``LOCAL_RANK`` names: a rank that iterates before its
     ``set_device(local_rank)``, or from a thread of its own (the current device
     is per thread), would otherwise deliver every batch to that GPU silently.
     Only where ``LOCAL_RANK`` indexes a visible GPU: a rank that sees one GPU
-    (``CUDA_VISIBLE_DEVICES`` per rank) has it as GPU 0."""
+    (``CUDA_VISIBLE_DEVICES`` per rank) has it as GPU 0.
+
+    Returns:
+        Whether ``LOCAL_RANK`` names a visible GPU (then it alone is checked).
+    """
     try:
         local = int(os.environ.get("LOCAL_RANK", ""))
     except ValueError:
-        return
-    if local == index or not 0 <= local < torch.cuda.device_count():
-        return
-    if (local, index) in _warned_ranks:
-        return
+        return False
+    if not 0 <= local < torch.cuda.device_count():
+        return False
+    if local == index or (local, index) in _warned_ranks:
+        return True
     _warned_ranks.add((local, index))
     log.warning(
         "device='cuda' resolved to cuda:%d, but LOCAL_RANK=%d: this thread's current device is "
         "not the rank's GPU (call torch.cuda.set_device(local_rank) before iterating, in the "
         "thread that iterates, or pass device=f'cuda:{local_rank}')", index, local)
+    return True
+
+
+def _check_thread(index: int) -> None:
+    """Warn (once per thread name) when ``"cuda"`` resolves to GPU 0 in a thread other
+    than the main one on a machine with several GPUs: the current device is per
+    thread, so a loop run from a helper thread gets GPU 0 whatever the main thread
+    chose with ``set_device`` (without ``LOCAL_RANK`` to tell which GPU was meant)."""
+    thread = threading.current_thread()
+    if index != 0 or thread is threading.main_thread() or torch.cuda.device_count() < 2:
+        return
+    if ("thread", thread.name) in _warned_ranks:
+        return
+    _warned_ranks.add(("thread", thread.name))
+    log.warning(
+        "device='cuda' resolved to cuda:0 in thread %r, not the main thread: the current device "
+        "is per thread, so torch.cuda.set_device in another thread does not apply here (call it "
+        "in this thread, or pass device='cuda:N')", thread.name)
 
 
 def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
