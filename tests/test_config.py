@@ -4,12 +4,13 @@ other, "auto" resolved, and the figures derived from a Config."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
 
 from feeder import ConfigError, Feeder
-from feeder.engine.config import (DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
+from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
                             resolve_device, signature_parameters)
 from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
 
@@ -28,6 +29,43 @@ def test_an_unknown_option_is_a_type_error_listing_the_options():
     text = str(info.value)
     assert "unexpected keyword argument(s): decode_thread, shufle" in text
     assert "decode_threads" in text and "start_method" in text
+
+
+def test_dataloader_keywords_name_feeders_equivalent(source):
+    # A port passes DataLoader's keywords first: each is answered, not buried
+    # in the list of options.
+    expected = {"num_workers": "decode_threads=N", "pin_memory": "device='cuda'",
+                "pin_memory_device": "device='cuda:N'", "collate_fn": "batch_transforms",
+                "sampler": "group_by_aspect_ratio", "batch_sampler": "rank/world_size",
+                "generator": "seed=N", "worker_init_fn": "nothing runs per worker",
+                "prefetch_factor": "queue_size=N", "persistent_workers": "until close()",
+                "multiprocessing_context": "start_method=", "in_order": "ordered=False"}
+    assert set(expected) == set(DATALOADER_KEYWORDS)
+    for name, equivalent in expected.items():
+        with pytest.raises(TypeError) as info:
+            Feeder(source, 2, **{name: None})
+        text = str(info.value)
+        assert f"{name} is DataLoader's; " in text and equivalent in text, text
+        assert "the options are" not in text
+
+
+def test_several_unknown_keywords_are_each_answered():
+    with pytest.raises(TypeError) as info:
+        Config.build(batch_size=4, num_workers=8, pin_memory=True, decode_thread=2, zzz=1)
+    lines = str(info.value).splitlines()
+    assert lines[0].endswith("unexpected keyword argument(s): decode_thread, num_workers, "
+                             "pin_memory, zzz")
+    assert "decode_thread: did you mean decode_threads?" in lines
+    assert any(line.startswith("num_workers is DataLoader's; ") for line in lines)
+    assert any(line.startswith("pin_memory is DataLoader's; ") for line in lines)
+    assert not any(line.startswith("zzz") for line in lines)  # nothing close to it
+    assert lines[-1].startswith("the options are: batch_size, ")
+
+
+def test_the_dataloader_keywords_are_in_the_porting_guide():
+    guide = (Path(__file__).parent.parent / "docs" / "from-dataloader.md").read_text()
+    for name in DATALOADER_KEYWORDS:
+        assert f"`{name}`" in guide, name
 
 
 def test_every_default_passes_its_own_check():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import math
@@ -350,6 +351,54 @@ def _group_option(name: str, value: object) -> int | None:
                      f"create_aspect_ratio_groups), got {value!r}")
 
 
+# DataLoader's keywords that are not feeder options, each with feeder's way of
+# doing the same (docs/from-dataloader.md's table says the same at length): a
+# port passes them first, and a list of 34 options does not say which to use.
+DATALOADER_KEYWORDS = {
+    "num_workers": "feeder uses threads: decode_threads=N (or 'auto', the default), and "
+                   "isolation='process' to move the pipeline out of the training process",
+    "pin_memory": "device='cuda' pins the batches and copies them on a side stream: they "
+                  "arrive on the GPU",
+    "pin_memory_device": "device='cuda:N' names the GPU the batches are copied to",
+    "collate_fn": "feeder batches the fields itself: return a dict of fields from the "
+                  "source's read (boxes become lists of per-image tensors), and pass "
+                  "batch_transforms=[fn(images, labels, generator)] for work on whole batches",
+    "sampler": "feeder orders the samples itself: shuffle, seed, rank/world_size (found "
+               "from torch.distributed) and group_by_aspect_ratio",
+    "batch_sampler": "feeder forms the batches itself: batch_size, drop_last, shuffle, seed, "
+                     "rank/world_size (found from torch.distributed) and group_by_aspect_ratio",
+    "generator": "seed=N fixes the order and every random transform",
+    "worker_init_fn": "nothing runs per worker: feeder's threads share this process, so "
+                      "set things up before building the Feeder",
+    "prefetch_factor": "queue_size=N is the number of finished batches buffered ahead "
+                       "of the training loop",
+    "persistent_workers": "a Feeder keeps its buffers (and isolation='process''s worker) "
+                          "across epochs until close(); its threads start with each pass, "
+                          "without a process's start-up cost",
+    "multiprocessing_context": "start_method='fork', 'spawn' or 'forkserver' says how "
+                               "isolation='process' starts its one worker process",
+    "in_order": "ordered=False delivers batches in completion order (the same samples)",
+}
+
+
+def unknown_options_message(unknown: list[str], known: list[str]) -> str:
+    """The TypeError's text for keywords that are not options: DataLoader's are
+    each answered with feeder's equivalent, others get a "did you mean"."""
+    lines = [f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}"]
+    strangers = False
+    for name in unknown:
+        if name in DATALOADER_KEYWORDS:
+            lines.append(f"{name} is DataLoader's; {DATALOADER_KEYWORDS[name]}")
+            continue
+        strangers = True
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            lines.append(f"{name}: did you mean {close[0]}?")
+    if strangers:
+        lines.append(f"the options are: {', '.join(known)}")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Config:
     """Every Feeder option, declared once: its name, default and check. ``Feeder``'s
@@ -398,8 +447,7 @@ class Config:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(options) - set(known))
         if unknown:
-            raise TypeError(f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}; "
-                            f"the options are: {', '.join(known)}")
+            raise TypeError(unknown_options_message(unknown, list(known)))
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
         auto_decode, auto_augment = auto_threads(cores_for_this_rank())
