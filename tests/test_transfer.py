@@ -321,3 +321,45 @@ def test_images_and_targets_renames_onto_a_field_renamed_away():
     _, targets = _detection_batch().images_and_targets(rename={"labels": "image_labels",
                                                                "box_labels": "labels"})
     assert targets[0]["labels"].tolist() == [1] and int(targets[1]["image_labels"]) == 8
+
+
+def test_images_and_targets_gives_per_image_integers_as_python_ints(jpeg_blobs, monkeypatch):
+    # pycocotools' loadRes and torchvision's references key results by
+    # target["image_id"]: a 0-d tensor there hashes by identity and matches nothing.
+    from fields_helpers import DictSource
+
+    def sample(i):
+        return {"image": jpeg_blobs[i], "boxes": [[1.0, 2.0, 10.0, 12.0]], "box_labels": [i],
+                "image_id": 100 + i, "score": 0.5}
+
+    with Feeder(DictSource(4, sample), 4, [ops.Resize((24, 24))], decode_threads=1) as f:
+        batch = next(iter(f))
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(self):  # on CUDA a read-back waits for the device: the host copy serves
+        if self is batch["image_id"]:
+            raise AssertionError("image_id was read back from the batch's tensor")
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    _, targets = batch.images_and_targets()
+    assert [t["image_id"] for t in targets] == [100, 101, 102, 103]
+    assert all(type(t["image_id"]) is int for t in targets)
+    assert all(isinstance(t["score"], torch.Tensor) for t in targets)  # floats stay tensors
+    assert all(isinstance(t["box_labels"], torch.Tensor) for t in targets)  # per box: tensors
+    # A batch built by hand (or moved by a trainer) has no host copy: read from the tensor.
+    monkeypatch.setattr(torch.Tensor, "tolist", real_tolist)
+    from feeder.engine.transfer import Batch as FieldBatch
+    _, targets = FieldBatch(batch.items()).images_and_targets()
+    assert [t["image_id"] for t in targets] == [100, 101, 102, 103]
+    assert all(type(t["image_id"]) is int for t in targets)
+
+
+def test_images_and_targets_gives_a_replaced_fields_own_values():
+    batch = _detection_batch()
+    batch._host = {"labels": (torch.tensor([7, 8]), [7, 8])}  # another tensor: stale
+    _, targets = batch.images_and_targets()
+    assert [t["labels"] for t in targets] == [7, 8]
+    batch["labels"] = torch.tensor([1, 2])
+    _, targets = batch.images_and_targets()
+    assert [t["labels"] for t in targets] == [1, 2]

@@ -228,11 +228,13 @@ class Batch(dict):
     and the trainers' device moves (which rebuild mappings from ``items()``).
     """
 
-    # ("size" tensor, its rows as host (height, width) pairs): a variable-size
-    # batch's sizes as the transfer stage had them on the host, so that
+    # {field: (its tensor, its rows as host values)}: a variable-size batch's
+    # "size" rows as (height, width) pairs, and each per-image integer field's
+    # values, as the transfer stage had them on the host, so that
     # images_and_targets() does not read them back from the device (a wait for
-    # the device every step).
-    __slots__ = ("_host_sizes",)
+    # the device every step). Keyed by the tensor: a field a batch transform
+    # replaced is read from its new tensor.
+    __slots__ = ("_host",)
 
     def images_and_targets(self, rename: dict[str, str] | None = None
                            ) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
@@ -241,6 +243,10 @@ class Batch(dict):
         ``"size"`` says how much of a padded batch is the image), and a list of
         one dict per image holding its other fields (boxes, per-box fields,
         labels, a mask cut to the image's size, passed-through values).
+
+        A per-image integer field (one number per image, such as ``"image_id"``)
+        comes as a Python ``int``, as torchvision's detection references and
+        pycocotools' ``loadRes`` take ``target["image_id"]``.
 
         Args:
             rename: Field names to give other keys in the targets, e.g.
@@ -254,23 +260,21 @@ class Batch(dict):
         images = self["image"]
         n = images.shape[0]
         size = dict.get(self, "size")
-        host = getattr(self, "_host_sizes", None)
         if size is None:
             sizes = [tuple(images.shape[-2:])] * n
-        elif host is not None and host[0] is size:
-            sizes = host[1]
         else:
-            sizes = size.tolist()
+            sizes = self._host_values("size", size)
         out = [img[:, :h, :w] for img, (h, w) in zip(images, sizes)]
-        rename = rename or {}
         kept = [name for name in dict.keys(self) if name not in ("image", "size")]
+        rename = rename or {}
         missing = sorted(set(rename) - set(kept))
         if missing:
             raise ValueError(f"images_and_targets: rename names the field(s) {missing}, which the "
                              f"targets do not have (their fields: {kept})")
+        names = {name: rename.get(name, name) for name in kept}
         claimed: dict[str, str] = {}
         for name in kept:
-            key = rename.get(name, name)
+            key = names[name]
             if key in claimed:
                 raise ValueError(f"images_and_targets: with rename={rename!r}, the fields "
                                  f"{claimed[key]!r} and {name!r} would both be {key!r} in the "
@@ -281,7 +285,11 @@ class Batch(dict):
         for name, value in dict.items(self):
             if name in ("image", "size"):
                 continue
-            key = rename.get(name, name)
+            key = names[name]
+            if _per_image_integer(value, n):
+                for k, number in enumerate(self._host_values(name, value)):
+                    targets[k][key] = number
+                continue
             for k in range(n):
                 item = value[k]
                 if name == "mask":
@@ -289,6 +297,13 @@ class Batch(dict):
                     item = item[:h, :w]  # of a padded batch: the image's part
                 targets[k][key] = item
         return out, targets
+
+    def _host_values(self, name: str, value: torch.Tensor) -> list[Any]:
+        """``value.tolist()``, from the host copy the transfer stage kept if it has one."""
+        entry = getattr(self, "_host", {}).get(name)
+        if entry is not None and entry[0] is value:
+            return entry[1]
+        return value.tolist()
 
     def __iter__(self) -> Iterator[str]:
         if len(self) == 2:
@@ -298,6 +313,14 @@ class Batch(dict):
                 f"({a!r}, {b!r}), so it is not iterated directly; take the fields by name, "
                 f"batch[{a!r}], batch[{b!r}], or iterate batch.keys() / batch.items()")
         return super().__iter__()
+
+
+def _per_image_integer(value: Any, n: int) -> bool:
+    """Whether a batch field holds one integer per image (an id, a class), which the
+    targets give as Python ints."""
+    return (isinstance(value, torch.Tensor) and value.shape == (n,)
+            and not value.dtype.is_floating_point and not value.dtype.is_complex
+            and value.dtype != torch.bool)
 
 
 def _register_batch_with_pytree() -> None:
@@ -343,7 +366,7 @@ class Delivery:
     lent: BatchBuffer | None = None
     fields: dict[str, Any] | None = None
     extra: tuple[torch.Tensor, ...] = ()
-    sizes: list | None = None  # a variable-size batch's "size" rows, from the host
+    host: dict[str, tuple[torch.Tensor, list]] | None = None  # see Batch._host
 
     def batch(self) -> Any:
         """What ``next()`` returns: ``(images, labels)``, or the dict of fields."""
@@ -352,8 +375,8 @@ class Delivery:
         if type(self.fields) is not dict:
             return self.fields
         batch = Batch(self.fields.items())
-        if self.sizes is not None:
-            batch._host_sizes = (self.fields[SIZE], self.sizes)
+        if self.host:
+            batch._host = self.host
         return batch
 
     def device_tensors(self) -> list[torch.Tensor]:
@@ -575,6 +598,10 @@ class Transfer(CollatingStage):
                                             views if lent is not None else None)
                     if self.size_divisibility is not None:
                         sizes = buf.arrays[SIZE][0][:n].clone()
+                # Before the batch transforms, which may replace a field's tensor.
+                host = _host_integers(buf, n, self.schema, fields)
+                if self.size_divisibility is not None:
+                    host[SIZE] = (sizes, [tuple(hw) for hw in buf.arrays[SIZE][1][:n].tolist()])
                 if self.size_divisibility is not None and self.convert.normalized:
                     # The padding was 0 in uint8, so (0 - mean) / std once normalized:
                     # make it 0 in the output, as torchvision's ImageList pads
@@ -616,8 +643,7 @@ class Transfer(CollatingStage):
                 output[name] = images if name == "image" else fields[name]
         delivery = Delivery(images, labels, indices, number, event, lent, output,
                             tuple(t for t in extra if isinstance(t, torch.Tensor)) if cuda else (),
-                            None if self.size_divisibility is None
-                            else [tuple(hw) for hw in buf.arrays[SIZE][1][:n].tolist()])
+                            host)
         if cuda:
             self._hand_over(c, delivery, buf, event)
             return
@@ -692,7 +718,7 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
     for name, spec in list(schema.specs.items()):
         kind = spec.kind
         if kind == NUMERIC:
-            host = buf.labels_t[:n] if name == LABEL and spec == INT_SCALAR else buf.arrays[name][0][:n]
+            host = _numeric_host(buf, n, name, spec)
             value = host.to(device, non_blocking=True) if cuda else host.clone()
             extra.append(value)
         elif kind == MASKS:
@@ -731,3 +757,21 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
             value = list(buf.lists[name][:n])
         fields[name] = value
     return fields, extra
+
+
+def _numeric_host(buf: BatchBuffer, n: int, name: str, spec: Any) -> torch.Tensor:
+    """The first ``n`` rows of a numeric field in the buffer's host memory."""
+    return buf.labels_t[:n] if name == LABEL and spec == INT_SCALAR else buf.arrays[name][0][:n]
+
+
+def _host_integers(buf: BatchBuffer, n: int, schema: Schema,
+                   fields: dict[str, Any]) -> dict[str, tuple[torch.Tensor, list]]:
+    """``{name: (its delivered tensor, its values)}`` for each per-image integer
+    field, the values read from the host buffer for :meth:`Batch.images_and_targets`."""
+    found = {}
+    for name, spec in schema.specs.items():
+        if spec.kind == NUMERIC and name in fields:
+            host = _numeric_host(buf, n, name, spec)
+            if _per_image_integer(host, n):
+                found[name] = (fields[name], host.tolist())
+    return found
