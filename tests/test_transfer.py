@@ -363,3 +363,25 @@ def test_images_and_targets_gives_a_replaced_fields_own_values():
     batch["labels"] = torch.tensor([1, 2])
     _, targets = batch.images_and_targets()
     assert [t["labels"] for t in targets] == [1, 2]
+
+
+def test_images_and_targets_renames_a_prefix():
+    from feeder.engine.transfer import Batch as FieldBatch
+    batch = FieldBatch(image=torch.zeros(2, 3, 4, 4), boxes=[torch.zeros(1, 4)] * 2,
+                       box_labels=[torch.tensor([1])] * 2, box_area=[torch.tensor([4.0])] * 2,
+                       box_iscrowd=[torch.tensor([0])] * 2, box_score=[torch.tensor([0.5])] * 2)
+    _, targets = batch.images_and_targets(rename={"box_*": "*", "box_score": "scores"})
+    assert set(targets[0]) == {"boxes", "labels", "area", "iscrowd", "scores"}
+    _, targets = batch.images_and_targets(rename={"box_*": "gt_*", "box_is*": "is*"})
+    assert set(targets[0]) == {"boxes", "gt_labels", "gt_area", "iscrowd", "gt_score"}
+
+
+@pytest.mark.parametrize("rename, message", [
+    ({"box_*": ""}, "one '\\*' at the end of both"),
+    ({"*_labels": "*"}, "one '\\*' at the end of both"),
+    ({"mask_*": "*"}, r"rename names the field\(s\) \['mask_\*'\]"),
+    ({"box_*": "*", "boxes": "labels"}, "would both be 'labels'"),
+])
+def test_images_and_targets_refuses_a_bad_prefix_rename(rename, message):
+    with pytest.raises(ValueError, match=message):
+        _detection_batch().images_and_targets(rename=rename)

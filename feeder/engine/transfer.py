@@ -250,12 +250,18 @@ class Batch(dict):
 
         Args:
             rename: Field names to give other keys in the targets, e.g.
-                ``{"box_labels": "labels"}`` for torchvision's detection models.
+                ``{"box_labels": "labels"}`` for torchvision's detection models. A
+                key and value ending in ``*`` rename a prefix: ``{"box_*": "*"}``
+                gives ``box_labels``, ``box_area`` and ``box_iscrowd`` as
+                ``labels``, ``area`` and ``iscrowd``. A field's own name wins over
+                a prefix, and a longer prefix over a shorter one.
 
         Raises:
-            ValueError: ``rename`` names a field the batch does not have, or gives a
-                field the name of another target (of a field already called so, or
-                of another renamed field): one would silently replace the other.
+            ValueError: ``rename`` names a field (or a prefix) the batch does not
+                have, writes ``*`` elsewhere than at the end of both a key and its
+                value, or gives a field the name of another target (of a field
+                already called so, or of another renamed field): one would
+                silently replace the other.
         """
         images = self["image"]
         n = images.shape[0]
@@ -266,12 +272,7 @@ class Batch(dict):
             sizes = self._host_values("size", size)
         out = [img[:, :h, :w] for img, (h, w) in zip(images, sizes)]
         kept = [name for name in dict.keys(self) if name not in ("image", "size")]
-        rename = rename or {}
-        missing = sorted(set(rename) - set(kept))
-        if missing:
-            raise ValueError(f"images_and_targets: rename names the field(s) {missing}, which the "
-                             f"targets do not have (their fields: {kept})")
-        names = {name: rename.get(name, name) for name in kept}
+        names = _renamed(kept, rename or {})
         claimed: dict[str, str] = {}
         for name in kept:
             key = names[name]
@@ -321,6 +322,45 @@ def _per_image_integer(value: Any, n: int) -> bool:
     return (isinstance(value, torch.Tensor) and value.shape == (n,)
             and not value.dtype.is_floating_point and not value.dtype.is_complex
             and value.dtype != torch.bool)
+
+
+def _renamed(kept: list[str], rename: dict[str, str]) -> dict[str, str]:
+    """Each field's name in the targets under ``rename`` (see
+    :meth:`Batch.images_and_targets`)."""
+    exact: dict[str, str] = {}
+    prefixes: dict[str, str] = {}
+    for old, new in rename.items():
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise ValueError(f"images_and_targets: rename maps names to names, got "
+                             f"{old!r}: {new!r}")
+        stars = (old.count("*"), new.count("*"))
+        if stars == (0, 0):
+            exact[old] = new
+        elif stars == (1, 1) and old.endswith("*") and new.endswith("*"):
+            prefixes[old[:-1]] = new[:-1]
+        else:
+            raise ValueError(f"images_and_targets: rename {old!r}: {new!r}; a prefix is "
+                             f"renamed with one '*' at the end of both, as "
+                             f"{{'box_*': '*'}} (box_area -> area)")
+    names = {}
+    used = set()
+    for name in kept:
+        if name in exact:
+            names[name] = exact[name]
+            used.add(name)
+            continue
+        matches = [p for p in prefixes if name.startswith(p)]
+        if matches:
+            prefix = max(matches, key=len)
+            names[name] = prefixes[prefix] + name[len(prefix):]
+            used.add(prefix + "*")
+        else:
+            names[name] = name
+    missing = sorted(set(exact) - used) + sorted(p + "*" for p in prefixes if p + "*" not in used)
+    if missing:
+        raise ValueError(f"images_and_targets: rename names the field(s) {missing}, which the "
+                         f"targets do not have (their fields: {kept})")
+    return names
 
 
 def _register_batch_with_pytree() -> None:
