@@ -178,8 +178,9 @@ def test_albumentations_refuses_a_mask_left_at_the_old_size():
     # The image is resized, the mask is not: delivered, the batch would crop it.
     t = ops.Albumentations(A.Compose([A.Lambda(image=_shrink_image)]), output_size=(8, 10))
     img, mask = photo(20, 30), np.ones((20, 30), np.uint8)
-    with pytest.raises(ConfigError, match=r"Albumentations\(Compose\(\[Lambda\]\)\) returned a 8x10 "
-                                          r"image .* mask of shape \(20, 30\) \(field 'mask'\)") as info:
+    with pytest.raises(ConfigError, match=r"Albumentations\(Compose\(\[Lambda\]\)\) returned a \(8, 10\) "
+                                          r"image \(height, width\) .*mask of shape \(20, 30\) "
+                                          r"\(field 'mask'\)") as info:
         t.apply_fields(img, SampleRNG(0), {"mask": mask}, Geometry.identity(20, 30))
     assert info.value.field == "mask"
 

@@ -143,7 +143,8 @@ def test_random_crop_pads_the_mask_with_mask_fill_and_clips_boxes():
 
 
 def test_random_crop_without_padding_names_a_too_small_image():
-    with pytest.raises(ValueError, match="a 30x20 image .* is smaller than the crop 40x40"):
+    with pytest.raises(ValueError, match=r"a \(20, 30\) image \(height, width\).* is smaller "
+                                         r"than the crop \(40, 40\)"):
         ops.RandomCrop(40, pad_if_needed=False).apply(photo(20, 30), SampleRNG(0))
 
 

@@ -448,7 +448,8 @@ def test_pack_refuses_what_it_cannot_store(tmp_path, jpeg_blobs):
     # A mask of another size than its image cannot be resized with it.
     h, w = cv2.imdecode(np.frombuffer(jpeg_blobs[0], np.uint8), cv2.IMREAD_UNCHANGED).shape[:2]
     src = source(lambda i: {"image": jpeg_blobs[0], "mask": np.zeros((h + 1, w), np.uint8)})
-    with pytest.raises(PackError, match=rf"field 'mask' is {w}x{h + 1} but its image is {w}x{h}"):
+    with pytest.raises(PackError, match=rf"field 'mask' is \({h + 1}, {w}\) but its image is "
+                                         rf"\({h}, {w}\) \(height, width\)"):
         pack(src, str(tmp_path / "sized"), max_side=8)
 
 

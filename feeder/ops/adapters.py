@@ -149,8 +149,8 @@ class Albumentations(Transform):
                 # size: every pixel paired with the wrong class. The same for
                 # every sample, so a configuration error, never skipped.
                 err = ConfigError(
-                    f"{self!r} returned a {new.shape[0]}x{new.shape[1]} image (height x width) "
-                    f"with a mask of shape {mask.shape} (field {MASK!r}): a transform of the "
+                    f"{self!r} returned a {new.shape[:2]} image (height, width) with a mask "
+                    f"of shape {mask.shape} (field {MASK!r}): a transform of the "
                     f"pipeline changed the image's size but not the mask's (an ImageOnlyTransform "
                     f"or A.Lambda that resizes, say); use a DualTransform, or give A.Lambda a "
                     f"mask= function that moves the mask as the image")

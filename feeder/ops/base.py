@@ -294,7 +294,7 @@ class Geometry:
 
     def __repr__(self) -> str:
         return (f"Geometry(y*{self.sy:.4g}+{self.ty:.4g}, x*{self.sx:.4g}+{self.tx:.4g}, "
-                f"{self.height}x{self.width})")
+                f"(height, width)=({self.height}, {self.width}))")
 
 
 def move_fields(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:

@@ -451,8 +451,9 @@ class RandomCrop(Transform):
                 bottom, right = bottom + dy, right + dx
             ph, pw = height + top + bottom, width + left + right
         if ph < h or pw < w:
-            raise ValueError(f"RandomCrop: a {width}x{height} image (width x height), padded to "
-                             f"{pw}x{ph}, is smaller than the crop {w}x{h}; pass pad_if_needed=True")
+            raise ValueError(f"RandomCrop: a ({height}, {width}) image (height, width), padded to "
+                             f"({ph}, {pw}), is smaller than the crop ({h}, {w}); pass "
+                             f"pad_if_needed=True")
         return rng.integers(0, ph - h + 1) - top, rng.integers(0, pw - w + 1) - left
 
     def apply(self, img, rng, out=None, ctx=None):

@@ -193,8 +193,8 @@ def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
     if shrunk is not None:
         (h, w), (h2, w2) = shrunk[1], shrunk[2]
         if mask.shape != (h, w):
-            raise PackError(f"{where}: field 'mask' is {mask.shape[1]}x{mask.shape[0]} but its "
-                            f"image is {w}x{h}, so it cannot be resized with it")
+            raise PackError(f"{where}: field 'mask' is {mask.shape[:2]} but its image is "
+                            f"({h}, {w}) (height, width), so it cannot be resized with it")
         mask = cv2.resize(mask, (w2, h2), interpolation=cv2.INTER_NEAREST)
     ok, out = cv2.imencode(".png", np.ascontiguousarray(mask))
     if not ok:

@@ -195,8 +195,8 @@ class Chain:
             if t.output_size is not None:
                 size = t.output_size
                 if size[0] * size[1] > max_pixels:
-                    raise ValueError(f"transform {t!r} produces {size[1]}x{size[0]} images, above "
-                                     f"max_pixels={max_pixels}")
+                    raise ValueError(f"transform {t!r} produces ({size[0]}, {size[1]}) images "
+                                     f"(height, width), above max_pixels={max_pixels}")
             elif not t.preserves_size:
                 size = _VARIABLE
         #: Variable-size output: (height, width) of the largest image, else None.
@@ -205,13 +205,13 @@ class Chain:
             max_image_size = image_size_pair(max_image_size)
             if isinstance(size, tuple):
                 raise ValueError(f"max_image_size={max_image_size} is for transforms whose output "
-                                 f"size varies, but these ({ts}) always produce {size[1]}x{size[0]} "
-                                 f"(width x height): drop max_image_size")
+                                 f"size varies, but these ({ts}) always produce "
+                                 f"({size[0]}, {size[1]}) (height, width): drop max_image_size")
             d = size_divisibility
             buffer = (-(-max_image_size[0] // d) * d, -(-max_image_size[1] // d) * d)
             if buffer[0] * buffer[1] > max_pixels:
-                raise ValueError(f"max_image_size={max_image_size} (batch buffers of {buffer[1]}x"
-                                 f"{buffer[0]} with size_divisibility={d}) is above "
+                raise ValueError(f"max_image_size={max_image_size} (batch buffers of {buffer} "
+                                 f"(height, width) with size_divisibility={d}) is above "
                                  f"max_pixels={max_pixels}")
             self.max_image_size = max_image_size
             size = image_size = buffer
@@ -505,8 +505,8 @@ class Chain:
             return geometry.then(moved)
         if spatial and after.shape[:2] != before.shape[:2]:
             raise ConfigError(
-                f"transform {t!r} changed the image from {before.shape[1]}x{before.shape[0]} to "
-                f"{after.shape[1]}x{after.shape[0]} (width x height) on a sample with a mask or "
+                f"transform {t!r} changed the image from {before.shape[:2]} to "
+                f"{after.shape[:2]} (height, width) on a sample with a mask or "
                 f"boxes, and cannot say where it moved their pixels: use the built-in transforms "
                 f"for crops and resizes, or wrap it in ops.SampleTransform to move the mask and "
                 f"boxes itself")
@@ -524,8 +524,9 @@ class Chain:
 
     def _check_pixels(self, t: Transform, height: int, width: int, verb: str) -> None:
         if height * width > self.max_pixels:
-            raise TransformError(f"transform {t!r} {verb} a {width}x{height} image (width x height) "
-                                 f"= {width * height} pixels, above max_pixels={self.max_pixels}")
+            raise TransformError(f"transform {t!r} {verb} a ({height}, {width}) image (height, "
+                                 f"width) = {width * height} pixels, above "
+                                 f"max_pixels={self.max_pixels}")
 
     def _run_placer(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
                     t: Transform | None) -> tuple[np.ndarray, np.ndarray, Transform | None]:
@@ -556,9 +557,8 @@ class Chain:
         array, checked and left for :meth:`_region` to place."""
         if region is not None and result is not region:
             if isinstance(result, np.ndarray) and result.shape != region.shape:
-                raise TransformError(f"transform {t!r} planned a {region.shape[1]}x"
-                                     f"{region.shape[0]} image but produced "
-                                     f"{result.shape[1]}x{result.shape[0]} (width x height)")
+                raise TransformError(f"transform {t!r} planned a {region.shape[:2]} image but "
+                                     f"produced {result.shape[:2]} (height, width)")
         return result if region is None or result is not region else region
 
     def _region(self, img: Any, out: np.ndarray, by: Transform | None) -> np.ndarray:
@@ -575,8 +575,8 @@ class Chain:
         if h > H or w > W:
             # One image's fault (its size), not the configuration's: skippable.
             verb = "" if isinstance(img, _Shape) else " produced"
-            raise TransformError(f"{who}{verb} a {w}x{h} image (width x height), larger than "
-                                 f"max_image_size=({H}, {W}) (height, width): cap the size in the "
+            raise TransformError(f"{who}{verb} a ({h}, {w}) image (height, width), larger than "
+                                 f"max_image_size=({H}, {W}): cap the size in the "
                                  f"transforms (a resize with a max_size) or raise max_image_size")
         return out[:h, :w]
 
@@ -587,8 +587,8 @@ class Chain:
                 and img.shape[:2] != out.shape[:2]):
             # Not one bad file: every image of another size fails the same way.
             raise ConfigError(
-                f"image_size={out.shape[:2]} but {who} produced {img.shape[1]}x{img.shape[0]} "
-                f"(width x height, shape {img.shape}; the batch buffer holds {out.shape}): add a "
+                f"image_size={out.shape[:2]} but {who} produced {img.shape[:2]} (height, width; "
+                f"shape {img.shape}, the batch buffer holds {out.shape}): add a "
                 f"Resize or crop that ends at image_size, or set image_size")
         if img.shape != out.shape or img.dtype != out.dtype:
             raise TransformError(
