@@ -329,7 +329,14 @@ class Feeder:
         return self._ranks.shard()[1]
 
     def __len__(self) -> int:
-        """This rank's batches per epoch (fewer if samples are skipped under ``on_error="skip"``)."""
+        """This rank's batches per epoch, for a pass that skips nothing.
+
+        Under ``on_error="skip"`` a sample is found bad only when it is read; the
+        samples after it fill its place, so a pass that skips ``s`` samples
+        delivers the batches of ``len(self.sampler) - s`` samples: every batch
+        but the last full, the last shorter or gone, and a progress bar taken
+        over the feeder ends short of this length.
+        """
         return num_batches(self.num_samples, self.config.batch_size, self.config.drop_last)
 
     def set_epoch(self, epoch: int) -> None:

@@ -885,3 +885,26 @@ def test_a_new_pass_gets_buffers_while_an_abandoned_pass_is_stuck_in_user_code(s
     finally:
         release.set()
         f.close()
+
+
+@pytest.mark.parametrize("n, bad, drop_last", [
+    (41, {3}, False),       # 40 left: the last batch (of 1) is gone
+    (48, {3}, False),       # 47 left: the last batch is shorter
+    (48, {3}, True),        # 47 left: a batch fewer
+    (50, {3, 49}, True),    # 48 left: the tail drop_last would drop fills the gaps
+])
+def test_skipped_samples_shorten_the_pass_from_its_end(source, n, bad, drop_last):
+    """len(feeder) counts a pass that skips nothing; skips shorten the pass from its
+    end, as docs/from-dataloader.md says: the batches of the samples left."""
+    from feeder.engine.sampler import num_batches
+    blobs = [b"junk" if i in bad else source.blobs[i % len(source.blobs)] for i in range(n)]
+    with make(MemorySource(blobs), batch_size=8, on_error="skip", drop_last=drop_last,
+              decode_threads=2) as f:
+        assert len(f) == num_batches(n, 8, drop_last)
+        batches, err = drain(f)
+        assert err is None and f.stats().skipped == len(bad)
+        assert len(f) == num_batches(n, 8, drop_last)  # the next pass may skip nothing
+    sizes = [len(y) for _, y in batches]
+    assert len(sizes) == num_batches(n - len(bad), 8, drop_last)
+    assert sizes[:-1] == [8] * (len(sizes) - 1)
+    assert sum(sizes) == (n - len(bad) if not drop_last else len(sizes) * 8)
