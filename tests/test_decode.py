@@ -207,3 +207,13 @@ def test_feeder_crops_lossless_jpegs_as_the_same_pixels_in_png(jpeg_path, chain)
     for (x, y), (rx, ry) in zip(batches["jpeg"], batches["png"]):
         np.testing.assert_array_equal(y, ry)
         np.testing.assert_array_equal(x, rx)
+
+
+def test_decode_buffers_take_back_only_their_own():
+    pool = DecodeBuffers()
+    foreign = np.zeros(1000, np.uint8)
+    pool.give(foreign)
+    assert pool.take(100) is not foreign
+    own = pool.take(100)
+    pool.give(own)
+    assert pool.take(100) is own

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -422,18 +423,29 @@ class DecodeBuffers:
 
     def __init__(self) -> None:
         self._free: list[np.ndarray] = []
+        # The buffers this pool made, by id, held weakly: give() takes back only
+        # those. Any other array is someone else's memory (a 1-D array behind a
+        # source's own image looks exactly like a pool buffer from its view's
+        # ``.base``), which a later decode must never write into.
+        self._made: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
     def take(self, nbytes: int) -> np.ndarray:
         try:
             buf = self._free.pop()
         except IndexError:
-            return np.empty(nbytes + nbytes // 4, np.uint8)
+            return self._new(nbytes)
         if buf.size < nbytes:
-            return np.empty(nbytes + nbytes // 4, np.uint8)
+            return self._new(nbytes)
+        return buf
+
+    def _new(self, nbytes: int) -> np.ndarray:
+        buf = np.empty(nbytes + nbytes // 4, np.uint8)
+        self._made[id(buf)] = buf
         return buf
 
     def give(self, buf: np.ndarray | None) -> None:
-        if buf is not None and not self.closed:
+        """Take ``buf`` back for reuse if this pool made it (anything else is ignored)."""
+        if buf is not None and not self.closed and self._made.get(id(buf)) is buf:
             self._free.append(buf)
 
     closed = False
