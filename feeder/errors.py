@@ -117,7 +117,8 @@ class ConfigError(TransformError):
 
 class SourceError(ConfigError, TypeError):
     """A source's ``read`` returned something that is not a sample: neither
-    ``(encoded_bytes, label)`` nor a dict with encoded bytes under ``"image"``.
+    ``(image, label)`` nor a dict with an image under ``"image"`` (an image is
+    encoded bytes, a uint8 array or tensor, or a PIL image).
     The message says what ``read`` must return and names the source's class and
     the sample. A mistake in the source, never skipped."""
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ import simplejpeg
 
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_png
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+import feeder
 from feeder import DecodeError, Feeder, ops
 from feeder.work import decode as _decode
 from feeder.work.decode import DecodeBuffers, decode_image
@@ -207,6 +210,276 @@ def test_feeder_crops_lossless_jpegs_as_the_same_pixels_in_png(jpeg_path, chain)
     for (x, y), (rx, ry) in zip(batches["jpeg"], batches["png"]):
         np.testing.assert_array_equal(y, ry)
         np.testing.assert_array_equal(x, rx)
+
+
+# -- images given decoded (arrays, tensors, PIL images) -----------------------------
+
+def _pil():
+    return pytest.importorskip("PIL.Image")
+
+
+def _pil_png(image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _rgb(i: int) -> np.ndarray:
+    """Image ``i`` of a set of different sizes, random pixels (every interpolation shows)."""
+    return np.random.default_rng(i).integers(0, 256, (40 + 3 * i, 50 + 2 * i, 3), dtype=np.uint8)
+
+
+def _gray(i: int) -> np.ndarray:
+    return _rgb(i)[..., 1].copy()
+
+
+def _given(kind: str, i: int) -> tuple[object, bytes]:
+    """Image ``i`` given decoded as ``kind``, and the same pixels as a PNG file."""
+    import torch
+
+    rgb, gray = _rgb(i), _gray(i)
+    if kind == "numpy rgb":
+        return rgb, encode_png(rgb)
+    if kind == "numpy gray":
+        return gray, encode_png(gray)
+    if kind == "numpy gray hw1":
+        return gray[:, :, None], encode_png(gray)
+    if kind == "numpy rgba":
+        rgba = np.dstack([rgb, gray])
+        return rgba, encode_png(rgba)
+    if kind == "numpy slice":
+        big = np.random.default_rng(100 + i).integers(0, 256, (90, 100, 3), dtype=np.uint8)
+        view = big[7:7 + rgb.shape[0], 3:3 + rgb.shape[1]]
+        return view, encode_png(np.ascontiguousarray(view))
+    if kind == "numpy reversed":
+        view = rgb[::-1, ::-1]
+        return view, encode_png(np.ascontiguousarray(view))
+    if kind == "numpy of a flat buffer":
+        flat = rgb.reshape(-1).copy()
+        return flat.reshape(rgb.shape), encode_png(rgb)
+    if kind == "torch chw":
+        return torch.from_numpy(rgb).permute(2, 0, 1), encode_png(rgb)
+    if kind == "torch chw contiguous":
+        return torch.from_numpy(rgb).permute(2, 0, 1).contiguous(), encode_png(rgb)
+    if kind == "torch hwc":
+        return torch.from_numpy(rgb), encode_png(rgb)
+    if kind == "torch gray":
+        return torch.from_numpy(gray), encode_png(gray)
+    if kind == "torch 1hw":
+        return torch.from_numpy(gray)[None], encode_png(gray)
+    image = _pil()
+    if kind == "PIL RGB":
+        return image.fromarray(rgb), encode_png(rgb)
+    if kind == "PIL L":
+        return image.fromarray(gray), encode_png(gray)
+    if kind == "PIL RGBA":
+        rgba = np.dstack([rgb, gray])
+        return image.fromarray(rgba), encode_png(rgba)
+    if kind == "PIL P":
+        p = image.fromarray(rgb).quantize(37)
+        return p, _pil_png(p)
+    if kind == "PIL 1":
+        one = image.fromarray(gray > 128)
+        return one, _pil_png(one)
+    if kind == "PIL LA":
+        la = image.fromarray(np.dstack([gray, rgb[..., 0]]), "LA")
+        return la, _pil_png(la)
+    if kind == "PIL I;16":
+        wide = (rgb[..., 0].astype(np.uint16) << 8) | rgb[..., 2]
+        return image.fromarray(wide), encode_png(wide)
+    raise AssertionError(kind)
+
+
+GIVEN_KINDS = ["numpy rgb", "numpy gray", "numpy gray hw1", "numpy rgba", "numpy slice",
+               "numpy reversed", "numpy of a flat buffer", "torch chw", "torch chw contiguous",
+               "torch hwc", "torch gray", "torch 1hw", "PIL RGB", "PIL L", "PIL RGBA", "PIL P",
+               "PIL 1", "PIL LA", "PIL I;16"]
+
+GIVEN_CHAINS = {
+    "crop+flip": dict(transforms=[ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()]),
+    "resize+centre": dict(transforms=[ops.Resize(30), ops.CenterCrop(24)]),
+    "none, variable": dict(transforms=[], max_image_size=(64, 80)),
+    "resize+flip, variable": dict(transforms=[ops.Resize(30), ops.RandomHorizontalFlip()],
+                                  max_image_size=(64, 80)),
+}
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a.keys())
+    return a == b
+
+
+def _batches(source, **kwargs) -> list:
+    with Feeder(source, batch_size=3, seed=11, timeout=60, **kwargs) as f:
+        return [b for b in f]
+
+
+@pytest.mark.parametrize("chain", list(GIVEN_CHAINS))
+@pytest.mark.parametrize("kind", GIVEN_KINDS)
+def test_decoded_images_give_the_batches_of_the_same_png(kind, chain):
+    given = [_given(kind, i) for i in range(7)]
+    kwargs = GIVEN_CHAINS[chain]
+    got = _batches(MemorySource([g for g, _ in given]), **kwargs)
+    want = _batches(MemorySource([png for _, png in given]), **kwargs)
+    assert len(got) == 3 and _same(got, want)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_decoded_images_in_the_isolated_engine(start_method):
+    kinds = ["numpy rgb", "torch chw", "numpy gray"] if start_method == "fork" else ["numpy slice"]
+    for kind in kinds:
+        given = [_given(kind, i) for i in range(7)]
+        kwargs = dict(GIVEN_CHAINS["crop+flip"], isolation="process", start_method=start_method)
+        got = _batches(MemorySource([g for g, _ in given]), **kwargs)
+        want = _batches(MemorySource([png for _, png in given]), **GIVEN_CHAINS["crop+flip"])
+        assert len(got) == 3 and _same(got, want), kind
+
+
+class _DictSource:
+    def __init__(self, samples: list[dict]):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def read(self, index: int) -> dict:
+        return self.samples[index]
+
+
+def _mask(i: int) -> np.ndarray:
+    return np.random.default_rng(50 + i).integers(0, 21, _rgb(i).shape[:2], dtype=np.uint8)
+
+
+def _given_mask(kind: str, i: int) -> tuple[object, bytes]:
+    import torch
+
+    mask = _mask(i)
+    if kind == "numpy uint16":
+        wide = mask.astype(np.uint16) * 3000
+        return wide, encode_png(wide)
+    if kind == "torch uint8":
+        return torch.from_numpy(mask), encode_png(mask)
+    image = _pil()
+    if kind == "PIL L":
+        return image.fromarray(mask), encode_png(mask)
+    if kind == "PIL P":
+        p = image.fromarray(mask, "L").convert("P")
+        p.putpalette(list(np.random.default_rng(0).integers(0, 256, 768, dtype=np.uint8)))
+        return p, _pil_png(p)
+    if kind == "PIL I;16":
+        wide = mask.astype(np.uint16) * 3000
+        return image.fromarray(wide), encode_png(wide)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("mask_kind", ["numpy uint16", "torch uint8", "PIL L", "PIL P", "PIL I;16"])
+def test_decoded_masks_give_the_batches_of_the_same_png(mask_kind):
+    images = [_given("numpy rgb", i) for i in range(7)]
+    masks = [_given_mask(mask_kind, i) for i in range(7)]
+    kwargs = GIVEN_CHAINS["crop+flip"]
+    got = _batches(_DictSource([{"image": g, "mask": m} for (g, _), (m, _) in zip(images, masks)]),
+                   **kwargs)
+    want = _batches(_DictSource([{"image": p, "mask": q} for (_, p), (_, q) in zip(images, masks)]),
+                    **kwargs)
+    assert len(got) == 3 and _same(got, want)
+
+
+def _bad_images():
+    import torch
+
+    image = _pil()
+    ok = _rgb(0)
+    return [
+        ("float32", ok.astype(np.float32) / 255, "float32"),
+        ("uint16", ok.astype(np.uint16), "uint16"),
+        ("two channels", ok[..., :2], "(40, 50, 2)"),
+        ("numpy CHW", ok.transpose(2, 0, 1), "(3, 40, 50)"),
+        ("4-D", ok[None], "(1, 40, 50, 3)"),
+        ("torch float", torch.from_numpy(ok).permute(2, 0, 1).float(), "torch.float32"),
+        ("torch bfloat16", torch.from_numpy(ok).permute(2, 0, 1).to(torch.bfloat16), "torch.bfloat16"),
+        ("PIL F", image.fromarray(ok[..., 0].astype(np.float32)), "'F'"),
+        ("PIL CMYK", image.fromarray(ok).convert("CMYK"), "'CMYK'"),
+    ]
+
+
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "dict"])
+def test_a_decoded_image_of_another_dtype_or_shape_names_the_sample_and_field(pair):
+    for what, bad, said in _bad_images():
+        images = [_rgb(i) for i in range(5)]
+        images[3] = bad
+        samples = [(im, i) for i, im in enumerate(images)] if pair else [{"image": im} for im in images]
+        with pytest.raises(feeder.SampleError) as info:
+            _batches(_DictSource(samples), **GIVEN_CHAINS["crop+flip"])
+        err = info.value
+        assert err.index == 3 and err.field == "image", what
+        assert said in str(err) and "sample 3" in str(err), (what, str(err))
+        with pytest.raises(feeder.FieldError, match=re.escape(said)):
+            feeder.check_sample(samples[3])
+
+
+def test_a_decoded_image_above_max_pixels_is_refused_naming_it():
+    images = [_rgb(0)[:20, :20], _rgb(1)]  # 400 and 43 * 52 pixels
+    with pytest.raises(feeder.SampleError, match="max_pixels=1000") as info:
+        _batches(MemorySource(images), transforms=[ops.RandomResizedCrop(16)], max_pixels=1000)
+    assert info.value.index == 1 and info.value.field == "image"
+
+
+def test_check_sample_takes_decoded_images():
+    import torch
+
+    feeder.check_sample((_rgb(0), 1))
+    feeder.check_sample({"image": torch.from_numpy(_rgb(0)).permute(2, 0, 1), "mask": _mask(0)})
+    feeder.check_sample({"image": _pil().fromarray(_rgb(0)), "mask": _pil().fromarray(_mask(0))})
+    with pytest.raises(feeder.SourceError, match=r"\(image, label\)"):
+        feeder.check_sample(_rgb(0))
+
+
+UNTOUCHED_CHAINS = [
+    dict(transforms=[ops.RandomResizedCrop(24), ops.RandomHorizontalFlip(1.0)]),
+    dict(transforms=[ops.Resize(30), ops.CenterCrop(24)]),
+    dict(transforms=[ops.RandomHorizontalFlip(1.0), ops.RandomCrop(24)]),
+    dict(transforms=[ops.ColorJitter(0.4, 0.4, 0.4, 0.1), ops.CenterCrop(24)]),
+    dict(transforms=[ops.TrivialAugmentWide(), ops.RandomResizedCrop(24)]),
+    dict(transforms=[ops.RandAugment(), ops.CenterCrop(24)]),
+    dict(transforms=[ops.RandomPhotometricDistort(p=1.0), ops.RandomZoomOut(p=1.0),
+                     ops.RandomIoUCrop(), ops.Resize((24, 24))]),
+    dict(transforms=[ops.RandomHorizontalFlip(1.0)], max_image_size=(64, 80)),
+    dict(transforms=[], max_image_size=(64, 80)),
+]
+
+
+@pytest.mark.parametrize("chain", range(len(UNTOUCHED_CHAINS)))
+def test_a_source_s_arrays_are_never_written(chain):
+    kwargs = UNTOUCHED_CHAINS[chain]
+    boxes = np.array([[2, 3, 30, 35]], np.float32)
+    # Read-only arrays: a write fails loudly; writable ones: compared after the pass.
+    for writable in (False, True):
+        images = [_rgb(i) for i in range(6)]
+        masks = [_mask(i) for i in range(6)]
+        for a in images + masks:
+            a.flags.writeable = writable
+        before = [a.copy() for a in images + masks]
+        samples = [{"image": im, "mask": m, "boxes": boxes} for im, m in zip(images, masks)]
+        assert len(_batches(_DictSource(samples), **kwargs)) == 2
+        assert all(np.array_equal(a, b) for a, b in zip(images + masks, before))
+
+
+def test_an_array_behind_a_decoded_image_never_becomes_decode_memory():
+    # A view of a flat array has that array as its .base, as a pool buffer's
+    # decoded image has the buffer: JPEGs decoded after it must not write there.
+    flats = [_rgb(i).reshape(-1).copy() for i in range(4)]
+    blobs = [encode_jpeg(_rgb(i)) for i in range(4, 12)]
+    samples = [f.reshape(_rgb(i).shape) for i, f in enumerate(flats)] + blobs
+    before = [f.copy() for f in flats]
+    _batches(MemorySource(samples), transforms=[ops.RandomResizedCrop(24)], decode_threads=1)
+    assert all(np.array_equal(f, b) for f, b in zip(flats, before))
 
 
 def test_decode_buffers_take_back_only_their_own():

@@ -269,11 +269,12 @@ class Returns:
 
 @pytest.mark.parametrize("value, words", [
     ("images/cat.jpg", ["str 'images/cat.jpg'", "a path?"]),
-    (FakePIL(), ["FakePIL", "decoded image?"]),
+    (FakePIL(), ["FakePIL", "decoded image of another library?"]),
+    ((FakePIL(), 1), ["image is", "FakePIL", "decoded image of another library?"]),
     (None, ["returned None"]),
     ((b"x", 1, 2), ["a tuple of 3 items"]),
     (("images/cat.jpg", 1), ["image is str", "a path?"]),
-    ((np.zeros((4, 4, 3), np.uint8), 1), ["decoded array?"]),
+    (np.zeros((4, 4, 3), np.uint8), ["an image alone?", "(image, label)"]),
     ({"label": 1}, ["without an \"image\" key"]),
     ({"image": "cat.jpg"}, ["\"image\" is str"]),
 ])

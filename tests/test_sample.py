@@ -84,8 +84,11 @@ def test_parse_sample_names_the_source_and_sample_and_hints_at_the_fix():
     assert text.startswith("Folder.read(7) returned a pair whose image is str 'a/b.jpg'")
     assert "open(path, 'rb').read()" in text
     with pytest.raises(SourceError, match=r"Folder\.read\(2\) returned a dict whose \"image\" is "
-                                          r"numpy\.ndarray.*a decoded array"):
-        parse_sample({"image": np.zeros((2, 2, 3), np.uint8)}, Folder(), 2)
+                                          r"list, not an image"):
+        parse_sample({"image": [[1, 2], [3, 4]]}, Folder(), 2)
+    with pytest.raises(SourceError, match=r"Folder\.read\(2\) returned numpy\.ndarray \(an image "
+                                          r"alone\? return it with its label"):
+        parse_sample(np.zeros((2, 2, 3), np.uint8), Folder(), 2)
     with pytest.raises(SourceError, match=r"returned a tuple of 3 items"):
         parse_sample((b"x", 1, 2), Folder(), 0)
     with pytest.raises(SourceError, match=r"without an \"image\" key \(keys: \['img'\]\)"):

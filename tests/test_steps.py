@@ -49,7 +49,9 @@ def test_decode_refuses_an_image_over_max_pixels_and_bad_bytes():
 def test_a_mask_must_have_its_images_size():
     work = SampleWork(Chain([ops.CenterCrop(8)], None))
     mask = np.arange(48 * 64, dtype=np.uint16).reshape(48, 64) % 7
-    assert work.decode_mask(mask, (48, 64)) is mask
+    given = work.decode_mask(mask, (48, 64))
+    # A read-only view of the source's own array: nothing downstream writes there.
+    assert np.shares_memory(given, mask) and np.array_equal(given, mask) and not given.flags.writeable
     decoded = work.decode_mask(encode_png(mask.astype(np.uint8)), (48, 64))
     assert decoded.dtype == np.uint8 and np.array_equal(decoded, mask)
     with pytest.raises(FieldError, match="is 64x48 but its image is 60x40") as info:

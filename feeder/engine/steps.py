@@ -2,9 +2,9 @@
 
 ::
 
-    read       source, index             -> (encoded bytes, label)     Source.read
+    read       source, index             -> (image, label)             Source.read
                                           or a dict of fields           (_sample.parse_sample)
-    decode     bytes, key                -> (image, SampleContext)     SampleWork.decode
+    decode     bytes or pixels, key      -> (image, SampleContext)     SampleWork.decode
                mask bytes                -> mask array                 SampleWork.decode_mask
     transform  image, key, context, out  -> None (result in ``out``)   SampleWork.transform
                ... and the other fields  -> the fields, moved with it  SampleWork.transform_sample
@@ -28,11 +28,12 @@ import numpy as np
 
 from ..work.augment import Chain
 from .batch import SIZE
-from ..work.decode import DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale
+from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
+                           rgb_of_pixels)
 from ..work.rng import epoch_key, index_key
 from ..work.verified import VerifiedJpegs
-from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, INT_SCALAR, LABEL, MASK, NUMERIC, Schema, Task,
-                      parse_sample)
+from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INT_SCALAR, LABEL, MASK, NUMERIC, Schema,
+                      Task, parse_sample)
 from .stage import Step
 from ..errors import ConfigError, FieldError, with_field
 from ..ops import Geometry, SampleContext
@@ -87,9 +88,18 @@ class SampleWork:
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 
-    def decode(self, data: bytes, key: int) -> tuple[np.ndarray, SampleContext]:
+    def decode(self, data: Any, key: int) -> tuple[np.ndarray, SampleContext]:
         """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
-        return the image and the context :meth:`transform` needs."""
+        return the image and the context :meth:`transform` needs. An image the
+        source gave decoded (pixels, see ``sample.pixels``) is only converted to
+        RGB: its transforms then read it as a decoded file's (the first one, a
+        crop, reads the view of its crop)."""
+        if isinstance(data, np.ndarray):
+            try:
+                img = rgb_of_pixels(data, self.max_pixels)
+            except Exception as exc:
+                raise with_field(exc, IMAGE)
+            return img, SampleContext(img.shape[:2])
         img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
                                         self.exif_orientation, self.jpeg_verify, self.verified)
         return img, ctx if ctx is not None else SampleContext(size)
@@ -110,7 +120,10 @@ class SampleWork:
             DecodeError, FieldError: naming the field ``mask``.
         """
         try:
-            if not isinstance(mask, np.ndarray):
+            if isinstance(mask, np.ndarray):
+                mask = mask.view()
+                mask.flags.writeable = False  # the source's memory, never written
+            else:
                 mask = decode_mask(mask, self.max_pixels)
             if mask.shape != source_size:
                 raise FieldError(MASK, f"is {mask.shape[1]}x{mask.shape[0]} but its image is "

@@ -41,7 +41,8 @@ from ..errors import DecodeError
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "DecodeBuffers", "SUPPORTED_FORMATS", "buffer_of", "decode_image",
-           "decode_mask", "decode_planned", "decode_scale", "jpeg_decoder", "note_jpeg_decoder"]
+           "decode_mask", "decode_planned", "decode_scale", "jpeg_decoder", "note_jpeg_decoder",
+           "rgb_of_pixels"]
 
 _jpeg, _jpeg_missing = extension.jpeg, extension.missing
 _noted = False
@@ -454,6 +455,30 @@ class DecodeBuffers:
         """Free the spare buffers; later ones are dropped as they come back."""
         self.closed = True
         self._free.clear()
+
+
+def rgb_of_pixels(arr: np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """An image the source gave decoded (checked by ``sample.pixels`` and the read
+    step: uint8 ``[H, W]`` or ``[H, W, C]``, C in 1, 3, 4) as the decoders' output, uint8
+    ``[H, W, 3]`` RGB, the way a file of the same pixels is decoded: gray widened
+    to three channels, an alpha channel dropped.
+
+    RGB and RGBA come back as a read-only view of ``arr``, whatever its strides
+    (the transforms read the view of what they crop and never write into their
+    input); gray as a new array.
+
+    Raises:
+        DecodeError: larger than ``max_pixels``.
+    """
+    h, w = arr.shape[:2]
+    _check_pixels(h, w, max_pixels)
+    if arr.ndim == 2:
+        return cv2.cvtColor(arr, cv2.COLOR_GRAY2RGB)
+    if arr.shape[2] == 1:
+        return cv2.cvtColor(arr[:, :, 0], cv2.COLOR_GRAY2RGB)
+    view = arr[:, :, :3]
+    view.flags.writeable = False  # the source's memory: a transform writing there is a bug
+    return view
 
 
 def decode_image(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS,

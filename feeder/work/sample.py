@@ -3,12 +3,13 @@ source speaks, and the limits every stage shares.
 
 A source's ``read(index)`` returns one of:
 
-* ``(encoded_bytes, label)``: the classic pair; batches are ``(images, labels)``.
-* a dict with an ``"image"`` key holding encoded bytes, and any of:
+* ``(image, label)``: the classic pair; batches are ``(images, labels)``.
+* a dict with an ``"image"`` key holding the image, and any of:
 
   ``"mask"``
-      a single-channel PNG (8- or 16-bit gray, or palette: its indices), or a
-      uint8/uint16 ``[H, W]`` array, the image's full size. Moved with the
+      a single-channel PNG (8- or 16-bit gray, or palette: its indices), a
+      uint8/uint16 ``[H, W]`` array or tensor, or a PIL image of mode ``L``,
+      ``P`` (its indices), ``1`` or ``I;16``, the image's full size. Moved with the
       image by every geometric transform (nearest neighbour, never mixing ids).
   ``"boxes"``
       float ``[N, 4]``, ``(x0, y0, x1, y1)`` in the image's pixels.
@@ -20,6 +21,12 @@ A source's ``read(index)`` returns one of:
 
   Batches are then dicts with the same keys.
 
+An image is encoded bytes (decoded by the decode step) or an image already
+decoded (:func:`pixels`): a uint8 numpy array ``[H, W, 3]`` (HWC, RGB),
+``[H, W]``, ``[H, W, 1]`` or ``[H, W, 4]`` (RGBA: the alpha is dropped, as for
+an RGBA file); a uint8 torch tensor, ``[C, H, W]`` (torchvision's layout) when
+its first dimension is 1, 3 or 4, else ``[H, W, C]``; or a PIL image.
+
 :func:`check_sample` validates one such value, for any source's own tests;
 the engine runs the same checks (:func:`parse_sample`, :class:`Schema`) on
 every sample it reads. This module imports nothing of feeder's but its errors.
@@ -27,6 +34,7 @@ every sample it reads. This module imports nothing of feeder's but its errors.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, NamedTuple
 
@@ -133,23 +141,134 @@ def _what(value: Any) -> str:
     return f"{module}.{name}" if module not in ("builtins",) else name
 
 
-_READ_MUST = ("read(index) must return (encoded_image_bytes, label), or a dict with the encoded "
-              "image bytes under \"image\" (see feeder.check_sample)")
+_READ_MUST = ("read(index) must return (image, label), or a dict with the image under \"image\"; "
+              "an image is encoded bytes, a uint8 array or tensor, or a PIL image (see "
+              "feeder.check_sample)")
 
 
 def _hint(value: Any) -> str:
+    if isinstance(value, (np.ndarray, bytes)) or _is_pil(value) or _is_tensor(value):
+        return " (an image alone? return it with its label: (image, label))"
     if isinstance(value, str):
         return " (a path? read the file and return its bytes: open(path, 'rb').read())"
     if hasattr(value, "getpixel") or (hasattr(value, "mode") and hasattr(value, "size")):
-        return " (a decoded image? return the encoded file bytes; feeder decodes them)"
-    if isinstance(value, np.ndarray):
-        return " (a decoded array? return the encoded file bytes; feeder decodes them)"
+        return (" (a decoded image of another library? return a numpy array, a tensor, a PIL "
+                "image or the encoded file bytes)")
     return ""
 
 
 def _bad_image(value: Any, source: Any, index: Any, where: str) -> SourceError:
     return SourceError(f"{_source_name(source)}.read({index}) returned {where} {_what(value)}, not "
-                       f"encoded bytes{_hint(value)}; {_READ_MUST}")
+                       f"an image{_hint(value)}; {_READ_MUST}")
+
+
+def _image(value: Any, source: Any, index: Any, where: str) -> np.ndarray:
+    """A decoded image as :func:`pixels` gives it, checked as an image.
+
+    Raises:
+        SourceError: not an image at all (a mistake in the source).
+        FieldError: an array of a dtype or shape that is not an image.
+    """
+    arr = pixels(value, IMAGE)
+    if arr is None:
+        raise _bad_image(value, source, index, where)
+    if arr.dtype != np.uint8:
+        raise FieldError(IMAGE, f"is {_array_what(value, arr)}; an image array is uint8 (0-255): "
+                                f"convert floats in [0, 1] with (x * 255).round().astype(np.uint8), "
+                                f"or return the encoded file")
+    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3, 4))):
+        raise FieldError(IMAGE, f"is {_array_what(value, arr)}; an image array is [H, W, 3] (numpy: "
+                                f"HWC, RGB), [H, W], [H, W, 1] or [H, W, 4] (RGBA), or a [3, H, W] "
+                                f"tensor (CHW)")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise FieldError(IMAGE, f"is {_array_what(value, arr)}: an empty image")
+    return arr
+
+
+def _array_what(value: Any, arr: np.ndarray) -> str:
+    if isinstance(value, np.ndarray):
+        return f"a {arr.dtype} array of shape {arr.shape}"
+    if _is_pil(value):
+        return f"a PIL image of mode {value.mode!r}"
+    return f"a tensor of dtype {value.dtype} and shape {tuple(value.shape)}"
+
+
+def _is_pil(value: Any) -> bool:
+    # Pillow is optional: a value can only be a PIL image once PIL.Image is imported.
+    module = sys.modules.get("PIL.Image")
+    return module is not None and isinstance(value, module.Image)
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+# PIL modes read as one channel of 16-bit values (``I``: how Pillow before 10
+# opened 16-bit PNGs; its values must fit 16 bits).
+_PIL_16 = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_PIL_AS_RGB = ("1", "P", "PA", "LA")  # converted by Pillow, as a decoder shows them
+
+
+def _pil_16(value: Any, field: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if value.mode == "I" and arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
+        raise FieldError(field, f"is a PIL image of mode 'I' with values {int(arr.min())}.."
+                                f"{int(arr.max())}, outside 16 bits")
+    return arr.astype(np.uint16)
+
+
+def pixels(value: Any, field: str = IMAGE) -> np.ndarray | None:
+    """A decoded image or mask (numpy array, torch tensor, PIL image) as a numpy
+    array in HWC layout (``[H, W]`` or ``[H, W, C]``), a view of the value's
+    memory where it has one; None when ``value`` is none of those.
+
+    A tensor whose first of three dimensions is 1, 3 or 4 is CHW (torchvision's
+    layout), any other HWC. An image's PIL modes become what a decoder makes of
+    the same file: ``1``, ``P``, ``PA`` and ``LA`` RGB (through Pillow's
+    ``convert``), 16-bit gray 8-bit (rounded, value / 257); a mask's keep their
+    stored values (palette indices, 0/1, 16 bits). Nothing here checks the
+    dtype or the shape of a numpy array or tensor.
+
+    Raises:
+        FieldError: a PIL mode that is not an image (or mask) mode handled here,
+            or a tensor that has no numpy dtype.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if _is_tensor(value):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        try:
+            arr = t.numpy()
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            raise FieldError(field, f"is a tensor of dtype {value.dtype}; an image tensor is "
+                                    f"uint8") from None
+        if field == IMAGE and arr.ndim == 3 and arr.shape[0] in (1, 3, 4):
+            arr = arr.transpose(1, 2, 0)
+        return arr
+    if not _is_pil(value):
+        return None
+    mode = value.mode
+    if field == MASK:
+        if mode in ("L", "P"):
+            return np.asarray(value)
+        if mode == "1":
+            return np.asarray(value).astype(np.uint8)
+        if mode in _PIL_16:
+            return _pil_16(value, field)
+        raise FieldError(field, f"is a PIL image of mode {mode!r}; a mask image is of mode 'L', "
+                                f"'P' (its indices), '1' or 'I;16'")
+    if mode in ("RGB", "RGBA", "L"):
+        return np.asarray(value)
+    if mode in _PIL_AS_RGB:
+        return np.asarray(value.convert("RGB"))
+    if mode in _PIL_16:
+        # As a 16-bit file is decoded: round(value / 257), exactly (257 is odd: no ties).
+        return ((_pil_16(value, field).astype(np.uint32) + 128) // 257).astype(np.uint8)
+    raise FieldError(field, f"is a PIL image of mode {mode!r}, which feeder does not convert; "
+                            f"convert it in the source (image.convert('RGB'))")
 
 
 def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any, dict[str, Any] | None, bool]:
@@ -171,7 +290,7 @@ def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any
                               f"{_READ_MUST}")
         data, label = sample
         if not isinstance(data, _BYTES):
-            raise _bad_image(data, source, index, "a pair whose image is")
+            data = _image(data, source, index, "a pair whose image is")
         return data, {LABEL: parse_value(LABEL, label)}, False
     if isinstance(sample, dict):
         if IMAGE not in sample:
@@ -179,7 +298,7 @@ def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any
                               f"\"image\" key (keys: {sorted(map(str, sample))}); {_READ_MUST}")
         data = sample[IMAGE]
         if not isinstance(data, _BYTES):
-            raise _bad_image(data, source, index, "a dict whose \"image\" is")
+            data = _image(data, source, index, "a dict whose \"image\" is")
         fields: dict[str, Any] = {}
         for name, value in sample.items():
             if name == IMAGE:
@@ -208,10 +327,13 @@ def parse_value(name: str, value: Any) -> Any:
         if name == MASK:
             if isinstance(value, _BYTES):
                 return value
-            if isinstance(value, np.ndarray) and value.ndim == 2 and value.dtype in (np.uint8, np.uint16):
-                return value
-            raise FieldError(name, f"is {_what(value)}; a mask is encoded PNG bytes or a uint8/uint16 "
-                                   f"[H, W] array")
+            arr = pixels(value, MASK)
+            if arr is not None and arr.ndim == 2 and arr.dtype in (np.uint8, np.uint16):
+                return arr
+            what = _what(value) if arr is None else _array_what(value, arr)
+            raise FieldError(name, f"is {what}; a mask is encoded PNG bytes, a uint8/uint16 "
+                                   f"[H, W] array or tensor, or a PIL image of mode 'L', 'P', "
+                                   f"'1' or 'I;16'")
         if name == BOXES:
             arr = numeric(value)
             if arr is None or arr.dtype.kind == "b":
@@ -264,10 +386,12 @@ def check_sample(sample: Any) -> None:
     shapes and dtypes. It does not decode anything.
 
     Raises:
-        feeder.SourceError: not ``(bytes, label)`` or a dict with ``"image"`` bytes.
-        feeder.FieldError: a field is malformed (boxes not ``[N, 4]`` or not
+        feeder.SourceError: not ``(image, label)`` or a dict with an ``"image"``;
+            an image that is neither bytes nor a decoded image.
+        feeder.FieldError: a field is malformed (an image array that is not
+            uint8 or not of an image's shape, boxes not ``[N, 4]`` or not
             finite, a per-box array of another length, a mask that is neither
-            bytes nor a uint8/uint16 ``[H, W]`` array).
+            bytes nor a uint8/uint16 ``[H, W]`` array or mask image).
     """
     parse_sample(sample, None, "index")
 
@@ -356,7 +480,8 @@ class Task:
         batch: The ``_batch.Batch`` it belongs to.
         slot: Its position in that batch.
         index: Its index in the source.
-        data: The encoded bytes, between the read and the decode step.
+        data: The encoded bytes, or the pixels of a decoded image (an array
+            from :func:`pixels`), between the read and the decode step.
         label: Its label, as the source gave it (pairs with an int label).
         fields: Every field but the image, checked (:func:`parse_sample`), or
             None for a pair with an int label: that common case takes no
