@@ -1,9 +1,11 @@
 """Where samples come from.
 
 A source is any object with ``__len__`` and ``read(index)`` returning
-``(encoded_bytes, label)`` or a dict of fields with the encoded image under
-``"image"`` (``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything
-else: see :mod:`feeder.work.sample` and :func:`feeder.check_sample`). It may also
+``(image, label)`` or a dict of fields with the image under ``"image"``
+(``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything else: see
+:mod:`feeder.work.sample` and :func:`feeder.check_sample`). The image is the
+encoded file's bytes, or an image already decoded: a uint8 numpy array (HWC),
+a uint8 tensor (CHW, as torchvision's) or a PIL image. It may also
 define ``describe(index) -> str`` (a path, a key) that error messages use to
 point at the bad sample, and ``reads_may_block`` (a bool): False when reads
 are local and fast, so that the decode threads read themselves
@@ -43,8 +45,9 @@ class Source(Protocol):
     def __len__(self) -> int: ...
 
     def read(self, index: int) -> tuple[bytes, Any] | dict[str, Any]:
-        """Return the encoded image bytes and the label of sample ``index``, or a
-        dict of its fields with the encoded image bytes under ``"image"``."""
+        """Return the image (encoded bytes, or a decoded uint8 array, tensor or
+        PIL image) and the label of sample ``index``, or a dict of its fields with
+        the image under ``"image"``."""
         ...
 
 
