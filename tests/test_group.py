@@ -74,6 +74,31 @@ def test_batches_hold_one_orientation_and_every_sample_once(mixed, isolation):
     assert all(uniform[:-2]), uniform  # the last two batches take the leftovers
 
 
+class _Decoded:
+    """``mixed``'s images given decoded, as numpy arrays or CHW tensors."""
+
+    def __init__(self, sized: Sized, tensors: bool) -> None:
+        self.images = sized.images
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def read(self, index: int):
+        img = self.images[index]
+        return (torch.from_numpy(img).permute(2, 0, 1) if self.tensors else img), index
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["numpy", "torch"])
+def test_decoded_images_are_grouped_as_their_files(mixed, tensors):
+    def batches(source):
+        with Feeder(source, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=2) as f:
+            return collect(f)
+    got, want = batches(_Decoded(mixed, tensors)), batches(mixed)
+    assert [b["label"].tolist() for b in got] == [b["label"].tolist() for b in want]
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, want))
+
+
 def test_grouping_saves_padding_against_random_batches(mixed):
     def padded(group):
         with Feeder(mixed, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=group,

@@ -58,6 +58,7 @@ import numpy as np
 
 from .queue import Closed
 from ..work.decode import header_size
+from ..work.sample import pixels_size
 from ..work.rng import epoch_key, index_key
 from ..sources import describe
 
@@ -96,7 +97,7 @@ class ScanError(RuntimeError):
 
 
 def _encoded(sample: Any) -> Any:
-    """The encoded image of what ``source.read`` returned (a pair or a dict)."""
+    """The image of what ``source.read`` returned (a pair or a dict)."""
     if isinstance(sample, dict):
         return sample.get("image")
     if isinstance(sample, tuple) and len(sample) == 2:
@@ -137,7 +138,8 @@ def _read_size(source: Any, index: int, exif_orientation: bool,
     try:
         data = _encoded(sample)
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            return _UNKNOWN, _UNKNOWN
+            size = pixels_size(data)  # an image given decoded: its shape says
+            return size if size is not None else (_UNKNOWN, _UNKNOWN)
         return header_size(data, exif_orientation)
     except Exception as exc:  # noqa: BLE001 - the decode step reports it, naming the sample
         log.debug("aspect-ratio grouping: no size for sample %d (%s): %s", index,

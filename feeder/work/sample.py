@@ -271,6 +271,18 @@ def pixels(value: Any, field: str = IMAGE) -> np.ndarray | None:
                             f"convert it in the source (image.convert('RGB'))")
 
 
+def pixels_size(value: Any) -> tuple[int, int] | None:
+    """The (height, width) of a decoded image (see :func:`pixels`) without
+    converting it, or None when ``value`` is not one of an image's shapes."""
+    if _is_pil(value):
+        w, h = value.size
+        return int(h), int(w)
+    arr = pixels(value)  # a view: nothing is copied for arrays and tensors
+    if arr is None or arr.ndim not in (2, 3):
+        return None
+    return int(arr.shape[0]), int(arr.shape[1])
+
+
 def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any, dict[str, Any] | None, bool]:
     """Split a ``read`` result into (encoded image, fields, is_dict).
 
