@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
+from feeder import ops
 from feeder.doctor import Fed, Measurements, decide, main
 from feeder.doctor.report import plot
 from feeder.synthetic import make_image
@@ -344,3 +345,22 @@ def test_doctor_debug_shows_the_traceback_of_user_code(hostile, tmp_path):
                 hostile, tmp_path)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "the source blew up" in r.stderr
+
+
+def test_doctor_measures_a_source_of_decoded_images():
+    from feeder.doctor import measure
+
+    class Arrays:
+        def __len__(self):
+            return 8
+
+        def read(self, index):
+            return np.full((40, 48, 3), index, np.uint8), index
+
+    source = Arrays()
+    m = measure.new_measurements("Arrays", source, "object", 4, "cpu", "train")
+    timeline = measure.Timeline([])
+    kept = measure.storage(m, source, list(range(8)), 0.2, timeline, lambda: None)
+    assert m.bytes_per_sample == 40 * 48 * 3
+    measure.cpu_work(m, kept, [ops.RandomResizedCrop(32)], 0.2, timeline, 1 << 28)
+    assert m.decode_ms is not None and m.transform_ms is not None

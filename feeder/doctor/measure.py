@@ -25,6 +25,8 @@ from ..sources import describe
 from ..work.augment import Chain
 from ..engine.config import Config, reads_may_block
 from ..work.decode import jpeg_decoder
+from ..work.sample import pixels
+from ..engine.read import nbytes
 from ..work.rng import sample_key
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
@@ -157,9 +159,14 @@ def open_model(spec: str | None, step_ms: float | None, device: str) -> tuple[Ca
 
 # -- helpers -----------------------------------------------------------------------------
 
-def image_bytes(sample: Any) -> bytes:
+def image_data(sample: Any) -> Any:
+    """What the decode step gets of ``sample``'s image: its encoded bytes, or the
+    pixels of an image given decoded (an array, a tensor, a PIL image)."""
     data = sample[0] if isinstance(sample, tuple) else sample.get("image") if isinstance(sample, dict) else sample
-    return bytes(data) if not isinstance(data, bytes) else data
+    if isinstance(data, bytes):
+        return data
+    arr = pixels(data)
+    return arr if arr is not None else bytes(data)
 
 
 def _median_ms(values: list[float]) -> float | None:
@@ -230,7 +237,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
         t = _now()
         sample = read(indices[pos])
         first.append(_now() - t)
-        size += len(image_bytes(sample))
+        size += nbytes(image_data(sample))
         if len(kept) < 64:
             kept.append((indices[pos], describe(source, indices[pos]), sample))
         pos += 1
@@ -262,7 +269,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
                 if k >= len(rest):
                     return
                 state["next"] += 1
-            b = len(image_bytes(read(rest[k])))
+            b = nbytes(image_data(read(rest[k])))
             with lock:
                 state["done"] += 1
                 state["bytes"] += b
@@ -309,7 +316,7 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
         k = 0
         while samples and (_now() < deadline or len(decode) < 3) and len(decode) < 2000:
             index, name, sample = samples[k % len(samples)]
-            data = image_bytes(sample)
+            data = image_data(sample)
             key = sample_key(0, k // len(samples), k % len(samples))
             t0 = _now()
             try:
