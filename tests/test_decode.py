@@ -490,3 +490,18 @@ def test_decode_buffers_take_back_only_their_own():
     own = pool.take(100)
     pool.give(own)
     assert pool.take(100) is own
+
+
+def test_a_pass_over_decoded_images_resumes_as_over_their_files():
+    given = [_given("torch chw", i) for i in range(10)]
+    kwargs = dict(GIVEN_CHAINS["crop+flip"], batch_size=2, seed=5)
+    with Feeder(MemorySource([png for _, png in given]), **kwargs) as f:
+        want = [b for b in f]
+    with Feeder(MemorySource([g for g, _ in given]), **kwargs) as f:
+        it = iter(f)
+        first = [next(it) for _ in range(2)]
+        state = f.state_dict()
+    with Feeder(MemorySource([g for g, _ in given]), **kwargs) as f:
+        f.load_state_dict(state)
+        rest = [b for b in f]
+    assert _same(first + rest, want)
