@@ -151,7 +151,9 @@ class Feeder:
             default). Huffman data that lost its sync shows only at the end of
             the scan. Each distinct byte string is read to its end once: the
             feeder remembers the length and CRC-32C of the files that passed
-            (a 16 MiB table; of ImageNet's 1.28 million files, 1.3% are read
+            (a table of 8-byte slots, twice as many as the source has
+            files rounded up to a power of two, at most 16 MiB; of
+            ImageNet's 1.28 million files, 1.3% are read
             to their end again in the second epoch), and a later decode of
             the same bytes stops after the crop, and decodes only the crop's
             part of its rows (see ``jpeg_index_bytes``); changed bytes (a re-published or
@@ -161,7 +163,7 @@ class Feeder:
             wrong pixels with no error (a file cut below the crop, or damaged
             only there, is then delivered).
         jpeg_index_bytes: Memory for the JPEGs' indexes (default 128 MiB,
-            taken as used, plus a 16 MiB table; 0: none; at most the machine's
+            taken as used; 0: none; at most the machine's
             memory). A decode records checkpoints in the Huffman data it
             passes (all of the file in ``jpeg_verify``'s read to the end; down
             to the crop otherwise): at every MCU row and every 4 MCUs along it

@@ -22,10 +22,12 @@ development machine, against 20 us for zlib's CRC-32
 instruction, or the extension is not built (then nothing consults this
 memory), zlib's CRC-32 stands in.
 
-The memory is bounded: a table of ``slots`` 8-byte fingerprints (16 MiB by
-default, an anonymous mapping made at the first add: resident as its pages are
-written, 6 MiB after a thousand files and all of it by ten thousand, and given
-back to the system when the feeder is freed), in buckets of :data:`WAYS`
+The memory is bounded: a table of ``slots`` 8-byte fingerprints, sized from
+the source's length (twice its files, rounded up to a power of two: 32 KiB for
+2,000 files, 1 MiB for 100,000, at most 16 MiB, the size for a million files
+and more or when the length is not known), an anonymous mapping made at the
+first add (resident as its pages are written, and given back to the system when
+the feeder is freed), in buckets of :data:`WAYS`
 slots; a fingerprint lives in one of two buckets, and when both are full one of their eight entries is
 overwritten: the file it named is read to its end the next time it comes. A
 lost entry costs time, never correctness. With ImageNet's 1.28 million files
@@ -45,8 +47,8 @@ each row of its crop at the checkpoint before the crop's first column and
 leaves it after the last, instead of decoding every row above the crop and
 every row whole (``bench/results/region_decode.txt``). The indexes live in a
 ring of ``index_bytes`` (128 MiB by default, an anonymous mapping like the
-table), found through a second table of 8 bytes per slot (16 MiB more when
-indexes are kept, resident as written, like the first); when the ring is full
+table), found through a second table of 8 bytes per slot (as large as the first,
+when indexes are kept); when the ring is full
 the oldest are written over, and their files decode from their first row
 again. Each file's share is the ring's three quarters over the number of
 files (``files``, the source's length; half that with ``rewritten``, as
@@ -99,20 +101,23 @@ class VerifiedJpegs:
     """
 
     SLOTS = 1 << 21
+    MIN_SLOTS = 64
     INDEX_BYTES = 128 << 20
     #: Checkpoints per file: at least, at most, and when the number of files is not known.
     MIN_POINTS, MAX_POINTS, UNKNOWN_POINTS = 4, 4096, 16
     POINT_BYTES = 15  # a checkpoint of a 3-component file with restart markers (13 without)
     INDEX_HEADER = 26
 
-    def __init__(self, slots: int = SLOTS, index_bytes: int = INDEX_BYTES,
+    def __init__(self, slots: int | None = None, index_bytes: int = INDEX_BYTES,
                  files: int | None = None, rewritten: bool = False) -> None:
-        if slots < 2 * WAYS or slots & (slots - 1):
+        if files is not None and (not isinstance(files, int) or isinstance(files, bool) or files < 0):
+            raise ValueError(f"files must be None or an int of at least 0, got {files!r}")
+        if slots is None:
+            slots = self.slots_for(files)
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 2 * WAYS or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two of at least {2 * WAYS}, got {slots}")
         if not isinstance(index_bytes, int) or isinstance(index_bytes, bool) or index_bytes < 0:
             raise ValueError(f"index_bytes must be an int of at least 0, got {index_bytes!r}")
-        if files is not None and (not isinstance(files, int) or isinstance(files, bool) or files < 0):
-            raise ValueError(f"files must be None or an int of at least 0, got {files!r}")
         self.slots = slots
         self.index_bytes = index_bytes
         self.files = files
@@ -137,6 +142,15 @@ class VerifiedJpegs:
                                  f"({exc})") from None
         self._head = 0                          # bytes ever written to the ring
         self._adding = threading.Lock()
+
+    @classmethod
+    def slots_for(cls, files: int | None) -> int:
+        """Table slots for ``files`` distinct files: the power of two that keeps the
+        table at most half full (where two buckets of :data:`WAYS` slots lose next
+        to no entry), within MIN_SLOTS..SLOTS; SLOTS when the number is not known."""
+        if files is None:
+            return cls.SLOTS
+        return max(cls.MIN_SLOTS, min(cls.SLOTS, 1 << (2 * max(1, files) - 1).bit_length()))
 
     @classmethod
     def points_for(cls, index_bytes: int, files: int | None) -> int:
@@ -304,6 +318,18 @@ class VerifiedJpegs:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["slots"], state.get("index_bytes", self.INDEX_BYTES), state.get("files"),
                       state.get("rewritten", False))
+
+    def table_bytes(self) -> int:
+        """Bytes of the tables mapped now (fingerprints, and where their indexes
+        are; 0 before the first add): resident as their pages are written, all of
+        it once the files outnumber the table's pages."""
+        if self._table is None:
+            return 0
+        return self.slots * 8 * (2 if self._where is not None else 1)
+
+    def indexes_bytes(self) -> int:
+        """Bytes of the index ring written so far (resident), at most ``index_bytes``."""
+        return min(self._head, self.index_bytes)
 
     def __len__(self) -> int:
         """Slots in use (counted: for tests and reports, not the decode path)."""
