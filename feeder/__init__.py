@@ -14,7 +14,7 @@ from . import _moved, ops
 from ._consumer import BatchInfo
 from ._dataset import FeederDataset
 from ._feeder import Feeder
-from .engine.stats import QueueStats, StageStats, Stats
+from .engine.stats import MemoryStats, QueueStats, StageStats, Stats
 from .engine.transfer import Batch
 from .work.decode import jpeg_decoder as _jpeg_decoder
 from .work.rng import SampleRNG
@@ -36,6 +36,7 @@ __all__ = [
     "FieldError",
     "FileList",
     "ImageFolder",
+    "MemoryStats",
     "QueueStats",
     "SampleError",
     "SampleRNG",

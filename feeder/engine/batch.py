@@ -21,6 +21,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -70,6 +71,18 @@ class BatchBuffer:
         self.arrays: dict[str, tuple[torch.Tensor, np.ndarray]] = {}  # numeric fields
         self.lists: dict[str, list] = {}  # boxes, per-box and passed-through fields
         self.planes: MaskPlanes | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the buffer's fixed-shape arrays: images, labels, indices,
+        numeric fields and mask planes (not the per-slot lists of boxes, which
+        hold what the samples made)."""
+        n = self.images.nbytes + self.labels.nbytes + self.indices.nbytes
+        n += sum(entry[1].nbytes for entry in list(self.arrays.values()))
+        planes = self.planes
+        if planes is not None:
+            n += planes.low.nbytes + (planes.high.nbytes if planes.high is not None else 0)
+        return n
 
     def array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The ``[B, *shape]`` array of numeric field ``name`` (pinned on CUDA)."""
@@ -333,6 +346,10 @@ class BufferPool:
         """Buffers alive now (after :meth:`close`, only those still lent or owned)."""
         return len(self._ledger)
 
+    def nbytes(self) -> int:
+        """Bytes of the buffers alive now (see :attr:`BatchBuffer.nbytes`)."""
+        return sum(entry[2].nbytes for entry in list(self._ledger.values()))
+
     def count(self, *states: str) -> int:
         return sum(1 for entry in list(self._ledger.values()) if entry[0] in states)
 
@@ -535,12 +552,19 @@ class Scratch:
     def __init__(self, height: int, width: int) -> None:
         self._shape = (height, width, 3)
         self._free: list = []
+        self._made: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
     def take(self):
         try:
             return self._free.pop()
         except IndexError:
-            return np.empty(self._shape, np.uint8)
+            arr = np.empty(self._shape, np.uint8)
+            self._made[id(arr)] = arr
+            return arr
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays alive now, spare or holding a sample."""
+        return sum(a.nbytes for a in list(self._made.values()))
 
     def give(self, arr) -> None:
         if not self.closed:

@@ -32,7 +32,7 @@ from ..work.augment import Chain
 from .batch import BufferPool, Scratch
 from .config import Config
 from .pipeline import Pass, PassBase, stage_threads
-from .stats import Stats, StatsBook
+from .stats import MemoryStats, Stats, StatsBook
 from .threads import LibraryThreads
 from .transfer import SideStream
 from .steps import SampleWork, source_files
@@ -294,7 +294,14 @@ class ThreadEngine(EngineBase):
                     seed, epoch, rank, world_size, done, self.tail, self.side)
 
     def stats(self) -> Stats:
-        return self.book.snapshot(self.pool.allocated)
+        return self.book.snapshot(self.pool.allocated, self.memory())
+
+    def memory(self) -> MemoryStats:
+        """What the buffers, tables and indexes hold now (see :class:`MemoryStats`)."""
+        verified = self.work.verified
+        return MemoryStats(self.pool.nbytes(), self.scratch.nbytes(), self.work.buffers.nbytes(),
+                           verified.table_bytes() if verified is not None else 0,
+                           verified.indexes_bytes() if verified is not None else 0)
 
     def free(self) -> None:
         """Give back what a closed engine holds: buffer memory and the library thread limits."""

@@ -83,6 +83,43 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class MemoryStats:
+    """What a feeder's own memory holds now, in bytes (see the memory page,
+    ``docs/design/memory.md``, for the bounds and for what else a process adds).
+
+    Attributes:
+        batch_buffers: The batch buffers alive: images, labels, indices, numeric
+            fields and mask planes (page-locked on CUDA; shared memory with
+            ``isolation="process"``).
+        scratch: One-sample arrays alive, for samples finished before their
+            batch had a buffer.
+        decode_buffers: Reused JPEG decode buffers alive, spare or holding an image.
+        jpeg_table: The region decoder's tables of files read to their end and of
+            where their indexes are (mapped; resident as their pages are written).
+        jpeg_indexes: Bytes of the JPEG index ring written (resident), at most
+            ``jpeg_index_bytes``.
+    """
+
+    batch_buffers: int = 0
+    scratch: int = 0
+    decode_buffers: int = 0
+    jpeg_table: int = 0
+    jpeg_indexes: int = 0
+
+    @property
+    def total(self) -> int:
+        """The sum of the above."""
+        return (self.batch_buffers + self.scratch + self.decode_buffers + self.jpeg_table
+                + self.jpeg_indexes)
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        return (f"memory: {self.total / mib:.1f} MiB: batch buffers {self.batch_buffers / mib:.1f}, "
+                f"scratch {self.scratch / mib:.1f}, decode buffers {self.decode_buffers / mib:.1f}, "
+                f"JPEG table {self.jpeg_table / mib:.1f}, JPEG indexes {self.jpeg_indexes / mib:.1f}")
+
+
+@dataclass(frozen=True)
 class Stats:
     """A snapshot of a feeder's counters since it was built.
 
@@ -103,6 +140,7 @@ class Stats:
             pass started, stage, active threads)`` for each tuned stage at each
             pass's start and at each change, oldest first (the last
             ``ACTIVE_HISTORY``).
+        memory: The bytes the feeder's buffers, tables and indexes hold now.
     """
 
     stages: tuple[StageStats, ...]
@@ -116,6 +154,7 @@ class Stats:
     skipped_paths: tuple[str, ...] = field(default=(), repr=False)
     waiting_in_next: int = 0
     active_threads: tuple[tuple[float, str, int], ...] = field(default=(), repr=False)
+    memory: MemoryStats = field(default=MemoryStats(), repr=False)
 
     def active(self, stage: str = "decode") -> int | None:
         """Threads of ``stage`` active now under ``"tune"`` (None when it is not tuned)."""
@@ -170,6 +209,8 @@ class Stats:
                 lines.append(f"{stage} threads tuned: {self.active(stage)} active now (of "
                              f"{int(self.stage(stage).threads)}); fewest {min(counts)}, most "
                              f"{max(counts)}, {len(counts) - 1} change(s) recorded")
+        if self.memory.total:
+            lines += ["", str(self.memory)]
         transfer = next((s for s in self.stages if s.name == "transfer"), None)
         if transfer is not None and transfer.items:
             lines += ["", f"transfer thread CPU: {1e3 * transfer.cpu_per_item_s:.2f} ms per batch "
@@ -311,7 +352,7 @@ class StatsBook:
                     return n
         return None
 
-    def snapshot(self, buffers: int = 0) -> Stats:
+    def snapshot(self, buffers: int = 0, memory: MemoryStats = MemoryStats()) -> Stats:
         with self._lock:
             now = time.perf_counter()  # under the lock: no wait may begin or end after it
             totals = {k: list(v) for k, v in self._stages.items()}
@@ -334,4 +375,4 @@ class StatsBook:
                    for name, q in queues.items())
         elapsed = max(0.0, now - self.started) if self.started is not None else 0.0
         return Stats(stages, qs, samples, batches, len(skipped), wait, elapsed, buffers, skipped,
-                     len(waits), active)
+                     len(waits), active, memory)

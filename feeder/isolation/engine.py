@@ -371,7 +371,7 @@ class ProcessEngine(EngineBase):
                   + tuple(q for q in local.queues if q.name == "output"))
         return Stats(stages, queues, local.samples, local.batches, remote.skipped,
                      local.consumer_wait_s, local.elapsed_s, remote.buffers, remote.skipped_paths,
-                     local.waiting_in_next, remote.active_threads)
+                     local.waiting_in_next, remote.active_threads, remote.memory)
 
     def free(self) -> None:
         process = self.process

@@ -444,6 +444,10 @@ class DecodeBuffers:
         self._made[id(buf)] = buf
         return buf
 
+    def nbytes(self) -> int:
+        """Bytes of the buffers this pool made that are alive now, spare or in use."""
+        return sum(b.nbytes for b in list(self._made.values()))
+
     def give(self, buf: np.ndarray | None) -> None:
         """Take ``buf`` back for reuse if this pool made it (anything else is ignored)."""
         if buf is not None and not self.closed and self._made.get(id(buf)) is buf:
