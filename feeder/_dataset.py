@@ -48,9 +48,13 @@ class FeederDataset:
     def __init__(self, feeder: Any) -> None:
         self._feeder = weakref.ref(feeder)
         self.source = feeder.source
+        # The thread engine's memory of files read to their end is shared: the
+        # same files, the same settings, one table and one index ring.
+        engine_work = getattr(getattr(feeder, "_engine", None), "work", None)
         self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation,
                                 feeder.config.jpeg_verify, feeder.config.jpeg_index_bytes,
-                                files=source_files(feeder.source))
+                                files=source_files(feeder.source),
+                                verified=getattr(engine_work, "verified", None))
 
     def __len__(self) -> int:
         return len(self.source)

@@ -67,11 +67,15 @@ class SampleWork:
         jpeg_index_bytes: Memory for those files' indexes (see ``Feeder``).
         files: How many distinct files the source holds (None: not known): each
             file's share of that memory (see ``VerifiedJpegs``).
+        verified: Share this memory of files read to their end (another
+            ``SampleWork``'s of the same settings: a feeder's dataset view and
+            its engine) instead of keeping one of its own.
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
                  exif_orientation: bool = False, jpeg_verify: bool = True,
-                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES, files: int | None = None) -> None:
+                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES, files: int | None = None,
+                 verified: VerifiedJpegs | None = None) -> None:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
@@ -82,9 +86,10 @@ class SampleWork:
         self.jpeg_verify = jpeg_verify
         #: The JPEG byte strings this work has read to their end without an error.
         #: With neither (jpeg_verify=False, jpeg_index_bytes=0), None.
-        self.verified = (VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files, rewritten=not jpeg_verify)
-                         if jpeg_verify or jpeg_index_bytes
-                         else None)
+        self.verified = (None if not (jpeg_verify or jpeg_index_bytes)
+                         else verified if verified is not None
+                         else VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files,
+                                            rewritten=not jpeg_verify))
         self.buffers = DecodeBuffers()
         self.schema = Schema()
 
