@@ -208,6 +208,26 @@ def test_scaled_decode(tmp_path):
     assert diff["mean_abs_diff"] < 12 and diff["reduced_share"] > 0
 
 
+def test_make_data_small_and_large_exclude_each_other(tmp_path, monkeypatch, capsys):
+    status, _, err = bench_here("make-data", str(tmp_path / "x"), "--small", "--large", cwd=tmp_path,
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2 and "not allowed with" in err
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_make_data_small_writes_small_images(tmp_path):
+    import simplejpeg
+
+    data = str(tmp_path / "small")
+    proc = bench("make-data", data, "--small", "--n-classes", "2", "--per-class", "5", cwd=str(tmp_path))
+    assert "10 JPEGs in 2 classes" in proc.stdout
+    for folder in sorted(os.listdir(data)):
+        for name in os.listdir(os.path.join(data, folder)):
+            with open(os.path.join(data, folder, name), "rb") as f:
+                h, w, _, _ = simplejpeg.decode_jpeg_header(f.read())
+            assert 64 <= h <= 96 and 64 <= w <= 96
+
+
 def test_full_decode_transforms_keep_the_crops():
     """The full-decode variant disables the hint without changing any random stream."""
     import numpy as np

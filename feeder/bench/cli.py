@@ -88,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, out=False)
     p.add_argument("--n-classes", type=int, default=10, help="class folders (default 10)")
     p.add_argument("--per-class", type=int, default=100, help="images per class (default 100)")
-    p.add_argument("--large", action="store_true", help="large photos (~1500x1100) instead of 300-600 px")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--large", action="store_true", help="large photos (~1500x1100) instead of 300-600 px")
+    size.add_argument("--small", action="store_true",
+                      help="small images (64-96 px a side: thumbnails, downsampled datasets)")
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
     p.add_argument("--force", action="store_true", help="write even if DIR already holds files")
 

@@ -38,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.dir) and os.listdir(args.dir) and not args.force:
         report.progress(f"make-data: {args.dir} exists and is not empty; keeping it (--force to rewrite)")
     else:
-        kind = "large (~1500x1100)" if args.large else "ImageNet-like (300-600 px)"
+        small = getattr(args, "small", False)
+        kind = ("large (~1500x1100)" if args.large else "small (64-96 px)" if small
+                else "ImageNet-like (300-600 px)")
         report.progress(f"make-data: writing {args.n_classes} x {args.per_class} {kind} JPEGs to {args.dir}")
         make_image_folder(args.dir, classes=args.n_classes, per_class=args.per_class, seed=args.seed,
-                          large=args.large)
+                          large=args.large, size_range=(64, 96) if small else (300, 600))
     s = dataset_summary(args.dir)
     print(f"{args.dir}: {s['files']} JPEGs in {s['classes']} classes, {s['bytes'] / 2**20:.1f} MiB "
           f"(mean {s['mean_kib']:.0f} KiB)")
