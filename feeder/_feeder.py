@@ -168,9 +168,10 @@ class Feeder:
             passes (all of the file in ``jpeg_verify``'s read to the end; down
             to the crop otherwise): at every MCU row and every 4 MCUs along it
             (2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
-            that every file of the source gets an equal share of three
-            quarters of this memory (ImageNet's 1.28 million files get a
-            checkpoint every few rows). A later crop of the same bytes decodes
+            that an index takes at most 1/16 of its file's bytes and every
+            file of the source gets an equal share of three quarters of this
+            memory (ImageNet's 1.28 million files get a checkpoint every few
+            rows). A later crop of the same bytes decodes
             each of its rows from the checkpoint before its first column to
             its last column, instead of every row above it and every row
             whole, and records on if it reads further. When the memory is

@@ -450,13 +450,33 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
             assert feeder._engine.work.verified.points == want
             for _ in range(2):
                 assert drain(feeder)[1] is None
-            kept = [feeder._engine.work.verified.index(*VerifiedJpegs.fingerprints(b)) for b in blobs]
-        assert asked and set(asked) == {want}
+            verified = feeder._engine.work.verified
+            kept = [verified.index(*VerifiedJpegs.fingerprints(b)) for b in blobs]
+            # Each file's share, and at most one point per FILE_BYTES_PER_POINT of its bytes.
+            per_file = {verified.points_of(len(b)) for b in blobs}
+        assert per_file == {min(want, len(b) // VerifiedJpegs.FILE_BYTES_PER_POINT) for b in blobs}
+        assert asked and set(asked) == per_file
         # 256 / 8 = 32 MCU rows of 32 MCUs: the finest grid has 32 x 8 - 1 points
         sizes = {len(k) for k in kept if k is not None}
         finest = 26 + 13 * (32 * 8 - 1)
+        assert min(per_file) >= 32 * 8 - 1 if want == 4096 else max(per_file) < 32 * 8 - 1
         assert sizes and (sizes == {finest} if want == 4096 else max(sizes) < finest)
         assert all(n <= 26 + 13 * want for n in sizes)
+
+
+def test_an_index_takes_at_most_a_sixteenth_of_its_file():
+    """A file's index is capped by the file's own size, whatever its share of the
+    ring: a finer grid than that costs memory for next to no speed."""
+    mem = VerifiedJpegs(files=10)
+    assert mem.points == VerifiedJpegs.MAX_POINTS
+    step = VerifiedJpegs.FILE_BYTES_PER_POINT
+    assert step == 16 * VerifiedJpegs.POINT_BYTES
+    assert mem.points_of(100 * step) == 100
+    assert mem.points_of(10) == VerifiedJpegs.MIN_POINTS
+    assert mem.points_of(10**9) == VerifiedJpegs.MAX_POINTS
+    assert VerifiedJpegs(index_bytes=0, files=10).points_of(10**6) == 0
+    crowded = VerifiedJpegs(index_bytes=30_000, files=100)
+    assert crowded.points_of(10**6) == crowded.points  # the share binds first
 
 
 def test_a_shorter_index_never_replaces_a_longer_one():

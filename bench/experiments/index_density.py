@@ -11,7 +11,9 @@ then, on one thread, every crop is decoded with the extension as the feeder
 decodes a crop of bytes it has verified (``decode_region``, ``verify=False``)
 with no index and with each density's. Rounds alternate the densities; the
 table gives medians over rounds of thread CPU ms per decode, and each density
-against the no-index decode and against 16 points. ``--as-420`` re-encodes the
+against the no-index decode and against 16 points; "by size" is the default
+feeder's density for each file (its share of the ring, at most one checkpoint
+per ``VerifiedJpegs.FILE_BYTES_PER_POINT`` bytes of the file). ``--as-420`` re-encodes the
 files with OpenCV first (4:2:0, quality 90), as most photographs are stored.
 
     python bench/experiments/index_density.py DIR [--limit 400] [--rounds 5] [--as-420]
@@ -33,6 +35,7 @@ from feeder.bench.loaders import sample_work, transforms
 from feeder.work import _jpeg
 from feeder.work.region import decode_region
 from feeder.work.rng import sample_key
+from feeder.work.verified import VerifiedJpegs
 
 DENSITIES = (16, 64, 256, 1024, 4096)
 
@@ -58,14 +61,18 @@ def main() -> None:
         need, planned = work.plan(h, w, sample_key(0, 0, i))
         jobs.append((data, h, w, need, planned, sub))
     whole = np.empty(max(h * w for _, h, w, *_ in jobs) * 3 + (1 << 16), np.uint8)
-    indexes: dict[int, list[bytes]] = {}
-    for points in DENSITIES:
+    # "by size": what a feeder over these files records by default, its share of
+    # the default ring capped by the file's size (VerifiedJpegs.points_of).
+    memory = VerifiedJpegs(files=len(source))
+    indexes: dict[object, list[bytes]] = {}
+    for points in DENSITIES + ("by size",):
         indexes[points] = []
         for data, h, w, *_ in jobs:
+            most = memory.points_of(len(data)) if points == "by size" else points
             made = _jpeg.decode(data, 0, 0, h, w, 1, whole, 1 << 31, False, True, record=True,
-                                max_points=points)[2]
+                                max_points=most)[2]
             indexes[points].append(made)
-    rows = ("none",) + DENSITIES
+    rows = ("none",) + DENSITIES + ("by size",)
     times: dict[object, list[float]] = {r: [] for r in rows}
     for r in range(args.rounds):
         order = rows[r % len(rows):] + rows[:r % len(rows)]

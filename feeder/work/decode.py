@@ -651,7 +651,7 @@ def _decode_jpeg(data: bytes | memoryview, max_pixels: int, plan: Plan | None, k
             verify = jpeg_verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
             img, made = decode_region(_jpeg, data, h, w, need, planned, orientation, max_pixels,
                                       buffers, verify, index=index,
-                                      record=verified.points if fp else 0)  # type: ignore[union-attr]
+                                      record=verified.points_of(len(data)) if fp else 0)  # type: ignore[union-attr]
             # A buffer other than bytes may have changed while it was decoded
             # (the decoder and the CRC release the GIL): remember only bytes
             # that were the same before and after.
