@@ -24,6 +24,7 @@ rm -f "$out"/*.csv "$out"/*.json "$out"/*.png "$out"/*.txt
 # ImageNet-like: 2000 JPEGs, 300-600 px a side, quality 75-95. Large: 200 photos of ~1500x1100.
 bench make-data "$data/imagenet-like" --n-classes 20 --per-class 100 --seed 0 | tee "$out/data.txt"
 bench make-data "$data/large" --large --n-classes 4 --per-class 50 --seed 1 | tee -a "$out/data.txt"
+bench make-data "$data/small" --small --n-classes 20 --per-class 1000 --seed 1 | tee -a "$out/data.txt"
 
 bench ceiling "$data/imagenet-like" --out "$out" --limit 500 --repeats 3 | tee "$out/ceiling.txt"
 bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-repeats 2 --batch-size 64 \
@@ -57,6 +58,7 @@ else
 fi
 # What JPEG decoding costs, by decoder and setting; what a region-of-interest decode could save.
 "$PYTHON" bench/experiments/decode_cost.py "$data/imagenet-like" | tee "$out/decode_cost.txt"
-# Where the feeder's added memory goes.
-"$PYTHON" bench/experiments/memory_breakdown.py "$data/imagenet-like" | tee "$out/memory_breakdown.txt"
+# What a feeder holds resident, per component, against the memory page's formula.
+"$PYTHON" bench/experiments/memory_formula.py "imagenet-like=$data/imagenet-like:224:64" \
+  "small=$data/small:64:256" "large=$data/large:224:64" --epochs 1,3 --rounds 3 | tee "$out/memory_formula.txt"
 echo "results in $out" >&2
