@@ -22,12 +22,13 @@ from .work.sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
 from .shards import TarShards
-from .sources import FileList, ImageFolder, Source
+from .sources import DatasetSource, FileList, ImageFolder, Source
 
 __all__ = [
     "Batch",
     "BatchInfo",
     "ConfigError",
+    "DatasetSource",
     "DecodeError",
     "Feeder",
     "FeederDataset",
