@@ -543,7 +543,7 @@ class DatasetSource:
                 fmt = getattr(getattr(boxes, "format", None), "name", None)  # tv_tensors.BoundingBoxes
                 fmt = fmt.lower() if isinstance(fmt, str) and fmt.lower() in _BOX_FORMATS else self.boxes_format
                 arr = numeric(value)
-                out[BOXES] = _xyxy(arr, fmt) if arr is not None and arr.dtype.kind == "f" else value
+                out[BOXES] = _xyxy(arr, fmt) if arr is not None and arr.dtype.kind in "iuf" else value
             elif boxes is not None and name in self.per_box:
                 out[BOX_PREFIX + name] = value
             else:

@@ -176,6 +176,17 @@ def test_other_box_formats_are_converted_to_xyxy(fmt, given):
     np.testing.assert_allclose(sample["boxes"], BOXES)
 
 
+def test_integer_boxes_of_another_format_are_converted_too():
+    class IntBoxes(Detection):
+        def __getitem__(self, i):
+            image, target = super().__getitem__(i)
+            target["boxes"] = torch.tensor([[2, 3, 8, 6], [20, 1, 10, 19]])  # COCO's xywh, as ints
+            return image, target
+
+    sample = DatasetSource(IntBoxes(), boxes_format="xywh").read(0)
+    np.testing.assert_allclose(sample["boxes"], BOXES)
+
+
 def test_a_bounding_boxes_tensor_says_its_own_format():
     class Format:
         name = "XYWH"
