@@ -228,6 +228,30 @@ def test_make_data_small_writes_small_images(tmp_path):
             assert 64 <= h <= 96 and 64 <= w <= 96
 
 
+def test_the_feeder_loader_holds_no_batch_the_loop_dropped(tiny):
+    """``Loader.epoch`` hands the first batch on and keeps no reference to it: a
+    batch held for the whole epoch keeps its buffer from coming back, and the
+    pool grows by one (memory no training loop spends, counted as the feeder's)."""
+    import gc
+    import weakref
+
+    from feeder.bench.loaders import Loader
+
+    loader = Loader("feeder", tiny["data"], 4, decode_threads=1, augment_threads=0)
+    try:
+        epoch = loader.epoch(0)
+        first = run_in_thread(lambda: next(epoch))
+        gone = weakref.ref(first[0])
+        del first
+        run_in_thread(lambda: next(epoch))
+        gc.collect()
+        assert gone() is None
+        run_in_thread(lambda: [None for _ in epoch])
+        assert loader.stats()["memory"]["batch_buffers"] > 0
+    finally:
+        loader.close()
+
+
 def test_full_decode_transforms_keep_the_crops():
     """The full-decode variant disables the hint without changing any random stream."""
     import numpy as np
