@@ -188,7 +188,12 @@ def run_child(spec: dict[str, Any], timeout_s: float = 900.0, memory: bool = Tru
         if proc.returncode != 0 or not os.path.exists(report):
             tail = err.decode(errors="replace")[-2000:]
             result.error = f"exit status {proc.returncode}: {tail}"
-            log.warning("bench run %s failed: %s", spec.get("name"), result.error)
+            # One line (the child's last, which names the error); the whole tail is in
+            # result.error, and in the log at debug level (-v).
+            last = next((x for x in reversed(tail.strip().splitlines()) if x.strip()), "no output")
+            log.warning("bench run %s failed: exit status %s: %s", spec.get("name"), proc.returncode,
+                        last.strip())
+            log.debug("bench run %s stderr: %s", spec.get("name"), tail)
             return result
         with open(report) as f:
             data = json.load(f)
