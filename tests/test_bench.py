@@ -272,6 +272,25 @@ def test_full_decode_transforms_keep_the_crops():
         assert np.array_equal(a, b)
 
 
+def test_image_source_limit_spreads_over_the_folder(tiny):
+    """A limit takes images from every class, the same ones each time, and the
+    loaders run over them with any crop side."""
+    from feeder import ImageFolder
+    from feeder.bench.loaders import FeederWorkDataset, image_source
+
+    folder = ImageFolder(tiny["data"])
+    assert image_source(tiny["data"]).paths == folder.paths
+    assert image_source(tiny["data"], 100).paths == folder.paths  # a limit above the size: all
+    part = image_source(tiny["data"], 6)
+    assert len(part) == 6 and len(set(part.paths)) == 6 and set(part.paths) <= set(folder.paths)
+    assert sorted(set(int(x) for x in part.labels)) == [0, 1]
+    assert [folder.labels[folder.paths.index(p)] for p in part.paths] == [int(x) for x in part.labels]
+    assert image_source(tiny["data"], 6).paths == part.paths
+    dataset = FeederWorkDataset(tiny["data"], limit=6)
+    image, label = dataset.sample(5, epoch=1)
+    assert len(dataset) == 6 and tuple(image.shape) == (224, 224, 3) and label == part.labels[5]
+
+
 def test_table_and_csv_without_matplotlib(tmp_path):
     from feeder.bench import report
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import Feeder, ImageFolder, ops
+from .. import Feeder, FileList, ImageFolder, ops
 from ..ops.fused import ResizeCenterCrop
 from ..work.augment import Chain
 from ..work.sample import DEFAULT_MAX_PIXELS
@@ -42,9 +42,20 @@ CROP = 224  # RandomResizedCrop output side, as in ImageNet training
 LOADER_KINDS = ("dl-pil", "dl-cv2", "feeder")
 
 
-def transforms() -> list[ops.Transform]:
-    """The transform list every loader applies (feeder's ops)."""
-    return [ops.RandomResizedCrop(CROP), ops.RandomHorizontalFlip()]
+def transforms(size: int = CROP) -> list[ops.Transform]:
+    """The transform list every loader applies (feeder's ops): RandomResizedCrop to
+    ``size`` pixels a side, then a horizontal flip."""
+    return [ops.RandomResizedCrop(size), ops.RandomHorizontalFlip()]
+
+
+def image_source(root: str, limit: int | None = None) -> ImageFolder | FileList:
+    """The ImageFolder at ``root``, or ``limit`` of its images spread evenly over it
+    (every class; the same images for every loader) when it holds more."""
+    folder = ImageFolder(root)
+    if limit is None or limit >= len(folder):
+        return folder
+    picks = np.linspace(0, len(folder) - 1, limit).astype(int).tolist()
+    return FileList([folder.paths[i] for i in picks], [int(folder.labels[i]) for i in picks])
 
 
 class _FullDecodeCrop(ops.RandomResizedCrop):
@@ -182,10 +193,12 @@ class FeederWorkDataset(torch.utils.data.Dataset):
         root: ImageFolder root.
         transform_list: Transforms (default :func:`transforms`).
         seed: Base of the per-sample keys, as the feeder's ``seed``.
+        limit: Only this many of the images (:func:`image_source`).
     """
 
-    def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0) -> None:
-        self.source = ImageFolder(root)
+    def __init__(self, root: str, transform_list: list[Any] | None = None, seed: int = 0,
+                 limit: int | None = None) -> None:
+        self.source = image_source(root, limit)
         self.work = sample_work(transform_list, files=len(self.source))
         self.seed = seed
         self.epoch = 0
@@ -194,12 +207,17 @@ class FeederWorkDataset(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.sample(index, self.epoch)
+
+    def sample(self, index: int, epoch: int) -> tuple[torch.Tensor, int]:
+        """Sample ``index`` as epoch ``epoch`` draws it (thread-safe: a loader running
+        the work in threads of one process calls it from each of them)."""
         data, label = self.source.read(index)
         h, w = self.work.image_size
         # A fresh array per sample: default_collate copies it into the batch
         # (DataLoader has no way to write into the batch in place).
         out = np.empty((h, w, 3), np.uint8)
-        self.work(data, sample_key(self.seed, self.epoch, index), out)
+        self.work(data, sample_key(self.seed, epoch, index), out)
         return torch.from_numpy(out), label
 
 
@@ -248,6 +266,9 @@ class Loader:
             pins them to the loader's cores there).
         evaluation: Feeder and ``dl-cv2``: the evaluation transform
             (:func:`eval_transforms`) instead of RandomResizedCrop + flip.
+        size: Feeder and ``dl-cv2``: RandomResizedCrop's output side (default 224).
+        limit: Feeder and ``dl-cv2``: only this many images of ``root``
+            (:func:`image_source`).
     """
 
     def __init__(self, kind: str, root: str, batch_size: int, *, workers: int = 0,
@@ -256,9 +277,12 @@ class Loader:
                  seed: int = 0, persistent_workers: bool = False,
                  feeder_options: dict[str, Any] | None = None,
                  worker_init_fn: Callable[[int], None] | None = None,
-                 starting: Callable[[], Any] = contextlib.nullcontext, evaluation: bool = False) -> None:
+                 starting: Callable[[], Any] = contextlib.nullcontext, evaluation: bool = False,
+                 size: int = CROP, limit: int | None = None) -> None:
         if kind not in LOADER_KINDS:
             raise ValueError(f"loader kind must be one of {LOADER_KINDS}, got {kind!r}")
+        if kind == "dl-pil" and (size != CROP or limit is not None):
+            raise ValueError("the dl-pil loader crops to 224 over the whole folder: no size or limit")
         self.kind = kind
         self.device = torch.device(device)
         self._to_device = self.device.type == "cuda" and kind != "feeder"
@@ -266,15 +290,16 @@ class Loader:
         self._starting = starting
         if kind == "feeder":
             chain = (eval_transforms(full_decode) if evaluation
-                     else full_decode_transforms() if full_decode else transforms())
-            self.feeder = Feeder(ImageFolder(root), batch_size, chain,
+                     else full_decode_transforms() if full_decode else transforms(size))
+            self.feeder = Feeder(image_source(root, limit), batch_size, chain,
                                  decode_threads=decode_threads, augment_threads=augment_threads,
                                  queue_size=queue_size, device=device, shuffle=True, seed=seed,
                                  **(feeder_options or {}))
             self.loader: Iterable[Any] = self.feeder
             return
         dataset = (PILDataset(root) if kind == "dl-pil" else
-                   FeederWorkDataset(root, eval_transforms() if evaluation else None, seed=seed))
+                   FeederWorkDataset(root, eval_transforms() if evaluation else transforms(size),
+                                     seed=seed, limit=limit))
         self.dataset = dataset
         generator = torch.Generator()
         generator.manual_seed(seed)

@@ -31,7 +31,7 @@ import simplejpeg  # noqa: F401
 import torch
 
 from . import ceiling
-from .loaders import Loader, has_pil
+from .loaders import CROP, Loader, has_pil
 from .measure import cpu_seconds, now
 
 if has_pil():
@@ -48,6 +48,7 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
         from .model import ModelStep
 
         step = ModelStep(spec.get("device", "cpu"))
+    limit = spec.get("limit")
     cpu0 = cpu_seconds()
     t0 = now()
     loader = Loader(spec["kind"], spec["root"], int(spec["batch_size"]),
@@ -57,7 +58,8 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
                     queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
                     full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)),
                     persistent_workers=epochs > 1, evaluation=bool(spec.get("evaluation", False)),
-                    feeder_options=spec.get("feeder_options"))
+                    feeder_options=spec.get("feeder_options"), size=int(spec.get("size", CROP)),
+                    limit=None if limit is None else int(limit))
     first_batch_s = None
     images = 0
     wait_s = 0.0
