@@ -67,9 +67,11 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     # When each epoch's last batch arrived (seconds from building the loader)
     # and the images up to then: the rate after the first epoch, whose start-up
     # and first reads a long run pays once, is (images[-1] - images[0]) /
-    # (ends[-1] - ends[0]).
+    # (ends[-1] - ends[0]); with the CPU seconds of the process and its children
+    # by then, the CPU per image over those epochs.
     epoch_end_s: list[float] = []
     epoch_images: list[int] = []
+    epoch_cpu_s: list[float] = []
     try:
         for epoch in range(epochs):
             it = loader.epoch(epoch)
@@ -91,6 +93,7 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
                     time.sleep(step_ms / 1000.0)
             epoch_end_s.append(now() - t0)
             epoch_images.append(images)
+            epoch_cpu_s.append(cpu_seconds() - cpu0)
         if step is not None:
             step.synchronize()
         wall_s = now() - t0
@@ -102,6 +105,7 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     extra["checksum"] = checksum
     extra["epoch_end_s"] = epoch_end_s
     extra["epoch_images"] = epoch_images
+    extra["epoch_cpu_s"] = epoch_cpu_s
     if step is not None:
         extra["model_steps"] = step.steps
     return {"images": images, "wall_s": wall_s, "cpu_s": cpu_s,
