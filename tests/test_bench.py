@@ -828,6 +828,106 @@ def test_region_decode(tiny, tmp_path):
     assert again.stdout.strip() == proc.stdout.strip()  # the tables, recomputed from the saved runs
 
 
+# -- peers ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_small(tmp_path_factory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("bench-small")
+    data = str(base / "small")
+    bench("make-data", data, "--small", "--n-classes", "2", "--per-class", "10", "--seed", "4", cwd=str(base))
+    return {"base": str(base), "data": data}
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_peers_with_the_peers_absent(tiny_small, tmp_path, monkeypatch, capsys):
+    """feeder and DataLoader rows, first and steady epochs, ratios to feeder; a peer
+    that is not installed is one line saying how to install it, and no row."""
+    from feeder.bench import peers
+
+    monkeypatch.setattr(peers, "installed", lambda name: False)
+    out = str(tmp_path / "out")
+    code, stdout, err = bench_here("peers", tiny_small["data"], "--out", out, "--size", "64",
+                                   "--batch-size", "8", "--epochs", "2", "--repeats", "1",
+                                   "--workers-grid", "1", "--limit", "18", "--name", "peers_small",
+                                   cwd=tiny_small["base"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err
+    assert "dali: not installed (pip install nvidia-dali-cuda120)" in stdout.splitlines()
+    assert "spdl: not installed (pip install spdl)" in stdout.splitlines()
+    assert "Traceback" not in err
+    assert sorted(os.listdir(out)) == ["machine.json", "peers_small.csv", "peers_small.json",
+                                       "peers_small.txt"]
+    assert open(os.path.join(out, "peers_small.txt")).read() == stdout
+    rows = read_csv(os.path.join(out, "peers_small.csv"))
+    assert [r["row"] for r in rows] == ["feeder", "DataLoader (num_workers=1)"]
+    for r in rows:
+        assert float(r["first_images_per_s"]) > 0 and float(r["steady_images_per_s"]) > 0, r
+        assert float(r["steady_cpu_ms_per_image"]) > 0, r
+        assert float(r["images"]) == 2 * 18, r  # every image of the limit, once per epoch
+    feeder, loader = rows
+    assert float(feeder["first_ratio"]) == float(feeder["steady_ratio"]) == 1.0
+    assert loader["best"] == "*"
+    doc = json.load(open(os.path.join(out, "peers_small.json")))
+    assert doc["meta"]["skipped"] == ["dali: not installed (pip install nvidia-dali-cuda120)",
+                                      "spdl: not installed (pip install spdl)"]
+    assert doc["meta"]["images_per_epoch"] == 18 and doc["machine"]["torch_version"]
+    (raw,) = doc["meta"]["raw_rounds"]
+    for label, row in (("feeder", feeder), ("DataLoader (num_workers=1)", loader)):
+        ends, counts = raw[label]["extra"]["epoch_end_s"], raw[label]["extra"]["epoch_images"]
+        assert counts == [18, 36] and 0 < ends[0] < ends[1]
+        # The first epoch from building the loader; the steady ones after it; the ratio within the round.
+        assert float(row["first_images_per_s"]) == pytest.approx(18 / ends[0])
+        assert float(row["steady_images_per_s"]) == pytest.approx(18 / (ends[1] - ends[0]))
+    fe, le = (raw[k]["extra"]["epoch_end_s"] for k in ("feeder", "DataLoader (num_workers=1)"))
+    assert float(loader["steady_ratio"]) == pytest.approx((18 / (le[1] - le[0])) / (18 / (fe[1] - fe[0])))
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_peers_rows_of_installed_peers(tiny_small, tmp_path):
+    """Where DALI or SPDL is installed (not in CI), its row runs the same job."""
+    from feeder.bench.peers import PEERS, installed
+
+    present = [name for name in PEERS if installed(name)]
+    if not present:
+        pytest.skip("neither DALI nor SPDL is installed (pip install 'feeder[peers]')")
+    out = str(tmp_path / "out")
+    proc = bench("peers", tiny_small["data"], "--out", out, "--size", "64", "--batch-size", "8",
+                 "--epochs", "2", "--repeats", "1", "--loaders", ",".join(["feeder", *present]),
+                 cwd=tiny_small["base"])
+    rows = {r["row"]: r for r in read_csv(os.path.join(out, "peers.csv"))}
+    assert set(rows) == {"feeder", *(PEERS[name].label for name in present)}
+    for name in present:
+        r = rows[PEERS[name].label]
+        assert float(r["first_images_per_s"]) > 0 and float(r["steady_images_per_s"]) > 0, r
+        assert float(r["steady_ratio"]) > 0 and float(r["images"]) == 2 * 20, r
+    doc = json.load(open(os.path.join(out, "peers.json")))
+    assert all(doc["meta"]["versions"][name] for name in present)
+    assert doc["command"].startswith("feeder-bench peers ") and "peers:" in proc.stdout
+
+
+def test_peer_loaders_give_every_image_once_per_epoch(tiny_small):
+    """Each installed peer's loader: uint8 [B, 3, S, S] batches, the last one partial,
+    every label of the folder once per epoch."""
+    import torch
+
+    from feeder import ImageFolder
+    from feeder.bench.peers import PEERS, installed, peer_loader
+
+    present = [name for name in PEERS if installed(name)]
+    if not present:
+        pytest.skip("neither DALI nor SPDL is installed (pip install 'feeder[peers]')")
+    labels = sorted(int(x) for x in ImageFolder(tiny_small["data"]).labels)
+    for name in present:
+        loader = peer_loader(name, tiny_small["data"], 8, size=64, seed=1)
+        try:
+            for epoch in range(2):
+                batches = list(loader.epoch(epoch))
+                assert [b.shape[0] for b, _ in batches] == [8, 8, 4], name
+                assert all(b.dtype == torch.uint8 and tuple(b.shape[1:]) == (3, 64, 64) for b, _ in batches)
+                assert sorted(int(y) for _, ys in batches for y in ys) == labels, name
+        finally:
+            loader.close()
+
+
 # -- hostile arguments: one line naming the culprit, never a traceback -----------------
 
 @pytest.fixture(scope="module")
@@ -851,6 +951,12 @@ BENCH_HOSTILE = [
     (["region-decode", "{photos}", "--out", "{out}", "--report", "{afile}"], 1, ["--report {afile}"]),
     (["region-decode", "{photos}", "--out", "{out}", "--report", "{missing}"], 1, ["{missing}"]),
     (["scale", "--out", "{out}", "--shards", "-1"], 2, ["--shards"]),
+    (["peers", "{missing}", "--out", "{out}"], 2, ["DIR '{missing}'"]),
+    (["peers", "{photos}", "--out", "{out}", "--size", "0"], 2, ["--size"]),
+    (["peers", "{photos}", "--out", "{out}", "--workers-grid", "-1"], 2, ["--workers-grid"]),
+    (["peers", "{photos}", "--out", "{out}", "--limit", "0"], 2, ["--limit"]),
+    (["peers", "{notimg}", "--out", "{out}", "--loaders", "feeder", "--repeats", "1"], 1,
+     ["feeder failed in every round"]),
 ]
 
 
@@ -860,6 +966,19 @@ def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status
 
     r = run_cli("feeder.bench", ["-q", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-bench", names, hostile, status)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--loaders", "dali,spdl"], ["--loaders", "must include feeder"]),
+    (["--loaders", "feeder,nope"], ["--loaders", "unknown loader 'nope'"]),
+    (["--name", "sub/peers"], ["--name", "'sub/peers'"]),
+])
+def test_peers_refuses_a_bad_loader_list_or_name(hostile, tmp_path, argv, names):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    r = run_cli("feeder.bench", ["-q", "peers", "{photos}", "--out", "{out}", *argv], hostile, tmp_path)
+    assert_one_line_error(r, "feeder-bench peers", names, hostile, 2)
+    assert not os.path.exists(tmp_path / "out")
 
 
 def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_path):

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .region import add_parser as add_region
 
     add_region(sub, common)
+    from .peers import add_parser as add_peers
+
+    add_peers(sub, common, _ints)
     from .storage import add_parsers
 
     add_parsers(sub, common, _ints)
@@ -177,7 +180,7 @@ _AT_LEAST = {
     1: ("batch_size", "epochs", "large_epochs", "repeats", "scan_repeats", "rounds", "limit",
         "ceiling_images", "stage_images", "n_classes", "per_class", "batches", "windows",
         "shards", "per", "world_size", "image_px", "local_batches", "loop_cores", "loader_cores",
-        "proxy_ops"),
+        "proxy_ops", "size"),
     0: ("workers", "pil_workers", "processes", "warmup", "queue_size", "rank", "model_batch",
         "window", "decode_threads", "read_threads", "latency_ms", "window_s", "feed_share",
         "capacity_s", "cache_shards", "seconds", "rss_every", "shard_size"),
@@ -267,6 +270,8 @@ def _run(args: argparse.Namespace) -> int:
         from . import storage as module  # type: ignore[no-redef]
     elif args.command == "region-decode":
         from . import region as module  # type: ignore[no-redef]
+    elif args.command == "peers":
+        from . import peers as module  # type: ignore[no-redef]
     elif args.command == "interference":
         from . import interference as module  # type: ignore[no-redef]
     elif args.command == "scale":

@@ -8,9 +8,11 @@ baseline for the others.
 Modes (``spec["mode"]``):
 
 * ``idle``: import everything, then sleep ``idle_s`` seconds (memory baseline).
-* ``loader``: build a :class:`~feeder.bench.loaders.Loader` and run ``epochs``
-  epochs, the consumer optionally spending ``step_ms`` per batch (sleeping, as
-  a GPU step would leave the CPU free) or running a model step on CUDA.
+* ``loader``: build a :class:`~feeder.bench.loaders.Loader` (or, for the kinds
+  ``dali`` and ``spdl``, another library's loader: :mod:`feeder.bench.peers`)
+  and run ``epochs`` epochs, the consumer optionally spending ``step_ms`` per
+  batch (sleeping, as a GPU step would leave the CPU free) or running a model
+  step on CUDA.
 * ``ceiling``: the single-thread cost of the per-sample work (see :mod:`feeder.bench.ceiling`).
 * ``ceiling-parallel``: that work in one process per core at once.
 * ``interference``: the training thread's step times, alone or fed by a loader
@@ -39,6 +41,8 @@ if has_pil():
 
 log = logging.getLogger(__name__)
 
+PEER_KINDS = ("dali", "spdl")  # other libraries' loaders (feeder.bench.peers), imported in their runs only
+
 
 def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     epochs = int(spec.get("epochs", 1))
@@ -49,17 +53,27 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
 
         step = ModelStep(spec.get("device", "cpu"))
     limit = spec.get("limit")
+    limit = None if limit is None else int(limit)
+    size = int(spec.get("size", CROP))
+    if spec["kind"] in PEER_KINDS:
+        from .peers import import_peer, peer_loader
+
+        # Before the clock starts, as this module imports torch and feeder's libraries.
+        import_peer(spec["kind"])
     cpu0 = cpu_seconds()
     t0 = now()
-    loader = Loader(spec["kind"], spec["root"], int(spec["batch_size"]),
-                    workers=int(spec.get("workers", 0)),
-                    decode_threads=spec.get("decode_threads", "auto"),
-                    augment_threads=spec.get("augment_threads", "auto"),
-                    queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
-                    full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)),
-                    persistent_workers=epochs > 1, evaluation=bool(spec.get("evaluation", False)),
-                    feeder_options=spec.get("feeder_options"), size=int(spec.get("size", CROP)),
-                    limit=None if limit is None else int(limit))
+    if spec["kind"] in PEER_KINDS:
+        loader: Any = peer_loader(spec["kind"], spec["root"], int(spec["batch_size"]), size=size,
+                                  seed=int(spec.get("seed", 0)), limit=limit)
+    else:
+        loader = Loader(spec["kind"], spec["root"], int(spec["batch_size"]),
+                        workers=int(spec.get("workers", 0)),
+                        decode_threads=spec.get("decode_threads", "auto"),
+                        augment_threads=spec.get("augment_threads", "auto"),
+                        queue_size=int(spec.get("queue_size", 4)), device=spec.get("device", "cpu"),
+                        full_decode=bool(spec.get("full_decode", False)), seed=int(spec.get("seed", 0)),
+                        persistent_workers=epochs > 1, evaluation=bool(spec.get("evaluation", False)),
+                        feeder_options=spec.get("feeder_options"), size=size, limit=limit)
     first_batch_s = None
     images = 0
     wait_s = 0.0
