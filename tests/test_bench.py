@@ -861,7 +861,8 @@ def test_peers_with_the_peers_absent(tiny_small, tmp_path, monkeypatch, capsys):
     assert [r["row"] for r in rows] == ["feeder", "DataLoader (num_workers=1)"]
     for r in rows:
         assert float(r["first_images_per_s"]) > 0 and float(r["steady_images_per_s"]) > 0, r
-        assert float(r["steady_cpu_ms_per_image"]) > 0, r
+        assert float(r["steady_cpu_ms_per_image"]) > 0 and float(r["steady_cores"]) > 0, r
+        assert float(r["other_cores"]) >= 0, r
         assert float(r["images"]) == 2 * 18, r  # every image of the limit, once per epoch
     feeder, loader = rows
     assert float(feeder["first_ratio"]) == float(feeder["steady_ratio"]) == 1.0

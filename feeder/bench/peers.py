@@ -30,6 +30,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from ..engine.threads import available_cores
 from . import report
 from .loaders import FeederWorkDataset, image_source, transforms
 from .measure import RunResult, run_child
+from .region import _busy_s, _children_cpu_s
 from .report import median
 
 MIB = 2**20
@@ -302,6 +304,8 @@ COLUMNS = [
     ("first_ratio", "1st vs feeder", "{:.2f}x"),
     ("steady_ratio", "steady vs feeder", "{:.2f}x"),
     ("steady_cpu_ms_per_image", "steady CPU ms/img", "{:.2f}"),
+    ("steady_cores", "steady cores used", "{:.2f}"),
+    ("other_cores", "other load", "{:.2f}"),
     ("first_batch_s", "1st batch s", "{:.2f}"),
     ("peak_pss_mib", "peak PSS MiB", "{:.0f}"),
     ("best", "best", "{}"),
@@ -311,11 +315,12 @@ COLUMNS = [
 def epoch_rates(res: RunResult) -> dict[str, float | None]:
     """The first epoch's img/s (from building the loader: start-up included) and the
     steady epochs' (2..N: from the first epoch's last batch to the last one's), with
-    the steady epochs' CPU ms per image."""
+    the steady epochs' CPU ms per image and the cores they used (CPU over wall time)."""
     ends = res.extra.get("epoch_end_s") or []
     counts = res.extra.get("epoch_images") or []
     cpus = res.extra.get("epoch_cpu_s") or []
-    out: dict[str, float | None] = {"first": None, "steady": None, "steady_cpu_ms": None}
+    out: dict[str, float | None] = {"first": None, "steady": None, "steady_cpu_ms": None,
+                                    "steady_cores": None}
     if not res.ok or not ends or ends[0] <= 0:
         return out
     out["first"] = counts[0] / ends[0]
@@ -323,6 +328,7 @@ def epoch_rates(res: RunResult) -> dict[str, float | None]:
         out["steady"] = (counts[-1] - counts[0]) / (ends[-1] - ends[0])
         if len(cpus) == len(ends):
             out["steady_cpu_ms"] = 1e3 * (cpus[-1] - cpus[0]) / (counts[-1] - counts[0])
+            out["steady_cores"] = (cpus[-1] - cpus[0]) / (ends[-1] - ends[0])
     return out
 
 
@@ -376,7 +382,13 @@ def run(args: argparse.Namespace) -> int:
         shift = r % len(rows)
         got: dict[str, RunResult] = {}
         for label, spec in rows[shift:] + rows[:shift]:
+            busy0, kids0, t0 = _busy_s(), _children_cpu_s(), time.perf_counter()
             res = run_child(spec)
+            busy1, kids1, elapsed = _busy_s(), _children_cpu_s(), time.perf_counter() - t0
+            if busy0 is not None and busy1 is not None and elapsed > 0:
+                # The machine's busy time less the run's own CPU (start-up included: run_child
+                # reaps it): the cores other processes took meanwhile.
+                res.extra["other_cores"] = max(0.0, ((busy1 - busy0) - (kids1 - kids0)) / elapsed)
             got[label] = res
             if res.ok:
                 rates = epoch_rates(res)
@@ -414,6 +426,8 @@ def run(args: argparse.Namespace) -> int:
             "steady_ratio": 1.0 if label == "feeder" else median(ratios(label, "steady")),
             "first_ratio_rounds": ratios(label, "first"), "steady_ratio_rounds": ratios(label, "steady"),
             "steady_cpu_ms_per_image": median([x["steady_cpu_ms"] for x in rates]),
+            "steady_cores": median([x["steady_cores"] for x in rates]),
+            "other_cores": median([x.extra.get("other_cores") for x in ok]),
             "cpu_ms_per_image": 1e3 * median([x.cpu_per_image_s for x in ok]),
             "first_batch_s": median([x.first_batch_s for x in ok]),
             "peak_pss_mib": median(pss) / MIB if pss else None,
@@ -443,8 +457,10 @@ def run(args: argparse.Namespace) -> int:
     text = "\n".join(lines) + report.format_table(table, COLUMNS)
     text += ("\n1st epoch: its images over the time from building the loader to its last batch (start-up "
              "included); steady: epochs 2..N, from the first epoch's last batch to the last one's, with "
-             "their CPU per image (every process of the loader). vs feeder: the row's rate over feeder's "
-             "in the same round, median of the rounds. best: the DataLoader row with the highest "
+             "their CPU per image (every process of the loader) and the cores it used (that CPU over the "
+             "same time). other load: the cores other processes used while the row ran (the machine's "
+             "busy time less the row's own CPU). vs feeder: the row's rate over feeder's in the same "
+             "round, median of the rounds. best: the DataLoader row with the highest "
              + ("steady" if args.epochs > 1 else "first-epoch") + " rate.\n")
     print(text, end="")
     meta = {"dir": args.dir, "size": args.size, "batch_size": args.batch_size, "epochs": args.epochs,
