@@ -24,11 +24,19 @@ rm -f "$out"/*.csv "$out"/*.json "$out"/*.png "$out"/*.txt
 # ImageNet-like: 2000 JPEGs, 300-600 px a side, quality 75-95. Large: 200 photos of ~1500x1100.
 bench make-data "$data/imagenet-like" --n-classes 20 --per-class 100 --seed 0 | tee "$out/data.txt"
 bench make-data "$data/large" --large --n-classes 4 --per-class 50 --seed 1 | tee -a "$out/data.txt"
+# Small: 20000 JPEGs, 64-96 px a side (thumbnails, downsampled datasets).
 bench make-data "$data/small" --small --n-classes 20 --per-class 1000 --seed 1 | tee -a "$out/data.txt"
 
 bench ceiling "$data/imagenet-like" --out "$out" --limit 500 --repeats 3 | tee "$out/ceiling.txt"
 bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-repeats 2 --batch-size 64 \
   --workers-grid 0,1,2,3,4 --threads-grid 2x0,3x0,4x0,2x1,3x1,4x2 | tee "$out/compare.txt"
+# feeder against DataLoader, DALI's CPU pipeline and SPDL (those two when installed: pip install
+# 'feeder[peers]'), first and steady epochs: 224 px photos, then 64 px small images (10000 per epoch).
+# Each writes its own .txt.
+bench peers "$data/imagenet-like" --out "$out" --size 224 --batch-size 64 --epochs 3 --repeats 3 \
+  --name peers_224
+bench peers "$data/small" --out "$out" --size 64 --batch-size 256 --epochs 3 --repeats 3 --limit 10000 \
+  --name peers_small
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 2 --batch-size 64 | tee "$out/sweep.txt"
 bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
