@@ -871,6 +871,8 @@ def test_peers_with_the_peers_absent(tiny_small, tmp_path, monkeypatch, capsys):
     assert doc["meta"]["skipped"] == ["dali: not installed (pip install nvidia-dali-cuda120)",
                                       "spdl: not installed (pip install spdl)"]
     assert doc["meta"]["images_per_epoch"] == 18 and doc["machine"]["torch_version"]
+    assert doc["meta"]["versions"]["dali"] is None and doc["meta"]["versions"]["spdl"] is None
+    assert "peers: dali not installed, spdl not installed" in stdout
     (raw,) = doc["meta"]["raw_rounds"]
     for label, row in (("feeder", feeder), ("DataLoader (num_workers=1)", loader)):
         ends, counts = raw[label]["extra"]["epoch_end_s"], raw[label]["extra"]["epoch_images"]

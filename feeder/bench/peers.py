@@ -443,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
         max(dl, key=lambda row: row[key] if row[key] == row[key] else -1.0)["best"] = "*"
 
     machine = report.machine_info()
-    versions = {name: version(name) for name in PEERS}
+    versions = {name: version(name) if installed(name) else None for name in PEERS}
     command = " ".join(["feeder-bench", *sys.argv[1:]])
     job = (f"RandomResizedCrop({args.size}) + flip, batch {args.batch_size}, uint8, shuffled, last batch "
            f"kept, {len(source)} images per epoch, {args.epochs} epochs per run")
