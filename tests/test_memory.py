@@ -10,6 +10,7 @@ import pytest
 
 from conftest import MemorySource, drain
 from feeder import Feeder, MemoryStats, ops
+from feeder.bench.measure import resident_bytes
 from feeder.engine.batch import BufferPool, Scratch
 from feeder.work import decode as D
 from feeder.work.decode import DecodeBuffers
@@ -20,18 +21,10 @@ needs_ext = pytest.mark.skipif(D._jpeg is None, reason=f"region decoder not in u
 
 
 def resident(view) -> int:
-    """Resident bytes of the mapping holding ``view``'s first byte, from /proc/self/smaps."""
-    addr = np.frombuffer(view, np.uint8).ctypes.data
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= addr < end
-            elif inside and line.startswith("Rss:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping holds address {addr:#x}")
+    """Resident bytes of the mapping holding ``view`` (there must be one)."""
+    n = resident_bytes(view)
+    assert n is not None, "no mapping of this process holds the buffer"
+    return n
 
 
 def pages(n: int) -> int:

@@ -49,27 +49,12 @@ def _pss() -> int:
     raise RuntimeError("no Pss line in /proc/self/smaps_rollup")
 
 
-def _resident(view) -> int:
-    """Resident bytes of the mapping holding ``view`` (/proc/self/smaps)."""
-    import numpy as np
-
-    addr = np.frombuffer(view, np.uint8).ctypes.data
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= addr < end
-            elif inside and line.startswith("Rss:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _components(f) -> dict[str, int]:
     """The components from the engine itself, for a tree from before
     ``stats().memory`` (run this script with PYTHONPATH=that tree): the JPEG
     tables and ring as the kernel holds them resident."""
+    from feeder.bench.measure import resident_bytes
+
     engine = f._engine
     buf = engine.pool.buffer(next(iter(engine.pool._ledger)))
     per_buffer = buf.images.nbytes + buf.labels.nbytes + buf.indices.nbytes
@@ -79,8 +64,8 @@ def _components(f) -> dict[str, int]:
     return {"batch_buffers": engine.pool.allocated * per_buffer,
             "scratch": sum(a.nbytes for a in engine.scratch._free),
             "decode_buffers": sum(b.nbytes for b in engine.work.buffers._free),
-            "jpeg_table": sum(_resident(m) for m in maps),
-            "jpeg_indexes": _resident(ring) if ring is not None else 0}
+            "jpeg_table": sum(resident_bytes(m) or 0 for m in maps),
+            "jpeg_indexes": (resident_bytes(ring) or 0) if ring is not None else 0}
 
 
 def child(root: str, crop: int, batch: int, epochs: int) -> None:

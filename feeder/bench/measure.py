@@ -86,6 +86,25 @@ def tree_pss_bytes(pid: int) -> int | None:
     return sum(known) if known else None
 
 
+def resident_bytes(buffer: Any) -> int | None:
+    """Resident bytes of this process's mapping that holds ``buffer``'s first byte
+    (a writable buffer: an mmap, or a memoryview of one), from ``/proc/self/smaps``;
+    None when no mapping holds it (or there is no ``/proc``)."""
+    import numpy as np
+
+    addr = np.frombuffer(buffer, np.uint8).ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= addr < end
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
 class PeakPSS:
     """Samples the PSS of a process tree in a background thread and keeps the peak.
 
