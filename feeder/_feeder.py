@@ -168,7 +168,7 @@ class Feeder:
             passes (all of the file in ``jpeg_verify``'s read to the end; down
             to the crop otherwise): at every MCU row and every 4 MCUs along it
             (2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
-            that an index takes at most 1/16 of its file's bytes and every
+            that an index takes at most 1/32 of its file's bytes and every
             file of the source gets an equal share of three quarters of this
             memory (ImageNet's 1.28 million files get a checkpoint every few
             rows). A later crop of the same bytes decodes

@@ -440,7 +440,9 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
     """The feeder's memory gives each file of its source an equal share: a few
     files get the finest grid (every row, every 4 MCUs), many files in little
     memory a coarser one; the decodes are asked for that many points."""
-    blobs = [jpeg(_noisy(256, 256, 500 + k), "4:4:4", 90) for k in range(6)]
+    # Quality 98: noisy files of about 150 KB, large enough for the finest grid
+    # within the cap of one point per FILE_BYTES_PER_POINT bytes.
+    blobs = [jpeg(_noisy(256, 256, 500 + k), "4:4:4", 98) for k in range(6)]
     asked = []  # the max_points of the recording decodes
     _spy_on_ext(monkeypatch, lambda kw, got: kw.get("record") and asked.append(kw.get("max_points")))
     for index_bytes, want in ((128 << 20, 4096), (30_000, (30_000 * 3 // 4 // 6 - 44) // 15)):
@@ -464,13 +466,13 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
         assert all(n <= 26 + 13 * want for n in sizes)
 
 
-def test_an_index_takes_at_most_a_sixteenth_of_its_file():
+def test_an_index_takes_at_most_a_thirty_second_of_its_file():
     """A file's index is capped by the file's own size, whatever its share of the
     ring: a finer grid than that costs memory for next to no speed."""
     mem = VerifiedJpegs(files=10)
     assert mem.points == VerifiedJpegs.MAX_POINTS
     step = VerifiedJpegs.FILE_BYTES_PER_POINT
-    assert step == 16 * VerifiedJpegs.POINT_BYTES
+    assert step == 32 * VerifiedJpegs.POINT_BYTES
     assert mem.points_of(100 * step) == 100
     assert mem.points_of(10) == VerifiedJpegs.MIN_POINTS
     assert mem.points_of(10**9) == VerifiedJpegs.MAX_POINTS

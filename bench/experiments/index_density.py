@@ -13,10 +13,11 @@ with no index and with each density's. Rounds alternate the densities; the
 table gives medians over rounds of thread CPU ms per decode, and each density
 against the no-index decode and against 16 points; "by size" is the default
 feeder's density for each file (its share of the ring, at most one checkpoint
-per ``VerifiedJpegs.FILE_BYTES_PER_POINT`` bytes of the file). ``--as-420`` re-encodes the
+per ``VerifiedJpegs.FILE_BYTES_PER_POINT`` bytes of the file), and ``--caps K,...``
+adds rows capped at 1/K of each file instead. ``--as-420`` re-encodes the
 files with OpenCV first (4:2:0, quality 90), as most photographs are stored.
 
-    python bench/experiments/index_density.py DIR [--limit 400] [--rounds 5] [--as-420]
+    python bench/experiments/index_density.py DIR [--limit 400] [--rounds 5] [--as-420] [--caps 32,64]
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=400)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--as-420", action="store_true", help="re-encode as 4:2:0, quality 90 first")
+    p.add_argument("--caps", default="",
+                   help="comma-separated K: also rows capped at 1/K of each file (FILE_BYTES_PER_POINT "
+                        "= K x POINT_BYTES), to weigh another cap against the default's")
     args = p.parse_args()
     source = ImageFolder(args.dir)
     datas = [bytes(source.read(i)[0]) for i in timed_indices(len(source), args.limit)]
@@ -65,14 +69,24 @@ def main() -> None:
     # the default ring capped by the file's size (VerifiedJpegs.points_of).
     memory = VerifiedJpegs(files=len(source))
     indexes: dict[object, list[bytes]] = {}
-    for points in DENSITIES + ("by size",):
+    caps = {f"1/{k} file": int(k) for k in args.caps.split(",") if k}
+
+    def most_points(points: object, nbytes: int) -> int:
+        if points == "by size":
+            return memory.points_of(nbytes)
+        if points in caps:
+            share = nbytes // (caps[points] * memory.POINT_BYTES)
+            return max(memory.MIN_POINTS, min(memory.points, share))
+        return points
+
+    for points in DENSITIES + ("by size",) + tuple(caps):
         indexes[points] = []
         for data, h, w, *_ in jobs:
-            most = memory.points_of(len(data)) if points == "by size" else points
+            most = most_points(points, len(data))
             made = _jpeg.decode(data, 0, 0, h, w, 1, whole, 1 << 31, False, True, record=True,
                                 max_points=most)[2]
             indexes[points].append(made)
-    rows = ("none",) + DENSITIES + ("by size",)
+    rows = ("none",) + DENSITIES + ("by size",) + tuple(caps)
     times: dict[object, list[float]] = {r: [] for r in rows}
     for r in range(args.rounds):
         order = rows[r % len(rows):] + rows[:r % len(rows)]
@@ -87,11 +101,11 @@ def main() -> None:
     print(f"{args.dir}{' re-encoded 4:2:0 q90' if args.as_420 else ''}: {len(jobs)} files "
           f"({', '.join(f'{k} {v}' for k, v in subs.most_common())}), RandomResizedCrop(224) boxes, "
           f"one thread, median of {args.rounds} rounds")
-    print(f"{'max_points':>10} {'index bytes':>12} {'ms/decode':>10} {'/ none':>7} {'/ 16 pts':>9}")
+    print(f"{'max_points':>12} {'index bytes':>12} {'ms/decode':>10} {'/ none':>7} {'/ 16 pts':>9}")
     for row in rows:
         size = "" if row == "none" else f"{statistics.mean(len(x or b'') for x in indexes[row]):.0f}"
         ratio16 = "" if row == "none" else f"{med[row] / med[16]:.3f}"
-        print(f"{row:>10} {size:>12} {med[row]:>10.3f} {med[row] / med['none']:>7.3f} {ratio16:>9}")
+        print(f"{row:>12} {size:>12} {med[row]:>10.3f} {med[row] / med['none']:>7.3f} {ratio16:>9}")
 
 
 if __name__ == "__main__":

@@ -58,11 +58,11 @@ point: every MCU row and every 4 MCUs along it take 2.8 KB for a
 ring), 10.8 KB for the same as 4:4:4 and 43 KB for a 1500x1100 4:4:4 photo
 (``bench/results/index_density.txt``); ImageNet's 1.28 million files get a
 checkpoint every few rows (the least: 4 points, about 100 bytes each). A file's
-index also takes at most 1/16 of its bytes (:data:`FILE_BYTES_PER_POINT`): a
-finer grid than that saves next to nothing (3.2 KB instead of 10.8 for the
-ImageNet-like 4:4:4 files, 19 KB instead of 43 for the large photos, each
-within 2% of the full grid's decode time), and its memory, spent on every file
-in the first epoch, is what a feeder added most on a one-epoch run. An index is found through its file's
+index also takes at most 1/32 of its bytes (:data:`FILE_BYTES_PER_POINT`): a
+finer grid than that saves little (1.7 KB instead of 10.8 for the
+ImageNet-like 4:4:4 files at the full grid's decode time, 10 KB instead of 43
+for the large photos at 4% more), and its memory, spent on every file in the
+first epoch, is what a feeder added most on a one-epoch run. An index is found through its file's
 fingerprint and checked against a second CRC-32C (of the file's first half)
 and its own CRC before use, so it only ever describes the bytes it was
 recorded from (the decoder also checks the file's length, and 16 bits of the
@@ -112,9 +112,9 @@ class VerifiedJpegs:
     MIN_POINTS, MAX_POINTS, UNKNOWN_POINTS = 4, 4096, 16
     POINT_BYTES = 15  # a checkpoint of a 3-component file with restart markers (13 without)
     #: A file's index takes at most one checkpoint per this many of its bytes
-    #: (an index of at most 1/16 of the file): past that density the memory
+    #: (an index of at most 1/32 of the file): past that density the memory
     #: stops paying (bench/results/index_density.txt).
-    FILE_BYTES_PER_POINT = 16 * POINT_BYTES
+    FILE_BYTES_PER_POINT = 32 * POINT_BYTES
     INDEX_HEADER = 26
 
     def __init__(self, slots: int | None = None, index_bytes: int = INDEX_BYTES,
