@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 
@@ -117,6 +118,89 @@ def test_pool_stays_at_two_buffers_while_the_loop_waits():
     t.join(5)
     assert got == [held] and pool.allocated == 2
     pool.release(filling)
+
+
+def test_pool_waits_for_a_batch_the_reaper_is_handing_back(monkeypatch):
+    """Both buffers are lent and the loop waits in next(), but the reaper has work
+    in hand (the batch the loop just dropped, on its way back: on a loaded
+    machine the reaper may not run for tens of milliseconds). The pool waits for
+    that release instead of allocating a third buffer."""
+    from feeder.engine import batch as batch_module, reaper
+
+    monkeypatch.setattr(reaper, "pending", lambda: True)
+    monkeypatch.setattr(batch_module, "_REAPING_S", 60.0)
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    _loop_holds(pool, a)
+    _loop_holds(pool, b)
+    t, got = _acquire_in_thread(pool)
+    t.join(0.3)  # well past _BUSY_S, when the pool would grow without the reaper's work
+    assert t.is_alive() and pool.allocated == 2
+    pool.release(a)  # the reaper hands the dropped batch back
+    t.join(5)
+    assert got == [a] and pool.allocated == 2
+    pool.release(b)
+
+
+def test_starving_workers_do_not_grow_the_pool_while_the_loop_holds_every_buffer(monkeypatch):
+    """The loop has taken both batches and is about to drop the older one (its
+    release in the reaper's hand): idle workers are no reason for a third buffer
+    then, only a batch held up while being filled is."""
+    from feeder.engine import batch as batch_module, reaper
+
+    monkeypatch.setattr(reaper, "pending", lambda: True)
+    monkeypatch.setattr(batch_module, "_REAPING_S", 60.0)
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    _loop_holds(pool, a)
+    _loop_holds(pool, b)
+    t, got = _acquire_in_thread(pool, starving=lambda: True)
+    t.join(0.3)
+    assert t.is_alive() and pool.allocated == 2
+    pool.release(a)
+    t.join(5)
+    assert got == [a] and pool.allocated == 2
+    pool.release(b)
+
+
+def test_pool_grows_when_the_reaper_brings_nothing_back_in_time(monkeypatch):
+    """Work in the reaper's hand delays growing only so long: a loop that really
+    holds every buffer gets a new one, not a deadlock."""
+    from feeder.engine import batch as batch_module, reaper
+
+    monkeypatch.setattr(reaper, "pending", lambda: True)
+    monkeypatch.setattr(batch_module, "_REAPING_S", 0.05)
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    _loop_holds(pool, a)
+    _loop_holds(pool, b)
+    t, got = _acquire_in_thread(pool)
+    t.join(5)
+    assert not t.is_alive() and got[0] not in (a, b) and pool.allocated == 3
+
+
+def test_reaper_pending_sees_queued_and_running_work():
+    from feeder.engine import reaper
+
+    reaper.ensure_running()
+    running, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        running.set()
+        assert release.wait(10)
+
+    with reaper.busy:  # the reaper cannot run anything yet: the call stays queued or in hand
+        reaper.defer(slow)
+        assert reaper.pending()
+    assert running.wait(10)
+    assert reaper.pending()  # running
+    release.set()
+    # Idle (nothing queued, nothing running): a fresh process, where no other
+    # test's objects can be on their way to the reaper.
+    code = ("import threading\nfrom feeder.engine import reaper\nassert not reaper.pending()\n"
+            "reaper.ensure_running()\ndone = threading.Event()\nwith reaper.busy:\n"
+            "    reaper.defer(done.set)\n    assert reaper.pending()\nassert done.wait(10)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_pool_grows_while_the_loop_is_busy():

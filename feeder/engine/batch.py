@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from . import reaper
 from .pinned import PinnedHost
 from .queue import Closed
 from ..work.sample import LABEL, MASKS, NUMERIC
@@ -37,6 +38,10 @@ _POLL_S = 0.1  # how often a waiter on the pool re-checks its stop condition
 # How long the training loop must have been busy outside next() before the pool
 # grows past two buffers: longer than the loop's own turnaround between batches.
 _BUSY_S = 0.02
+# How long the pool waits for the reaper to hand back a batch the loop has
+# dropped, past _BUSY_S, before it counts that batch as held: on a loaded
+# machine the reaper thread may not run for tens of milliseconds.
+_REAPING_S = 0.5
 _now = time.perf_counter
 
 
@@ -415,7 +420,11 @@ class BufferPool:
         queue up ahead of it), but not while it waits in ``next()``: then the
         batch it holds is about to come back. It also grows when the wait has
         lasted 20 ms and ``starving()`` says the workers have run out of work
-        (a slow sample holds up the batch the loop waits for).
+        while a batch is being filled (a slow sample holds up the batch the
+        loop waits for). When every buffer is a batch the loop has taken, it
+        grows once they have stayed so for 20 ms and the reaper has no release
+        in hand (up to half a second): a loop that drops each batch as it gets
+        the next keeps two buffers even on a loaded machine.
 
         Raises:
             Closed: ``stopped()`` became true while waiting, or the pool was closed.
@@ -430,7 +439,10 @@ class BufferPool:
                 if buf is not None:
                     return buf
                 n = len(self._ledger)
-                may_starve = starving is not None and n < self.capacity
+                # Starving counts only while a batch is being filled (a slow sample
+                # holds it up): with every buffer lent, the loop is about to give
+                # one back, which the rule below waits for.
+                may_starve = starving is not None and n < self.capacity and self.count(FILLING) > 0
                 if may_starve and _now() - since >= _BUSY_S and starving():
                     return self._new(owner)
                 held = self.count(LENT)
@@ -439,10 +451,12 @@ class BufferPool:
                     stuck_since = None
                 elif stuck_since is None:
                     # A batch the loop has just dropped comes back through the reaper
-                    # thread a moment later (see _reaper): give it that moment before
+                    # thread a moment later (see reaper.py): give it that moment, and
+                    # more while the reaper has work queued or running, before
                     # counting it as held.
                     stuck_since = _now()
-                elif _now() - stuck_since >= _BUSY_S:
+                elif _now() - stuck_since >= _BUSY_S and not (
+                        reaper.pending() and _now() - stuck_since < _REAPING_S):
                     # Every buffer is a batch the training loop has taken and still
                     # holds, or the partial batch that waits for more samples. Waiting
                     # would deadlock (the loop is waiting on us), so grow. Holding one

@@ -67,6 +67,10 @@ _exiting = False
 # take this (see ``feeder.isolation.start.quiet_threads``), so no clean-up is half-way
 # through, holding a lock, in the forked child.
 busy = threading.Lock()
+# True from the moment the reaper takes an item off the queue until its call has
+# run (the item is then neither queued nor running under ``busy``). Written by the
+# reaper thread only; a bool assignment needs no lock.
+_in_hand = False
 
 
 def quiet_lock() -> tuple[threading.Thread, threading.Lock] | None:
@@ -74,6 +78,13 @@ def quiet_lock() -> tuple[threading.Thread, threading.Lock] | None:
     call (see ``feeder.isolation.start.quiet_threads``)."""
     t = _thread
     return None if t is None else (t, busy)
+
+
+def pending() -> bool:
+    """Whether a freed object's call (or a deferred one) is queued or running:
+    work that may be about to give something back. Takes no lock; a hint that
+    is at most one call out of date."""
+    return _in_hand or busy.locked() or not _calls.empty()
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
@@ -137,12 +148,16 @@ def ensure_running() -> None:
 
 
 def _run() -> None:
+    global _in_hand
     while True:
+        _in_hand = False
         try:
             item = _calls.get(timeout=_LOOK_AGAIN_S)
         except queue.Empty:
             continue
+        _in_hand = True
         if item is _STOP:
+            _in_hand = False
             return
         if isinstance(item, weakref.ref):
             entry = _watched.pop(id(item), None)
