@@ -83,6 +83,8 @@ class FeederDataset:
             fields = task.fields
             if fields is not None and MASK in fields:
                 fields[MASK] = work.decode_mask(fields[MASK], ctx.source_size)
+            if fields is not None:
+                work.check_instances(fields, ctx.source_size)
             stage = "augment"
             out = np.empty((*work.image_size, 3), np.uint8)
             if fields is None:

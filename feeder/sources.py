@@ -390,13 +390,15 @@ class DatasetSource:
       (torchvision's ``labels``, ``area``, ``iscrowd``) become ``box_labels``,
       ``box_area``, ``box_iscrowd`` (filtered with the boxes; a batch's
       ``images_and_targets(rename={"box_*": "*"})`` gives torchvision's names
-      back); a 0-d or one-element integer (``image_id``) becomes a Python int.
+      back); per-instance ``"masks"`` ``[N, H, W]`` and ``"keypoints"``
+      ``[N, K, 3]`` keep their names (moved with the image, filtered with the
+      boxes); a 0-d or one-element integer (``image_id``) becomes a Python int.
       Other fields pass as they are (a numeric array of one shape is stacked,
       anything else passed through as a list).
 
     The first sample is read once when the source is built, so that a dataset
     returning something else (a 3-tuple, a ``str`` target, a float image, a
-    list of raw COCO annotations, per-instance ``"masks"``) fails there, in one
+    list of raw COCO annotations, ``"masks"`` that are not ``[N, H, W]``) fails there, in one
     line naming the dataset's class, the sample and the field. Later samples
     are checked as any source's are (an error names ``Dataset[i]``), and
     must have the first one's form (a label or a dict).
@@ -533,11 +535,9 @@ class DatasetSource:
             if name == IMAGE:
                 raise self._fail(index, "has a target dict with an \"image\" field, the name of "
                                         "the image itself")
-            if name == "masks":
-                raise self._fail(index, "has a target with per-instance \"masks\", which feeder "
-                                        "does not move with the image: drop them (target_keys "
-                                        "without \"masks\"), or return one [H, W] class mask "
-                                        "under \"mask\"")
+            if name in ("masks", "keypoints") and boxes is None:
+                raise self._fail(index, f"has a target with per-instance {name!r} but no "
+                                        f"\"boxes\": they come one per box")
             value = _as_numpy(value)
             if name == BOXES:
                 fmt = getattr(getattr(boxes, "format", None), "name", None)  # tv_tensors.BoundingBoxes
@@ -546,6 +546,8 @@ class DatasetSource:
                 out[BOXES] = _xyxy(arr, fmt) if arr is not None and arr.dtype.kind in "iuf" else value
             elif boxes is not None and name in self.per_box:
                 out[BOX_PREFIX + name] = value
+            elif name in ("masks", "keypoints"):
+                out[name] = value  # per-instance, under feeder's names (torchvision's)
             else:
                 out[name] = _scalar(value)
         return out

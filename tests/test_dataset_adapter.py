@@ -215,8 +215,8 @@ def test_a_bounding_boxes_tensor_says_its_own_format():
                                               "wrap_dataset_for_transforms_v2"]),
     (("data/img.jpg", 1), ["Returns[0]", "field 'image'", "str"]),
     (pixels(0), ["Returns[0]", "numpy.ndarray", "not (image, target)"]),
-    ((pixels(0), {"boxes": torch.zeros(1, 4), "masks": torch.zeros(1, H, W)}),
-     ["Returns[0]", "masks"]),
+    ((pixels(0), {"labels": torch.zeros(1), "masks": torch.zeros(1, H, W, dtype=torch.uint8)}),
+     ["Returns[0]", "'masks'", "no \"boxes\""]),
 ])
 def test_a_first_sample_of_another_form_is_refused_at_once(bad, words):
     with pytest.raises(SourceError) as info:
@@ -225,6 +225,17 @@ def test_a_first_sample_of_another_form_is_refused_at_once(bad, words):
     assert "\n" not in message
     for word in words:
         assert word in message, message
+
+
+@pytest.mark.parametrize("masks, words", [
+    (torch.zeros(1, H, W), "uint8 or bool"),
+    (torch.zeros(H, W, dtype=torch.uint8), "[N, H, W]"),
+])
+def test_malformed_per_instance_masks_are_refused_at_once(masks, words):
+    with pytest.raises(FieldError) as info:
+        DatasetSource(Returns((pixels(0), {"boxes": torch.zeros(1, 4), "masks": masks})))
+    message = str(info.value)
+    assert "Returns[0]" in message and "'masks'" in message and words in message, message
 
 
 def test_a_float_image_is_refused_by_feeders_own_image_check():

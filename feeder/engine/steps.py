@@ -32,8 +32,8 @@ from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned
                            rgb_of_pixels)
 from ..work.rng import epoch_key, index_key
 from ..work.verified import VerifiedJpegs
-from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INT_SCALAR, LABEL, MASK, NUMERIC, Schema,
-                      Task, parse_sample)
+from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
+                           NUMERIC, Schema, Task, instances_fit, parse_sample)
 from .stage import Step
 from ..errors import ConfigError, FieldError, with_field
 from ..ops import Geometry, SampleContext
@@ -138,6 +138,23 @@ class SampleWork:
             raise with_field(exc, MASK)
         return mask
 
+    def check_instances(self, fields: dict[str, Any], source_size: tuple[int, int]) -> None:
+        """Check a sample's per-instance masks (if any) against its full-size image:
+        ``[N, H, W]`` of its size, within the memory bound (``max_pixels`` bytes).
+
+        Raises:
+            FieldError: naming the field ``masks``.
+        """
+        masks = fields.get(INSTANCE_MASKS)
+        if masks is None:
+            return
+        if masks.shape[1:] != source_size:
+            raise FieldError(INSTANCE_MASKS, f"are {masks.shape[2]}x{masks.shape[1]} but their image "
+                                             f"is {source_size[1]}x{source_size[0]} (width x "
+                                             f"height); per-instance masks have their image's "
+                                             f"full size, [N, H, W]")
+        instances_fit(len(masks), source_size, self.max_pixels)
+
     def transform_sample(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
                          fields: dict[str, Any]) -> list[tuple[str, str, Any]]:
         """:meth:`transform` for a sample with fields; returns them as the batch
@@ -145,6 +162,7 @@ class SampleWork:
         the image."""
         chain = self.chain
         if chain.takes_samples or MASK in fields or BOXES in fields:
+            # (per-instance masks and keypoints come with boxes)
             h, w = img.shape[:2]
             if ctx.origin is not None:
                 # A region decode: the transforms report their geometry from the
@@ -240,6 +258,8 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         fields = task.fields
         if fields is not None and MASK in fields:
             fields[MASK] = work.decode_mask(fields[MASK], task.ctx.source_size)
+        if fields is not None:
+            work.check_instances(fields, task.ctx.source_size)
         return task
 
     def augment(task: Task) -> Any:

@@ -95,7 +95,8 @@ from .collate import CollatingStage, Collator, batch_extent
 from .config import resolve_device
 from .queue import END, Channel, Closed
 from .reaper import watch, watch_all
-from ..work.sample import BOX_LIST, IMAGE, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, Schema
+from ..work.sample import (BOX_LIST, IMAGE, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX,
+                           POINTS, Schema)
 from .stage import Control, Counters
 from ..errors import FeederError
 
@@ -242,7 +243,9 @@ class Batch(dict):
         list of ``[3, h, w]`` images, each at its own size (views of the batch:
         ``"size"`` says how much of a padded batch is the image), and a list of
         one dict per image holding its other fields (boxes, per-box fields,
-        labels, a mask cut to the image's size, passed-through values).
+        labels, a mask cut to the image's size, per-instance ``"masks"`` uint8
+        ``[N, h, w]`` cut to it too, ``"keypoints"`` ``[N, K, 3]``,
+        passed-through values), as Mask R-CNN and Keypoint R-CNN take them.
 
         A per-image integer field (one number per image, such as ``"image_id"``)
         comes as a Python ``int``, as torchvision's detection references and
@@ -296,6 +299,9 @@ class Batch(dict):
                 if name == "mask":
                     h, w = sizes[k]
                     item = item[:h, :w]  # of a padded batch: the image's part
+                elif name == "masks" and isinstance(item, torch.Tensor) and item.dim() == 3:
+                    h, w = sizes[k]
+                    item = item[:, :h, :w]  # per-instance masks: the image's part
                 targets[k][key] = item
         return out, targets
 
@@ -776,8 +782,12 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
                 if views is not None and np.may_share_memory(host, planes.low):
                     views.append(host)
                 value = torch.from_numpy(host)
-        elif kind in (BOX_LIST, PER_BOX):
+        elif kind in (BOX_LIST, PER_BOX, POINTS, INSTANCES):
             arrays = buf.lists[name][:n]
+            if kind == INSTANCES:
+                # Each image's [Ni, h, w] masks, padded (with 0) to the batch's
+                # images: one shape, as the images have.
+                arrays = _padded(arrays, extent or tuple(buf.images.shape[1:3]))
             if cuda:
                 # One pinned staging tensor and one copy for the whole batch; the
                 # samples' tensors are views of its device copy.
@@ -797,6 +807,18 @@ def _gather(buf: BatchBuffer, n: int, schema: Schema, device: torch.device,
             value = list(buf.lists[name][:n])
         fields[name] = value
     return fields, extra
+
+
+def _padded(masks: list[np.ndarray], size: tuple[int, int]) -> list[np.ndarray]:
+    """Per-instance masks ``[Ni, h, w]`` padded with 0 to ``size`` (height, width)."""
+    out = []
+    for m in masks:
+        if m.shape[1:] != size:
+            full = np.zeros((m.shape[0], *size), np.uint8)
+            full[:, :m.shape[1], :m.shape[2]] = m
+            m = full
+        out.append(m)
+    return out
 
 
 def _numeric_host(buf: BatchBuffer, n: int, name: str, spec: Any) -> torch.Tensor:

@@ -9,7 +9,8 @@ attribute ``(height, width)``.
 On samples with a mask or boxes, every built-in transform reports the
 :class:`Geometry` it applied to the image and the mask and boxes are mapped
 through the same geometry (nearest neighbour for masks), so they always see
-the image's own crop and flip. A plain callable must then keep the geometry;
+the image's own crop and flip; per-instance masks and keypoints too (a flip
+swaps left and right keypoints by its ``keypoint_flip`` map). A plain callable must then keep the geometry;
 :class:`SampleTransform` wraps one that transforms whole samples.
 
 The classes here follow torchvision's semantics and add what the engine uses
@@ -43,10 +44,10 @@ from .batch import CutMix, MixUp, RandomErasing
 from .color import ColorJitter
 from .detection import (RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut,
                         ScaleJitter)
-from .geometry import (CenterCrop, RandomCrop, RandomHorizontalFlip, RandomResize, RandomResizedCrop,
-                       Resize)
+from .geometry import (COCO_PERSON_KEYPOINT_FLIP, CenterCrop, RandomCrop, RandomHorizontalFlip,
+                       RandomResize, RandomResizedCrop, Resize)
 
-__all__ = ["Albumentations", "CenterCrop", "ColorJitter", "CutMix", "Geometry", "Kornia", "MixUp",
+__all__ = ["COCO_PERSON_KEYPOINT_FLIP", "Albumentations", "CenterCrop", "ColorJitter", "CutMix", "Geometry", "Kornia", "MixUp",
            "RandAugment", "RandomCrop", "RandomErasing", "RandomHorizontalFlip", "RandomIoUCrop",
            "RandomPhotometricDistort", "RandomResize", "RandomResizedCrop", "RandomShortestSize",
            "RandomZoomOut", "Resize", "SampleTransform", "ScaleJitter", "TrivialAugmentWide",

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from ..work.rng import SampleRNG
-from ..work.sample import BOX_PREFIX, BOXES, MASK
+from ..work.sample import BOX_PREFIX, BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
 from .base import Geometry, Transform, _size2, move_fields
 
 
@@ -130,6 +130,12 @@ class Albumentations(Transform):
         return kwargs, valid
 
     def apply_fields(self, img, rng, fields, geometry, out=None, ctx=None):
+        for name in (INSTANCE_MASKS, KEYPOINTS):
+            if name in fields:
+                err = ConfigError(f"{self!r} does not move per-instance {name} (field {name!r}): "
+                                   f"use the built-in transforms on such samples")
+                err.field = name
+                raise err
         fields = move_fields(fields, geometry)
         data: dict[str, Any] = {"image": img}
         if MASK in fields:

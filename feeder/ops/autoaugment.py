@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from ..work.rng import SampleRNG
-from ..work.sample import BOXES, MASK
+from ..work.sample import BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
 from . import color
 from .base import Geometry, Transform, _interp, check_mask_fill, keep_boxes, move_fields
 from .geometry import _fill3, _mask_fill
@@ -105,6 +105,17 @@ def warp_boxes(boxes: np.ndarray, m: np.ndarray, height: int, width: int) -> tup
                     np.clip(nx.max(1), 0, width), np.clip(ny.max(1), 0, height)], 1).astype(np.float32)
     keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
     return out[keep], keep
+
+
+def warp_keypoints(points: np.ndarray, m: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Keypoints ``[N, K, 3]`` moved by ``m``; one that leaves the image becomes
+    ``(0, 0, 0)`` (see ``Geometry.keypoints``)."""
+    x, y = points[..., 0].astype(np.float64), points[..., 1].astype(np.float64)
+    nx = m[0, 0] * x + m[0, 1] * y + m[0, 2]
+    ny = m[1, 0] * x + m[1, 1] * y + m[1, 2]
+    inside = (nx >= 0) & (nx <= width) & (ny >= 0) & (ny <= height) & (points[..., 2] != 0)
+    return np.stack([np.where(inside, nx, 0), np.where(inside, ny, 0),
+                     np.where(inside, points[..., 2], 0)], -1).astype(np.float32)
 
 
 def apply_op(img: np.ndarray, name: str, magnitude: float, interpolation: int, fill: Any) -> np.ndarray:
@@ -200,6 +211,12 @@ class _Policy(Transform):
                 fields[MASK] = warp(fields[MASK], m, cv2.INTER_NEAREST, self.mask_fill)
             if BOXES in fields:
                 fields = keep_boxes(fields, *warp_boxes(fields[BOXES], m, H, W))
+            if INSTANCE_MASKS in fields:
+                masks = fields[INSTANCE_MASKS]
+                fields[INSTANCE_MASKS] = (np.stack([warp(k, m, cv2.INTER_NEAREST, 0) for k in masks])
+                                          if len(masks) else masks)
+            if KEYPOINTS in fields:
+                fields[KEYPOINTS] = warp_keypoints(fields[KEYPOINTS], m, H, W)
         if out is not None and out.shape == img.shape and out is not img:
             np.copyto(out, img)
             img = out

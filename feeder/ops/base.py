@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..work.rng import SampleRNG
-from ..work.sample import BOX_PREFIX, BOXES, MASK
+from ..work.sample import BOXES, INSTANCE_MASKS, KEYPOINTS, MASK, instances_fit, per_box
 
 _INTERPOLATION = {
     "nearest": cv2.INTER_NEAREST,
@@ -209,7 +209,7 @@ class Geometry:
     the chain composes them, and the fields are mapped once, at the end.
     """
 
-    __slots__ = ("sy", "ty", "sx", "tx", "height", "width", "fill", "valid")
+    __slots__ = ("sy", "ty", "sx", "tx", "height", "width", "fill", "valid", "order", "unmapped")
 
     def __init__(self, sy: float, ty: float, sx: float, tx: float, height: int, width: int,
                  fill: int | None = None,
@@ -224,6 +224,12 @@ class Geometry:
         #: them, even when a later crop's window reaches where they would be. None:
         #: no step has cut anything yet.
         self.valid = valid
+        #: Keypoint ``k`` of the output is keypoint ``order[k]`` of the input (a
+        #: mirroring flip swaps left and right); None: each keeps its place.
+        self.order: np.ndarray | None = None
+        #: A flip without a ``keypoint_flip`` map took part (the transform): it
+        #: cannot move keypoints, flipped or not. None: none did.
+        self.unmapped: object = None
 
     @classmethod
     def identity(cls, height: int, width: int) -> "Geometry":
@@ -243,9 +249,28 @@ class Geometry:
         fx = sorted((other.tx, self.width * other.sx + other.tx))
         valid = (max(y0, fy[0], 0.0), min(y1, fy[1], float(other.height)),
                  max(x0, fx[0], 0.0), min(x1, fx[1], float(other.width)))
-        return Geometry(self.sy * other.sy, self.ty * other.sy + other.ty,
-                        self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width,
-                        other.fill if other.fill is not None else self.fill, valid)
+        out = Geometry(self.sy * other.sy, self.ty * other.sy + other.ty,
+                       self.sx * other.sx, self.tx * other.sx + other.tx, other.height, other.width,
+                       other.fill if other.fill is not None else self.fill, valid)
+        if self.order is None or other.order is None:
+            out.order = self.order if other.order is None else other.order
+        else:
+            out.order = self.order[other.order]
+        out.unmapped = self.unmapped if self.unmapped is not None else other.unmapped
+        return out
+
+    def _sampled(self, H: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each output row and column, the input row and column under its centre
+        (clipped into the input) and whether it holds an input pixel."""
+        iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
+        ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
+        vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
+        if self.valid is not None:
+            y0, y1, x0, x1 = self.valid
+            cy, cx = np.arange(self.height) + 0.5, np.arange(self.width) + 0.5
+            vy &= (cy >= y0) & (cy < y1)
+            vx &= (cx >= x0) & (cx < x1)
+        return np.clip(iy, 0, H - 1), np.clip(ix, 0, W - 1), vy, vx
 
     def mask(self, mask: np.ndarray) -> np.ndarray:
         """``mask`` (in input coordinates) resampled to the output, nearest neighbour.
@@ -255,22 +280,64 @@ class Geometry:
         class ids are never mixed; outside the input (a crop's padding) it is
         :attr:`fill` (0 when None).
         """
-        H, W = mask.shape[:2]
-        iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
-        ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
-        vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
-        if self.valid is not None:
-            y0, y1, x0, x1 = self.valid
-            cy, cx = np.arange(self.height) + 0.5, np.arange(self.width) + 0.5
-            vy &= (cy >= y0) & (cy < y1)
-            vx &= (cx >= x0) & (cx < x1)
-        out = mask[np.clip(iy, 0, H - 1)[:, None], np.clip(ix, 0, W - 1)[None, :]]
+        iy, ix, vy, vx = self._sampled(*mask.shape[:2])
+        out = mask[iy[:, None], ix[None, :]]
         fill = self.fill or 0
         check_mask_fill(fill, mask)  # an 8-bit mask (a palette or gray PNG) holds up to 255
         if not vy.all():
             out[~vy] = fill
         if not vx.all():
             out[:, ~vx] = fill
+        return out
+
+    def instance_masks(self, masks: np.ndarray) -> np.ndarray:
+        """Per-instance ``masks`` (uint8 ``[N, H, W]``, input coordinates) resampled to
+        the output as :meth:`mask` resamples a mask, but 0 outside the input (a
+        crop's padding holds no instance, whatever the mask fill)."""
+        iy, ix, vy, vx = self._sampled(*masks.shape[1:])
+        out = np.take(np.take(masks, iy, axis=1), ix, axis=2)
+        if not vy.all():
+            out[:, ~vy] = 0
+        if not vx.all():
+            out[:, :, ~vx] = 0
+        return out
+
+    def keypoints(self, points: np.ndarray) -> np.ndarray:
+        """``points`` (float ``[N, K, 3]``: x, y, visibility in input pixels) in output
+        pixels, reordered by :attr:`order`; a keypoint outside the output (or
+        invisible) becomes ``(0, 0, 0)``, COCO's "not labelled".
+
+        Raises:
+            ConfigError: a flip without a ``keypoint_flip`` map took part, the map
+                is for another number of keypoints, or the geometry mirrors the
+                image with no map at all.
+        """
+        K = points.shape[1]
+        if self.unmapped is not None:
+            err = ConfigError(f"{self.unmapped!r} flips samples with keypoints ({K} a box, field "
+                              f"{KEYPOINTS!r}) but has no keypoint_flip map, so it cannot tell "
+                              f"which keypoints swap left and right: give "
+                              f"keypoint_flip=ops.COCO_PERSON_KEYPOINT_FLIP for COCO's 17 person "
+                              f"keypoints, the map of yours, or list(range({K})) to swap none")
+            err.field = KEYPOINTS
+            raise err
+        mirrored = (self.sx < 0) != (self.sy < 0)
+        if (self.order is not None and len(self.order) != K) or (mirrored and self.order is None):
+            what = ("the transforms mirror the image and none gives a keypoint_flip map"
+                    if self.order is None else f"the keypoint_flip map has {len(self.order)} entries")
+            err = ConfigError(f"samples have {K} keypoints a box (field {KEYPOINTS!r}) but {what}: "
+                              f"give a flip keypoint_flip= with one entry per keypoint")
+            err.field = KEYPOINTS
+            raise err
+        p = points if self.order is None else points[:, self.order]
+        out = np.empty_like(p)
+        x = p[..., 0] * np.float32(self.sx) + np.float32(self.tx)
+        y = p[..., 1] * np.float32(self.sy) + np.float32(self.ty)
+        vy0, vy1, vx0, vx1 = (0.0, self.height, 0.0, self.width) if self.valid is None else self.valid
+        inside = (x >= vx0) & (x <= vx1) & (y >= vy0) & (y <= vy1) & (p[..., 2] != 0)
+        out[..., 0] = np.where(inside, x, 0)
+        out[..., 1] = np.where(inside, y, 0)
+        out[..., 2] = np.where(inside, p[..., 2], 0)
         return out
 
     def boxes(self, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -297,10 +364,18 @@ class Geometry:
                 f"(height, width)=({self.height}, {self.width}))")
 
 
-def move_fields(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
+def move_fields(fields: dict[str, Any], geometry: Geometry,
+                max_pixels: int | None = None) -> dict[str, Any]:
     """``fields`` with the mask and boxes (and their per-box fields) mapped through
     ``geometry``: the mask resampled (nearest), the boxes mapped, clipped, and
-    dropped with their per-box rows when nothing of them is left."""
+    dropped with their per-box rows when nothing of them is left; per-instance
+    masks and keypoints filtered with their boxes, then moved (see
+    :meth:`Geometry.instance_masks`, :meth:`Geometry.keypoints`).
+
+    Args:
+        max_pixels: The bound on one sample's per-instance masks, in bytes,
+            checked before they are resampled (None: not checked).
+    """
     if MASK not in fields and BOXES not in fields:
         return fields
     out = dict(fields)
@@ -310,19 +385,26 @@ def move_fields(fields: dict[str, Any], geometry: Geometry) -> dict[str, Any]:
         out[BOXES], keep = geometry.boxes(fields[BOXES])
         if not keep.all():
             for name, value in fields.items():
-                if name.startswith(BOX_PREFIX):
+                if per_box(name):
                     out[name] = value[keep]
+        if INSTANCE_MASKS in out:
+            if max_pixels is not None:
+                instances_fit(len(out[INSTANCE_MASKS]), (geometry.height, geometry.width), max_pixels)
+            out[INSTANCE_MASKS] = geometry.instance_masks(out[INSTANCE_MASKS])
+        if KEYPOINTS in out:
+            out[KEYPOINTS] = geometry.keypoints(out[KEYPOINTS])
     return out
 
 
 def keep_boxes(fields: dict[str, Any], boxes: np.ndarray, keep: np.ndarray) -> dict[str, Any]:
     """``fields`` with ``boxes`` in place of the boxes and every per-box field
-    filtered by ``keep`` (a bool mask of the old rows)."""
+    (per-instance masks and keypoints too) filtered by ``keep`` (a bool mask of
+    the old rows)."""
     out = dict(fields)
     out[BOXES] = boxes
     if not keep.all():
         for name, value in fields.items():
-            if name.startswith(BOX_PREFIX):
+            if per_box(name):
                 out[name] = value[keep]
     return out
 

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from .rng import SampleRNG
-from .sample import BOX_PREFIX, BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, parse_value, spec_of
+from .sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, MASK, parse_value, per_box,
+                     spec_of)
 from ..errors import ConfigError, FieldError, TransformError
 from ..ops import CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform
 from ..ops.fused import ResizeCenterCrop
@@ -99,11 +100,14 @@ class _SampleStep(Transform):
                                   f"{spec_of(name, new).describe()}")
                 err.field = name
                 raise err
+            if name == INSTANCE_MASKS and new.shape[1:] != img.shape[:2]:
+                raise FieldError(name, f"returned by {self!r} are {new.shape[1:]} (height, width), "
+                                       f"not the image's size {img.shape[:2]}")
             checked[name] = new
         if BOXES in checked:
             n = len(checked[BOXES])
             for name, value in checked.items():
-                if name.startswith(BOX_PREFIX) and value.shape[0] != n:
+                if per_box(name) and value.shape[0] != n:
                     raise FieldError(name, f"returned by {self!r} has {value.shape[0]} rows for {n} boxes")
         return checked
 
@@ -463,7 +467,7 @@ class Chain:
                         np.copyto(region, result)
                 if not self._tail and img is not region:
                     np.copyto(region, img)
-                return _moved(fields, geometry), region.shape[:2]
+                return _moved(fields, geometry, self.max_pixels), region.shape[:2]
             if self._writer is not None:
                 i, t = self._writer
                 if isinstance(t, _SampleStep):
@@ -489,11 +493,11 @@ class Chain:
             if t is not None and not isinstance(exc, TransformError):
                 exc.add_note(f"in transform {t!r}")
             raise
-        return _moved(fields, geometry), size
+        return _moved(fields, geometry, self.max_pixels), size
 
     def _sample_step(self, t: "_SampleStep", img: np.ndarray, fields: dict[str, Any],
                      geometry: Geometry, key: int, i: int) -> tuple[np.ndarray, dict[str, Any], Geometry]:
-        sample = {IMAGE: img, **_moved(fields, geometry)}
+        sample = {IMAGE: img, **_moved(fields, geometry, self.max_pixels)}
         result = t.run(sample, SampleRNG(key, i))
         img = result.pop(IMAGE)
         return img, result, Geometry.identity(img.shape[0], img.shape[1])

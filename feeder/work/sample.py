@@ -15,6 +15,18 @@ A source's ``read(index)`` returns one of:
       float ``[N, 4]``, ``(x0, y0, x1, y1)`` in the image's pixels.
   ``"box_<name>"``
       a per-box array ``[N, ...]`` (``"box_labels"``...), filtered with the boxes.
+  ``"masks"``
+      per-instance masks, one per box: a uint8 or bool ``[N, H, W]`` array or
+      tensor of the image's full size (torchvision's ``target["masks"]``).
+      Moved with the image by every geometric transform (nearest neighbour,
+      0 outside the image), filtered with the boxes; batched as a list of
+      uint8 ``[N_i, H, W]`` tensors.
+  ``"keypoints"``
+      per-instance keypoints, one set per box: float ``[N, K, 3]``, ``(x, y,
+      visibility)`` in the image's pixels (torchvision's
+      ``target["keypoints"]``). Moved with the image, filtered with the boxes;
+      a keypoint leaving the image becomes ``(0, 0, 0)``; a mirroring flip
+      swaps left and right by its ``keypoint_flip`` map.
   any other key
       a number or fixed-shape numeric array (stacked into ``[B, ...]``), or
       anything else (str, bytes, dict, None: passed through as a list).
@@ -49,6 +61,8 @@ DEFAULT_MAX_PIXELS = 1 << 28
 
 IMAGE, MASK, BOXES, LABEL = "image", "mask", "boxes", "label"
 BOX_PREFIX = "box_"
+#: Per-instance fields (one entry per box, under torchvision's names).
+INSTANCE_MASKS, KEYPOINTS = "masks", "keypoints"
 
 # Field kinds.
 NUMERIC = "numeric"    # stacked into a [B, ...] tensor of one shape and dtype
@@ -56,6 +70,8 @@ MASKS = "mask"         # [B, H, W] integer tensor, moved with the image
 BOX_LIST = "boxes"     # a list of B float32 [Ni, 4] tensors
 PER_BOX = "per-box"    # a list of B [Ni, ...] tensors, filtered with the boxes
 OBJECT = "object"      # a list of B values, as read
+INSTANCES = "instance masks"  # a list of B uint8 [Ni, H, W] tensors, moved with the image
+POINTS = "keypoints"   # a list of B float32 [Ni, K, 3] tensors, moved with the image
 
 _BYTES = (bytes, bytearray, memoryview)
 
@@ -79,7 +95,10 @@ class Spec(NamedTuple):
             return f"{np.dtype(self.dtype).name} of shape {self.shape}"
         if self.kind == PER_BOX:
             return f"per-box {np.dtype(self.dtype).name} of shape {('N', *self.shape)}".replace("'N'", "N")
-        return {MASKS: "a mask", BOX_LIST: "boxes", OBJECT: "a passed-through value"}[self.kind]
+        if self.kind == POINTS:
+            return f"keypoints of shape (N, {self.shape[0]}, 3)"
+        return {MASKS: "a mask", BOX_LIST: "boxes", OBJECT: "a passed-through value",
+                INSTANCES: "per-instance masks"}[self.kind]
 
 
 INT_SCALAR = Spec(NUMERIC, np.dtype(np.int64), ())
@@ -122,6 +141,11 @@ def numeric(value: Any) -> np.ndarray | None:
     if kind in "fb":
         return arr
     return None
+
+
+def per_box(name: str) -> bool:
+    """Whether field ``name`` holds one entry per box (filtered with the boxes)."""
+    return name.startswith(BOX_PREFIX) or name in (INSTANCE_MASKS, KEYPOINTS)
 
 
 def _source_name(source: Any) -> str:
@@ -319,15 +343,18 @@ def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any
                 raise SourceError(f"{_source_name(source)}.read({index}) returned a dict with the "
                                   f"key {name!r}; field names must be str")
             fields[name] = parse_value(name, value)
-        if BOXES not in fields and any(n.startswith(BOX_PREFIX) for n in fields):
-            first = next(n for n in fields if n.startswith(BOX_PREFIX))
-            raise FieldError(first, f"per-box field {first!r} without \"boxes\"")
+        if BOXES not in fields and any(per_box(n) for n in fields):
+            first = next(n for n in fields if per_box(n))
+            raise FieldError(first, f"per-box field {first!r} without \"boxes\""
+                             + ("" if first.startswith(BOX_PREFIX) else
+                                f" (per-instance {first} come one per box, with the boxes)"))
         if BOXES in fields:
             n = len(fields[BOXES])
             for name, value in fields.items():
-                if name.startswith(BOX_PREFIX) and (value.ndim == 0 or value.shape[0] != n):
+                if per_box(name) and (value.ndim == 0 or value.shape[0] != n):
+                    form = {INSTANCE_MASKS: "[N, H, W]", KEYPOINTS: "[N, K, 3]"}.get(name, "[N, ...]")
                     raise FieldError(name, f"has shape {value.shape} but there are {n} boxes "
-                                           f"(a per-box field is [N, ...])")
+                                           f"(a per-box field is {form})")
         return data, fields, True
     raise SourceError(f"{_source_name(source)}.read({index}) returned {_what(sample)}{_hint(sample)}; "
                       f"{_READ_MUST}")
@@ -362,6 +389,10 @@ def parse_value(name: str, value: Any) -> Any:
                 raise FieldError(name, f"row {k} is {boxes[k].tolist()}: x1 < x0 or y1 < y0 "
                                        f"(boxes are x0, y0, x1, y1)")
             return boxes
+        if name == INSTANCE_MASKS:
+            return _instance_masks(value)
+        if name == KEYPOINTS:
+            return _keypoints(value)
         arr = numeric(value)
         if name == LABEL and arr is None:
             # It would reach the batch as a Python list and fail later, in the loss.
@@ -377,10 +408,63 @@ def parse_value(name: str, value: Any) -> Any:
         raise FieldError(name, str(exc)) from None
 
 
+def _instance_masks(value: Any) -> np.ndarray:
+    """A ``"masks"`` value as a uint8 ``[N, H, W]`` array (a view where it can be)."""
+    arr = pixels(value, INSTANCE_MASKS) if not _is_pil(value) else None
+    if arr is None:
+        raise FieldError(INSTANCE_MASKS, f"is {_what(value)}; per-instance masks are a uint8 or "
+                                         f"bool [N, H, W] array or tensor, one mask per box")
+    what = _array_what(value, arr)
+    if arr.dtype == np.bool_:
+        arr = arr.view(np.uint8)
+    if arr.dtype != np.uint8:
+        raise FieldError(INSTANCE_MASKS, f"is {what}; per-instance masks are uint8 or bool "
+                                         f"(0/1 per pixel), [N, H, W]")
+    if arr.ndim != 3:
+        hint = (" (one [H, W] mask of class ids goes under \"mask\"; per-instance masks "
+                "are [N, H, W], one per box: [1, H, W] for one instance)") if arr.ndim == 2 else ""
+        raise FieldError(INSTANCE_MASKS, f"is {what}; per-instance masks are [N, H, W]{hint}")
+    return arr
+
+
+def instances_fit(count: int, size: tuple[int, int], max_pixels: int) -> None:
+    """Refuse ``count`` per-instance masks of ``size`` (height, width) above the
+    memory bound of one sample's masks: ``max_pixels`` bytes (one byte a pixel).
+
+    Raises:
+        FieldError: naming the field ``masks``, the count, the size and the bound.
+    """
+    if count * size[0] * size[1] > max_pixels:
+        raise FieldError(INSTANCE_MASKS, f"would be {count} masks of {size[1]}x{size[0]} (width x "
+                                         f"height) = {count * size[0] * size[1]} bytes, above "
+                                         f"max_pixels={max_pixels}, the bound on one sample's "
+                                         f"per-instance masks (one byte a pixel): keep fewer "
+                                         f"instances, or raise Feeder(max_pixels=...)")
+
+
+def _keypoints(value: Any) -> np.ndarray:
+    """A ``"keypoints"`` value as a float32 ``[N, K, 3]`` array."""
+    arr = numeric(value)
+    if arr is None or arr.dtype.kind == "b":
+        raise FieldError(KEYPOINTS, f"is {_what(value)}; keypoints are a float [N, K, 3] array "
+                                    f"(x, y, visibility per keypoint, one set per box)")
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise FieldError(KEYPOINTS, f"has shape {arr.shape}; keypoints are [N, K, 3] (x, y, "
+                                    f"visibility per keypoint, one set of K per box)")
+    points = arr.astype(np.float32)
+    if not np.isfinite(points).all():
+        raise FieldError(KEYPOINTS, "holds a value that is not finite")
+    return points
+
+
 def spec_of(name: str, value: Any) -> Spec:
     """The :class:`Spec` a checked value (from :func:`parse_sample`) implies."""
     if name == MASK:
         return Spec(MASKS)
+    if name == INSTANCE_MASKS and isinstance(value, np.ndarray) and value.ndim == 3:
+        return Spec(INSTANCES, np.dtype(np.uint8))
+    if name == KEYPOINTS and isinstance(value, np.ndarray) and value.ndim == 3:
+        return Spec(POINTS, np.dtype(np.float32), value.shape[1:])
     if name == BOXES:
         return Spec(BOX_LIST)
     if isinstance(value, np.ndarray):
@@ -403,7 +487,9 @@ def check_sample(sample: Any) -> None:
         feeder.FieldError: a field is malformed (an image array that is not
             uint8 or not of an image's shape, boxes not ``[N, 4]`` or not
             finite, a per-box array of another length, a mask that is neither
-            bytes nor a uint8/uint16 ``[H, W]`` array or mask image).
+            bytes nor a uint8/uint16 ``[H, W]`` array or mask image,
+            per-instance masks not uint8/bool ``[N, H, W]``, keypoints not
+            ``[N, K, 3]``, either without one entry per box).
     """
     parse_sample(sample, None, "index")
 
