@@ -91,10 +91,10 @@ def test_the_guide_port_runs_as_written(tmp_path):
             assert (mean_color - torch.tensor(CLASS_COLORS[c]) * 0.95).abs().max() < 45, (c, mean_color)
 
 
-def run_reference(name: str, tmp_path) -> str:
+def run_reference(name: str, tmp_path, *args: str) -> str:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", f"reference_{name}.py"),
-                          "--steps", "3", "--device", "cpu"],
+                          "--steps", "3", "--device", "cpu", *args],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
@@ -113,4 +113,18 @@ def test_the_detection_reference_port_runs(tmp_path):
     out = run_reference("detection", tmp_path)
     padded = re.findall(r"train step \d: padded \(4, 3, (\d+), (\d+)\)", out)
     assert len(padded) == 3 and all(int(h) % 32 == 0 and int(w) % 32 == 0 for h, w in padded), out
+    assert len(re.findall(r"eval step \d: native size \d+x\d+", out)) == 3, out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preset", ["hflip", "multiscale"])
+@pytest.mark.parametrize("model", ["maskrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn"])
+def test_the_mask_and_keypoint_rcnn_reference_ports_run(tmp_path, model, preset):
+    out = run_reference("instances", tmp_path, "--model", model, "--data-augmentation", preset)
+    steps = re.findall(r"train step \d: padded \(2, 3, (\d+), (\d+)\), images \[(.*)\], (\d+) instances", out)
+    assert len(steps) == 3 and all(int(h) % 32 == 0 and int(w) % 32 == 0 for h, w, _, _ in steps), out
+    assert sum(int(n) for *_, n in steps) > 0, out
+    if preset == "multiscale":  # the shorter side drawn from 480..800
+        sides = [min(int(v) for v in hw) for hw in re.findall(r"\((\d+), (\d+)\)", " ".join(s[2] for s in steps))]
+        assert all(480 <= side <= 800 for side in sides), out
     assert len(re.findall(r"eval step \d: native size \d+x\d+", out)) == 3, out
