@@ -89,25 +89,34 @@ def test_a_flip_swaps_left_and_right_keypoints_exactly():
                 assert np.allclose(points.numpy()[seen, 1, 0], SIZE[1] - given[seen, 2, 0])
 
 
-def test_a_crop_filters_masks_and_keypoints_with_their_boxes():
+@pytest.mark.parametrize("transforms", [
+    [ops.RandomCrop(40), FLIP],
+    [ops.RandomZoomOut(side_range=(1.0, 2.0), p=1.0), ops.RandomIoUCrop(), FLIP],
+    [ops.ScaleJitter((64, 64), (0.5, 1.5)), ops.RandomCrop(48, pad_if_needed=True), FLIP],
+], ids=["crop", "zoom-out-iou-crop", "scale-jitter-crop"])
+def test_a_crop_filters_masks_and_keypoints_with_their_boxes(transforms):
     src = source(12, size=(96, 128), count=(4, 8))
-    with Feeder(src, 4, [ops.RandomCrop(40), FLIP], seed=1) as f:
+    variable = {"max_image_size": (256, 256)} if len(transforms) == 3 and transforms[1].output_size is None else {}
+    with Feeder(src, 4, transforms, seed=1, **variable) as f:
         batches = collected(f)
     dropped = cleared = 0
     for batch in batches:
-        for k, (boxes, masks, points) in enumerate(zip(batch["boxes"], batch["masks"],
-                                                       batch["keypoints"])):
+        hb, wb = batch["image"].shape[2:]
+        sizes = batch["size"].tolist() if variable else [(hb, wb)] * len(batch["boxes"])
+        for k, (boxes, masks, points, (h, w)) in enumerate(zip(
+                batch["boxes"], batch["masks"], batch["keypoints"], sizes)):
             given = src.read(int(batch["image_id"][k]))
             dropped += len(given["boxes"]) - len(boxes)
-            assert masks.shape == (len(boxes), 40, 40) and points.shape == (len(boxes), 17, 3)
+            assert masks.shape == (len(boxes), hb, wb) and points.shape == (len(boxes), 17, 3)
+            assert int(masks.numpy().max(initial=0)) <= 1  # 0 in any padding, never the mask fill
             for box, mask, pts in zip(boxes, masks, points):
                 ys, xs = torch.nonzero(mask, as_tuple=True)
                 if len(ys):  # the mask lies within its (clipped) box
-                    assert box[0] <= xs.min() and xs.max() + 1 <= box[2]
-                    assert box[1] <= ys.min() and ys.max() + 1 <= box[3]
+                    assert box[0] - 1 <= xs.min() and xs.max() <= box[2]
+                    assert box[1] - 1 <= ys.min() and ys.max() <= box[3]
                 seen = pts[:, 2] > 0
-                assert ((pts[seen, 0] >= 0) & (pts[seen, 0] <= 40)).all()
-                assert ((pts[seen, 1] >= 0) & (pts[seen, 1] <= 40)).all()
+                assert ((pts[seen, 0] >= 0) & (pts[seen, 0] <= w)).all()
+                assert ((pts[seen, 1] >= 0) & (pts[seen, 1] <= h)).all()
                 assert (pts[~seen] == 0).all()
             cleared += int((given["keypoints"][..., 2] > 0).sum()) - int((points[..., 2] > 0).sum())
     assert dropped > 0 and cleared > 0  # the crop did leave boxes and keypoints out
@@ -234,3 +243,4 @@ def test_rotations_move_masks_and_keypoints_with_the_image():
                 assert masks.shape[1:] == (64, 64)
                 seen = points[..., 2] > 0
                 assert (points[seen][:, :2] >= 0).all() and (points[seen][:, :2] <= 64).all()
+
