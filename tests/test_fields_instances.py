@@ -244,3 +244,22 @@ def test_rotations_move_masks_and_keypoints_with_the_image():
                 seen = points[..., 2] > 0
                 assert (points[seen][:, :2] >= 0).all() and (points[seen][:, :2] <= 64).all()
 
+
+def test_packing_with_max_side_resizes_masks_and_scales_keypoints():
+    import io
+
+    import cv2
+
+    from feeder.storage.packsample import sample_members
+
+    def make(i):
+        s = instance_sample(i, (120, 160))
+        ok, png = cv2.imencode(".png", s["image"])
+        return {**s, "image": png.tobytes()}
+    members, status = sample_members(DictSource(1, make), 0, max_side=80)
+    assert status == "reencoded"
+    got = {ext: np.load(io.BytesIO(data)) for ext, data in members if ext.endswith(".npy")}
+    given = instance_sample(0, (120, 160))
+    assert np.array_equal(got["masks.npy"], given["masks"][:, 1::2, 1::2])  # the centres' pixels
+    assert np.allclose(got["keypoints.npy"], given["keypoints"] * np.array([0.5, 0.5, 1], np.float32))
+    assert np.allclose(got["boxes.npy"], given["boxes"] * 0.5)

@@ -95,14 +95,16 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     and arrays: ``boxes``, ``box_*``...), ``<name>.txt`` (str), ``<name>.bin``
     (bytes) and ``<name>.json`` (anything else), which :class:`feeder.TarShards`
     reads back to the same sample. With ``max_side``, a dict's mask is resized
-    with the image (nearest neighbour, as a lossless PNG) and its boxes scaled.
+    with the image (nearest neighbour, as a lossless PNG), its per-instance
+    ``masks`` too (nearest, ``masks.npy``), its boxes and keypoints scaled.
 
     Raises:
         PackError: the sample cannot be packed (names the sample and the field).
     """
     import numpy as np  # noqa: PLC0415
 
-    from ..work.sample import BOXES, LABEL, MASK, parse_sample  # noqa: PLC0415
+    from ..work.sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
+                               parse_sample)
     from ..errors import FieldError, SourceError  # noqa: PLC0415
 
     where = name_sample(source, i)
@@ -149,6 +151,11 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
             if resized and name == BOXES:
                 (h, w), (h2, w2) = shrunk[1], shrunk[2]
                 value = (value * np.array([w2 / w, h2 / h, w2 / w, h2 / h], np.float32)).astype(np.float32)
+            elif resized and name == KEYPOINTS:
+                (h, w), (h2, w2) = shrunk[1], shrunk[2]
+                value = value * np.array([w2 / w, h2 / h, 1], np.float32)
+            elif resized and name == INSTANCE_MASKS:
+                value = _resize_instances(value, shrunk[2])
             buf = io.BytesIO()
             np.save(buf, value, allow_pickle=False)
             members.append((f"{name}.npy", buf.getvalue()))
@@ -166,6 +173,19 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
                 raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
                                 f"packed as JSON, but {exc}") from None
     return members, status
+
+
+def _resize_instances(masks: Any, size: tuple[int, int]) -> Any:
+    """Per-instance masks ``[N, H, W]`` resized to ``size`` (height, width), each
+    pixel the one under its centre (as feeder's transforms resample masks)."""
+    import cv2  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    out = np.zeros((len(masks), *size), np.uint8)
+    for k, m in enumerate(masks):
+        out[k] = cv2.resize(np.ascontiguousarray(m), (size[1], size[0]),
+                            interpolation=cv2.INTER_NEAREST_EXACT)
+    return out
 
 
 def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
