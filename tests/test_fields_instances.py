@@ -20,8 +20,25 @@ SIZE = (60, 80)
 MULTISCALE = (480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800)  # the reference's
 
 
-def source(n: int = 12, size=SIZE, **kw) -> DictSource:
-    return DictSource(n, lambda i: instance_sample(i, size, **kw))
+class Instances:
+    """``n`` samples of :func:`instance_sample` (module level: a worker process
+    started by "spawn" gets it pickled)."""
+
+    def __init__(self, n: int, size: tuple[int, int], kw: dict) -> None:
+        self.n, self.size, self.kw = n, size, kw
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, index: int) -> dict:
+        return instance_sample(index, self.size, **self.kw)
+
+    def describe(self, index: int) -> str:
+        return f"instances://{index}"
+
+
+def source(n: int = 12, size=SIZE, **kw) -> Instances:
+    return Instances(n, size, kw)
 
 
 def compare_with_reference(feeder, src) -> tuple[float, float, float]:
