@@ -136,7 +136,10 @@ class Feeder:
             and the images' sizes as decoded (after their EXIF orientation with
             ``exif_orientation=True``).
         max_pixels: Largest decoded ``width * height`` accepted; larger images
-            are rejected from their header (decompression bombs).
+            are rejected from their header (decompression bombs). Also the
+            bound, in bytes, on one sample's per-instance ``"masks"`` (``N *
+            H * W``, as given and as transformed): more is that sample's
+            :class:`~feeder.FieldError`.
         timeout: Seconds ``next()`` may wait for a batch before it raises
             :class:`~feeder.FeederTimeoutError` naming the samples in a stage for
             more than half of that (stage, index, path), or the oldest in
