@@ -280,3 +280,32 @@ def test_packing_with_max_side_resizes_masks_and_scales_keypoints():
     assert np.array_equal(got["masks.npy"], given["masks"][:, 1::2, 1::2])  # the centres' pixels
     assert np.allclose(got["keypoints.npy"], given["keypoints"] * np.array([0.5, 0.5, 1], np.float32))
     assert np.allclose(got["boxes.npy"], given["boxes"] * 0.5)
+
+
+def test_a_sample_transform_gets_instances_in_step_and_is_checked():
+    """A user's vertical flip moves masks and keypoints itself; masks of another
+    size than its image are its error."""
+    @ops.SampleTransform
+    def vflip(sample, rng):
+        h = sample["image"].shape[0]
+        out = dict(sample, image=np.ascontiguousarray(sample["image"][::-1]),
+                   masks=np.ascontiguousarray(sample["masks"][:, ::-1]))
+        boxes = sample["boxes"].copy()
+        boxes[:, [1, 3]] = h - sample["boxes"][:, [3, 1]]
+        points = sample["keypoints"].copy()
+        points[..., 1] = np.where(points[..., 2] > 0, h - points[..., 1], 0)
+        return dict(out, boxes=boxes, keypoints=points)
+    src = source(4)
+    with Feeder(src, 4, [ops.Resize((30, 40)), vflip], shuffle=False) as f:
+        (batch,) = collected(f)
+    for k, masks in enumerate(batch["masks"]):
+        given = src.read(k)["masks"]
+        assert np.array_equal(masks.numpy(), given[:, 1::2, 1::2][:, ::-1])
+
+    @ops.SampleTransform
+    def crop_image_only(sample, rng):
+        return dict(sample, image=np.ascontiguousarray(sample["image"][:20]))
+    with Feeder(src, 4, [crop_image_only, ops.Resize((30, 40))]) as f:
+        _, err = collect(f)
+    assert isinstance(err, SampleError) and err.field == "masks", repr(err)
+    assert "not the image's size" in str(err)

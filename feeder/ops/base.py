@@ -549,10 +549,12 @@ class SampleTransform:
     ``sample`` is a dict with the fields of the source's sample, as they stand
     at that point of the chain: ``"image"`` uint8 ``[H, W, 3]`` RGB, ``"mask"``
     uint8/uint16 ``[H, W]`` (in step with the image), ``"boxes"`` float32 ``[N,
-    4]`` in the image's pixels, per-box arrays filtered with them, numbers as
-    numpy arrays, other values as read (a pair's label is under ``"label"``).
-    Return a dict with the same keys; a numeric field keeps its shape and
-    dtype, a mask stays the image's size.
+    4]`` in the image's pixels, per-box arrays filtered with them (per-instance
+    ``"masks"`` uint8 ``[N, H, W]`` and ``"keypoints"`` float32 ``[N, K, 3]``
+    too, in step with the image), numbers as numpy arrays, other values as
+    read (a pair's label is under ``"label"``). Return a dict with the same
+    keys; a numeric field keeps its shape and dtype, a mask and per-instance
+    masks stay the image's size.
 
     Args:
         fn: The function.
