@@ -309,3 +309,10 @@ def test_a_sample_transform_gets_instances_in_step_and_is_checked():
         _, err = collect(f)
     assert isinstance(err, SampleError) and err.field == "masks", repr(err)
     assert "not the image's size" in str(err)
+
+
+def test_mixing_batch_transforms_refuse_instances():
+    kinds = {"boxes": "boxes", "masks": "instance masks", "keypoints": "keypoints"}
+    with pytest.raises(ValueError) as info:
+        ops.CutMix(1.0, num_classes=3).check_fields(kinds)
+    assert "'masks'" in str(info.value) and "'keypoints'" in str(info.value)

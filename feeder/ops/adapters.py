@@ -261,7 +261,8 @@ class Kornia:
                              f"batches")
 
     def check_fields(self, kinds: dict[str, str]) -> None:
-        moved = sorted(k for k, kind in kinds.items() if kind in ("mask", "boxes", "per-box"))
+        moved = sorted(k for k, kind in kinds.items()
+                       if kind in ("mask", "boxes", "per-box", "instance masks", "keypoints"))
         if moved:
             raise ValueError(f"Kornia moves the images only, and would leave the field(s) {moved} "
                              f"out of step with them; use the built-in transforms or "

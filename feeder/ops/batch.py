@@ -40,14 +40,16 @@ class _Mixing:
 
         Args:
             kinds: Field name -> kind (``"mask"``, ``"boxes"``, ``"per-box"``,
-                ``"numeric"``, ``"object"``) of the batch's fields besides the image.
+                ``"instance masks"``, ``"keypoints"``, ``"numeric"``, ``"object"``)
+                of the batch's fields besides the image.
 
         Raises:
             ValueError: naming the fields and what to do instead.
         """
         name = type(self).__name__
         masks = sorted(k for k, kind in kinds.items() if kind == "mask")
-        boxes = sorted(k for k, kind in kinds.items() if kind in ("boxes", "per-box"))
+        boxes = sorted(k for k, kind in kinds.items()
+                       if kind in ("boxes", "per-box", "instance masks", "keypoints"))
         if masks and not self.moves_masks:
             raise ValueError(
                 f"{name} cannot mix the mask field(s) {masks}: blending two images has no class id "
