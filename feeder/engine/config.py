@@ -62,6 +62,10 @@ _DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.floa
 def _timeout(value: object) -> float | None:
     if value is None:
         return None
+    if value == 0 and not isinstance(value, bool):
+        # DataLoader's default, which means "no limit" there: a port passes it.
+        raise ValueError("timeout=0 is DataLoader's 'no limit'; feeder's is timeout=None (the "
+                         "default), and a positive number of seconds sets a limit")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise ValueError(f"timeout must be None or a positive number of seconds, got {value!r}")
     return float(value)
