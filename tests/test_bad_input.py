@@ -395,7 +395,7 @@ def test_bomb_rejected_from_header_before_decoding(row, forbid_pixel_decode):
     assert h * w > DEFAULT_MAX_PIXELS
     with pytest.raises(DecodeError, match="max_pixels") as info:
         decode_image(data)
-    assert f"{w}x{h}" in str(info.value)
+    assert f"({h}, {w}) (height, width)" in str(info.value)
     assert calls == []
 
 

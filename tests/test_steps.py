@@ -54,7 +54,7 @@ def test_a_mask_must_have_its_images_size():
     assert np.shares_memory(given, mask) and np.array_equal(given, mask) and not given.flags.writeable
     decoded = work.decode_mask(encode_png(mask.astype(np.uint8)), (48, 64))
     assert decoded.dtype == np.uint8 and np.array_equal(decoded, mask)
-    with pytest.raises(FieldError, match="is 64x48 but its image is 60x40") as info:
+    with pytest.raises(FieldError, match=r"is \(48, 64\) but its image is \(40, 60\) \(height, width\)") as info:
         work.decode_mask(mask, (40, 60))
     assert info.value.field == "mask"
     with pytest.raises(DecodeError) as info:

@@ -131,8 +131,8 @@ class SampleWork:
             else:
                 mask = decode_mask(mask, self.max_pixels)
             if mask.shape != source_size:
-                raise FieldError(MASK, f"is {mask.shape[1]}x{mask.shape[0]} but its image is "
-                                       f"{source_size[1]}x{source_size[0]} (width x height); a mask "
+                raise FieldError(MASK, f"is {tuple(mask.shape)} but its image is "
+                                       f"{tuple(source_size)} (height, width); a mask "
                                        f"has its image's full size")
         except Exception as exc:
             raise with_field(exc, MASK)

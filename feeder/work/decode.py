@@ -277,10 +277,10 @@ def _check_png_chunks(data: bytes | memoryview) -> None:
 
 def _check_pixels(h: int, w: int, max_pixels: int) -> None:
     if h <= 0 or w <= 0:
-        raise DecodeError(f"header gives an empty image ({w}x{h})")
+        raise DecodeError(f"header gives an empty image: ({h}, {w}) (height, width)")
     if h * w > max_pixels:
         raise DecodeError(
-            f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels} "
+            f"image of ({h}, {w}) (height, width) = {w * h} pixels exceeds max_pixels={max_pixels} "
             f"(possible decompression bomb); raise max_pixels to accept it")
 
 
@@ -819,7 +819,7 @@ def decode_mask(data: bytes | memoryview, max_pixels: int = DEFAULT_MAX_PIXELS) 
         mask = np.ascontiguousarray(mask[:, :, 0])  # the identity palette's three equal channels
     if mask.shape != (header.height, header.width) or mask.dtype not in (np.uint8, np.uint16):
         raise DecodeError(f"the mask decoded to {mask.shape} {mask.dtype}, not its header's "
-                          f"{header.height}x{header.width}")
+                          f"({header.height}, {header.width}) (height, width)")
     return mask
 
 
