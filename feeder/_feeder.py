@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -17,6 +18,7 @@ from ._dataset import FeederDataset
 from .engine.config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .work.decode import note_jpeg_decoder
+from .engine.group import largest_image
 from .engine.engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
 from .engine.pipeline import Pass
 from .engine.ranks import EpochSampler, Ranks
@@ -123,6 +125,14 @@ class Feeder:
             batch, ``"size"`` int64 ``[B, 2]`` (each image's valid height and
             width) and the other fields; a larger image is an error naming the
             sample (see [Detection and boxes](../guides/detection.md)).
+            ``"auto"``: the largest image the transforms can produce
+            (``Resize(800, max_size=1333)``: (1333, 1333); a chain of fixed
+            output size: that size, batches of the same dict form; no
+            transform, for native-size evaluation: the source's largest image,
+            from ``source.image_sizes()`` or every image's header, read once),
+            which ``feeder.config.max_image_size`` then holds; a
+            :class:`~feeder.errors.ConfigError` naming the transform that
+            cannot bound it (``Resize(800)`` without ``max_size``).
         size_divisibility: Variable sizes: pad each batch's height and width up
             to a multiple of it (32 for FPN backbones).
         mask_fill: Variable sizes: the value of padded mask pixels (255, the
@@ -232,7 +242,12 @@ class Feeder:
         self.config = cfg = Config.build(blocking, batch_size=batch_size, **options)
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels, cfg.max_image_size,
-                           cfg.size_divisibility)
+                           cfg.size_divisibility,
+                           functools.partial(largest_image, source, cfg.exif_orientation))
+        if cfg.max_image_size == "auto":
+            # Resolved once, here: the engine (a worker process too) and the
+            # resume state see the bound itself.
+            self.config = cfg = dataclasses.replace(cfg, max_image_size=self.chain.max_image_size)
         # Ranks are resolved again at every pass (see ``rank``): a feeder built
         # before init_process_group must shard once the group exists.
         self._ranks = Ranks(cfg.rank, cfg.world_size)

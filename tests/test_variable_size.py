@@ -338,6 +338,154 @@ def test_without_max_image_size_the_error_says_how_to_get_variable_sizes(sized):
         Feeder(sized, 1, [ops.Resize(16)])
 
 
+# -- max_image_size="auto" ----------------------------------------------------------------
+
+@pytest.mark.parametrize("transforms, bound", [
+    ([ops.Resize(800, max_size=1333)], (1333, 1333)),
+    ([ops.RandomShortestSize([480, 640, 800], max_size=1333), ops.RandomHorizontalFlip()],
+     (1333, 1333)),
+    ([ops.ScaleJitter((1024, 1024))], (2048, 2048)),
+    ([ops.ScaleJitter((640, 480), scale_range=(0.5, 1.5))], (720, 960)),  # (width, height)
+    ([ops.RandomResize(8, 16, max_long=24)], (24, 24)),
+    ([ops.Resize(100, max_size=200), ops.RandomZoomOut(side_range=(1.0, 2.5)),
+      ops.RandomIoUCrop()], (500, 500)),
+    ([ops.RandomResizedCrop(32), ops.ColorJitter(0.2)], (32, 32)),
+    ([ops.Resize(256), ops.CenterCrop(224)], (224, 224)),
+    ([ops.RandomCrop((24, 40), pad_if_needed=True)], (24, 40)),
+])
+def test_auto_takes_the_largest_output_the_transforms_can_make(transforms, bound):
+    from feeder.work.augment import Chain
+    assert Chain(transforms, None, max_image_size="auto").max_image_size == bound
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ops.Resize(50, max_size=90),
+    lambda: ops.RandomShortestSize([30, 50, 70], max_size=90),
+    lambda: ops.RandomShortestSize([30, 120], max_size=90),  # a shorter side above the cap
+    lambda: ops.ScaleJitter((64, 48), scale_range=(0.1, 2.0)),
+    lambda: ops.RandomResize(20, 60, max_long=90),
+])
+def test_no_image_exceeds_the_auto_bound(make):
+    # Sizes drawn over extreme aspect ratios, each with its own draws: the
+    # bound holds for every planned output (the size each transform makes).
+    from feeder.work.augment import Chain
+    from feeder.work.rng import SampleRNG
+    t = make()
+    chain = Chain([t], None, max_image_size="auto")
+    high = chain.max_image_size
+    rng = np.random.default_rng(0)
+    for k in range(3000):
+        h, w = (int(v) for v in rng.integers(1, 5000, 2))
+        out = t.planned_size_for(h, w, SampleRNG(k, 0))
+        assert out[0] <= high[0] and out[1] <= high[1], (t, (h, w), out, high)
+
+
+def test_zoom_out_after_a_capped_resize_stays_within_the_auto_bound():
+    from feeder.work.augment import Chain
+    from feeder.work.rng import SampleRNG
+    resize, zoom = ops.Resize(40, max_size=60), ops.RandomZoomOut(side_range=(1.0, 3.3), p=1.0)
+    high = Chain([resize, zoom], None, max_image_size="auto").max_image_size
+    rng = np.random.default_rng(1)
+    for k in range(2000):
+        h, w = resize.planned_size(*(int(v) for v in rng.integers(1, 3000, 2)))
+        out = zoom.planned_size_for(h, w, SampleRNG(k, 1))
+        assert out[0] <= high[0] and out[1] <= high[1], ((h, w), out, high)
+
+
+@pytest.mark.parametrize("isolation", ENGINES)
+def test_auto_batches_variable_sizes_up_to_the_transforms_bound(sized, isolation):
+    with Feeder(sized, 4, [ops.Resize(16, max_size=40)], max_image_size="auto", seed=0,
+                isolation=isolation) as f:
+        assert f.config.max_image_size == (40, 40) and f.image_size == (40, 40)
+        batches = collect(f)
+    assert sorted(i for b in batches for i in b["label"].tolist()) == list(range(len(sized)))
+    for b in batches:
+        sizes = b["size"]
+        assert (sizes.min(dim=1).values <= 16).all() and (sizes <= 40).all()
+
+
+@pytest.mark.parametrize("isolation", ENGINES)
+def test_auto_of_a_fixed_size_chain_keeps_the_dict_form(sized, isolation):
+    # A preset of fixed size gives batches of the same form as a variable one:
+    # the loop that reads "size" (or images_and_targets) works for both.
+    with Feeder(sized, 4, [ops.CenterCrop(16)], max_image_size="auto", isolation=isolation) as f:
+        assert f.config.max_image_size == (16, 16)
+        batches = collect(f)
+    for b in batches:
+        assert set(b) == {"image", "label", "size"} and (b["size"] == 16).all()
+        assert tuple(b["image"].shape[2:]) == (16, 16)
+
+
+def test_auto_resumes_a_state_of_the_same_bound(sized):
+    with Feeder(sized, 4, [ops.Resize(16, max_size=40)], max_image_size="auto", seed=0) as f:
+        state = f.state_dict()
+    with Feeder(sized, 4, [ops.Resize(16, max_size=40)], max_image_size=(40, 40), seed=0) as g:
+        g.load_state_dict(state)
+
+
+class _Opaque(ops.Transform):
+    """A transform that changes the size and cannot say how much."""
+
+    def apply(self, img, rng, out=None, ctx=None):
+        return img[: img.shape[0] // 2]
+
+
+@pytest.mark.parametrize("transforms, bound", [
+    ([], (39, 37)),
+    ([ops.RandomHorizontalFlip()], (39, 37)),
+    ([ops.RandomZoomOut(side_range=(1.0, 2.0))], (78, 74)),
+])
+def test_auto_without_a_bounding_transform_takes_the_largest_image(sized, transforms, bound):
+    # Native-size evaluation: the bound is the data's largest height and width.
+    assert tuple(np.max([img.shape[:2] for img in sized.images], 0)) == (39, 37)
+    with Feeder(sized, 4, transforms, max_image_size="auto", seed=0) as f:
+        assert f.config.max_image_size == bound
+        batches = collect(f)
+    assert sorted(i for b in batches for i in b["label"].tolist()) == list(range(len(sized)))
+    if not transforms:
+        for b in batches:
+            check_batch(b, sized)
+
+
+def test_auto_takes_the_sizes_a_source_gives_without_reading(sized):
+    class Given(Sized):
+        def image_sizes(self):
+            return [img.shape[:2] for img in self.images]
+
+    source = Given(_sizes(9, seed=4))
+    with Feeder(source, 4, [], max_image_size="auto") as f:
+        assert source.reads == 0
+        assert f.config.max_image_size == tuple(np.max([img.shape[:2] for img in source.images], 0))
+
+
+@pytest.mark.parametrize("transforms, words", [
+    ([], "keep the images' decoded size, and no sample's size could be read"),
+    ([ops.RandomZoomOut()], "scales its input, whose size no transform before it bounds"),
+    ([ops.Resize(16), ops.RandomHorizontalFlip()],
+     "Resize(16, interpolation='bilinear') has no cap on the longer side (give it max_size=...)"),
+    ([ops.RandomShortestSize([8, 16])], "has no cap on the longer side (give it max_size=...)"),
+    ([ops.RandomResize(8, 16)], "has no cap on the longer side (give it max_long=...)"),
+    ([ops.RandomZoomOut(), ops.Resize(16)], "Resize(16, interpolation='bilinear') has no cap"),
+    ([ops.CenterCrop(16), _Opaque()], "cannot say the largest image it produces"),
+])
+def test_auto_names_the_transform_that_cannot_bound_the_size(transforms, words):
+    class Unreadable(Sized):  # no header gives a size: the data cannot bound it either
+        def read(self, index):
+            return b"not an image", index
+
+    with pytest.raises(ConfigError) as info:
+        Feeder(Unreadable(_sizes(3)), 4, transforms, max_image_size="auto")
+    text = str(info.value)
+    assert text.startswith("max_image_size='auto': ") and words in text, text
+    assert "give max_image_size=(height, width)" in text
+
+
+def test_auto_is_the_only_word_max_image_size_takes(sized):
+    with pytest.raises(ValueError, match="max_image_size must be \\(height, width\\), two "
+                                         "positive ints, or 'auto'; got 'largest'"):
+        Feeder(sized, 4, [ops.Resize(16, max_size=40)], max_image_size="largest")
+
+
 # -- the device copy, checkable without a GPU -------------------------------------------
 
 @pytest.mark.parametrize("extent", [None, (4, 5), (30, 5), (30, 64), (4, 64)])

@@ -325,6 +325,17 @@ def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
         raise ValueError(f"{name} must be (height, width), two positive ints; got {value!r}") from None
 
 
+def _max_image_size(name: str, value: object) -> tuple[int, int] | str | None:
+    # "auto": the transforms' largest output, resolved with the chain (Feeder).
+    if isinstance(value, str) and value == "auto":
+        return value
+    try:
+        return _image_size_option(name, value)
+    except ValueError:
+        raise ValueError(f"{name} must be (height, width), two positive ints, or 'auto'; "
+                         f"got {value!r}") from None
+
+
 def _mask_fill(name: str, value: object) -> int:
     # The padding of the mask planes: 255 is the ignore index of the
     # segmentation references (and of CrossEntropyLoss(ignore_index=255)); up
@@ -430,7 +441,7 @@ class Config:
     rank: int | None = _option(None, _optional_rank)
     world_size: int | None = _option(None, _optional_rank)
     image_size: tuple[int, int] | None = _option(None, _image_size_option)
-    max_image_size: tuple[int, int] | None = _option(None, _image_size_option)
+    max_image_size: tuple[int, int] | str | None = _option(None, _max_image_size)
     size_divisibility: int = _option(1, _positive)
     mask_fill: int = _option(255, _mask_fill)
     group_by_aspect_ratio: int | None = _option(False, _group_option)

@@ -248,6 +248,21 @@ def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
     return sizes
 
 
+def largest_image(source: Any, exif_orientation: bool = False) -> tuple[int, int] | None:
+    """The largest height and the largest width of the source's images as decoded (see
+    :func:`image_sizes`: every header read once, unless the source gives its sizes),
+    for ``max_image_size="auto"`` over transforms that keep the decoded size; None
+    when no sample's size can be read."""
+    if len(source) and _given_sizes(source, exif_orientation) is None:
+        log.info("max_image_size='auto': reading the image headers of %d samples for the "
+                 "largest decoded size", len(source))
+    sizes = image_sizes(source, np.arange(len(source)), exif_orientation)
+    known = sizes[(sizes[:, 0] > 0) & (sizes[:, 1] > 0)]
+    if not len(known):
+        return None
+    return int(known[:, 0].max()), int(known[:, 1].max())
+
+
 def group_ids(sizes: np.ndarray, factor: int) -> np.ndarray:
     """Each image's aspect-ratio group: the bin of width / height (torchvision's
     ``_quantize`` of ``create_aspect_ratio_groups(factor)``), -1 for an unknown size."""

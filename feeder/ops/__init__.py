@@ -14,9 +14,10 @@ swaps left and right keypoints by its ``keypoint_flip`` map). A plain callable m
 :class:`SampleTransform` wraps one that transforms whole samples.
 
 The classes here follow torchvision's semantics and add what the engine uses
-to go fast: ``output_size`` (to size the batch buffers), ``decode_hint`` (the
-smallest decoded size they need, for reduced-scale JPEG decoding) and writing
-the final result straight into the batch buffer (``out=``).
+to go fast: ``output_size`` (to size the batch buffers), ``largest_output``
+(the largest image they can make, for ``max_image_size="auto"``),
+``decode_hint`` (the smallest decoded size they need, for reduced-scale JPEG
+decoding) and writing the final result straight into the batch buffer (``out=``).
 
 The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
 the mask's ignore-index padding) for segmentation; ``Resize(..., max_size=)``,

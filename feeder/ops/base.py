@@ -490,6 +490,14 @@ class Transform:
             return self.output_size
         return (height, width) if self.preserves_size else None
 
+    def largest_output(self, largest_input: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The largest (height, width) this transform can produce from inputs of at most
+        ``largest_input`` (None: of any size), each side bounded on its own; None
+        when it cannot say (what ``Feeder(max_image_size="auto")`` asks of a chain)."""
+        if self.output_size is not None:
+            return self.output_size
+        return largest_input if self.preserves_size else None
+
 
 def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
                  out: np.ndarray | None) -> np.ndarray:

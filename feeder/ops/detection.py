@@ -8,6 +8,7 @@ them with a fixed-size transform, or batch variable sizes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,6 +131,12 @@ class RandomZoomOut(Transform):
         q = self.params(height, width, rng)
         return (height, width) if q is None else (q[2], q[3])
 
+    def largest_output(self, largest_input):
+        if largest_input is None:
+            return None
+        r = self.side_range[1]  # the margin absorbs the rounding of a drawn r
+        return int(largest_input[0] * r + 1e-6), int(largest_input[1] * r + 1e-6)
+
     def apply(self, img, rng, out=None, ctx=None):
         return self.apply_geometry(img, rng, out, ctx)[0]
 
@@ -236,6 +243,9 @@ class RandomIoUCrop(Transform):
                 return top, left, new_h, new_w, within
         return None
 
+    def largest_output(self, largest_input):
+        return largest_input  # a crop of the input, or the input itself
+
     def apply(self, img, rng, out=None, ctx=None):
         raise ValueError("RandomIoUCrop needs samples with boxes (a \"boxes\" field): it chooses "
                          "crops by their overlap with the boxes")
@@ -316,6 +326,13 @@ class ScaleJitter(_RandomScale):
         r = min(self.target_size[1] / height, self.target_size[0] / width) * s
         return max(1, int(height * r)), max(1, int(width * r))
 
+    def largest_output(self, largest_input):
+        # height * r <= target height * s < target height * scale_range[1] (and
+        # the width likewise); the margin absorbs the rounding of r.
+        top = self.scale_range[1]
+        return (max(1, math.floor(self.target_size[1] * top + 1e-6)),
+                max(1, math.floor(self.target_size[0] * top + 1e-6)))
+
     def __repr__(self) -> str:
         return (f"ScaleJitter({self.target_size}, scale_range={self.scale_range}"
                 f"{_resize_extras(self.antialias, self.interpolation)})")
@@ -354,6 +371,11 @@ class RandomShortestSize(_RandomScale):
         if self.max_size is not None:
             r = min(r, self.max_size / max(height, width))
         return max(1, int(height * r)), max(1, int(width * r))
+
+    def largest_output(self, largest_input):
+        # r <= max_size / longer side: both sides at most max_size; without it, a
+        # narrow image's longer side grows without bound.
+        return None if self.max_size is None else (self.max_size, self.max_size)
 
     def __repr__(self) -> str:
         return (f"RandomShortestSize({self.min_size}, max_size={self.max_size}"

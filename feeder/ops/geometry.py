@@ -201,6 +201,13 @@ class Resize(Transform):
     def planned_size(self, height, width, ctx=None):
         return self.target(*(ctx.source_size if ctx is not None else (height, width)))
 
+    def largest_output(self, largest_input):
+        if self.shorter is None:
+            return self.output_size
+        # Both sides at most max_size (the shorter at most size, below it); without
+        # it, a narrow image's longer side grows without bound.
+        return None if self.max_size is None else (self.max_size, self.max_size)
+
     def apply(self, img, rng, out=None, ctx=None):
         H, W = img.shape[:2]
         size = self.planned_size(H, W, ctx)
@@ -404,6 +411,10 @@ class RandomResize(Transform):
 
     def planned_size_for(self, height, width, rng, ctx=None):
         return self.target(height, width, rng)
+
+    def largest_output(self, largest_input):
+        # The shorter side is at most max_size <= max_long, the longer at most max_long.
+        return None if self.max_long is None else (self.max_long, self.max_long)
 
     def apply(self, img, rng, out=None, ctx=None):
         return self.apply_geometry(img, rng, out, ctx)[0]

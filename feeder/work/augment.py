@@ -130,6 +130,71 @@ def image_size_pair(value: Any) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+# The option that caps the longer side of a transform that resizes by the shorter one.
+_CAPS = {"Resize": "max_size", "RandomShortestSize": "max_size", "RandomResize": "max_long"}
+
+
+def _bound(transforms: Sequence[Transform], decoded: tuple[int, int] | None
+           ) -> tuple[tuple[int, int] | None, Transform | None]:
+    """The largest output of ``transforms`` from decoded images of at most ``decoded``
+    (None: any size), and the size-changing transform to blame when there is none:
+    the first that cannot say for any input, else the first that scales an
+    unbounded input."""
+    bound = decoded
+    blind: Transform | None = None
+    scaler: Transform | None = None
+    for t in transforms:
+        new = t.largest_output(bound)
+        if new is None and not t.preserves_size:
+            if t.largest_output((1, 1)) is None:
+                blind = blind or t
+            else:
+                scaler = scaler or t
+        bound = new
+    return bound, blind or scaler
+
+
+def largest_output(transforms: Sequence[Transform],
+                   largest_decoded: Callable[[], tuple[int, int] | None] | None = None
+                   ) -> tuple[int, int]:
+    """(height, width) of the largest image ``transforms`` can produce, for
+    ``max_image_size="auto"``: each transform's
+    :meth:`~feeder.ops.Transform.largest_output` of the one before's.
+
+    Args:
+        largest_decoded: Called only when the transforms keep the decoded size
+            or scale it (no transform at all: native-size evaluation): the
+            largest decoded (height, width) of the data, or None when unknown.
+
+    Raises:
+        ConfigError: some transform cannot bound its output; the message names it.
+    """
+    bound, culprit = _bound(transforms, None)
+    if bound is not None:
+        return bound
+    if culprit is None or culprit.largest_output((1, 1)) is not None:
+        decoded = largest_decoded() if largest_decoded is not None else None
+        if decoded is not None:
+            bound, culprit = _bound(transforms, decoded)
+            if bound is not None:
+                return bound
+    advice = ("give max_image_size=(height, width), or end the transforms with one that "
+              "bounds the size (Resize(800, max_size=1333), RandomShortestSize(sizes, "
+              "max_size=...), ScaleJitter, RandomResizedCrop, CenterCrop, Resize((h, w)))")
+    if culprit is None:
+        raise ConfigError(f"max_image_size='auto': the transforms ({list(transforms) or 'none'}) "
+                          f"keep the images' decoded size, and no sample's size could be "
+                          f"read; {advice}")
+    name = type(getattr(culprit, "t", culprit)).__name__
+    if name in _CAPS:
+        why = f"has no cap on the longer side (give it {_CAPS[name]}=...)"
+    elif culprit.largest_output((1, 1)) is not None:
+        why = "scales its input, whose size no transform before it bounds, nor the data's"
+    else:
+        why = "cannot say the largest image it produces"
+    raise ConfigError(f"max_image_size='auto': {culprit!r} {why}; {advice}")
+
+
 def _fuse(ts: list[Transform]) -> list[tuple[int, Transform]]:
     """The transforms with their positions in the user's list (each draws from the
     stream of its position), a ``Resize(int)`` followed by a ``CenterCrop`` made one
@@ -159,19 +224,28 @@ class Chain:
         max_image_size: (height, width) of the largest output image, for
             transforms whose output size depends on the input: every image is
             then placed at the top left of its slot, and :meth:`run` returns its
-            size. None: one fixed size (``image_size`` or the transforms').
+            size; ``"auto"``: the transforms' :func:`largest_output` (a chain of
+            fixed output size gives that size). None: one fixed size
+            (``image_size`` or the transforms').
         size_divisibility: The batch buffers' sides are ``max_image_size``
             rounded up to a multiple of it (a batch is padded to such a multiple).
+        largest_decoded: For ``max_image_size="auto"`` over transforms that keep
+            the decoded size: the data's largest decoded (height, width) (see
+            :func:`largest_output`).
 
     Raises:
         ValueError: ``image_size`` is not two positive ints, the output size cannot
             be inferred, contradicts ``image_size`` or exceeds ``max_pixels``; or
-            ``max_image_size`` is given for transforms of a fixed output size.
+            ``max_image_size`` is given for transforms of another fixed output size.
+        ConfigError: ``max_image_size="auto"`` and the transforms cannot bound
+            their output (the message names the one that cannot).
     """
 
     def __init__(self, transforms: Sequence[Any], image_size: tuple[int, int] | None,
                  max_pixels: int = DEFAULT_MAX_PIXELS,
-                 max_image_size: tuple[int, int] | None = None, size_divisibility: int = 1) -> None:
+                 max_image_size: tuple[int, int] | str | None = None,
+                 size_divisibility: int = 1,
+                 largest_decoded: Callable[[], tuple[int, int] | None] | None = None) -> None:
         if image_size is not None:
             image_size = image_size_pair(image_size)
         ts: list[Transform] = []
@@ -205,9 +279,13 @@ class Chain:
                 size = _VARIABLE
         #: Variable-size output: (height, width) of the largest image, else None.
         self.max_image_size: tuple[int, int] | None = None
+        if isinstance(max_image_size, str) and max_image_size == "auto":
+            max_image_size = largest_output(ts, largest_decoded)
         if max_image_size is not None:
             max_image_size = image_size_pair(max_image_size)
-            if isinstance(size, tuple):
+            # The fixed size itself is no mistake: batches of the dict form, as
+            # "auto" gives for such a chain, whose images are all that size.
+            if isinstance(size, tuple) and size != max_image_size:
                 raise ValueError(f"max_image_size={max_image_size} is for transforms whose output "
                                  f"size varies, but these ({ts}) always produce "
                                  f"({size[0]}, {size[1]}) (height, width): drop max_image_size")
