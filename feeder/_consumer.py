@@ -155,6 +155,7 @@ class PassIterator:
             pass_.output_ended = True
             progress.ended = True
             pass_.output.close()
+            self._say_if_short(pass_, progress)
             raise StopIteration
         if isinstance(item, Failure):
             pass_.fail(item.error)  # wakes the threads sharing this iterator: they raise it too
@@ -232,6 +233,18 @@ class PassIterator:
 
     def __len__(self) -> int:
         return self._hooks.length()
+
+    def _say_if_short(self, pass_: Pass, progress: Progress) -> None:
+        """At the end of a pass that delivered fewer batches than ``len(feeder)``
+        (samples skipped under ``on_error="skip"``): say so once, with the counts,
+        for the progress bar that stopped short of its total."""
+        planned = self._hooks.length()
+        if progress.batches >= planned:
+            return
+        skipped = len(progress.skipped())
+        log.warning("epoch %d ended after %d of its %d batches (len(feeder) counts a pass that "
+                    "skips nothing): %d sample(s) skipped, and the samples after each filled its "
+                    "place", pass_.epoch, progress.batches, planned, skipped)
 
 
 def _timeout_message(pass_: Pass, timeout: float, waited: float) -> str:

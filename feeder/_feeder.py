@@ -356,7 +356,10 @@ class Feeder:
         samples after it fill its place, so a pass that skips ``s`` samples
         delivers the batches of ``len(self.sampler) - s`` samples: every batch
         but the last full, the last shorter or gone, and a progress bar taken
-        over the feeder ends short of this length.
+        over the feeder ends (and closes) short of this length; a pass that
+        ends short logs a warning with the batches delivered against this
+        length and the samples skipped (see
+        [Reliability](../guides/reliability.md#errors)).
         """
         return num_batches(self.num_samples, self.config.batch_size, self.config.drop_last)
 

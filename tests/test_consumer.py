@@ -70,12 +70,16 @@ class FakePass:
 
 class FakeProgress:
     def __init__(self, first_batch=0):
-        self.first_batch = first_batch
+        self.first_batch = self.batches = first_batch
         self.recorded: list[list[int]] = []
         self.ended = False
 
     def record(self, indices):
         self.recorded.append([int(i) for i in indices])
+        self.batches += 1
+
+    def skipped(self):
+        return []
 
 
 class FakeBook:

@@ -908,3 +908,31 @@ def test_skipped_samples_shorten_the_pass_from_its_end(source, n, bad, drop_last
     assert len(sizes) == num_batches(n - len(bad), 8, drop_last)
     assert sizes[:-1] == [8] * (len(sizes) - 1)
     assert sum(sizes) == (n - len(bad) if not drop_last else len(sizes) * 8)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("n, bad, short", [
+    (41, {3}, True),    # 40 left: 5 batches of the 6 planned
+    (48, {3}, False),   # 47 left: 6 batches, the last shorter
+])
+def test_a_pass_cut_short_by_skips_says_so_at_its_end(source, caplog, n, bad, short, isolation):
+    # A progress bar takes len(feeder) before the first batch: when skips end the
+    # pass a batch early, the loop still ends, and a warning gives the counts.
+    tqdm = pytest.importorskip("tqdm").tqdm
+    import io
+    blobs = [b"junk" if i in bad else source.blobs[i % len(source.blobs)] for i in range(n)]
+    with make(MemorySource(blobs), batch_size=8, on_error="skip", decode_threads=2,
+              isolation=isolation) as f:
+        planned = len(f)
+        with caplog.at_level("WARNING", logger="feeder._consumer"):
+            bar = tqdm(f, file=io.StringIO())
+            delivered = sum(1 for _ in bar)
+        assert bar.total == planned == 6 and bar.n == delivered == 6 - short
+        assert bar.disable  # closed by the loop's end, as after a full pass
+    ends = [r.getMessage() for r in caplog.records if "ended after" in r.getMessage()]
+    if short:
+        assert ends == [f"epoch 0 ended after 5 of its 6 batches (len(feeder) counts a pass that "
+                        f"skips nothing): 1 sample(s) skipped, and the samples after each filled "
+                        f"its place"]
+    else:
+        assert ends == []
