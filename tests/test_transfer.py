@@ -345,6 +345,12 @@ def test_images_and_targets_gives_per_image_integers_as_python_ints(jpeg_blobs, 
     _, targets = batch.images_and_targets()
     assert [t["image_id"] for t in targets] == [100, 101, 102, 103]
     assert all(type(t["image_id"]) is int for t in targets)
+    # As an evaluation uses them: results written as JSON, ground truth looked up by id.
+    import json
+    results = [{"image_id": t["image_id"], "category_id": 1, "bbox": [1, 2, 9, 10], "score": 0.5}
+               for t in targets]
+    assert json.loads(json.dumps(results))[1]["image_id"] == 101
+    assert [{100 + i: i for i in range(4)}[t["image_id"]] for t in targets] == [0, 1, 2, 3]
     assert all(isinstance(t["score"], torch.Tensor) for t in targets)  # floats stay tensors
     assert all(isinstance(t["box_labels"], torch.Tensor) for t in targets)  # per box: tensors
     # A batch built by hand (or moved by a trainer) has no host copy: read from the tensor.
