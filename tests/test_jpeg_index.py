@@ -248,6 +248,24 @@ def test_a_crop_that_stops_early_records_the_rows_it_passed_and_a_later_one_goes
 
 
 @needs_ext
+@pytest.mark.parametrize("points", [16, 4096])
+@pytest.mark.parametrize("kind", ["4:2:0", "4:4:4", "gray", "restart"])
+def test_a_read_to_the_end_records_the_same_index_whatever_its_crop(kind, points):
+    """A file's first read (verify) records its index as it decodes every MCU,
+    those beside and below its crop included: the same index as a decode of
+    the whole image, whichever crop it drew, and the same pixels as libjpeg."""
+    data = jpeg(_noisy(200, 264, 13), kind, 90, rst=3)
+    _, (_, _, whole, _) = _decode(data, (0, 0, 200, 264), 1, record=True, max_points=points)
+    assert whole is not None
+    for box in [(50, 100, 60, 40), (0, 0, 20, 8), (190, 250, 10, 14), (0, 130, 200, 4),
+                *_boxes(200, 264, random.Random(points), 10)]:
+        ref, _ = _decode(data, box, 1, own=False)
+        got, (_, _, index, jumped) = _decode(data, box, 1, record=True, max_points=points)
+        assert np.array_equal(got, ref), (kind, box)
+        assert index == whole and jumped == 0, (kind, box)
+
+
+@needs_ext
 def test_progressive_files_have_no_index():
     data = jpeg(_noisy(64, 64, 10), "progressive", 90)
     _, (_, _, index, _) = _decode(data, (0, 0, 64, 64), 1, record=True)
@@ -318,7 +336,9 @@ def test_on_damaged_data_the_own_decoder_is_never_laxer_than_libjpegs(kind):
     counts = {"both refuse": 0, "both decode": 0, "only own refuses": 0}
     for bad in _mutations(data, rng, 150):
         H, W = _scaled(bad, 1) if bad[:2] == b"\xff\xd8" else (0, 0)
-        for box in [(0, 0, H, W), (H // 3, 5, H // 3, W - 10)]:
+        # The whole image, a crop of most columns, and a narrow one (the MCUs
+        # either side of it, in its rows, decoded without their coefficients)
+        for box in [(0, 0, H, W), (H // 3, 5, H // 3, W - 10), (H // 3, W // 3, H // 3, 4)]:
             verdicts = []
             for own in (False, True):
                 try:

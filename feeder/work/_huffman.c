@@ -745,13 +745,18 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
     cinfo->entropy = (struct jpeg_entropy_decoder *)(void *)&e->pub;
 }
 
-void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last)
+void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last, int to_end)
 {
     Entropy *e = (Entropy *)cinfo->entropy;
-    /* Only with an index: without one the MCUs beside the crop must be decoded
-     * anyway to reach the next row, and a decode given none judges the whole
-     * of each row it reads (damage right of a crop fails it, as before). */
-    e->skip_cols = e->have_index && first <= last && last < e->per_row && (first > 0 || last + 1 < e->per_row);
+    /* With an index, the MCUs beside the crop are jumped over where a
+     * checkpoint lets the decode. Without one they must be decoded anyway to
+     * reach the next row: a decode that reads to the end of the scan
+     * (to_end) decodes them as skipped ones (no coefficient stored), and so
+     * judges every MCU of the file as before; one that stops after the crop
+     * decodes them whole, so that damage right of its crop fails it, as
+     * before. */
+    e->skip_cols = (e->have_index || to_end) && first <= last && last < e->per_row
+                   && (first > 0 || last + 1 < e->per_row);
     e->col_lo = first;
     e->col_hi = last;
 }

@@ -140,8 +140,10 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
 /* The decode needs only the MCU columns first..last of each row (libjpeg's
  * cropped output, jpeg_crop_scanline): with an index, the others are decoded
  * only when the decode must pass them to reach a needed one (no checkpoint
- * to jump to). */
-void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last);
+ * to jump to); without one, only in a decode that reads to the end of the
+ * scan (to_end), where they are decoded as skipped MCUs are (no coefficient
+ * stored). */
+void entropy_crop(j_decompress_ptr cinfo, unsigned first, unsigned last, int to_end);
 
 /* The recorded index in bytes (the rows the decode passed, when more than the
  * index it was given): its size (0 if none), written to out when out is not

@@ -461,14 +461,16 @@ static void run_decode(Job *job)
          * public outputs: the private struct they live in changed layout
          * between libjpeg-turbo 2.x and 3.x under the same soname, and read
          * through the other version's header it gives other columns (their
-         * blocks then decode as grey, with no error). A verify pass decodes
-         * every column. */
-        if (entropy != NULL && !job->verify && cropped) {
+         * blocks then decode as grey, with no error). A verify pass, which
+         * has no index, decodes the other columns too, without storing
+         * their coefficients (entropy_crop's to_end). */
+        if (entropy != NULL && cropped) {
             int align = MIN_DCT_SIZE(&cinfo);
             if (!(cinfo.comps_in_scan == 1 && cinfo.num_components == 1))
                 align *= cinfo.max_h_samp_factor;
             if (align > 0)
-                entropy_crop(&cinfo, xoff / (unsigned)align, (xoff + cw + (unsigned)align - 1) / (unsigned)align - 1);
+                entropy_crop(&cinfo, xoff / (unsigned)align, (xoff + cw + (unsigned)align - 1) / (unsigned)align - 1,
+                             job->verify);
         }
         unsigned offset = job->left - xoff;
         unsigned stride = job->compact ? job->width : cinfo.output_width;
