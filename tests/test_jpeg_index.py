@@ -25,6 +25,7 @@ import pickle
 import random
 import threading
 
+import cv2
 import numpy as np
 import pytest
 
@@ -263,6 +264,30 @@ def test_a_read_to_the_end_records_the_same_index_whatever_its_crop(kind, points
         got, (_, _, index, jumped) = _decode(data, box, 1, record=True, max_points=points)
         assert np.array_equal(got, ref), (kind, box)
         assert index == whole and jumped == 0, (kind, box)
+
+
+@needs_ext
+@pytest.mark.parametrize("quality", [100, 60, 15])
+@pytest.mark.parametrize("optimize", [False, True])
+def test_blocks_read_only_to_pass_them_take_libjpegs_bits(quality, optimize):
+    """The MCUs a read to the end passes without keeping them (above, below
+    and beside its crop) are read several codes at a time: each crop then
+    starts at the bits libjpeg's decoder reaches (its pixels and index are
+    those of a decode of every block), with the standard Huffman tables and
+    the ones an encoder optimized for the image, on busy and smooth images."""
+    rng = random.Random(quality)
+    for img in (_noisy(136, 200, 17), make_image(136, 200, seed=18)):
+        params = [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_OPTIMIZE, int(optimize),
+                  cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444]
+        ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(img[..., ::-1]), params)
+        assert ok
+        data = buf.tobytes()
+        _, (_, _, whole, _) = _decode(data, (0, 0, 136, 200), 1, record=True, max_points=4096)
+        for box in [(135, 199, 1, 1), (120, 0, 16, 200), (60, 90, 8, 8), *_boxes(136, 200, rng, 6)]:
+            ref, _ = _decode(data, box, 1, own=False)
+            got, (_, _, index, _) = _decode(data, box, 1, record=True, max_points=4096)
+            assert np.array_equal(got, ref), (quality, optimize, box)
+            assert index == whole, (quality, optimize, box)
 
 
 @needs_ext

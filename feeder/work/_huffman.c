@@ -136,6 +136,39 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
         }
 }
 
+/* The skip table of an AC table (see HuffTable.skip): for each SKIP_LOOK
+ * bits, the symbols (run/size codes and their value bits) that lie wholly
+ * within them, in order, up to an end of block, a code longer than
+ * HUFF_LOOK, or more than 63 positions. A code is known from its first l
+ * bits whatever follows (no code is a prefix of another), so the look table
+ * read with the bits past those known set to zero gives it when l of them
+ * are known. */
+static void build_skip(HuffTable *h)
+{
+    /* h->skip: 1 << SKIP_LOOK entries */
+    for (unsigned i = 0; i < (1u << SKIP_LOOK); i++) {
+        int used = 0, adv = 0, eob = 0;
+        while (used < SKIP_LOOK) {
+            unsigned bits = (i << used) & ((1u << SKIP_LOOK) - 1);
+            unsigned look = h->look[bits >> (SKIP_LOOK - HUFF_LOOK)];
+            int l = look >> 8, r = (look >> 4) & 15, sz = look & 15;
+            if (l == 0 || l + sz > SKIP_LOOK - used)
+                break;
+            if (sz == 0 && r != 15) { /* end of block */
+                used += l;
+                eob = 1;
+                break;
+            }
+            int a = sz ? r + 1 : 16; /* the position after this coefficient (or run of 16 zeros) */
+            if (adv + a > 63)
+                break;
+            adv += a;
+            used += l + sz;
+        }
+        h->skip[i] = (uint16_t)(used ? eob << 15 | adv << 8 | used : 0);
+    }
+}
+
 static inline int has_ff(uint64_t x)
 {
     uint64_t v = ~x;
@@ -337,6 +370,57 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     SAVE_STATE();
 }
 
+/* decode_block for a block whose coefficients are not kept (a skipped MCU,
+ * or one beside the crop): the same bits read, the same DC prediction and
+ * the same warnings, several AC codes at a time where the skip table has
+ * them. Its entry applies from position k when the positions it advances
+ * keep k within the block (k + advanced <= 63: every code it covers is one
+ * that the loop of decode_block would read); otherwise one code is read as
+ * decode_block reads it. */
+static inline void skip_block(Entropy *e, const HuffTable *dc, const HuffTable *ac, int *pred)
+{
+    LOAD_STATE();
+    unsigned v;
+    int s;
+    REFILL();
+    SYMBOL(dc, s);
+    int diff = 0;
+    if (s) {
+        TAKE(s, v);
+        diff = extend(v, s);
+    }
+    *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
+    const uint16_t *skip = ac->skip; /* in a register: the refill's stores might alias ac */
+    for (int k = 1; k < 64;) {
+        REFILL();
+        unsigned m = skip[acc >> (64 - SKIP_LOOK)];
+        if (m && k + (int)((m >> 8) & 63) <= 63) {
+            int used = (int)(m & 0xFF);
+            acc <<= used;
+            nbits -= used;
+            if (m & 0x8000)
+                break; /* end of block */
+            k += (int)((m >> 8) & 63);
+            continue;
+        }
+        int rs;
+        SYMBOL(ac, rs);
+        int r = rs >> 4;
+        s = rs & 15;
+        if (s) {
+            k += r;
+            TAKE(s, v);
+        } else {
+            if (r != 15)
+                break;
+            k += 15;
+        }
+        k++;
+    }
+    (void)v;
+    SAVE_STATE();
+}
+
 /* The file offset of the first of the last n data bytes the reader loaded
  * (n <= 8, pos the offset just past them): each a file byte, or the span
  * note_wide recorded. Bytes loaded before the reader last moved (a jump, a
@@ -463,8 +547,12 @@ static void decode_one(Entropy *e, JBLOCKROW *blocks)
             restart(e);
         e->restarts_to_go--;
     }
-    for (int b = 0; b < cinfo->blocks_in_MCU; b++)
-        decode_block(e, blocks ? blocks[b][0] : NULL, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
+    if (blocks != NULL || !e->skip_tables)
+        for (int b = 0; b < cinfo->blocks_in_MCU; b++)
+            decode_block(e, blocks ? blocks[b][0] : NULL, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
+    else
+        for (int b = 0; b < cinfo->blocks_in_MCU; b++)
+            skip_block(e, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
     if (e->nbits < e->pad) /* read past the end of the data: libjpeg's warning */
         WARNMS(cinfo, JWRN_HIT_MARKER);
     e->mcu++;
@@ -663,7 +751,8 @@ size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
 }
 
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
-                     const unsigned char *index, size_t index_len, int record, unsigned max_points)
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points,
+                     int to_end)
 {
     memset(e, 0, sizeof *e);
     e->cinfo = cinfo;
@@ -694,13 +783,23 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
             built[dn] = 1;
         }
         if (!built[NUM_HUFF_TBLS + an]) {
-            build_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, &e->tables[NUM_HUFF_TBLS + an]);
+            HuffTable *h = &e->tables[NUM_HUFF_TBLS + an];
+            build_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h);
+            if (to_end) {
+                /* Building one costs more than the rows a decode that stops
+                 * after its crop passes without an index (or jumps over with
+                 * one) would save: only a read to the end gets them. */
+                h->skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
+                                                                 sizeof(uint16_t) << SKIP_LOOK);
+                build_skip(h);
+            }
             built[NUM_HUFF_TBLS + an] = 1;
         }
         e->member[b] = ci;
         e->dc[b] = &e->tables[dn];
         e->ac[b] = &e->tables[NUM_HUFF_TBLS + an];
     }
+    e->skip_tables = to_end;
     if (index != NULL && parse_index(e, index, index_len, e->pos)) {
         e->have_index = 1;
         e->record = record && e->recorded < e->npoints; /* go on recording past its last point */

@@ -54,6 +54,9 @@ typedef struct {
 
 #define WIDE_RING 8 /* the bit buffer's 64 bits: at most 8 bytes loaded and not read */
 #define HUFF_LOOK 9 /* bits looked up at once; longer codes take the slow path */
+#ifndef SKIP_LOOK
+#define SKIP_LOOK 11 /* bits looked up at once in a skipped block (>= HUFF_LOOK) */
+#endif
 
 typedef struct {
     uint16_t look[1 << HUFF_LOOK]; /* (length << 8) | symbol for codes of up to HUFF_LOOK bits; 0 otherwise */
@@ -63,6 +66,12 @@ typedef struct {
     /* AC tables: a code and its value bits within HUFF_LOOK bits, decoded in
      * one look: value * 65536 + run * 256 + bits used; 0 otherwise */
     int32_t fast_ac[1 << HUFF_LOOK];
+    /* AC tables of a decode that reads to the end of the scan, for blocks
+     * whose coefficients are not kept (skip_block); NULL otherwise: for each
+     * SKIP_LOOK bits, the codes and value bits that lie wholly within them,
+     * several in one look: EOB << 15 | zig-zag positions advanced << 8 |
+     * bits used; 0 when not even the first fits */
+    uint16_t *skip;
 } HuffTable;
 
 /* Where the entropy decoder stands at the start of an MCU row. */
@@ -117,6 +126,7 @@ typedef struct {
      * jump over them. */
     int skip_cols;
     unsigned col_lo, col_hi;
+    int skip_tables; /* the AC tables have skip tables: skip_block decodes skipped MCUs */
 } Entropy;
 
 /* The layout of libjpeg's entropy decoder struct in the library this process
@@ -133,9 +143,12 @@ int entropy_supported(j_decompress_ptr cinfo);
  * `index` (may be NULL) is an index that entropy_index wrote for these bytes;
  * one that does not fit this file is not used. `record`: keep a checkpoint
  * every few rows (room for `max_points`, unless an index was given), going on
- * from the given index's last. Errors longjmp through libjpeg. */
+ * from the given index's last. `to_end`: the decode reads every MCU of the
+ * scan (most without keeping their coefficients: skip tables are built for
+ * them). Errors longjmp through libjpeg. */
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
-                     const unsigned char *index, size_t index_len, int record, unsigned max_points);
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points,
+                     int to_end);
 
 /* The decode needs only the MCU columns first..last of each row (libjpeg's
  * cropped output, jpeg_crop_scanline): with an index, the others are decoded
