@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from ..errors import error_line
-from .verdict import BOTTLENECKS, Fed, Measurements, Verdict, decide
+from .verdict import BOTTLENECKS, ROUNDS, Fed, Measurements, Verdict, decide
 
 __all__ = ["BOTTLENECKS", "Fed", "Measurements", "Verdict", "decide", "main", "run"]
 
@@ -136,12 +136,12 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
                          f"training run's own) or more data")
     m = measure.new_measurements(args.data, source, kind, args.batch_size, args.device, args.transforms)
     m.model = model_name
+    m.seconds = args.seconds
     if kind == "remote-shards":
         m.notes.append("remote shards were read without the local cache (the first epoch's condition)")
     S = args.seconds
-    settings = [] if step is None else ["threads"] + ([] if args.no_process else ["process"]) + ["tune"]
-    phases = ["storage", "cpu", "loader"] + (["model"] if step is not None else []) + \
-        [f"fed:{s}" for s in settings]
+    settings = [] if step is None else ["threads"] + ([] if args.no_process else ["process"])
+    phases = ["storage", "cpu", "loader"] + (["model", *settings] * ROUNDS + ["tune"] if step else [])
     timeline = measure.Timeline(m.timeline)
     # No monitor thread: a running thread would make isolation="process" spawn, not fork.
     tqdm.monitor_interval = 0
@@ -164,21 +164,15 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
         measure.loader_alone(m, source, kind, transforms, S * SHARES["loader"], timeline)
         bar.update()
         if step is not None:
-            phase("the model on synthetic input")
-            measure.synthetic_step(m, step, transforms, S * SHARES["model"], timeline, max_pixels)
-            bar.update()
-            for setting in settings:
-                phase(f"the model fed by the feeder ({setting})")
-                try:
-                    m.fed[setting] = measure.fed(m, setting, source, kind, step, transforms,
-                                                 S * SHARES["fed"], timeline, m.step_ms or 0.0)
-                except Exception as exc:  # noqa: BLE001 - one setting failing is a finding, not the end
-                    if setting == "threads":
-                        raise
-                    m.notes.append(f"the {setting} run failed: {type(exc).__name__}: {exc}")
-                bar.update()
+            _model_rounds(m, args, source, kind, step, transforms, settings, timeline, bar, phase,
+                          max_pixels)
     finally:
         bar.close()
+        timeline.finish(m)
+        try:
+            m.load_average_end = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            pass
     verdict = decide(m)
     text = report_text(m, verdict)
     with open(os.path.join(out, "report.txt"), "w", encoding="utf-8") as f:
@@ -196,6 +190,78 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
     return m, verdict, text
 
 
+def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: str, step: Any,
+                  transforms: list[Any], settings: list[str], timeline: Any, bar: Any, phase: Any,
+                  max_pixels: int) -> None:
+    """The model on synthetic input and fed by each setting, in ``ROUNDS`` interleaved
+    rounds (each fed round is compared with the synthetic round just before it, so
+    the machine's drift between phases does not make a ratio), then the
+    ``decode_threads="tune"`` run, long enough in batches for it to shrink."""
+    from . import measure
+
+    S = args.seconds
+    rounds: dict[str, list[Fed]] = {s: [] for s in settings}
+    synthetic: list[float] = []
+    fsrc = None
+    tune_least = measure.tune_batches()
+    tune_budget = S * SHARES["fed"]
+    for r in range(ROUNDS):
+        phase(f"the model on synthetic input (round {r + 1} of {ROUNDS})")
+        measure.synthetic_step(m, step, transforms, S * SHARES["model"] / ROUNDS, timeline, max_pixels)
+        synthetic.append(m.step_ms_rounds[-1])
+        bar.update()
+        if fsrc is None:
+            # Passes long enough that no fed run restarts its pipeline within its
+            # batches: as many as the model could take in the longest run, and the
+            # batches "tune" needs in one pass.
+            most = math.ceil(1.2 * 4 * tune_budget * (m.model_rate or 0.0) / m.batch_size)
+            fsrc, m.tune_pass_batches = measure.fed_source(source, kind, m.batch_size,
+                                                           min(max(tune_least, most), 100_000))
+        for setting in settings:
+            if r and not rounds[setting]:
+                bar.update()
+                continue  # it failed in an earlier round
+            phase(f"the model fed by the feeder ({setting}, round {r + 1} of {ROUNDS})")
+            try:
+                rounds[setting].append(measure.fed(m, setting, fsrc, kind, step, transforms,
+                                                   S * SHARES["fed"] / ROUNDS, timeline,
+                                                   synthetic[-1]))
+            except Exception as exc:  # noqa: BLE001 - one setting failing is a finding, not the end
+                if setting == "threads":
+                    raise
+                m.notes.append(f"the {setting} run failed: {type(exc).__name__}: {exc}")
+                rounds[setting] = []
+            bar.update()
+    for setting, got in rounds.items():
+        if got:
+            m.fed[setting] = measure.merge_rounds(got, synthetic)
+    phase('the model fed by the feeder (decode_threads="tune")')
+    try:
+        m.fed["tune"] = measure.fed(m, "tune", fsrc, kind, step, transforms, tune_budget, timeline,
+                                    m.step_ms or 0.0, least=tune_least, pieces=ROUNDS)
+    except Exception as exc:  # noqa: BLE001
+        m.notes.append(f"the tune run failed: {type(exc).__name__}: {exc}")
+    else:
+        ran = m.fed["tune"].batches
+        if (m.tune_pass_batches or 0) < tune_least:
+            m.notes.append(f'decode_threads="tune" had passes of {m.tune_pass_batches} batches, fewer '
+                           f"than the {tune_least} it needs in one pass to shrink a thread (a new pass "
+                           "restarts its windows): its thread count says little; more data per "
+                           "pass or a smaller --batch-size gives it more")
+        elif ran + 1 < tune_least:
+            m.notes.append(f'decode_threads="tune" ran {ran} batches, fewer than the {tune_least} it '
+                           f"needs to shrink a thread (the step is slow): a longer --seconds gives "
+                           "it more")
+    bar.update()
+
+
+def _import_from_here() -> None:
+    """``MODULE:NAME`` arguments import from the current folder, as ``python -m`` does."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``feeder-doctor``; returns the exit status: 0, 2 for a bad
     argument, 1 for a failure while measuring. An error is one line on stderr
@@ -204,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _import_from_here()
     try:
         _, _, text = run(args)
     except Exception as exc:

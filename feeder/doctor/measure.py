@@ -30,10 +30,15 @@ from ..engine.read import nbytes
 from ..work.rng import sample_key
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
-from .verdict import Fed, Measurements
+from .verdict import ROUNDS, Fed, Measurements
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter
+
+# The fewest steps a round of the synthetic step or of a fed setting times (a
+# slow step stretches the round up to four times its budget for them): a round's
+# median must not rest on one or two steps a loaded machine slowed.
+ROUND_BATCHES = 5
 
 
 # -- what the command line names -------------------------------------------------------
@@ -177,29 +182,121 @@ def _p90_ms(values: list[float]) -> float | None:
     return 1e3 * float(np.percentile(values, 90)) if values else None
 
 
+def thirds(values: list[Any], parts: int = ROUNDS) -> list[list[Any]]:
+    """``values`` cut into ``parts`` consecutive runs of (nearly) equal length; none
+    when there are fewer values than parts."""
+    n = len(values)
+    if n < parts:
+        return []
+    return [values[n * k // parts:n * (k + 1) // parts] for k in range(parts)]
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat``),
+    None where there is no such file."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is counted in user)
+    return (sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / _TICK
+
+
+def _descendants_cpu_s(root: int) -> float:
+    """CPU seconds of the live processes below ``root`` (the isolated engine's
+    worker), from ``/proc/<pid>/stat``; 0 where ``/proc`` is not there."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return 0.0
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+            rest = text[text.rfind(")") + 2:].split()
+            children.setdefault(int(rest[1]), []).append(pid)  # ppid
+            cpu[pid] = (int(rest[11]) + int(rest[12])) / _TICK  # utime + stime
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    total, todo = 0.0, list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, ())
+    return total
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds of this process, its ended children and its live ones (a worker
+    process of ``isolation="process"`` counts as the doctor's)."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system + _descendants_cpu_s(os.getpid())
+
+
 class Timeline:
-    """CPU use of this process (cores busy) and images delivered, per phase over time."""
+    """CPU use of this process and its workers (cores busy), of the other processes,
+    and images delivered, per phase over time; the totals per phase give
+    :attr:`Measurements.other_cores` (:meth:`finish`)."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
         self.t0 = _now()
-        self._last = (_now(), time.process_time(), 0)
         self.phase = ""
+        self.totals: dict[str, list[float]] = {}  # phase -> [wall s, own CPU s, machine busy s]
+        self._phase_at: tuple[float, float, float | None] | None = None
+        self._last = self._sample() + (0,)
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float | None]:
+        return _now(), tree_cpu_s(), machine_busy_s()
 
     def start(self, phase: str) -> None:
+        self._close()
         self.phase = phase
-        self._last = (_now(), time.process_time(), 0)
+        self._phase_at = self._sample()
+        self._last = self._phase_at + (0,)
+
+    def _close(self) -> None:
+        if self._phase_at is None:
+            return
+        now, cpu, busy = self._sample()
+        t0, cpu0, busy0 = self._phase_at
+        row = self.totals.setdefault(self.phase, [0.0, 0.0, 0.0])
+        row[0] += now - t0
+        row[1] += cpu - cpu0
+        row[2] += (busy - busy0) if busy is not None and busy0 is not None else math.nan
+        self._phase_at = None
+
+    def finish(self, m: Measurements) -> None:
+        """End the current phase; record the other processes' CPU use in ``m``."""
+        self._close()
+        rows = [(name, r) for name, r in self.totals.items() if r[0] > 0 and math.isfinite(r[2])]
+        m.other_cores = {name: round(max(0.0, (r[2] - r[1]) / r[0]), 3) for name, r in rows}
+        wall = sum(r[0] for _, r in rows)
+        if wall > 0:
+            m.other_cores_run = round(max(0.0, sum(r[2] - r[1] for _, r in rows) / wall), 3)
 
     def tick(self, images: int = 0, every: float = 0.25) -> None:
-        now, cpu, n = _now(), time.process_time(), self._last[2] + images
+        now = _now()
+        n = self._last[3] + images
         dt = now - self._last[0]
         if dt < every:
-            self._last = (self._last[0], self._last[1], n)
+            self._last = self._last[:3] + (n,)
             return
-        self.rows.append({"t": round(now - self.t0, 3), "phase": self.phase,
-                          "cpu_cores": round((cpu - self._last[1]) / dt, 3),
-                          "img_s": round(n / dt, 1)})
-        self._last = (now, cpu, 0)
+        now, cpu, busy = self._sample()
+        dt = now - self._last[0]
+        row = {"t": round(now - self.t0, 3), "phase": self.phase,
+               "cpu_cores": round((cpu - self._last[1]) / dt, 3), "img_s": round(n / dt, 1)}
+        if busy is not None and self._last[2] is not None:
+            row["other_cores"] = round(max(0.0, (busy - self._last[2]) / dt - row["cpu_cores"]), 3)
+        self.rows.append(row)
+        self._last = (now, cpu, busy, 0)
 
 
 # -- the phases ----------------------------------------------------------------------------
@@ -277,16 +374,32 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     t0 = _now()
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="doctor-read") as pool:
         futures = [pool.submit(reader) for _ in range(threads)]
+        marks = [(t0, 0)]  # (time, samples read): the rate over each third of the phase
         while not all(f.done() for f in futures):
-            concurrent.futures.wait(futures, timeout=0.25)
+            concurrent.futures.wait(futures, timeout=min(0.25, budget_s / 12))
+            marks.append((_now(), state["done"]))
             timeline.tick()
         for f in futures:
             f.result()
     elapsed = _now() - t0
+    marks.append((t0 + elapsed, state["done"]))
     m.storage_rate = state["done"] / elapsed if elapsed > 0 else None
+    m.storage_rate_rounds = rates_by_thirds(marks)
     m.storage_mib_s = state["bytes"] / 2**20 / elapsed if elapsed > 0 else None
     tick()
     return kept
+
+
+def rates_by_thirds(marks: list[tuple[float, int]]) -> list[float]:
+    """The rate (count per second) over each third of the time ``marks`` (time,
+    cumulative count) span, from the marks nearest the thirds' edges."""
+    if len(marks) < ROUNDS + 1:
+        return []
+    t0, t1 = marks[0][0], marks[-1][0]
+    edges = [min(marks, key=lambda mk: abs(mk[0] - (t0 + (t1 - t0) * k / ROUNDS)))
+             for k in range(ROUNDS + 1)]
+    return [round((b[1] - a[1]) / (b[0] - a[0]), 3) for a, b in zip(edges, edges[1:])
+            if b[0] > a[0]]
 
 
 def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: list[Any],
@@ -338,6 +451,8 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
         cv2.setNumThreads(saved)
     m.decode_ms = _median_ms(decode)
     m.transform_ms = _median_ms(transform)
+    m.decode_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in thirds(decode)]
+    m.transform_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in thirds(transform)]
     cost = (m.decode_ms or 0.0) + (m.transform_ms or 0.0)
     m.ceiling_rate = m.cores * 1e3 / cost if cost > 0 else None
 
@@ -362,16 +477,19 @@ def loader_alone(m: Measurements, source: Any, kind: str, transforms: list[Any],
     with Feeder(source, m.batch_size, transforms, **feeder_options(kind, m.device)) as f:
         it = _batches(f)
         next(it)  # the first batch: start-up, not the rate
-        n, t0, cpu0 = 0, _now(), time.process_time()
+        n, t0, cpu0 = 0, _now(), tree_cpu_s()
         stats0 = f.stats()
-        while _now() - t0 < budget_s:
+        marks = [(t0, 0)]
+        while _now() - t0 < budget_s or len(marks) < 2 * ROUNDS + 1:
             x, _ = next(it)
             n += x.shape[0]
+            marks.append((_now(), n))
             timeline.tick(x.shape[0])
         elapsed = _now() - t0
-        cpu = time.process_time() - cpu0
+        cpu = tree_cpu_s() - cpu0
         stats = f.stats()
     m.loader_rate = n / elapsed if elapsed > 0 else None
+    m.loader_rate_rounds = rates_by_thirds(marks)
     m.loader_cpu_cores = cpu / elapsed if elapsed > 0 else None
     m.stage_utilization = {s.name: round(s.utilization, 4) for s in stats.stages if s.threads}
     transfer0, transfer = stats0.stage("transfer"), stats.stage("transfer")
@@ -387,8 +505,11 @@ def _sync(device: torch.device) -> None:
 
 def synthetic_step(m: Measurements, step: Callable, transforms: list[Any], budget_s: float,
                    timeline: Timeline, max_pixels: int) -> list[float]:
-    """The step on a batch already on the device: the rate the loader must reach.
-    On CUDA timed with CUDA events."""
+    """One round of the step on a batch already on the device: the rate the loader
+    must reach. On CUDA timed with CUDA events. Appends the round's median to
+    ``m.step_ms_rounds`` (``m.step_ms`` is the rounds' median) and the cores' worth
+    of CPU the process used to ``m.step_cpu_cores_rounds``; returns the round's step
+    times (s)."""
     timeline.start("model (synthetic input)")
     h, w = Chain(list(transforms), None, max_pixels).image_size
     device = torch.device(m.device)
@@ -399,8 +520,9 @@ def synthetic_step(m: Measurements, step: Callable, transforms: list[Any], budge
     times: list[float] = []
     step(images, labels)  # warm-up (allocations, cudnn autotuning)
     _sync(device)
-    deadline = _now() + budget_s
-    while (_now() < deadline or len(times) < 3) and len(times) < 1000:
+    t_start, cpu0 = _now(), tree_cpu_s()
+    deadline = t_start + budget_s
+    while (_now() < deadline or len(times) < ROUND_BATCHES) and len(times) < 1000:
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -413,19 +535,69 @@ def synthetic_step(m: Measurements, step: Callable, transforms: list[Any], budge
             step(images, labels)
             times.append(_now() - t)
         timeline.tick(m.batch_size)
-    m.step_ms = _median_ms(times)
+    wall, cpu = _now() - t_start, tree_cpu_s() - cpu0
+    m.step_cpu_cores_rounds.append(round(cpu / wall, 3) if wall > 0 else 0.0)
+    m.step_cpu_cores = statistics.median(m.step_cpu_cores_rounds)
+    m.step_ms_rounds.append(round(_median_ms(times) or 0.0, 4))
+    m.step_ms = statistics.median(m.step_ms_rounds)
     m.model_rate = 1e3 * m.batch_size / m.step_ms if m.step_ms else None
-    if device.type == "cuda":
+    m.torch_threads = torch.get_num_threads()
+    if device.type == "cuda" and m.gpu_utilization is None:
         try:
             m.gpu_utilization = float(torch.cuda.utilization(device))
         except Exception:  # noqa: BLE001 - needs pynvml; optional
-            m.notes.append("GPU utilization: torch.cuda.utilization() did not answer (pynvml missing?)")
+            if not any(n.startswith("GPU utilization") for n in m.notes):
+                m.notes.append("GPU utilization: torch.cuda.utilization() did not answer (pynvml missing?)")
     return times
 
 
+class Repeated:
+    """``source`` ``times`` over (sample ``i`` is ``source[i % len(source)]``): a pass
+    long enough for a fed run's batches, so that no new pass restarts the pipeline
+    (and ``"tune"``'s windows) within the run."""
+
+    def __init__(self, source: Any, times: int) -> None:
+        self.source = source
+        self.times = times
+        self.reads_may_block = reads_may_block(source)
+
+    def __len__(self) -> int:
+        return self.times * len(self.source)
+
+    def read(self, index: int) -> Any:
+        return self.source.read(index % len(self.source))
+
+    def describe(self, index: int) -> str:
+        return describe(self.source, index % len(self.source))
+
+
+def tune_batches() -> int:
+    """Batches ``decode_threads="tune"`` needs in one pass to shrink once and show it
+    held: the pass's untimed first batch, its warm-up, a shrink window and a grow
+    window (see :mod:`feeder.engine.tune`)."""
+    from ..engine import tune as _tune
+
+    return 1 + _tune.WARMUP + _tune.SHRINK_WINDOW + _tune.GROW_WINDOW
+
+
+def fed_source(source: Any, kind: str, batch_size: int, batches: int) -> tuple[Any, int]:
+    """The source a fed run reads, and the batches in one of its passes: an image
+    folder or a source object repeated until a pass holds ``batches``; shards as
+    they are (their order is shard by shard)."""
+    n = len(source)
+    if kind in ("folder", "object") and n // batch_size < batches:
+        source = Repeated(source, math.ceil(batches * batch_size / n))
+    return source, len(source) // batch_size
+
+
 def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
-        transforms: list[Any], budget_s: float, timeline: Timeline, synthetic_ms: float) -> Fed:
-    """The step fed by the feeder: the loop's wait share and the step's slowdown."""
+        transforms: list[Any], budget_s: float, timeline: Timeline, synthetic_ms: float,
+        least: int = 0, pieces: int = 1) -> Fed:
+    """The step fed by the feeder: the loop's wait share and the step's slowdown,
+    over at least ``budget_s`` and ``max(least, ROUND_BATCHES)`` batches (for at
+    most four times the budget, at least 3 batches). ``pieces`` > 1 (``"tune"``'s single long run): the
+    figures of each consecutive part of the run are its rounds; else the run is
+    one round of the figures."""
     timeline.start(f"fed ({setting})")
     options = feeder_options(kind, m.device)
     if setting == "process":
@@ -433,18 +605,9 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
     if setting == "tune":
         options["decode_threads"] = "tune"
     device = torch.device(m.device)
-    waits: list[float] = []
-    steps: list[float] = []
-    # "tune" needs its windows' worth of batches to settle (see feeder.engine.tune); a slow
-    # step gets up to four times the budget for them.
-    least = 3
-    if setting == "tune":
-        from ..engine import tune as _tune
-
-        # The pass's first batch is untimed, and a shrink is judged on the batch
-        # that completes WARMUP + SHRINK_WINDOW; a few more show it held.
-        least = _tune.WARMUP + _tune.SHRINK_WINDOW + _tune.GROW_WINDOW
-    cap = max(budget_s, 4 * budget_s)
+    rows: list[tuple[float, float, float, int]] = []  # (wait s, step s, loop s, images) a batch
+    cap = 4 * budget_s
+    least = max(least, ROUND_BATCHES)
     with Feeder(source, m.batch_size, transforms, **options) as f:
         # The loop's wait for data is what the feeder records as such (blocked on
         # an empty output queue), not the whole time in next(): the rest of next()
@@ -456,9 +619,8 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         step(x, y)
         _sync(device)
         t_start = _now()
-        images = 0
-        while ((_now() - t_start < budget_s or len(steps) < least)
-               and (_now() - t_start < cap or len(steps) < 3)):
+        while ((_now() - t_start < budget_s or len(rows) < least)
+               and (_now() - t_start < cap or len(rows) < 3)):
             waited = book.consumer_wait_s
             t0 = _now()
             x, y = next(it)
@@ -466,23 +628,49 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
             step(x, y)
             _sync(device)
             t2 = _now()
-            waits.append(wait)
-            steps.append(max(0.0, t2 - t0 - wait))
-            images += x.shape[0]
+            rows.append((wait, max(0.0, t2 - t0 - wait), t2 - t0, x.shape[0]))
             timeline.tick(x.shape[0])
-        elapsed = _now() - t_start
         stats = f.stats()
     active = stats.active() if setting == "tune" else f.config.decode_threads
     if setting == "tune":
         m.tune_history = [(round(t, 3), n) for t, stage, n in stats.active_threads if stage == "decode"]
-        if len(steps) + 1 < least:
-            m.notes.append(f'decode_threads="tune" ran {len(steps)} batches, fewer than the {least} '
-                           f"it needs to settle (a longer --seconds gives it more)")
-    step_ms = 1e3 * statistics.median(steps)
-    return Fed(setting=setting, batches=len(steps), rate=images / elapsed,
-               wait_share=sum(waits) / elapsed, step_ms=step_ms,
+    return _fed_figures(setting, rows, synthetic_ms, pieces,
+                        None if active is None else int(active))
+
+
+def _fed_figures(setting: str, rows: list[tuple[float, float, float, int]], synthetic_ms: float,
+                 pieces: int, active: int | None) -> Fed:
+    def figures(part: list[tuple[float, float, float, int]]) -> tuple[float, float, float]:
+        loop = sum(r[2] for r in part)
+        return (sum(r[3] for r in part) / loop if loop > 0 else 0.0,
+                sum(r[0] for r in part) / loop if loop > 0 else 0.0,
+                1e3 * statistics.median(r[1] for r in part))
+
+    rate, wait, step_ms = figures(rows)
+    parts = [figures(p) for p in thirds(rows, pieces)] if pieces > 1 else [(rate, wait, step_ms)]
+    return Fed(setting=setting, batches=len(rows), rate=rate, wait_share=wait, step_ms=step_ms,
                interference=step_ms / synthetic_ms if synthetic_ms > 0 else 1.0,
-               active_threads=None if active is None else int(active))
+               active_threads=active,
+               rate_rounds=[round(p[0], 3) for p in parts],
+               wait_share_rounds=[round(p[1], 5) for p in parts],
+               step_ms_rounds=[round(p[2], 4) for p in parts],
+               interference_rounds=[round(p[2] / synthetic_ms, 4) if synthetic_ms > 0 else 1.0
+                                    for p in parts])
+
+
+def merge_rounds(rounds: list[Fed], synthetic_ms: list[float]) -> Fed:
+    """One :class:`Fed` from the rounds of one setting: its figures the rounds'
+    medians, each round's step over the synthetic step of the same round."""
+    med = statistics.median
+    ratios = [round(r.step_ms / s, 4) if s > 0 else 1.0 for r, s in zip(rounds, synthetic_ms)]
+    last = rounds[-1]
+    return Fed(setting=last.setting, batches=sum(r.batches for r in rounds),
+               rate=med(r.rate for r in rounds), wait_share=med(r.wait_share for r in rounds),
+               step_ms=med(r.step_ms for r in rounds), interference=med(ratios),
+               active_threads=last.active_threads,
+               rate_rounds=[round(r.rate, 3) for r in rounds],
+               wait_share_rounds=[round(r.wait_share, 5) for r in rounds],
+               step_ms_rounds=[round(r.step_ms, 4) for r in rounds], interference_rounds=ratios)
 
 
 def new_measurements(data: str, source: Any, kind: str, batch_size: int, device: str,
@@ -490,7 +678,7 @@ def new_measurements(data: str, source: Any, kind: str, batch_size: int, device:
     cfg = Config.build(reads_may_block(source), batch_size=batch_size, device=device)
     decoder = jpeg_decoder()
     try:
-        load = os.getloadavg()[0]
+        load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
     return Measurements(load_average=load, data=data, source_kind=kind, samples=len(source), batch_size=batch_size,
