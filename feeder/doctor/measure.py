@@ -56,7 +56,8 @@ def load_object(spec: str, what: str) -> Any:
     try:
         obj = importlib.import_module(module)
     except ImportError as exc:
-        raise ValueError(f"{spec!r}: cannot import module {module!r}: {exc}") from exc
+        raise ValueError(f"{spec!r}: cannot import module {module!r}: {exc} (looked in the current "
+                         f"folder and on sys.path)") from exc
     except Exception as exc:  # the module's own code failed: the user's, said as such
         raise UserCodeError(f"{what}: importing {module!r} raised {type(exc).__name__}: {exc}") from exc
     for part in name.split("."):
@@ -182,13 +183,13 @@ def _p90_ms(values: list[float]) -> float | None:
     return 1e3 * float(np.percentile(values, 90)) if values else None
 
 
-def thirds(values: list[Any], parts: int = ROUNDS) -> list[list[Any]]:
-    """``values`` cut into ``parts`` consecutive runs of (nearly) equal length; none
+def parts(values: list[Any], n_parts: int = ROUNDS) -> list[list[Any]]:
+    """``values`` cut into ``n_parts`` consecutive runs of (nearly) equal length; none
     when there are fewer values than parts."""
     n = len(values)
-    if n < parts:
+    if n < n_parts:
         return []
-    return [values[n * k // parts:n * (k + 1) // parts] for k in range(parts)]
+    return [values[n * k // n_parts:n * (k + 1) // n_parts] for k in range(n_parts)]
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -374,7 +375,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     t0 = _now()
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="doctor-read") as pool:
         futures = [pool.submit(reader) for _ in range(threads)]
-        marks = [(t0, 0)]  # (time, samples read): the rate over each third of the phase
+        marks = [(t0, 0)]  # (time, samples read): the rate over each part of the phase
         while not all(f.done() for f in futures):
             concurrent.futures.wait(futures, timeout=min(0.25, budget_s / 12))
             marks.append((_now(), state["done"]))
@@ -384,15 +385,15 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     elapsed = _now() - t0
     marks.append((t0 + elapsed, state["done"]))
     m.storage_rate = state["done"] / elapsed if elapsed > 0 else None
-    m.storage_rate_rounds = rates_by_thirds(marks)
+    m.storage_rate_rounds = rates_by_parts(marks)
     m.storage_mib_s = state["bytes"] / 2**20 / elapsed if elapsed > 0 else None
     tick()
     return kept
 
 
-def rates_by_thirds(marks: list[tuple[float, int]]) -> list[float]:
-    """The rate (count per second) over each third of the time ``marks`` (time,
-    cumulative count) span, from the marks nearest the thirds' edges."""
+def rates_by_parts(marks: list[tuple[float, int]]) -> list[float]:
+    """The rate (count per second) over each of ``ROUNDS`` equal parts of the time
+    ``marks`` (time, cumulative count) span, from the marks nearest their edges."""
     if len(marks) < ROUNDS + 1:
         return []
     t0, t1 = marks[0][0], marks[-1][0]
@@ -451,8 +452,8 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
         cv2.setNumThreads(saved)
     m.decode_ms = _median_ms(decode)
     m.transform_ms = _median_ms(transform)
-    m.decode_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in thirds(decode)]
-    m.transform_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in thirds(transform)]
+    m.decode_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in parts(decode)]
+    m.transform_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in parts(transform)]
     cost = (m.decode_ms or 0.0) + (m.transform_ms or 0.0)
     m.ceiling_rate = m.cores * 1e3 / cost if cost > 0 else None
 
@@ -489,7 +490,7 @@ def loader_alone(m: Measurements, source: Any, kind: str, transforms: list[Any],
         cpu = tree_cpu_s() - cpu0
         stats = f.stats()
     m.loader_rate = n / elapsed if elapsed > 0 else None
-    m.loader_rate_rounds = rates_by_thirds(marks)
+    m.loader_rate_rounds = rates_by_parts(marks)
     m.loader_cpu_cores = cpu / elapsed if elapsed > 0 else None
     m.stage_utilization = {s.name: round(s.utilization, 4) for s in stats.stages if s.threads}
     transfer0, transfer = stats0.stage("transfer"), stats.stage("transfer")
@@ -647,7 +648,7 @@ def _fed_figures(setting: str, rows: list[tuple[float, float, float, int]], synt
                 1e3 * statistics.median(r[1] for r in part))
 
     rate, wait, step_ms = figures(rows)
-    parts = [figures(p) for p in thirds(rows, pieces)] if pieces > 1 else [(rate, wait, step_ms)]
+    parts = [figures(p) for p in parts(rows, pieces)] if pieces > 1 else [(rate, wait, step_ms)]
     return Fed(setting=setting, batches=len(rows), rate=rate, wait_share=wait, step_ms=step_ms,
                interference=step_ms / synthetic_ms if synthetic_ms > 0 else 1.0,
                active_threads=active,

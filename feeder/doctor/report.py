@@ -64,7 +64,7 @@ def report_text(m: Measurements, v: Verdict) -> str:
                          f"{_s(f.step_ms, f.step_ms_rounds, '.2f', ' ms')} = "
                          f"{_s(f.interference, f.interference_rounds, '.2f', 'x')} synthetic{extra}")
         lines.append(f"  (in [brackets]: the lowest and highest of {ROUNDS} rounds; tune: of the "
-                     "thirds of its run)")
+                     "parts of its run)")
         if m.tune_history:
             lines.append("  tune: active decode threads over time: "
                          + ", ".join(f"{n} at {t:.1f} s" for t, n in m.tune_history[:12])
