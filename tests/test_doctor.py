@@ -221,18 +221,24 @@ def test_verdict_simulated_step_leaves_the_cores_free():
 def test_verdict_noisy_rounds_are_inconclusive_and_say_what_to_run():
     m = with_model(60.0, seconds=30.0,
                    fed={"threads": fed("threads", 500, 0.002, 66.0, 1.1)})
-    m.fed["threads"].step_ms_rounds = [48.6, 78.0, 63.0, 62.0, 64.0]  # 0.81x, 1.30x, 1.05x ...
+    m.fed["threads"].step_ms_rounds = [48.6, 78.0, 75.0, 62.0, 64.0]  # 0.81x, 1.30x, 1.25x, ...
     v = decide(m)
     assert v.bottleneck == "inconclusive" and v.fixes == []
-    assert "slower than 1.10x, at more cost than the wait, in 1 of 5 rounds" in v.why
+    assert "slower than 1.10x, at more cost than the wait, in 2 of 5 rounds" in v.why
     assert v.spreads["step fed / synthetic"] == [0.81, 1.3]
     assert "--seconds 60" in v.tries[0]
 
 
+def test_verdict_one_outlier_round_does_not_make_it_inconclusive():
+    m = with_model(200.0, fed={"threads": fed("threads", 19, 0.001, 203.0, 1.01)})
+    m.fed["threads"].step_ms_rounds = [200.5, 201.0, 203.0, 226.0, 202.0]  # one round at 1.13x
+    assert decide(m).bottleneck == "model"
+
+
 def test_verdict_wait_on_both_sides_of_the_limit_is_inconclusive():
-    m = with_model(60.0, fed={"threads": fed("threads", 500, 0.05, 60.0, 1.0, jitter=(0.2, 0.5, 1.0, 0.8, 3.0))})
+    m = with_model(60.0, fed={"threads": fed("threads", 500, 0.05, 60.0, 1.0, jitter=(0.2, 1.5, 1.0, 0.8, 3.0))})
     v = decide(m)
-    assert v.bottleneck == "inconclusive" and "above 5% in 1 of 5 rounds" in v.why
+    assert v.bottleneck == "inconclusive" and "above 5% in 2 of 5 rounds" in v.why
 
 
 def test_verdict_needs_five_rounds():
@@ -385,7 +391,8 @@ def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound
     assert name == "interference", doc
     fed = doc["measurements"]["fed"]
     assert set(fed) == {"threads", "process", "tune"}
-    assert any("GIL" in fix for fix in doc["verdict"]["fixes"])
+    # Advised (fix) when measured helping beyond the noise, else listed to try.
+    assert any("GIL" in fix for fix in doc["verdict"]["fixes"] + doc["verdict"]["tries"])
 
 
 def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatch):

@@ -237,8 +237,11 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
             m.fed[setting] = measure.merge_rounds(got, synthetic)
     phase('the model fed by the feeder (decode_threads="tune")')
     try:
+        # A slow step may take up to the whole --seconds again for the batches
+        # "tune" needs to shrink a thread (a note says when even that was short).
         m.fed["tune"] = measure.fed(m, "tune", fsrc, kind, step, transforms, tune_budget, timeline,
-                                    m.step_ms or 0.0, least=tune_least, pieces=ROUNDS)
+                                    m.step_ms or 0.0, least=tune_least, pieces=ROUNDS,
+                                    cap_s=max(4 * tune_budget, S))
     except Exception as exc:  # noqa: BLE001
         m.notes.append(f"the tune run failed: {type(exc).__name__}: {exc}")
     else:
@@ -250,8 +253,8 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
                            "pass or a smaller --batch-size gives it more")
         elif ran + 1 < tune_least:
             m.notes.append(f'decode_threads="tune" ran {ran} batches, fewer than the {tune_least} it '
-                           f"needs to shrink a thread (the step is slow): a longer --seconds gives "
-                           "it more")
+                           f"needs to shrink a thread (the step is slow): its thread count says "
+                           f"little; a longer --seconds gives it more")
     bar.update()
 
 

@@ -593,10 +593,10 @@ def fed_source(source: Any, kind: str, batch_size: int, batches: int) -> tuple[A
 
 def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         transforms: list[Any], budget_s: float, timeline: Timeline, synthetic_ms: float,
-        least: int = 0, pieces: int = 1) -> Fed:
+        least: int = 0, pieces: int = 1, cap_s: float | None = None) -> Fed:
     """The step fed by the feeder: the loop's wait share and the step's slowdown,
     over at least ``budget_s`` and ``max(least, ROUND_BATCHES)`` batches (for at
-    most four times the budget, at least 3 batches). ``pieces`` > 1 (``"tune"``'s single long run): the
+    most ``cap_s``, default four times the budget; at least 3 batches). ``pieces`` > 1 (``"tune"``'s single long run): the
     figures of each consecutive part of the run are its rounds; else the run is
     one round of the figures."""
     timeline.start(f"fed ({setting})")
@@ -607,7 +607,7 @@ def fed(m: Measurements, setting: str, source: Any, kind: str, step: Callable,
         options["decode_threads"] = "tune"
     device = torch.device(m.device)
     rows: list[tuple[float, float, float, int]] = []  # (wait s, step s, loop s, images) a batch
-    cap = 4 * budget_s
+    cap = 4 * budget_s if cap_s is None else max(budget_s, cap_s)
     least = max(least, ROUND_BATCHES)
     with Feeder(source, m.batch_size, transforms, **options) as f:
         # The loop's wait for data is what the feeder records as such (blocked on
@@ -648,15 +648,15 @@ def _fed_figures(setting: str, rows: list[tuple[float, float, float, int]], synt
                 1e3 * statistics.median(r[1] for r in part))
 
     rate, wait, step_ms = figures(rows)
-    parts = [figures(p) for p in parts(rows, pieces)] if pieces > 1 else [(rate, wait, step_ms)]
+    cut = [figures(p) for p in parts(rows, pieces)] if pieces > 1 else [(rate, wait, step_ms)]
     return Fed(setting=setting, batches=len(rows), rate=rate, wait_share=wait, step_ms=step_ms,
                interference=step_ms / synthetic_ms if synthetic_ms > 0 else 1.0,
                active_threads=active,
-               rate_rounds=[round(p[0], 3) for p in parts],
-               wait_share_rounds=[round(p[1], 5) for p in parts],
-               step_ms_rounds=[round(p[2], 4) for p in parts],
+               rate_rounds=[round(p[0], 3) for p in cut],
+               wait_share_rounds=[round(p[1], 5) for p in cut],
+               step_ms_rounds=[round(p[2], 4) for p in cut],
                interference_rounds=[round(p[2] / synthetic_ms, 4) if synthetic_ms > 0 else 1.0
-                                    for p in parts])
+                                    for p in cut])
 
 
 def merge_rounds(rounds: list[Fed], synthetic_ms: list[float]) -> Fed:
