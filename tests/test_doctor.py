@@ -438,6 +438,30 @@ def test_doctor_imports_model_from_the_current_folder(helpers, tmp_path, capsys,
     assert "module 'doctor_model_here' has no 'no_such_step'" in capsys.readouterr().err
 
 
+def test_fed_runs_read_passes_long_enough_for_tune_to_shrink():
+    # "tune" restarts its windows each pass: a 10-sample source at batch 4 gives
+    # passes of 2 batches, in which it could never shrink a thread.
+    from feeder.doctor import measure
+
+    class Ten:
+        reads_may_block = False
+
+        def __len__(self):
+            return 10
+
+        def read(self, index):
+            return b"x", index
+
+    need = measure.tune_batches()
+    source, per_pass = measure.fed_source(Ten(), "object", 4, need)
+    assert per_pass >= need and len(source) // 4 == per_pass
+    assert source.read(13) == (b"x", 3) and source.reads_may_block is False
+    assert "Ten[3]" in source.describe(13)
+    # Shards keep their order (shard by shard): as they are, and the note says so.
+    same, per_pass = measure.fed_source(Ten(), "shards", 4, need)
+    assert isinstance(same, Ten) and per_pass == 2
+
+
 def test_the_process_tree_cpu_counts_a_live_worker():
     from feeder.doctor import measure
 

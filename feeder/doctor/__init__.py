@@ -19,12 +19,19 @@ In about ``--seconds`` it measures, with a progress bar:
   function, called with a batch on the device, or ``builtin``; ``--step-ms``: a
   simulated step); on CUDA timed with CUDA events;
 * the model fed by the feeder: threads, ``isolation="process"`` and
-  ``decode_threads="tune"``: the loop's wait share and its step against the
-  synthetic one (the interference).
+  ``decode_threads="tune"``: the loop's rate and wait share and its step
+  against the synthetic one (the interference). The synthetic step and the
+  threads and process settings run in ``ROUNDS`` interleaved rounds, the other
+  figures over as many parts of their phase: each figure has its spread;
+* the machine: the load average, and the CPU other processes used in each
+  phase (the doctor's worker process counts as the doctor's).
 
 Then :func:`feeder.doctor.verdict.decide` names the bottleneck (``storage``,
-``decode``, ``transforms``, ``transfer``, ``interference`` or ``model``), the
-numbers that decided it and the fix. ``--out`` receives ``report.txt``,
+``decode``, ``transforms``, ``transfer``, ``interference``, ``cores`` or
+``model``; ``inconclusive`` when the rounds disagree), the numbers that decided
+it with their spreads, the fixes measured helping and what to try; a loaded
+machine is said first. ``MODULE:NAME`` arguments import from the current
+folder, as ``python -m`` does. ``--out`` receives ``report.txt``,
 ``doctor.json`` (every measurement and the verdict) and ``doctor.png`` (with
 matplotlib, ``pip install 'feeder[doctor]'``).
 """
@@ -48,8 +55,9 @@ __all__ = ["BOTTLENECKS", "Fed", "Measurements", "Verdict", "decide", "main", "r
 log = logging.getLogger(__name__)
 
 # Shares of --seconds per phase (storage, CPU work, loader alone, synthetic step,
-# then each fed setting), chosen so each figure rests on at least a second or so
-# at the default of 60 s.
+# then each fed setting; the model's and the threads' and process' shares are
+# split between the rounds), chosen so each figure rests on at least a second or
+# so at the default of 60 s. A slow step stretches them (see measure.ROUND_BATCHES).
 SHARES = {"storage": 0.15, "cpu": 0.10, "loader": 0.20, "model": 0.10, "fed": 0.15}
 
 
