@@ -207,37 +207,46 @@ def machine_busy_s() -> float | None:
     return (sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / _TICK
 
 
-def _descendants_cpu_s(root: int) -> float:
-    """CPU seconds of the live processes below ``root`` (the isolated engine's
-    worker), from ``/proc/<pid>/stat``; 0 where ``/proc`` is not there."""
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of process ``pid`` from ``/proc/<pid>/stat``; None
+    when it is gone or there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+        rest = text[text.rfind(")") + 2:].split()
+        return int(rest[1]), (int(rest[11]) + int(rest[12])) / _TICK  # ppid, utime + stime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below ``root`` (the isolated engine's worker): a scan of
+    ``/proc``, some milliseconds; none where there is no ``/proc``."""
     try:
         entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
-        return 0.0
+        return []
     children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
     for pid in entries:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                text = f.read()
-            rest = text[text.rfind(")") + 2:].split()
-            children.setdefault(int(rest[1]), []).append(pid)  # ppid
-            cpu[pid] = (int(rest[11]) + int(rest[12])) / _TICK  # utime + stime
-        except (OSError, ValueError, IndexError):  # gone meanwhile
-            continue
-    total, todo = 0.0, list(children.get(root, ()))
+        st = _stat(pid)
+        if st is not None:
+            children.setdefault(st[0], []).append(pid)
+    found, todo = [], list(children.get(root, ()))
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0.0)
+        found.append(pid)
         todo += children.get(pid, ())
-    return total
+    return found
 
 
-def tree_cpu_s() -> float:
+def tree_cpu_s(pids: list[int] | None = None) -> float:
     """CPU seconds of this process, its ended children and its live ones (a worker
-    process of ``isolation="process"`` counts as the doctor's)."""
+    process of ``isolation="process"`` counts as the doctor's): those of ``pids``,
+    or all found by :func:`descendants`."""
     t = os.times()
-    return time.process_time() + t.children_user + t.children_system + _descendants_cpu_s(os.getpid())
+    live = descendants(os.getpid()) if pids is None else pids
+    return (time.process_time() + t.children_user + t.children_system
+            + sum(st[1] for st in map(_stat, live) if st is not None))
 
 
 class Timeline:
@@ -245,28 +254,36 @@ class Timeline:
     and images delivered, per phase over time; the totals per phase give
     :attr:`Measurements.other_cores` (:meth:`finish`)."""
 
+    # Seconds between scans of /proc for the worker process, in a phase that has one
+    # (a scan holds the GIL for milliseconds: other phases scan at their ends only).
+    SCAN_S = 1.0
+
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
         self.t0 = _now()
         self.phase = ""
         self.totals: dict[str, list[float]] = {}  # phase -> [wall s, own CPU s, machine busy s]
         self._phase_at: tuple[float, float, float | None] | None = None
-        self._last = self._sample() + (0,)
+        self._known: list[int] = []
+        self._scanned = -math.inf
+        self._last = self._sample(True) + (0,)
 
-    @staticmethod
-    def _sample() -> tuple[float, float, float | None]:
-        return _now(), tree_cpu_s(), machine_busy_s()
+    def _sample(self, scan: bool = False) -> tuple[float, float, float | None]:
+        now = _now()
+        if scan or ("process" in self.phase and now - self._scanned >= self.SCAN_S):
+            self._known, self._scanned = descendants(os.getpid()), now
+        return _now(), tree_cpu_s(self._known), machine_busy_s()
 
     def start(self, phase: str) -> None:
         self._close()
         self.phase = phase
-        self._phase_at = self._sample()
+        self._phase_at = self._sample(True)
         self._last = self._phase_at + (0,)
 
     def _close(self) -> None:
         if self._phase_at is None:
             return
-        now, cpu, busy = self._sample()
+        now, cpu, busy = self._sample(True)
         t0, cpu0, busy0 = self._phase_at
         row = self.totals.setdefault(self.phase, [0.0, 0.0, 0.0])
         row[0] += now - t0
@@ -478,7 +495,8 @@ def loader_alone(m: Measurements, source: Any, kind: str, transforms: list[Any],
     with Feeder(source, m.batch_size, transforms, **feeder_options(kind, m.device)) as f:
         it = _batches(f)
         next(it)  # the first batch: start-up, not the rate
-        n, t0, cpu0 = 0, _now(), tree_cpu_s()
+        cpu0 = tree_cpu_s([])  # threads only: no worker process
+        n, t0 = 0, _now()
         stats0 = f.stats()
         marks = [(t0, 0)]
         while _now() - t0 < budget_s or len(marks) < 2 * ROUNDS + 1:
@@ -487,7 +505,7 @@ def loader_alone(m: Measurements, source: Any, kind: str, transforms: list[Any],
             marks.append((_now(), n))
             timeline.tick(x.shape[0])
         elapsed = _now() - t0
-        cpu = tree_cpu_s() - cpu0
+        cpu = tree_cpu_s([]) - cpu0
         stats = f.stats()
     m.loader_rate = n / elapsed if elapsed > 0 else None
     m.loader_rate_rounds = rates_by_parts(marks)
@@ -521,7 +539,8 @@ def synthetic_step(m: Measurements, step: Callable, transforms: list[Any], budge
     times: list[float] = []
     step(images, labels)  # warm-up (allocations, cudnn autotuning)
     _sync(device)
-    t_start, cpu0 = _now(), tree_cpu_s()
+    cpu0 = tree_cpu_s([])  # the step runs in this process
+    t_start = _now()
     deadline = t_start + budget_s
     while (_now() < deadline or len(times) < ROUND_BATCHES) and len(times) < 1000:
         if device.type == "cuda":
@@ -536,7 +555,8 @@ def synthetic_step(m: Measurements, step: Callable, transforms: list[Any], budge
             step(images, labels)
             times.append(_now() - t)
         timeline.tick(m.batch_size)
-    wall, cpu = _now() - t_start, tree_cpu_s() - cpu0
+    wall = _now() - t_start
+    cpu = tree_cpu_s([]) - cpu0
     m.step_cpu_cores_rounds.append(round(cpu / wall, 3) if wall > 0 else 0.0)
     m.step_cpu_cores = statistics.median(m.step_cpu_cores_rounds)
     m.step_ms_rounds.append(round(_median_ms(times) or 0.0, 4))
