@@ -503,7 +503,8 @@ def _interference(m: Measurements, fed: Fed, out: _Numbers, rounds: list[_Round]
                        f"the training step runs {ratio.text('.2f', unit='x')} slower fed by the "
                        f"feeder's threads than on synthetic input in the same round, costing "
                        f"{1e3 * lost_step:.1f} ms a batch, more than the {1e3 * lost_wait:.1f} ms "
-                       f"it waits for data, in every round", tries=tries, unhelpful=unhelpful)
+                       f"it waits for data, in {_count([r.slowed for r in rounds])}", tries=tries,
+                       unhelpful=unhelpful)
 
 
 def _cores(m: Measurements, fed: Fed, out: _Numbers, ratio: Spread, wait: Spread, need: float,
