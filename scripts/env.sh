@@ -41,15 +41,24 @@ if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
   echo "feeder: installing ${FEEDER_TORCH:-torch==2.13.0}" >&2
   "$vpy" -m pip install -q "${FEEDER_TORCH:-torch==2.13.0}" >&2
 fi
-# Reinstall only when the package metadata or the extras changed.
+# Reinstall only when the package metadata changed or an extra is missing. The
+# stamp records the extras installed; a script wanting others installs the union,
+# so that scripts wanting different extras (docs.sh: test,docs; example.sh: test)
+# share one installation instead of reinstalling whenever one follows the other.
 stamp="$venv/.feeder-install"
 # The extension's sources and whether its headers are there count too, so that
 # installing the headers later rebuilds it.
-want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root"/feeder/work/*.c | cksum) $extras"
+want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root"/feeder/work/*.c | cksum)"
 want="$want jpeg=$(has_jpeg_headers && echo yes || echo no)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "feeder: installing feeder[$extras] (editable)" >&2
-  "$vpy" -m pip install -q -e "$root[$extras]" >&2
-  echo "$want" >"$stamp"
+have="" have_extras=""
+if [ -f "$stamp" ]; then
+  have="$(sed -n 1p "$stamp")"
+  have_extras="$(sed -n 2p "$stamp")"
+fi
+union="$(printf '%s,%s' "$have_extras" "$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)"
+if [ "$have" != "$want" ] || [ "$union" != "$have_extras" ]; then
+  echo "feeder: installing feeder[$union] (editable)" >&2
+  "$vpy" -m pip install -q -e "$root[$union]" >&2
+  printf '%s\n%s\n' "$want" "$union" >"$stamp"
 fi
 echo "$vpy"
