@@ -14,6 +14,11 @@ The conventions a page follows (docs/contributing.md explains them to writers):
   block of the same page, in that block's namespace.
 * ``<!-- requires: mod1, mod2 -->``: the block needs these optional modules;
   without one of them the test is skipped, naming it (never silently passed).
+* ``<!-- s3 -->``: the block reads ``s3://my-bucket/``: it runs against an
+  S3-compatible server on the loopback interface (moto in server mode), whose
+  bucket ``my-bucket`` holds ``shards/``'s files, with ``AWS_ACCESS_KEY_ID``,
+  ``AWS_SECRET_ACCESS_KEY`` and ``AWS_ENDPOINT_URL`` set for it (the block
+  also requires moto, s3fs and boto3).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ SNIPPET_TIMEOUT_S = JOIN_TIMEOUT_S * 2
 
 # A fence, possibly indented (a block inside a list item): group 1 is the indent.
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```[ \t]*$", re.S | re.M)
-MARKER = re.compile(r"<!--\s*(continue|requires:[^>]*?)\s*-->\s*\Z")
+MARKER = re.compile(r"<!--\s*(continue|s3|requires:[^>]*?)\s*-->\s*\Z")
+S3_MODULES = ["moto", "s3fs", "boto3"]
+S3_BUCKET = "my-bucket"
 
 
 @dataclass
@@ -53,6 +60,7 @@ class Block:
     code: str
     continues: bool = False
     requires: list[str] = field(default_factory=list)
+    s3: bool = False
 
 
 def page_blocks(page: str) -> list[Block]:
@@ -64,20 +72,23 @@ def page_blocks(page: str) -> list[Block]:
             continue
         before = text[:m.start()].rstrip("\n")
         # Markers stack, one per line, right above the fence.
-        continues, requires = False, []
+        continues, requires, s3 = False, [], False
         while True:
             found = MARKER.search(before)
             if not found:
                 break
             if found.group(1) == "continue":
                 continues = True
+            elif found.group(1) == "s3":
+                s3 = True
+                requires += S3_MODULES
             else:
                 requires += [x.strip() for x in found.group(1).split(":", 1)[1].split(",") if x.strip()]
             before = before[:found.start()].rstrip("\n")
         indent = len(m.group(1))
         code = "".join(line[indent:] if line.startswith(" " * indent) else line.lstrip(" ")
                        for line in m.group(3).splitlines(keepends=True))
-        blocks.append(Block(page, text.count("\n", 0, m.start()) + 2, code, continues, requires))
+        blocks.append(Block(page, text.count("\n", 0, m.start()) + 2, code, continues, requires, s3))
     return blocks
 
 
@@ -166,6 +177,7 @@ def test_block_runs(chain, tree, tmp_path):
     scope: dict = {"__name__": "__main__"}
     where = chain_id(chain)
     cwd = os.getcwd()
+    server = _S3Server(os.path.join(tree, "shards")) if any(b.s3 for b in chain) else None
     os.chdir(tmp_path)
     started = time.monotonic()
     try:
@@ -177,7 +189,38 @@ def test_block_runs(chain, tree, tmp_path):
     finally:
         os.chdir(cwd)
         _close_feeders(scope)
+        if server is not None:
+            server.close()
     print(f"{chain_id(chain)}: {time.monotonic() - started:.2f} s")
+
+
+class _S3Server:
+    """A moto S3 server on the loopback interface, with the variables a block reads
+    set for it; ``close()`` stops it and restores them."""
+
+    def __init__(self, files: str) -> None:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        self.old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        client.create_bucket(Bucket=S3_BUCKET)
+        for name in sorted(os.listdir(files)):
+            client.upload_file(os.path.join(files, name), S3_BUCKET, name)
+
+    def close(self) -> None:
+        self.server.stop()
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _importable(name: str) -> bool:
@@ -208,6 +251,7 @@ def test_markers_are_read():
     assert not blocks[0].continues and blocks[1].continues
     seg = page_blocks("docs/guides/segmentation.md")
     assert any(b.requires == ["torchvision", "PIL"] for b in seg)
+    assert any(b.s3 and set(S3_MODULES) <= set(b.requires) for b in page_blocks("docs/guides/shards.md"))
 
 
 # -- the API reference --------------------------------------------------------------------------
