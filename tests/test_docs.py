@@ -254,6 +254,37 @@ def test_markers_are_read():
     assert any(b.s3 and set(S3_MODULES) <= set(b.requires) for b in page_blocks("docs/guides/shards.md"))
 
 
+# -- the figures ---------------------------------------------------------------------------------
+
+FIGURES = sorted(glob.glob(os.path.join(ROOT, "docs", "figures", "*.py")))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_figures_are_found():
+    assert {os.path.basename(p) for p in FIGURES} >= {"detection_batch.py", "tune_threads.py", "doctor.py"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script", FIGURES, ids=os.path.basename)
+def test_figure_script_draws_its_figure(script, tmp_path):
+    """Each docs/figures/NAME.py draws NAME.png from a real run, into the folder it is
+    given; the committed NAME.png is there and a page shows it."""
+    pytest.importorskip("matplotlib")
+    name = os.path.splitext(os.path.basename(script))[0] + ".png"
+    proc = subprocess.run([sys.executable, script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=280, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for path in (tmp_path / name, os.path.join(ROOT, "docs", "figures", name)):
+        with open(path, "rb") as f:
+            head = f.read(24)
+        assert head[:8] == PNG_SIGNATURE, path
+        width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+        assert width >= 400 and height >= 200, (path, width, height)
+    shown = [p for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+             if f"figures/{name})" in open(p, encoding="utf-8").read()]
+    assert shown, f"no page of docs/ shows figures/{name}"
+
+
 # -- the API reference --------------------------------------------------------------------------
 
 def documented_names() -> set[str]:
