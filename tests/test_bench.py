@@ -178,18 +178,41 @@ def test_sweep(tiny, tmp_path):
     out = str(tmp_path / "out")
     proc = bench("sweep", tiny["data"], "--out", out, "--decode", "1,2", "--augment", "1",
                  "--step-ms", "0,5", "--batch-size", "8", cwd=tiny["base"])
-    assert "auto" in proc.stdout
+    assert "auto" in proc.stdout and "within noise of the best" in proc.stdout
     rows = read_csv(os.path.join(out, "sweep.csv"))
     assert {float(r["step_ms"]) for r in rows} == {0.0, 5.0}
     assert sum(r["auto"] == "auto" for r in rows) == 2  # the auto point, once per step
     for r in rows:
         assert float(r["images_per_s"]) > 0
         assert 0.0 <= float(r["starvation"]) <= 1.0
+        runs = json.loads(r["repeats_images_per_s"])
+        assert len(runs) == 3  # three runs per point unless told otherwise
+        assert float(r["low"]) == min(runs) <= float(r["images_per_s"]) <= max(runs) == float(r["high"])
+    for step in (0.0, 5.0):
+        at = [r for r in rows if float(r["step_ms"]) == step]
+        assert [r["vs_best"] for r in at].count("best") == 1
+    best = read_csv(os.path.join(out, "sweep_auto.csv"))
+    assert {r["auto_vs_best"] for r in best} <= {"best", "~best", "below"}
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         return
     assert os.path.getsize(os.path.join(out, "sweep.png")) > 1000
+
+
+def test_sweep_marks_the_points_whose_runs_reach_the_best():
+    from feeder.bench.sweep import mark_equivalent
+
+    def row(name, low, median, high):
+        return {"name": name, "low": low, "images_per_s": median, "high": high}
+
+    rows = [row("a", 90, 100, 110), row("b", 85, 90, 91), row("c", 60, 70, 89), row("d", 95, 96, 97)]
+    best = mark_equivalent(rows)
+    assert best["name"] == "a"
+    assert {r["name"]: r["vs_best"] for r in rows} == {"a": "best", "b": "~best", "c": "", "d": "~best"}
+    single = [row("a", 100, 100, 100), row("b", 99, 99, 99)]  # one run each: no spread, no equivalence
+    mark_equivalent(single)
+    assert [r["vs_best"] for r in single] == ["best", ""]
 
 
 def test_scaled_decode(tmp_path):

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated training step per batch, ms; several give one plot panel each "
                         "(default 0)")
     p.add_argument("--epochs", type=int, default=1, help="epochs per point (default 1)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per point, median kept (default 1)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per point: the median and the spread are kept (default 3)")
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
 
     p = sub.add_parser("scaled-decode", help="reduced-scale vs full JPEG decode on large photos")

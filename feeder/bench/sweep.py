@@ -8,6 +8,14 @@ the table shows both images/s and starvation, the share of the elapsed time
 the training loop waited inside ``next()`` (``Stats.consumer_wait_s`` over the
 elapsed time). The point ``"auto"`` resolves to is measured as its own row and
 marked on the plot.
+
+Every point runs ``--repeats`` times (3 by default), the rounds alternating
+their order so that drift in the machine's speed lands on all points alike.
+A row shows the median and the spread (lowest to highest run). A point whose
+highest run reaches the best point's lowest is *within noise* of the best:
+on this machine, in this run, the two cannot be told apart, and the table
+marks it ``~best`` (and the plot draws the best point's spread as a band).
+One run per point has no spread: then only the best point is marked.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ COLUMNS = [
     ("queue_size", "queue", "{:d}"),
     ("auto", "auto", "{}"),
     ("images_per_s", "img/s", "{:.0f}"),
+    ("spread", "spread img/s", "{}"),
+    ("vs_best", "vs best", "{}"),
     ("starvation", "starved", "{:.1%}"),
     ("cpu_ms_per_image", "CPU ms/img", "{:.2f}"),
     ("bottleneck", "busiest stage", "{}"),
@@ -69,6 +79,24 @@ def measure_point(source: ImageFolder, batch_size: int, decode: int, augment: in
             "cpu_ms_per_image": 1e3 * cpu_s / max(1, images), "bottleneck": stats.bottleneck}
 
 
+def mark_equivalent(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mark the best row and the rows within noise of it; return the best row.
+
+    Each row holds ``images_per_s`` (the median) and ``low``/``high`` (its
+    lowest and highest run). The best is the highest median; a row is within
+    noise of it when its ``high`` reaches the best's ``low``: the runs of the
+    two overlap. Sets ``vs_best`` to ``"best"``, ``"~best"`` or ``""``.
+    """
+    best = max(rows, key=lambda r: r["images_per_s"])
+    for r in rows:
+        r["vs_best"] = "best" if r is best else ("~best" if r["high"] >= best["low"] else "")
+    return best
+
+
+def _name(row: dict[str, Any]) -> str:
+    return f"{row['decode_threads']}x{row['augment_threads']} q{row['queue_size']}"
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``sweep`` subcommand."""
     source = ImageFolder(args.dir)
@@ -98,9 +126,11 @@ def run(args: argparse.Namespace) -> int:
     for p in sorted(points):
         step, d, a, q = p
         rs = results[p]
+        rates = [x["images_per_s"] for x in rs]
         rows.append({"step_ms": step, "decode_threads": d, "augment_threads": a, "queue_size": q,
                      "auto": "auto" if (d, a, q) == (auto_d, auto_a, auto_q) else "",
-                     "images_per_s": median([x["images_per_s"] for x in rs]),
+                     "images_per_s": median(rates), "low": min(rates), "high": max(rates),
+                     "spread": f"{min(rates):.0f}-{max(rates):.0f}",
                      "starvation": median([x["starvation"] for x in rs]),
                      "cpu_ms_per_image": median([x["cpu_ms_per_image"] for x in rs]),
                      "bottleneck": rs[len(rs) // 2]["bottleneck"],
@@ -108,22 +138,31 @@ def run(args: argparse.Namespace) -> int:
     best_rows = []
     for step in args.step_ms:
         at = [r for r in rows if r["step_ms"] == step]
-        best = max(at, key=lambda r: r["images_per_s"])
+        best = mark_equivalent(at)
         auto = next(r for r in at if r["auto"])
-        best_rows.append({"step_ms": step, "best": f"{best['decode_threads']}x{best['augment_threads']}"
-                          f" q{best['queue_size']}", "best_images_per_s": best["images_per_s"],
+        best_rows.append({"step_ms": step, "best": _name(best), "best_images_per_s": best["images_per_s"],
+                          "best_spread": best["spread"],
+                          "within_noise": " ".join(_name(r) for r in at if r["vs_best"] == "~best") or "-",
                           "auto_images_per_s": auto["images_per_s"],
-                          "auto_of_best": auto["images_per_s"] / best["images_per_s"]})
+                          "auto_of_best": auto["images_per_s"] / best["images_per_s"],
+                          "auto_vs_best": auto["vs_best"] or "below"})
     machine = report.machine_info()
     print(report.format_table(rows, COLUMNS, title=(
         f"sweep on {args.dir}: batch {args.batch_size}, {args.epochs} epoch(s) per point, median of "
-        f"{args.repeats}; auto = decode {auto_d}, augment {auto_a}, queue {auto_q}\n"
+        f"{args.repeats} (spread: lowest-highest run; ~best: within noise of the best); "
+        f"auto = decode {auto_d}, augment {auto_a}, queue {auto_q}\n"
         f"machine: {report.describe_machine(machine)}")))
     print(report.format_table(best_rows, [("step_ms", "step ms", "{:g}"), ("best", "best point", "{}"),
                                           ("best_images_per_s", "best img/s", "{:.0f}"),
+                                          ("best_spread", "spread", "{}"),
+                                          ("within_noise", "within noise of the best", "{}"),
                                           ("auto_images_per_s", "auto img/s", "{:.0f}"),
-                                          ("auto_of_best", "auto/best", "{:.0%}")],
-                              title="auto against the best grid point"))
+                                          ("auto_of_best", "auto/best", "{:.0%}"),
+                                          ("auto_vs_best", "auto is", "{}")],
+                              title="the best grid point, the points within its noise, and auto"))
+    if args.repeats < 2:
+        print("one run per point: no spread, so no point can be told within noise of the best; "
+              "use --repeats 3 or more before choosing a setting")
     report.write_outputs(args.out, "sweep", rows, {
         "dir": args.dir, "batch_size": args.batch_size, "epochs": args.epochs, "repeats": args.repeats,
         "auto": {"decode_threads": auto_d, "augment_threads": auto_a, "queue_size": auto_q}},
@@ -140,18 +179,27 @@ def _plot(out_dir: str, rows: list[dict[str, Any]], auto: tuple[int, int, int], 
     for ax, step in zip(axes[0], steps):
         at = [r for r in rows if r["step_ms"] == step]
         lines = sorted({(r["augment_threads"], r["queue_size"]) for r in at})
+        best = max(at, key=lambda r: r["images_per_s"])
+        ax.axhspan(best["low"], best["high"], color="tab:green", alpha=0.15,
+                   label=f"best ({_name(best)}): its runs' spread")
         for aug, q in lines:
-            pts = sorted((r["decode_threads"], r["images_per_s"]) for r in at
+            pts = sorted((r["decode_threads"], r["images_per_s"], r["low"], r["high"]) for r in at
                          if (r["augment_threads"], r["queue_size"]) == (aug, q))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    label=f"{'inline augment' if aug == 0 else f'augment {aug}'}, queue {q}")
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                        yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]], marker="o", capsize=3,
+                        label=f"{'inline augment' if aug == 0 else f'augment {aug}'}, queue {q}")
+        near = [r for r in at if r.get("vs_best") in ("best", "~best")]
+        ax.plot([r["decode_threads"] for r in near], [r["images_per_s"] for r in near], marker="o",
+                markersize=11, markerfacecolor="none", markeredgecolor="tab:green", linestyle="none",
+                label="within noise of the best")
         a = next((r for r in at if r["auto"]), None)
         if a is not None:
             ax.plot([a["decode_threads"]], [a["images_per_s"]], marker="*", markersize=16, color="red",
                     linestyle="none", label=f"auto ({auto[0]}x{auto[1]}, queue {auto[2]})")
         ax.set_title(f"consumer step {step:g} ms/batch")
         ax.set_xlabel("decode threads")
-        ax.set_ylabel("images/s")
+        ax.set_xticks(sorted({r["decode_threads"] for r in at}))
+        ax.set_ylabel("images/s (median, bar: lowest-highest run)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
