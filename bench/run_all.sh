@@ -29,7 +29,7 @@ bench make-data "$data/small" --small --n-classes 20 --per-class 1000 --seed 1 |
 
 bench ceiling "$data/imagenet-like" --out "$out" --limit 500 --repeats 3 | tee "$out/ceiling.txt"
 bench compare "$data/imagenet-like" --out "$out" --epochs 3 --repeats 5 --scan-repeats 2 --batch-size 64 \
-  --workers-grid 0,1,2,3,4 --threads-grid 2x0,3x0,4x0,2x1,3x1,4x2 | tee "$out/compare.txt"
+  --workers-grid 0,1,2,3,4 --threads-grid 2x0,3x0,4x0,2x1,3x1,4x2 --targets | tee "$out/compare.txt"
 # feeder against DataLoader, DALI's CPU pipeline and SPDL (those two when installed: pip install
 # 'feeder[peers]'), first and steady epochs: 224 px photos, then 64 px small images (10000 per epoch).
 # Each writes its own .txt.

@@ -94,7 +94,7 @@ if [ "$part" = all ] || [ "$part" = cpu ] || [ "$part" = cuda ] || [ "$part" = i
     step ceiling 600 bench ceiling "$data/imagenet-like" --out "$out/cpu" \
       --limit 500 --repeats 3
     step compare_cpu 600 bench compare "$data/imagenet-like" --out "$out/cpu" \
-      --epochs 3 --repeats 3 --batch-size 64 --workers-grid 4,8,12,16 --threads-grid 8x0,16x0,24x0,12x4
+      --epochs 3 --repeats 3 --batch-size 64 --workers-grid 4,8,12,16 --threads-grid 8x0,16x0,24x0,12x4 --targets
   fi
   if [ "$part" = all ] || [ "$part" = cuda ]; then
     step compare_cuda 600 bench compare "$data/imagenet-like" --out "$out/cuda" \

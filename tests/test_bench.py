@@ -138,8 +138,9 @@ def test_compare(tiny, tmp_path):
     out = str(tmp_path / "out")
     proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
                  "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "8", "--model",
-                 cwd=tiny["base"])
-    assert "feeder auto" in proc.stdout and "targets" in proc.stdout and "loop waited" in proc.stdout
+                 "--targets", cwd=tiny["base"])
+    assert "feeder auto" in proc.stdout and "acceptance targets" in proc.stdout and "loop waited" in proc.stdout
+    assert os.path.exists(os.path.join(out, "compare_targets.csv"))
     rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
     expected = {"idle baseline", "ceiling", "parallel ceiling", "DataLoader+cv2", "feeder auto",
                 "feeder best grid"}
@@ -172,6 +173,47 @@ def test_compare(tiny, tmp_path):
     assert doc["meta"]["raw_rounds"] and doc["targets"]
     steps = {lb: x["extra"].get("model_steps") for lb, x in doc["meta"]["raw_rounds"][0].items()}
     assert steps["feeder auto"] == steps["DataLoader+cv2"] == 3  # 24 images in batches of 8
+
+
+@pytest.mark.parametrize("targets", [False, True])
+def test_compare_shows_a_users_table_and_targets_only_when_asked(tiny, tmp_path, monkeypatch, capsys, targets):
+    """The last table puts the feeder against DataLoader in speed, first batch and
+    memory; the acceptance targets come only with --targets. (The measured runs are
+    stood in for: this checks the report, test_compare the measuring.)"""
+    from feeder.bench import cli, compare
+    from feeder.bench.measure import RunResult
+
+    mib = 2**20
+    rates = {"dl-pil": 100.0, "dl-cv2": 150.0, "feeder": 300.0}
+
+    def child(spec):
+        mode, kind = spec.get("mode"), spec.get("kind")
+        if mode == "idle":
+            return RunResult(spec, ok=True, wall_s=1.0, peak_pss=100 * mib)
+        if mode in ("ceiling", "ceiling-parallel"):
+            return RunResult(spec, ok=True, images=450, wall_s=1.0, cpu_s=1.0,
+                             extra={"ceiling_images_per_s": 500.0})
+        return RunResult(spec, ok=True, images=300, wall_s=300 / rates[kind], cpu_s=1.0,
+                         first_batch_s=0.5 if kind == "feeder" else 2.0,
+                         peak_pss=(220 if kind == "feeder" else 500) * mib)
+
+    monkeypatch.setattr(compare, "run_child", child)
+    out = str(tmp_path / "out")
+    argv = ["compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
+            "--threads-grid", "2x0"] + (["--targets"] if targets else [])
+    capsys.readouterr()
+    assert compare.run(cli.build_parser().parse_args(argv)) == 0
+    text = capsys.readouterr().out
+    assert "first batch, s" in text and "memory above idle, MiB" in text
+    ratios = {(r["feeder"], r["versus"]): r for r in read_csv(os.path.join(out, "compare_ratios.csv"))}
+    auto = ratios[("feeder auto", "DataLoader+cv2")]
+    assert float(auto["throughput"]) == 2.0
+    assert auto["first_batch_both"] == "0.50 vs 2.00" and float(auto["first_batch"]) == 0.25
+    assert auto["pss_added_both"] == "120 vs 400" and float(auto["pss_added"]) == 0.3
+    doc = json.load(open(os.path.join(out, "compare.json")))
+    assert ("acceptance targets" in text) == targets and (" NO " in text or " yes " in text) == targets
+    assert os.path.exists(os.path.join(out, "compare_targets.csv")) == targets
+    assert ("targets" in doc) == targets
 
 
 def test_sweep(tiny, tmp_path):

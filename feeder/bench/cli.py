@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--model", action="store_true",
                    help="the consumer runs a ResNet-style training step per batch (use with --device cuda)")
+    p.add_argument("--targets", action="store_true",
+                   help="also check the project's acceptance targets (a table and compare_targets.csv)")
 
     p = sub.add_parser("ceiling", help="single-thread cost of the per-sample work x cores, "
                                       "and the same work in one process per core at once")

@@ -17,7 +17,12 @@ peak PSS of the process tree and PSS above the idle baseline of the same
 round. Ratios between rows are computed within each round, then the median is
 taken: a ratio of medians would mix rounds run at different machine speeds.
 The parallel ceiling against each DataLoader row is the most any loader could
-reach against it in that round: the bound shown beside each speed target.
+reach against it in that round.
+
+The last table puts each feeder row against each DataLoader row as a user
+weighs them: how much faster, how soon the first batch comes, how much memory
+each adds. ``--targets`` adds the project's acceptance targets, measured
+against these rows, with the parallel ceiling as the machine's bound.
 """
 
 from __future__ import annotations
@@ -58,12 +63,14 @@ SCAN_COLUMNS = [
 ]
 
 RATIO_COLUMNS = [
-    ("feeder", "row", "{}"),
-    ("versus", "versus", "{}"),
-    ("throughput", "img/s ratio", "{:.2f}x"),
-    ("cpu_per_image", "CPU/img ratio", "{:.2f}"),
-    ("first_batch", "1st batch ratio", "{:.2f}"),
-    ("pss_added", "added PSS ratio", "{:.2f}"),
+    ("feeder", "feeder", "{}"),
+    ("versus", "against", "{}"),
+    ("throughput", "speed", "{:.2f}x"),
+    ("first_batch_both", "first batch, s", "{}"),
+    ("first_batch", "ratio", "{:.2f}x"),
+    ("pss_added_both", "memory above idle, MiB", "{}"),
+    ("pss_added", "ratio", "{:.2f}x"),
+    ("cpu_per_image", "CPU per image", "{:.2f}x"),
 ]
 
 TARGET_COLUMNS = [
@@ -159,6 +166,13 @@ def scan(args: argparse.Namespace, base: dict[str, Any]) -> tuple[list[dict[str,
         if best.get(spec["kind"]) is spec:
             row["best"] = "*"
     return rows, best
+
+
+def _both(a: float | None, b: float | None, fmt: str) -> str | None:
+    """``"0.12 vs 0.40"``; None when either is missing."""
+    if a is None or b is None or a != a or b != b:
+        return None
+    return f"{fmt.format(a)} vs {fmt.format(b)}"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -264,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
             "repeats_images_per_s": per_round(label, lambda g, x: x.images_per_s),
         })
 
+    by_row = {r["row"]: r for r in rows}
     ratio_rows: list[dict[str, Any]] = []
     feeder_labels = [lb for lb, _ in finalists if lb.startswith("feeder")]
     dl_labels = [lb for lb, _ in finalists if lb.startswith("DataLoader")]
@@ -285,10 +300,14 @@ def run(args: argparse.Namespace) -> int:
                 row.update(
                     cpu_per_image=pr(lambda g, a, b: _ratio(a.cpu_per_image_s, b.cpu_per_image_s)),
                     first_batch=pr(lambda g, a, b: _ratio(a.first_batch_s, b.first_batch_s)),
-                    pss_added=pr(lambda g, a, b: _ratio(added(g, a), added(g, b))))
+                    pss_added=pr(lambda g, a, b: _ratio(added(g, a), added(g, b))),
+                    first_batch_both=_both(by_row[f].get("first_batch_s"), by_row[d].get("first_batch_s"),
+                                           "{:.2f}"),
+                    pss_added_both=_both(by_row[f].get("pss_added_mib"), by_row[d].get("pss_added_mib"),
+                                         "{:.0f}"))
             ratio_rows.append(row)
 
-    targets = _targets(rows, ratio_rows, rounds)
+    targets = _targets(rows, ratio_rows, rounds) if args.targets else []
     machine = report.machine_info()
     title = (f"compare on {args.dir}: batch {args.batch_size}, {args.epochs} epoch(s), RandomResizedCrop(224)"
              f" + flip, uint8, device {args.device}; median of {args.repeats} rounds\n"
@@ -299,10 +318,15 @@ def run(args: argparse.Namespace) -> int:
         columns = ROW_COLUMNS[:3] + [("consumer_wait", "loop waited", "{:.1%}")] + ROW_COLUMNS[3:]
     print(report.format_table(rows, columns, title=title))
     print(report.format_table(ratio_rows, RATIO_COLUMNS,
-                              title="ratios to DataLoader (median of per-round ratios; img/s higher "
-                                    "is better, the others lower; parallel ceiling: the most any loader "
-                                    "could reach)"))
-    print(report.format_table(targets, TARGET_COLUMNS, title="targets"))
+                              title="feeder against DataLoader: speed (images/s, higher is better), the "
+                                    "first batch and the memory above idle (feeder vs DataLoader, and "
+                                    "their ratio: lower is better), CPU per image (lower is better); "
+                                    "ratios are medians of per-round ratios; the parallel ceiling's row "
+                                    "is the most any loader could reach"))
+    if args.targets:
+        print(report.format_table(targets, TARGET_COLUMNS,
+                                  title="the project's acceptance targets, for feeder on \"auto\" "
+                                        "(machine bound: the parallel ceiling's figure)"))
     meta = {"dir": args.dir, "batch_size": args.batch_size, "epochs": args.epochs, "repeats": args.repeats,
             "scan_repeats": args.scan_repeats, "workers_grid": args.workers_grid,
             "threads_grid": args.threads_grid, "queue_size": args.queue_size, "device": args.device,
@@ -311,8 +335,10 @@ def run(args: argparse.Namespace) -> int:
                                  "first_batch_s": x.first_batch_s, "peak_pss": x.peak_pss,
                                  "extra": x.extra, "error": x.error}
                             for lb, x in got.items()} for got in rounds]}
-    report.write_outputs(args.out, "compare", rows, meta,
-                         extra_tables={"scan": scan_rows, "ratios": ratio_rows, "targets": targets})
+    tables = {"scan": scan_rows, "ratios": ratio_rows}
+    if args.targets:
+        tables["targets"] = targets
+    report.write_outputs(args.out, "compare", rows, meta, extra_tables=tables)
     _plot(args.out, rows)
     return 0
 
