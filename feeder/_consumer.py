@@ -243,8 +243,8 @@ class PassIterator:
             return
         skipped = len(progress.skipped())
         log.warning("epoch %d ended after %d of its %d batches (len(feeder) counts a pass that "
-                    "skips nothing): %d sample(s) skipped, and the samples after each filled its "
-                    "place", pass_.epoch, progress.batches, planned, skipped)
+                    "skips nothing): %d sample(s) left out under on_error='skip', and the samples "
+                    "after each filled its place", pass_.epoch, progress.batches, planned, skipped)
 
 
 def _timeout_message(pass_: Pass, timeout: float, waited: float) -> str:

@@ -932,7 +932,7 @@ def test_a_pass_cut_short_by_skips_says_so_at_its_end(source, caplog, n, bad, sh
     ends = [r.getMessage() for r in caplog.records if "ended after" in r.getMessage()]
     if short:
         assert ends == [f"epoch 0 ended after 5 of its 6 batches (len(feeder) counts a pass that "
-                        f"skips nothing): 1 sample(s) skipped, and the samples after each filled "
-                        f"its place"]
+                        f"skips nothing): 1 sample(s) left out under on_error='skip', and the "
+                        f"samples after each filled its place"]
     else:
         assert ends == []
