@@ -62,10 +62,14 @@ class Feeder:
             threads, so that a read waiting on storage never idles a core;
             ``"auto"``: 16 per decode thread, within [16, 128], when the
             source's reads may wait on storage (remote shards, a network or
-            FUSE file system, a source without a ``reads_may_block`` attribute),
-            else 0 (also for remote shards under ``shuffle_shards``, whose
-            windows are copied into the cache ahead of their reads); 0 reads in
-            the decode threads; ``"tune"``: the ``"auto"``
+            FUSE file system), else 0 (also for remote shards under
+            ``shuffle_shards``, whose windows are copied into the cache ahead
+            of their reads); a source without a ``reads_may_block`` attribute
+            gets the read stage until 64 of its reads are timed, then none
+            from the next pass on if their median wait off the CPU is under
+            0.1 ms (memory, page cache), logged at INFO and shown in
+            ``stats()`` (see [Performance tuning](../guides/performance.md#threads-and-cores));
+            0 reads in the decode threads; ``"tune"``: the ``"auto"``
             count, tuned as ``decode_threads="tune"``.
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.

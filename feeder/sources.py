@@ -10,7 +10,8 @@ define ``describe(index) -> str`` (a path, a key) that error messages use to
 point at the bad sample, and ``reads_may_block`` (a bool): False when reads
 are local and fast, so that the decode threads read themselves
 (``read_threads="auto"`` then adds no read stage); a source without it is read
-in threads of its own, in case its reads wait on storage. ``read`` is called from several decode threads at
+in threads of its own, in case its reads wait on storage, until its reads are
+measured as fast (see ``Feeder``'s ``read_threads``). ``read`` is called from several decode threads at
 once, so it must be thread-safe; plain file reads are. A sample that cannot be
 read should raise (it is then skipped under ``on_error="skip"``); returning
 anything else than a sample is a mistake in the source, always an error.

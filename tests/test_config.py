@@ -179,7 +179,7 @@ def test_devices():
             parse_device("cuda")
 
 
-def test_reads_may_block_is_the_sources_hint_else_true():
+def test_reads_may_block_is_the_sources_hint():
     class Hint:
         def __init__(self, value):
             self.reads_may_block = value
@@ -190,7 +190,8 @@ def test_reads_may_block_is_the_sources_hint_else_true():
             raise OSError("cannot tell")
 
     assert reads_may_block(Hint(False)) is False and reads_may_block(Hint(True)) is True
-    assert reads_may_block(object()) is True
+    assert reads_may_block(object()) is None  # says nothing: its reads are measured
+    assert reads_may_block(Hint(None)) is None
     assert reads_may_block(Hint("no")) is True  # not a bool: not trusted
     assert reads_may_block(Failing()) is True
     # Under the block shuffle a source may say its windows are read locally.

@@ -213,3 +213,126 @@ def test_a_failing_or_odd_hint_means_reads_may_block(png_bytes):
     for cls in (Failing, Odd):
         with Feeder(cls([png_bytes] * 2), 1, transforms=[ops.Resize((8, 8))], decode_threads=1) as f:
             assert f.config.read_threads == 16
+
+
+# -- read_threads="auto" for a source that does not say: decided from its reads -
+
+def tiny_pngs(n: int) -> list[bytes]:
+    from conftest import encode_png, make_image
+
+    return [encode_png(make_image(12, 10, seed=i)) for i in range(n)]
+
+
+class WaitingSource(MemorySource):
+    """Reads that wait off the CPU, as on network storage (the wait is the
+    simulated storage, not a test's synchronization)."""
+
+    def read(self, index: int):
+        threading.Event().wait(0.002)
+        return super().read(index)
+
+
+def epochs(f, n: int) -> list[tuple[list, tuple[int, int]]]:
+    """Each epoch's batches and, after it, the read stage's (threads, items)."""
+    out = []
+    for epoch in range(n):
+        f.set_epoch(epoch)
+        batches, err = drain(f)
+        assert err is None
+        read = {s.name: s for s in f.stats().stages}.get("read")
+        out.append((batches, (int(read.threads), read.items) if read is not None else None))
+    return out
+
+
+def test_measured_read_threads_rule():
+    from feeder.engine.threads import FAST_READ_WAIT_S, MEASURED_READS, measured_read_threads
+
+    assert measured_read_threads(32, [0.0] * (MEASURED_READS - 1)) is None
+    fast = [FAST_READ_WAIT_S / 10] * MEASURED_READS + [1.0] * (MEASURED_READS // 4)
+    threads, why = measured_read_threads(32, fast)
+    assert threads == 0 and "read_threads=0" in why
+    slow = [2 * FAST_READ_WAIT_S] * MEASURED_READS + [0.0] * (MEASURED_READS // 4)
+    assert measured_read_threads(32, slow)[0] == 32
+
+
+def test_only_a_source_that_does_not_say_is_measured():
+    from feeder.engine.config import Config, reads_may_block
+    from feeder.engine.threads import MeasuredReadThreads, auto_read_threads
+    from feeder.engine.tune import TunedThreads
+
+    class Says(MemorySource):
+        reads_may_block = True
+
+    assert reads_may_block(MemorySource([])) is None and reads_may_block(Says([])) is True
+    measured = Config.build(None, batch_size=4, decode_threads=2).read_threads
+    assert isinstance(measured, MeasuredReadThreads) and measured == auto_read_threads(2)
+    for said in (True, False):
+        assert not isinstance(Config.build(said, batch_size=4).read_threads, MeasuredReadThreads)
+    assert type(Config.build(None, batch_size=4, read_threads=3).read_threads) is int
+    assert isinstance(Config.build(None, batch_size=4, read_threads="tune").read_threads,
+                      TunedThreads)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_fast_reads_of_a_source_that_does_not_say_lose_the_read_stage(isolation):
+    """Epoch 0 reads in a read stage and times its reads (from memory: no wait);
+    from epoch 1 on the decode threads read. The batches are the same as with
+    read_threads=0, epoch by epoch."""
+    blobs = tiny_pngs(96)
+    kw = dict(decode_threads=2, shuffle=True, seed=3)
+    with Feeder(MemorySource(blobs), 16, [ops.Resize((8, 8))], isolation=isolation, **kw) as f:
+        got = epochs(f, 3)
+    assert [stage for _, stage in got] == [(32, 96), (0, 96), (0, 96)]
+    with Feeder(MemorySource(blobs), 16, [ops.Resize((8, 8))], read_threads=0, **kw) as f:
+        want = epochs(f, 3)
+    for (batches, _), (expected, _) in zip(got, want):
+        assert len(batches) == len(expected) == 6
+        for (x, y), (ex, ey) in zip(batches, expected):
+            assert (x == ex).all() and (y == ey).all()
+
+
+def test_reads_are_measured_over_passes_and_never_repeated(caplog):
+    """A pass of fewer reads than the decision needs keeps the read stage; the
+    next pass's reads add to the measure. No read is made for the measure: one
+    read per sample delivered."""
+    import logging
+
+    from conftest import CountingSource
+
+    src = CountingSource(tiny_pngs(40))
+    with caplog.at_level(logging.INFO, logger="feeder.engine.engine"):
+        with Feeder(src, 8, [ops.Resize((8, 8))], decode_threads=2, seed=0) as f:
+            got = epochs(f, 3)
+    assert [stage for _, stage in got] == [(32, 40), (32, 80), (0, 80)]
+    assert src.reads == Counter({i: 3 for i in range(40)})
+    decided = [r.getMessage() for r in caplog.records if "read_threads='auto'" in r.getMessage()]
+    assert len(decided) == 1 and "CountingSource" in decided[0] and "read_threads=0" in decided[0]
+
+
+def test_reads_that_wait_keep_the_read_stage(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="feeder.engine.engine"):
+        with Feeder(WaitingSource(tiny_pngs(64)), 16, [ops.Resize((8, 8))], decode_threads=2,
+                    seed=0) as f:
+            got = epochs(f, 2)
+    assert [stage for _, stage in got] == [(32, 64), (32, 128)]
+    decided = [r.getMessage() for r in caplog.records if "read_threads='auto'" in r.getMessage()]
+    assert len(decided) == 1 and "keep their stage (read_threads=32)" in decided[0]
+
+
+@pytest.mark.parametrize("kw", [{"read_threads": 4}, {"reads_may_block": True},
+                                {"reads_may_block": False}])
+def test_a_source_that_says_or_given_read_threads_are_never_changed(kw):
+    blobs = tiny_pngs(64)
+    src = MemorySource(blobs)
+    if "reads_may_block" in kw:
+        src.reads_may_block = kw["reads_may_block"]
+    threads = kw.get("read_threads", 32 if kw.get("reads_may_block") else 0)
+    with Feeder(src, 16, [ops.Resize((8, 8))], decode_threads=2, seed=0,
+                read_threads=kw.get("read_threads", "auto")) as f:
+        for epoch in range(2):
+            f.set_epoch(epoch)
+            assert drain(f)[1] is None
+            stages = {s.name: int(s.threads) for s in f.stats().stages}
+            assert stages.get("read", 0) == threads

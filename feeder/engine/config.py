@@ -19,7 +19,7 @@ from ..work.augment import image_size_pair
 
 log = logging.getLogger(__name__)
 from ..work.sample import DEFAULT_MAX_PIXELS
-from .threads import auto_read_threads, auto_threads, cores_for_this_rank
+from .threads import MeasuredReadThreads, auto_read_threads, auto_threads, cores_for_this_rank
 from .tune import TunedThreads
 from ..errors import ConfigError
 from ..ops.base import foreign_transform
@@ -455,10 +455,11 @@ class Config:
     start_method: str = _option("auto", _start_method)
 
     @classmethod
-    def build(cls, _reads_may_block: bool = True, **options: Any) -> "Config":
+    def build(cls, _reads_may_block: bool | None = True, **options: Any) -> "Config":
         """Check every option (unknown names are a TypeError, as for any call) and
         resolve the ones that depend on others, on the machine or on the source
-        (``_reads_may_block``: see :func:`reads_may_block`)."""
+        (``_reads_may_block``: see :func:`reads_may_block`; None, the source does
+        not say: ``read_threads="auto"`` resolves to a :class:`MeasuredReadThreads`)."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(options) - set(known))
         if unknown:
@@ -482,9 +483,15 @@ class Config:
             # from a read stage (a queue hop per sample: measurable CPU on a
             # CPU-bound machine); reads that may wait on storage get their own
             # threads. "tune": that count, tuned, where there is a read stage.
-            count = auto_read_threads(values["decode_threads"]) if _reads_may_block else 0
-            values["read_threads"] = (TunedThreads(count) if values["read_threads"] == "tune"
-                                      and count else count)
+            # A source that does not say: the read stage, until its reads are
+            # measured (see MeasuredReadThreads; "tune" tunes it instead).
+            count = auto_read_threads(values["decode_threads"]) if _reads_may_block is not False else 0
+            if values["read_threads"] == "tune" and count:
+                values["read_threads"] = TunedThreads(count)
+            elif values["read_threads"] == "auto" and _reads_may_block is None:
+                values["read_threads"] = MeasuredReadThreads(count)
+            else:
+                values["read_threads"] = count
         dtype = values["dtype"]
         if values["normalize"] is not None:
             if dtype is None:
@@ -600,14 +607,17 @@ def signature_parameters() -> list[inspect.Parameter]:
             for f in fields(Config) if f.name != "batch_size"]
 
 
-def reads_may_block(source: Any, windowed: bool = False) -> bool:
+def reads_may_block(source: Any, windowed: bool = False) -> bool | None:
     """Whether ``source``'s reads may wait on storage: its ``reads_may_block``
-    attribute, True when it has none (a source of unknown speed gets a read stage:
-    a slow read in a decode thread would idle a core). ``windowed``: under the
-    block shuffle, where a source that copies each window ahead into a cache
-    says so by its ``window_reads_may_block`` attribute."""
+    attribute; None when it has none (the source does not say: it gets a read
+    stage until its reads are measured, see ``MeasuredReadThreads``); True when
+    the attribute fails or is not a bool. ``windowed``: under the block shuffle,
+    where a source that copies each window ahead into a cache says so by its
+    ``window_reads_may_block`` attribute."""
     try:
-        value = getattr(source, "reads_may_block", True)
+        value = getattr(source, "reads_may_block", None)
+        if value is None:
+            return None
         if windowed and value is True:
             value = getattr(source, "window_reads_may_block", True)
     except Exception:  # noqa: BLE001 - a failing hint must not fail the feeder

@@ -32,8 +32,9 @@ from ..work.augment import Chain
 from .batch import BufferPool, Scratch
 from .config import Config
 from .pipeline import Pass, PassBase, stage_threads
+from .read import ReadWaits
 from .stats import MemoryStats, Stats, StatsBook
-from .threads import LibraryThreads
+from .threads import LibraryThreads, MeasuredReadThreads, measured_read_threads
 from .transfer import SideStream
 from .steps import SampleWork, source_files
 from ..errors import FeederError
@@ -271,6 +272,11 @@ class ThreadEngine(EngineBase):
         self.scratch = Scratch(h, w)
         self._limits_held = False
         self.tail = tail
+        # read_threads="auto" for a source that does not say whether its reads
+        # wait: the read stage's reads are timed until the later passes' read
+        # stage is decided from them (see _decide_read_stage).
+        self.read_waits = (ReadWaits() if isinstance(config.read_threads, MeasuredReadThreads)
+                           else None)
         _reaper.ensure_running()
         self._go_live()
 
@@ -284,6 +290,23 @@ class ThreadEngine(EngineBase):
             LibraryThreads.acquire()
             self._limits_held = True
         self.pool.set_consumer_waiting(False)  # the loop is here now, about to call next()
+        if self.read_waits is not None:
+            self._decide_read_stage(self.read_waits)
+
+    def _decide_read_stage(self, waits: ReadWaits) -> None:
+        """Once enough reads were timed, fix the read stage of this pass and the
+        later ones (see :func:`~feeder.engine.threads.measured_read_threads`).
+        The engine's own copy of the configuration changes; batches do not
+        (they never depend on thread counts)."""
+        decided = measured_read_threads(self.config.read_threads, list(waits.waits))
+        if decided is None:
+            return  # too few reads yet: this pass keeps the read stage and times more
+        threads, why = decided
+        self.read_waits = None
+        self.config = dataclasses.replace(self.config, read_threads=threads)
+        self.book.restage(stage_threads(self.config))
+        log.info("read_threads='auto' for %s, which does not say whether its reads wait "
+                 "(no reads_may_block): %s", type(self.source).__name__, why)
 
     def _device_resolved(self, device: torch.device) -> None:
         self.pool.pin_with(device)
@@ -291,7 +314,7 @@ class ThreadEngine(EngineBase):
     def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> Pass:
         return Pass(cfg, self.source, self.work, self.pool, self.book, self.scratch,
-                    seed, epoch, rank, world_size, done, self.tail, self.side)
+                    seed, epoch, rank, world_size, done, self.tail, self.side, self.read_waits)
 
     def stats(self) -> Stats:
         return self.book.snapshot(self.pool.allocated, self.memory())

@@ -40,7 +40,7 @@ from .collate import Collator, Padding
 from .config import Config
 from .group import group_sequence
 from .queue import END, Channel
-from .read import BudgetedOutbox, ReadBudget, releasing
+from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
 from ..work.sample import Task
 from .order import Hinting, Order, Remaining
 from .sampler import Sampler, pass_sequence, shard_layout
@@ -217,15 +217,20 @@ class Pass(PassBase):
 
     def __init__(self, cfg: Config, source: Any, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
-                 world_size: int, done: Any = None, tail: Any = None, side: Any = None) -> None:
+                 world_size: int, done: Any = None, tail: Any = None, side: Any = None,
+                 read_waits: ReadWaits | None = None) -> None:
         """``tail``: builds the pass's last stage from ``(control, collator, pool,
         inbox, outbox)``; None: the transfer stage (the isolated engine's worker
-        process ships finished buffers to the training process instead)."""
+        process ships finished buffers to the training process instead).
+        ``read_waits``: where the read stage's threads record how long each read
+        waited off the CPU (None: reads are not timed)."""
         super().__init__(cfg, pool, book, epoch)
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self._live_threads = 0
 
         read, decode, augment = steps(source, work, scratch, seed, epoch)
+        if read_waits is not None and cfg.read_threads:
+            read = read_waits.timed(read)
         specs = topology(cfg, read, decode, augment)
         inboxes = [Channel(spec.name, spec.queue) for spec in specs]
         self.ready = Channel("collate", cfg.num_buffers + 1)

@@ -12,6 +12,7 @@ nothing is held, so one sample larger than the whole budget still passes.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from .queue import END, Channel, Closed
@@ -128,3 +129,35 @@ def releasing(step: Step, budget: ReadBudget) -> Step:
         return fn(task)
 
     return Step(step.name, run, step.inline)
+
+
+class ReadWaits:
+    """How long the read stage's reads waited off the CPU (seconds: wall time less
+    the thread's CPU time), for ``read_threads="auto"`` on a source that does not
+    say whether its reads wait (see ``MeasuredReadThreads``). Only the reads the
+    pipeline makes anyway are timed (two clock pairs per read), never an extra one.
+
+    Args:
+        keep: Most waits kept (the first ones; later reads are not timed).
+    """
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = keep
+        # Appended by many read threads: list.append is atomic, and a few waits
+        # past ``keep`` from a race are harmless.
+        self.waits: list[float] = []
+
+    def timed(self, step: Step) -> Step:
+        """``step``, timing each call that returns until ``keep`` are timed."""
+        fn, waits, keep = step.fn, self.waits, self.keep
+        clock, cpu = time.perf_counter, time.thread_time
+
+        def run(task: Any) -> Any:
+            if len(waits) >= keep:
+                return fn(task)
+            wall, used = clock(), cpu()
+            out = fn(task)
+            waits.append(max(0.0, (clock() - wall) - (cpu() - used)))
+            return out
+
+        return Step(step.name, run, step.inline)

@@ -24,7 +24,10 @@ class StageStats:
     Attributes:
         name: Stage name.
         threads: Threads per pass; 0 for the augment stage when the decode
-            threads run the transforms (``augment_threads=0``).
+            threads run the transforms (``augment_threads=0``), and for the
+            read stage once ``read_threads="auto"`` has measured a source's reads
+            as fast (reads then run in the decode threads; its counters are
+            the earlier passes').
         items: Items handled (samples; batches for the sampler and transfer).
         busy_s: Thread-seconds spent working.
         wait_input_s: Thread-seconds waiting for input (upstream too slow).
@@ -277,6 +280,15 @@ class StatsBook:
         self._skipped: list[str] = []
         self._skipped_set: set[str] = set()
         self._active: list[tuple[float, str, int]] = []
+
+    def restage(self, stage_threads: dict[str, int]) -> None:
+        """The passes from now on run these stages: each one's thread count; a stage
+        the earlier passes had and these do not keeps its totals, with 0 threads
+        (its step runs in another stage's threads: ``read_threads`` decided 0)."""
+        with self._lock:
+            for name in stage_threads:
+                self._stages.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            self._stage_threads = {name: stage_threads.get(name, 0) for name in self._stages}
 
     def start(self) -> None:
         with self._lock:  # snapshot() reads it under the lock, after its own clock

@@ -79,6 +79,47 @@ def auto_read_threads(decode_threads: int) -> int:
     return max(MIN_READ_THREADS, min(MAX_READ_THREADS, READS_PER_DECODE_THREAD * decode_threads))
 
 
+# read_threads="auto" for a source that does not say whether its reads wait: the
+# reads timed before the read stage is decided, and the median wait off the CPU
+# below which a read is from memory or the page cache (a network read or a disk
+# seek waits a millisecond or more).
+MEASURED_READS = 64
+FAST_READ_WAIT_S = 1e-4
+
+
+class MeasuredReadThreads(int):
+    """What ``read_threads="auto"`` resolves to for a source that does not say
+    whether its reads wait (no ``reads_may_block``): the :func:`auto_read_threads`
+    count, an ``int`` in every use, whose type tells the engine to time the read
+    stage's reads and decide the later passes' read stage from them
+    (:func:`measured_read_threads`). A marker on the value, as ``TunedThreads``:
+    the configuration's fields are the options."""
+
+    def __repr__(self) -> str:
+        return f"'auto' ({int(self)} until reads are measured)"
+
+
+def measured_read_threads(threads: int, waits: list[float]) -> tuple[int, str] | None:
+    """The read threads of the passes after ``waits`` were measured, and why; None
+    while fewer than :data:`MEASURED_READS` reads were timed.
+
+    ``waits``: seconds each read of the read stage spent off the CPU (wall time
+    less its thread's CPU time). A median under :data:`FAST_READ_WAIT_S` means
+    the reads come from memory or the page cache: the decode threads read
+    (``0``), which saves a queue hand-over per sample. Otherwise ``threads``, the
+    read stage as it was.
+    """
+    if len(waits) < MEASURED_READS:
+        return None
+    median = sorted(waits)[len(waits) // 2]
+    figure = f"median wait off the CPU {1e3 * median:.3f} ms over {len(waits)} reads"
+    if median < FAST_READ_WAIT_S:
+        return 0, (f"{figure}, under {1e3 * FAST_READ_WAIT_S:g} ms: reads in the decode "
+                   f"threads (read_threads=0)")
+    return int(threads), (f"{figure}, {1e3 * FAST_READ_WAIT_S:g} ms or more: reads keep "
+                          f"their stage (read_threads={int(threads)})")
+
+
 @functools.lru_cache(maxsize=1)
 def _omp_set_num_threads():
     """OpenMP's own ``omp_set_num_threads`` from the runtime torch loaded, or None.
