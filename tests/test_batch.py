@@ -120,19 +120,26 @@ def test_pool_stays_at_two_buffers_while_the_loop_waits():
     pool.release(filling)
 
 
+def _both_lent_while_the_reaper_works(monkeypatch, reaping_s):
+    """A pool of two buffers, both batches the loop has taken (and waits for the
+    next), while the reaper has work in hand for up to ``reaping_s``."""
+    from feeder.engine import batch as batch_module, reaper
+
+    monkeypatch.setattr(reaper, "pending", lambda: True)
+    monkeypatch.setattr(batch_module, "_REAPING_S", reaping_s)
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    _loop_holds(pool, a)
+    _loop_holds(pool, b)
+    return pool, a, b
+
+
 def test_pool_waits_for_a_batch_the_reaper_is_handing_back(monkeypatch):
     """Both buffers are lent and the loop waits in next(), but the reaper has work
     in hand (the batch the loop just dropped, on its way back: on a loaded
     machine the reaper may not run for tens of milliseconds). The pool waits for
     that release instead of allocating a third buffer."""
-    from feeder.engine import batch as batch_module, reaper
-
-    monkeypatch.setattr(reaper, "pending", lambda: True)
-    monkeypatch.setattr(batch_module, "_REAPING_S", 60.0)
-    pool = BufferPool(8, 1, 1, 1, pin=False)
-    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
-    _loop_holds(pool, a)
-    _loop_holds(pool, b)
+    pool, a, b = _both_lent_while_the_reaper_works(monkeypatch, reaping_s=60.0)
     t, got = _acquire_in_thread(pool)
     t.join(0.3)  # well past _BUSY_S, when the pool would grow without the reaper's work
     assert t.is_alive() and pool.allocated == 2
@@ -146,14 +153,7 @@ def test_starving_workers_do_not_grow_the_pool_while_the_loop_holds_every_buffer
     """The loop has taken both batches and is about to drop the older one (its
     release in the reaper's hand): idle workers are no reason for a third buffer
     then, only a batch held up while being filled is."""
-    from feeder.engine import batch as batch_module, reaper
-
-    monkeypatch.setattr(reaper, "pending", lambda: True)
-    monkeypatch.setattr(batch_module, "_REAPING_S", 60.0)
-    pool = BufferPool(8, 1, 1, 1, pin=False)
-    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
-    _loop_holds(pool, a)
-    _loop_holds(pool, b)
+    pool, a, b = _both_lent_while_the_reaper_works(monkeypatch, reaping_s=60.0)
     t, got = _acquire_in_thread(pool, starving=lambda: True)
     t.join(0.3)
     assert t.is_alive() and pool.allocated == 2
@@ -166,14 +166,7 @@ def test_starving_workers_do_not_grow_the_pool_while_the_loop_holds_every_buffer
 def test_pool_grows_when_the_reaper_brings_nothing_back_in_time(monkeypatch):
     """Work in the reaper's hand delays growing only so long: a loop that really
     holds every buffer gets a new one, not a deadlock."""
-    from feeder.engine import batch as batch_module, reaper
-
-    monkeypatch.setattr(reaper, "pending", lambda: True)
-    monkeypatch.setattr(batch_module, "_REAPING_S", 0.05)
-    pool = BufferPool(8, 1, 1, 1, pin=False)
-    a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
-    _loop_holds(pool, a)
-    _loop_holds(pool, b)
+    pool, a, b = _both_lent_while_the_reaper_works(monkeypatch, reaping_s=0.05)
     t, got = _acquire_in_thread(pool)
     t.join(5)
     assert not t.is_alive() and got[0] not in (a, b) and pool.allocated == 3
