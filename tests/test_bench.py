@@ -1014,6 +1014,8 @@ BENCH_HOSTILE = [
     (["compare", "{photos}", "--out", "{out}", "--batch-size", "-1"], 2, ["--batch-size"]),
     (["sweep", "{photos}", "--out", "{out}", "--step-ms", "nan"], 2, ["--step-ms"]),
     (["sweep", "{photos}", "--out", "{out}", "--decode", "-1"], 2, ["--decode"]),
+    (["sweep", "{photos}", "--out", "{afile}/sub", "--decode", "1", "--augment", "0", "--repeats",
+      "1"], 2, ["--out '{afile}/sub'", "cannot make the folder"]),
     (["make-data", "{afile}"], 2, ["DIR '{afile}'"]),
     (["make-data", "{out}", "--n-classes", "0"], 2, ["--n-classes"]),
     (["region-decode", "{photos}", "--out", "{out}", "--report", "{afile}"], 1, ["--report {afile}"]),

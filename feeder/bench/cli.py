@@ -194,7 +194,8 @@ _LISTS_AT_LEAST = {"decode": 1, "augment": 0, "queue": 1, "workers_grid": 0, "st
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, with argparse's one-line usage error (exit status 2), the paths and
-    numbers no benchmark can run with, before any work starts."""
+    numbers no benchmark can run with, before any work starts; then make the
+    ``--out`` folder, so that a place results cannot go is refused before measuring."""
     def bad(message: str) -> None:
         parser.error(message)
 
@@ -232,6 +233,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             torch.device(device)
         except (RuntimeError, ValueError):
             bad(f"--device {device!r} is not a device (cpu, cuda or cuda:N)")
+    if out is not None:  # last: a refused argument leaves no folder behind
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as exc:  # a file on the way, no permission: before any measurement
+            bad(f"--out {out!r}: cannot make the folder: {exc.strerror or exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
