@@ -1051,6 +1051,15 @@ def test_peers_refuses_a_bad_loader_list_or_name(hostile, tmp_path, argv, names)
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.parametrize("option", ["--decode", "--step-ms"])
+def test_sweep_refuses_an_empty_grid(hostile, tmp_path, option):
+    from cli_helpers import assert_one_line_error, run_cli
+
+    r = run_cli("feeder.bench", ["-q", "sweep", "{photos}", "--out", "{out}", "--repeats", "1",
+                                 option, " , "], hostile, tmp_path)
+    assert_one_line_error(r, "feeder-bench sweep", [option, "' , '"], hostile, 2)
+
+
 def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_path):
     from cli_helpers import run_cli
 

@@ -49,14 +49,20 @@ def default_out(cwd: str | None = None) -> str:
 def _ints(text: str) -> list[int]:
     from .compare import parse_ints
 
-    return parse_ints(text)
+    values = parse_ints(text)
+    if not values:  # an empty grid would measure nothing and say nothing of it
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return values
 
 
 def _floats(text: str) -> list[float]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
 
 
 def _threads(text: str) -> list[tuple[int, int]]:
