@@ -187,7 +187,8 @@ def sample_with(i: int, **change) -> dict:
     ({"masks": np.zeros((1, *SIZE), np.float32)}, "masks", "uint8 or bool"),
     ({"masks": np.zeros((9, *SIZE), np.uint8)}, "masks", "boxes"),
     ({"keypoints": np.zeros((1, 17), np.float32)}, "keypoints", "[N, K, 3]"),
-    ({"boxes": None, "box_labels": None, "keypoints": None}, "masks", "without \"boxes\""),
+    ({"boxes": None, "box_labels": None, "keypoints": None}, "masks",
+     "field 'masks' is a per-box field without \"boxes\""),
 ])
 def test_malformed_instances_are_their_sample_s_error(change, field, words):
     src = DictSource(4, lambda i: sample_with(i, **change) if i == 1 else instance_sample(i, SIZE))

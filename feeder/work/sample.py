@@ -345,7 +345,7 @@ def parse_sample(sample: Any, source: Any = None, index: Any = "i") -> tuple[Any
             fields[name] = parse_value(name, value)
         if BOXES not in fields and any(per_box(n) for n in fields):
             first = next(n for n in fields if per_box(n))
-            raise FieldError(first, f"per-box field {first!r} without \"boxes\""
+            raise FieldError(first, "is a per-box field without \"boxes\""
                              + ("" if first.startswith(BOX_PREFIX) else
                                 f" (per-instance {first} come one per box, with the boxes)"))
         if BOXES in fields:
