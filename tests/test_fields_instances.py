@@ -186,6 +186,7 @@ def sample_with(i: int, **change) -> dict:
     ({"masks": np.zeros(SIZE, np.uint8)}, "masks", "goes under \"mask\""),
     ({"masks": np.zeros((1, *SIZE), np.float32)}, "masks", "uint8 or bool"),
     ({"masks": np.zeros((9, *SIZE), np.uint8)}, "masks", "boxes"),
+    ({"masks": np.full((1, *SIZE), 255, np.uint8)}, "masks", "0/1 per pixel"),
     ({"keypoints": np.zeros((1, 17), np.float32)}, "keypoints", "[N, K, 3]"),
     ({"boxes": None, "box_labels": None, "keypoints": None}, "masks",
      "field 'masks' is a per-box field without \"boxes\""),
@@ -203,7 +204,7 @@ def test_masks_of_another_size_than_their_image_are_refused():
                                                                   30, 80), np.uint8)))
     with Feeder(src, 2, [], max_image_size=SIZE, decode_threads=1) as f:
         _, err = collect(f)
-    assert isinstance(err, SampleError) and err.field == "masks" and "80x30" in str(err), repr(err)
+    assert isinstance(err, SampleError) and err.field == "masks" and "(30, 80) (height, width)" in str(err), repr(err)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -214,12 +215,12 @@ def test_masks_beyond_the_memory_bound_are_refused_naming_the_sample(isolation):
                 isolation=isolation, shuffle=False) as f:
         _, err = collect(f)
     assert isinstance(err, SampleError) and err.field == "masks" and err.index == 0, repr(err)
-    assert "3 masks of 80x60" in str(err) and "max_pixels" in str(err)
+    assert "3 masks of (60, 80) (height, width)" in str(err) and "max_pixels" in str(err)
     with Feeder(source(4, count=(2, 2)), 2, [ops.Resize((80, 100))], max_pixels=12000,
                 isolation=isolation, shuffle=False) as f:
         _, err = collect(f)  # 2 x 60 x 80 given, 2 x 80 x 100 once resized
     assert isinstance(err, SampleError) and err.field == "masks", repr(err)
-    assert "2 masks of 100x80" in str(err)
+    assert "2 masks of (80, 100) (height, width)" in str(err)
 
 
 def test_a_flip_without_a_keypoint_map_refuses_samples_with_keypoints():

@@ -149,10 +149,9 @@ class SampleWork:
         if masks is None:
             return
         if masks.shape[1:] != source_size:
-            raise FieldError(INSTANCE_MASKS, f"are {masks.shape[2]}x{masks.shape[1]} but their image "
-                                             f"is {source_size[1]}x{source_size[0]} (width x "
-                                             f"height); per-instance masks have their image's "
-                                             f"full size, [N, H, W]")
+            raise FieldError(INSTANCE_MASKS, f"are {tuple(masks.shape[1:])} (height, width) but "
+                                             f"their image is {tuple(source_size)}; per-instance "
+                                             f"masks have their image's full size, [N, H, W]")
         instances_fit(len(masks), source_size, self.max_pixels)
 
     def transform_sample(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,

@@ -417,6 +417,12 @@ def _instance_masks(value: Any) -> np.ndarray:
     what = _array_what(value, arr)
     if arr.dtype == np.bool_:
         arr = arr.view(np.uint8)
+    elif arr.dtype == np.uint8 and arr.size and int(arr.max()) > 1:
+        # 0/255 masks (as PNG mask files store them) would train a mask loss on
+        # targets of 255: refuse them rather than guess a threshold.
+        raise FieldError(INSTANCE_MASKS, f"holds values up to {int(arr.max())}; per-instance masks "
+                                         f"are 0/1 per pixel (0/255 masks: pass masks > 0, or "
+                                         f"masks // 255)")
     if arr.dtype != np.uint8:
         raise FieldError(INSTANCE_MASKS, f"is {what}; per-instance masks are uint8 or bool "
                                          f"(0/1 per pixel), [N, H, W]")
@@ -435,8 +441,8 @@ def instances_fit(count: int, size: tuple[int, int], max_pixels: int) -> None:
         FieldError: naming the field ``masks``, the count, the size and the bound.
     """
     if count * size[0] * size[1] > max_pixels:
-        raise FieldError(INSTANCE_MASKS, f"would be {count} masks of {size[1]}x{size[0]} (width x "
-                                         f"height) = {count * size[0] * size[1]} bytes, above "
+        raise FieldError(INSTANCE_MASKS, f"would be {count} masks of {tuple(size)} (height, width) "
+                                         f"= {count * size[0] * size[1]} bytes, above "
                                          f"max_pixels={max_pixels}, the bound on one sample's "
                                          f"per-instance masks (one byte a pixel): keep fewer "
                                          f"instances, or raise Feeder(max_pixels=...)")
