@@ -314,7 +314,8 @@ class ThreadEngine(EngineBase):
     def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> Pass:
         return Pass(cfg, self.source, self.work, self.pool, self.book, self.scratch,
-                    seed, epoch, rank, world_size, done, self.tail, self.side, self.read_waits)
+                    seed, epoch, rank, world_size, done, self.tail, self.side,
+                    read_waits=self.read_waits)
 
     def stats(self) -> Stats:
         return self.book.snapshot(self.pool.allocated, self.memory())
