@@ -29,11 +29,12 @@ TIMEOUT_S = 240  # generous for a loaded 2-core machine; a normal run takes seco
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def bench(*args: str, cwd: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def bench(*args: str, cwd: str, env: dict[str, str] | None = None,
+          timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "feeder.bench", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env)
+                          text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"feeder-bench {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -138,7 +139,10 @@ def test_compare(tiny, tmp_path):
     out = str(tmp_path / "out")
     proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
                  "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "8", "--model",
-                 "--targets", cwd=tiny["base"])
+                 "--targets", cwd=tiny["base"],
+                 # About 11 child runs, each importing torch and building a model: minutes
+                 # on a loaded 2-core machine.
+                 timeout=3 * TIMEOUT_S)
     assert "feeder auto" in proc.stdout and "acceptance targets" in proc.stdout and "loop waited" in proc.stdout
     assert os.path.exists(os.path.join(out, "compare_targets.csv"))
     rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
