@@ -24,7 +24,9 @@ vpy="$venv/bin/python"
 # feeder's optional JPEG region decoder (feeder/work/_jpeg.c) builds against the
 # system's libjpeg-turbo headers: install them where we can (root with apt-get),
 # else say so once and go on (feeder then decodes JPEGs with simplejpeg).
-has_jpeg_headers() { printf '#include <stdio.h>\n#include <jpeglib.h>\n' | "${CC:-cc}" -E - >/dev/null 2>&1; }
+# A here-string, not a pipe: with pipefail, a compiler that exits before reading
+# all of a pipe would fail the check through printf's broken pipe.
+has_jpeg_headers() { "${CC:-cc}" -E - >/dev/null 2>&1 <<<$'#include <stdio.h>\n#include <jpeglib.h>'; }
 if ! has_jpeg_headers; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "feeder: installing gcc and libjpeg-dev (libjpeg-turbo headers) for the JPEG region decoder" >&2
