@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import struct
 import json
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -73,6 +76,74 @@ def test_npy_version_3_header_length_is_bounded():
     raw = b"\x93NUMPY\x03\x00" + struct.pack("<I", 1 << 30) + b"{}"
     with pytest.raises(ValueError, match="at most"):
         npy_array(raw)
+
+
+_WRITTEN = [np.zeros((), np.float32), np.zeros(5, np.uint8), np.zeros((3, 4), "<i8"), np.zeros((0, 4), ">f4"),
+            np.asfortranarray(np.zeros((2, 3), np.int16)), np.zeros((2, 1, 3), "<U7"), np.zeros(2, "S3"),
+            np.zeros((12345, 2), np.bool_), np.zeros(3, np.complex64), np.zeros(1, np.float16)]
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_npy_headers_as_numpy_writes_them_are_read_without_the_parser(version, monkeypatch):
+    """Threads decoding .npy fields at once must not share Python's parser (see
+    the next test): numpy's own headers are read by pattern."""
+    def no_parser(text):
+        raise AssertionError(f"parsed {text!r}")
+    monkeypatch.setattr("feeder.storage.fields.ast.literal_eval", no_parser)
+    for arr in _WRITTEN:
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, arr, version=version)
+        got = npy_array(buf.getvalue())
+        assert got.shape == arr.shape and got.dtype == arr.dtype.newbyteorder("=") and np.array_equal(got, arr)
+
+
+def _cyclic_garbage_with_finalizers():
+    class Finalized:
+        def __del__(self):
+            sum(range(50))  # Python code run by a collection, where threads switch
+    obj = Finalized()
+    obj.me = obj
+
+
+def test_headers_needing_the_parser_are_read_by_one_thread_at_a_time():
+    """Python's parser keeps interpreter-wide bookkeeping that threads parsing at
+    once break (SystemError: AST constructor recursion depth mismatch) when a
+    collection runs Python code mid-parse: a structured dtype's header, which
+    only the parser reads, decoded by 8 threads while garbage with finalizers
+    piles up."""
+    arr = np.zeros((3, 4), dtype=[("a", "<f4"), ("b", "<i8", (2, 3))])
+    raw = _npy(arr)
+    errors: list[BaseException] = []
+
+    def decode():
+        try:
+            for _ in range(1500):
+                _cyclic_garbage_with_finalizers()
+                got = npy_array(raw)
+                assert got.dtype == arr.dtype and got.shape == arr.shape
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(50, 1, 1)
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=decode) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+
+
+def test_npy_headers_in_another_spacing_are_read_by_the_parser():
+    header = b"{ 'shape':(2,3) ,'fortran_order' : False, 'descr':'<i2' }\n"
+    raw = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + np.arange(6, dtype="<i2").tobytes()
+    assert np.array_equal(npy_array(raw), np.arange(6, dtype=np.int16).reshape(2, 3))
 
 
 def test_npy_big_endian_becomes_native():

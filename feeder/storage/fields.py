@@ -8,6 +8,8 @@ import ast
 import io
 import struct
 import json
+import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,26 +54,30 @@ def json_value(raw: bytes) -> Any:
     return json.loads(raw)
 
 
-# numpy's own bound on a .npy header (max_header_size), for the version it does not parse.
+# numpy's own bound on a .npy header (its max_header_size).
 _MAX_NPY_HEADER = 10000
+# The header as numpy writes it: keys sorted, one ", " after each value, padded
+# with spaces to a line. Read by this pattern, without Python's parser.
+_NUMPY_HEADER = re.compile(
+    r"\{'descr': '([^'\\]*)', 'fortran_order': (True|False), 'shape': \(((?:\d+, )*(?:\d+,?)?)\), \}"
+    r"[ \n\x00]*\Z")
+# ast builds its trees with interpreter-wide recursion bookkeeping that threads
+# parsing at once can break (CPython 3.11 raises "SystemError: AST constructor
+# recursion depth mismatch"): feeder's threads take turns on the rare header
+# that needs the parser (a structured dtype, another writer's spacing).
+_AST_LOCK = threading.Lock()
 
 
-def _read_header_3_0(buf: io.BytesIO) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """A version 3.0 ``.npy`` header (version 2.0's layout, its text UTF-8), which
-    numpy writes but offers no public reader for: its length bounded, its text a
-    Python literal read without evaluating code, each key checked."""
-    head = buf.read(4)
-    if len(head) != 4:
-        raise ValueError("cut inside its header")
-    (size,) = struct.unpack("<I", head)
-    if size > _MAX_NPY_HEADER:
-        raise ValueError(f"a header of {size} bytes (at most {_MAX_NPY_HEADER})")
-    text = buf.read(size)
-    if len(text) != size:
-        raise ValueError("cut inside its header")
+def _parse_header(text: str) -> tuple[tuple[int, ...], bool, Any]:
+    """``(shape, fortran_order, descr)`` of a ``.npy`` header's text, each checked."""
+    m = _NUMPY_HEADER.match(text)
+    if m is not None:
+        descr, fortran, dims = m.groups()
+        return tuple(int(n) for n in dims.split(",") if n.strip()), fortran == "True", descr
     try:
-        d = ast.literal_eval(text.decode("utf-8"))
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as exc:
+        with _AST_LOCK:
+            d = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
         raise ValueError(f"a header that is not a Python literal ({type(exc).__name__})") from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
         raise ValueError("a header without exactly descr, fortran_order and shape")
@@ -79,10 +85,32 @@ def _read_header_3_0(buf: io.BytesIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     if (not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape)
             or not isinstance(fortran, bool)):
         raise ValueError(f"a header with shape {shape!r} and fortran_order {fortran!r}")
+    return shape, fortran, d["descr"]
+
+
+def _read_header(buf: io.BytesIO, major: int) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """A ``.npy`` header of version ``major`` (1: a 2-byte length and Latin-1 text;
+    2: a 4-byte length; 3: UTF-8 text), read as numpy reads it but in every
+    thread at once: its length bounded, its text a literal read without
+    evaluating code."""
+    width, fmt, encoding = (2, "<H", "latin1") if major == 1 else (4, "<I", "latin1" if major == 2 else "utf-8")
+    head = buf.read(width)
+    if len(head) != width:
+        raise ValueError("cut inside its header")
+    (size,) = struct.unpack(fmt, head)
+    if size > _MAX_NPY_HEADER:
+        raise ValueError(f"a header of {size} bytes (at most {_MAX_NPY_HEADER})")
+    text = buf.read(size)
+    if len(text) != size:
+        raise ValueError("cut inside its header")
     try:
-        dtype = np.lib.format.descr_to_dtype(d["descr"])
+        shape, fortran, descr = _parse_header(text.decode(encoding))
+    except UnicodeDecodeError:
+        raise ValueError("a header that is not UTF-8 text") from None
+    try:
+        dtype = np.lib.format.descr_to_dtype(descr)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"a header with dtype {d['descr']!r}: {exc}") from None
+        raise ValueError(f"a header with dtype {descr!r}: {exc}") from None
     return shape, fortran, dtype
 
 
@@ -97,14 +125,9 @@ def npy_array(raw: bytes) -> np.ndarray:
         if raw[:2] == b"PK":
             raise ValueError("an .npz archive, not one .npy array") from None
         raise
-    if (major, minor) == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(buf)
-    elif (major, minor) == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(buf)
-    elif (major, minor) == (3, 0):
-        shape, fortran, dtype = _read_header_3_0(buf)
-    else:
+    if (major, minor) not in ((1, 0), (2, 0), (3, 0)):
         raise ValueError(f"unknown .npy version {major}.{minor}")
+    shape, fortran, dtype = _read_header(buf, major)
     if dtype.hasobject:
         raise ValueError("an object array (a pickle): refused")
     count = 1
