@@ -21,7 +21,7 @@ import torch
 from .engine import reaper as _reaper
 from .engine.pipeline import Pass
 from .engine.queue import END, Closed
-from ._resume import Progress
+from .order.progress import Progress
 from .engine.stats import StatsBook
 from .engine.transfer import Delivery, Failure
 from .errors import FeederError, FeederTimeoutError, safe_text
@@ -59,7 +59,7 @@ class PassHooks:
 
     Attributes:
         start: Starts the next pass (at the iterator's first ``next()``); returns
-            the running pass and the :class:`~feeder._resume.Progress` that
+            the running pass and the :class:`~feeder.order.progress.Progress` that
             records what it delivers.
         book: The stats book that counts the loop's waits and delivered samples.
         delivered: Told about every batch ``next()`` returns (``Feeder.last_batch``).

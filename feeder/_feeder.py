@@ -18,13 +18,15 @@ from ._dataset import FeederDataset
 from .engine.config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .work.decode import note_jpeg_decoder
-from .engine.group import largest_image
+from .order.group import largest_image
 from .engine.engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
 from .engine.pipeline import Pass
 from .engine.ranks import EpochSampler, Ranks
-from ._resume import Cursor, Progress
+from .order.cursor import Cursor
+from .order.progress import Progress
 from .engine.stats import Stats
-from .engine.sampler import check_epoch, num_batches, shard_layout, shard_size, shard_sizes
+from .order.epoch import check_epoch, num_batches, shard_size, shard_sizes
+from .order.plan import EpochPlan, OrderOptions
 from .errors import FeederError
 from .sources import Source
 
@@ -256,8 +258,8 @@ class Feeder:
         # before init_process_group must shard once the group exists.
         self._ranks = Ranks(cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
-        self._layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window,
-                                    cfg.shuffle_shards)  # checks the source
+        # The one source of epoch orders, for the passes and for resume.
+        self._plan = EpochPlan(source, OrderOptions.of(cfg), self.chain)  # checks the source
         reserve = getattr(source, "reserve_indices", None)
         if cfg.shuffle_shards is not None and reserve is not None:
             # A window and the next one's indices in memory at once (lazy indexing).
@@ -266,14 +268,14 @@ class Feeder:
         # pass that runs under torch.distributed.
         self._ranks.choose_seed(cfg.seed)
         self.last_batch: BatchInfo | None = None
-        self._cursor = Cursor(cfg, source, self.chain, self._layout, self._ranks)
+        self._cursor = Cursor(cfg, self._plan, self._ranks)
         note_jpeg_decoder()  # once per process: which JPEG decoder runs, and how to get the fast one
         self._engine: Engine
         if cfg.isolation == "process":
             from .isolation.engine import ProcessEngine
             self._engine = ProcessEngine(cfg, source, list(transforms))
         else:
-            self._engine = ThreadEngine(cfg, source, self.chain)
+            self._engine = ThreadEngine(cfg, source, self.chain, plan=self._plan)
         self.sampler = EpochSampler(self)
         self._dataset: FeederDataset | None = None  # made on first use
         # Stops the engine when an unclosed feeder is collected (see _reaper).

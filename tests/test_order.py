@@ -10,12 +10,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import feeder._resume as resume_mod
-import feeder.engine.sampler as sampler_mod
+import feeder.order.cursor as resume_mod
+import feeder.order.epoch as epoch_mod
 from feeder import Feeder, ops
-from feeder.engine.order import BlockOrder, GlobalOrder, Handled, Permutation, Remaining, subkey
-from feeder.engine.sampler import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
-                             shard_layout, shard_sizes, shard_stream_order)
+from feeder.order.sequence import BlockOrder, GlobalOrder, Handled, Permutation, Remaining, subkey
+from feeder.order.epoch import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
+                                shard_layout, shard_sizes, shard_stream_order)
 
 from conftest import MemorySource, drain, labels_of
 from faults_helpers import feeder_factory
@@ -87,11 +87,11 @@ def test_small_orders_are_unchanged():
 @pytest.mark.parametrize("n", [10, 1001, 2**31 + 3])
 @pytest.mark.parametrize("even", [True, False])
 def test_lazy_rank_split_is_disjoint_and_covering(monkeypatch, n, even):
-    monkeypatch.setattr(sampler_mod, "LAZY_MIN", 0)
+    monkeypatch.setattr(epoch_mod, "LAZY_MIN", 0)
     world = 3
     orders = [epoch_order(n, True, 5, 2, r, world, even) for r in range(world)]
     assert [len(o) for o in orders] == shard_sizes(n, world, even)
-    whole = GlobalOrder(n, sampler_mod.order_key(5, 2), 0, 1, n)
+    whole = GlobalOrder(n, epoch_mod.order_key(5, 2), 0, 1, n)
     if n < 10**4:
         got = [i for o in orders for i in o[:]]
         assert len(got) == len(set(got))
@@ -129,7 +129,7 @@ def test_a_two_billion_sample_epoch_holds_no_array(monkeypatch):
 
 
 def test_pass_order_lists_match_the_sequence(monkeypatch):
-    monkeypatch.setattr(sampler_mod, "LAZY_MIN", 0)
+    monkeypatch.setattr(epoch_mod, "LAZY_MIN", 0)
     seq = pass_sequence(100, 8, True, True, False, 5, 1, 1, 3)
     assert pass_order(100, 8, True, True, False, 5, 1, 1, 3) == seq[:]
     assert len(seq) == 32 and [x for c in seq.chunks(8) for x in c] == seq[:]
@@ -192,7 +192,7 @@ def test_block_shuffle_mixes_within_the_window():
 
 
 def test_lazy_shards_order_with_sample_windows(monkeypatch):
-    monkeypatch.setattr(sampler_mod, "LAZY_MIN", 0)
+    monkeypatch.setattr(epoch_mod, "LAZY_MIN", 0)
     layout = ShardLayout(RANGES, window=6)
     for world, even in ((1, True), (3, False), (2, True)):
         parts = [shard_stream_order(layout, 3, 0, r, world, even) for r in range(world)]
@@ -247,11 +247,9 @@ def _ranges(n, sizes):
 @pytest.fixture
 def lazy(monkeypatch):
     """Make every source 'large': lazy orders and format-2 states at any length."""
-    monkeypatch.setattr(sampler_mod, "LAZY_MIN", 0)
+    monkeypatch.setattr(epoch_mod, "LAZY_MIN", 0)
     monkeypatch.setattr(resume_mod, "COMPACT_ABOVE", 0)
-    import feeder._resume as feeder_mod
-    monkeypatch.setattr(feeder_mod, "LAZY_MIN", 0)
-    monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
+    monkeypatch.setattr(resume_mod, "LAZY_MIN", 0)
 
 
 make = feeder_factory(B, lambda: [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()], seed=5,
@@ -346,13 +344,12 @@ def test_format_one_states_still_load_and_large_ones_are_refused(jpeg_blobs, mon
         drain(f, limit=2)
         old = f.state_dict()
     assert old["version"] == 1
-    import feeder._resume as feeder_mod
-    monkeypatch.setattr(feeder_mod, "COMPACT_ABOVE", 0)
+    monkeypatch.setattr(resume_mod, "COMPACT_ABOVE", 0)
     with make(src) as f:
         f.load_state_dict(old)  # a format-1 state loads into a feeder that writes format 2
         state = f.state_dict()
         assert state["version"] == 2 and state["position"] == 2 * B
-    monkeypatch.setattr(feeder_mod, "LAZY_MIN", 10)
+    monkeypatch.setattr(resume_mod, "LAZY_MIN", 10)
     with make(src) as f:
         with pytest.raises(ValueError, match="format 1 .* cannot be resumed"):
             f.load_state_dict(old)

@@ -112,16 +112,17 @@ def test_the_graph_sees_type_only_imports(tmp_path, monkeypatch):
 
 # The folders, lowest layer first: a module imports its own layer and the ones
 # below, never one above (the pipeline picture read bottom-up: per-sample work,
-# storage, the public sources, the engine, the worker-process engine, the Feeder,
+# storage, the public sources, the epoch plan, the engine, the worker-process engine, the Feeder,
 # the tools). A module of a folder counts as its folder.
 LAYERS = [
     ("errors", ["feeder.errors"]),
     ("per-sample work", ["feeder.work", "feeder.ops"]),
     ("storage", ["feeder.storage"]),
     ("sources", ["feeder.sources", "feeder.shards", "feeder.pack", "feeder.synthetic"]),
+    ("the epoch plan", ["feeder.order"]),
     ("engine", ["feeder.engine"]),
     ("isolation", ["feeder.isolation"]),
-    ("the Feeder", ["feeder._feeder", "feeder._consumer", "feeder._resume", "feeder._dataset",
+    ("the Feeder", ["feeder._feeder", "feeder._consumer", "feeder._dataset",
                     "feeder._moved"]),
     ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder"]),
 ]
@@ -157,10 +158,10 @@ def test_the_layer_check_sees_an_upward_import():
 
 def test_the_pipeline_has_a_folder_per_part():
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {"engine", "isolation", "work", "storage", "ops"} <= folders
+    assert {"engine", "isolation", "work", "storage", "ops", "order"} <= folders
     flat = sorted(p.name for p in ROOT.glob("_*.py") if p.name != "__init__.py")
     # beside the public modules, only the Feeder's own parts stay at the top
-    assert flat == ["_consumer.py", "_dataset.py", "_feeder.py", "_moved.py", "_resume.py"]
+    assert flat == ["_consumer.py", "_dataset.py", "_feeder.py", "_moved.py"]
 
 
 def test_a_module_by_its_old_name_is_the_module_at_its_new_place():

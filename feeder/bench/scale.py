@@ -99,7 +99,7 @@ def shuffle_quality(nshards: int, per: int, classes: int, windows: list[int], po
     ``positions`` samples of an epoch's order, labels laid out by class (see
     :mod:`feeder.bench.synth`), for the block shuffle by window and the global
     shuffle."""
-    from feeder.engine.sampler import ShardLayout, epoch_order, shard_stream_order  # noqa: PLC0415
+    from feeder.order.epoch import ShardLayout, epoch_order, shard_stream_order  # noqa: PLC0415
 
     n = nshards * per
     ranges = tuple((k * per, (k + 1) * per) for k in range(nshards))
@@ -244,7 +244,7 @@ def run_long(args: argparse.Namespace) -> int:
     ``--seconds``, RSS sampled every ``--rss-every`` seconds (see the module
     docstring); bytes fetched per finished epoch against that epoch's shards."""
     from feeder import Feeder  # noqa: PLC0415
-    from feeder.engine.sampler import ShardLayout, shard_stream_order  # noqa: PLC0415
+    from feeder.order.epoch import ShardLayout, shard_stream_order  # noqa: PLC0415
     from feeder.shards import TarShards  # noqa: PLC0415
 
     from .synth import SynthServerProcess  # noqa: PLC0415
@@ -386,7 +386,7 @@ def run(args: argparse.Namespace) -> int:
         if args.rss_every <= 0:
             raise ValueError(f"--rss-every must be > 0 seconds, got {args.rss_every}")
         return run_long(args)
-    from feeder.engine.sampler import ShardLayout, pass_sequence, shard_sizes, shard_stream_order  # noqa: PLC0415
+    from feeder.order.epoch import ShardLayout, pass_sequence, shard_sizes, shard_stream_order  # noqa: PLC0415
     from feeder.shards import TarShards  # noqa: PLC0415
 
     from .synth import SynthServerProcess  # noqa: PLC0415

@@ -31,6 +31,7 @@ from . import reaper as _reaper
 from ..work.augment import Chain
 from .batch import BufferPool, Scratch
 from .config import Config
+from ..order.plan import EpochPlan, OrderOptions
 from .pipeline import Pass, PassBase, stage_threads
 from .read import ReadWaits
 from .stats import MemoryStats, Stats, StatsBook
@@ -257,13 +258,16 @@ class ThreadEngine(EngineBase):
             whose batches the training process reads).
         tail: Builds each pass's last stage (see :class:`~feeder.engine.pipeline.Pass`);
             None: the transfer stage.
+        plan: The feeder's epoch plan; None: one of its own, over ``source``
+            (the isolated engine's worker process).
     """
 
     def __init__(self, config: Config, source: Any, chain: Chain, shared: bool = False,
-                 tail: Any = None) -> None:
+                 tail: Any = None, plan: EpochPlan | None = None) -> None:
         super().__init__(config)
         self.source = source
         self.chain = chain
+        self.plan = plan if plan is not None else EpochPlan(source, OrderOptions.of(config), chain)
         h, w = chain.image_size
         self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
                                pin=config.device.type == "cuda" and not shared, shared=shared)
@@ -313,7 +317,7 @@ class ThreadEngine(EngineBase):
 
     def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> Pass:
-        return Pass(cfg, self.source, self.work, self.pool, self.book, self.scratch,
+        return Pass(cfg, self.plan, self.work, self.pool, self.book, self.scratch,
                     seed, epoch, rank, world_size, done, self.tail, self.side,
                     read_waits=self.read_waits)
 

@@ -38,12 +38,14 @@ from typing import Any
 from .batch import BufferPool, Scratch
 from .collate import Collator, Padding
 from .config import Config
-from .group import group_sequence
 from .queue import END, Channel
 from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
 from ..work.sample import Task
-from .order import Hinting, Order, Remaining
-from .sampler import Sampler, pass_sequence, shard_layout
+from ..order.group import ScanStopped
+from ..order.plan import EpochPlan
+from ..order.sequence import Hinting, Order, Remaining
+from .queue import Closed
+from .sampler import Sampler
 from .stage import Counters, MapStage, Stage, Step, timed_put
 from .stats import StatsBook
 from .transfer import Transfer
@@ -215,16 +217,20 @@ class Pass(PassBase):
     report a failed sample, and say when a thread starts or exits.
     """
 
-    def __init__(self, cfg: Config, source: Any, work: SampleWork, pool: BufferPool,
+    def __init__(self, cfg: Config, plan: EpochPlan, work: SampleWork, pool: BufferPool,
                  book: StatsBook, scratch: Scratch, seed: int, epoch: int, rank: int,
                  world_size: int, done: Any = None, tail: Any = None, side: Any = None,
                  read_waits: ReadWaits | None = None) -> None:
-        """``tail``: builds the pass's last stage from ``(control, collator, pool,
+        """``plan``: the feeder's epoch plan, which gives this pass's order (its
+        source is the pass's). ``done``: what an earlier run of this epoch
+        already handled (a :class:`~feeder.order.sequence.Handled`), or None.
+        ``tail``: builds the pass's last stage from ``(control, collator, pool,
         inbox, outbox)``; None: the transfer stage (the isolated engine's worker
         process ships finished buffers to the training process instead).
         ``read_waits``: where the read stage's threads record how long each read
         waited off the CPU (None: reads are not timed)."""
         super().__init__(cfg, pool, book, epoch)
+        source = plan.source
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self._live_threads = 0
 
@@ -240,16 +246,12 @@ class Pass(PassBase):
         for i, spec in enumerate(specs):
             if spec.out_bytes is not None:
                 outboxes[i] = BudgetedOutbox(outboxes[i], spec.out_bytes)
-        skip = cfg.on_error == "skip"
 
         def order() -> Order:
-            layout = shard_layout(source, cfg.shuffle, cfg.shuffle_window, cfg.shuffle_shards)
-            full = pass_sequence(len(source), cfg.batch_size, cfg.shuffle, cfg.drop_last, skip,
-                                 seed, epoch, rank, world_size, layout)
-            # A resumed pass: ``done`` (a Handled) gives the positions of the
-            # order an earlier run already handled.
-            # This rank's samples regrouped by aspect ratio, when asked (see _group).
-            full = group_sequence(full, source, cfg, work.chain, seed, epoch, self.stopped)
+            try:
+                full = plan.order(epoch, rank, world_size, seed, self.stopped)
+            except ScanStopped:  # the pass stopped during a grouping's header scan
+                raise Closed() from None
             order = full if done is None else Remaining(full, done)
             if hasattr(source, "will_read") or hasattr(source, "will_read_shards"):
                 order = Hinting(order, source)  # lazy shard indices, window prefetch

@@ -1,7 +1,7 @@
 """Which shard this process reads, and the base seed every rank agrees on.
 
 The sampler cuts each epoch's order into one shard per rank (see
-:mod:`feeder.engine.sampler`). The ranks are read again at every pass (a feeder built
+:mod:`feeder.order.epoch`). The ranks are read again at every pass (a feeder built
 before ``init_process_group`` must shard once the group exists), and the order
 is cut after shuffling, so every rank must shuffle with rank 0's seed.
 """

@@ -42,12 +42,11 @@ The regrouping is a permutation of the rank's samples for the epoch, a pure
 function of that order, the sizes and the sample keys ``(seed, epoch, index)``:
 every sample still exactly once, deterministic in (seed, epoch, rank), and a
 resumed pass filters it as any other (the pass and the feeder's resume compute it
-with the one function :func:`group_sequence`).
+with the one :class:`~feeder.order.plan.EpochPlan`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import weakref
@@ -56,7 +55,6 @@ from typing import Any
 
 import numpy as np
 
-from .queue import Closed
 from ..work.decode import header_size
 from ..work.sample import pixels_size
 from ..work.rng import epoch_key, index_key
@@ -94,6 +92,10 @@ _POLL_S = 0.05
 
 class ScanError(RuntimeError):
     """The header scan could not read a sample's size (a storage failure)."""
+
+
+class ScanStopped(Exception):
+    """The header scan ended early: its ``stopped()`` became true (the pass stopped)."""
 
 
 def _encoded(sample: Any) -> Any:
@@ -154,7 +156,7 @@ def _scan(source: Any, missing: np.ndarray, exif_orientation: bool,
     true or the caller leaves (an exception, Ctrl-C).
 
     Raises:
-        Closed: ``stopped()`` became true before the scan finished.
+        ScanStopped: ``stopped()`` became true before the scan finished.
         ScanError: a sample could not be read (see :func:`_read_size`).
     """
     found = np.full((len(missing), 2), _NOT_READ, np.int64)
@@ -184,7 +186,7 @@ def _scan(source: Any, missing: np.ndarray, exif_orientation: bool,
         for t in threads:
             while t.is_alive():
                 if stopped():
-                    raise Closed()
+                    raise ScanStopped()
                 t.join(_POLL_S)
     finally:
         give_up.set()  # the threads take no further sample: a read in progress ends alone
@@ -224,7 +226,7 @@ def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
         stopped: Ends the header scan early (the pass's stop flag).
 
     Raises:
-        Closed: ``stopped()`` became true during the scan.
+        ScanStopped: ``stopped()`` became true during the scan.
         ScanError: a read failed with an OSError on every attempt.
     """
     given = _given_sizes(source, exif_orientation)
@@ -373,47 +375,25 @@ def group_pass_order(order: list[int], source: Any, factor: int, batch_size: int
     return grouped_order(order, group_ids(sizes, factor), batch_size, areas)
 
 
-def group_sequence(order: Any, source: Any, cfg: Any, chain: Any = None, seed: int = 0,
+def group_sequence(order: Any, source: Any, options: Any, chain: Any = None, seed: int = 0,
                    epoch: int = 0, stopped: Callable[[], bool] | None = None) -> Any:
-    """A pass's :class:`~feeder.engine.order.Order` regrouped when ``cfg`` (the feeder's
-    Config) asks for grouping, else ``order`` itself: the one function the
-    pass and the feeder's resume and skip use, so their positions agree.
-    ``chain`` (the feeder's :class:`~feeder.work.augment.Chain`), ``seed`` and ``epoch``
-    give the samples' planned sizes (see the module's docstring).
-    Grouping needs every size of the rank's samples, so it holds the rank's order
-    as an array (sources of images to group are far below the lazy orders' sizes).
-    ``stopped`` (the pass's stop flag) ends a header scan early, raising
-    :class:`~feeder.engine.queue.Closed`."""
-    factor = cfg.group_by_aspect_ratio
+    """A pass's :class:`~feeder.order.sequence.Order` regrouped when ``options`` (with
+    ``group_by_aspect_ratio``, ``batch_size`` and ``exif_orientation``: the
+    feeder's :class:`~feeder.order.plan.OrderOptions`) asks for grouping, else
+    ``order`` itself. ``chain`` (the feeder's :class:`~feeder.work.augment.Chain`),
+    ``seed`` and ``epoch`` give the samples' planned sizes (see the module's
+    docstring). Grouping needs every size of the rank's samples, so it holds the
+    rank's order as an array (sources of images to group are far below the lazy
+    orders' sizes). ``stopped`` (the pass's stop flag) ends a header scan early,
+    raising :class:`ScanStopped`. Feeders call it through their
+    :class:`~feeder.order.plan.EpochPlan`, which keeps the latest answers."""
+    factor = options.group_by_aspect_ratio
     if factor is None:
         return order
-    from .order import ArrayOrder
+    from .sequence import ArrayOrder
 
-    flat = order[:]
-    # The pass and the progress bookkeeping both ask for the same pass's order;
-    # the planned sizes behind it cost about 5 us a sample, so the answer is
-    # kept per chain (one per feeder) for the latest two passes.
-    # Everything the answer depends on: the chain (the memo's owner) plans the
-    # sizes, the source and exif_orientation give them, the rest cut the batches.
-    key = (id(source), factor, cfg.batch_size, cfg.exif_orientation, seed, epoch, len(source),
-           hashlib.blake2b(np.ascontiguousarray(flat, dtype=np.int64).tobytes(), digest_size=16).digest())
-    memo = None
-    if chain is not None:
-        with _memo_lock:
-            memo = _memo.setdefault(chain, {})
-            hit = memo.get(key)
-        if hit is not None:
-            return ArrayOrder(hit)
-    grouped = np.asarray(group_pass_order(flat, source, factor, cfg.batch_size, cfg.exif_orientation,
-                                          chain, seed, epoch, stopped), dtype=np.int64)
+    grouped = np.asarray(group_pass_order(order[:], source, factor, options.batch_size,
+                                          options.exif_orientation, chain, seed, epoch, stopped),
+                         dtype=np.int64)
     grouped.flags.writeable = False
-    if memo is not None:
-        with _memo_lock:
-            memo[key] = grouped
-            while len(memo) > 2:
-                memo.pop(next(iter(memo)))
     return ArrayOrder(grouped)
-
-
-_memo: "weakref.WeakKeyDictionary[Any, dict[tuple, np.ndarray]]" = weakref.WeakKeyDictionary()
-_memo_lock = threading.Lock()

@@ -1,0 +1,101 @@
+"""The epoch plan: the one place a feeder's epoch orders come from.
+
+:class:`EpochPlan` is built once per feeder (and once in an isolated engine's
+worker process) from the source, the :class:`OrderOptions` and the transforms;
+:meth:`EpochPlan.order` gives the order of ``(epoch, rank, world_size, seed)``.
+The pass dispatches that order, and resume counts progress along it and checks
+saved states against it, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .epoch import ShardLayout, pass_sequence, shard_layout
+from .group import group_sequence
+from .sequence import Order
+
+# Grouped orders kept per plan: the pass's and the resume bookkeeping's of the
+# same epoch, and the next epoch's while the previous one is still counted.
+_KEPT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderOptions:
+    """The feeder options that decide which samples a pass dispatches, in which
+    order and batches (see ``Feeder``'s arguments of the same names; ``skip``:
+    ``on_error="skip"``, under which a pass also dispatches the tail that
+    ``drop_last`` would drop, to fill the places of skipped samples)."""
+
+    batch_size: int
+    shuffle: bool | str = True
+    shuffle_window: int = 8192
+    shuffle_shards: int | None = None
+    drop_last: bool = True
+    skip: bool = False
+    group_by_aspect_ratio: int | None = None
+    exif_orientation: bool = False
+
+    @classmethod
+    def of(cls, config: Any) -> "OrderOptions":
+        """The order options of a feeder's configuration."""
+        return cls(batch_size=config.batch_size, shuffle=config.shuffle,
+                   shuffle_window=config.shuffle_window, shuffle_shards=config.shuffle_shards,
+                   drop_last=config.drop_last, skip=config.on_error == "skip",
+                   group_by_aspect_ratio=config.group_by_aspect_ratio,
+                   exif_orientation=config.exif_orientation)
+
+
+class EpochPlan:
+    """Which samples each pass of a feeder dispatches, in which order.
+
+    Args:
+        source: The feeder's source (its length, its shard ranges for
+            ``shuffle="shards"``, its image sizes for grouping).
+        options: The order options.
+        chain: The transforms (a :class:`~feeder.work.augment.Chain`): under
+            grouping, the planned output sizes batch similar sizes together.
+
+    Raises:
+        ValueError, TypeError: a source that cannot give the shard layout asked for.
+    """
+
+    def __init__(self, source: Any, options: OrderOptions, chain: Any = None) -> None:
+        self.source = source
+        self.options = options
+        self.chain = chain
+        self.layout: ShardLayout | None = shard_layout(source, options.shuffle, options.shuffle_window,
+                                                       options.shuffle_shards)
+        self._grouped: dict[tuple[int, int, int, int], Order] = {}
+        self._lock = threading.Lock()
+
+    def order(self, epoch: int, rank: int, world_size: int, seed: int,
+              stopped: Callable[[], bool] | None = None) -> Order:
+        """Rank ``rank``'s order of ``epoch`` out of ``world_size``, shuffled from
+        ``seed``: the sample indices its pass dispatches, in order, cut to
+        whole batches when ``drop_last``, regrouped when grouping.
+
+        ``stopped`` ends the header scan of a grouped order early (raising
+        :class:`~feeder.order.group.ScanStopped`). A grouped order costs a
+        scan or planned sizes, so the latest ones are kept."""
+        o = self.options
+        # The length is asked each time, in the caller's thread (the sampler's:
+        # a source failing there fails the pass as that stage's error).
+        order = pass_sequence(len(self.source), o.batch_size, o.shuffle, o.drop_last, o.skip, seed, epoch,
+                              rank, world_size, self.layout)
+        if o.group_by_aspect_ratio is None:
+            return order
+        key = (epoch, rank, world_size, seed)
+        with self._lock:
+            hit = self._grouped.get(key)
+        if hit is not None:
+            return hit
+        grouped = group_sequence(order, self.source, o, self.chain, seed, epoch, stopped)
+        with self._lock:
+            self._grouped[key] = grouped
+            while len(self._grouped) > _KEPT:
+                self._grouped.pop(next(iter(self._grouped)))
+        return grouped
