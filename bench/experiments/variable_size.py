@@ -238,7 +238,7 @@ def padding(images: int, epochs: int) -> list[str]:
              "withheld); grouped: by aspect ratio and planned size (group_by_aspect_ratio=True)", "",
              f"{'resize':26s} {'random':>8s} {'aspect':>8s} {'grouped':>8s} "
              f"{'padding per image pixel, random/aspect':>39s} {'random/grouped':>15s}"]
-    import feeder.engine.group as grouping
+    import feeder.order.group as grouping
     plan = grouping.planned_sizes
     for name, first in (("shorter 800, max 1333", SingleScale()),
                         ("shorter 480..800, max 1333", make_transforms()[0])):
