@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Never
 
 import torch
 
 from .engine import reaper as _reaper
 from .work.augment import Chain
 from ._dataset import FeederDataset
-from .engine.config import Config, reads_may_block, signature_parameters
+from .engine.config import DEFAULTS, Config, reads_may_block
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .work.decode import note_jpeg_decoder
 from .order.group import largest_image
@@ -29,8 +28,12 @@ from .order.epoch import check_epoch, num_batches, shard_size, shard_sizes
 from .order.plan import EpochPlan, OrderOptions
 from .errors import FeederError
 from .sources import Source
+from .work.sample import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger(__name__)
+
+# Feeder's keyword-only options: every entry of the option table but batch_size.
+_OPTION_NAMES = frozenset(DEFAULTS)
 
 
 class Feeder:
@@ -237,10 +240,46 @@ class Feeder:
     [How it works](../design/how-it-works.md).
     """
 
-    def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (),
-                 **options: Any) -> None:
-        # The options (keyword-only), their defaults and checks are declared once,
-        # in _config.Config; the signature below is derived from it.
+    def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (), *,
+                 decode_threads: int | str = "auto",
+                 augment_threads: int | str = "auto",
+                 read_threads: int | str = "auto",
+                 read_ahead_bytes: int = 64 << 20,
+                 queue_size: int = 4,
+                 device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None,
+                 normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+                 memory_format: str = "channels_last",
+                 shuffle: bool | str = False,
+                 shuffle_window: int = 8192,
+                 shuffle_shards: int | None = None,
+                 seed: int | None = None,
+                 drop_last: bool = False,
+                 ordered: bool = True,
+                 on_error: str = "raise",
+                 max_skipped: int | None = None,
+                 rank: int | None = None,
+                 world_size: int | None = None,
+                 image_size: int | tuple[int, int] | None = None,
+                 max_image_size: int | tuple[int, int] | str | None = None,
+                 size_divisibility: int = 1,
+                 mask_fill: int = 255,
+                 group_by_aspect_ratio: int | bool | None = False,
+                 max_pixels: int = DEFAULT_MAX_PIXELS,
+                 timeout: float | None = None,
+                 exif_orientation: bool = False,
+                 jpeg_verify: bool = True,
+                 jpeg_index_bytes: int = 128 << 20,
+                 batch_transforms: Sequence[Any] = (),
+                 isolation: str = "thread",
+                 start_method: str = "auto",
+                 **dataloader_keywords: Never) -> None:
+        # The options are checked once, in engine/config.py's table (its defaults
+        # equal these: tests/test_config.py checks); anything else, DataLoader's
+        # keywords first, is answered there with what to pass instead.
+        options: dict[str, Any] = {name: value for name, value in locals().items()
+                                   if name in _OPTION_NAMES}
+        options.update(dataloader_keywords)
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
@@ -538,12 +577,3 @@ class Feeder:
         return (f"Feeder({self.source!r}, batch_size={cfg.batch_size}, image_size={self.image_size}, "
                 f"decode_threads={cfg.decode_threads}, augment_threads={cfg.augment_threads}, "
                 f"device={str(cfg.device)!r})")
-
-
-Feeder.__init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-     inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Source),
-     inspect.Parameter("batch_size", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
-     inspect.Parameter("transforms", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=(),
-                       annotation=Sequence[Any]),
-     *signature_parameters()])

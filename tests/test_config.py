@@ -3,6 +3,7 @@ other, "auto" resolved, and the figures derived from a Config."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 from pathlib import Path
 
@@ -11,16 +12,26 @@ import torch
 
 from feeder import ConfigError, Feeder
 from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
-                            resolve_device, signature_parameters)
+                            resolve_device)
 from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
 
 
 def test_the_options_are_feeders_keyword_parameters_with_their_defaults():
-    params = signature_parameters()
-    assert [p.name for p in params] == list(DEFAULTS)
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default == DEFAULTS[p.name] for p in params)
-    shown = inspect.signature(Feeder.__init__).parameters
-    assert all(shown[name].default == default for name, default in DEFAULTS.items())
+    """Feeder.__init__ lists every option of the table, keyword-only, with the
+    table's default, in the table's order: in its source, where editors and type
+    checkers read it, and at run time."""
+    params = inspect.signature(Feeder.__init__).parameters
+    options = [p for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert [p.name for p in options] == list(DEFAULTS)
+    assert all(p.default == DEFAULTS[p.name] for p in options)
+    assert "__signature__" not in vars(Feeder.__init__)  # nothing set at import
+    import feeder._feeder as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    init = next(node for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name == "Feeder"
+                for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    assert [a.arg for a in init.args.kwonlyargs] == list(DEFAULTS)
+    assert init.args.kwarg is not None and ast.unparse(init.args.kwarg.annotation) == "Never"
 
 
 def test_an_unknown_option_is_a_type_error_listing_the_options():

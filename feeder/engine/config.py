@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 import logging
 import math
 import os
@@ -598,13 +597,6 @@ class Config:
 
 # The options' defaults, derived from the table above.
 DEFAULTS = {f.name: f.default for f in fields(Config) if f.name != "batch_size"}
-
-
-def signature_parameters() -> list[inspect.Parameter]:
-    """The options as keyword-only parameters (for ``Feeder.__init__.__signature__``)."""
-    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                              annotation=f.type)
-            for f in fields(Config) if f.name != "batch_size"]
 
 
 def reads_may_block(source: Any, windowed: bool = False) -> bool | None:
