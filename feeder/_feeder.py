@@ -459,7 +459,7 @@ class Feeder:
         """
         return self._cursor.state_dict(lambda: self.stats().skipped)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Continue from :meth:`state_dict` of a feeder with the same source and settings.
 
         The next ``iter(feeder)`` finishes the saved unfinished pass (only the
@@ -474,11 +474,17 @@ class Feeder:
         from rank 0 only, as Lightning does under DDP): this rank continues its
         own shard after as many batches as the saving rank had delivered.
 
+        ``state`` may also be the list of every rank's state (gathered with
+        ``torch.distributed.all_gather_object``): under another world size the
+        ranks then share what the saving ranks had left of their epoch, each
+        sample delivered once (see [Resume](../guides/resume.md#elastic-resume-another-number-of-ranks)).
+
         Raises:
             ValueError: the state is not one of these, or a setting that decides
                 the order or the output differs (source length, shard layout,
                 seed, batch size, shuffle, shuffle_window, shuffle_shards,
-                drop_last, ordered, on_error, rank (see above), world_size, image
+                drop_last, ordered, on_error, rank (see above), world_size (one
+                rank's state; see above for the list), image
                 size, max_image_size, size_divisibility, group_by_aspect_ratio,
                 exif_orientation, transforms); the message names the field and
                 both values.

@@ -249,7 +249,8 @@ class Pass(PassBase):
 
         def order() -> Order:
             try:
-                full = plan.order(epoch, rank, world_size, seed, self.stopped)
+                full = plan.order(epoch, rank, world_size, seed, self.stopped,
+                                  done.levels if done is not None else ())
             except ScanStopped:  # the pass stopped during a grouping's header scan
                 raise Closed() from None
             order = full if done is None else Remaining(full, done)
@@ -258,7 +259,10 @@ class Pass(PassBase):
             return order
 
         variable = cfg.max_image_size is not None
-        collator = Collator(cfg.batch_size, cfg.ordered, cfg.drop_last, pool.release, pool.park,
+        # A pass continuing an epoch begun under another world size delivers every
+        # sample left, its last batch short if need be (see EpochPlan.order).
+        drop_last = cfg.drop_last and not (done is not None and done.levels)
+        collator = Collator(cfg.batch_size, cfg.ordered, drop_last, pool.release, pool.park,
                             Padding(cfg.size_divisibility, cfg.mask_fill) if variable else None)
         maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
                 for spec, inbox, outbox in zip(specs, inboxes, outboxes)]

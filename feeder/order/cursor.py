@@ -23,7 +23,10 @@ from .epoch import LAZY_MIN
 from .plan import EpochPlan
 from .progress import Progress, pass_finished
 from .sequence import Handled, Order, Remaining
-from .state import (COMPACT_ABOVE, COMPACT_VERSION, EPOCHS, FORMAT_VERSION, check_progress, check_settings, describe_transforms,
+from .plan import Levels
+from .state import (COMPACT_ABOVE, COMPACT_VERSION, DAMAGED_STATES, EPOCHS, FORMAT_VERSION,
+                    check_version, check_world, common_epoch, decode_levels, encode_levels,
+                    every_rank, check_progress, check_settings, describe_transforms,
                     handled_from_bitmaps, layout_digest, load_compact, pack, unpack, _check_counts)
 
 class Cursor:
@@ -105,11 +108,14 @@ class Cursor:
         self.resume = (self.new_progress(epoch, Handled(batches * self.config.batch_size), (),
                                          batches), epoch + 1)
 
-    def order(self, epoch: int, rank: int | None = None, seed: int | None = None) -> Any:
-        """This rank's (or ``rank``'s) order of ``epoch``, as the sampler dispatches it."""
+    def order(self, epoch: int, rank: int | None = None, seed: int | None = None,
+              levels: Levels = (), world_size: int | None = None) -> Any:
+        """This rank's (or ``rank``'s of ``world_size``) order of ``epoch``, as the
+        sampler dispatches it (after the world sizes of ``levels``)."""
         seed = self.ranks.seed if seed is None else seed
-        this_rank, world_size = self.ranks.shard()
-        return self.plan.order(epoch, this_rank if rank is None else rank, world_size, seed)
+        this_rank, this_world = self.ranks.shard()
+        return self.plan.order(epoch, this_rank if rank is None else rank,
+                               this_world if world_size is None else world_size, seed, levels=levels)
 
     def next_order(self) -> Any:
         """What the next pass dispatches on this rank, in order: its epoch's order,
@@ -117,16 +123,18 @@ class Cursor:
         epoch = self.next_epoch
         if epoch >= EPOCHS:
             raise ValueError(f"epoch {epoch} is past the last epoch 2**64 - 1: set_epoch() another")
-        order = self.order(epoch)
         resume = self.resume
         if resume is not None and resume[0].epoch == epoch:
-            return Remaining(order, resume[0].handled())
-        return order
+            handled = resume[0].handled()
+            return Remaining(self.order(epoch, levels=handled.levels), handled)
+        return self.order(epoch)
 
     def new_progress(self, epoch: int, start: Handled | None = None, skipped: Any = (),
                      batches: int = 0) -> Progress:
         # The order is made at its first need, with the seed then agreed on.
-        return Progress(epoch, len(self.source), lambda: self.order(epoch), start, skipped, batches)
+        levels = start.levels if start is not None else ()
+        return Progress(epoch, len(self.source), lambda: self.order(epoch, levels=levels), start,
+                        skipped, batches)
 
     def settings(self) -> dict[str, Any]:
         """The settings that decide which samples a pass delivers, in which order and
@@ -147,10 +155,13 @@ class Cursor:
                 "max_pixels": c.max_pixels,
                 "transforms": describe_transforms(self.chain.transforms)}
 
-    def _finished(self, handled: int) -> bool:
+    def _finished(self, handled: Handled, order: Callable[[], Order]) -> bool:
+        """Whether a pass that has handled ``handled`` of ``order()`` has no batch left."""
+        if handled.levels:  # a resharded rest: every sample of it is delivered
+            return handled.count() >= len(order())
         c = self.config
         rank, world_size = self.ranks.shard()
-        return pass_finished(handled, len(self.source), c.batch_size, c.drop_last,
+        return pass_finished(handled.count(), len(self.source), c.batch_size, c.drop_last,
                              c.on_error == "skip", rank, world_size)
 
     def state_dict(self, skipped_total: Callable[[], int]) -> dict[str, Any]:
@@ -170,7 +181,7 @@ class Cursor:
                 progress = None
         if progress is not None:
             handled, skipped_list, batches = progress.compact()
-            if progress.batches and self._finished(handled.count()):
+            if progress.batches and self._finished(handled, lambda: progress.order):
                 # Every batch is delivered but the loop has not asked for the end
                 # (Lightning stops at len(feeder)): the uninterrupted run's next
                 # pass is the next epoch, not an empty rest of this one.
@@ -178,7 +189,7 @@ class Cursor:
                 handled = skipped_list = None
             else:
                 epoch = progress.epoch
-                if not compact:
+                if not compact and not handled.levels:
                     done, failed, _ = progress.snapshot()
                     delivered, skipped = pack(done), pack(failed)
         # A grouped order depends on the images' sizes, not on the settings alone:
@@ -186,16 +197,21 @@ class Cursor:
         grouped = (self.grouped_digest(progress.order)
                    if progress is not None and self.config.group_by_aspect_ratio is not None
                    else None)
-        if compact:
-            return {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
-                    "batches": batches, "position": None if handled is None else handled.position,
-                    "after": None if handled is None else list(handled.after),
-                    "skipped": skipped_list, "skipped_total": skipped_total(),
-                    "grouped_order": grouped, "settings": self.settings()}
-        return {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
-                "batches": batches, "delivered": delivered, "skipped": skipped,
-                "skipped_total": skipped_total(), "grouped_order": grouped,
-                "settings": self.settings()}
+        if compact or (handled is not None and handled.levels):
+            # A resharded rest is resumed by position (format 2) whatever the length.
+            state = {"version": COMPACT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                     "batches": batches, "position": None if handled is None else handled.position,
+                     "after": None if handled is None else list(handled.after),
+                     "skipped": skipped_list, "skipped_total": skipped_total(),
+                     "grouped_order": grouped, "settings": self.settings()}
+        else:
+            state = {"version": FORMAT_VERSION, "epoch": epoch, "next_epoch": next_epoch,
+                     "batches": batches, "delivered": delivered, "skipped": skipped,
+                     "skipped_total": skipped_total(), "grouped_order": grouped,
+                     "settings": self.settings()}
+        if handled is not None and handled.levels:
+            state["levels"] = encode_levels(handled.levels)
+        return state
 
     @staticmethod
     def grouped_digest(order: Order) -> str:
@@ -203,29 +219,78 @@ class Cursor:
         flat = np.ascontiguousarray(order.take(0, len(order)), dtype=np.int64)
         return hashlib.blake2b(flat.tobytes(), digest_size=16).hexdigest()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """``Feeder.load_state_dict``."""
-        version = state.get("version") if isinstance(state, dict) else None
-        if version not in (FORMAT_VERSION, COMPACT_VERSION) or isinstance(version, bool):
-            found = version if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"not a feeder state of format version {FORMAT_VERSION} or "
-                             f"{COMPACT_VERSION} (got {found!r})")
+    def load_state_dict(self, state: Any) -> None:
+        """``Feeder.load_state_dict``: one rank's state, or the list of every rank's
+        (see :meth:`_load_every_rank`)."""
+        if isinstance(state, (list, tuple)):
+            self._loadevery_rank(list(state))
+            return
+        version = check_version(state, "state")
         settings = state.get("settings")
         current = self._current_settings(settings)
         saved_rank = current["rank"]
+        check_world(settings, current)
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         _check_counts(state, epoch, version)
+        levels = decode_levels(state.get("levels"), epoch)
         resume = None
         if epoch is not None:
             resume = self._resumed_pass(state, version, epoch, next_epoch, saved_rank,
-                                        current["seed"])
+                                        current["seed"], levels)
             if resume is None:
                 epoch = None  # nothing left of that pass: continue with the next
         self.ranks.seed = current["seed"]
         self.resume = resume
         self.progress = None
         self.next_epoch = epoch if epoch is not None else next_epoch
+
+    def _loadevery_rank(self, states: list[Any]) -> None:
+        """Every rank's state of a run, saved under any world size. Under this
+        feeder's world size, this rank's state is loaded as alone. Under another,
+        the samples the saving ranks had not handled in their unfinished epoch
+        are shared among this world's ranks (see
+        :meth:`~feeder.order.plan.EpochPlan.order`): each delivered once."""
+        if not states:
+            raise ValueError("load_state_dict got an empty list: pass every rank's state_dict()")
+        for k, s in enumerate(states):
+            check_version(s, f"state[{k}]")
+        by_rank = every_rank(states)
+        old_world = len(by_rank)
+        rank, world_size = self.ranks.shard()
+        if old_world == world_size:
+            self.load_state_dict(by_rank[rank])
+            return
+        current = self._current_settings(by_rank[0]["settings"])
+        seed = current["seed"]
+        for r, s in enumerate(by_rank):
+            check_settings(s["settings"], dict(current, rank=r, world_size=old_world))
+            _check_counts(s, s.get("epoch"), s["version"])
+        epoch, next_epoch = common_epoch(by_rank)
+        self.ranks.seed = seed
+        self.progress = None
+        self.resume = None
+        self.next_epoch = next_epoch
+        if epoch is None:
+            return  # every rank had finished its pass: the next epoch starts anew
+        unfinished = [s for s in by_rank if s.get("epoch") is not None]
+        levels = decode_levels(unfinished[0].get("levels"), epoch)
+        if any(decode_levels(s.get("levels"), epoch) != levels for s in unfinished):
+            raise ValueError(f"cannot resume: the ranks' states went through different world "
+                             f"sizes in epoch {epoch}: {DAMAGED_STATES}")
+        handled = []
+        for r, s in enumerate(by_rank):
+            if s.get("epoch") is None:  # this rank had delivered its whole pass
+                handled.append(Handled(len(self.order(epoch, r, seed, levels, old_world))))
+            else:
+                h, _ = self._saved_handled(s, s["version"], epoch, r, old_world, seed, levels)
+                handled.append(Handled(h.position, h.after))
+        levels = (*levels, (old_world, tuple(handled)))
+        if not len(self.plan.left(epoch, seed, levels)):
+            return  # nothing was left of that epoch
+        batches = max(s["batches"] for s in by_rank)
+        self.resume = (self.new_progress(epoch, Handled(0, (), levels), (), batches), next_epoch)
+        self.next_epoch = epoch
 
     def _current_settings(self, saved: Any) -> dict[str, Any]:
         """This feeder's settings as a saved state's must be: with the saved seed
@@ -247,12 +312,29 @@ class Cursor:
         return current
 
     def _resumed_pass(self, state: dict[str, Any], version: int, epoch: int, next_epoch: int,
-                      saved_rank: int, seed: int) -> tuple[Progress, int] | None:
+                      saved_rank: int, seed: int, levels: Levels = ()) -> tuple[Progress, int] | None:
         """The unfinished pass of a state, checked; None when nothing is left of it."""
+        c = self.config
+        handled, skipped_list = self._saved_handled(state, version, epoch, saved_rank, None, seed,
+                                                    levels)
+        if c.ordered and c.on_error == "raise" and not levels:
+            rank = self.ranks.shard()[0]
+            if saved_rank != rank:
+                mine = self.order(epoch, rank, seed)
+                handled = Handled(min(len(mine), state["batches"] * c.batch_size))
+        progress = self.new_progress(epoch, handled, skipped_list, state["batches"])
+        if state["batches"] and self._finished(handled, lambda: progress.order):
+            return None
+        return progress, next_epoch
+
+    def _saved_handled(self, state: dict[str, Any], version: int, epoch: int, rank: int,
+                       world_size: int | None, seed: int, levels: Levels) -> tuple[Handled, list[int]]:
+        """What rank ``rank`` (of ``world_size``; None: this feeder's) had handled of
+        its order of ``epoch`` by ``state``, checked against that order."""
         c = self.config
         length = len(self.source)
         skip = c.on_error == "skip"
-        order = self.order(epoch, saved_rank, seed)
+        order = self.order(epoch, rank, seed, levels, world_size)
         saved_grouped = state.get("grouped_order")
         if (saved_grouped is not None and c.group_by_aspect_ratio is not None
                 and saved_grouped != self.grouped_digest(order)):
@@ -276,8 +358,9 @@ class Cursor:
             handled, skipped_list = handled_from_bitmaps(done, skipped, order)
         else:
             field = "position"
-            handled, skipped_list = load_compact(state, order, length, c.batch_size, skip, epoch)
-        if c.ordered and c.on_error == "raise":
+            handled, skipped_list = load_compact(state, order, length, c.batch_size, skip, epoch,
+                                                 resharded=bool(levels))
+        if c.ordered and c.on_error == "raise" and not levels:
             # The delivered samples must be the head of the epoch's order,
             # else the rest would not be the uninterrupted run's batches.
             n = handled.count()
@@ -286,11 +369,4 @@ class Cursor:
                 raise ValueError(f"state[{field!r}] is not the start of epoch {epoch}'s "
                                  f"order ({n} samples in {state['batches']} batches): the "
                                  f"state is damaged or from other settings")
-            rank = self.ranks.shard()[0]
-            if saved_rank != rank:
-                mine = self.order(epoch, rank, seed)
-                handled = Handled(min(len(mine), state["batches"] * c.batch_size))
-        resume = (self.new_progress(epoch, handled, skipped_list, state["batches"]), next_epoch)
-        if state["batches"] and self._finished(handled.count()):
-            return None
-        return resume
+        return Handled(handled.position, handled.after, levels), skipped_list

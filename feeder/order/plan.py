@@ -16,11 +16,16 @@ from typing import Any
 
 from .epoch import ShardLayout, pass_sequence, shard_layout
 from .group import group_sequence
-from .sequence import Order
+from .sequence import Concat, Handled, Order, Remaining, Slice
 
-# Grouped orders kept per plan: the pass's and the resume bookkeeping's of the
-# same epoch, and the next epoch's while the previous one is still counted.
-_KEPT = 2
+# Grouped or resharded orders kept per plan: the pass's and the resume
+# bookkeeping's of the same epoch, and the next epoch's while the previous one
+# is still counted.
+_KEPT = 4
+
+# The world sizes a pass's order went through before the current one, and what
+# each of their ranks had handled (see EpochPlan.order).
+Levels = tuple[tuple[int, tuple[Handled, ...]], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +78,23 @@ class EpochPlan:
         self._lock = threading.Lock()
 
     def order(self, epoch: int, rank: int, world_size: int, seed: int,
-              stopped: Callable[[], bool] | None = None) -> Order:
+              stopped: Callable[[], bool] | None = None, levels: Levels = ()) -> Order:
         """Rank ``rank``'s order of ``epoch`` out of ``world_size``, shuffled from
         ``seed``: the sample indices its pass dispatches, in order, cut to
         whole batches when ``drop_last``, regrouped when grouping.
 
+        ``levels``: the epoch was begun under other world sizes: for each, in
+        turn, its size and what each of its ranks had handled along its own
+        order at this level. The samples they left, rank after rank, are then
+        cut into ``world_size`` contiguous parts (see :func:`elastic_sizes`), and
+        this is rank ``rank``'s: every sample left exactly once over the ranks.
+
         ``stopped`` ends the header scan of a grouped order early (raising
-        :class:`~feeder.order.group.ScanStopped`). A grouped order costs a
-        scan or planned sizes, so the latest ones are kept."""
+        :class:`~feeder.order.group.ScanStopped`). A grouped or resharded order
+        costs a scan or planned sizes, so the latest ones are kept."""
+        if levels:
+            return self._kept((epoch, rank, world_size, seed, levels),
+                              lambda: self._resharded(epoch, rank, world_size, seed, stopped, levels))
         o = self.options
         # The length is asked each time, in the caller's thread (the sampler's:
         # a source failing there fails the pass as that stage's error).
@@ -88,14 +102,53 @@ class EpochPlan:
                               rank, world_size, self.layout)
         if o.group_by_aspect_ratio is None:
             return order
-        key = (epoch, rank, world_size, seed)
+        return self._kept((epoch, rank, world_size, seed, ()),
+                          lambda: group_sequence(order, self.source, o, self.chain, seed, epoch, stopped))
+
+    def left(self, epoch: int, seed: int, levels: Levels,
+             stopped: Callable[[], bool] | None = None) -> Order:
+        """The samples of ``epoch`` that the ranks of ``levels[-1]`` had not
+        handled, in their order, rank after rank."""
+        world_size, handled = levels[-1]
+        return Concat([Remaining(self.order(epoch, r, world_size, seed, stopped, levels[:-1]), h)
+                       for r, h in enumerate(handled)])
+
+    def _resharded(self, epoch: int, rank: int, world_size: int, seed: int,
+                   stopped: Callable[[], bool] | None, levels: Levels) -> Order:
+        rest = self.left(epoch, seed, levels, stopped)
+        sizes = elastic_sizes(len(rest), world_size, self.options.batch_size)
+        start = sum(sizes[:rank])
+        return Slice(rest, start, start + sizes[rank])
+
+    def _kept(self, key: tuple, make: Callable[[], Order]) -> Order:
         with self._lock:
             hit = self._grouped.get(key)
         if hit is not None:
             return hit
-        grouped = group_sequence(order, self.source, o, self.chain, seed, epoch, stopped)
+        made = make()
         with self._lock:
-            self._grouped[key] = grouped
+            self._grouped[key] = made
             while len(self._grouped) > _KEPT:
                 self._grouped.pop(next(iter(self._grouped)))
-        return grouped
+        return made
+
+
+def elastic_sizes(n: int, world_size: int, batch_size: int) -> list[int]:
+    """How many of ``n`` samples left of an epoch each of ``world_size`` ranks
+    takes after the world size changed: every one exactly once, and, wherever
+    ``n`` allows it, the same number of batches on every rank (DDP steps the
+    ranks together), each rank's last batch the only one that may be short.
+    That needs at least one sample per rank in the last round of batches; when
+    fewer are left (``n`` a few samples past a multiple of
+    ``world_size * batch_size``), the parts differ by at most one sample and
+    the first ranks take one batch more."""
+    if n == 0:
+        return [0] * world_size
+    rounds = -(-n // (world_size * batch_size))
+    full = (rounds - 1) * batch_size
+    last = n - world_size * full  # samples of the last round, in (0, world_size * batch_size]
+    if last >= world_size:
+        q, r = divmod(last, world_size)
+        return [full + q + (i < r) for i in range(world_size)]
+    q, r = divmod(n, world_size)
+    return [q + (i < r) for i in range(world_size)]

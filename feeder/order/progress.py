@@ -105,7 +105,7 @@ class Progress:
         if pending:
             raise RuntimeError(f"samples {sorted(pending)[:5]} were recorded as handled but are "
                                f"not in the pass's order")
-        return Handled(position, tuple(sorted(after)))
+        return Handled(position, tuple(sorted(after)), self.start.levels)
 
     def _take_skips(self) -> None:
         # Under the lock. Skipped samples are handled too: without them the

@@ -303,10 +303,15 @@ class Handled:
     """What an earlier run of a pass handled (delivered or skipped), by position
     in the pass's order: every position before ``position``, and ``after``
     (positions past it, sorted). Small whatever the epoch's length: ``after``
-    holds only the samples that finished out of order (at most those in flight)."""
+    holds only the samples that finished out of order (at most those in flight).
+
+    ``levels``: which order the positions are in. Empty for the epoch's own
+    order; after the world size changed mid-epoch, the earlier worlds' sizes and
+    what each of their ranks had handled (see :meth:`feeder.order.plan.EpochPlan.order`)."""
 
     position: int
     after: tuple[int, ...] = ()
+    levels: tuple[tuple[int, tuple["Handled", ...]], ...] = ()
 
     def count(self) -> int:
         return self.position + len(self.after)
@@ -342,13 +347,59 @@ class Remaining(Order):
             yield pending
 
     def take(self, start: int, stop: int) -> np.ndarray:
-        # Random access is not needed by the sampler; this walks from the start.
-        out: list[int] = []
-        for chunk in self.chunks(4096):
-            out.extend(chunk)
-            if len(out) >= stop:
+        stop = min(stop, len(self))
+        if stop <= start:
+            return np.zeros(0, np.int64)
+        k = np.arange(start, stop, dtype=np.int64)
+        base = self.handled.position
+        skipped = np.asarray(sorted(p for p in self._after if p < len(self.order)), dtype=np.int64)
+        # The k-th position left is the smallest p = base + k + (handled positions <= p):
+        # the iteration climbs to it from below (at most once per handled position).
+        p = base + k
+        while len(skipped):
+            q = base + k + np.searchsorted(skipped, p, side="right")
+            if np.array_equal(q, p):
                 break
-        return np.asarray(out[start:stop], dtype=np.int64)
+            p = q
+        block = self.order.take(int(p[0]), int(p[-1]) + 1)
+        return block[p - p[0]]
+
+
+class Concat(Order):
+    """Orders one after another."""
+
+    def __init__(self, parts: Sequence[Order]) -> None:
+        self.parts = list(parts)
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts]).tolist()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, len(self))
+        out = [np.zeros(0, np.int64)]
+        first = max(0, bisect.bisect_right(self.starts, start) - 1)
+        for part, begin in zip(self.parts[first:], self.starts[first:]):
+            if begin >= stop:
+                break
+            out.append(part.take(max(0, start - begin), stop - begin))
+        return np.concatenate(out).astype(np.int64, copy=False)
+
+
+class Slice(Order):
+    """Positions ``[start, stop)`` of ``order``."""
+
+    def __init__(self, order: Order, start: int, stop: int) -> None:
+        self.order, self.start, self.stop = order, start, max(start, min(stop, len(order)))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, len(self))
+        if stop <= start:
+            return np.zeros(0, np.int64)
+        return self.order.take(self.start + start, self.start + stop)
 
 
 class Hinting(Order):

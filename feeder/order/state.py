@@ -174,10 +174,11 @@ def _int_list(value: Any, field: str) -> list[int]:
 
 
 def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: int, skip: bool,
-                 epoch: int) -> tuple[Handled, list[int]]:
+                 epoch: int, resharded: bool = False) -> tuple[Handled, list[int]]:
     """The handled positions and skipped samples of a format-2 state, checked as
     :func:`check_progress` checks format 1: a state that no pass could have left
-    would lose samples or deliver some twice.
+    would lose samples or deliver some twice. ``resharded``: the pass continued
+    an epoch begun under another world size (its batches count from there).
 
     Raises:
         ValueError: naming the field and what is wrong.
@@ -199,6 +200,8 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     if len(set(skipped)) != len(skipped) or any(not 0 <= i < length for i in skipped):
         raise ValueError(f"state['skipped'] must hold distinct samples in [0, {length}): {_DAMAGED}")
     handled = Handled(position, tuple(after))
+    if resharded:
+        return handled, skipped
     _check_batches(handled.count() - len(skipped), state["batches"], n, batch_size, skip, epoch,
                    "state['position'] and state['after'] mark {n} samples delivered")
     return handled, skipped
@@ -245,3 +248,111 @@ def _check_counts(state: dict[str, Any], epoch: Any, version: int) -> None:
             if state.get(name) is not None:
                 raise ValueError(f"state[{name!r}] must be None when state['epoch'] is None "
                                  f"(no unfinished pass), got {type(state[name]).__name__}")
+
+
+# The end of every message refusing a list of states that no run could have left.
+DAMAGED_STATES = "the states are damaged, from other settings, or not one run's"
+
+
+def check_version(state: Any, name: str) -> int:
+    """The format version of ``state`` (``name`` in messages), one this version reads."""
+    version = state.get("version") if isinstance(state, dict) else None
+    if version not in (FORMAT_VERSION, COMPACT_VERSION) or isinstance(version, bool):
+        found = version if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{name} is not a feeder state of format version {FORMAT_VERSION} or "
+                         f"{COMPACT_VERSION} (got {found!r})")
+    return version
+
+
+def check_world(saved: Any, current: dict[str, Any]) -> None:
+    """Refuse one rank's state saved under another world size, saying what to pass."""
+    if not isinstance(saved, dict) or "world_size" not in saved:
+        return  # check_settings says what is wrong
+    was, now = saved["world_size"], current["world_size"]
+    if _normal(was) != _normal(now):
+        raise ValueError(f"cannot resume: world_size differs (saved {was!r}, this feeder {now!r}): "
+                         f"one rank's state holds only that rank's progress; to continue under "
+                         f"another number of ranks pass the list of every rank's state_dict() "
+                         f"(gathered with torch.distributed.all_gather_object, or saved per rank)")
+
+
+def every_rank(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``states`` by rank, checked to be one state per rank of one world size."""
+    sizes = {repr(s.get("settings", {}).get("world_size")) for s in states
+             if isinstance(s.get("settings"), dict)}
+    if len(sizes) != 1 or any(not isinstance(s.get("settings"), dict) for s in states):
+        raise ValueError(f"cannot resume: the states' world sizes are {sorted(sizes)}: "
+                         f"{DAMAGED_STATES}")
+    world = states[0]["settings"]["world_size"]
+    ranks = [s["settings"].get("rank") for s in states]
+    if (isinstance(world, bool) or not isinstance(world, int) or len(states) != world
+            or sorted(r for r in ranks if isinstance(r, int)) != list(range(world))):
+        raise ValueError(f"cannot resume: {len(states)} states of ranks {ranks} under "
+                         f"world_size={world!r}: pass one state_dict() from every rank")
+    return sorted(states, key=lambda s: s["settings"]["rank"])
+
+
+def common_epoch(states: list[dict[str, Any]]) -> tuple[int | None, int]:
+    """(the ranks' unfinished epoch or None, the epoch after it): every rank's state
+    must hold the same unfinished epoch, or have finished it."""
+    unfinished = {s["epoch"] for s in states if s.get("epoch") is not None}
+    if len(unfinished) > 1:
+        raise ValueError(f"cannot resume: the ranks' states are inside epochs {sorted(unfinished)}: "
+                         f"{DAMAGED_STATES}")
+    if not unfinished:
+        nexts = {s["next_epoch"] for s in states}
+        if len(nexts) != 1:
+            raise ValueError(f"cannot resume: the ranks' states continue at epochs {sorted(nexts)}: "
+                             f"{DAMAGED_STATES}")
+        return None, nexts.pop()
+    epoch = unfinished.pop()
+    for s in states:
+        if s.get("epoch") is None and s["next_epoch"] != epoch + 1:
+            raise ValueError(f"cannot resume: rank {s['settings']['rank']}'s state continues at "
+                             f"epoch {s['next_epoch']}, the others are inside epoch {epoch}: "
+                             f"{DAMAGED_STATES}")
+    nexts = {s["next_epoch"] for s in states if s.get("epoch") is not None}
+    if len(nexts) != 1:
+        raise ValueError(f"cannot resume: the ranks' states continue at epochs {sorted(nexts)} "
+                         f"after epoch {epoch}: {DAMAGED_STATES}")
+    return epoch, nexts.pop()
+
+
+def encode_levels(levels: tuple) -> list:
+    """The world sizes an epoch went through before the current one (see
+    :class:`~feeder.order.sequence.Handled`) as plain lists for a state dict."""
+    return [[world, [[h.position, list(h.after)] for h in handled]] for world, handled in levels]
+
+
+def decode_levels(value: Any, epoch: Any) -> tuple:
+    """:func:`encode_levels`'s lists back, their shape checked (the positions are
+    checked against the orders they index when those are made)."""
+    if value is None:
+        return ()
+    if epoch is None:
+        raise ValueError(f"state['levels'] must be None when state['epoch'] is None, got "
+                         f"{type(value).__name__}")
+    bad = ValueError(f"state['levels'] must be a list of [world_size, [[position, [after, ...]], "
+                     f"...]] (one entry per rank): {_DAMAGED}")
+
+    def natural(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(value, (list, tuple)):
+        raise bad
+    levels = []
+    for level in value:
+        if not (isinstance(level, (list, tuple)) and len(level) == 2 and natural(level[0])
+                and level[0] >= 1 and isinstance(level[1], (list, tuple)) and len(level[1]) == level[0]):
+            raise bad
+        handled = []
+        for entry in level[1]:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and natural(entry[0])
+                    and isinstance(entry[1], (list, tuple)) and all(natural(a) for a in entry[1])):
+                raise bad
+            after = tuple(entry[1])
+            if any(b <= a for a, b in zip(after, after[1:])) or (after and after[0] <= entry[0]):
+                raise bad
+            handled.append(Handled(entry[0], after))
+        levels.append((level[0], tuple(handled)))
+    return tuple(levels)
