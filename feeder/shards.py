@@ -35,7 +35,6 @@ of a detection sample, as ``feeder-pack`` writes them.
 
 from __future__ import annotations
 
-import array
 import bisect
 import logging
 import os
@@ -48,11 +47,13 @@ from typing import Any
 import numpy as np
 
 from .storage.fields import FIELD_NAMES, json_value, npy_array, field_of, make_plan
-from .storage.index import Column, IndexTable, LocalShard, load_indices
+# Column, IndexTable, load_indices and ShardIndex: importable from here before.
+from .storage.index import Column, IndexTable, LocalShard, load_indices  # noqa: F401
+from .storage.members import LazyMembers, LoadedMembers, MemberTable, lazy_entry
 from .work.sample import DEFAULT_MAX_PIXELS
 from .storage.shardlist import is_url, expand_braces, resolve
 from .storage.local import FilePool, no_collection, on_network_storage
-from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex
+from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex  # noqa: F401
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
@@ -82,6 +83,23 @@ LAZY_INDEX_SHARDS = 64
 # index of a shard of 10^4 two-member samples takes about 4 MB (measured with
 # tracemalloc: keys and member names 3.6 MB, the arrays 0.3 MB).
 DEFAULT_INDEX_CACHE = 16
+
+
+def _check_options(deadline_s: Any, max_pixels: Any, max_field_bytes: Any, lazy_index: Any,
+                   index_cache: Any) -> None:
+    """Refuse the options of ``TarShards`` that cannot work, naming them."""
+    if deadline_s is not None and not (isinstance(deadline_s, (int, float))
+                                       and not isinstance(deadline_s, bool) and deadline_s > 0):
+        raise ValueError(f"TarShards: deadline_s must be a number of seconds > 0 or None, "
+                         f"got {deadline_s!r}")
+    for opt, value in (("max_pixels", max_pixels), ("max_field_bytes", max_field_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"TarShards: {opt} must be an int > 0, got {value!r}")
+    if lazy_index not in (True, False, "auto"):
+        raise ValueError(f"TarShards: lazy_index must be True, False or 'auto', got "
+                         f"{lazy_index!r}")
+    if isinstance(index_cache, bool) or not isinstance(index_cache, int) or index_cache < 1:
+        raise ValueError(f"TarShards: index_cache must be an int >= 1, got {index_cache!r}")
 
 
 class TarShards:
@@ -170,18 +188,7 @@ class TarShards:
                  deadline_s: float | None = DEFAULT_DEADLINE_S, max_pixels: int = DEFAULT_MAX_PIXELS,
                  max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES, lazy_index: bool | str = "auto",
                  index_cache: int = DEFAULT_INDEX_CACHE) -> None:
-        if deadline_s is not None and not (isinstance(deadline_s, (int, float))
-                                           and not isinstance(deadline_s, bool) and deadline_s > 0):
-            raise ValueError(f"TarShards: deadline_s must be a number of seconds > 0 or None, "
-                             f"got {deadline_s!r}")
-        for opt, value in (("max_pixels", max_pixels), ("max_field_bytes", max_field_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TarShards: {opt} must be an int > 0, got {value!r}")
-        if lazy_index not in (True, False, "auto"):
-            raise ValueError(f"TarShards: lazy_index must be True, False or 'auto', got "
-                             f"{lazy_index!r}")
-        if isinstance(index_cache, bool) or not isinstance(index_cache, int) or index_cache < 1:
-            raise ValueError(f"TarShards: index_cache must be an int >= 1, got {index_cache!r}")
+        _check_options(deadline_s, max_pixels, max_field_bytes, lazy_index, index_cache)
         self.max_image_bytes = 4 * max_pixels + (1 << 20)
         self.max_field_bytes = max_field_bytes
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
@@ -204,64 +211,59 @@ class TarShards:
         shards = self._shards
         self.warnings: list[str] = []
         self._warn_lock = threading.Lock()
-        warn = self._warn
-
         for shard in shards:
             fact = facts.get(shard.name, {})
             if shard.remote:
                 shard.sha256 = fact.get("sha256")
                 shard.list_size = fact.get("filesize")
-        counts = [facts.get(shard.name, {}).get("nsamples") for shard in shards]
-        complete = all(c is not None for c in counts)
-        if lazy_index is True and not complete:
-            missing = next(shard.name for shard, c in zip(shards, counts) if c is None)
-            raise ValueError(f"TarShards: lazy_index=True numbers the samples from the shard "
-                             f"list's nsamples, but {missing} has none (give a shard list that "
-                             f"feeder-pack wrote, or lazy_index=False)")
-        self._lazy_counts: list[int] | None = None
-        if lazy_index is True or (lazy_index == "auto" and complete
-                                  and len(shards) > LAZY_INDEX_SHARDS):
-            self._lazy_counts = counts
-            self.index_cache = index_cache
-            self._make_table()
-            # The fields and the checks below come from the first non-empty shard.
-            first = next((k for k, c in enumerate(counts) if c), 0)
-            sample_shards = [first]
-            # One request; its parse makes 10^5 objects, whose collections would
-            # walk the list's 10^6 again.
-            with no_collection():
-                entries = [self._table.put(first, self._index_entry(first, counts[first],
-                                                                    deadline))]
-        else:
-            indices = self._load_indices(shards, warn, deadline, deadline_s)
-            for shard, ix in zip(shards, indices):
-                expected = facts.get(shard.name, {}).get("nsamples")
-                if expected is not None and expected != len(ix):
-                    raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
-                                           f"list says {expected}: the shard or the list is "
-                                           f"damaged or out of date (re-pack, or fix the list)")
-            counts = [len(ix) for ix in indices]
-            entries = [self._entry(ix) for ix in indices]
-            sample_shards = list(range(len(shards)))
-            self._indices: Any = [e[0] for e in entries]
-            # Plain lists (not numpy scalars): a read looks these up at Python speed.
-            self._image_member: Any = [e[1] for e in entries]
-            self._label_member: Any = [e[2] for e in entries]
-            self._offsets: Any = [e[3] for e in entries]
-            self._sizes: Any = [e[4] for e in entries]
+        listed = [facts.get(shard.name, {}).get("nsamples") for shard in shards]
+        self._use(self._members_for(lazy_index, listed, index_cache, deadline, deadline_s))
+        counts = self._members.counts
         # The image sizes a shard list of an earlier feeder-pack gives, for
         # Feeder(group_by_aspect_ratio=...): only when every shard has them
         # (feeder-pack now writes them in each shard's index: image_sizes()).
-        listed = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
-        self._image_sizes = (np.concatenate(listed) if listed and all(
-            v is not None and len(v) == c for v, c in zip(listed, counts)) else None)
+        sizes = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
+        self._image_sizes = (np.concatenate(sizes) if sizes and all(
+            v is not None and len(v) == c for v, c in zip(sizes, counts)) else None)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
+        self._check_fields(fields, *self._members.pop_checked())
+
+    def _members_for(self, lazy_index: bool | str, listed: list[int | None], index_cache: int,
+                     deadline: float | None, deadline_s: float | None) -> MemberTable:
+        """The member table, lazy or loaded now as ``lazy_index`` and the shard
+        list's counts (``listed``) decide."""
+        complete = all(c is not None for c in listed)
+        if lazy_index is True and not complete:
+            missing = next(shard.name for shard, c in zip(self._shards, listed) if c is None)
+            raise ValueError(f"TarShards: lazy_index=True numbers the samples from the shard "
+                             f"list's nsamples, but {missing} has none (give a shard list that "
+                             f"feeder-pack wrote, or lazy_index=False)")
+        if lazy_index is True or (lazy_index == "auto" and complete
+                                  and len(self._shards) > LAZY_INDEX_SHARDS):
+            self.index_cache = index_cache
+            return LazyMembers(self, listed, index_cache, deadline)  # type: ignore[arg-type]
+        return LoadedMembers(self._shards, listed, self._warn, deadline, deadline_s, self._store,
+                             self.image_exts, self.label)
+
+    def _use(self, members: MemberTable) -> None:
+        """Read through ``members``: its columns become this source's."""
+        self._members = members
+        self._lazy_counts = members.lazy_counts
+        if isinstance(members, LazyMembers):
+            self._table = members.table
+        self._indices, self._image_member, self._label_member, self._offsets, self._sizes = (
+            members.columns())
+
+    def _check_fields(self, fields: Any, checked_shards: list[int], entries: list[tuple]) -> None:
+        """Decide what ``read`` gives (:attr:`plan`) from the members of the shards
+        checked, and refuse samples without an image, or without a label when
+        they are pairs."""
         exts_seen: set[str] = set()
         for e in entries:
             exts_seen.update(e[0].exts)
         n = self._starts[-1]
         where = (self._where() if self._lazy_counts is None
-                 else f"{self._shards[sample_shards[0]].name} (the first shard; the others are "
+                 else f"{self._shards[checked_shards[0]].name} (the first shard; the others are "
                       f"indexed when read)")
         found = ", ".join(sorted(exts_seen)) or "none"
         if n and not any(m >= 0 for e in entries for m in e[1]):
@@ -285,36 +287,11 @@ class TarShards:
             self.warnings.append(msg)
         log.warning("%s", msg)
 
-    def _entry(self, ix: ShardIndex) -> tuple:
-        """What a read needs of one shard: its index, each sample's image and
-        label member, and the members' offsets and sizes, as lists."""
-        img, lab = self._pick_members(ix)
-        return ix, img.tolist(), lab.tolist(), ix.offsets.tolist(), ix.sizes.tolist()
-
-    @staticmethod
-    def _compact_entry(entry: tuple) -> tuple:
-        # Lazily indexed shards keep their per-member numbers as array('q'): 8
-        # bytes each instead of a list's 36 (indexing still gives Python ints),
-        # so that the index LRU costs about 4 MB per 10^4-sample shard, not 5.6.
-        ix, *columns = entry
-        return (ix, *(array.array("q", c) for c in columns))
-
     def _index_entry(self, s: int, expected: int, deadline: float | None = None) -> tuple:
-        """Shard ``s``'s entry, its index loaded now (lazy indexing), its sample
-        count checked against the shard list's (the numbering rests on it)."""
-        shard = self._shards[s]
-        ix = shard.load_index(self._warn, deadline)
-        if len(ix) != expected:
-            raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard list says "
-                                   f"{expected}: the shard or the list is damaged or out of date "
-                                   f"(re-pack, or fix the list)")
-        return self._compact_entry(self._entry(ix))
-
-    def _make_table(self) -> None:
-        table = IndexTable(self, self._lazy_counts, self.index_cache)
-        self._table = table
-        self._indices, self._image_member, self._label_member, self._offsets, self._sizes = (
-            Column(table, k) for k in range(5))
+        """Shard ``s``'s entry, its index loaded now (lazy indexing: the
+        :class:`~feeder.storage.index.IndexTable` calls it)."""
+        return lazy_entry(self._shards[s], expected, self._warn, deadline, self.image_exts,
+                          self.label)
 
     def _want_copy(self, s: int) -> None:
         shard = self._shards[s]
@@ -327,37 +304,28 @@ class TarShards:
         are loaded in the background. Never blocks."""
         if self._lazy_counts is None:
             return
-        starts, table = self._starts, self._table
-        shards = {bisect.bisect_right(starts, i) - 1 for i in indices}
-        todo = [s for s in shards if not table.cached(s)]
-        if todo:
-            table.ahead(todo)
+        starts = self._starts
+        self._members.will_read({bisect.bisect_right(starts, i) - 1 for i in indices})
 
     def will_read_shards(self, shards: Sequence[int]) -> None:
         """A hint that these shards are read next (a window of the block shuffle):
         their indices are loaded and remote shards' copies into the cache started,
         in the background. Never blocks."""
-        if self._lazy_counts is not None:
-            self._table.ahead(shards, copy=True)
-        elif self._store is not None:
-            for s in shards:
-                self._want_copy(s)
+        if self._lazy_counts is not None or self._store is not None:
+            self._members.ahead(shards, self._want_copy)
 
     def reserve_indices(self, count: int) -> None:
         """Keep at least ``count`` shard indices in memory (lazy indexing): the
         block shuffle reads ``shuffle_shards`` shards at once and prefetches as
         many. Safe to repeat; never lowers the bound."""
-        if self._lazy_counts is not None and count > self._table.capacity:
-            self.index_cache = self._table.capacity = count
+        raised = self._members.reserve(count)
+        if raised is not None:
+            self.index_cache = raised
 
     @property
     def indices_loaded(self) -> int:
         """Shard indices loaded so far (all of them without lazy indexing)."""
-        return len(self._shards) if self._lazy_counts is None else self._table.loads
-
-    def _load_indices(self, shards: list[Any], warn: Any, deadline: float | None,
-                      deadline_s: float | None) -> list[ShardIndex]:
-        return load_indices(shards, warn, deadline, deadline_s, self._store)
+        return self._members.loaded
 
     def _open_shards(self, names: list[str]) -> None:
         """The per-process access to each shard: descriptors, remote store."""
@@ -384,8 +352,8 @@ class TarShards:
         state = self.__dict__.copy()
         if self._lazy_counts is not None:
             # The loaded indices stay here: the other process loads its own.
-            for name in ("_table", "_indices", "_image_member", "_label_member", "_offsets",
-                         "_sizes"):
+            for name in ("_members", "_table", "_indices", "_image_member", "_label_member",
+                         "_offsets", "_sizes"):
                 del state[name]
         del state["_warn_lock"]
         state["_shards"] = [shard.name for shard in self._shards]
@@ -399,7 +367,7 @@ class TarShards:
         self.__dict__.update(state)
         self._warn_lock = threading.Lock()
         if getattr(self, "_lazy_counts", None) is not None:
-            self._make_table()
+            self._use(LazyMembers(self, self._lazy_counts, self.index_cache, first=False))
         self._open_shards(names)
         for shard, fact in zip(self._shards, facts):
             if fact is not None:
@@ -408,22 +376,6 @@ class TarShards:
     def _where(self) -> str:
         first = self._shards[0].name
         return first if len(self._shards) == 1 else f"{len(self._shards)} shards ({first}, ...)"
-
-    def _pick_members(self, ix: ShardIndex) -> tuple[np.ndarray, np.ndarray]:
-        """Per sample, the member holding its image and its label (-1: none)."""
-        img = np.full(len(ix), -1, np.int64)
-        lab = np.full(len(ix), -1, np.int64)
-        rank = {e: r for r, e in enumerate(self.image_exts)}
-        for s in range(len(ix)):
-            best = len(rank)
-            for m in ix.members(s):
-                e = ix.exts[m]
-                r = rank.get(e)
-                if r is not None and r < best:
-                    best, img[s] = r, m
-                elif e == self.label:
-                    lab[s] = m
-        return img, lab
 
     # -- the source interface ------------------------------------------------
     def __len__(self) -> int:
@@ -523,15 +475,7 @@ class TarShards:
 
     def _all_indices(self) -> list[Any]:
         """Every shard's index (with lazy indexing, read once more, not through the LRU)."""
-        if self._lazy_counts is None:
-            return [self._indices[s] for s in range(len(self._shards))]
-        indices = self._load_indices(self._shards, self._warn, None, None)
-        for shard, ix, expected in zip(self._shards, indices, self._lazy_counts):
-            if len(ix) != expected:
-                raise ShardFormatError(f"{shard.name}: holds {len(ix)} samples but the shard "
-                                       f"list says {expected}: the shard or the list is "
-                                       f"damaged or out of date (re-pack, or fix the list)")
-        return indices
+        return self._members.all_indices(self._shards, self._warn, self._store)
 
     def _indexed_image_sizes(self) -> np.ndarray | None:
         """Every sample's image size from its shard's index, or None if one lacks them."""
