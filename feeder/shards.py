@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import threading
 import time
 import weakref
@@ -46,35 +45,31 @@ from typing import Any
 
 import numpy as np
 
-from .storage.fields import FIELD_NAMES, json_value, npy_array, field_of, make_plan
-# Column, IndexTable, load_indices and ShardIndex: importable from here before.
-from .storage.index import Column, IndexTable, LocalShard, load_indices  # noqa: F401
-from .storage.members import LazyMembers, LoadedMembers, MemberTable, lazy_entry
+from .storage.access import (note_facts, open_shards, reads_may_block, release,
+                             window_reads_may_block)
+from .storage.fields import FIELD_NAMES, field_of
+from .storage.local import no_collection
+from .storage.members import ImageSizes, LazyMembers, LoadedMembers, MemberTable, lazy_entry
+from .storage.shardlist import expand_braces, resolve
+from .storage.tar import IMAGE_EXTS, ShardFormatError
+from .storage.tarread import MemberReader, plan_fields
 from .work.sample import DEFAULT_MAX_PIXELS
-from .storage.shardlist import is_url, expand_braces, resolve
-from .storage.local import FilePool, no_collection, on_network_storage
-from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex  # noqa: F401
+
+# Importable from here before: kept for old imports.
+from .storage.fields import json_value, make_plan, npy_array  # noqa: F401
+from .storage.index import Column, IndexTable, LocalShard, load_indices  # noqa: F401
+from .storage.local import FilePool, on_network_storage  # noqa: F401
+from .storage.shardlist import is_url  # noqa: F401
+from .storage.tar import COMPRESSED, ShardIndex  # noqa: F401
 
 __all__ = ["FIELD_NAMES", "IMAGE_EXTS", "ShardFormatError", "TarShards", "expand_braces", "field_of"]
 
 log = logging.getLogger(__name__)
 
-# Image fields, in the order a sample's image is looked for.
-
-# A sample's members are read with one call (one request, remotely) when the
-# gaps between them (tar headers, fields not asked for) add at most this much.
-_SPAN_SLACK = 64 << 10
-
 # TarShards(deadline_s=): building a remote source as a whole, seconds.
 DEFAULT_DEADLINE_S = 60.0
 # TarShards(max_field_bytes=): the largest non-image member read, bytes.
 DEFAULT_MAX_FIELD_BYTES = 256 << 20
-
-def _release(files: FilePool, store: Any, wait: bool = False) -> None:
-    if store is not None:
-        store.close(wait)
-    files.close()
-
 
 # TarShards(lazy_index="auto"): a shard list naming more shards than this, with
 # every shard's sample count, is indexed lazily (no request per shard up front).
@@ -200,22 +195,15 @@ class TarShards:
                 raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
             self.label = None if label is None else label.lower().lstrip(".")
             self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
-            for name in names:
-                if name.lower().endswith(COMPRESSED):
-                    raise ValueError(f"TarShards: {name} is compressed: a compressed tar cannot be "
-                                     f"read by offset; decompress it (the images inside are "
-                                     f"compressed already, so little space is lost)")
+            self._reader = MemberReader(self.image_exts, self.label, self.max_image_bytes,
+                                        max_field_bytes)
             self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads,
                                     storage_options)
             self._open_shards(names)
         shards = self._shards
         self.warnings: list[str] = []
         self._warn_lock = threading.Lock()
-        for shard in shards:
-            fact = facts.get(shard.name, {})
-            if shard.remote:
-                shard.sha256 = fact.get("sha256")
-                shard.list_size = fact.get("filesize")
+        note_facts(shards, facts)
         listed = [facts.get(shard.name, {}).get("nsamples") for shard in shards]
         self._use(self._members_for(lazy_index, listed, index_cache, deadline, deadline_s))
         counts = self._members.counts
@@ -223,7 +211,7 @@ class TarShards:
         # Feeder(group_by_aspect_ratio=...): only when every shard has them
         # (feeder-pack now writes them in each shard's index: image_sizes()).
         sizes = [facts.get(shard.name, {}).get("image_sizes") for shard in shards]
-        self._image_sizes = (np.concatenate(sizes) if sizes and all(
+        self._image_info = ImageSizes(np.concatenate(sizes) if sizes and all(
             v is not None and len(v) == c for v, c in zip(sizes, counts)) else None)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64).tolist()
         self._check_fields(fields, *self._members.pop_checked())
@@ -256,31 +244,15 @@ class TarShards:
 
     def _check_fields(self, fields: Any, checked_shards: list[int], entries: list[tuple]) -> None:
         """Decide what ``read`` gives (:attr:`plan`) from the members of the shards
-        checked, and refuse samples without an image, or without a label when
-        they are pairs."""
-        exts_seen: set[str] = set()
-        for e in entries:
-            exts_seen.update(e[0].exts)
-        n = self._starts[-1]
+        checked (see :func:`~feeder.storage.tarread.plan_fields`)."""
         where = (self._where() if self._lazy_counts is None
                  else f"{self._shards[checked_shards[0]].name} (the first shard; the others are "
                       f"indexed when read)")
-        found = ", ".join(sorted(exts_seen)) or "none"
-        if n and not any(m >= 0 for e in entries for m in e[1]):
-            raise ValueError(f"TarShards: none of the {n} samples in {where} has an image "
-                             f"field ({', '.join(self.image_exts)}); fields found: {found}; "
-                             f"give image_exts=")
         #: ``{extension: (field name, format)}`` of the members a dict sample
         #: holds besides its image; None when ``read`` gives pairs.
-        self.plan: dict[str, tuple[str, str]] | None = make_plan(
-            fields, exts_seen, found, self.image_exts, self.label, self._where())
+        self.plan: dict[str, tuple[str, str]] | None = plan_fields(
+            fields, entries, self._starts[-1], where, self._where(), self.image_exts, self.label)
         self._required = self.plan is not None and not isinstance(fields, str)
-        if (n and self.plan is None and self.label is not None
-                and not any(m >= 0 for e in entries for m in e[2])):
-            raise ValueError(f"TarShards: none of the {n} samples in {where} has a "
-                             f".{self.label} field holding its label; fields found: {found}; "
-                             f"give label=None for unlabeled data (labels -1), or label='<ext>' "
-                             f"naming the field that holds the class index")
 
     def _warn(self, msg: str) -> None:
         with self._warn_lock:
@@ -329,22 +301,10 @@ class TarShards:
 
     def _open_shards(self, names: list[str]) -> None:
         """The per-process access to each shard: descriptors, remote store."""
-        self.files = FilePool()
-        self._store = None
-        shards: list[Any] = []
-        for name in names:
-            if is_url(name):
-                if self._store is None:
-                    from .storage.remote import RemoteStore  # noqa: PLC0415 - fsspec only when remote
-
-                    self._store = RemoteStore(self.files, *self._remote_options)
-                shards.append(self._store.shard(name))
-            else:
-                shards.append(LocalShard(name, self.files))
-        self._shards = shards
+        self.files, self._store, self._shards = open_shards(names, self._remote_options)
         # A dropped source releases its descriptors and stops its copies: a job
         # that builds sources in a loop must not run out of file descriptors.
-        self._finalizer = weakref.finalize(self, _release, self.files, self._store)
+        self._finalizer = weakref.finalize(self, release, self.files, self._store)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a spawned process (a DataLoader worker): descriptors, locks
@@ -404,10 +364,7 @@ class TarShards:
         are read by the decode threads, which costs less CPU per sample."""
         cached = getattr(self, "_reads_may_block", None)
         if cached is None:
-            shards = self._shards
-            cached = any(s.remote for s in shards) or on_network_storage(
-                [os.path.dirname(os.path.abspath(s.name)) for s in shards])
-            self._reads_may_block = cached
+            cached = self._reads_may_block = reads_may_block(self._shards)
         return cached
 
     @property
@@ -418,12 +375,7 @@ class TarShards:
         ``pread``; True for shards on a network or FUSE file system, and for
         remote shards that are not all known to fit the cache (no cache, a
         shard larger than its bound, a size not known before the first read)."""
-        if not self.reads_may_block:
-            return False
-        shards = self._shards
-        store = self._store
-        return (any(s.remote for s in shards) and (store is None or not store.copies_all(shards))) \
-            or on_network_storage([os.path.dirname(os.path.abspath(s.name)) for s in shards if not s.remote])
+        return self.reads_may_block and window_reads_may_block(self._shards, self._store)
 
     @property
     def shards(self) -> list[str]:
@@ -441,11 +393,7 @@ class TarShards:
         With lazy indexing this reads every shard's index once (grouping needs
         every sample's size: 16 bytes a sample), in parallel, not through the
         index LRU; the sizes are kept."""
-        sizes = getattr(self, "_image_sizes", None)
-        if sizes is None and not getattr(self, "_image_sizes_read", False):
-            self._image_sizes_read = True  # None from the indices too: not asked again
-            sizes = self._image_sizes = self._indexed_image_sizes()
-        return None if sizes is None else sizes.copy()
+        return self._image_info.stored(self._all_indices)
 
     def oriented_image_sizes(self) -> np.ndarray | None:
         """:meth:`image_sizes` after each image's EXIF orientation (height and width
@@ -453,42 +401,11 @@ class TarShards:
         decodes, which its aspect-ratio grouping uses. None when a shard's index
         does not record the transposed images (shards packed by another tool or an
         earlier version: the grouping then reads the headers)."""
-        sizes = self.image_sizes()
-        if sizes is None:
-            return None
-        flags = getattr(self, "_transposed", None)
-        if flags is None and not getattr(self, "_transposed_read", False):
-            self._transposed_read = True
-            flags = self._transposed = self._indexed_transposed()
-        if flags is None:
-            return None
-        sizes[flags] = sizes[flags][:, ::-1]
-        return sizes
-
-    def _indexed_transposed(self) -> np.ndarray | None:
-        """Every sample's EXIF-transposed flag from its shard's index, or None if one
-        lacks them."""
-        parts = [ix.image_transposed for ix in self._all_indices()]
-        if not parts or any(p is None for p in parts):
-            return None
-        return np.concatenate(parts)
+        return self._image_info.oriented(self._all_indices)
 
     def _all_indices(self) -> list[Any]:
         """Every shard's index (with lazy indexing, read once more, not through the LRU)."""
         return self._members.all_indices(self._shards, self._warn, self._store)
-
-    def _indexed_image_sizes(self) -> np.ndarray | None:
-        """Every sample's image size from its shard's index, or None if one lacks them."""
-        indices = self._all_indices()
-        # The transposed flags come with the same indices: read them now, once.
-        flags = [ix.image_transposed for ix in indices]
-        self._transposed_read = True
-        self._transposed = (np.concatenate(flags) if flags and all(f is not None for f in flags)
-                            else None)
-        parts = [ix.image_sizes for ix in indices]
-        if not parts or any(p is None for p in parts):
-            return None
-        return np.concatenate(parts)
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """``[start, stop)`` sample indices of each shard, in order."""
@@ -499,32 +416,7 @@ class TarShards:
         ix = self._indices[s]
         if not members:
             return []
-        all_offs, all_sizes = self._offsets[s], self._sizes[s]
-        offs = [all_offs[m] for m in members]
-        sizes = [all_sizes[m] for m in members]
-        for m, n in zip(members, sizes):
-            # Sizes come from tar headers or an index: bound them before reading.
-            if n > self.max_field_bytes:
-                ext = ix.exts[m]
-                limit, opt = ((self.max_image_bytes, "max_pixels") if ext in self.image_exts
-                              else (self.max_field_bytes, "max_field_bytes"))
-                if n > limit:
-                    name = "image" if ext in self.image_exts else field_of(ext, self.label)[0]
-                    raise self._field_error(s, j, ext, name, f"holds {n} bytes, more than the "
-                                            f"{limit} this source reads (TarShards({opt}=...))")
-        lo = min(offs)
-        hi = max(o + n for o, n in zip(offs, sizes))
-        if hi - lo <= sum(sizes) + _SPAN_SLACK:
-            blob = shard.pread(hi - lo, lo)
-            pieces = [blob[o - lo:o - lo + n] for o, n in zip(offs, sizes)]
-        else:
-            pieces = [shard.pread(n, o) for o, n in zip(offs, sizes)]
-        for m, o, n, piece in zip(members, offs, sizes, pieces):
-            if len(piece) != n:
-                raise ShardFormatError(
-                    f"{shard.name}:{ix.keys[j]}: truncated shard: member {ix.names[m]!r} needs "
-                    f"bytes [{o}, {o + n}) but the shard ends before byte {o + n}")
-        return pieces
+        return self._reader.read(shard, ix, j, members, self._offsets[s], self._sizes[s])
 
     def read(self, index: int) -> tuple[bytes, int] | dict[str, Any]:
         """Sample ``index``: its image bytes and label, or a dict of its fields
@@ -559,71 +451,11 @@ class TarShards:
                 f"{self._shards[s].name}:{ix.keys[j]}: no .{self.label} field (its label); the "
                 f"sample has: {', '.join(ix.exts[m] for m in ix.members(j))}")
         data, raw = self._read_members(s, j, [img, lab])
-        return data, self._parse_label(raw, s, j)
+        return data, self._reader.parse_label(raw, f"{self._shards[s].name}:{ix.keys[j]}")
 
     def _read_dict(self, s: int, j: int, img: int, plan: dict[str, tuple[str, str]]) -> dict[str, Any]:
-        ix = self._indices[s]
-        members = [img]
-        exts = []
-        for m in ix.members(j):
-            e = ix.exts[m]
-            if e in plan and e not in exts:
-                members.append(m)
-                exts.append(e)
-        pieces = self._read_members(s, j, members)
-        if self._required and len(exts) < len(plan):
-            missing = next(e for e in plan if e not in exts)
-            raise self._field_error(s, j, missing, plan[missing][0],
-                                    f"missing (fields= asks for it); the sample has: "
-                                    f"{', '.join(ix.exts[m] for m in ix.members(j))}")
-        out: dict[str, Any] = {"image": pieces[0]}
-        for ext, raw in zip(exts, pieces[1:]):
-            name, fmt = plan[ext]
-            value = self._decode_field(raw, s, j, ext, name, fmt)
-            if name != "*":
-                out[name] = value
-                continue
-            if not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
-                raise self._field_error(s, j, ext, ext, f"is {type(value).__name__}, not a JSON "
-                                        f"object, so its keys cannot become fields")
-            for k, v in value.items():
-                if k in out or any(plan[e][0] == k for e in exts):
-                    raise self._field_error(s, j, ext, k, "is both a key of this JSON object and "
-                                            "another field of the sample")
-                out[k] = v
-        return out
-
-    def _field_error(self, s: int, j: int, ext: str, name: str, what: str) -> ShardFormatError:
-        exc = ShardFormatError(f"{self._shards[s].name}:{self._indices[s].keys[j]}: field {name!r} "
-                               f"(.{ext}) {what}")
-        exc.field = name  # type: ignore[attr-defined]
-        return exc
-
-    def _decode_field(self, raw: bytes, s: int, j: int, ext: str, name: str, fmt: str) -> Any:
-        """One member's bytes as its field's value (see :func:`field_of`)."""
-        if fmt == "bytes":
-            return raw
-        try:
-            if fmt == "cls":
-                return int(raw.decode("ascii").strip())
-            if fmt == "txt":
-                return raw.decode("utf-8")
-            if fmt == "json":
-                return json_value(raw)
-            return npy_array(raw)
-        except (UnicodeDecodeError, ValueError, OSError, EOFError, RecursionError) as exc:
-            what = {"cls": "is not an integer", "txt": "is not UTF-8 text",
-                    "json": "is not JSON", "npy": "is not a .npy array"}[fmt]
-            raise self._field_error(s, j, ext, name, f"{what} ({type(exc).__name__}: {exc}): "
-                                    f"{raw[:40]!r}") from None
-
-    def _parse_label(self, raw: bytes, s: int, j: int) -> int:
-        try:
-            return int(raw.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError):
-            raise ShardFormatError(
-                f"{self._shards[s].name}:{self._indices[s].keys[j]}: .{self.label} field is not an "
-                f"integer: {raw[:40]!r}") from None
+        return self._reader.read_dict(self._shards[s], self._indices[s], j, img, plan,
+                                      self._required, self._offsets[s], self._sizes[s])
 
     def read_fields(self, index: int) -> dict[str, bytes]:
         """Every field of sample ``index``, raw: ``{extension: bytes}``."""
@@ -642,13 +474,7 @@ class TarShards:
         if img < 0:
             raise ShardFormatError(f"{self._shards[s].name}:{ix.keys[j]}: no image field (one of "
                                    f"{', '.join(self.image_exts)})")
-        images = set(self.image_exts)
-        plan = {}
-        for m in ix.members(j):
-            e = ix.exts[m]
-            if e not in images and not (self.label is None and e == "cls"):
-                plan[e] = field_of(e, self.label)
-        return self._read_dict(s, j, img, plan)
+        return self._read_dict(s, j, img, self._reader.record_plan(ix, j))
 
     # -- lifecycle -----------------------------------------------------------
     def wait_downloads(self, timeout: float | None = None) -> bool:
@@ -660,7 +486,7 @@ class TarShards:
         """Stop background downloads, close open files and remove private copies.
         Reads after it reopen what they need. Safe to repeat; also done when the
         source is garbage-collected."""
-        _release(self.files, self._store, True)
+        release(self.files, self._store, True)
 
     def __enter__(self) -> "TarShards":
         return self

@@ -18,7 +18,7 @@ indexed by shard number); the fields and labels are decided from ``checked``.
 from __future__ import annotations
 
 import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,15 @@ def count_mismatch(name: str, found: int, expected: int) -> ShardFormatError:
     return ShardFormatError(f"{name}: holds {found} samples but the shard list says {expected}: "
                             f"the shard or the list is damaged or out of date (re-pack, or fix "
                             f"the list)")
+
+
+def joined(parts: Iterable[np.ndarray | None]) -> np.ndarray | None:
+    """The shards' per-sample arrays (image sizes, transposed flags) joined in
+    sample order, or None when there is none or a shard's index lacks them."""
+    parts = list(parts)
+    if not parts or any(p is None for p in parts):
+        return None
+    return np.concatenate(parts)  # type: ignore[arg-type]
 
 
 def pick_members(ix: ShardIndex, image_exts: Sequence[str],
@@ -223,3 +232,42 @@ class LazyMembers(MemberTable):
             if len(ix) != expected:
                 raise count_mismatch(shard.name, len(ix), expected)
         return indices
+
+
+class ImageSizes:
+    """Each sample's image (height, width) as stored and whether its EXIF
+    orientation swaps them, from every shard's index, read once when first
+    asked (``all_indices`` gives them); a shard list of an earlier
+    ``feeder-pack`` may give the sizes up front (``listed``)."""
+
+    def __init__(self, listed: np.ndarray | None) -> None:
+        self.sizes = listed
+        self.sizes_read = False
+        self.transposed: np.ndarray | None = None
+        self.transposed_read = False
+
+    def stored(self, all_indices: Callable[[], list[ShardIndex]]) -> np.ndarray | None:
+        """The sizes (a copy), None when a shard's index has none."""
+        if self.sizes is None and not self.sizes_read:
+            self.sizes_read = True  # None from the indices too: not asked again
+            indices = all_indices()
+            # The transposed flags come with the same indices: read them now, once.
+            self.transposed_read = True
+            self.transposed = joined(ix.image_transposed for ix in indices)
+            self.sizes = joined(ix.image_sizes for ix in indices)
+        return None if self.sizes is None else self.sizes.copy()
+
+    def oriented(self, all_indices: Callable[[], list[ShardIndex]]) -> np.ndarray | None:
+        """The sizes after each image's EXIF orientation, None when a shard's index
+        does not record the transposed images."""
+        sizes = self.stored(all_indices)
+        if sizes is None:
+            return None
+        if self.transposed is None and not self.transposed_read:
+            self.transposed_read = True
+            self.transposed = joined(ix.image_transposed for ix in all_indices())
+        flags = self.transposed
+        if flags is None:
+            return None
+        sizes[flags] = sizes[flags][:, ::-1]
+        return sizes
