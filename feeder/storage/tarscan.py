@@ -114,61 +114,96 @@ def scan_members(pread: Callable[[int, int], bytes], size: int, where: str,
     """
     if size == 0:
         raise ShardFormatError(f"{where}: empty file (0 bytes), not a tar shard")
-    members: list[tuple[str, int, int]] = []
-    pos = 0
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    global_pax: dict[str, str] = {}
-    ended = False  # the end-of-archive marker was seen
-    cut = False  # the last member runs past the end of the file
-    valid = 0  # valid headers seen
-    while pos + BLOCK <= size:
-        block = pread(BLOCK, pos)
-        if len(block) < BLOCK:
-            break
-        if block == bytes(BLOCK):
-            ended = True
-            break  # the end-of-archive marker
-        if not _valid_header(block):
-            bad = pos
-            pos += BLOCK
-            while pos + BLOCK <= size and not _valid_header(pread(BLOCK, pos)):
-                pos += BLOCK
-            warn(f"{where}: corrupt tar header at byte {bad}; skipped {pos - bad} bytes to "
-                 f"{'the next valid header' if pos + BLOCK <= size else 'the end of the shard'} "
-                 f"(samples stored there are lost)")
-            long_name, pax = None, {}
-            continue
-        valid += 1
-        kind = block[156:157]
-        length = _octal(block[124:136])
-        if length < 0:  # a GNU base-256 size can be negative: the scan would go backwards
-            raise ShardFormatError(f"{where}: the tar header at byte {pos} gives its member a "
-                                   f"negative size ({length}): the shard is corrupt")
-        data_at = pos + BLOCK
-        nxt = data_at + -(-length // BLOCK) * BLOCK
-        if kind in (b"x", b"g", b"L", b"K"):
-            if length > MAX_RECORD_BYTES:
-                raise ShardFormatError(f"{where}: the {kind.decode()!r} header record at byte {pos} "
-                                       f"claims {length} bytes (at most {MAX_RECORD_BYTES} are "
-                                       f"read): not a shard feeder can index")
-            data = pread(length, data_at)
-            if len(data) < length:
-                warn(f"{where}: shard ends inside a {kind.decode()!r} header record at byte {pos}")
+    walk = _HeaderWalk(pread, size, where, warn, strict)
+    walk.run()
+    if not walk.valid and not walk.ended:
+        head = pread(min(size, 32), 0)
+        raise ShardFormatError(f"{where}: not a tar shard: no valid tar header in its {size} "
+                               f"bytes (it starts with {head!r})")
+    return Scanned(walk.members, size, walk.ended, walk.cut)
+
+
+class _HeaderWalk:
+    """One walk through a shard's headers, from the first to the end-of-archive
+    marker or the end of the file (:func:`scan_members`)."""
+
+    def __init__(self, pread: Callable[[int, int], bytes], size: int, where: str,
+                 warn: Callable[[str], None], strict: bool) -> None:
+        self.pread, self.size, self.where, self.warn, self.strict = pread, size, where, warn, strict
+        self.members: list[tuple[str, int, int]] = []
+        self.long_name: str | None = None  # from a GNU long-name record, for the next header
+        self.pax: dict[str, str] = {}  # from a pax record, for the next header
+        self.global_pax: dict[str, str] = {}
+        self.ended = False  # the end-of-archive marker was seen
+        self.cut = False  # the last member runs past the end of the file
+        self.valid = 0  # valid headers seen
+
+    def run(self) -> None:
+        pread, size, where = self.pread, self.size, self.where
+        pos = 0
+        while pos + BLOCK <= size:
+            block = pread(BLOCK, pos)
+            if len(block) < BLOCK:
                 break
-            if kind == b"x":
-                pax = _pax_records(data, where)
-            elif kind == b"g":
-                global_pax.update(_pax_records(data, where))
-            elif kind == b"L":
-                long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
-            pos = nxt
-            continue
-        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        name = info.name
-        if long_name is not None:
-            name = long_name
-        merged = {**global_pax, **pax}
+            if block == bytes(BLOCK):
+                self.ended = True
+                break  # the end-of-archive marker
+            if not _valid_header(block):
+                pos = self._skip_corrupt(pos)
+                continue
+            self.valid += 1
+            kind = block[156:157]
+            length = _octal(block[124:136])
+            if length < 0:  # a GNU base-256 size can be negative: the scan would go backwards
+                raise ShardFormatError(f"{where}: the tar header at byte {pos} gives its member a "
+                                       f"negative size ({length}): the shard is corrupt")
+            if kind in (b"x", b"g", b"L", b"K"):
+                if not self._record(kind, length, pos):
+                    break
+                pos += BLOCK + -(-length // BLOCK) * BLOCK
+                continue
+            pos = self._member(block, kind, length, pos)
+
+    def _skip_corrupt(self, bad: int) -> int:
+        """Past the corrupt header at ``bad`` to the next valid one (or the end)."""
+        pos = bad + BLOCK
+        while pos + BLOCK <= self.size and not _valid_header(self.pread(BLOCK, pos)):
+            pos += BLOCK
+        self.warn(f"{self.where}: corrupt tar header at byte {bad}; skipped {pos - bad} bytes to "
+                  f"{'the next valid header' if pos + BLOCK <= self.size else 'the end of the shard'} "
+                  f"(samples stored there are lost)")
+        self.long_name, self.pax = None, {}
+        return pos
+
+    def _record(self, kind: bytes, length: int, pos: int) -> bool:
+        """Read the long-name or pax record of the header at ``pos``; False when the
+        shard ends inside it."""
+        where = self.where
+        if length > MAX_RECORD_BYTES:
+            raise ShardFormatError(f"{where}: the {kind.decode()!r} header record at byte {pos} "
+                                   f"claims {length} bytes (at most {MAX_RECORD_BYTES} are "
+                                   f"read): not a shard feeder can index")
+        data = self.pread(length, pos + BLOCK)
+        if len(data) < length:
+            self.warn(f"{where}: shard ends inside a {kind.decode()!r} header record at byte {pos}")
+            return False
+        if kind == b"x":
+            self.pax = _pax_records(data, where)
+        elif kind == b"g":
+            self.global_pax.update(_pax_records(data, where))
+        elif kind == b"L":
+            self.long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+        return True
+
+    def _member(self, block: bytes, kind: bytes, length: int, pos: int) -> int:
+        """Note the member whose header is ``block`` at ``pos`` (a regular file's);
+        where the next header is."""
+        where = self.where
+        data_at = pos + BLOCK
+        name = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape").name
+        if self.long_name is not None:
+            name = self.long_name
+        merged = {**self.global_pax, **self.pax}
         if "path" in merged:
             name = merged["path"]
         if "size" in merged:
@@ -180,25 +215,19 @@ def scan_members(pread: Callable[[int, int], bytes], size: int, where: str,
                 raise ShardFormatError(f"{where}: the pax record before the tar header at byte "
                                        f"{pos} gives member {name!r} a negative size ({length}): "
                                        f"the shard is corrupt")
-            nxt = data_at + -(-length // BLOCK) * BLOCK
-        long_name, pax = None, {}
+        self.long_name, self.pax = None, {}
         if kind in _FILE_TYPES:
-            if data_at + length > size:
-                cut = True
-                if strict:
+            if data_at + length > self.size:
+                self.cut = True
+                if self.strict:
                     raise ShardFormatError(
                         f"{where}: ends inside member {name!r} (needs bytes up to "
-                        f"{data_at + length}, the copy has {size}): the shard or its copy is "
+                        f"{data_at + length}, the copy has {self.size}): the shard or its copy is "
                         f"truncated")
-                warn(f"{where}: shard ends inside member {name!r} (needs bytes up to "
-                     f"{data_at + length}, the shard has {size}): the shard is truncated")
-            members.append((name, data_at, length))
-        pos = nxt
-    if not valid and not ended:
-        head = pread(min(size, 32), 0)
-        raise ShardFormatError(f"{where}: not a tar shard: no valid tar header in its {size} "
-                               f"bytes (it starts with {head!r})")
-    return Scanned(members, size, ended, cut)
+                self.warn(f"{where}: shard ends inside member {name!r} (needs bytes up to "
+                          f"{data_at + length}, the shard has {self.size}): the shard is truncated")
+            self.members.append((name, data_at, length))
+        return data_at + -(-length // BLOCK) * BLOCK
 
 
 @dataclass
