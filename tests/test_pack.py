@@ -249,7 +249,7 @@ class _FailingFile:
 def test_disk_full_names_the_shard_and_folder_and_leaves_no_truncated_shard(tmp_path, jpeg_blobs,
                                                                             monkeypatch):
     import builtins
-    import feeder.pack as packmod
+    import feeder.storage.packout as packmod  # writes the shards
     src = tmp_path / "src"
     _make_folder(src, jpeg_blobs)
     out = tmp_path / "out"
@@ -279,7 +279,7 @@ def test_disk_full_names_the_shard_and_folder_and_leaves_no_truncated_shard(tmp_
 
 def test_read_only_output_names_the_folder(tmp_path, jpeg_blobs, monkeypatch):
     import builtins
-    import feeder.pack as packmod
+    import feeder.storage.packout as packmod  # writes the shards
     src = tmp_path / "src"
     _make_folder(src, jpeg_blobs, 6)
     out = tmp_path / "out"
@@ -298,7 +298,7 @@ def test_read_only_output_names_the_folder(tmp_path, jpeg_blobs, monkeypatch):
 
 def test_failing_input_read_names_the_file(tmp_path, jpeg_blobs, monkeypatch):
     import builtins
-    import feeder.pack as packmod
+    import feeder.storage.packinput as packmod  # reads the inputs
     src = tmp_path / "src"
     _make_folder(src, jpeg_blobs, 9)
     victim = str(src / "c1" / "004.jpg")
