@@ -175,3 +175,43 @@ def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
     assert pass_order is moved
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("feeder._no_such_module")
+
+
+# Modules split to hold one concern each: they stay small enough to read whole.
+SMALL_MODULES = [
+    "shards.py", "pack/__init__.py", "pack/packer.py", "pack/cli.py", "pack/__main__.py",
+    "storage/tar.py", "storage/tarindex.py", "storage/tarscan.py", "storage/tarread.py",
+    "storage/members.py", "storage/access.py", "storage/packout.py", "storage/packinput.py",
+]
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def long_parts(path: pathlib.Path) -> list[str]:
+    """What in ``path`` is past the bounds: the module's line count, and each
+    function (methods and nested functions included) longer than allowed."""
+    text = path.read_text()
+    found = []
+    lines = len(text.splitlines())
+    if lines > MAX_MODULE_LINES:
+        found.append(f"{path.name}: {lines} lines")
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{path.name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_split_modules_stay_small():
+    assert [m for m in SMALL_MODULES if not (ROOT / m).is_file()] == []
+    assert [p for m in SMALL_MODULES for p in long_parts(ROOT / m)] == []
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x = {k}" for k in range(MAX_FUNCTION_LINES))
+    path = tmp_path / "long.py"
+    path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
+    assert long_parts(path) == [f"long.py:5 long: {MAX_FUNCTION_LINES + 1} lines"]
+    path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_parts(path) == [f"long.py: {MAX_MODULE_LINES + 1} lines"]
