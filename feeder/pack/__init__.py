@@ -53,4 +53,7 @@ from ..storage.tar import IMAGE_EXTS, ShardIndex, index_path  # noqa: F401
 from .cli import build_parser, load_source, main  # noqa: F401
 from .packer import PackResult, pack
 
-__all__ = ["PackError", "PackResult", "image_ext", "main", "pack", "parse_size", "sample_members"]
+# With the three helpers the module defined before it was split, so the API
+# page lists them as before.
+__all__ = ["PackError", "PackResult", "image_ext", "is_transposed", "load_source", "main", "pack",
+           "parse_size", "read_list", "sample_members"]
