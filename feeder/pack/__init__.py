@@ -39,15 +39,15 @@ The packer is :mod:`feeder.pack.packer`, the command :mod:`feeder.pack.cli`,
 what is written to disk :mod:`feeder.storage.packout`.
 """
 
-
 from __future__ import annotations
 
+# Every name the module gave before it was split stays importable from it.
 from ..errors import UserCodeError, call_user, error_line  # noqa: F401
 from ..sources import ImageFolder  # noqa: F401
 from ..storage.packinput import read_input as _read_input, read_list  # noqa: F401
 from ..storage.packout import is_transposed  # noqa: F401
-from ..storage.packsample import (PackError, image_ext, image_size_of, name_sample,  # noqa: F401
-                                  sample_members, shrink)
+from ..storage.packsample import (  # noqa: F401
+    PackError, image_ext, image_size_of, name_sample, sample_members, shrink)
 from ..storage.sizes import parse_size
 from ..storage.tar import IMAGE_EXTS, ShardIndex, index_path  # noqa: F401
 from .cli import build_parser, load_source, main  # noqa: F401

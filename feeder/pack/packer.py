@@ -223,7 +223,8 @@ class _Samples:
                 # errors name no file): name the sample.
                 what = f"reading {name_sample(obj, i)}: {exc.strerror or exc}"
                 # OSError(None, text) would print as "[Errno None] text"
-                raise (OSError(exc.errno, what) if exc.errno is not None else OSError(what)) from exc
+                raise (OSError(exc.errno, what) if exc.errno is not None
+                       else OSError(what)) from exc
         path = self.paths[i]
         data = read_input(path)
         ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
@@ -257,7 +258,8 @@ class _Samples:
                 if status == "reencoded":
                     self.reencoded += 1
                 elif status == "kept":
-                    self.kept.append(self.paths[i] if self.obj is None else name_sample(self.obj, i))
+                    self.kept.append(self.paths[i] if self.obj is None
+                                     else name_sample(self.obj, i))
                 yield i, fields
 
 

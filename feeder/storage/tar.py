@@ -17,11 +17,11 @@ import logging
 import os
 
 # The names of both modules, importable from here as before they were split.
-from .tarindex import (INDEX_VERSION, SHARD_SIZE_LINE, SIZES_LINE, TRANSPOSED_LINE, ShardFormatError,
-                       ShardIndex, decode_bits, decode_image_sizes, encode_image_sizes, index_path,
-                       split_name)  # noqa: F401
-from .tarscan import (BLOCK, CHECKED_MEMBERS, MAX_RECORD_BYTES, Scanned, index_mismatch, scan,  # noqa: F401
-                      scan_members)
+from .tarindex import (  # noqa: F401
+    INDEX_VERSION, SHARD_SIZE_LINE, SIZES_LINE, TRANSPOSED_LINE, ShardFormatError, ShardIndex,
+    decode_bits, decode_image_sizes, encode_image_sizes, index_path, split_name)
+from .tarscan import (  # noqa: F401
+    BLOCK, CHECKED_MEMBERS, MAX_RECORD_BYTES, Scanned, index_mismatch, scan, scan_members)
 
 log = logging.getLogger(__name__)
 
