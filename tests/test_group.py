@@ -14,7 +14,7 @@ import torch
 from conftest import JOIN_TIMEOUT_S, collect as collect_pass, collected
 from feeder import Feeder
 from feeder.work.decode import header_size
-from feeder.engine.group import group_ids, grouped_order
+from feeder.order.group import group_ids, grouped_order
 from fields_helpers import rgb_png
 from test_variable_size import Sized, collect
 
@@ -268,7 +268,7 @@ def test_pack_stores_image_sizes_and_grouping_reads_no_header(tmp_path, monkeypa
     shards = TarShards(str(tmp_path / "out" / "train.json"))
     assert shards.image_sizes().tolist() == [list(s) for s in sizes]
     # Grouping takes them from the indices: no header is read.
-    monkeypatch.setattr("feeder.engine.group.header_size", lambda *a: pytest.fail("read a header"))
+    monkeypatch.setattr("feeder.order.group.header_size", lambda *a: pytest.fail("read a header"))
     with Feeder(shards, 4, [], max_image_size=(40, 40), group_by_aspect_ratio=0, seed=0) as f:
         batches = list(f)
     portrait = [h > w for h, w in sizes]
@@ -308,7 +308,7 @@ def test_an_older_shard_list_with_image_sizes_still_gives_them(tmp_path, monkeyp
     (tmp_path / "out" / "old.json").write_text(json.dumps(manifest))
     for lazy in (False, True):
         old = TarShards(str(tmp_path / "out" / "old.json"), lazy_index=lazy)
-        monkeypatch.setattr("feeder.engine.group.header_size", lambda *a: pytest.fail("read a header"))
+        monkeypatch.setattr("feeder.order.group.header_size", lambda *a: pytest.fail("read a header"))
         assert old.image_sizes().tolist() == [list(s) for s in sizes]
         if lazy:
             assert old.indices_loaded == 1  # from the list: no index read for them
@@ -417,7 +417,7 @@ def test_grouped_order_by_area_sorts_each_window_of_a_group():
 
 
 def test_planned_sizes_are_the_delivered_sizes(many):
-    from feeder.engine.group import image_sizes, planned_sizes
+    from feeder.order.group import image_sizes, planned_sizes
     with Feeder(many, 4, _jitter(), max_image_size=(48, 48), group_by_aspect_ratio=0,
                 shuffle=True, seed=5) as f:
         f.set_epoch(3)
@@ -639,7 +639,7 @@ class Flaky(Photos):
 def test_a_transient_read_failure_in_the_scan_is_retried_not_kept():
     """A read that failed once must not leave the sample's size unknown for the
     process: the grouped order (and a restarted job's resume) would change."""
-    from feeder.engine.group import READ_ATTEMPTS
+    from feeder.order.group import READ_ATTEMPTS
     blobs, portrait = _rotated_photos(24, seed=3)
     reference = [i for i, _ in _grouped(Photos(blobs), True)]
     flaky = Flaky(blobs, bad=[2, 5], failures=READ_ATTEMPTS - 1)

@@ -1,4 +1,4 @@
-"""Lazy epoch orders (feeder.engine.order): the keyed permutation, the rank split, the
+"""Lazy epoch orders (feeder.order.sequence): the keyed permutation, the rank split, the
 block shuffle, and the compact resume state they make possible."""
 
 from __future__ import annotations
