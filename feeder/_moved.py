@@ -1,9 +1,11 @@
-"""The module paths of earlier releases, still importable.
+"""The module paths of earlier releases, importable for one more release.
 
-feeder's modules moved from one flat folder into ``engine/``, ``isolation/``,
-``work/`` and ``storage/``. Code that imported a private module by its old name
-(``feeder._decode``, a monkeypatch target in someone's tests) gets the module at
-its new place, the same object, so patching it patches what feeder runs.
+feeder's modules moved from one flat folder into packages (``engine/``,
+``order/``, ``isolation/``, ``work/``, ``storage/``). Code that imported a private
+module by its old name (``feeder._decode``, a monkeypatch target in someone's
+tests) gets the module at its new place, the same object, so patching it
+patches what feeder runs, with a ``DeprecationWarning`` naming the new place.
+The old names go in the next release (see the changelog).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 MOVED = {
     "feeder._queue": "feeder.engine.queue",
@@ -63,6 +66,8 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
+        warnings.warn(f"{spec.name} is now {MOVED[spec.name]}: the old name goes in feeder's next "
+                      f"release", DeprecationWarning, stacklevel=2)
         return importlib.import_module(MOVED[spec.name])
 
     def exec_module(self, module) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import sys
 
 import pytest
 
@@ -167,12 +168,20 @@ def test_the_pipeline_has_a_folder_per_part():
 def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
     import importlib
 
-    old = importlib.import_module("feeder._decode")
+    sys.modules.pop("feeder._decode", None)
+    with pytest.warns(DeprecationWarning, match=r"feeder\._decode is now feeder\.work\.decode"):
+        old = importlib.import_module("feeder._decode")
     new = importlib.import_module("feeder.work.decode")
     assert old is new  # so patching feeder._decode.x patches what feeder runs
-    from feeder._sampler import pass_order
+    sys.modules.pop("feeder._sampler", None)
+    with pytest.warns(DeprecationWarning, match="feeder.engine.sampler"):
+        from feeder._sampler import pass_order
     from feeder.engine.sampler import pass_order as moved
     assert pass_order is moved
+    sys.modules.pop("feeder.engine.group", None)
+    with pytest.warns(DeprecationWarning, match="feeder.order.group"):
+        import feeder.engine.group as group
+    assert group is importlib.import_module("feeder.order.group")
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("feeder._no_such_module")
 
