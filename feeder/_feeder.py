@@ -170,34 +170,21 @@ class Feeder:
         jpeg_verify: With the JPEG region decoder, still entropy-decode each
             file to its end (no IDCT below the crop), so that damaged data
             anywhere in it fails the sample as a full decode does (True,
-            default). Huffman data that lost its sync shows only at the end of
-            the scan. Each distinct byte string is read to its end once: the
-            feeder remembers the length and CRC-32C of the files that passed
-            (a table of 8-byte slots, twice as many as the source has
-            files rounded up to a power of two, at most 16 MiB; of
-            ImageNet's 1.28 million files, 1.3% are read
-            to their end again in the second epoch), and a later decode of
-            the same bytes stops after the crop, and decodes only the crop's
-            part of its rows (see ``jpeg_index_bytes``); changed bytes (a re-published or
-            damaged file) are read to their end again. False: decoding always
-            stops after the crop's last row (the first epoch's decode 12-18%
-            faster), and a flipped byte above or inside the crop can give
-            wrong pixels with no error (a file cut below the crop, or damaged
-            only there, is then delivered).
-        jpeg_index_bytes: Memory for the JPEGs' indexes (default 128 MiB,
-            taken as used; 0: none; at most the machine's
-            memory). A decode records checkpoints in the Huffman data it
-            passes (all of the file in ``jpeg_verify``'s read to the end; down
-            to the crop otherwise): at every MCU row and every 4 MCUs along it
-            (2.8 KB for an ImageNet-sized 4:2:0 file), or coarser, so
-            that an index takes at most 1/32 of its file's bytes and every
-            file of the source gets an equal share of three quarters of this
-            memory (ImageNet's 1.28 million files get a checkpoint every few
-            rows). A later crop of the same bytes decodes
-            each of its rows from the checkpoint before its first column to
-            its last column, instead of every row above it and every row
-            whole, and records on if it reads further. When the memory is
-            full the oldest indexes give way.
+            default). Each distinct file is read to its end once: the feeder
+            remembers the length and CRC-32C of the files that passed, and a
+            later decode of the same bytes stops after the crop; changed bytes
+            are read to their end again. False: decoding always stops after
+            the crop's last row (a faster first epoch), and damage above or
+            inside the crop can give wrong pixels with no error (see
+            [the JPEG region decoder](../guides/performance.md#the-jpeg-region-decoder)).
+        jpeg_index_bytes: Memory for the JPEGs' row indexes (default 128 MiB,
+            taken as used; 0: none; at most the machine's memory): checkpoints
+            a decode records in the Huffman data it passes, so that a later
+            crop of the same bytes decodes only its part of its rows. An index
+            takes at most 1/32 of its file's bytes, every file gets an equal
+            share of three quarters of the memory, and when it is full the
+            oldest indexes give way (see [the JPEG region
+            decoder](../guides/performance.md#the-jpeg-region-decoder)).
         batch_transforms: Transforms of whole batches on ``device``, after the
             dtype conversion and normalization, in the transfer thread:
             :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables
