@@ -1,416 +1,31 @@
-"""The feeder's configuration: one frozen dataclass, validated on construction."""
+"""The feeder's configuration: the option table (one frozen dataclass), each
+option's check (:mod:`feeder.engine.checks`), the options that depend on each
+other, and ``"auto"`` resolved."""
 
 from __future__ import annotations
 
-import difflib
-import logging
-import math
-import os
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
 import torch
 
-from ..work.augment import image_size_pair
-
-log = logging.getLogger(__name__)
-from ..work.sample import DEFAULT_MAX_PIXELS
+from .checks import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, MAX_POOL_THREADS, ON_ERROR,
+                     START_METHODS, check_batch_transforms, check_choice, check_dtype, check_flag,
+                     check_group_option, check_image_size_option, check_mask_fill,
+                     check_max_image_size, check_memory_bytes, check_memory_format, check_normalize,
+                     check_normalize_range, check_optional_count, check_optional_positive,
+                     check_optional_rank, check_positive, check_seed, check_shuffle,
+                     check_start_method, check_threads, check_timeout, option, parse_device,
+                     resolve_device, unknown_options_message)
 from .threads import MeasuredReadThreads, auto_read_threads, auto_threads, cores_for_this_rank
 from .tune import TunedThreads
 from ..errors import ConfigError
-from ..ops.base import foreign_transform
-
-_ON_ERROR = ("raise", "skip")
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _memory_bytes(name: str, value: object) -> int:
-    """A number of bytes of this machine's memory (0 allowed)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0 (bytes), got {value!r}")
-    try:
-        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # no such figure here
-        ram = 1 << 48
-    if value > ram:
-        raise ValueError(f"{name} must be at most this machine's memory ({ram / 2**30:.1f} GiB), "
-                         f"got {value!r} bytes")
-    return value
-
-
-def _flag(name: str, value: object) -> bool:
-    # bool("False") is True: a string or a number here is a mistake, not a flag.
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-# What the transfer stage can produce faithfully: uint8 as decoded, or a floating
-# dtype scaled to [0, 1]. Other integer dtypes would wrap, bool would be all True.
-_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _timeout(value: object) -> float | None:
-    if value is None:
-        return None
-    if value == 0 and not isinstance(value, bool):
-        # DataLoader's default, which means "no limit" there: a port passes it.
-        raise ValueError("timeout=0 is DataLoader's 'no limit'; feeder's is timeout=None (the "
-                         "default), and a positive number of seconds sets a limit")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"timeout must be None or a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def parse_device(device: str | torch.device) -> torch.device:
-    """Check ``device`` (``"cpu"``, ``"cuda"`` or ``"cuda:N"``) without initializing CUDA.
-
-    ``"cuda"`` keeps no index: it is resolved by :func:`resolve_device` when each
-    pass starts, so a feeder built before ``torch.cuda.set_device(local_rank)``
-    (the usual torchrun script: data first, model second) delivers on the rank's
-    device, not on GPU 0 (tests/test_cuda_logic.py, scripts/gpu-check "set_device
-    after build"). Resolving here would also initialize CUDA, after which an
-    isolated feeder's "auto" start method can no longer fork
-    (tests/test_isolation_start.py).
-    """
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but CUDA is not available")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} CUDA device(s)")
-    return dev
-
-
-def resolve_device(device: torch.device) -> torch.device:
-    """The device a pass delivers to: ``device`` itself when it has an index (or is
-    the CPU); for ``"cuda"``, the current device of the thread starting the pass
-    (its first ``next()``), as ``torch.cuda.set_device`` left it."""
-    if device.type != "cuda" or device.index is not None:
-        return device
-    index = torch.cuda.current_device()
-    if not _check_local_rank(index):
-        _check_thread(index)
-    return torch.device("cuda", index)
-
-
-_warned_ranks: set[tuple[Any, Any]] = set()
-
-
-def _check_local_rank(index: int) -> bool:
-    """Warn (once per pair) when ``"cuda"`` resolves to a GPU other than the one
-    torchrun's ``LOCAL_RANK`` names: a rank that iterates before its
-    ``set_device(local_rank)``, or from a thread of its own (the current device
-    is per thread), would otherwise deliver every batch to that GPU silently.
-    Only where ``LOCAL_RANK`` indexes a visible GPU: a rank that sees one GPU
-    (``CUDA_VISIBLE_DEVICES`` per rank) has it as GPU 0.
-
-    Returns:
-        Whether ``LOCAL_RANK`` names a visible GPU (then it alone is checked).
-    """
-    try:
-        local = int(os.environ.get("LOCAL_RANK", ""))
-    except ValueError:
-        return False
-    if not 0 <= local < torch.cuda.device_count():
-        return False
-    if local == index or (local, index) in _warned_ranks:
-        return True
-    _warned_ranks.add((local, index))
-    log.warning(
-        "device='cuda' resolved to cuda:%d, but LOCAL_RANK=%d: this thread's current device is "
-        "not the rank's GPU (call torch.cuda.set_device(local_rank) before iterating, in the "
-        "thread that iterates, or pass device=f'cuda:{local_rank}')", index, local)
-    return True
-
-
-def _check_thread(index: int) -> None:
-    """Warn (once per thread name) when ``"cuda"`` resolves to GPU 0 in a thread other
-    than the main one on a machine with several GPUs: the current device is per
-    thread, so a loop run from a helper thread gets GPU 0 whatever the main thread
-    chose with ``set_device`` (without ``LOCAL_RANK`` to tell which GPU was meant)."""
-    thread = threading.current_thread()
-    if index != 0 or thread is threading.main_thread() or torch.cuda.device_count() < 2:
-        return
-    if ("thread", thread.name) in _warned_ranks:
-        return
-    _warned_ranks.add(("thread", thread.name))
-    log.warning(
-        "device='cuda' resolved to cuda:0 in thread %r, not the main thread: the current device "
-        "is per thread, so torch.cuda.set_device in another thread does not apply here (call it "
-        "in this thread, or pass device='cuda:N')", thread.name)
-
-
-def _option(default: Any, check: Callable[[str, Any], Any]) -> Any:
-    """A Feeder option: its default and the check that validates (and resolves) a value."""
-    return field(default=default, metadata={"check": check})
-
-
-#: The most threads one pool may have: each is an OS thread with its own stack,
-#: and even reads from high-latency storage want tens in flight, not thousands.
-MAX_POOL_THREADS = 1024
-
-
-def _threads_auto(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]:
-    """A thread count, or "auto" (resolved in Config.build, from the cores); with
-    ``tune``, also "tune" (the "auto" count, parked and woken while it runs)."""
-    def check(name: str, value: object) -> Any:
-        if value == "auto" or (tune and value == "tune"):
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            kind = "a positive int" if minimum else "an int >= 0"
-            choices = "'auto' or 'tune'" if tune else "'auto'"
-            raise ValueError(f"{name} must be {kind}, {choices}, got {value!r}"
-                             if tune else f"{name} must be {kind} or 'auto', got {value!r}")
-        if value > MAX_POOL_THREADS:
-            raise ValueError(f"{name}={value} is more than the {MAX_POOL_THREADS} threads a pool "
-                             f"may have (each is an OS thread with its own stack)")
-        return value
-    return check
-
-
-def _shuffle(name: str, value: object) -> bool | str:
-    if value == "shards" and isinstance(value, str):
-        return value
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True, False or 'shards', got {value!r}")
-    return bool(value)
-
-
-def _choice(*allowed: str) -> Callable[[str, Any], str]:
-    def check(name: str, value: object) -> str:
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        return value  # type: ignore[return-value]
-    return check
-
-
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
-
-
-def _start_method(name: str, value: object) -> str:
-    if not isinstance(value, str) or value not in START_METHODS:
-        raise ConfigError(f"{name} must be one of {START_METHODS} (how isolation='process' "
-                          f"starts its worker), got {value!r}")
-    return value
-
-
-def _optional_positive(name: str, value: object) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be None or an int >= 1, got {value!r}")
-    return value
-
-
-def _optional_count(name: str, value: object) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
-    return value
-
-
-def _dtype(name: str, value: object) -> torch.dtype | None:
-    if value is not None and value not in _DTYPES:
-        raise ValueError(f"{name} must be None, torch.uint8 or a floating dtype (float16, bfloat16, "
-                         f"float32, float64), got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-def _normalize(name: str, value: object) -> Any:
-    if value is None:
-        return None
-    try:
-        mean, std = value  # type: ignore[misc]
-        mean = tuple(float(m) for m in mean)
-        std = tuple(float(s) for s in std)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}") from exc
-    if len(mean) != 3 or len(std) != 3:
-        raise ValueError(f"{name} must be (mean, std) with 3 values each, got {value!r}")
-    for channel, (m, s) in enumerate(zip(mean, std)):
-        if s == 0 or not math.isfinite(s):
-            raise ValueError(f"{name}: std of channel {channel} must be finite and non-zero, "
-                             f"got {s!r} (std={std})")
-        if not math.isfinite(m):
-            raise ValueError(f"{name}: mean of channel {channel} must be finite, got {m!r} "
-                             f"(mean={mean})")
-    return mean, std
-
-
-def _check_normalize_range(mean: tuple[float, ...], std: tuple[float, ...],
-                           dtype: torch.dtype) -> None:
-    """Refuse a ``(mean, std)`` whose conversion would give inf, NaN or zeros.
-
-    The conversion computes ``x * (1 / (255 * std)) + (-mean / std)`` in float32
-    (float64 for a float64 output) and rounds the result to ``dtype``: a std that
-    is denormal or underflows there (1e-300 is 0 in float32) gives inf and NaN
-    pixels, and an output range beyond ``dtype``'s largest value gives inf.
-    """
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    work, out = torch.finfo(compute), torch.finfo(dtype)
-    for channel, (m, s) in enumerate(zip(mean, std)):
-        scale, shift = 1.0 / (255.0 * s), -m / s
-        if abs(s) < work.tiny or not (work.tiny <= abs(scale) <= work.max) or abs(shift) > work.max:
-            raise ValueError(f"normalize: std {s!r} of channel {channel} is out of {compute}'s "
-                             f"normal range ({work.tiny:.3g} to {work.max:.3g}), where the "
-                             f"conversion computes (x / 255 - mean) / std: the pixels would be "
-                             f"inf or NaN")
-        widest = max(abs(m / s), abs((1.0 - m) / s))  # the images' values span [0, 1] before
-        if widest > out.max:
-            raise ValueError(f"normalize: (mean {m!r}, std {s!r}) of channel {channel} maps "
-                             f"[0, 1] pixels to values up to {widest:.3g}, beyond {dtype}'s "
-                             f"largest {out.max:.3g}: the pixels would be inf")
-
-
-def _seed(name: str, value: object) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 0 <= value < 2**64):  # keys fold the seed to 64 bits
-        raise ValueError(f"{name} must be None or an int in [0, 2**64), got {value!r}")
-    return value
-
-
-def _optional_rank(name: str, value: object) -> int | None:
-    minimum = 1 if name == "world_size" else 0
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise ValueError(f"need 0 <= rank < world_size, got {name}={value!r}")
-    return value
-
-
-# torch's names for the two layouts, accepted as well as the strings.
-_MEMORY_FORMATS = {"channels_last": "channels_last", torch.channels_last: "channels_last",
-                   "contiguous": "contiguous", torch.contiguous_format: "contiguous"}
-
-
-def _memory_format(name: str, value: object) -> str:
-    try:
-        return _MEMORY_FORMATS[value]  # type: ignore[index]
-    except (KeyError, TypeError):
-        raise ValueError(f"{name} must be 'channels_last' or 'contiguous' (or torch.channels_last, "
-                         f"torch.contiguous_format), got {value!r}") from None
-
-
-def _batch_transforms(name: str, value: object) -> tuple[Any, ...]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise ValueError(f"{name} must be a list of callables fn(images, labels, generator) -> "
-                         f"(images, labels), got {value!r}")
-    transforms = tuple(value)  # type: ignore[arg-type]
-    for i, t in enumerate(transforms):
-        foreign = foreign_transform(t, f"{name}[{i}]", batch=True)
-        if foreign is not None:
-            raise TypeError(foreign)
-        if not callable(t):
-            raise ValueError(f"{name}[{i}] must be callable fn(images, labels, generator) -> "
-                             f"(images, labels), got {t!r}")
-    return transforms
-
-
-def _image_size_option(name: str, value: object) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    try:
-        return image_size_pair(value)
-    except ValueError:
-        raise ValueError(f"{name} must be (height, width), two positive ints; got {value!r}") from None
-
-
-def _max_image_size(name: str, value: object) -> tuple[int, int] | str | None:
-    # "auto": the transforms' largest output, resolved with the chain (Feeder).
-    if isinstance(value, str) and value == "auto":
-        return value
-    try:
-        return _image_size_option(name, value)
-    except ValueError:
-        raise ValueError(f"{name} must be (height, width), two positive ints, or 'auto'; "
-                         f"got {value!r}") from None
-
-
-def _mask_fill(name: str, value: object) -> int:
-    # The padding of the mask planes: 255 is the ignore index of the
-    # segmentation references (and of CrossEntropyLoss(ignore_index=255)); up
-    # to 65535 for 16-bit masks whose classes include 255 (a padded batch's
-    # masks then come as int64, as 16-bit masks do).
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 65535:
-        raise ValueError(f"{name} must be an int in [0, 65535] (the value of padded mask pixels), "
-                         f"got {value!r}")
-    return int(value)
-
-
-# torchvision's detection reference: ``--aspect-ratio-group-factor 3`` (bins at
-# 2 ** linspace(-1, 1, 2 * 3 + 1)), the value True stands for.
-DEFAULT_GROUP_FACTOR = 3
-
-
-def _group_option(name: str, value: object) -> int | None:
-    """False/None: no grouping; True: torchvision's default factor; an int k >= 0: its
-    ``create_aspect_ratio_groups(k)`` bins (k=0: landscape vs portrait)."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return DEFAULT_GROUP_FACTOR
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_) and 0 <= value <= 64:
-        return int(value)
-    raise ValueError(f"{name} must be True, False or a group factor k in [0, 64] (bins at "
-                     f"2 ** linspace(-1, 1, 2k + 1) of width / height, as torchvision's "
-                     f"create_aspect_ratio_groups), got {value!r}")
-
-
-# DataLoader's keywords that are not feeder options, each with feeder's way of
-# doing the same (docs/from-dataloader.md's table says the same at length): a
-# port passes them first, and a list of 34 options does not say which to use.
-DATALOADER_KEYWORDS = {
-    "num_workers": "feeder uses threads: decode_threads=N (or 'auto', the default), and "
-                   "isolation='process' to move the pipeline out of the training process",
-    "pin_memory": "device='cuda' pins the batches and copies them on a side stream: they "
-                  "arrive on the GPU",
-    "pin_memory_device": "device='cuda:N' names the GPU the batches are copied to",
-    "collate_fn": "feeder batches the fields itself: return a dict of fields from the "
-                  "source's read (boxes become lists of per-image tensors), and pass "
-                  "batch_transforms=[fn(images, labels, generator)] for work on whole batches",
-    "sampler": "feeder orders the samples itself: shuffle, seed, rank/world_size (found "
-               "from torch.distributed) and group_by_aspect_ratio",
-    "batch_sampler": "feeder forms the batches itself: batch_size, drop_last, shuffle, seed, "
-                     "rank/world_size (found from torch.distributed) and group_by_aspect_ratio",
-    "generator": "seed=N fixes the order and every random transform",
-    "worker_init_fn": "nothing runs per worker: feeder's threads share this process, so "
-                      "set things up before building the Feeder",
-    "prefetch_factor": "queue_size=N is the number of finished batches buffered ahead "
-                       "of the training loop",
-    "persistent_workers": "a Feeder keeps its buffers (and isolation='process''s worker) "
-                          "across epochs until close(); its threads start with each pass, "
-                          "without a process's start-up cost",
-    "multiprocessing_context": "start_method='fork', 'spawn' or 'forkserver' says how "
-                               "isolation='process' starts its one worker process",
-    "in_order": "ordered=False delivers batches in completion order (the same samples)",
-}
-
-
-def unknown_options_message(unknown: list[str], known: list[str]) -> str:
-    """The TypeError's text for keywords that are not options: DataLoader's are
-    each answered with feeder's equivalent, others get a "did you mean"."""
-    lines = [f"Feeder() got unexpected keyword argument(s): {', '.join(unknown)}"]
-    strangers = False
-    for name in unknown:
-        if name in DATALOADER_KEYWORDS:
-            lines.append(f"{name} is DataLoader's; {DATALOADER_KEYWORDS[name]}")
-            continue
-        strangers = True
-        close = difflib.get_close_matches(name, known, n=1)
-        if close:
-            lines.append(f"{name}: did you mean {close[0]}?")
-    if strangers:
-        lines.append(f"the options are: {', '.join(known)}")
-    return "\n".join(lines)
+from ..work.sample import DEFAULT_MAX_PIXELS
+
+# Names of the checks module that were this module's: still importable here.
+__all__ = ["Config", "DATALOADER_KEYWORDS", "DEFAULTS", "DEFAULT_GROUP_FACTOR", "MAX_POOL_THREADS",
+           "START_METHODS", "parse_device", "reads_may_block", "resolve_device",
+           "unknown_options_message"]
 
 
 @dataclass(frozen=True)
@@ -419,39 +34,39 @@ class Config:
     signature, its validation and :data:`DEFAULTS` are derived from these fields.
     Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
 
-    batch_size: int = _option(None, _positive)
-    decode_threads: int | str = _option("auto", _threads_auto(1, tune=True))
-    augment_threads: int | str = _option("auto", _threads_auto(0, tune=True))
-    read_threads: int | str = _option("auto", _threads_auto(0, tune=True))
-    read_ahead_bytes: int = _option(64 << 20, _positive)
-    queue_size: int = _option(4, _positive)
-    device: torch.device = _option("cpu", lambda name, v: parse_device(v))
-    dtype: torch.dtype | None = _option(None, _dtype)
-    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = _option(None, _normalize)
-    memory_format: str = _option("channels_last", _memory_format)
-    shuffle: bool | str = _option(False, _shuffle)
-    shuffle_window: int = _option(8192, _positive)
-    shuffle_shards: int | None = _option(None, _optional_positive)
-    seed: int | None = _option(None, _seed)
-    drop_last: bool = _option(False, _flag)
-    ordered: bool = _option(True, _flag)
-    on_error: str = _option("raise", _choice(*_ON_ERROR))
-    max_skipped: int | None = _option(None, _optional_count)
-    rank: int | None = _option(None, _optional_rank)
-    world_size: int | None = _option(None, _optional_rank)
-    image_size: tuple[int, int] | None = _option(None, _image_size_option)
-    max_image_size: tuple[int, int] | str | None = _option(None, _max_image_size)
-    size_divisibility: int = _option(1, _positive)
-    mask_fill: int = _option(255, _mask_fill)
-    group_by_aspect_ratio: int | None = _option(False, _group_option)
-    max_pixels: int = _option(DEFAULT_MAX_PIXELS, _positive)
-    timeout: float | None = _option(None, lambda name, v: _timeout(v))
-    exif_orientation: bool = _option(False, _flag)
-    jpeg_verify: bool = _option(True, _flag)
-    jpeg_index_bytes: int = _option(128 << 20, _memory_bytes)
-    batch_transforms: tuple[Any, ...] = _option((), _batch_transforms)
-    isolation: str = _option("thread", _choice("thread", "process"))
-    start_method: str = _option("auto", _start_method)
+    batch_size: int = option(None, check_positive)
+    decode_threads: int | str = option("auto", check_threads(1, tune=True))
+    augment_threads: int | str = option("auto", check_threads(0, tune=True))
+    read_threads: int | str = option("auto", check_threads(0, tune=True))
+    read_ahead_bytes: int = option(64 << 20, check_positive)
+    queue_size: int = option(4, check_positive)
+    device: torch.device = option("cpu", lambda name, v: parse_device(v))
+    dtype: torch.dtype | None = option(None, check_dtype)
+    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = option(None, check_normalize)
+    memory_format: str = option("channels_last", check_memory_format)
+    shuffle: bool | str = option(False, check_shuffle)
+    shuffle_window: int = option(8192, check_positive)
+    shuffle_shards: int | None = option(None, check_optional_positive)
+    seed: int | None = option(None, check_seed)
+    drop_last: bool = option(False, check_flag)
+    ordered: bool = option(True, check_flag)
+    on_error: str = option("raise", check_choice(*ON_ERROR))
+    max_skipped: int | None = option(None, check_optional_count)
+    rank: int | None = option(None, check_optional_rank)
+    world_size: int | None = option(None, check_optional_rank)
+    image_size: tuple[int, int] | None = option(None, check_image_size_option)
+    max_image_size: tuple[int, int] | str | None = option(None, check_max_image_size)
+    size_divisibility: int = option(1, check_positive)
+    mask_fill: int = option(255, check_mask_fill)
+    group_by_aspect_ratio: int | None = option(False, check_group_option)
+    max_pixels: int = option(DEFAULT_MAX_PIXELS, check_positive)
+    timeout: float | None = option(None, lambda name, v: check_timeout(v))
+    exif_orientation: bool = option(False, check_flag)
+    jpeg_verify: bool = option(True, check_flag)
+    jpeg_index_bytes: int = option(128 << 20, check_memory_bytes)
+    batch_transforms: tuple[Any, ...] = option((), check_batch_transforms)
+    isolation: str = option("thread", check_choice("thread", "process"))
+    start_method: str = option("auto", check_start_method)
 
     @classmethod
     def build(cls, _reads_may_block: bool | None = True, **options: Any) -> "Config":
@@ -465,92 +80,9 @@ class Config:
             raise TypeError(unknown_options_message(unknown, list(known)))
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
-        auto_decode, auto_augment = auto_threads(cores_for_this_rank())
-        if values["decode_threads"] == "tune":
-            # The "auto" count, marked: the pass parks and wakes these threads (see _tune).
-            values["decode_threads"] = TunedThreads(auto_decode)
-        if values["decode_threads"] == "auto":
-            values["decode_threads"] = auto_decode
-        if values["augment_threads"] == "tune":
-            # "auto" runs the transforms in the decode threads (no pool to tune):
-            # asking to tune them asks for a pool of their own, at decode's count.
-            values["augment_threads"] = TunedThreads(auto_decode)
-        if values["augment_threads"] == "auto":
-            values["augment_threads"] = auto_augment
-        if values["read_threads"] in ("auto", "tune"):
-            # Local, fast reads cost less in the decode threads than handed over
-            # from a read stage (a queue hop per sample: measurable CPU on a
-            # CPU-bound machine); reads that may wait on storage get their own
-            # threads. "tune": that count, tuned, where there is a read stage.
-            # A source that does not say: the read stage, until its reads are
-            # measured (see MeasuredReadThreads; "tune" tunes it instead).
-            count = auto_read_threads(values["decode_threads"]) if _reads_may_block is not False else 0
-            if values["read_threads"] == "tune" and count:
-                values["read_threads"] = TunedThreads(count)
-            elif values["read_threads"] == "auto" and _reads_may_block is None:
-                values["read_threads"] = MeasuredReadThreads(count)
-            else:
-                values["read_threads"] = count
-        dtype = values["dtype"]
-        if values["normalize"] is not None:
-            if dtype is None:
-                dtype = torch.float32
-            elif not dtype.is_floating_point:
-                raise ValueError(f"normalize needs a floating dtype, got {dtype}")
-            _check_normalize_range(*values["normalize"], dtype)
-        values["dtype"] = None if dtype == torch.uint8 else dtype
-        if values["dtype"] is None:
-            for t in values["batch_transforms"]:
-                # Mixing uint8 pixels would truncate every blend: refuse it here,
-                # not on the first batch.
-                if getattr(t, "needs_float", False):
-                    raise ValueError(f"batch_transforms: {t!r} needs floating images, but the "
-                                     f"feeder outputs uint8; give dtype=torch.float32 (or another "
-                                     f"floating dtype) or normalize=(mean, std)")
-        if (values["rank"] is None) != (values["world_size"] is None):
-            raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
-                             f"world_size={values['world_size']})")
-        if values["shuffle_shards"] is not None and values["shuffle"] != "shards":
-            raise ValueError(f"shuffle_shards={values['shuffle_shards']} is the window of the "
-                             f"block shuffle of shuffle='shards', but shuffle="
-                             f"{values['shuffle']!r}; give shuffle='shards' or leave "
-                             f"shuffle_shards=None")
-        if (options.get("shuffle_window", DEFAULTS["shuffle_window"]) != DEFAULTS["shuffle_window"]
-                and (values["shuffle"] != "shards" or values["shuffle_shards"] is not None)):
-            # Set but unused, it would be silently ignored: say what it needs. (Its
-            # default passed explicitly, as Config.build(**DEFAULTS) does, is no mistake.)
-            raise ValueError(f"shuffle_window={values['shuffle_window']} is the sample window of "
-                             f"shuffle='shards' without shuffle_shards, but shuffle="
-                             f"{values['shuffle']!r} and shuffle_shards={values['shuffle_shards']!r}; "
-                             f"leave shuffle_window out (shuffle_shards=K windows replace it)")
-        if values["isolation"] == "thread" and values["start_method"] != "auto":
-            # A start method with threads would be silently ignored: say which option is missing.
-            raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "
-                              f"process of isolation='process', but isolation='thread'; give "
-                              f"isolation='process' or leave start_method at 'auto'")
-        if values["max_image_size"] is None:
-            # Both only shape variable-size batches: given alone they would do nothing.
-            for name, default in (("size_divisibility", 1), ("mask_fill", 255)):
-                if values[name] != default:
-                    raise ConfigError(f"{name}={values[name]!r} applies to variable-size batches: "
-                                      f"give max_image_size=(height, width) too, or leave {name} "
-                                      f"at {default}")
-        else:
-            for i, t in enumerate(values["batch_transforms"]):
-                # A transform that would move images out of their "size" region.
-                check = getattr(t, "check_variable_size", None)
-                if check is not None:
-                    try:
-                        check()
-                    except ValueError as exc:
-                        raise ConfigError(f"batch_transforms[{i}]: {exc}") from None
-        if values["max_image_size"] is not None and values["image_size"] is not None:
-            raise ConfigError(f"give image_size (every image that size) or max_image_size "
-                              f"(variable sizes up to it), not both; got image_size="
-                              f"{values['image_size']}, max_image_size={values['max_image_size']}")
-        if values["rank"] is not None and values["rank"] >= values["world_size"]:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
-                             f"world_size={values['world_size']}")
+        _resolve_threads(values, _reads_may_block)
+        _resolve_output(values)
+        _check_combinations(values, options)
         return cls(**values)
 
     @property
@@ -593,6 +125,106 @@ class Config:
                      + self.decode_threads + self.augment_threads)
         filling = 1 + -(-in_flight // self.batch_size)
         return self.queue_size + filling + 2
+
+
+def _resolve_threads(values: dict[str, Any], reads_may_block: bool | None) -> None:
+    """Resolve the thread counts' ``"auto"`` and ``"tune"`` (in ``values``)."""
+    auto_decode, auto_augment = auto_threads(cores_for_this_rank())
+    if values["decode_threads"] == "tune":
+        # The "auto" count, marked: the pass parks and wakes these threads (see _tune).
+        values["decode_threads"] = TunedThreads(auto_decode)
+    if values["decode_threads"] == "auto":
+        values["decode_threads"] = auto_decode
+    if values["augment_threads"] == "tune":
+        # "auto" runs the transforms in the decode threads (no pool to tune):
+        # asking to tune them asks for a pool of their own, at decode's count.
+        values["augment_threads"] = TunedThreads(auto_decode)
+    if values["augment_threads"] == "auto":
+        values["augment_threads"] = auto_augment
+    if values["read_threads"] in ("auto", "tune"):
+        # Local, fast reads cost less in the decode threads than handed over
+        # from a read stage (a queue hop per sample: measurable CPU on a
+        # CPU-bound machine); reads that may wait on storage get their own
+        # threads. "tune": that count, tuned, where there is a read stage.
+        # A source that does not say: the read stage, until its reads are
+        # measured (see MeasuredReadThreads; "tune" tunes it instead).
+        count = auto_read_threads(values["decode_threads"]) if reads_may_block is not False else 0
+        if values["read_threads"] == "tune" and count:
+            values["read_threads"] = TunedThreads(count)
+        elif values["read_threads"] == "auto" and reads_may_block is None:
+            values["read_threads"] = MeasuredReadThreads(count)
+        else:
+            values["read_threads"] = count
+
+
+def _resolve_output(values: dict[str, Any]) -> None:
+    """Resolve the output dtype from ``dtype`` and ``normalize`` (in ``values``), and
+    refuse batch transforms that need floating images with uint8 output."""
+    dtype = values["dtype"]
+    if values["normalize"] is not None:
+        if dtype is None:
+            dtype = torch.float32
+        elif not dtype.is_floating_point:
+            raise ValueError(f"normalize needs a floating dtype, got {dtype}")
+        check_normalize_range(*values["normalize"], dtype)
+    values["dtype"] = None if dtype == torch.uint8 else dtype
+    if values["dtype"] is None:
+        for t in values["batch_transforms"]:
+            # Mixing uint8 pixels would truncate every blend: refuse it here,
+            # not on the first batch.
+            if getattr(t, "needs_float", False):
+                raise ValueError(f"batch_transforms: {t!r} needs floating images, but the "
+                                 f"feeder outputs uint8; give dtype=torch.float32 (or another "
+                                 f"floating dtype) or normalize=(mean, std)")
+
+
+def _check_combinations(values: dict[str, Any], options: dict[str, Any]) -> None:
+    """Refuse options that contradict each other, or that would be silently ignored
+    without another (``options``: as given)."""
+    if (values["rank"] is None) != (values["world_size"] is None):
+        raise ValueError(f"give both rank and world_size, or neither (got rank={values['rank']}, "
+                         f"world_size={values['world_size']})")
+    if values["shuffle_shards"] is not None and values["shuffle"] != "shards":
+        raise ValueError(f"shuffle_shards={values['shuffle_shards']} is the window of the "
+                         f"block shuffle of shuffle='shards', but shuffle="
+                         f"{values['shuffle']!r}; give shuffle='shards' or leave "
+                         f"shuffle_shards=None")
+    if (options.get("shuffle_window", DEFAULTS["shuffle_window"]) != DEFAULTS["shuffle_window"]
+            and (values["shuffle"] != "shards" or values["shuffle_shards"] is not None)):
+        # Set but unused, it would be silently ignored: say what it needs. (Its
+        # default passed explicitly, as Config.build(**DEFAULTS) does, is no mistake.)
+        raise ValueError(f"shuffle_window={values['shuffle_window']} is the sample window of "
+                         f"shuffle='shards' without shuffle_shards, but shuffle="
+                         f"{values['shuffle']!r} and shuffle_shards={values['shuffle_shards']!r}; "
+                         f"leave shuffle_window out (shuffle_shards=K windows replace it)")
+    if values["isolation"] == "thread" and values["start_method"] != "auto":
+        # A start method with threads would be silently ignored: say which option is missing.
+        raise ConfigError(f"start_method={values['start_method']!r} applies to the worker "
+                          f"process of isolation='process', but isolation='thread'; give "
+                          f"isolation='process' or leave start_method at 'auto'")
+    if values["max_image_size"] is None:
+        # Both only shape variable-size batches: given alone they would do nothing.
+        for name, default in (("size_divisibility", 1), ("mask_fill", 255)):
+            if values[name] != default:
+                raise ConfigError(f"{name}={values[name]!r} applies to variable-size batches: "
+                                  f"give max_image_size=(height, width) too, or leave {name} "
+                                  f"at {default}")
+    else:
+        for i, t in enumerate(values["batch_transforms"]):
+            # A transform that would move images out of their "size" region.
+            check = getattr(t, "check_variable_size", None)
+            if check is not None:
+                try:
+                    check()
+                except ValueError as exc:
+                    raise ConfigError(f"batch_transforms[{i}]: {exc}") from None
+    if values["max_image_size"] is not None and values["image_size"] is not None:
+        raise ConfigError(f"give image_size (every image that size) or max_image_size "
+                          f"(variable sizes up to it), not both; got image_size="
+                          f"{values['image_size']}, max_image_size={values['max_image_size']}")
+    if values["rank"] is not None and values["rank"] >= values["world_size"]:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={values['rank']}, "
+                         f"world_size={values['world_size']}")
 
 
 # The options' defaults, derived from the table above.
