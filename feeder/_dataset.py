@@ -21,7 +21,7 @@ import torch
 
 from .work.rng import epoch_key, index_key
 from .work.sample import IMAGE, MASK, Task
-from .engine.batch import SIZE
+from .engine.buffers import SIZE
 from .engine.steps import SampleWork, read_sample, source_files
 from .errors import SampleError
 from .sources import describe

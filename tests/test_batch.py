@@ -123,10 +123,10 @@ def test_pool_stays_at_two_buffers_while_the_loop_waits():
 def _both_lent_while_the_reaper_works(monkeypatch, reaping_s):
     """A pool of two buffers, both batches the loop has taken (and waits for the
     next), while the reaper has work in hand for up to ``reaping_s``."""
-    from feeder.engine import batch as batch_module, reaper
+    from feeder.engine import pool as pool_module, reaper
 
     monkeypatch.setattr(reaper, "pending", lambda: True)
-    monkeypatch.setattr(batch_module, "_REAPING_S", reaping_s)
+    monkeypatch.setattr(pool_module, "_REAPING_S", reaping_s)
     pool = BufferPool(8, 1, 1, 1, pin=False)
     a, b = pool.acquire(lambda: False), pool.acquire(lambda: False)
     _loop_holds(pool, a)

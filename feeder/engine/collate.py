@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .batch import SIZE, Batch, BatchBuffer, move_slots
+from .buffers import SIZE, BatchBuffer, move_slots
+from .filling import FillingBatch
 from .queue import END, Channel
 from .stage import Control, Counters, Stage
 from ..errors import FeederError
@@ -82,12 +83,12 @@ class Collator:
         # Run on each output batch as it leaves (variable sizes: Padding); in the
         # isolated engine that is the worker process, off the training process.
         self._pad = pad
-        self._pending: dict[int, Batch] = {}  # ordered: completed batches ahead of their turn
+        self._pending: dict[int, FillingBatch] = {}  # ordered: completed batches ahead of their turn
         self._next = 0  # ordered: the batch index next in line
-        self._open: Batch | None = None  # the partial batch being topped up
+        self._open: FillingBatch | None = None  # the partial batch being topped up
         self._fill = 0  # its samples so far
 
-    def add(self, batch: Batch) -> Iterator[Output]:
+    def add(self, batch: FillingBatch) -> Iterator[Output]:
         """Feed a completed batch; yield what can be delivered now.
 
         Raises:
@@ -107,7 +108,7 @@ class Collator:
             self._release(buf)
             raise
 
-    def _add(self, batch: Batch) -> Iterator[Output]:
+    def _add(self, batch: FillingBatch) -> Iterator[Output]:
         if not self.ordered:
             yield from self._take(batch)
             return
@@ -135,7 +136,7 @@ class Collator:
             else:
                 yield batch.buffer, fill
 
-    def _take(self, batch: Batch) -> Iterator[Output]:
+    def _take(self, batch: FillingBatch) -> Iterator[Output]:
         if batch.error is not None:
             self._release(batch.buffer)
             raise batch.error

@@ -29,7 +29,8 @@ import torch
 
 from . import reaper as _reaper
 from ..work.augment import Chain
-from .batch import BufferPool, Scratch
+from .filling import Scratch
+from .pool import BufferPool
 from .config import Config
 from ..order.plan import EpochPlan, OrderOptions
 from .pipeline import Pass, PassBase, stage_threads

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .batch import BatchBuffer
+from .buffers import BatchBuffer
 from ..work.rng import SampleRNG, batch_generator, epoch_key, index_key
 from ..work.sample import INT_SCALAR, LABEL, NUMERIC, Schema
 from ..errors import StageError

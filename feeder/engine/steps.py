@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..work.augment import Chain
-from .batch import SIZE
+from .buffers import SIZE
 from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
                            rgb_of_pixels)
 from ..work.rng import epoch_key, index_key

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..engine import reaper as _reaper
-from ..engine.batch import BatchBuffer
+from ..engine.buffers import BatchBuffer
 from ..engine.engine import EngineBase
 from ..engine.pinned import PinnedHost
 from ..engine.pipeline import PassBase

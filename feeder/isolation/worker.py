@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
 
 from ..work.augment import Chain
-from ..engine.batch import BatchBuffer
+from ..engine.buffers import BatchBuffer
 from ..engine.collate import CollatingStage, Collator
 from ..engine.engine import ThreadEngine
 from ..engine.queue import Channel, Closed

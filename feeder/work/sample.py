@@ -581,7 +581,7 @@ class Task:
     """One sample on its way through the stages (one object, reused by every stage).
 
     Attributes:
-        batch: The ``_batch.Batch`` it belongs to.
+        batch: The ``engine.filling.FillingBatch`` it belongs to.
         slot: Its position in that batch.
         index: Its index in the source.
         data: The encoded bytes, or the pixels of a decoded image (an array
