@@ -23,6 +23,7 @@ from .engine.pipeline import Pass
 from .engine.queue import END, Closed
 from .order.progress import Progress
 from .engine.stats import StatsBook
+from .engine.cuda import wait_for
 from .engine.transfer import Delivery, Failure
 from .errors import FeederError, FeederTimeoutError, safe_text
 
@@ -167,12 +168,7 @@ class PassIterator:
         if item.lent is not None:
             pool.claim(item.lent)
         if self._cuda:
-            stream = torch.cuda.current_stream(pass_.cfg.device)
-            stream.wait_event(item.event)
-            # See _transfer.py: keep the caching allocator from reusing these
-            # blocks while the consumer's stream may still read them.
-            for tensor in item.device_tensors():
-                tensor.record_stream(stream)
+            wait_for(pass_.cfg.device, item.event, item.device_tensors())
         book.delivered(images.shape[0])
         progress.record(item.indices)
         self._hooks.delivered(BatchInfo(pass_.epoch, progress.first_batch + item.number,

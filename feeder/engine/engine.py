@@ -37,7 +37,7 @@ from .pipeline import Pass, PassBase, stage_threads
 from .read import ReadWaits
 from .stats import MemoryStats, Stats, StatsBook
 from .threads import LibraryThreads, MeasuredReadThreads, measured_read_threads
-from .transfer import SideStream
+from .cuda import SideStream
 from .steps import SampleWork, source_files
 from ..errors import FeederError
 

@@ -79,8 +79,6 @@ the ``scripts/gpu-check`` row that checks it on a GPU):
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,125 +90,20 @@ import torch
 from .batch import SIZE, BatchBuffer, BufferPool
 from .on_device import BatchTransforms, Converter
 from .collate import CollatingStage, Collator, batch_extent
-from .config import resolve_device
-from .queue import END, Channel, Closed
+from .cuda import _CLOSE_LOCK_S, SideStream, _highest_priority, blocking_event, log, wait_idle
+from .queue import END, Channel
 from .reaper import watch, watch_all
 from ..work.sample import (BOX_LIST, IMAGE, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX,
                            POINTS, Schema)
 from .stage import Control, Counters
 from ..errors import FeederError
 
-log = logging.getLogger(__name__)
-
-# How long SideStream.close() waits for a copy being queued by the transfer
-# thread (a few launches: microseconds, unless the thread is descheduled).
-_CLOSE_LOCK_S = 1.0
-
-
-def blocking_event() -> Any:
-    """A CUDA event whose ``synchronize()`` sleeps instead of spinning a core
-    (``cudaEventBlockingSync``). test_events_are_blocking."""
-    return torch.cuda.Event(blocking=True)
-
-
-def wait_idle(stream: Any) -> None:
-    """Wait, asleep, until everything queued on ``stream`` so far has run.
-    (``stream.synchronize()`` spins under the default device flags.)"""
-    event = blocking_event()
-    event.record(stream)
-    event.synchronize()
-
-
-def _highest_priority() -> int:
-    """The highest stream priority torch gives out (lower is higher); -1 when the
-    range cannot be read (torch maps an out-of-range value to the nearest one)."""
-    try:
-        return int(torch.cuda.Stream.priority_range()[1])
-    except (AttributeError, RuntimeError, TypeError, IndexError):
-        return -1
-
-
-class SideStream:
-    """An engine's side CUDA streams: one per device the engine's passes deliver
-    to (one, unless the program changes its current device between passes),
-    made once, on that device, with the highest priority (see the module's
-    docstring); and the guard that stops new copies before teardown.
-
-    Args:
-        requested: The feeder's ``device`` (``"cuda"`` or ``"cuda:N"``).
-    """
-
-    def __init__(self, requested: torch.device) -> None:
-        self.requested = requested
-        self.device: torch.device | None = None  # the latest pass's, resolved
-        self._streams: dict[int, Any] = {}
-        # Held while the transfer thread queues copies from host memory, and by
-        # close(): once close() has drained the streams, no copy can be queued
-        # behind its back from memory about to be unregistered.
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def begin_pass(self) -> torch.device:
-        """Resolve the device of the pass starting now (in the thread calling its
-        first ``next()``) and make its stream if this is the first pass there."""
-        device = resolve_device(self.requested)
-        self.stream(device)
-        self.device = device
-        return device
-
-    def stream(self, device: torch.device) -> Any:
-        """The side stream of ``device`` (an indexed CUDA device), made on first use."""
-        with self._lock:
-            found = self._streams.get(device.index)
-            if found is None:
-                # Made with the device current: the stream, and the context it
-                # needs, on that device only.
-                with torch.cuda.device(device):
-                    found = torch.cuda.Stream(device=device, priority=_highest_priority())
-                self._streams[device.index] = found
-            return found
-
-    @contextlib.contextmanager
-    def copying(self) -> Iterator[None]:
-        """Held while copies from host memory are queued; raises :class:`Closed`
-        after :meth:`close` (the transfer thread then exits quietly)."""
-        with self._lock:
-            if self.closed:
-                raise Closed("side stream")
-            yield
-
-    def close(self, timeout: float = _CLOSE_LOCK_S) -> bool:
-        """Refuse new copies and wait (asleep) until every copy queued on the side
-        streams has finished reading host memory. Safe to repeat, from any thread.
-
-        Returns:
-            False when a copy being queued held the lock past ``timeout`` seconds:
-            the caller must then not free or unregister the memory it may read.
-        """
-        if not self._lock.acquire(timeout=timeout):
-            log.warning("feeder: the transfer thread is still queuing a copy after %.1f s; "
-                        "host memory it may read is left registered", timeout)
-            return False
-        try:
-            if self.closed:
-                return True  # drained then, and nothing queued since
-            self.closed = True
-            for index, stream in list(self._streams.items()):
-                with torch.cuda.device(index):
-                    wait_idle(stream)
-        finally:
-            self._lock.release()
-        return True
-
-    @contextlib.contextmanager
-    def current(self) -> Iterator[None]:
-        """The latest pass's device current in this thread (a no-op before any pass):
-        for CUDA calls made outside the transfer thread."""
-        if self.device is None:
-            yield
-            return
-        with torch.cuda.device(self.device):
-            yield
+# Every name this module held before it was split stays importable from here.
+__all__ = ["Batch", "Converter", "Delivery", "Failure", "SideStream", "Transfer",
+           "blocking_event", "copy_region", "wait_idle", "zero_padding", "_CLOSE_LOCK_S",
+           "_ROWS_COPY_MIN_BYTES", "_gather", "_highest_priority", "_host_integers",
+           "_numeric_host", "_padded", "_per_image_integer", "_register_batch_with_pytree",
+           "_renamed", "log"]
 
 
 class Batch(dict):
