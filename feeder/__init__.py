@@ -15,7 +15,7 @@ from ._consumer import BatchInfo
 from ._dataset import FeederDataset
 from ._feeder import Feeder
 from .engine.stats import MemoryStats, QueueStats, StageStats, Stats
-from .engine.transfer import Batch
+from .engine.batch_dict import Batch
 from .work.decode import jpeg_decoder as _jpeg_decoder
 from .work.rng import SampleRNG
 from .work.sample import check_sample
