@@ -24,7 +24,7 @@ from .engine.queue import END, Closed
 from .order.progress import Progress
 from .engine.stats import StatsBook
 from .engine.cuda import wait_for
-from .engine.transfer import Delivery, Failure
+from .engine.delivery import Delivery, Failure
 from .errors import FeederError, FeederTimeoutError, safe_text
 
 log = logging.getLogger(__name__)

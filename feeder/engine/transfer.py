@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -91,6 +90,7 @@ from .batch import SIZE, BatchBuffer, BufferPool
 from .on_device import BatchTransforms, Converter
 from .collate import CollatingStage, Collator, batch_extent
 from .cuda import _CLOSE_LOCK_S, SideStream, _highest_priority, blocking_event, log, wait_idle
+from .delivery import Delivery, Failure
 from .queue import END, Channel
 from .reaper import watch, watch_all
 from ..work.sample import (BOX_LIST, IMAGE, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX,
@@ -104,54 +104,6 @@ __all__ = ["Batch", "Converter", "Delivery", "Failure", "SideStream", "Transfer"
            "_ROWS_COPY_MIN_BYTES", "_gather", "_highest_priority", "_host_integers",
            "_numeric_host", "_padded", "_per_image_integer", "_register_batch_with_pytree",
            "_renamed", "log"]
-
-
-@dataclass(slots=True)
-class Delivery:
-    """A batch ready for the consumer: ``event`` is set for CUDA batches, ``lent``
-    for a CPU batch that is a view of a pool buffer; ``indices`` are the source
-    indices of its samples and ``number`` its position among the pass's batches.
-
-    ``fields`` holds a dict sample's batch (``"image"`` and every other field),
-    None for pairs; ``extra`` the device tensors behind its other fields, which
-    the consumer's stream must ``record_stream`` as it does the images."""
-
-    images: torch.Tensor
-    labels: Any
-    indices: np.ndarray
-    number: int
-    event: Any
-    lent: BatchBuffer | None = None
-    fields: dict[str, Any] | None = None
-    extra: tuple[torch.Tensor, ...] = ()
-    host: dict[str, tuple[torch.Tensor, list]] | None = None  # see Batch._host
-
-    def batch(self) -> Any:
-        """What ``next()`` returns: ``(images, labels)``, or the dict of fields."""
-        if self.fields is None:
-            return self.images, self.labels
-        if type(self.fields) is not dict:
-            return self.fields
-        batch = Batch(self.fields.items())
-        if self.host:
-            batch._host = self.host
-        return batch
-
-    def device_tensors(self) -> list[torch.Tensor]:
-        """Every tensor of the batch whose memory the consumer's stream will read."""
-        found = [self.images, *self.extra]
-        if isinstance(self.labels, torch.Tensor):
-            found.append(self.labels)
-        return found
-
-
-class Failure:
-    """An error travelling in-band to the consumer."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 class Transfer(CollatingStage):
