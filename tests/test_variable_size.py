@@ -492,7 +492,7 @@ def test_auto_is_the_only_word_max_image_size_takes(sized):
 def test_copy_region_gives_the_dense_top_left_extent(extent, monkeypatch):
     host = torch.randint(0, 255, (3, 32, 64, 3), dtype=torch.uint8)
     for threshold in (0, 1 << 40):  # the per-sample rows path and the whole-slots path
-        monkeypatch.setattr("feeder.engine.transfer._ROWS_COPY_MIN_BYTES", threshold)
+        monkeypatch.setattr("feeder.engine.gather._ROWS_COPY_MIN_BYTES", threshold)
         got = copy_region(host, 2, extent, torch.device("cpu"))
         hb, wb = extent or (32, 64)
         assert got.is_contiguous()

@@ -19,7 +19,7 @@ from feeder import Feeder
 @pytest.mark.parametrize("rows_min", [0, 1 << 40])  # per-sample row copies / whole slots
 @pytest.mark.parametrize("normalize", [None, ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))])
 def test_cuda_batches_equal_the_cpu_ones(isolation, rows_min, normalize, monkeypatch):
-    monkeypatch.setattr("feeder.engine.transfer._ROWS_COPY_MIN_BYTES", rows_min)
+    monkeypatch.setattr("feeder.engine.gather._ROWS_COPY_MIN_BYTES", rows_min)
     source = Segments(_sizes(13, seed=3, low=8, high=120))
     kw = dict(max_image_size=(128, 128), size_divisibility=8, shuffle=True, seed=1,
               normalize=normalize)
