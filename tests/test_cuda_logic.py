@@ -1,6 +1,6 @@
 """The CUDA-only logic of the transfer path, checked without a GPU: ``torch.cuda``
 is replaced by the recording CUDA stand-in (``tests/cuda_standin.py``), and each test asserts what the code asks of
-CUDA and in which order (the module docstring of ``feeder/engine/transfer.py`` names
+CUDA and in which order (docs/design/cuda-transfer.md, "In the code", names
 these tests; ``scripts/gpu-check`` checks the same on a GPU)."""
 
 from __future__ import annotations

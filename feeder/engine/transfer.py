@@ -1,79 +1,11 @@
-"""Transfer stage: sequence finished buffers into batches and hand them to the
+"""The transfer stage: sequence finished buffers into batches and hand them to the
 training loop, copied to the device on a side CUDA stream when the target is CUDA.
 
-CUDA reasoning, in one place (CI has no GPU: each point names the CPU test in
-``tests/test_cuda_logic.py`` that checks it with a faked ``torch.cuda``, and
-the ``scripts/gpu-check`` row that checks it on a GPU):
-
-* The copy runs on a dedicated stream from page-locked (pinned) memory with
-  ``non_blocking=True``, so it overlaps the model's kernels on the consumer's
-  stream. Conversion to ``dtype`` and normalization run on the same side
-  stream, after the copy, so only uint8 crosses the bus.
-  So does the change to contiguous NCHW (``memory_format="contiguous"``):
-  done there, it costs the training loop nothing, and it is fused with the
-  dtype conversion, one pass over the batch.
-* One side stream per engine (:class:`SideStream`), made once per device on
-  that device, with the highest priority torch offers. ``torch.cuda.Stream()``
-  hands out streams of a shared pool round robin, so a stream made per pass at
-  the default priority may be the one the model or another library uses; the
-  conversion and batch-transform kernels would then queue behind the model's
-  kernels, and the batch's event (so the next training step) behind them.
-  High priority lets the scheduler run them between the model's kernels.
-  (test_side_stream_made_once_per_device_with_the_highest_priority; gpu-check
-  "40 passes against a user stream".)
-* ``device="cuda"`` is resolved when each pass starts (``_config.resolve_device``:
-  the current device of the thread that calls the first ``next()``), and the
-  stream, the pinned buffers and every CUDA call of a thread that is not the
-  transfer thread (registration, unregistration, freeing host memory) run with
-  that device current (``torch.cuda.device``): a torchrun rank that builds its
-  feeder before ``set_device(local_rank)`` touches only its own GPU, never
-  creating a context on GPU 0. (test_cuda_device_resolved_when_the_pass_starts,
-  test_pinned_buffers_allocated_with_the_pass_device_current; gpu-check
-  "set_device after build".)
-* An event is recorded on the side stream after that work. The consumer's
-  ``next()`` makes *its* current stream wait on the event before the batch is
-  returned, so no kernel of the training step can read the batch early. Only
-  that stream is protected: a batch used on another stream needs the user's own
-  ``wait_stream``/``record_stream`` (README, "CUDA").
-* The pinned source buffer goes back to the pool only after the event has
-  completed (``event.synchronize()`` in this thread): reusing it earlier would
-  let the decoders overwrite memory the DMA engine is still reading. The events
-  are made with ``blocking=True`` (:func:`blocking_event`): a default event's
-  ``synchronize()`` spins a CPU core for as long as the copy runs, a core taken
-  from the decoders; a blocking one sleeps. ``stats().stage("transfer").cpu_s``
-  reports the thread's CPU time. (test_events_are_blocking; gpu-check "copy
-  slowed on the side stream" and "transfer CPU / wall".)
-* The pinned buffers are the engine's own: each array a block of its bytes
-  rounded to the page, locked with ``cudaHostRegister`` (``pinned.py``), not
-  torch's caching host allocator, which rounds blocks up to a power of two and
-  keeps them for the whole process. (test_pinned_blocks_are_exactly_the_buffer_bytes.)
-* Teardown: before host memory a copy may still read is unregistered
-  (``cudaHostUnregister``: the pool's buffers, the isolated engine's shared
-  arrays), :meth:`SideStream.close` refuses new copies and waits, with a
-  blocking event, for everything queued on the side streams; if it cannot,
-  the memory stays registered and mapped. torch's host cache, which other code
-  of the process shares, is left alone.
-  (test_side_stream_drained_before_unregister, test_pinned_blocks_unlocked_after_the_drain;
-  gpu-check "teardown while the side stream is busy" and "exit mid-epoch".)
-* The device tensors are allocated by PyTorch's caching allocator on the side
-  stream. When the training loop drops them, the allocator would hand that
-  memory to the next allocation on the side stream at once, although kernels
-  queued on the consumer's stream may still be reading it. ``record_stream``
-  on the consumer's stream (done in ``next()``) makes the allocator wait for
-  that stream's queued work before reusing the block.
-* Batch transforms (``batch_transforms``, e.g. MixUp) run on the side stream
-  too, after the conversion and before the event is recorded, so the consumer
-  never sees a half-mixed batch. Their generators live on the device and their
-  draws stay there: nothing in this thread waits for the device per batch.
-* Every other field travels the same way, before the same event: fixed-shape
-  ones (masks, numeric labels) from their own pinned arrays of the buffer, so
-  the buffer's return to the pool after the event covers them too; boxes and
-  other per-box arrays, whose sizes vary, are gathered into one pinned tensor
-  per field and batch (torch's caching host allocator keeps that cheap and
-  holds the block until the copy's stream has passed it), copied once and
-  split on the device into one tensor per sample. A 16-bit mask batch crosses
-  the bus as two uint8 planes and becomes int64 on the device. Every device
-  tensor is ``record_stream``-ed on the consumer's stream, as the images are.
+Every delivery holds its buffer through one :class:`Lease`, which gives the
+buffer back to the pool (or lends it to the loop) on every exit. The stream and
+event handling is in :mod:`.cuda`, the fields other than the image in
+:mod:`.gather`, the messages in :mod:`.delivery`; the reasoning is in
+docs/design/cuda-transfer.md.
 """
 
 from __future__ import annotations
