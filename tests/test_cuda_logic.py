@@ -103,7 +103,7 @@ def test_cuda_resolved_to_another_gpu_than_local_rank_warns(fake_cuda, monkeypat
     """A torchrun rank that iterates before set_device(local_rank), or from a thread
     of its own, resolves "cuda" to GPU 0: said once, not silently."""
     import logging
-    from feeder.engine import config as _config
+    from feeder.engine import checks as _config
     monkeypatch.setattr(_config, "_warned_ranks", set())
     caplog.set_level(logging.WARNING, logger="feeder")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -125,7 +125,7 @@ def test_cuda_resolved_to_gpu_0_from_a_helper_thread_warns(fake_cuda, monkeypatc
     """Without LOCAL_RANK, a loop run from a thread of its own resolves "cuda" to
     GPU 0 whatever the main thread set: said once per thread, not silently."""
     import logging
-    from feeder.engine import config as _config
+    from feeder.engine import checks as _config
     monkeypatch.setattr(_config, "_warned_ranks", set())
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     caplog.set_level(logging.WARNING, logger="feeder")
