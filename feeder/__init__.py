@@ -17,8 +17,8 @@ from ._feeder import Feeder
 from .engine.stats import MemoryStats, QueueStats, StageStats, Stats
 from .engine.transfer import Batch
 from .work.decode import jpeg_decoder as _jpeg_decoder
-from .work.rng import SampleRNG
-from .work.sample import check_sample
+from .sample.rng import SampleRNG
+from .sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
 from .shards import TarShards

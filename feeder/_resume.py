@@ -26,7 +26,7 @@ from .engine.group import group_sequence
 from .engine.order import Handled, Order, Remaining
 from .engine.ranks import Ranks
 from .engine.sampler import LAZY_MIN, num_batches, pass_sequence, shard_size
-from .work.sample import DEFAULT_MAX_PIXELS
+from .sample import DEFAULT_MAX_PIXELS
 
 FORMAT_VERSION = 1  # bitmaps of delivered and skipped samples
 COMPACT_VERSION = 2  # a position in the order, the few handled past it, the skipped

@@ -49,7 +49,7 @@ import numpy as np
 
 from .storage.fields import FIELD_NAMES, json_value, npy_array, field_of, make_plan
 from .storage.index import Column, IndexTable, LocalShard, load_indices
-from .work.sample import DEFAULT_MAX_PIXELS
+from .sample import DEFAULT_MAX_PIXELS
 from .storage.shardlist import is_url, expand_braces, resolve
 from .storage.local import FilePool, no_collection, on_network_storage
 from .storage.tar import COMPRESSED, IMAGE_EXTS, ShardFormatError, ShardIndex

@@ -369,7 +369,7 @@ def test_no_image_exceeds_the_auto_bound(make):
     # Sizes drawn over extreme aspect ratios, each with its own draws: the
     # bound holds for every planned output (the size each transform makes).
     from feeder.work.augment import Chain
-    from feeder.work.rng import SampleRNG
+    from feeder.sample.rng import SampleRNG
     t = make()
     chain = Chain([t], None, max_image_size="auto")
     high = chain.max_image_size
@@ -382,7 +382,7 @@ def test_no_image_exceeds_the_auto_bound(make):
 
 def test_zoom_out_after_a_capped_resize_stays_within_the_auto_bound():
     from feeder.work.augment import Chain
-    from feeder.work.rng import SampleRNG
+    from feeder.sample.rng import SampleRNG
     resize, zoom = ops.Resize(40, max_size=60), ops.RandomZoomOut(side_range=(1.0, 3.3), p=1.0)
     high = Chain([resize, zoom], None, max_image_size="auto").max_image_size
     rng = np.random.default_rng(1)

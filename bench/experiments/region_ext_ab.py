@@ -32,7 +32,7 @@ from feeder.bench.loaders import eval_transforms, transforms
 from feeder.engine.steps import SampleWork
 from feeder.work import decode as _decode
 from feeder.work.augment import Chain
-from feeder.work.rng import sample_key
+from feeder.sample.rng import sample_key
 
 
 def load(path: str) -> Any:

@@ -138,7 +138,7 @@ class WorkDataset:
 
     def __getitem__(self, index: int):
         import torch
-        from feeder.work.rng import sample_key
+        from feeder.sample.rng import sample_key
         key = sample_key(0, self.epoch, index)
         img, ctx = self.work.decode(self.blobs[index], key)
         if self.out is None:  # one max-size slot per worker, reused

@@ -30,7 +30,7 @@ import simplejpeg
 
 import feeder
 from feeder.work import decode as _decode
-from feeder.work import rng as _rng
+from feeder.sample import rng as _rng
 from feeder import ops
 from feeder.work.augment import Chain
 from feeder.engine.batch import Batch

@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 
 from .. import ImageFolder
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..engine.threads import available_cores
 from . import report
 from .report import median

@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import ImageFolder, ops
 from ..work.augment import Chain
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..work.verified import VerifiedJpegs
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork

@@ -25,9 +25,9 @@ from ..sources import describe
 from ..work.augment import Chain
 from ..engine.config import Config, reads_may_block
 from ..work.decode import jpeg_decoder
-from ..work.sample import pixels
+from ..sample import pixels
 from ..engine.read import nbytes
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
 from .verdict import ROUNDS, Fed, Measurements

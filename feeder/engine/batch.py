@@ -30,7 +30,7 @@ import torch
 from . import reaper
 from .pinned import PinnedHost
 from .queue import Closed
-from ..work.sample import LABEL, MASKS, NUMERIC
+from ..sample import LABEL, MASKS, NUMERIC, SIZE
 
 log = logging.getLogger(__name__)
 
@@ -700,6 +700,3 @@ def move_slots(src: BatchBuffer, start: int, dst: BatchBuffer, to: int, n: int) 
     if src.planes is not None:
         _move_masks(src.planes, start, dst.masks(), to, n)
 
-
-#: The field of variable-size batches holding each image's valid (height, width).
-SIZE = "size"

@@ -18,7 +18,7 @@ import torch
 from ..work.augment import image_size_pair
 
 log = logging.getLogger(__name__)
-from ..work.sample import DEFAULT_MAX_PIXELS
+from ..sample import DEFAULT_MAX_PIXELS
 from .threads import MeasuredReadThreads, auto_read_threads, auto_threads, cores_for_this_rank
 from .tune import TunedThreads
 from ..errors import ConfigError

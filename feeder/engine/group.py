@@ -58,8 +58,8 @@ import numpy as np
 
 from .queue import Closed
 from ..work.decode import header_size
-from ..work.sample import pixels_size
-from ..work.rng import epoch_key, index_key
+from ..sample import pixels_size
+from ..sample.rng import epoch_key, index_key
 from ..sources import describe
 
 log = logging.getLogger(__name__)

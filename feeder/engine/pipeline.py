@@ -41,7 +41,7 @@ from .config import Config
 from .group import group_sequence
 from .queue import END, Channel
 from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
-from ..work.sample import Task
+from ..sample import Task
 from .order import Hinting, Order, Remaining
 from .sampler import Sampler, pass_sequence, shard_layout
 from .stage import Counters, MapStage, Stage, Step, timed_put

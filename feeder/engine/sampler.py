@@ -44,8 +44,8 @@ import torch
 from .batch import Batch, BufferPool, Scratch
 from .order import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
 from .queue import END, Channel
-from ..work.rng import order_key
-from ..work.sample import Task
+from ..sample.rng import order_key
+from ..sample import Task
 from .stage import Control, Counters, Stage
 
 

@@ -3,7 +3,7 @@
 ::
 
     read       source, index             -> (image, label)             Source.read
-                                          or a dict of fields           (_sample.parse_sample)
+                                          or a dict of fields           (sample.parse_sample)
     decode     bytes or pixels, key      -> (image, SampleContext)     SampleWork.decode
                mask bytes                -> mask array                 SampleWork.decode_mask
     transform  image, key, context, out  -> None (result in ``out``)   SampleWork.transform
@@ -11,7 +11,7 @@
 
 :class:`SampleWork` binds decode and transform to one feeder's settings (the
 compiled chain, ``max_pixels``, EXIF handling, reused decode memory, the
-fields' :class:`~feeder.work.sample.Schema`). The engine's steps (:func:`steps`)
+fields' :class:`~feeder.sample.Schema`). The engine's steps (:func:`steps`)
 and the benchmarks' "same per-sample work" rows both call it, so the two cannot
 drift apart.
 
@@ -30,9 +30,9 @@ from ..work.augment import Chain
 from .batch import SIZE
 from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
                            rgb_of_pixels)
-from ..work.rng import epoch_key, index_key
+from ..sample.rng import epoch_key, index_key
 from ..work.verified import VerifiedJpegs
-from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
+from ..sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
                            NUMERIC, Schema, Task, instances_fit, parse_sample)
 from .stage import Step
 from ..errors import ConfigError, FieldError, with_field
@@ -203,7 +203,7 @@ def as_label(label: Any) -> int:
 
 def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
     """The read step's checks of what ``source.read`` returned for ``task`` (see
-    ``_sample.py``); a pair of bytes and an int label, once the schema has seen
+    ``feeder.sample``); a pair of bytes and an int label, once the schema has seen
     one, never comes here (see :func:`steps`).
 
     Raises:
@@ -229,7 +229,7 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
 
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
           epoch: int) -> tuple[Step, Step, Step]:
-    """The engine's three steps on a :class:`~feeder.work.sample.Task`, for one pass.
+    """The engine's three steps on a :class:`~feeder.sample.Task`, for one pass.
 
     ``read`` and ``decode`` return the task; ``augment`` writes the result into
     the task's slot of its batch (or a scratch array, when the batch has no buffer

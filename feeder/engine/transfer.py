@@ -95,7 +95,7 @@ from .collate import CollatingStage, Collator, batch_extent
 from .config import resolve_device
 from .queue import END, Channel, Closed
 from .reaper import watch, watch_all
-from ..work.sample import (BOX_LIST, IMAGE, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX,
+from ..sample import (BOX_LIST, IMAGE, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX,
                            POINTS, Schema)
 from .stage import Control, Counters
 from ..errors import FeederError

@@ -22,7 +22,7 @@ from ..engine.batch import BatchBuffer
 from ..engine.collate import CollatingStage, Collator
 from ..engine.engine import ThreadEngine
 from ..engine.queue import Channel, Closed
-from ..work.sample import OBJECT
+from ..sample import OBJECT
 from ..engine.stage import Control, Counters
 from ..errors import FeederError, FieldError, StageError, safe_text
 from . import protocol as msg

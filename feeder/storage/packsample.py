@@ -103,7 +103,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     """
     import numpy as np  # noqa: PLC0415
 
-    from ..work.sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
+    from ..sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
                                parse_sample)
     from ..errors import FieldError, SourceError  # noqa: PLC0415
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .rng import SampleRNG
-from .sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, MASK, parse_value, per_box,
+from ..sample.rng import SampleRNG
+from ..sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, MASK, parse_value, per_box,
                      spec_of)
 from ..errors import ConfigError, FieldError, TransformError
 from ..ops import CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform

@@ -30,9 +30,9 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from ..ops import SampleContext
+from ..sample import SampleContext
 from .region import TIFF_MAX_ENTRIES, decode_region, orient, orientation_of, stored_tiff
-from .sample import DEFAULT_MAX_PIXELS
+from ..sample import DEFAULT_MAX_PIXELS
 from .verified import VerifiedJpegs
 from . import extension
 from .extension import HOW_TO_BUILD, NO_EXTENSION_ENV

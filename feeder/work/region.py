@@ -17,7 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..ops import SampleContext, dct_denom
+from ..sample import SampleContext, dct_denom
 
 # The decoder's header and buffer pool types (``_decode._Header``,
 # ``_decode.DecodeBuffers``) are named by what they are in the signatures below,
