@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .engine import reaper as _reaper
-from .work.augment import Chain
+from .ops.chain import Chain
 from ._dataset import FeederDataset
 from .engine.config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator

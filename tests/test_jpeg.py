@@ -37,7 +37,7 @@ from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, run_on_other_libjpeg, other_process
 from feeder import DecodeError, Feeder, info, ops
 from feeder.work import decode as _decode
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
 

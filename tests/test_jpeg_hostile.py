@@ -46,7 +46,7 @@ from feeder.engine.steps import SampleWork
 from feeder.ops import SampleContext
 from feeder.synthetic import make_image
 from feeder.work import decode as D
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.work.region import decode_region, orient
 
 ext = D._jpeg

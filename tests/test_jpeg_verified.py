@@ -15,7 +15,7 @@ from feeder import DecodeError, Feeder, ops
 from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
 from feeder.work import decode as _decode
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.work.verified import VerifiedJpegs
 
 ext = _decode._jpeg

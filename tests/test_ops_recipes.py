@@ -14,7 +14,7 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import ConfigError, Feeder, SampleError, TransformError, ops
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.sample.rng import SampleRNG
 from feeder.ops import SampleContext, autoaugment, color
 from feeder.ops.base import Geometry, move_fields

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from feeder import ConfigError, DecodeError, FieldError, SourceError, ops
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.sample import Task
 from feeder.engine.steps import SampleWork, as_label, read_sample
 

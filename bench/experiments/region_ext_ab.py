@@ -31,7 +31,7 @@ from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import eval_transforms, transforms
 from feeder.engine.steps import SampleWork
 from feeder.work import decode as _decode
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.sample.rng import sample_key
 
 

@@ -126,7 +126,7 @@ class WorkDataset:
     """feeder's per-sample work (SampleWork: decode + the same chain) as a Dataset item."""
 
     def __init__(self, blobs: list[bytes]) -> None:
-        from feeder.work.augment import Chain
+        from feeder.ops.chain import Chain
         from feeder.engine.steps import SampleWork
         self.blobs = blobs
         self.work = SampleWork(Chain(make_transforms(), None, max_image_size=(MAX_SIZE, MAX_SIZE)))

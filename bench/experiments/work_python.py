@@ -32,7 +32,7 @@ import feeder
 from feeder.work import decode as _decode
 from feeder.sample import rng as _rng
 from feeder import ops
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.engine.batch import Batch
 from feeder.engine.steps import SampleWork
 from feeder.sources import FileList

@@ -32,7 +32,7 @@ import torch
 
 from .. import Feeder, FileList, ImageFolder, ops
 from ..ops.fused import ResizeCenterCrop
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..sample import DEFAULT_MAX_PIXELS
 from ..engine.steps import SampleWork
 from ..sample.rng import sample_key

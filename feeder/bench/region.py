@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from .. import ImageFolder, ops
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..sample.rng import sample_key
 from ..work.verified import VerifiedJpegs
 from ..engine.threads import available_cores

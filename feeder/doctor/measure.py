@@ -22,7 +22,7 @@ import torch
 from .. import Feeder, ImageFolder, TarShards, ops
 from ..errors import SampleError, UserCodeError, call_user
 from ..sources import describe
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..engine.config import Config, reads_may_block
 from ..work.decode import jpeg_decoder
 from ..sample import pixels

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..work.augment import image_size_pair
+from ..ops.chain import image_size_pair
 
 log = logging.getLogger(__name__)
 from ..sample import DEFAULT_MAX_PIXELS

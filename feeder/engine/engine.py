@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from . import reaper as _reaper
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from .batch import BufferPool, Scratch
 from .config import Config
 from .pipeline import Pass, PassBase, stage_threads

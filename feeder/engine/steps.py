@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from .batch import SIZE
 from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
                            rgb_of_pixels)

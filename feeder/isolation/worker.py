@@ -17,7 +17,7 @@ import cv2
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
 
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..engine.batch import BatchBuffer
 from ..engine.collate import CollatingStage, Collator
 from ..engine.engine import ThreadEngine
