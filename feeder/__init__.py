@@ -16,7 +16,7 @@ from ._dataset import FeederDataset
 from ._feeder import Feeder
 from .engine.stats import MemoryStats, QueueStats, StageStats, Stats
 from .engine.transfer import Batch
-from .work.decode import jpeg_decoder as _jpeg_decoder
+from .decode.status import jpeg_decoder as _jpeg_decoder
 from .sample.rng import SampleRNG
 from .sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,

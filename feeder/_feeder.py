@@ -17,7 +17,7 @@ from .ops.chain import Chain
 from ._dataset import FeederDataset
 from .engine.config import Config, reads_may_block, signature_parameters
 from ._consumer import BatchInfo, PassHooks, PassIterator
-from .work.decode import note_jpeg_decoder
+from .decode.status import note_jpeg_decoder
 from .engine.group import largest_image
 from .engine.engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
 from .engine.pipeline import Pass

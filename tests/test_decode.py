@@ -16,8 +16,8 @@ from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_pn
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 import feeder
 from feeder import DecodeError, Feeder, ops
-from feeder.work import decode as _decode
-from feeder.work.decode import DecodeBuffers, decode_image
+from feeder import decode as _decode
+from feeder.decode import DecodeBuffers, decode_image
 from feeder.synthetic import make_image
 
 
@@ -145,7 +145,7 @@ def jpeg_path(request, monkeypatch):
     if request.param == "extension" and _decode._jpeg is None:
         pytest.skip(f"the extension is not in use: {_decode._jpeg_missing}")
     if request.param == "simplejpeg":
-        monkeypatch.setattr(_decode, "_jpeg", None)
+        monkeypatch.setattr(_decode.extension, "jpeg", None)
     return request.param
 
 
@@ -169,7 +169,7 @@ _LOSSLESS_NO_BUFFERS = """
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from feeder.work import decode as _decode
+from feeder import decode as _decode
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 assert _decode._jpeg is None, "the simplejpeg path is forced"
 for name in LOSSLESS:

@@ -16,7 +16,7 @@ import torch
 from conftest import collected
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder.engine.collate import batch_extent
-from feeder.work.decode import decode_image
+from feeder.decode import decode_image
 from feeder.engine.transfer import copy_region, zero_padding
 from fields_helpers import png, rgb_png
 

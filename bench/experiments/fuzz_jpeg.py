@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from feeder import DecodeError
-from feeder.work import decode as _decode
+from feeder import decode as _decode
 
 
 def seeds() -> list[bytes]:

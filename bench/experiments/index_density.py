@@ -34,9 +34,9 @@ from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import sample_work, transforms
 from feeder.work import _jpeg
-from feeder.work.region import decode_region
+from feeder.decode.region import decode_region
 from feeder.sample.rng import sample_key
-from feeder.work.verified import VerifiedJpegs
+from feeder.decode.verified import VerifiedJpegs
 
 DENSITIES = (16, 64, 256, 1024, 4096)
 

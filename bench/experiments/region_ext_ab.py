@@ -30,7 +30,7 @@ from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import eval_transforms, transforms
 from feeder.engine.steps import SampleWork
-from feeder.work import decode as _decode
+from feeder import decode as _decode
 from feeder.ops.chain import Chain
 from feeder.sample.rng import sample_key
 
@@ -73,7 +73,7 @@ def main() -> None:
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     epochs: list[list[tuple]] = []
-    _decode._jpeg = Recorder()
+    work.jpeg.ext = Recorder()
     try:
         for epoch in (0, 1):
             calls = []
@@ -83,7 +83,7 @@ def main() -> None:
                 work.transform(img, key, ctx, out)
             epochs.append(calls)
     finally:
-        _decode._jpeg = real
+        work.jpeg.ext = real
     pad = real.PAD
     size = max(c[3] * (c[4] + 2 * pad + 32) * 3 for c in epochs[0] + epochs[1])
     buf = np.empty(size, np.uint8)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from feeder.work.verified import VerifiedJpegs
+from feeder.decode.verified import VerifiedJpegs
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from .queue import Closed
-from ..work.decode import header_size
+from ..decode.headers import header_size
 from ..sample import pixels_size
 from ..sample.rng import epoch_key, index_key
 from ..sources import describe

@@ -1,23 +1,15 @@
-"""The per-sample work, as plain functions with explicit inputs and outputs.
-
-::
+"""The engine's per-sample steps, as plain functions with explicit inputs and
+outputs::
 
     read       source, index             -> (image, label)             Source.read
                                           or a dict of fields           (sample.parse_sample)
     decode     bytes or pixels, key      -> (image, SampleContext)     SampleWork.decode
-               mask bytes                -> mask array                 SampleWork.decode_mask
     transform  image, key, context, out  -> None (result in ``out``)   SampleWork.transform
-               ... and the other fields  -> the fields, moved with it  SampleWork.transform_sample
 
-:class:`SampleWork` binds decode and transform to one feeder's settings (the
-compiled chain, ``max_pixels``, EXIF handling, reused decode memory, the
-fields' :class:`~feeder.sample.Schema`). The engine's steps (:func:`steps`)
-and the benchmarks' "same per-sample work" rows both call it, so the two cannot
-drift apart.
-
-A pair with an int label, the classic sample, takes the same path as before
-there were fields: no per-field work, the label written straight into the
-batch's int64 labels.
+:class:`SampleWork` binds decode and
+transform to one feeder's settings; :func:`steps` makes the engine's three
+steps of it. A pair with an int label, the classic sample, takes no per-field
+work: the label goes straight into the batch's int64 labels.
 """
 
 from __future__ import annotations
@@ -26,17 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from ..ops.chain import Chain
-from .batch import SIZE
-from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
-                           rgb_of_pixels)
-from ..sample.rng import epoch_key, index_key
-from ..work.verified import VerifiedJpegs
-from ..sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
-                           NUMERIC, Schema, Task, instances_fit, parse_sample)
-from .stage import Step
+from ..decode.image import DecodeBuffers, buffer_of, decode_planned, decode_scale, rgb_of_pixels
+from ..decode.jpeg import JpegDecoder
+from ..decode.masks import decode_mask
+from ..decode.verified import VerifiedJpegs
 from ..errors import ConfigError, FieldError, with_field
-from ..ops import Geometry, SampleContext
+from ..ops.chain import Chain
+from ..sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
+                      NUMERIC, SIZE, Geometry, SampleContext, Schema, Task, instances_fit,
+                      parse_sample)
+from ..sample.rng import epoch_key, index_key
+from .stage import Step
 
 _INT64 = (-(1 << 63), 1 << 63)
 _SIZE_DTYPE = np.dtype(np.int64)
@@ -90,8 +82,19 @@ class SampleWork:
                          else verified if verified is not None
                          else VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files,
                                             rewritten=not jpeg_verify))
-        self.buffers = DecodeBuffers()
+        #: How this work decodes JPEGs, with its decode memory (:attr:`buffers`).
+        self.jpeg = JpegDecoder(max_pixels, DecodeBuffers(), exif_orientation, jpeg_verify,
+                                self.verified)
         self.schema = Schema()
+
+    @property
+    def buffers(self) -> DecodeBuffers:
+        """The reused decode memory (settable: the JPEG decoder's own)."""
+        return self.jpeg.buffers
+
+    @buffers.setter
+    def buffers(self, buffers: DecodeBuffers) -> None:
+        self.jpeg.buffers = buffers
 
     def decode(self, data: Any, key: int) -> tuple[np.ndarray, SampleContext]:
         """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
@@ -106,7 +109,7 @@ class SampleWork:
                 raise with_field(exc, IMAGE)
             return img, SampleContext(img.shape[:2])
         img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
-                                        self.exif_orientation, self.jpeg_verify, self.verified)
+                                        self.exif_orientation, self.jpeg)
         return img, ctx if ctx is not None else SampleContext(size)
 
     def transform(self, img: np.ndarray, key: int, ctx: SampleContext,

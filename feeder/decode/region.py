@@ -19,9 +19,9 @@ import numpy as np
 
 from ..sample import SampleContext, dct_denom
 
-# The decoder's header and buffer pool types (``_decode._Header``,
-# ``_decode.DecodeBuffers``) are named by what they are in the signatures below,
-# not imported: ``_decode`` imports this module.
+# The decoder's header and buffer pool types (``headers.Header``,
+# ``image.DecodeBuffers``) are named by what they are in the signatures below,
+# not imported: both modules import this one.
 Header = Any
 DecodeBuffers = Any
 
@@ -171,7 +171,7 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     below the region too, so that damage anywhere in the file is an error (as
     in a full decode), not wrong pixels; False stops after the region's last row.
     ``whole``: decode all of the image (at that reduction) as the region, with
-    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``).
+    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``jpeg``).
     ``index``: the row index recorded for these bytes (the decode starts at the
     checkpoint before the region's first column in each of its rows instead of
     the first row); ``record``: record one of at most this many checkpoints

@@ -4,6 +4,7 @@ that use it."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from typing import Any
@@ -25,7 +26,7 @@ def load() -> tuple[Any, str | None]:
     if importlib.util.find_spec("feeder.work._jpeg") is None:
         return None, "the extension feeder.work._jpeg is not built"
     try:
-        from . import _jpeg
+        _jpeg = importlib.import_module("feeder.work._jpeg")
     except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
         return None, f"the extension feeder.work._jpeg could not be loaded ({exc})"
     return _jpeg, None
