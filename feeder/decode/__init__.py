@@ -1,10 +1,12 @@
-"""Decoding a sample's bytes: an image to uint8 RGB, a mask PNG to its class ids.
+"""Decoding a sample's bytes, and the decode step that binds it to one
+feeder's settings.
 
 ``headers`` reads what a file is and how large (before any pixel memory is
 allocated); ``image`` decodes it (``decode_image``); ``jpeg`` chooses, per
 JPEG, between feeder's region decoder (``extension``, ``region``, with the
 memory of files read to their end in ``verified``) and simplejpeg; ``masks``
-decodes mask PNGs to their class ids; ``status`` says which JPEG decoder runs.
+decodes mask PNGs to their class ids; ``status`` says which JPEG decoder runs;
+``step`` holds :class:`~feeder.decode.step.SampleWork`, the decode step.
 
 The names below are those of the former ``feeder.work.decode`` module, which
 imports this package.
@@ -23,8 +25,9 @@ from .image import DecodeBuffers, buffer_of, decode_image, decode_planned, decod
 from .jpeg import MAX_SCANS, USUAL_SAMPLINGS, JpegDecoder, _simplejpeg_says
 from .masks import decode_mask
 from .status import jpeg_decoder, note_jpeg_decoder
+from .step import SampleWork
 
 __all__ = ["DEFAULT_MAX_PIXELS", "HOW_TO_BUILD", "MAX_SCANS", "NO_EXTENSION_ENV", "SUPPORTED_FORMATS",
-           "USUAL_SAMPLINGS", "DecodeBuffers", "JpegDecoder", "buffer_of",
+           "USUAL_SAMPLINGS", "DecodeBuffers", "JpegDecoder", "SampleWork", "buffer_of",
            "decode_image", "decode_mask", "decode_planned", "decode_scale", "header_size",
            "jpeg_decoder", "note_jpeg_decoder", "rgb_of_pixels"]
