@@ -61,7 +61,7 @@ def info() -> dict:
 
     Returns:
         ``{"version": ..., "jpeg": {...}}``; ``"jpeg"`` says which JPEG decoder
-        runs: ``"decoder"`` is ``"feeder.work._jpeg"`` (the region decoder built
+        runs: ``"decoder"`` is ``"feeder.decode._jpeg"`` (the region decoder built
         against the system's libjpeg-turbo, with its ``"libjpeg_turbo"``
         version) or ``"simplejpeg"`` (a whole-image decode before every crop),
         ``"region_decode"`` whether only the crop is decoded, and ``"reason"``

@@ -1,4 +1,4 @@
-"""The JPEG region decoder (``feeder.work._jpeg``, built against the system's
+"""The JPEG region decoder (``feeder.decode._jpeg``, built against the system's
 libjpeg-turbo) and the fallback to simplejpeg without it.
 
 * The region it decodes is bit-identical to a full decode (at the same DCT
@@ -96,7 +96,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from jpeg_helpers import other_process, stored_scene
 from feeder.errors import DecodeError
-from feeder.work import _jpeg as ext
+from feeder.decode import _jpeg as ext
 from feeder.decode import decode_image
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
 assert any(sys.argv[2] in l for l in loaded), loaded
@@ -492,7 +492,7 @@ def test_ordered_batches_identical_across_thread_counts_and_engines(isolation):
 
 def test_info_says_which_decoder_runs():
     jpeg_info = info()["jpeg"]
-    assert jpeg_info["decoder"] == ("feeder.work._jpeg" if ext is not None else "simplejpeg")
+    assert jpeg_info["decoder"] == ("feeder.decode._jpeg" if ext is not None else "simplejpeg")
     assert jpeg_info["region_decode"] is (ext is not None)
     assert (jpeg_info["reason"] is None) is (ext is not None)
     if ext is None:
@@ -558,7 +558,7 @@ def test_the_missing_extension_says_how_to_get_it(monkeypatch, caplog):
     from feeder.decode import extension, status
 
     monkeypatch.setattr(extension, "jpeg", None)
-    monkeypatch.setattr(extension, "missing", "the extension feeder.work._jpeg is not built")
+    monkeypatch.setattr(extension, "missing", "the extension feeder.decode._jpeg is not built")
     monkeypatch.setattr(status, "_noted", False)
     with caplog.at_level("WARNING", logger="feeder.decode.status"):
         status.note_jpeg_decoder()

@@ -1,4 +1,4 @@
-"""Hostile inputs for the JPEG region decoder (``feeder.work._jpeg``) and its glue
+"""Hostile inputs for the JPEG region decoder (``feeder.decode._jpeg``) and its glue
 (``feeder.decode.region.decode_region``, ``feeder.decode.jpeg.JpegDecoder``).
 
 What is promised, and checked here against independent references:

@@ -1,5 +1,5 @@
-"""feeder's own Huffman decoder (feeder/work/_huffman.c) and the row index it
-records (feeder/work/verified.py).
+"""feeder's own Huffman decoder (feeder/decode/_huffman.c) and the row index it
+records (feeder/decode/verified.py).
 
 What is promised, checked against libjpeg-turbo's own Huffman decoder
 (``own=False``) as the reference:
@@ -154,7 +154,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from jpeg_helpers import jpeg
 from feeder.synthetic import make_image
-from feeder.work import _jpeg as ext
+from feeder.decode import _jpeg as ext
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
 assert any(sys.argv[2] in l for l in loaded), loaded
 bad = 0

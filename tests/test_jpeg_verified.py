@@ -1,5 +1,5 @@
 """jpeg_verify reads each distinct JPEG byte string to its end once
-(feeder/work/verified.py): the same bytes again stop after the crop, and bytes
+(feeder/decode/verified.py): the same bytes again stop after the crop, and bytes
 that changed in any way, even by one bit at the same length, are read to their
 end again, so damage that appears after a file first passed still fails it."""
 

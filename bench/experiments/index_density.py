@@ -33,7 +33,7 @@ import numpy as np
 from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import sample_work, transforms
-from feeder.work import _jpeg
+from feeder.decode import _jpeg
 from feeder.decode.region import decode_region
 from feeder.sample.rng import sample_key
 from feeder.decode.verified import VerifiedJpegs

@@ -1,4 +1,4 @@
-"""``region-decode``: feeder's JPEG region decoder (``feeder.work._jpeg``) against the
+"""``region-decode``: feeder's JPEG region decoder (``feeder.decode._jpeg``) against the
 simplejpeg path, DataLoader and the full-decode ceiling, with where the time goes.
 
 Two parts, both in one run:

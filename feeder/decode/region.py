@@ -164,7 +164,7 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
                   ctx: SampleContext, orientation: int, max_pixels: int,
                   buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False,
                   index: bytes | None = None, record: int = 0) -> tuple[np.ndarray, bytes | None]:
-    """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
+    """Decode with ``ext`` (the extension ``feeder.decode._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
     ``ctx.scaled_size`` and ``ctx.scale``. ``verify``: entropy-decode the rows

@@ -22,7 +22,7 @@ def jpeg_decoder() -> dict[str, Any]:
     """Which JPEG decoder feeder uses in this process.
 
     Returns:
-        ``{"decoder": "feeder.work._jpeg" or "simplejpeg", "region_decode": bool,
+        ``{"decoder": "feeder.decode._jpeg" or "simplejpeg", "region_decode": bool,
         "libjpeg_turbo": version or None, "huffman": "feeder" (its own Huffman
         decoder, with the row index) or "libjpeg-turbo" (the running library's
         entropy-decoder layout is not one it knows) or None, "reason": why the
@@ -31,7 +31,7 @@ def jpeg_decoder() -> dict[str, Any]:
     ext, missing = extension.jpeg, extension.missing
     if ext is not None:
         own = getattr(ext, "ENTROPY_LAYOUT", None) is not None
-        return {"decoder": "feeder.work._jpeg", "region_decode": True,
+        return {"decoder": "feeder.decode._jpeg", "region_decode": True,
                 "libjpeg_turbo": ext.LIBJPEG_TURBO_VERSION,
                 "huffman": "feeder" if own else "libjpeg-turbo", "reason": None}
     return {"decoder": "simplejpeg", "region_decode": False, "libjpeg_turbo": None,
@@ -46,7 +46,7 @@ def note_jpeg_decoder() -> None:
     _noted = True
     ext, missing = extension.jpeg, extension.missing
     if ext is not None:
-        log.debug("JPEG decoding: feeder.work._jpeg (libjpeg-turbo %s), region + DCT-scaled",
+        log.debug("JPEG decoding: feeder.decode._jpeg (libjpeg-turbo %s), region + DCT-scaled",
                   ext.LIBJPEG_TURBO_VERSION)
     elif missing is not None and missing.startswith(NO_EXTENSION_ENV):
         log.info("JPEG decoding: simplejpeg (whole image before every crop): %s", missing)

@@ -37,7 +37,7 @@ second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
 
 It also keeps where the files' Huffman data can be entered: the index that
 feeder's Huffman decoder records as a decode passes them (see
-``feeder/work/_huffman.c``): a checkpoint (13 bytes, 15 with restart markers) at the start of every MCU
+``feeder/decode/_huffman.c``): a checkpoint (13 bytes, 15 with restart markers) at the start of every MCU
 row and every 4 MCUs along it, or every 8, 16... MCUs, or only every few rows,
 so that a file's index stays within its share of the ring (:attr:`VerifiedJpegs.points`);
 all of the file in the read to its end, down to the crop for a decode that
