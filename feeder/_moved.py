@@ -1,9 +1,12 @@
 """The module paths of earlier releases, still importable.
 
 feeder's modules moved from one flat folder into ``engine/``, ``isolation/``,
-``work/`` and ``storage/``. Code that imported a private module by its old name
-(``feeder._decode``, a monkeypatch target in someone's tests) gets the module at
-its new place, the same object, so patching it patches what feeder runs.
+``work/`` and ``storage/``, and ``work/``'s then into ``sample/``, ``ops/`` and
+``decode/``. Code that imported a module by its old name (``feeder._decode``,
+``feeder.work.decode``, a monkeypatch target in someone's tests) gets the module
+at its new place, the same object, so patching it patches what feeder runs. A
+module split in several maps to the one holding its names (a package that
+re-exports them).
 """
 
 from __future__ import annotations
