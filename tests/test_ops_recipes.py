@@ -17,7 +17,7 @@ from feeder import ConfigError, Feeder, SampleError, TransformError, ops
 from feeder.ops.chain import Chain
 from feeder.sample.rng import SampleRNG
 from feeder.ops import SampleContext, autoaugment, color
-from feeder.ops.base import Geometry, move_fields
+from feeder.sample import Geometry, move_fields
 from fields_helpers import DictSource, rgb_png
 
 
