@@ -505,3 +505,21 @@ def test_a_pass_over_decoded_images_resumes_as_over_their_files():
         f.load_state_dict(state)
         rest = [b for b in f]
     assert _same(first + rest, want)
+
+
+def test_a_jpeg_decoder_is_one_settings_object_whichever_decoder_it_uses():
+    """JpegDecoder holds one feeder's settings: given no region decoder it decodes
+    as simplejpeg does; by default it uses the extension as loaded now, also after
+    a pickle (the worker process's copy)."""
+    import pickle
+
+    from feeder.decode import extension
+    from feeder.decode.jpeg import JpegDecoder
+
+    data = encode_jpeg(bands())
+    img, size, planned = JpegDecoder(ext=None).decode(data, None, 0)
+    want = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    assert np.array_equal(img, want) and size == want.shape[:2] and planned is None
+    with pytest.raises(DecodeError, match="exceeds max_pixels"):
+        JpegDecoder(max_pixels=want.shape[0] * want.shape[1] - 1, ext=None).decode(data, None, 0)
+    assert pickle.loads(pickle.dumps(JpegDecoder())).ext is extension.jpeg

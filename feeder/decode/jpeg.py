@@ -27,9 +27,6 @@ __all__ = ["MAX_SCANS", "USUAL_SAMPLINGS", "JpegDecoder", "Plan"]
 #: ``Chain.plan``).
 Plan = Callable[[int, int, Any], "tuple[tuple[int, int] | None, Any]"]
 
-_BUILT = object()  # JpegDecoder's default ext: the extension, if it is in use
-
-
 #: The chroma layouts (the extension's header names them) that libjpeg-turbo's
 #: partial decode (rows skipped, columns cropped) and simplejpeg handle. Other
 #: sampling factors are valid JPEG and rare (a 4x4 luma, a 2x1 Cr beside a 1x1
@@ -102,19 +99,19 @@ class JpegDecoder:
 
     def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, buffers: Any = None,
                  exif_orientation: bool = False, verify: bool = True,
-                 verified: VerifiedJpegs | None = None, ext: Any = _BUILT) -> None:
+                 verified: VerifiedJpegs | None = None, ext: Any = ...) -> None:
         self.max_pixels = max_pixels
         self.buffers = buffers
         self.exif_orientation = exif_orientation
         self.verify = verify
         self.verified = verified
-        self._ext = ext
+        self._ext = ext  # ... (a singleton, so it survives a pickle): not given
 
     @property
     def ext(self) -> Any:
         """The region decoder in use (None: simplejpeg alone); unless one was
         given, the extension as :mod:`feeder.decode.extension` holds it now."""
-        return extension.jpeg if self._ext is _BUILT else self._ext
+        return extension.jpeg if self._ext is ... else self._ext
 
     @ext.setter
     def ext(self, ext: Any) -> None:
