@@ -1,6 +1,6 @@
 """Build script: the metadata lives in setup.cfg; this file only adds the optional
-C extension ``feeder.work._jpeg`` (region + scaled JPEG decoding with the system's
-libjpeg-turbo, see feeder/work/_jpeg.c).
+C extension ``feeder.decode._jpeg`` (region + scaled JPEG decoding with the system's
+libjpeg-turbo, see feeder/decode/_jpeg.c).
 
 The extension is optional: without a C compiler or libjpeg's headers the build
 prints why, skips it and installs feeder anyway, which then decodes JPEGs with
@@ -43,7 +43,7 @@ extensions = []
 if os.environ.get("FEEDER_NO_JPEG_EXT_BUILD", "") in ("", "0"):
     prefix = os.environ.get("CONDA_PREFIX")
     extensions.append(Extension(
-        "feeder.work._jpeg", ["feeder/work/_jpeg.c", "feeder/work/_huffman.c"], libraries=["jpeg", "dl"] if sys.platform.startswith("linux") else ["jpeg"],
+        "feeder.decode._jpeg", ["feeder/decode/_jpeg.c", "feeder/decode/_huffman.c"], libraries=["jpeg", "dl"] if sys.platform.startswith("linux") else ["jpeg"],
         include_dirs=[os.path.join(prefix, "include")] if prefix else [],
         library_dirs=[os.path.join(prefix, "lib")] if prefix else [],
         extra_compile_args=["-O2"], optional=True))

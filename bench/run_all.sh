@@ -40,7 +40,7 @@ bench peers "$data/small" --out "$out" --size 64 --batch-size 256 --epochs 3 --r
 bench sweep "$data/imagenet-like" --out "$out" --decode 1,2,3,4 --augment 0,1,2 --queue 2,4 \
   --step-ms 0,40 --repeats 3 --batch-size 64 | tee "$out/sweep.txt"
 bench scaled-decode "$data/large" --out "$out" --repeats 3 --batch-size 64 | tee "$out/scaled_decode.txt"
-# The JPEG region decoder (feeder.work._jpeg) against the simplejpeg path, DataLoader and the full-decode
+# The JPEG region decoder (feeder.decode._jpeg) against the simplejpeg path, DataLoader and the full-decode
 # ceiling, and where its time goes per image (writes region_decode.txt itself).
 bench region-decode "$data/imagenet-like" --large "$data/large" --out "$out" --rounds 5 --epochs 2 \
   --large-epochs 3

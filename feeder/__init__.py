@@ -16,9 +16,9 @@ from ._dataset import FeederDataset
 from ._feeder import Feeder
 from .engine.stats import MemoryStats, QueueStats, StageStats, Stats
 from .engine.batch_dict import Batch
-from .work.decode import jpeg_decoder as _jpeg_decoder
-from .work.rng import SampleRNG
-from .work.sample import check_sample
+from .decode import jpeg_decoder as _jpeg_decoder
+from .sample.rng import SampleRNG
+from .sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
 from .shards import TarShards
@@ -61,7 +61,7 @@ def info() -> dict:
 
     Returns:
         ``{"version": ..., "jpeg": {...}}``; ``"jpeg"`` says which JPEG decoder
-        runs: ``"decoder"`` is ``"feeder.work._jpeg"`` (the region decoder built
+        runs: ``"decoder"`` is ``"feeder.decode._jpeg"`` (the region decoder built
         against the system's libjpeg-turbo, with its ``"libjpeg_turbo"``
         version) or ``"simplejpeg"`` (a whole-image decode before every crop),
         ``"region_decode"`` whether only the crop is decoded, and ``"reason"``

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .work.rng import epoch_key, index_key
-from .work.sample import IMAGE, MASK, Task
+from .sample.rng import epoch_key, index_key
+from .sample import IMAGE, MASK, Task
 from .engine.buffers import SIZE
 from .engine.steps import SampleWork, read_sample, source_files
 from .errors import SampleError

@@ -12,11 +12,11 @@ from typing import Any, Never
 import torch
 
 from .engine import reaper as _reaper
-from .work.augment import Chain
+from .ops.chain import Chain
 from ._dataset import FeederDataset
 from .engine.config import DEFAULTS, Config, reads_may_block
 from ._consumer import BatchInfo, PassHooks, PassIterator
-from .work.decode import note_jpeg_decoder
+from .decode import note_jpeg_decoder
 from .order.group import largest_image
 from .engine.engine import Engine, ThreadEngine, close_when_collected as _close_when_collected
 from .engine.pipeline import Pass
@@ -28,7 +28,7 @@ from .order.epoch import check_epoch, num_batches, shard_size, shard_sizes
 from .order.plan import EpochPlan, OrderOptions
 from .errors import FeederError
 from .sources import Source
-from .work.sample import DEFAULT_MAX_PIXELS
+from .sample import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger(__name__)
 

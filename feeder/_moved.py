@@ -1,11 +1,13 @@
 """The module paths of earlier releases, importable for one more release.
 
 feeder's modules moved from one flat folder into packages (``engine/``,
-``order/``, ``isolation/``, ``work/``, ``storage/``). Code that imported a private
-module by its old name (``feeder._decode``, a monkeypatch target in someone's
+``order/``, ``isolation/``, ``storage/``; ``work/``'s then into ``sample/``,
+``ops/`` and ``decode/``). Code that imported a private module by its old name
+(``feeder._decode``, ``feeder.work.decode``, a monkeypatch target in someone's
 tests) gets the module at its new place, the same object, so patching it
 patches what feeder runs, with a ``DeprecationWarning`` naming the new place.
-The old names go in the next release (see the changelog).
+A module split in several maps to the one holding its names (a package that
+re-exports them). The old names go in the next release (see the changelog).
 """
 
 from __future__ import annotations
@@ -39,12 +41,20 @@ MOVED = {
     "feeder._work": "feeder.engine.steps",
     "feeder._engine": "feeder.engine.engine",
     "feeder._config": "feeder.engine.config",
-    "feeder._sample": "feeder.work.sample",
-    "feeder._rng": "feeder.work.rng",
-    "feeder._decode": "feeder.work.decode",
-    "feeder._region": "feeder.work.region",
-    "feeder._jpeg": "feeder.work._jpeg",
-    "feeder._augment": "feeder.work.augment",
+    "feeder._sample": "feeder.sample",
+    "feeder._rng": "feeder.sample.rng",
+    "feeder._decode": "feeder.decode",
+    "feeder._region": "feeder.decode.region",
+    "feeder._jpeg": "feeder.decode._jpeg",
+    "feeder._augment": "feeder.ops.chain",
+    "feeder.work.sample": "feeder.sample",
+    "feeder.work.rng": "feeder.sample.rng",
+    "feeder.work.augment": "feeder.ops.chain",
+    "feeder.work.decode": "feeder.decode",
+    "feeder.work.region": "feeder.decode.region",
+    "feeder.work.verified": "feeder.decode.verified",
+    "feeder.work.extension": "feeder.decode.extension",
+    "feeder.work._jpeg": "feeder.decode._jpeg",
     "feeder._storage": "feeder.storage.local",
     "feeder._tar": "feeder.storage.tar",
     "feeder._remote": "feeder.storage.remote",

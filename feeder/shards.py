@@ -53,7 +53,7 @@ from .storage.members import ImageSizes, LazyMembers, LoadedMembers, MemberTable
 from .storage.shardlist import expand_braces, resolve
 from .storage.tar import IMAGE_EXTS, ShardFormatError
 from .storage.tarread import MemberReader, plan_fields
-from .work.sample import DEFAULT_MAX_PIXELS
+from .sample import DEFAULT_MAX_PIXELS
 
 # Importable from here before: kept for old imports.
 from .storage.fields import json_value, make_plan, npy_array  # noqa: F401

@@ -3,7 +3,7 @@
 A source is any object with ``__len__`` and ``read(index)`` returning
 ``(image, label)`` or a dict of fields with the image under ``"image"``
 (``"mask"``, ``"boxes"``, ``"box_labels"``, ``"label"``, anything else: see
-:mod:`feeder.work.sample` and :func:`feeder.check_sample`). The image is the
+:mod:`feeder.sample` and :func:`feeder.check_sample`). The image is the
 encoded file's bytes, or an image already decoded: a uint8 numpy array (HWC),
 a uint8 tensor (CHW, as torchvision's) or a PIL image. It may also
 define ``describe(index) -> str`` (a path, a key) that error messages use to
@@ -31,8 +31,8 @@ import numpy as np
 
 from .errors import FieldError, SourceError
 from .storage.local import on_network_storage
-from .work.sample import (BOX_PREFIX, BOXES, IMAGE, _is_tensor, numeric, parse_sample,
-                          pixels_size)
+from .sample import BOX_PREFIX, BOXES, IMAGE, numeric, parse_sample, pixels_size
+from .sample.parse import _is_tensor
 
 __all__ = ["DatasetSource", "FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
 
@@ -374,7 +374,7 @@ class DatasetSource:
 
     ``dataset[i]`` returns ``(image, target)``. The image is a PIL image, a uint8
     numpy array (HWC) or tensor (CHW), or the encoded file's bytes: what a
-    source's ``read`` may return (see :mod:`feeder.work.sample`), checked by the
+    source's ``read`` may return (see :mod:`feeder.sample`), checked by the
     same checks. The target is:
 
     * a class index (a Python or numpy integer, a 0-d or one-element integer

@@ -21,7 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 vpy="$venv/bin/python"
-# feeder's optional JPEG region decoder (feeder/work/_jpeg.c) builds against the
+# feeder's optional JPEG region decoder (feeder/decode/_jpeg.c) builds against the
 # system's libjpeg-turbo headers: install them where we can (root with apt-get),
 # else say so once and go on (feeder then decodes JPEGs with simplejpeg).
 # A here-string, not a pipe: with pipefail, a compiler that exits before reading
@@ -50,7 +50,7 @@ fi
 stamp="$venv/.feeder-install"
 # The extension's sources and whether its headers are there count too, so that
 # installing the headers later rebuilds it.
-want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root"/feeder/work/*.c | cksum)"
+want="$(cat "$root/setup.cfg" "$root/pyproject.toml" "$root/setup.py" "$root"/feeder/decode/*.c "$root"/feeder/decode/*.h | cksum)"
 want="$want jpeg=$(has_jpeg_headers && echo yes || echo no)"
 have="" have_extras=""
 if [ -f "$stamp" ]; then

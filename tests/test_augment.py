@@ -1,4 +1,4 @@
-"""feeder.work.augment: the compiled transform chain (its output size, how it runs
+"""feeder.ops.chain: the compiled transform chain (its output size, how it runs
 transforms, plain callables and sample transforms, variable-size placement)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from feeder import ConfigError, FieldError, SampleRNG, TransformError, ops
-from feeder.work.augment import Chain, image_size_pair
+from feeder.ops.chain import Chain, image_size_pair
 from feeder.ops import Geometry, SampleContext
 from feeder.synthetic import make_image
 

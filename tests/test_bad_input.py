@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-import feeder.work.decode as decode_mod
+import feeder.decode as decode_mod
 from conftest import drain, encode_png
 from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, feeder_factory, gray_jpeg, jpeg_with_size, pil_jpeg, cmyk_jpeg, cmyk_to_rgb_reference,
@@ -30,7 +30,7 @@ from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_ha
                             png16, png_with_size, ppm_header, random_bytes, reference_hash,
                             smooth_rgb, tiff_header)
 from feeder import DecodeError, Feeder, FeederError, FileList, ImageFolder, SampleError, ops
-from feeder.work.decode import DEFAULT_MAX_PIXELS, decode_image
+from feeder.decode import DEFAULT_MAX_PIXELS, decode_image
 
 N_GOOD = 14
 BAD_AT = 6

@@ -13,7 +13,7 @@ import torch
 from conftest import MemorySource, collect, drain
 from faults_helpers import feeder_factory
 from feeder import ConfigError, Feeder, FeederError, ops
-from feeder.work.rng import batch_generator
+from feeder.sample.rng import batch_generator
 
 AUG = [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip()]
 NUM_CLASSES = 5

@@ -863,7 +863,7 @@ def test_region_decode(tiny, tmp_path):
     """The region-decode subcommand: the rows asked for, their ratios (whole runs and
     after the first epoch), the load columns and the per-stage table (the stage
     figures add up)."""
-    from feeder.work import decode as _decode
+    from feeder import decode as _decode
 
     if _decode._jpeg is None:
         pytest.skip(f"region decoder not in use: {_decode._jpeg_missing}")

@@ -8,7 +8,7 @@ import numpy as np
 from feeder.engine.batch import Batch, BufferPool, BatchBuffer
 from feeder.engine.collate import CollatingStage, Collator
 from feeder.engine.queue import END, Channel
-from feeder.work.sample import MASKS, NUMERIC, Schema
+from feeder.sample import MASKS, NUMERIC, Schema
 from feeder.engine.stage import Counters
 from feeder.errors import FeederError
 

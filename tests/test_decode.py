@@ -16,8 +16,8 @@ from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_pn
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 import feeder
 from feeder import DecodeError, Feeder, ops
-from feeder.work import decode as _decode
-from feeder.work.decode import DecodeBuffers, decode_image
+from feeder import decode as _decode
+from feeder.decode import DecodeBuffers, decode_image
 from feeder.synthetic import make_image
 
 
@@ -145,7 +145,7 @@ def jpeg_path(request, monkeypatch):
     if request.param == "extension" and _decode._jpeg is None:
         pytest.skip(f"the extension is not in use: {_decode._jpeg_missing}")
     if request.param == "simplejpeg":
-        monkeypatch.setattr(_decode, "_jpeg", None)
+        monkeypatch.setattr(_decode.extension, "jpeg", None)
     return request.param
 
 
@@ -169,7 +169,7 @@ _LOSSLESS_NO_BUFFERS = """
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from feeder.work import decode as _decode
+from feeder import decode as _decode
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 assert _decode._jpeg is None, "the simplejpeg path is forced"
 for name in LOSSLESS:
@@ -505,3 +505,21 @@ def test_a_pass_over_decoded_images_resumes_as_over_their_files():
         f.load_state_dict(state)
         rest = [b for b in f]
     assert _same(first + rest, want)
+
+
+def test_a_jpeg_decoder_is_one_settings_object_whichever_decoder_it_uses():
+    """JpegDecoder holds one feeder's settings: given no region decoder it decodes
+    as simplejpeg does; by default it uses the extension as loaded now, also after
+    a pickle (the worker process's copy)."""
+    import pickle
+
+    from feeder.decode import extension
+    from feeder.decode.jpeg import JpegDecoder
+
+    data = encode_jpeg(bands())
+    img, size, planned = JpegDecoder(ext=None).decode(data, None, 0)
+    want = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    assert np.array_equal(img, want) and size == want.shape[:2] and planned is None
+    with pytest.raises(DecodeError, match="exceeds max_pixels"):
+        JpegDecoder(max_pixels=want.shape[0] * want.shape[1] - 1, ext=None).decode(data, None, 0)
+    assert pickle.loads(pickle.dumps(JpegDecoder())).ext is extension.jpeg

@@ -12,7 +12,7 @@ import torch
 
 from conftest import collect, encode_jpeg
 from feeder import ConfigError, Feeder, SampleError, ops
-from feeder.work.decode import decode_image, decode_scale
+from feeder.decode import decode_image, decode_scale
 from fields_helpers import DictSource, coordinate_image, rectangles_image, rgb_png
 
 COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255)]

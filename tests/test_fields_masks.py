@@ -11,7 +11,7 @@ import torch
 
 from conftest import collect, encode_jpeg
 from feeder import ConfigError, DecodeError, Feeder, SampleError, ops
-from feeder.work.decode import decode_mask
+from feeder.decode import decode_mask
 from fields_helpers import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
                             rgb_png)
 

@@ -1,6 +1,6 @@
 """Fuzzing the decode stage: valid JPEG and PNG bytes mutated by bit
 flips, truncation, insertion, deletion and overwrites (biased towards the
-headers, where the parsers branch), fed to ``feeder.work.decode.decode_image``
+headers, where the parsers branch), fed to ``feeder.decode.decode_image``
 directly and through a small Feeder.
 
 The property: the process never crashes, and every input yields either a
@@ -25,7 +25,7 @@ from faults_helpers import (SIDE, assert_exactly_once, delivered_hashes, distinc
                             progressive_jpeg,
                             pixel_hash, png16, smooth_rgb, wait_no_feeder_threads)
 from feeder import DecodeError, Feeder, SampleError, ops
-from feeder.work.decode import decode_image
+from feeder.decode import decode_image
 
 EXAMPLES = int(os.environ.get("FEEDER_FUZZ_EXAMPLES", "150"))
 MAX_PIXELS = 1 << 22  # keeps what a mutated header may legitimately ask for small
@@ -151,7 +151,7 @@ def test_mutated_file_through_a_feeder(data, on_error, ordered):
 
 # --- fill bytes, against libjpeg-turbo's own Huffman decoder -----------------
 
-from feeder.work import decode as _decode_module  # noqa: E402
+from feeder import decode as _decode_module  # noqa: E402
 
 _ext = _decode_module._jpeg
 

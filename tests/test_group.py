@@ -13,7 +13,7 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, collect as collect_pass, collected
 from feeder import Feeder
-from feeder.work.decode import header_size
+from feeder.decode import header_size
 from feeder.order.group import group_ids, grouped_order
 from fields_helpers import rgb_png
 from test_variable_size import Sized, collect

@@ -14,7 +14,7 @@ import torch
 from conftest import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
 from feeder.engine.config import Config
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.ops import SampleContext
 from feeder.ops.fused import ResizeCenterCrop
 from feeder.synthetic import make_image

@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 import simplejpeg
 
-import feeder.work.decode as decode_mod
+import feeder.decode as decode_mod
 from conftest import MemorySource, drain, encode_jpeg, encode_png
 from faults_helpers import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
 from jpeg_helpers import LOSSLESS, lossless_shown, other_process
 from feeder import DecodeError, Feeder, FileList, ImageFolder, SampleError, ops
 from feeder.engine.config import DEFAULTS, Config
-from feeder.work.decode import SUPPORTED_FORMATS, decode_image, header_size
+from feeder.decode import SUPPORTED_FORMATS, decode_image, header_size
 
 
 @pytest.fixture
@@ -349,7 +349,7 @@ def test_jpeg_process_feeder_does_not_decode_is_refused_by_name(row, decoder, mo
     if decoder == "extension" and decode_mod._jpeg is None:
         pytest.skip("the extension is not in use")
     if decoder == "simplejpeg":
-        monkeypatch.setattr(decode_mod, "_jpeg", None)
+        monkeypatch.setattr(decode_mod.extension, "jpeg", None)
     data, match = REFUSED_PROCESSES[row]
     with pytest.raises(DecodeError, match=match):
         decode_image(data, hint=lambda h, w, key: (8, 8))
@@ -364,7 +364,7 @@ def test_lossless_jpeg_is_never_asked_for_a_scale(marker, monkeypatch):
     for the whole image at full size, whatever the transforms need (an SOF11
     made here by relabelling Huffman data decodes to an error or some image,
     never by a scaled call)."""
-    monkeypatch.setattr(decode_mod, "_jpeg", None)
+    monkeypatch.setattr(decode_mod.extension, "jpeg", None)
     calls = []
     real = simplejpeg.decode_jpeg
 

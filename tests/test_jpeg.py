@@ -1,4 +1,4 @@
-"""The JPEG region decoder (``feeder.work._jpeg``, built against the system's
+"""The JPEG region decoder (``feeder.decode._jpeg``, built against the system's
 libjpeg-turbo) and the fallback to simplejpeg without it.
 
 * The region it decodes is bit-identical to a full decode (at the same DCT
@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, run_on_other_libjpeg, other_process
 from feeder import DecodeError, Feeder, info, ops
-from feeder.work import decode as _decode
-from feeder.work.augment import Chain
+from feeder import decode as _decode
+from feeder.ops.chain import Chain
 from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
 
@@ -96,8 +96,8 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from jpeg_helpers import other_process, stored_scene
 from feeder.errors import DecodeError
-from feeder.work import _jpeg as ext
-from feeder.work.decode import decode_image
+from feeder.decode import _jpeg as ext
+from feeder.decode import decode_image
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
 assert any(sys.argv[2] in l for l in loaded), loaded
 data = other_process("lossless_rgb_8x6.jpg")
@@ -264,7 +264,7 @@ def test_damage_in_the_scan_fails_a_region_that_reaches_the_last_row(denom):
 
 
 def _no_ext(monkeypatch):
-    monkeypatch.setattr(_decode, "_jpeg", None)
+    monkeypatch.setattr(_decode.extension, "jpeg", None)
 
 
 def _outputs(chain: list, blobs: list[bytes], exif: bool = False) -> tuple[list[np.ndarray], list]:
@@ -492,7 +492,7 @@ def test_ordered_batches_identical_across_thread_counts_and_engines(isolation):
 
 def test_info_says_which_decoder_runs():
     jpeg_info = info()["jpeg"]
-    assert jpeg_info["decoder"] == ("feeder.work._jpeg" if ext is not None else "simplejpeg")
+    assert jpeg_info["decoder"] == ("feeder.decode._jpeg" if ext is not None else "simplejpeg")
     assert jpeg_info["region_decode"] is (ext is not None)
     assert (jpeg_info["reason"] is None) is (ext is not None)
     if ext is None:
@@ -527,7 +527,7 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
         from feeder import Feeder, ops
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         assert feeder.info()["jpeg"]["decoder"] == "simplejpeg", feeder.info()
-        from feeder.work import decode as _decode
+        from feeder import decode as _decode
         assert _decode._jpeg is None
         import simplejpeg
         real, calls = simplejpeg.decode_jpeg, []
@@ -555,13 +555,15 @@ def test_the_variable_forces_the_fallback_in_a_fresh_interpreter():
 
 
 def test_the_missing_extension_says_how_to_get_it(monkeypatch, caplog):
-    monkeypatch.setattr(_decode, "_jpeg", None)
-    monkeypatch.setattr(_decode, "_jpeg_missing", "the extension feeder.work._jpeg is not built")
-    monkeypatch.setattr(_decode, "_noted", False)
-    with caplog.at_level("WARNING", logger="feeder.work.decode"):
-        _decode.note_jpeg_decoder()
-        _decode.note_jpeg_decoder()  # once per process
-    lines = [r.getMessage() for r in caplog.records if r.name == "feeder.work.decode"]
+    from feeder.decode import extension, status
+
+    monkeypatch.setattr(extension, "jpeg", None)
+    monkeypatch.setattr(extension, "missing", "the extension feeder.decode._jpeg is not built")
+    monkeypatch.setattr(status, "_noted", False)
+    with caplog.at_level("WARNING", logger="feeder.decode.status"):
+        status.note_jpeg_decoder()
+        status.note_jpeg_decoder()  # once per process
+    lines = [r.getMessage() for r in caplog.records if r.name == "feeder.decode.status"]
     assert len(lines) == 1 and "libjpeg-dev" in lines[0] and "libjpeg-turbo-devel" in lines[0]
 
 

@@ -1,5 +1,5 @@
-"""Hostile inputs for the JPEG region decoder (``feeder.work._jpeg``) and its glue
-(``feeder.work.region.decode_region``, ``feeder.work.decode._decode_jpeg``).
+"""Hostile inputs for the JPEG region decoder (``feeder.decode._jpeg``) and its glue
+(``feeder.decode.region.decode_region``, ``feeder.decode.jpeg.JpegDecoder``).
 
 What is promised, and checked here against independent references:
 
@@ -45,9 +45,9 @@ from feeder import DecodeError, Feeder, SampleError, ops
 from feeder.engine.steps import SampleWork
 from feeder.ops import SampleContext
 from feeder.synthetic import make_image
-from feeder.work import decode as D
-from feeder.work.augment import Chain
-from feeder.work.region import decode_region, orient
+from feeder import decode as D
+from feeder.ops.chain import Chain
+from feeder.decode.region import decode_region, orient
 
 ext = D._jpeg
 pytestmark = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
@@ -447,7 +447,7 @@ def test_feeder_reports_a_damaged_file_when_the_whole_image_is_read(use_ext, mon
     damaged sample raises SampleError naming it and the damage (on_error="raise")
     or is skipped (on_error="skip")."""
     if not use_ext:
-        monkeypatch.setattr(D, "_jpeg", None)
+        monkeypatch.setattr(D.extension, "jpeg", None)
     blobs = _damaged_set()
     labels, _, err = _feeder_labels(blobs, [ops.Resize((64, 64))], "raise")
     assert isinstance(err, SampleError) and err.index == 1 and "extraneous bytes" in str(err)
@@ -457,7 +457,7 @@ def test_feeder_reports_a_damaged_file_when_the_whole_image_is_read(use_ext, mon
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_feeder_without_the_extension_reports_a_damaged_file_for_any_crop(on_error, monkeypatch):
-    monkeypatch.setattr(D, "_jpeg", None)
+    monkeypatch.setattr(D.extension, "jpeg", None)
     labels, _, err = _feeder_labels(_damaged_set(), [ops.CenterCrop(32)], on_error)
     if on_error == "raise":
         assert isinstance(err, SampleError) and err.index == 1
@@ -551,7 +551,7 @@ def test_the_scan_limit_holds_whatever_the_transforms(transcode, monkeypatch):
                             [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
     assert ok and D.decode_image(fine.tobytes())[0].shape == (64, 80, 3)
     assert D.decode_image(memoryview(fine.tobytes()))[0].shape == (64, 80, 3)
-    monkeypatch.setattr(D, "_jpeg", None)
+    monkeypatch.setattr(D.extension, "jpeg", None)
     with pytest.raises(DecodeError, match="scans"):
         D.decode_image(many)
 

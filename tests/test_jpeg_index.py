@@ -1,5 +1,5 @@
-"""feeder's own Huffman decoder (feeder/work/_huffman.c) and the row index it
-records (feeder/work/verified.py).
+"""feeder's own Huffman decoder (feeder/decode/_huffman.c) and the row index it
+records (feeder/decode/verified.py).
 
 What is promised, checked against libjpeg-turbo's own Huffman decoder
 (``own=False``) as the reference:
@@ -33,8 +33,8 @@ from conftest import JOIN_TIMEOUT_S, MemorySource, drain
 from jpeg_helpers import SUBSAMPLING, jpeg, run_on_other_libjpeg
 from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
-from feeder.work import decode as D
-from feeder.work.verified import VerifiedJpegs
+from feeder import decode as D
+from feeder.decode.verified import VerifiedJpegs
 
 ext = D._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
@@ -154,7 +154,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from jpeg_helpers import jpeg
 from feeder.synthetic import make_image
-from feeder.work import _jpeg as ext
+from feeder.decode import _jpeg as ext
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]
 assert any(sys.argv[2] in l for l in loaded), loaded
 bad = 0
@@ -595,7 +595,7 @@ def _spy_on_ext(monkeypatch, seen) -> None:
         def __getattr__(self, name):
             return getattr(ext, name)
 
-    monkeypatch.setattr(D, "_jpeg", Spy())
+    monkeypatch.setattr(D.extension, "jpeg", Spy())
 
 
 def _batches(blobs: list[bytes], epochs: int, **options) -> list[np.ndarray]:
@@ -737,7 +737,7 @@ def test_a_feeder_never_delivers_a_file_with_fill_bytes_before_a_stuffed_zero(mo
     assert sorted(set(skipped)) == names[len(good):]
     assert all([k for k, _ in epoch] == list(range(len(good))) for epoch in got)
     ref, _ = epochs(jpeg_index_bytes=0)
-    monkeypatch.setattr(D, "_jpeg", None)  # the fallback decoder for the good files
+    monkeypatch.setattr(D.extension, "jpeg", None)  # the fallback decoder for the good files
     lib, _ = epochs()
     good_only = [[item for item in epoch if item[0] < len(good)] for epoch in lib]
     assert got == ref == good_only

@@ -1,5 +1,5 @@
 """jpeg_verify reads each distinct JPEG byte string to its end once
-(feeder/work/verified.py): the same bytes again stop after the crop, and bytes
+(feeder/decode/verified.py): the same bytes again stop after the crop, and bytes
 that changed in any way, even by one bit at the same length, are read to their
 end again, so damage that appears after a file first passed still fails it."""
 
@@ -14,9 +14,9 @@ from jpeg_helpers import jpeg
 from feeder import DecodeError, Feeder, ops
 from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
-from feeder.work import decode as _decode
-from feeder.work.augment import Chain
-from feeder.work.verified import VerifiedJpegs
+from feeder import decode as _decode
+from feeder.ops.chain import Chain
+from feeder.decode.verified import VerifiedJpegs
 
 ext = _decode._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {_decode._jpeg_missing}")
@@ -73,7 +73,7 @@ def _recording(monkeypatch, chain: list, recorder: _Recorder | None = None,
                **options) -> tuple[_Recorder, SampleWork]:
     """A SampleWork of ``chain`` whose extension calls ``recorder`` records."""
     rec = _Recorder() if recorder is None else recorder
-    monkeypatch.setattr(_decode, "_jpeg", rec)
+    monkeypatch.setattr(_decode.extension, "jpeg", rec)
     return rec, SampleWork(Chain(chain, None), **options)
 
 
@@ -252,7 +252,7 @@ def test_bytes_that_changed_while_decoded_are_not_remembered(monkeypatch):
     _, work = _recording(monkeypatch, [ops.CenterCrop(16)], Swap())
     _decode_once(work, data)  # the good bytes decode
     assert not work.verified.seen(VerifiedJpegs.fingerprint(bad))
-    monkeypatch.setattr(_decode, "_jpeg", ext)
+    monkeypatch.setattr(_decode.extension, "jpeg", ext)
     with pytest.raises(DecodeError):
         work.decode(bad, 0)
 
@@ -270,7 +270,7 @@ def test_progressive_files_are_not_remembered(monkeypatch):
 @needs_ext
 def test_the_engine_keeps_its_memory_across_epochs(monkeypatch):
     rec = _Recorder()
-    monkeypatch.setattr(_decode, "_jpeg", rec)
+    monkeypatch.setattr(_decode.extension, "jpeg", rec)
     blobs = [GOOD, jpeg(make_image(256, 64, seed=9), "4:2:0")]
 
     class Source:

@@ -12,9 +12,9 @@ from conftest import MemorySource, drain
 from feeder import Feeder, MemoryStats, ops
 from feeder.bench.measure import resident_bytes
 from feeder.engine.batch import BufferPool, Scratch
-from feeder.work import decode as D
-from feeder.work.decode import DecodeBuffers
-from feeder.work.verified import VerifiedJpegs
+from feeder import decode as D
+from feeder.decode import DecodeBuffers
+from feeder.decode.verified import VerifiedJpegs
 
 PAGE = 4096
 needs_ext = pytest.mark.skipif(D._jpeg is None, reason=f"region decoder not in use: {D._jpeg_missing}")

@@ -13,7 +13,7 @@ import torch
 
 from feeder.engine.on_device import BatchTransforms, Converter
 from feeder.errors import StageError
-from feeder.work.sample import INT_SCALAR, NUMERIC, Schema, Spec
+from feeder.sample import INT_SCALAR, NUMERIC, Schema, Spec
 
 CPU = torch.device("cpu")
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from feeder import SampleRNG, ops
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.ops import SampleContext
 from feeder.synthetic import make_image
 

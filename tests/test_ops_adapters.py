@@ -14,8 +14,8 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import ConfigError, Feeder, FeederError, SampleError, ops
-from feeder.work.rng import SampleRNG
-from feeder.ops.base import Geometry
+from feeder.sample.rng import SampleRNG
+from feeder.sample import Geometry
 from fields_helpers import DictSource, rgb_png
 
 A = pytest.importorskip("albumentations")

@@ -14,10 +14,10 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S, run_in_thread
 from feeder import ConfigError, Feeder, SampleError, TransformError, ops
-from feeder.work.augment import Chain
-from feeder.work.rng import SampleRNG
+from feeder.ops.chain import Chain
+from feeder.sample.rng import SampleRNG
 from feeder.ops import SampleContext, autoaugment, color
-from feeder.ops.base import Geometry, move_fields
+from feeder.sample import Geometry, move_fields
 from fields_helpers import DictSource, rgb_png
 
 

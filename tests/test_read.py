@@ -11,7 +11,7 @@ import pytest
 from feeder import Feeder, ops
 from feeder.engine.queue import Channel, Closed
 from feeder.engine.read import BudgetedOutbox, ReadBudget, nbytes
-from feeder.work.sample import Task
+from feeder.sample import Task
 
 from conftest import JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of
 

@@ -1,4 +1,4 @@
-"""feeder.work.region: EXIF orientation read from every format that carries it,
+"""feeder.decode.region: EXIF orientation read from every format that carries it,
 applied to pixels (orient) and to boxes (orient_box), the TIFF patched to its
 stored frame (stored_tiff), and the region decode of a stored JPEG (decode_region)."""
 
@@ -14,8 +14,8 @@ import simplejpeg
 
 from feeder.ops import SampleContext
 from feeder.synthetic import make_image
-from feeder.work import decode as _decode
-from feeder.work.region import decode_region, orient, orient_box, orientation_of, stored_tiff
+from feeder import decode as _decode
+from feeder.decode.region import decode_region, orient, orient_box, orientation_of, stored_tiff
 
 ext = _decode._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason="the region decoder extension is not built")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feeder import ops
-from feeder.work.rng import SampleRNG, _mix, epoch_key, index_key, sample_key
+from feeder.sample.rng import SampleRNG, _mix, epoch_key, index_key, sample_key
 
 M = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15

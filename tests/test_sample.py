@@ -1,4 +1,4 @@
-"""feeder.work.sample: what a source's ``read`` may return (``check_sample``, the
+"""feeder.sample: what a source's ``read`` may return (``check_sample``, the
 public contract), how field values are checked and converted, and the schema
 that keeps every sample's fields alike."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from feeder import FieldError, SourceError, check_sample
-from feeder.work.sample import (BOX_LIST, INT_SCALAR, MASKS, NUMERIC, OBJECT, PER_BOX, Schema, Spec,
+from feeder.sample import (BOX_LIST, INT_SCALAR, MASKS, NUMERIC, OBJECT, PER_BOX, Schema, Spec,
                             numeric, parse_sample, spec_of)
 
 from conftest import run_in_thread

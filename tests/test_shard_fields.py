@@ -21,7 +21,7 @@ import torch
 
 from conftest import JOIN_TIMEOUT_S
 from feeder import Feeder, SampleError, ops
-from feeder.work.decode import decode_mask
+from feeder.decode import decode_mask
 from feeder.bench.httpserver import FileServer
 from feeder.pack import PackError, main, pack
 from feeder.shards import ShardFormatError, TarShards

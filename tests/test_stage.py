@@ -8,7 +8,7 @@ import pytest
 
 from feeder.engine.batch import BufferPool, Scratch
 from feeder.engine.queue import END, Channel
-from feeder.work.sample import Task
+from feeder.sample import Task
 from feeder.engine.sampler import Sampler
 from feeder.engine.stage import MapStage, Step
 

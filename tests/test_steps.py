@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from feeder import ConfigError, DecodeError, FieldError, SourceError, ops
-from feeder.work.augment import Chain
-from feeder.work.sample import Task
+from feeder.ops.chain import Chain
+from feeder.sample import Task
 from feeder.engine.steps import SampleWork, as_label, read_sample
 
 from conftest import MemorySource, encode_jpeg, encode_png

@@ -112,19 +112,23 @@ def test_the_graph_sees_type_only_imports(tmp_path, monkeypatch):
 
 
 # The folders, lowest layer first: a module imports its own layer and the ones
-# below, never one above (the pipeline picture read bottom-up: per-sample work,
-# storage, the public sources, the epoch plan, the engine, the worker-process engine, the Feeder,
-# the tools). A module of a folder counts as its folder.
+# below, never one above (the pipeline picture read bottom-up: the sample's
+# vocabulary, the transforms, decoding, storage, the public sources, the epoch
+# plan, the engine, the worker-process engine, the Feeder, the tools). A module
+# of a folder counts as its folder. feeder.work holds only the old module paths
+# (see _moved.py).
 LAYERS = [
     ("errors", ["feeder.errors"]),
-    ("per-sample work", ["feeder.work", "feeder.ops"]),
+    ("sample vocabulary", ["feeder.sample"]),
+    ("ops", ["feeder.ops"]),
+    ("decode", ["feeder.decode"]),
     ("storage", ["feeder.storage"]),
     ("sources", ["feeder.sources", "feeder.shards", "feeder.pack", "feeder.synthetic"]),
     ("the epoch plan", ["feeder.order"]),
     ("engine", ["feeder.engine"]),
     ("isolation", ["feeder.isolation"]),
     ("the Feeder", ["feeder._feeder", "feeder._consumer", "feeder._dataset",
-                    "feeder._moved"]),
+                    "feeder._moved", "feeder.work"]),
     ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder"]),
 ]
 
@@ -152,14 +156,83 @@ def test_no_module_imports_a_layer_above_its_own():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert layer_of("feeder.work.decode") < layer_of("feeder.engine.stage") < layer_of("feeder._feeder")
-    assert layer_of("feeder") == len(LAYERS) - 1 and layer_of("feeder.storage.tar") == 2
+    assert layer_of("feeder.decode.image") < layer_of("feeder.engine.stage") < layer_of("feeder._feeder")
+    assert layer_of("feeder") == len(LAYERS) - 1 and layer_of("feeder.storage.tar") == 4
     assert layer_of("elsewhere") is None
+
+
+def package_of(module: str) -> str:
+    """The folder a module is in (``feeder.decode.jpeg`` -> ``feeder.decode``); a
+    top-level module is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def mutual_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every pair of packages that import each other, with one import each way."""
+    edges: dict[tuple[str, str], str] = {}
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            pa, pb = package_of(a), package_of(b)
+            if pa != pb and pa != "feeder":  # the package's __init__ re-exports its folders
+                edges.setdefault((pa, pb), f"{a} -> {b}")
+    return [f"{edges[pa, pb]} and {edges[pb, pa]}" for pa, pb in sorted(edges)
+            if pa < pb and (pb, pa) in edges]
+
+
+def test_no_two_packages_import_each_other():
+    assert mutual_imports(import_graph()) == []
+
+
+def test_the_mutual_import_check_sees_one():
+    graph = {"feeder.ops.base": {"feeder.work.rng"}, "feeder.work.decode": {"feeder.ops"},
+             "feeder.ops": set(), "feeder.work.rng": set()}
+    assert mutual_imports(graph) == ["feeder.ops.base -> feeder.work.rng and "
+                                     "feeder.work.decode -> feeder.ops"]
+    assert mutual_imports({"feeder.ops.base": {"feeder.sample.rng"}, "feeder.sample.rng": set()}) == []
+
+
+# Packages whose modules and functions are held to a size a reader takes in at once.
+SIZED = ["feeder/sample", "feeder/decode", "feeder/ops/chain.py", "feeder/ops/compose.py"]
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def oversized(path: pathlib.Path) -> list[str]:
+    text = path.read_text()
+    found = []
+    if text.count("\n") > MAX_MODULE_LINES:
+        found.append(f"{path.name}: {text.count(chr(10))} lines")
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{path.name}: {node.name} is {length} lines")
+    return found
+
+
+def test_the_per_sample_modules_stay_small():
+    paths = []
+    for name in SIZED:
+        p = ROOT.parent / name
+        paths += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    assert len(paths) > 10
+    assert [f for p in paths for f in oversized(p)] == []
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert oversized(long) == ["long.py: f is 81 lines"]
+    big = tmp_path / "big.py"
+    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert oversized(big) == [f"big.py: {MAX_MODULE_LINES + 1} lines"]
 
 
 def test_the_pipeline_has_a_folder_per_part():
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert {"engine", "isolation", "work", "storage", "ops", "order"} <= folders
+    assert {"engine", "isolation", "sample", "ops", "decode", "storage", "order"} <= folders
+    # the former per-sample folder keeps nothing but the old module paths
+    assert sorted(p.name for p in (ROOT / "work").iterdir() if p.name != "__pycache__") == ["__init__.py"]
     flat = sorted(p.name for p in ROOT.glob("_*.py") if p.name != "__init__.py")
     # beside the public modules, only the Feeder's own parts stay at the top
     assert flat == ["_consumer.py", "_dataset.py", "_feeder.py", "_moved.py"]
@@ -169,9 +242,9 @@ def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
     import importlib
 
     sys.modules.pop("feeder._decode", None)
-    with pytest.warns(DeprecationWarning, match=r"feeder\._decode is now feeder\.work\.decode"):
+    with pytest.warns(DeprecationWarning, match=r"feeder\._decode is now feeder\.decode"):
         old = importlib.import_module("feeder._decode")
-    new = importlib.import_module("feeder.work.decode")
+    new = importlib.import_module("feeder.decode")
     assert old is new  # so patching feeder._decode.x patches what feeder runs
     sys.modules.pop("feeder._sampler", None)
     with pytest.warns(DeprecationWarning, match="feeder.engine.sampler"):
@@ -230,3 +303,40 @@ def test_the_size_check_sees_a_long_function(tmp_path):
     assert long_parts(path) == [f"long.py:5 long: {MAX_FUNCTION_LINES + 1} lines"]
     path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert long_parts(path) == [f"long.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("feeder.work.decode", "feeder.decode"), ("feeder.work.region", "feeder.decode.region"),
+    ("feeder.work.verified", "feeder.decode.verified"),
+    ("feeder.work.extension", "feeder.decode.extension"), ("feeder.work.sample", "feeder.sample"),
+    ("feeder.work.rng", "feeder.sample.rng"), ("feeder.work.augment", "feeder.ops.chain"),
+    ("feeder._sample", "feeder.sample"), ("feeder._augment", "feeder.ops.chain"),
+])
+def test_a_module_of_a_folder_that_still_exists_is_found_at_its_new_place(old, new):
+    import importlib
+
+    assert importlib.import_module(old) is importlib.import_module(new)
+    package, _, name = old.rpartition(".")
+    exec(f"from {package} import {name} as found", globals(), space := {})
+    assert space["found"] is importlib.import_module(new)
+
+
+def test_the_extension_by_its_old_name_is_the_extension():
+    import importlib
+
+    from feeder.decode import extension
+    if extension.jpeg is None:
+        pytest.skip(f"the extension is not in use: {extension.missing}")
+    assert importlib.import_module("feeder.work._jpeg") is extension.jpeg
+    assert importlib.import_module("feeder._jpeg") is extension.jpeg
+
+
+def test_patching_by_an_old_module_path_patches_what_feeder_runs(monkeypatch):
+    import feeder.decode.jpeg
+    import feeder.sample.rng
+
+    marker = object()
+    monkeypatch.setattr("feeder.work.rng.SampleRNG", marker)
+    assert feeder.sample.rng.SampleRNG is marker
+    monkeypatch.setattr("feeder.work.decode.jpeg.MAX_SCANS", 7)
+    assert feeder.decode.jpeg.MAX_SCANS == 7

@@ -16,7 +16,7 @@ import torch
 from conftest import collected
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder.engine.collate import batch_extent
-from feeder.work.decode import decode_image
+from feeder.decode import decode_image
 from feeder.engine.transfer import copy_region, zero_padding
 from fields_helpers import png, rgb_png
 
@@ -354,7 +354,7 @@ def test_without_max_image_size_the_error_says_how_to_get_variable_sizes(sized):
     ([ops.RandomCrop((24, 40), pad_if_needed=True)], (24, 40)),
 ])
 def test_auto_takes_the_largest_output_the_transforms_can_make(transforms, bound):
-    from feeder.work.augment import Chain
+    from feeder.ops.chain import Chain
     assert Chain(transforms, None, max_image_size="auto").max_image_size == bound
 
 
@@ -368,8 +368,8 @@ def test_auto_takes_the_largest_output_the_transforms_can_make(transforms, bound
 def test_no_image_exceeds_the_auto_bound(make):
     # Sizes drawn over extreme aspect ratios, each with its own draws: the
     # bound holds for every planned output (the size each transform makes).
-    from feeder.work.augment import Chain
-    from feeder.work.rng import SampleRNG
+    from feeder.ops.chain import Chain
+    from feeder.sample.rng import SampleRNG
     t = make()
     chain = Chain([t], None, max_image_size="auto")
     high = chain.max_image_size
@@ -381,8 +381,8 @@ def test_no_image_exceeds_the_auto_bound(make):
 
 
 def test_zoom_out_after_a_capped_resize_stays_within_the_auto_bound():
-    from feeder.work.augment import Chain
-    from feeder.work.rng import SampleRNG
+    from feeder.ops.chain import Chain
+    from feeder.sample.rng import SampleRNG
     resize, zoom = ops.Resize(40, max_size=60), ops.RandomZoomOut(side_range=(1.0, 3.3), p=1.0)
     high = Chain([resize, zoom], None, max_image_size="auto").max_image_size
     rng = np.random.default_rng(1)

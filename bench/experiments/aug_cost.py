@@ -24,7 +24,7 @@ import torch
 
 import albumentations as A
 from feeder import ops
-from feeder.work.rng import SampleRNG
+from feeder.sample.rng import SampleRNG
 from feeder.ops import autoaugment
 
 NEAREST = cv2.INTER_NEAREST

@@ -33,7 +33,7 @@ import numpy as np
 import simplejpeg
 
 from feeder import ImageFolder, ops
-from feeder.work.rng import SampleRNG, sample_key
+from feeder.sample.rng import SampleRNG, sample_key
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.report import format_table
 

@@ -35,7 +35,7 @@ import torch
 
 from feeder import DatasetSource, Feeder, ImageFolder, ops
 from feeder.bench.loaders import sample_work, transforms
-from feeder.work.rng import sample_key
+from feeder.sample.rng import sample_key
 
 
 class Arrays(torch.utils.data.Dataset):

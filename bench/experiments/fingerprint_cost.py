@@ -1,7 +1,7 @@
 """What the verified-JPEG memory's fingerprint costs per file.
 
 Every JPEG of every epoch is fingerprinted (its length and a CRC of all its
-bytes, ``feeder/work/verified.py``) before the region decode decides whether
+bytes, ``feeder/decode/verified.py``) before the region decode decides whether
 to read it to its end. This times, on one thread, per file of each directory
 given: zlib's CRC-32 (the first version's fingerprint, and what a CPU
 without the instruction still runs) and the extension's CRC-32C with the
@@ -19,7 +19,7 @@ import zlib
 
 from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
-from feeder.work import _jpeg
+from feeder.decode import _jpeg
 
 
 def per_file_us(fn, datas: list[bytes], repeats: int) -> float:

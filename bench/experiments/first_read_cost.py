@@ -46,8 +46,8 @@ import cv2, numpy as np
 import feeder
 from feeder import ImageFolder
 from feeder.bench.loaders import full_decode_transforms, sample_work, transforms
-from feeder.work.decode import buffer_of
-from feeder.work.rng import sample_key
+from feeder.decode import buffer_of
+from feeder.sample.rng import sample_key
 
 root = sys.argv[1]
 src = ImageFolder(root)

@@ -1,11 +1,11 @@
-"""A long fuzz run of the JPEG region decoder (``feeder.work._jpeg``), by hand.
+"""A long fuzz run of the JPEG region decoder (``feeder.decode._jpeg``), by hand.
 
 Mutates valid JPEGs (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, gray, progressive,
 restart markers) with bit flips, truncation, insertion, deletion,
 overwrites and fill bytes (before a stuffed zero, before a marker), decodes a random region at a random scale of each, and checks that
 every input gives an image of the asked shape or ``DecodeError`` (anything
 else stops the run with the input saved); that feeder's Huffman decoder
-(``feeder/work/_huffman.c``) refuses whatever libjpeg-turbo's refuses and gives
+(``feeder/decode/_huffman.c``) refuses whatever libjpeg-turbo's refuses and gives
 its pixels where both decode (``own refuses`` counts the inputs only feeder's
 refuses: bytes before a marker that libjpeg-turbo's read-ahead swallowed, an
 invalid code its fast path read as zero); that a decode from the index
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from feeder import DecodeError
-from feeder.work import decode as _decode
+from feeder import decode as _decode
 
 
 def seeds() -> list[bytes]:

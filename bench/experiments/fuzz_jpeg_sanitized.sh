@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A bounded fuzz of feeder's JPEG decoder (feeder/work/_jpeg.c, _huffman.c)
+# A bounded fuzz of feeder's JPEG decoder (feeder/decode/_jpeg.c, _huffman.c)
 # built with AddressSanitizer and UndefinedBehaviorSanitizer.
 #
 #   bench/experiments/fuzz_jpeg_sanitized.sh [SECONDS] [OUT]
@@ -19,12 +19,12 @@ PY=${PYTHON:-python}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cp -r feeder "$TMP/feeder"
-rm -f "$TMP"/feeder/work/_jpeg*.so
+rm -f "$TMP"/feeder/decode/_jpeg*.so
 INC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 SUFFIX=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 gcc -shared -fPIC -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-    -fno-omit-frame-pointer -I"$INC" feeder/work/_jpeg.c feeder/work/_huffman.c -ljpeg -ldl \
-    -o "$TMP/feeder/work/_jpeg$SUFFIX"
+    -fno-omit-frame-pointer -I"$INC" feeder/decode/_jpeg.c feeder/decode/_huffman.c -ljpeg -ldl \
+    -o "$TMP/feeder/decode/_jpeg$SUFFIX"
 PYTHONPATH=. "$PY" bench/experiments/fuzz_jpeg.py --write-seeds "$TMP/seeds"
 LIBS="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 CMD="fuzz_jpeg.py --seeds SEEDS --count 100000000 --seconds $SECONDS_BOUND --every 5000 --seed ${FUZZ_SEED:-3}"
@@ -35,7 +35,7 @@ LD_PRELOAD="$LIBS" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=pr
 STATUS=$?
 set -e
 {
-    echo "AddressSanitizer + UndefinedBehaviorSanitizer fuzz of feeder.work._jpeg (bench/experiments/fuzz_jpeg_sanitized.sh)"
+    echo "AddressSanitizer + UndefinedBehaviorSanitizer fuzz of feeder.decode._jpeg (bench/experiments/fuzz_jpeg_sanitized.sh)"
     echo "command: bench/experiments/fuzz_jpeg_sanitized.sh $SECONDS_BOUND  ($CMD)"
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "libjpeg-turbo: $(dpkg-query -W -f='${Version}' libjpeg62-turbo 2>/dev/null || echo unknown) (system), gcc $(gcc -dumpversion)"

@@ -33,10 +33,10 @@ import numpy as np
 from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import sample_work, transforms
-from feeder.work import _jpeg
-from feeder.work.region import decode_region
-from feeder.work.rng import sample_key
-from feeder.work.verified import VerifiedJpegs
+from feeder.decode import _jpeg
+from feeder.decode.region import decode_region
+from feeder.sample.rng import sample_key
+from feeder.decode.verified import VerifiedJpegs
 
 DENSITIES = (16, 64, 256, 1024, 4096)
 

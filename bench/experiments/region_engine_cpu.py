@@ -31,7 +31,7 @@ import json, os, resource, sys, threading, time
 import cv2, numpy as np
 import feeder, feeder.engine.pipeline as pipeline, feeder.engine.steps as work_mod
 from feeder import Feeder, ImageFolder
-from feeder.work.rng import sample_key
+from feeder.sample.rng import sample_key
 from feeder.bench.loaders import sample_work, transforms
 
 root, epochs = sys.argv[1], int(sys.argv[2])

@@ -1,4 +1,4 @@
-"""Two builds of the region decoder (``feeder.work._jpeg``) on the same calls.
+"""Two builds of the region decoder (``feeder.decode._jpeg``) on the same calls.
 
 Records the extension calls the region path makes on a set of images (the
 crops RandomResizedCrop(224) + flip draws, or the evaluation transform's with
@@ -7,12 +7,12 @@ index recorded) and the later ones (the next epoch's crops, entered at the
 index); then times each build on exactly those calls, alternating, one
 thread, and checks that both write the same bytes and return the same (index
 included). For a change to
-``feeder/work/_jpeg.c``: build it to another file and compare it with the
+``feeder/decode/_jpeg.c``: build it to another file and compare it with the
 installed one.
 
-    cp feeder/work/_jpeg.*.so /tmp/before.so
-    # edit feeder/work/_jpeg.c, then: python setup.py build_ext --inplace
-    cp feeder/work/_jpeg.*.so /tmp/after.so   # each build a copy outside the tree: a build at
+    cp feeder/decode/_jpeg.*.so /tmp/before.so
+    # edit feeder/decode/_jpeg.c, then: python setup.py build_ext --inplace
+    cp feeder/decode/_jpeg.*.so /tmp/after.so   # each build a copy outside the tree: a build at
     python bench/experiments/region_ext_ab.py DATA /tmp/before.so /tmp/after.so  # the installed path is the module already loaded
 """
 
@@ -30,14 +30,14 @@ from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import eval_transforms, transforms
 from feeder.engine.steps import SampleWork
-from feeder.work import decode as _decode
-from feeder.work.augment import Chain
-from feeder.work.rng import sample_key
+from feeder import decode as _decode
+from feeder.ops.chain import Chain
+from feeder.sample.rng import sample_key
 
 
 def load(path: str) -> Any:
     """The extension module built at ``path`` (each path its own module object)."""
-    spec = importlib.util.spec_from_file_location("feeder.work._jpeg", path)
+    spec = importlib.util.spec_from_file_location("feeder.decode._jpeg", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -73,7 +73,7 @@ def main() -> None:
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
     epochs: list[list[tuple]] = []
-    _decode._jpeg = Recorder()
+    work.jpeg.ext = Recorder()
     try:
         for epoch in (0, 1):
             calls = []
@@ -83,7 +83,7 @@ def main() -> None:
                 work.transform(img, key, ctx, out)
             epochs.append(calls)
     finally:
-        _decode._jpeg = real
+        work.jpeg.ext = real
     pad = real.PAD
     size = max(c[3] * (c[4] + 2 * pad + 32) * 3 for c in epochs[0] + epochs[1])
     buf = np.empty(size, np.uint8)

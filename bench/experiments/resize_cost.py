@@ -32,8 +32,8 @@ from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import full_decode_transforms, transforms
 from feeder.engine.steps import SampleWork
 from feeder.ops import geometry
-from feeder.work.augment import Chain
-from feeder.work.rng import sample_key
+from feeder.ops.chain import Chain
+from feeder.sample.rng import sample_key
 
 
 def record(datas: list[bytes], chain: list) -> list[tuple[np.ndarray, tuple[int, int], int]]:

@@ -126,7 +126,7 @@ class WorkDataset:
     """feeder's per-sample work (SampleWork: decode + the same chain) as a Dataset item."""
 
     def __init__(self, blobs: list[bytes]) -> None:
-        from feeder.work.augment import Chain
+        from feeder.ops.chain import Chain
         from feeder.engine.steps import SampleWork
         self.blobs = blobs
         self.work = SampleWork(Chain(make_transforms(), None, max_image_size=(MAX_SIZE, MAX_SIZE)))
@@ -138,7 +138,7 @@ class WorkDataset:
 
     def __getitem__(self, index: int):
         import torch
-        from feeder.work.rng import sample_key
+        from feeder.sample.rng import sample_key
         key = sample_key(0, self.epoch, index)
         img, ctx = self.work.decode(self.blobs[index], key)
         if self.out is None:  # one max-size slot per worker, reused

@@ -1,4 +1,4 @@
-"""How many files the verified-JPEG memory keeps (``feeder/work/verified.py``).
+"""How many files the verified-JPEG memory keeps (``feeder/decode/verified.py``).
 
 With ``jpeg_verify`` (the default), a file is read to its end the first time
 its bytes come, and its fingerprint (length and CRC-32) is remembered so that
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from feeder.work.verified import VerifiedJpegs
+from feeder.decode.verified import VerifiedJpegs
 
 
 def main() -> None:

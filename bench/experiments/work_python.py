@@ -29,10 +29,10 @@ import numpy as np
 import simplejpeg
 
 import feeder
-from feeder.work import decode as _decode
-from feeder.work import rng as _rng
+from feeder import decode as _decode
+from feeder.sample import rng as _rng
 from feeder import ops
-from feeder.work.augment import Chain
+from feeder.ops.chain import Chain
 from feeder.engine.batch import Batch
 from feeder.engine.steps import SampleWork
 from feeder.sources import FileList
@@ -62,7 +62,7 @@ def main() -> None:
     def flip_stub(img, code, dst=None):
         return dst if dst is not None else img
 
-    _decode.simplejpeg = type("simplejpeg", (), {
+    _decode.jpeg.simplejpeg = type("simplejpeg", (), {
         "decode_jpeg": staticmethod(decode_stub),
         "decode_jpeg_header": staticmethod(simplejpeg.decode_jpeg_header)})
     ops.cv2 = type("cv2", (), {"resize": staticmethod(resize_stub), "flip": staticmethod(flip_stub),

@@ -28,7 +28,7 @@ import cv2
 import numpy as np
 
 from .. import ImageFolder
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..engine.threads import available_cores
 from . import report
 from .report import median
@@ -125,7 +125,7 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
             source.read(i)
         # One untimed pass of the work too: the timed one is an epoch after the
         # first, as most of a training run's are (jpeg_verify reads each file
-        # to its end the first time only; see feeder.work.verified).
+        # to its end the first time only; see feeder.decode.verified).
         for i in indices:
             work(source.read(i)[0], sample_key(seed, 0, i), out)
         if ready is not None:

@@ -111,7 +111,7 @@ class WorkThreads:
     def __init__(self, root: str, batch_size: int, threads: int, queue_size: int, seed: int,
                  device: str = "cpu") -> None:
         from .. import ImageFolder
-        from ..work.rng import sample_key
+        from ..sample.rng import sample_key
         from .loaders import sample_work
 
         self.source = ImageFolder(root)

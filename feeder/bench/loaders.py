@@ -32,10 +32,10 @@ import torch
 
 from .. import Feeder, FileList, ImageFolder, ops
 from ..ops.fused import ResizeCenterCrop
-from ..work.augment import Chain
-from ..work.sample import DEFAULT_MAX_PIXELS
+from ..ops.chain import Chain
+from ..sample import DEFAULT_MAX_PIXELS
 from ..engine.steps import SampleWork
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 
 CROP = 224  # RandomResizedCrop output side, as in ImageNet training
 

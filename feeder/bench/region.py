@@ -1,4 +1,4 @@
-"""``region-decode``: feeder's JPEG region decoder (``feeder.work._jpeg``) against the
+"""``region-decode``: feeder's JPEG region decoder (``feeder.decode._jpeg``) against the
 simplejpeg path, DataLoader and the full-decode ceiling, with where the time goes.
 
 Two parts, both in one run:
@@ -23,7 +23,7 @@ Two parts, both in one run:
   + plan, the file's CRC-32C, the C decode and the rest (crop, resize into the
   output, flip, Python), in the first epoch (``jpeg_verify`` reads each file
   to its end) and after it (the same bytes stop after the crop: see
-  :mod:`feeder.work.verified`), next to a full decode + crop + resize; the
+  :mod:`feeder.decode.verified`), next to a full decode + crop + resize; the
   feeder rows run several epochs, the first of them reading each file to its
   end, and the ceilings time an epoch after the first; and the entropy (Huffman)
   decoding down to the crop's last row, measured with the extension itself by
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from .. import ImageFolder, ops
-from ..work.augment import Chain
-from ..work.rng import sample_key
-from ..work.verified import VerifiedJpegs
+from ..ops.chain import Chain
+from ..sample.rng import sample_key
+from ..decode.verified import VerifiedJpegs
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
 from . import report
@@ -217,7 +217,7 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         ``full``: full decode + crop + resize; ``full_decode``: its decode alone;
         ``region``: the region path (decode + transforms into the output) in an
         epoch after the first (every file already read to its end once, see
-        :mod:`feeder.work.verified`); ``region_first``: the same in the first
+        :mod:`feeder.decode.verified`); ``region_first``: the same in the first
         epoch; ``header_plan``: reading the header and drawing the box;
         ``crc``: the fingerprint of each file (its CRC-32C); ``region_c``: the
         extension's decode (after the first epoch: down to the crop's last
@@ -228,11 +228,11 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
         for the whole image; ``scaled_share``: share of images decoded below
         1/1.
     """
-    from ..work import decode as _decode
+    from ..decode import extension
 
-    ext = _decode._jpeg
+    ext = extension.jpeg
     if ext is None:
-        raise RuntimeError(f"the region decoder is not in use: {_decode._jpeg_missing}")
+        raise RuntimeError(f"the region decoder is not in use: {extension.missing}")
     source = ImageFolder(root)
     idx = np.linspace(0, len(source) - 1, min(limit, len(source))).astype(int).tolist()
     datas = [source.read(i)[0] for i in idx]
@@ -278,11 +278,11 @@ def stage_costs(root: str, limit: int, chain: list[ops.Transform],
             return real(data, top, left, height, width, denom, buf, max_pixels, *rest, **kw)
 
     run(region)()  # the first epoch: every file read to its end and remembered
-    _decode._jpeg = Recorder()
+    region.jpeg.ext = Recorder()
     try:
         run(region)()  # the calls of an epoch after the first
     finally:
-        _decode._jpeg = ext
+        region.jpeg.ext = ext
     biggest = max(c[3] * (c[4] + 2 * ext.PAD + 32) * 3 for c in calls)
     buf = np.empty(max(biggest, 1 << 16), np.uint8)
 
@@ -459,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from ..work import decode as _decode
+    from ..decode import extension
 
     if args.report:
         try:
@@ -478,8 +478,8 @@ def run(args: argparse.Namespace) -> int:
     if args.large is None:
         raise SystemExit("region-decode: --large LARGE is required (an ImageFolder of large photos)")
     cores = available_cores()
-    if _decode._jpeg is None:
-        raise SystemExit(f"region-decode: the region decoder is not in use ({_decode._jpeg_missing})")
+    if extension.jpeg is None:
+        raise SystemExit(f"region-decode: the region decoder is not in use ({extension.missing})")
     rows = specs(args)
     if args.only:
         unknown = sorted(set(args.only) - set(rows))

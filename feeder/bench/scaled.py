@@ -17,7 +17,7 @@ import logging
 import numpy as np
 
 from .. import ImageFolder
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..engine.threads import auto_threads, available_cores
 from . import report
 from .loaders import sample_work, full_decode_transforms, transforms

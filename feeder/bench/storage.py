@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..pack import pack, parse_size
 from ..shards import TarShards
 from .httpserver import ServerProcess

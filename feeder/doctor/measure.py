@@ -22,12 +22,12 @@ import torch
 from .. import Feeder, ImageFolder, TarShards, ops
 from ..errors import SampleError, UserCodeError, call_user
 from ..sources import describe
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..engine.config import Config, reads_may_block
-from ..work.decode import jpeg_decoder
-from ..work.sample import pixels
+from ..decode.status import jpeg_decoder
+from ..sample import pixels
 from ..engine.read import nbytes
-from ..work.rng import sample_key
+from ..sample.rng import sample_key
 from ..engine.threads import available_cores
 from ..engine.steps import SampleWork
 from .verdict import ROUNDS, Fed, Measurements
@@ -431,7 +431,7 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
     timeline.start("cpu")
     # One SampleWork over the repeated samples: after the first round its JPEG
     # region decodes stop after the crop (their bytes were read to their end
-    # once: feeder.work.verified), as in a training run's epochs after the first.
+    # once: feeder.decode.verified), as in a training run's epochs after the first.
     # Each file's index sized as a feeder over these samples would size it.
     work = SampleWork(Chain(list(transforms), None, max_pixels), max_pixels, files=len(samples))
     h, w = work.image_size

@@ -21,12 +21,11 @@ import numpy as np
 import torch
 
 from .pinned import PinnedHost
-from ..work.sample import LABEL, MASKS, NUMERIC
+from ..sample import LABEL, MASKS, NUMERIC, SIZE
 
 __all__ = ["SIZE", "BatchBuffer", "MaskPlanes", "move_slots"]
 
 #: The field of variable-size batches holding each image's valid (height, width).
-SIZE = "size"
 
 
 class BatchBuffer:

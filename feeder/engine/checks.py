@@ -18,7 +18,7 @@ import torch
 
 from ..errors import ConfigError
 from ..ops.base import foreign_transform
-from ..work.augment import image_size_pair
+from ..ops.chain import image_size_pair
 
 # Logged under the option table's name, as before these checks had a module of their own.
 log = logging.getLogger("feeder.engine.config")

@@ -20,7 +20,7 @@ from .checks import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, MAX_POOL_THREADS
 from .threads import MeasuredReadThreads, auto_read_threads, auto_threads, cores_for_this_rank
 from .tune import TunedThreads
 from ..errors import ConfigError
-from ..work.sample import DEFAULT_MAX_PIXELS
+from ..sample import DEFAULT_MAX_PIXELS
 
 # Names of the checks module that were this module's: still importable here.
 __all__ = ["Config", "DATALOADER_KEYWORDS", "DEFAULTS", "DEFAULT_GROUP_FACTOR", "MAX_POOL_THREADS",

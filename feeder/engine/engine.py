@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from . import reaper as _reaper
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from .filling import Scratch
 from .pool import BufferPool
 from .config import Config

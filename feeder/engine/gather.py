@@ -13,7 +13,7 @@ import torch
 
 from .batch_dict import _per_image_integer
 from .buffers import BatchBuffer
-from ..work.sample import (BOX_LIST, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, POINTS,
+from ..sample import (BOX_LIST, INSTANCES, INT_SCALAR, LABEL, MASKS, NUMERIC, PER_BOX, POINTS,
                            Schema)
 
 __all__ = ["copy_region", "zero_padding"]

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .buffers import BatchBuffer
-from ..work.rng import SampleRNG, batch_generator, epoch_key, index_key
-from ..work.sample import INT_SCALAR, LABEL, NUMERIC, Schema
+from ..sample.rng import SampleRNG, batch_generator, epoch_key, index_key
+from ..sample import INT_SCALAR, LABEL, NUMERIC, Schema
 from ..errors import StageError
 
 

@@ -40,7 +40,7 @@ from .collate import Collator, Padding
 from .config import Config
 from .queue import END, Channel
 from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
-from ..work.sample import Task
+from ..sample import Task
 from ..order.group import ScanStopped
 from ..order.plan import EpochPlan
 from ..order.sequence import Hinting, Order, Remaining

@@ -12,7 +12,7 @@ from ..order.epoch import (LAZY_MIN, ShardLayout, check_epoch, epoch_indices, ep
                            shard_stream_order)
 from ..order.sequence import Order
 from .queue import END, Channel
-from ..work.sample import Task
+from ..sample import Task
 from .stage import Control, Counters, Stage
 
 # The order's functions lived here before the order package: still importable.

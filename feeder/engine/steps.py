@@ -1,23 +1,15 @@
-"""The per-sample work, as plain functions with explicit inputs and outputs.
-
-::
+"""The engine's per-sample steps, as plain functions with explicit inputs and
+outputs::
 
     read       source, index             -> (image, label)             Source.read
-                                          or a dict of fields           (_sample.parse_sample)
+                                          or a dict of fields           (sample.parse_sample)
     decode     bytes or pixels, key      -> (image, SampleContext)     SampleWork.decode
-               mask bytes                -> mask array                 SampleWork.decode_mask
     transform  image, key, context, out  -> None (result in ``out``)   SampleWork.transform
-               ... and the other fields  -> the fields, moved with it  SampleWork.transform_sample
 
-:class:`SampleWork` binds decode and transform to one feeder's settings (the
-compiled chain, ``max_pixels``, EXIF handling, reused decode memory, the
-fields' :class:`~feeder.work.sample.Schema`). The engine's steps (:func:`steps`)
-and the benchmarks' "same per-sample work" rows both call it, so the two cannot
-drift apart.
-
-A pair with an int label, the classic sample, takes the same path as before
-there were fields: no per-field work, the label written straight into the
-batch's int64 labels.
+:class:`~feeder.decode.step.SampleWork` (re-exported here) binds decode and
+transform to one feeder's settings; :func:`steps` makes the engine's three
+steps of it. A pair with an int label, the classic sample, takes no per-field
+work: the label goes straight into the batch's int64 labels.
 """
 
 from __future__ import annotations
@@ -26,17 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ..work.augment import Chain
-from .buffers import SIZE
-from ..work.decode import (DecodeBuffers, buffer_of, decode_mask, decode_planned, decode_scale,
-                           rgb_of_pixels)
-from ..work.rng import epoch_key, index_key
-from ..work.verified import VerifiedJpegs
-from ..work.sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, INT_SCALAR, LABEL, MASK,
-                           NUMERIC, Schema, Task, instances_fit, parse_sample)
+from ..decode.step import SampleWork
+from ..errors import ConfigError
+from ..sample import INT_SCALAR, LABEL, MASK, NUMERIC, SIZE, Task, parse_sample
+from ..sample.rng import epoch_key, index_key
 from .stage import Step
-from ..errors import ConfigError, FieldError, with_field
-from ..ops import Geometry, SampleContext
+
+__all__ = ["SampleWork", "as_label", "read_sample", "source_files", "steps"]
 
 _INT64 = (-(1 << 63), 1 << 63)
 _SIZE_DTYPE = np.dtype(np.int64)
@@ -52,144 +40,6 @@ def source_files(source: Any) -> int | None:
     return n if isinstance(n, int) and n >= 0 else None
 
 
-class SampleWork:
-    """Decode and transform one sample, with one feeder's settings.
-
-    Thread-safe: every method may be called from several threads at once (the
-    decode memory pool is a list whose ``pop``/``append`` are atomic).
-
-    Args:
-        chain: The compiled transforms.
-        max_pixels: Largest decoded image accepted (from its header).
-        exif_orientation: Apply EXIF orientation while decoding.
-        jpeg_verify: Entropy-decode region-decoded JPEGs to their end (see
-            ``Feeder``), once per distinct byte string (:attr:`verified`).
-        jpeg_index_bytes: Memory for those files' indexes (see ``Feeder``).
-        files: How many distinct files the source holds (None: not known): each
-            file's share of that memory (see ``VerifiedJpegs``).
-        verified: Share this memory of files read to their end (another
-            ``SampleWork``'s of the same settings: a feeder's dataset view and
-            its engine) instead of keeping one of its own.
-    """
-
-    def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 exif_orientation: bool = False, jpeg_verify: bool = True,
-                 jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES, files: int | None = None,
-                 verified: VerifiedJpegs | None = None) -> None:
-        self.chain = chain
-        self.plan = chain.plan
-        self.image_size = chain.image_size
-        #: Variable-size output (``max_image_size``): each sample's size is recorded.
-        self.variable = chain.max_image_size is not None
-        self.max_pixels = max_pixels
-        self.exif_orientation = exif_orientation
-        self.jpeg_verify = jpeg_verify
-        #: The JPEG byte strings this work has read to their end without an error.
-        #: With neither (jpeg_verify=False, jpeg_index_bytes=0), None.
-        self.verified = (None if not (jpeg_verify or jpeg_index_bytes)
-                         else verified if verified is not None
-                         else VerifiedJpegs(index_bytes=jpeg_index_bytes, files=files,
-                                            rewritten=not jpeg_verify))
-        self.buffers = DecodeBuffers()
-        self.schema = Schema()
-
-    def decode(self, data: Any, key: int) -> tuple[np.ndarray, SampleContext]:
-        """Decode ``data`` (at a reduced JPEG scale when the transforms allow) and
-        return the image and the context :meth:`transform` needs. An image the
-        source gave decoded (pixels, see ``sample.pixels``) is only converted to
-        RGB: its transforms then read it as a decoded file's (the first one, a
-        crop, reads the view of its crop)."""
-        if isinstance(data, np.ndarray):
-            try:
-                img = rgb_of_pixels(data, self.max_pixels)
-            except Exception as exc:
-                raise with_field(exc, IMAGE)
-            return img, SampleContext(img.shape[:2])
-        img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
-                                        self.exif_orientation, self.jpeg_verify, self.verified)
-        return img, ctx if ctx is not None else SampleContext(size)
-
-    def transform(self, img: np.ndarray, key: int, ctx: SampleContext,
-                  out: np.ndarray) -> tuple[int, int]:
-        """Run the chain on a decoded image into ``out``, then recycle its decode
-        memory; returns the (height, width) of the result (see ``Chain.run``)."""
-        size = self.chain.run(img, key, ctx, out)
-        self.buffers.give(buffer_of(img))
-        return size
-
-    def decode_mask(self, mask: Any, source_size: tuple[int, int]) -> np.ndarray:
-        """A sample's mask (PNG bytes or an array) as a 2-D uint8/uint16 array of the
-        full-size image's ``source_size``.
-
-        Raises:
-            DecodeError, FieldError: naming the field ``mask``.
-        """
-        try:
-            if isinstance(mask, np.ndarray):
-                mask = mask.view()
-                mask.flags.writeable = False  # the source's memory, never written
-            else:
-                mask = decode_mask(mask, self.max_pixels)
-            if mask.shape != source_size:
-                raise FieldError(MASK, f"is {tuple(mask.shape)} but its image is "
-                                       f"{tuple(source_size)} (height, width); a mask "
-                                       f"has its image's full size")
-        except Exception as exc:
-            raise with_field(exc, MASK)
-        return mask
-
-    def check_instances(self, fields: dict[str, Any], source_size: tuple[int, int]) -> None:
-        """Check a sample's per-instance masks (if any) against its full-size image:
-        ``[N, H, W]`` of its size, within the memory bound (``max_pixels`` bytes).
-
-        Raises:
-            FieldError: naming the field ``masks``.
-        """
-        masks = fields.get(INSTANCE_MASKS)
-        if masks is None:
-            return
-        if masks.shape[1:] != source_size:
-            raise FieldError(INSTANCE_MASKS, f"are {tuple(masks.shape[1:])} (height, width) but "
-                                             f"their image is {tuple(source_size)}; per-instance "
-                                             f"masks have their image's full size, [N, H, W]")
-        instances_fit(len(masks), source_size, self.max_pixels)
-
-    def transform_sample(self, img: np.ndarray, key: int, ctx: SampleContext, out: np.ndarray,
-                         fields: dict[str, Any]) -> list[tuple[str, str, Any]]:
-        """:meth:`transform` for a sample with fields; returns them as the batch
-        buffer stores them: ``(name, kind, value)``, the mask and boxes moved with
-        the image."""
-        chain = self.chain
-        if chain.takes_samples or MASK in fields or BOXES in fields:
-            # (per-instance masks and keypoints come with boxes)
-            h, w = img.shape[:2]
-            if ctx.origin is not None:
-                # A region decode: the transforms report their geometry from the
-                # whole image at ctx.scale (of which img is a window).
-                s = ctx.scale
-                geometry = Geometry(s, 0.0, s, 0.0, *ctx.scaled_size)
-            else:
-                sy, sx = decode_scale(ctx.source_size, (h, w))
-                geometry = Geometry(sy, 0.0, sx, 0.0, h, w)
-            fields, size = chain.run_fields_sized(img, key, ctx, out, fields, geometry)
-        else:
-            size = chain.run(img, key, ctx, out)
-        self.buffers.give(buffer_of(img))
-        specs = self.schema.specs
-        record = [(name, specs[name].kind, value) for name, value in fields.items()]
-        if self.variable:
-            record.append((SIZE, NUMERIC, np.array(size, np.int64)))
-        return record
-
-    def discard(self, img: np.ndarray | None) -> None:
-        """A decoded image that will not be transformed (its sample failed): recycle it."""
-        self.buffers.give(buffer_of(img))
-
-    def __call__(self, data: bytes, key: int, out: np.ndarray) -> None:
-        img, ctx = self.decode(data, key)
-        self.transform(img, key, ctx, out)
-
-
 def as_label(label: Any) -> int:
     """``label`` as the int64 the batch buffer stores, converted the same way.
 
@@ -203,7 +53,7 @@ def as_label(label: Any) -> int:
 
 def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
     """The read step's checks of what ``source.read`` returned for ``task`` (see
-    ``_sample.py``); a pair of bytes and an int label, once the schema has seen
+    ``feeder.sample``); a pair of bytes and an int label, once the schema has seen
     one, never comes here (see :func:`steps`).
 
     Raises:
@@ -229,7 +79,7 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
 
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
           epoch: int) -> tuple[Step, Step, Step]:
-    """The engine's three steps on a :class:`~feeder.work.sample.Task`, for one pass.
+    """The engine's three steps on a :class:`~feeder.sample.Task`, for one pass.
 
     ``read`` and ``decode`` return the task; ``augment`` writes the result into
     the task's slot of its batch (or a scratch array, when the batch has no buffer

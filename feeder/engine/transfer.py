@@ -30,7 +30,7 @@ from .queue import END, Channel
 from .reaper import watch_all
 from .stage import Control, Counters
 from ..errors import FeederError
-from ..work.sample import IMAGE, INT_SCALAR, LABEL, MASKS, Schema
+from ..sample import IMAGE, INT_SCALAR, LABEL, MASKS, Schema
 
 # Every name this module held before it was split stays importable from here.
 __all__ = ["Batch", "Converter", "Delivery", "Failure", "Lease", "SideStream", "Transfer",

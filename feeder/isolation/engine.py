@@ -22,7 +22,7 @@ from ..engine.engine import EngineBase
 from ..engine.pinned import PinnedHost
 from ..engine.pipeline import PassBase
 from ..engine.queue import END, Channel, Closed
-from ..work.sample import Schema
+from ..sample import Schema
 from ..engine.stage import Counters
 from ..engine.stats import Stats
 from ..engine.transfer import Transfer

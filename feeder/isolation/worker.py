@@ -17,12 +17,12 @@ import cv2
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the reductions that share tensors' memory
 
-from ..work.augment import Chain
+from ..ops.chain import Chain
 from ..engine.buffers import BatchBuffer
 from ..engine.collate import CollatingStage, Collator
 from ..engine.engine import ThreadEngine
 from ..engine.queue import Channel, Closed
-from ..work.sample import OBJECT
+from ..sample import OBJECT
 from ..engine.stage import Control, Counters
 from ..errors import FeederError, FieldError, StageError, safe_text
 from . import protocol as msg

@@ -1,7 +1,7 @@
 """CPU transforms on uint8 [H, W, 3] RGB arrays, and the fields that follow them.
 
 Any plain callable ``fn(img, rng) -> img`` is a transform: ``rng`` is a
-:class:`~feeder.work.rng.SampleRNG` drawn from (seed, epoch, sample index, position
+:class:`~feeder.sample.rng.SampleRNG` drawn from (seed, epoch, sample index, position
 in the chain), so results do not depend on thread counts or scheduling. A
 callable that changes the image size may say so with an ``output_size``
 attribute ``(height, width)``.

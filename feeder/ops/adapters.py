@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..work.rng import SampleRNG
-from ..work.sample import BOX_PREFIX, BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
+from ..sample.rng import SampleRNG
+from ..sample import BOX_PREFIX, BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
 from .base import Geometry, Transform, _size2, move_fields
 
 

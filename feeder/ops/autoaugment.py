@@ -20,8 +20,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..work.rng import SampleRNG
-from ..work.sample import BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
+from ..sample.rng import SampleRNG
+from ..sample import BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
 from . import color
 from .base import Geometry, Transform, _interp, check_mask_fill, keep_boxes, move_fields
 from .geometry import _fill3, _mask_fill

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..work.rng import SampleRNG
+from ..sample.rng import SampleRNG
 from .base import check_number, check_range
 
 
@@ -294,7 +294,7 @@ class RandomErasing:
 
     def apply_keyed(self, images: torch.Tensor, labels: torch.Tensor, rngs: list[SampleRNG],
                     sizes: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder.work.rng.SampleRNG`
+        """Erase ``images`` ``[B, C, H, W]`` with one :class:`~feeder.sample.rng.SampleRNG`
         per sample (what the feeder calls). ``sizes``: each image's valid
         ``(height, width)`` in a batch padded to its largest image
         (``max_image_size``); the rectangle is drawn within the image, as

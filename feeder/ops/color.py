@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from ..work.rng import SampleRNG
+from ..sample.rng import SampleRNG
 from .base import Photometric, _into, check_number, check_range
 
 try:  # optional: installed with albumentations (the albumentations extra)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..work.rng import SampleRNG
-from ..work.sample import BOXES
+from ..sample.rng import SampleRNG
+from ..sample import BOXES
 from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
                    _resize_with_geometry, _whole, check_flag, check_number, check_range, keep_boxes,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from ..work.rng import SampleRNG
+from ..sample.rng import SampleRNG
 from .base import (Geometry, SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_number,
                    check_range)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .sequence import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
-from ..work.rng import order_key
+from ..sample.rng import order_key
 
 
 

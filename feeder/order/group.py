@@ -55,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from ..work.decode import header_size
-from ..work.sample import pixels_size
-from ..work.rng import epoch_key, index_key
+from ..decode import header_size
+from ..sample import pixels_size
+from ..sample.rng import epoch_key, index_key
 from ..sources import describe
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .sequence import Handled, Order
-from ..work.sample import DEFAULT_MAX_PIXELS
+from ..sample import DEFAULT_MAX_PIXELS
 
 FORMAT_VERSION = 1  # bitmaps of delivered and skipped samples
 COMPACT_VERSION = 2  # a position in the order, the few handled past it, the skipped

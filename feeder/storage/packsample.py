@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..work.decode import header_size
+from ..decode.headers import header_size
 from .tar import IMAGE_EXTS
 
 
@@ -103,7 +103,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     """
     import numpy as np  # noqa: PLC0415
 
-    from ..work.sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
+    from ..sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
                                parse_sample)
     from ..errors import FieldError, SourceError  # noqa: PLC0415
 
@@ -195,7 +195,7 @@ def _pack_mask(value: Any, shrunk: Any, where: str) -> bytes:
     import cv2  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 
-    from ..work.decode import decode_mask  # noqa: PLC0415
+    from ..decode.masks import decode_mask  # noqa: PLC0415
     from ..errors import DecodeError  # noqa: PLC0415
 
     if isinstance(value, (bytes, bytearray, memoryview)):

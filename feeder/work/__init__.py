@@ -1,4 +1,5 @@
-"""What is done to each sample: its fields and their checks (``sample``), its
-random stream (``rng``), decoding (``decode``, the JPEG region decoder's
-geometry in ``region``, the optional C extension ``_jpeg``) and the compiled
-transform chain (``augment``, running :mod:`feeder.ops`)."""
+"""The former home of the per-sample modules, kept so that their old paths
+import: ``feeder.work.sample`` and ``feeder.work.rng`` are in
+:mod:`feeder.sample`, ``feeder.work.augment`` is :mod:`feeder.ops.chain`,
+``feeder.work.decode`` (and ``region``, ``verified``, ``extension``,
+``_jpeg``) are in :mod:`feeder.decode` (see ``feeder/_moved.py``)."""

@@ -10,7 +10,7 @@ import torch
 from conftest import MemorySource, drain
 from faults_helpers import feeder_factory
 from feeder import ops
-from feeder.work.rng import batch_generator
+from feeder.sample.rng import batch_generator
 
 
 AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]

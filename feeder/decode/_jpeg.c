@@ -1,7 +1,7 @@
 /*
- * feeder._jpeg: decode only a region of a JPEG, at a DCT scale, with the
+ * feeder.decode._jpeg: decode only a region of a JPEG, at a DCT scale, with the
  * system's libjpeg-turbo (an optional extension; feeder falls back to
- * simplejpeg without it, see feeder/_decode.py).
+ * simplejpeg without it, see feeder/decode/jpeg.py).
  *
  * Why a C extension: no package on the index exposes libjpeg-turbo's partial
  * decompression (jpeg_crop_scanline + jpeg_skip_scanlines) together with DCT
@@ -15,7 +15,7 @@
  *          own=True, index=None, record=False, max_points=16)
  *       -> (stride, col_offset), or with record or index
  *          (stride, col_offset, index recorded or None, MCUs jumped)
- *   crc32c(data, value=0) -> int: the fingerprint of feeder.work.verified, where the
+ *   crc32c(data, value=0) -> int: the fingerprint of feeder.decode.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
  * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
@@ -80,7 +80,7 @@ static PyObject *DecodeError; /* feeder.errors.DecodeError */
  * decoder is never installed, libjpeg's decodes. */
 static const char *entropy_layout;
 
-/* ---- CRC-32C: the fingerprint of feeder.work.verified ------------------------
+/* ---- CRC-32C: the fingerprint of feeder.decode.verified ------------------------
  *
  * The memory of files already read to their end keys each file by its length
  * and a CRC of all its bytes, computed for every JPEG in every epoch. CRC-32C
@@ -89,7 +89,7 @@ static const char *entropy_layout;
  * full (its latency is three cycles, its throughput one), and the three
  * registers are joined exactly with the shift below, so the result is the
  * CRC-32C of the whole string, about four times as fast as zlib's CRC-32.
- * Without the instruction, feeder.work.verified uses zlib's CRC-32 instead.
+ * Without the instruction, feeder.decode.verified uses zlib's CRC-32 instead.
  * Like any CRC of 32 bits, it misses no burst of damage of up to 32 bits, and
  * random damage once in 2^32. */
 #define CRC32C_POLY 0x82F63B78u /* x^32 + x^28 + ... + 1, bit-reflected */
@@ -693,7 +693,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "feeder._jpeg",
+    PyModuleDef_HEAD_INIT, "feeder.decode._jpeg",
     "Region and scaled JPEG decoding with the system's libjpeg-turbo.", -1, methods,
 };
 

@@ -17,11 +17,11 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..ops import SampleContext, dct_denom
+from ..sample import SampleContext, dct_denom
 
-# The decoder's header and buffer pool types (``_decode._Header``,
-# ``_decode.DecodeBuffers``) are named by what they are in the signatures below,
-# not imported: ``_decode`` imports this module.
+# The decoder's header and buffer pool types (``headers.Header``,
+# ``image.DecodeBuffers``) are named by what they are in the signatures below,
+# not imported: both modules import this one.
 Header = Any
 DecodeBuffers = Any
 
@@ -164,14 +164,14 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
                   ctx: SampleContext, orientation: int, max_pixels: int,
                   buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False,
                   index: bytes | None = None, record: int = 0) -> tuple[np.ndarray, bytes | None]:
-    """Decode with ``ext`` (the extension ``feeder.work._jpeg``) the part of a stored
+    """Decode with ``ext`` (the extension ``feeder.decode._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
     ``ctx.scaled_size`` and ``ctx.scale``. ``verify``: entropy-decode the rows
     below the region too, so that damage anywhere in the file is an error (as
     in a full decode), not wrong pixels; False stops after the region's last row.
     ``whole``: decode all of the image (at that reduction) as the region, with
-    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``_decode``).
+    no row skipped and no column cropped (see ``USUAL_SAMPLINGS`` in ``jpeg``).
     ``index``: the row index recorded for these bytes (the decode starts at the
     checkpoint before the region's first column in each of its rows instead of
     the first row); ``record``: record one of at most this many checkpoints

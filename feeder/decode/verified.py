@@ -1,72 +1,16 @@
-"""Which JPEG files a feeder has already read to their end without an error.
+"""Which JPEG files a feeder has already read to their end without an error,
+and where their Huffman data can be entered.
 
-With ``jpeg_verify`` (the default), a region decode entropy-decodes the whole
-file, below the crop too, because Huffman data that lost its sync shows only at
-the end of the scan. That costs 12-18% of the decode, every epoch, for files
-whose bytes have not changed since they last passed. :class:`VerifiedJpegs`
-remembers a fingerprint of every byte string that passed (its CRC-32C and its
-length); a later region decode of the same bytes stops after the crop's last
-row, as ``jpeg_verify=False`` does, and still gets exactly the pixels it would
-have got: the same bytes decode the same way. Bytes that changed in any way (a
-re-published shard, a damaged copy, a cut file) have another fingerprint and
-are read to their end again. Accidental damage goes unnoticed only if the
-damaged copy's length and CRC both equal those of a copy that passed: about
-2**-32 for random damage (a CRC of 32 bits misses no burst of up to 32 bits).
-This is no defence against someone crafting files: a CRC is easy to forge, and
-whoever can write the files can write a valid JPEG of any pixels anyway.
-
-The CRC is CRC-32C, computed by the region decoder's extension with the CPU's
-own instruction (x86's SSE4.2): 5 us for an ImageNet-sized file on the
-development machine, against 20 us for zlib's CRC-32
-(``bench/results/fingerprint_cost.txt``). Where the CPU has no such
-instruction, or the extension is not built (then nothing consults this
-memory), zlib's CRC-32 stands in.
-
-The memory is bounded: a table of ``slots`` 8-byte fingerprints, sized from
-the source's length (twice its files, rounded up to a power of two: 32 KiB for
-2,000 files, 1 MiB for 100,000, at most 16 MiB, the size for a million files
-and more or when the length is not known), an anonymous mapping made at the
-first add (resident as its pages are written, and given back to the system when
-the feeder is freed), in buckets of :data:`WAYS`
-slots; a fingerprint lives in one of two buckets, and when both are full one of their eight entries is
-overwritten: the file it named is read to its end the next time it comes. A
-lost entry costs time, never correctness. With ImageNet's 1.28 million files
-(61% of the default slots), 1.3% of them are read to their end again in the
-second epoch and 0.3% in the third; with 1.9 million, 10% and 7%
-(``bench/experiments/verified_capacity.py``).
-
-It also keeps where the files' Huffman data can be entered: the index that
-feeder's Huffman decoder records as a decode passes them (see
-``feeder/work/_huffman.c``): a checkpoint (13 bytes, 15 with restart markers) at the start of every MCU
-row and every 4 MCUs along it, or every 8, 16... MCUs, or only every few rows,
-so that a file's index stays within its share of the ring (:attr:`VerifiedJpegs.points`);
-all of the file in the read to its end, down to the crop for a decode that
-stops there, longer when a later one reads further
-(:meth:`VerifiedJpegs.keep_index`). A later decode of the same bytes enters
-each row of its crop at the checkpoint before the crop's first column and
-leaves it after the last, instead of decoding every row above the crop and
-every row whole (``bench/results/region_decode.txt``). The indexes live in a
-ring of ``index_bytes`` (128 MiB by default, an anonymous mapping like the
-table), found through a second table of 8 bytes per slot (as large as the first,
-when indexes are kept); when the ring is full
-the oldest are written over, and their files decode from their first row
-again. Each file's share is the ring's three quarters over the number of
-files (``files``, the source's length; half that with ``rewritten``, as
-indexes that grow crop by crop are written again), counted at 15 bytes a
-point: every MCU row and every 4 MCUs along it take 2.8 KB for a
-500x375-sized 4:2:0 file (about 30,000 such files get it in the default
-ring), 10.8 KB for the same as 4:4:4 and 43 KB for a 1500x1100 4:4:4 photo
-(``bench/results/index_density.txt``); ImageNet's 1.28 million files get a
-checkpoint every few rows (the least: 4 points, about 100 bytes each). A file's
-index also takes at most 1/32 of its bytes (:data:`FILE_BYTES_PER_POINT`): a
-finer grid than that saves little (1.7 KB instead of 10.8 for the
-ImageNet-like 4:4:4 files at the full grid's decode time, 10 KB instead of 43
-for the large photos at 4% more), and its memory, spent on every file in the
-first epoch, is what a feeder added most on a one-epoch run. An index is found through its file's
-fingerprint and checked against a second CRC-32C (of the file's first half)
-and its own CRC before use, so it only ever describes the bytes it was
-recorded from (the decoder also checks the file's length, and 16 bits of the
-bytes at each checkpoint it jumps to).
+With ``jpeg_verify``, a region decode entropy-decodes the whole file, because
+damaged Huffman data shows only at the end of the scan. :class:`VerifiedJpegs`
+remembers a fingerprint (CRC-32C and length) of every byte string that
+passed, so a later decode of the same bytes stops after the crop's last row,
+and keeps each file's row index (checkpoints recorded by feeder's Huffman
+decoder, ``feeder/decode/_huffman.c``), so a later decode enters each row of
+its crop near its first column. Both live in bounded memory: a table sized
+from the source's length and a ring of ``index_bytes``; an entry lost to
+either costs time, never correctness. The design and its figures:
+``docs/design/verified-jpegs.md``.
 """
 
 from __future__ import annotations
@@ -113,7 +57,7 @@ class VerifiedJpegs:
     POINT_BYTES = 15  # a checkpoint of a 3-component file with restart markers (13 without)
     #: A file's index takes at most one checkpoint per this many of its bytes
     #: (an index of at most 1/32 of the file): past that density the memory
-    #: stops paying (bench/results/index_density.txt).
+    #: stops paying (see docs/design/verified-jpegs.md).
     FILE_BYTES_PER_POINT = 32 * POINT_BYTES
     INDEX_HEADER = 26
 

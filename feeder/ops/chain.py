@@ -1,5 +1,5 @@
-"""The compiled transform chain: what the augment step (``_work.py``) runs to
-turn a decoded image into its slot of the batch buffer.
+"""The compiled transform chain: what the augment step runs to turn a decoded
+image into its slot of the batch buffer.
 
 The chain is split once, at construction, into a *head* (applied normally), a
 *writer* (the last size-changing transform, given the buffer slot as ``out=``)
@@ -20,197 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from .rng import SampleRNG
-from .sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, MASK, parse_value, per_box,
-                     spec_of)
-from ..errors import ConfigError, FieldError, TransformError
-from ..ops import CenterCrop, Geometry, Resize, SampleContext, SampleTransform, Transform
-from ..ops.fused import ResizeCenterCrop
-from ..ops.base import foreign_transform, move_fields as _moved
+from ..errors import ConfigError, TransformError
+from ..sample import BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, Geometry, SampleContext, SampleRNG
+from ..sample import move_fields as _moved
+from .base import Transform
+from .compose import (CallableStep, SampleStep, adapt, buffer_size, fixed_size, fuse, image_size_of,
+                      image_size_pair, largest_output)
 
-_VARIABLE = object()  # the output size depends on the input
-
-
-class _Callable(Transform):
-    """Adapts a plain ``fn(img, rng) -> img`` to the Transform interface."""
-
-    def __init__(self, fn: Callable[[np.ndarray, SampleRNG], np.ndarray]) -> None:
-        self.fn = fn
-        size = getattr(fn, "output_size", None)
-        self.output_size = None if size is None else (int(size[0]), int(size[1]))
-        # An undeclared callable is assumed to keep the size; a wrong guess is
-        # reported at the buffer with the transform named.
-        self.preserves_size = size is None
-
-    def apply(self, img, rng, out=None, ctx=None):
-        result = self.fn(img, rng)
-        # Transforms hand uint8 [H, W, 3] RGB to each other; say who broke that
-        # here, not in whichever transform trips over it next.
-        if not isinstance(result, np.ndarray):
-            raise TransformError(f"transform {self!r} returned {type(result).__name__}, not a numpy array")
-        if result.dtype != np.uint8 or result.ndim != 3 or result.shape[2] != 3:
-            raise TransformError(f"transform {self!r} returned an array of shape {result.shape} and "
-                                 f"dtype {result.dtype}; transforms must return uint8 [H, W, 3] RGB")
-        return result
-
-    def __repr__(self) -> str:
-        return getattr(self.fn, "__qualname__", None) or repr(self.fn)
-
-
-class _SampleStep(Transform):
-    """Adapts an :class:`~feeder.ops.SampleTransform` to the chain: it gets the
-    sample as a dict and returns one, checked here."""
-
-    def __init__(self, t: SampleTransform) -> None:
-        self.t = t
-        self.output_size = t.output_size
-        self.preserves_size = t.output_size is None
-
-    def apply(self, img, rng, out=None, ctx=None):
-        # A chain with sample transforms runs them through run_fields only.
-        raise TypeError(f"{self.t!r} transforms whole samples")
-
-    def run(self, sample: dict[str, Any], rng: SampleRNG) -> dict[str, Any]:
-        result = self.t(sample, rng)
-        if not isinstance(result, dict):
-            raise TransformError(f"transform {self!r} returned {type(result).__name__}, not the sample dict")
-        if result.keys() != sample.keys():
-            raise ConfigError(f"transform {self!r} returned the fields {sorted(result)}, not "
-                              f"{sorted(sample)}; a sample transform keeps the sample's fields")
-        img = result[IMAGE]
-        if not (isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim == 3
-                and img.shape[2] == 3):
-            raise TransformError(f"transform {self!r} returned an \"image\" that is not a uint8 "
-                                 f"[H, W, 3] array")
-        checked: dict[str, Any] = {IMAGE: img}
-        for name, value in result.items():
-            if name == IMAGE:
-                continue
-            if name == MASK:
-                if not (isinstance(value, np.ndarray) and value.ndim == 2
-                        and value.dtype in (np.uint8, np.uint16) and value.shape == img.shape[:2]):
-                    raise FieldError(MASK, f"returned by {self!r} is not a uint8/uint16 array of the "
-                                           f"image's size {img.shape[:2]}")
-                checked[name] = value
-                continue
-            new = parse_value(name, value)
-            if spec_of(name, new) != spec_of(name, sample[name]):
-                err = ConfigError(f"transform {self!r} changed field {name!r} from "
-                                  f"{spec_of(name, sample[name]).describe()} to "
-                                  f"{spec_of(name, new).describe()}")
-                err.field = name
-                raise err
-            if name == INSTANCE_MASKS and new.shape[1:] != img.shape[:2]:
-                raise FieldError(name, f"returned by {self!r} are {new.shape[1:]} (height, width), "
-                                       f"not the image's size {img.shape[:2]}")
-            checked[name] = new
-        if BOXES in checked:
-            n = len(checked[BOXES])
-            for name, value in checked.items():
-                if per_box(name) and value.shape[0] != n:
-                    raise FieldError(name, f"returned by {self!r} has {value.shape[0]} rows for {n} boxes")
-        return checked
-
-    def __repr__(self) -> str:
-        return repr(self.t)
-
-
-def image_size_pair(value: Any) -> tuple[int, int]:
-    """``image_size`` as (height, width), two positive ints.
-
-    Raises:
-        ValueError: anything else, with the value.
-    """
-    def whole(v: Any) -> bool:
-        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-    if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or not all(whole(v) and v > 0 for v in value)):
-        raise ValueError(f"image_size must be (height, width), two positive ints; got {value!r}")
-    return int(value[0]), int(value[1])
-
-
-# The option that caps the longer side of a transform that resizes by the shorter one.
-_CAPS = {"Resize": "max_size", "RandomShortestSize": "max_size", "RandomResize": "max_long"}
-
-
-def _bound(transforms: Sequence[Transform], decoded: tuple[int, int] | None
-           ) -> tuple[tuple[int, int] | None, Transform | None]:
-    """The largest output of ``transforms`` from decoded images of at most ``decoded``
-    (None: any size), and the size-changing transform to blame when there is none:
-    the first that cannot say for any input, else the first that scales an
-    unbounded input."""
-    bound = decoded
-    blind: Transform | None = None
-    scaler: Transform | None = None
-    for t in transforms:
-        new = t.largest_output(bound)
-        if new is None and not t.preserves_size:
-            if t.largest_output((1, 1)) is None:
-                blind = blind or t
-            else:
-                scaler = scaler or t
-        bound = new
-    return bound, blind or scaler
-
-
-def largest_output(transforms: Sequence[Transform],
-                   largest_decoded: Callable[[], tuple[int, int] | None] | None = None
-                   ) -> tuple[int, int]:
-    """(height, width) of the largest image ``transforms`` can produce, for
-    ``max_image_size="auto"``: each transform's
-    :meth:`~feeder.ops.Transform.largest_output` of the one before's.
-
-    Args:
-        largest_decoded: Called only when the transforms keep the decoded size
-            or scale it (no transform at all: native-size evaluation): the
-            largest decoded (height, width) of the data, or None when unknown.
-
-    Raises:
-        ConfigError: some transform cannot bound its output; the message names it.
-    """
-    bound, culprit = _bound(transforms, None)
-    if bound is not None:
-        return bound
-    if culprit is None or culprit.largest_output((1, 1)) is not None:
-        decoded = largest_decoded() if largest_decoded is not None else None
-        if decoded is not None:
-            bound, culprit = _bound(transforms, decoded)
-            if bound is not None:
-                return bound
-    advice = ("give max_image_size=(height, width), or end the transforms with one that "
-              "bounds the size (Resize(800, max_size=1333), RandomShortestSize(sizes, "
-              "max_size=...), ScaleJitter, RandomResizedCrop, CenterCrop, Resize((h, w)))")
-    if culprit is None:
-        raise ConfigError(f"max_image_size='auto': the transforms ({list(transforms) or 'none'}) "
-                          f"keep the images' decoded size, and no sample's size could be "
-                          f"read; {advice}")
-    name = type(getattr(culprit, "t", culprit)).__name__
-    if name in _CAPS:
-        why = f"has no cap on the longer side (give it {_CAPS[name]}=...)"
-    elif culprit.largest_output((1, 1)) is not None:
-        why = "scales its input, whose size no transform before it bounds, nor the data's"
-    else:
-        why = "cannot say the largest image it produces"
-    raise ConfigError(f"max_image_size='auto': {culprit!r} {why}; {advice}")
-
-
-def _fuse(ts: list[Transform]) -> list[tuple[int, Transform]]:
-    """The transforms with their positions in the user's list (each draws from the
-    stream of its position), a ``Resize(int)`` followed by a ``CenterCrop`` made one
-    step that computes only the pixels the crop keeps."""
-    steps: list[tuple[int, Transform]] = []
-    i = 0
-    while i < len(ts):
-        t = ts[i]
-        if (type(t) is Resize and t.shorter is not None and i + 1 < len(ts)
-                and type(ts[i + 1]) is CenterCrop):
-            steps.append((i, ResizeCenterCrop(t, ts[i + 1])))
-            i += 2
-        else:
-            steps.append((i, t))
-            i += 1
-    return steps
+__all__ = ["Chain", "image_size_pair", "largest_output"]
 
 
 class Chain:
@@ -248,72 +65,40 @@ class Chain:
                  largest_decoded: Callable[[], tuple[int, int] | None] | None = None) -> None:
         if image_size is not None:
             image_size = image_size_pair(image_size)
-        ts: list[Transform] = []
-        for t in transforms:
-            foreign = foreign_transform(t, "transforms")
-            if foreign is not None:
-                raise TypeError(foreign)
-            if isinstance(t, Transform):
-                ts.append(t)
-            elif isinstance(t, SampleTransform):
-                ts.append(_SampleStep(t))
-            elif callable(t):
-                ts.append(_Callable(t))
-            else:
-                raise TypeError(f"transforms: {t!r} is neither a feeder transform nor callable; use "
-                                f"the feeder.ops transforms, a function fn(img, rng) -> img, "
-                                f"ops.SampleTransform(fn) or ops.Albumentations(A.Compose([...]))")
+        ts = adapt(transforms)
         self.transforms = ts
         #: Some transform takes whole samples: every sample goes through run_fields.
-        self.takes_samples = any(isinstance(t, _SampleStep) for t in ts)
+        self.takes_samples = any(isinstance(t, SampleStep) for t in ts)
         self.max_pixels = max_pixels
-        steps = _fuse(ts)
-        size: Any = None
-        for _, t in steps:
-            if t.output_size is not None:
-                size = t.output_size
-                if size[0] * size[1] > max_pixels:
-                    raise ValueError(f"transform {t!r} produces ({size[0]}, {size[1]}) images "
-                                     f"(height, width), above max_pixels={max_pixels}")
-            elif not t.preserves_size:
-                size = _VARIABLE
+        steps = fuse(ts)
+        size = fixed_size(steps, max_pixels)
         #: Variable-size output: (height, width) of the largest image, else None.
         self.max_image_size: tuple[int, int] | None = None
         if isinstance(max_image_size, str) and max_image_size == "auto":
             max_image_size = largest_output(ts, largest_decoded)
         if max_image_size is not None:
-            max_image_size = image_size_pair(max_image_size)
-            # The fixed size itself is no mistake: batches of the dict form, as
-            # "auto" gives for such a chain, whose images are all that size.
-            if isinstance(size, tuple) and size != max_image_size:
-                raise ValueError(f"max_image_size={max_image_size} is for transforms whose output "
-                                 f"size varies, but these ({ts}) always produce "
-                                 f"({size[0]}, {size[1]}) (height, width): drop max_image_size")
-            d = size_divisibility
-            buffer = (-(-max_image_size[0] // d) * d, -(-max_image_size[1] // d) * d)
-            if buffer[0] * buffer[1] > max_pixels:
-                raise ValueError(f"max_image_size={max_image_size} (batch buffers of {buffer} "
-                                 f"(height, width) with size_divisibility={d}) is above "
-                                 f"max_pixels={max_pixels}")
-            self.max_image_size = max_image_size
-            size = image_size = buffer
-        if image_size is not None:
-            if isinstance(size, tuple) and size != image_size:
-                raise ValueError(f"image_size={image_size} but the transforms produce {size}")
-            if image_size[0] * image_size[1] > max_pixels:
-                raise ValueError(f"image_size={image_size} is above max_pixels={max_pixels}")
-            size = image_size
-        if not isinstance(size, tuple):
-            raise ValueError(
-                "cannot tell the output image size from the transforms "
-                f"({ts or 'none'}); end them with a fixed-size transform (RandomResizedCrop, "
-                "CenterCrop, Resize((h, w))), pass image_size=(height, width), or, for "
-                "batches of images of different sizes (padded to the largest of each batch), "
-                "max_image_size=(height, width)"
-                + ("; an ops.Albumentations whose pipeline ends at a fixed size declares it with "
-                   "output_size=(h, w)" if any(type(t).__name__ == "Albumentations" for t in ts) else ""))
+            self.max_image_size, size = buffer_size(max_image_size, size, ts, size_divisibility,
+                                                    max_pixels)
+            image_size = size
         #: (height, width) of the batch buffers' images (of every image, unless variable).
-        self.image_size: tuple[int, int] = size
+        self.image_size: tuple[int, int] = image_size_of(size, image_size, ts, max_pixels)
+        self._split(steps)
+        self._find_hinter(steps)
+        # The context (full-size dims) is only true for transforms that see the
+        # decoded image unchanged in size: up to the first size-changing step, or
+        # the first callable or sample transform (which may change the size
+        # without saying so: a Resize after one sizes what it returned).
+        self._ctx_upto = next((i for i, t in steps if not t.preserves_size
+                               or isinstance(t, (CallableStep, SampleStep))), len(ts))
+        self._steps = steps
+        # What run() does per step, decided here once rather than per sample:
+        # (position, transform, gets the context, check its planned size, check
+        # what it produced).
+        self._run_head = [self._compile(i, t) for i, t in self._head]
+        self._run_writer = None if self._writer is None else self._compile(*self._writer)
+
+    def _split(self, steps: list[tuple[int, Transform]]) -> None:
+        """The steps as head, writer (or placer) and in-place tail."""
         k = len(steps) - 1
         while k >= 0 and steps[k][1].inplace:
             k -= 1
@@ -331,13 +116,15 @@ class Chain:
             self._placer = None
             if k >= 0:
                 i, t = steps[k]
-                if (isinstance(t, Transform) and not isinstance(t, (_Callable, _SampleStep))
+                if (isinstance(t, Transform) and not isinstance(t, (CallableStep, SampleStep))
                         and type(t).planned_size is not Transform.planned_size):
                     self._head, self._placer = steps[:k], steps[k]
         else:
             self._head = steps[:max(k, 0)]
             self._writer = steps[k] if k >= 0 else None
             self._tail = steps[k + 1:]
+
+    def _find_hinter(self, steps: list[tuple[int, Transform]]) -> None:
         # Reduced-scale decode is driven by the first size-changing built-in
         # transform, if nothing before it but size-preserving built-ins. A region
         # decode only when it is the very first step: a transform before it would
@@ -345,7 +132,7 @@ class Chain:
         self._hinter: tuple[int, Transform] | None = None
         self._boxer = False
         for k, (i, t) in enumerate(steps):
-            if isinstance(t, (_Callable, _SampleStep)):
+            if isinstance(t, (CallableStep, SampleStep)):
                 break
             if not t.preserves_size:
                 hints = type(t).decode_hint is not Transform.decode_hint
@@ -354,18 +141,6 @@ class Chain:
                     self._hinter = (i, t)
                     self._boxer = boxes and k == 0
                 break
-        # The context (full-size dims) is only true for transforms that see the
-        # decoded image unchanged in size: up to the first size-changing step, or
-        # the first callable or sample transform (which may change the size
-        # without saying so: a Resize after one sizes what it returned).
-        self._ctx_upto = next((i for i, t in steps if not t.preserves_size
-                               or isinstance(t, (_Callable, _SampleStep))), len(ts))
-        self._steps = steps
-        # What run() does per step, decided here once rather than per sample:
-        # (position, transform, gets the context, check its planned size, check
-        # what it produced).
-        self._run_head = [self._compile(i, t) for i, t in self._head]
-        self._run_writer = None if self._writer is None else self._compile(*self._writer)
 
     def _compile(self, i: int, t: Transform) -> tuple[int, Transform, bool, bool, bool]:
         # Every image entering a step is within max_pixels (the decoder checks it,
@@ -379,7 +154,8 @@ class Chain:
         # feeder's own transforms make exactly their planned size; the adapters run
         # other libraries' code, which is checked like a callable.
         module = type(t).__module__
-        builtin = module.startswith("feeder.ops.") and module != "feeder.ops.adapters"
+        builtin = (module.startswith("feeder.ops.") and module != "feeder.ops.adapters"
+                   and not isinstance(t, (CallableStep, SampleStep)))
         return i, t, i <= self._ctx_upto, not known, not (known and builtin)
 
     @property
@@ -477,8 +253,7 @@ class Chain:
             for i, t in self._tail:
                 t.apply(out, SampleRNG(key, i), out, None)
         except Exception as exc:
-            if t is not None and not isinstance(exc, TransformError):
-                exc.add_note(f"in transform {t!r}")
+            _name_transform(exc, t)
             raise
         return out.shape[0], out.shape[1]
 
@@ -505,11 +280,21 @@ class Chain:
                 changed a field's shape or dtype; and as :meth:`run`.
         """
         spatial = MASK in fields or BOXES in fields
+        img, fields, geometry, t = self._fields_head(img, key, ctx, fields, geometry, spatial)
+        if self.max_image_size is not None:
+            return self._fields_placed(img, key, ctx, out, fields, geometry, spatial, t)
+        fields, geometry = self._fields_written(img, key, ctx, out, fields, geometry, spatial, t)
+        return _moved(fields, geometry, self.max_pixels), (out.shape[0], out.shape[1])
+
+    def _fields_head(self, img: np.ndarray, key: int, ctx: SampleContext, fields: dict[str, Any],
+                     geometry: Geometry, spatial: bool) -> tuple[Any, dict[str, Any], Geometry, Any]:
+        """:meth:`run_fields_sized`'s head steps; returns the image, fields, geometry
+        and the last transform run."""
         upto = self._ctx_upto
         t = None
         try:
             for i, t in self._head:
-                if isinstance(t, _SampleStep):
+                if isinstance(t, SampleStep):
                     img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
                     self._check_pixels(t, img.shape[0], img.shape[1], "produced")
                     continue
@@ -524,35 +309,54 @@ class Chain:
                 geometry = self._follow(t, geometry, moved, img, result, spatial)
                 img = result
                 self._check_pixels(t, img.shape[0], img.shape[1], "produced")
-            size = (out.shape[0], out.shape[1])
-            if self.max_image_size is not None:
-                # As in run(): the in-place steps write into the image's region of the slot.
-                if self._placer is not None:
-                    i, t = self._placer
-                    c = ctx if i <= upto else None
-                    region = self._planned_region(t, img, c, out)
-                    self._check_plan(t, img, c, key, i)
-                    result, moved = t.apply_geometry(img, SampleRNG(key, i), region, c)
-                    geometry = self._follow(t, geometry, moved, img, result, spatial)
-                    img = self._settle(result, region, out, t)
-                if not (self._placer is not None and img is region):
-                    region = self._region(img, out, t)
-                for n, (i, t) in enumerate(self._tail):
-                    source = img if n == 0 else region
-                    result, moved = t.apply_geometry(source, SampleRNG(key, i), region, None)
-                    geometry = self._follow(t, geometry, moved, source, result, spatial)
-                    if result is not region:
-                        np.copyto(region, result)
-                if not self._tail and img is not region:
-                    np.copyto(region, img)
-                return _moved(fields, geometry, self.max_pixels), region.shape[:2]
+        except Exception as exc:
+            _name_transform(exc, t)
+            raise
+        return img, fields, geometry, t
+
+    def _fields_placed(self, img: Any, key: int, ctx: SampleContext, out: np.ndarray,
+                       fields: dict[str, Any], geometry: Geometry, spatial: bool,
+                       t: Any) -> tuple[dict[str, Any], tuple[int, int]]:
+        """Variable sizes, :meth:`run_fields_sized` after the head: as in :meth:`run`,
+        the in-place steps write into the image's region of the slot."""
+        upto = self._ctx_upto
+        try:
+            if self._placer is not None:
+                i, t = self._placer
+                c = ctx if i <= upto else None
+                region = self._planned_region(t, img, c, out)
+                self._check_plan(t, img, c, key, i)
+                result, moved = t.apply_geometry(img, SampleRNG(key, i), region, c)
+                geometry = self._follow(t, geometry, moved, img, result, spatial)
+                img = self._settle(result, region, out, t)
+            if not (self._placer is not None and img is region):
+                region = self._region(img, out, t)
+            for n, (i, t) in enumerate(self._tail):
+                source = img if n == 0 else region
+                result, moved = t.apply_geometry(source, SampleRNG(key, i), region, None)
+                geometry = self._follow(t, geometry, moved, source, result, spatial)
+                if result is not region:
+                    np.copyto(region, result)
+            if not self._tail and img is not region:
+                np.copyto(region, img)
+            return _moved(fields, geometry, self.max_pixels), region.shape[:2]
+        except Exception as exc:
+            _name_transform(exc, t)
+            raise
+
+    def _fields_written(self, img: Any, key: int, ctx: SampleContext, out: np.ndarray,
+                        fields: dict[str, Any], geometry: Geometry, spatial: bool,
+                        t: Any) -> tuple[dict[str, Any], Geometry]:
+        """Fixed size, :meth:`run_fields_sized` after the head: the writer into
+        ``out``, then the in-place tail there."""
+        try:
             if self._writer is not None:
                 i, t = self._writer
-                if isinstance(t, _SampleStep):
+                if isinstance(t, SampleStep):
                     img, fields, geometry = self._sample_step(t, img, fields, geometry, key, i)
                     self._store(img, out, t)
                 else:
-                    c = ctx if i <= upto else None
+                    c = ctx if i <= self._ctx_upto else None
                     self._check_plan(t, img, c, key, i)
                     if t.moves_fields:
                         result, fields, geometry = t.apply_fields(img, SampleRNG(key, i), fields,
@@ -568,12 +372,11 @@ class Chain:
                 _, moved = t.apply_geometry(out, SampleRNG(key, i), out, None)
                 geometry = self._follow(t, geometry, moved, out, out, spatial)
         except Exception as exc:
-            if t is not None and not isinstance(exc, TransformError):
-                exc.add_note(f"in transform {t!r}")
+            _name_transform(exc, t)
             raise
-        return _moved(fields, geometry, self.max_pixels), size
+        return fields, geometry
 
-    def _sample_step(self, t: "_SampleStep", img: np.ndarray, fields: dict[str, Any],
+    def _sample_step(self, t: "SampleStep", img: np.ndarray, fields: dict[str, Any],
                      geometry: Geometry, key: int, i: int) -> tuple[np.ndarray, dict[str, Any], Geometry]:
         sample = {IMAGE: img, **_moved(fields, geometry, self.max_pixels)}
         result = t.run(sample, SampleRNG(key, i))
@@ -687,3 +490,9 @@ class _Shape:
 
     def __init__(self, size: tuple[int, int]) -> None:
         self.shape = (int(size[0]), int(size[1]), 3)
+
+
+def _name_transform(exc: Exception, t: Any) -> None:
+    """Note on ``exc`` the transform it came from (a TransformError names it already)."""
+    if t is not None and not isinstance(exc, TransformError):
+        exc.add_note(f"in transform {t!r}")

@@ -6,8 +6,8 @@
  * Why: a region decode skips the IDCT, upsampling and colour conversion of the
  * rows above the crop (jpeg_skip_scanlines), but not their Huffman decoding:
  * Huffman codes have no byte alignment, so the only way to know where row r
- * starts is to decode rows 0 to r-1. That is 15% of the ImageNet-like region
- * decode and 11% on large photos (bench/results/region_decode.txt). libjpeg
+ * starts is to decode rows 0 to r-1, a large share of the region decode
+ * (bench/results/region_decode.txt). libjpeg
  * keeps its decoder's position (a bit buffer) and DC predictions private, so
  * no caller can restart it in the middle of a scan; a decoder of our own can.
  *
@@ -23,7 +23,7 @@
  * decode records one every few rows, as far down as it reads (to the end in
  * feeder's jpeg_verify pass, to the crop's last row otherwise), and a decode
  * given an index goes on recording past its last point; feeder keeps the
- * index beside the file's fingerprint (feeder/work/verified.py), so it only
+ * index beside the file's fingerprint (feeder/decode/verified.py), so it only
  * ever describes the bytes it was recorded from.
  *
  * What stays libjpeg's: the markers (restart markers and the end of the scan

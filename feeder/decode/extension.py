@@ -1,4 +1,4 @@
-"""Loading feeder's optional C extension ``feeder.work._jpeg`` (the region JPEG
+"""Loading feeder's optional C extension ``feeder.decode._jpeg`` (the region JPEG
 decoder and the CRC-32C of the verified-JPEG memory), once for the modules
 that use it."""
 
@@ -22,12 +22,12 @@ def load() -> tuple[Any, str | None]:
     """The region decoder, or None and why it is not used."""
     if os.environ.get(NO_EXTENSION_ENV, "") not in ("", "0"):
         return None, f"{NO_EXTENSION_ENV}={os.environ[NO_EXTENSION_ENV]} is set"
-    if importlib.util.find_spec("feeder.work._jpeg") is None:
-        return None, "the extension feeder.work._jpeg is not built"
+    if importlib.util.find_spec("feeder.decode._jpeg") is None:
+        return None, "the extension feeder.decode._jpeg is not built"
     try:
         from . import _jpeg
     except ImportError as exc:  # built, but its libjpeg is gone (or another ABI)
-        return None, f"the extension feeder.work._jpeg could not be loaded ({exc})"
+        return None, f"the extension feeder.decode._jpeg could not be loaded ({exc})"
     return _jpeg, None
 
 

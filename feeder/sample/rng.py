@@ -106,7 +106,7 @@ class SampleRNG:
         return math.exp(self.uniform(math.log(low), math.log(high)))
 
     def numpy(self) -> np.random.Generator:
-        """A ``numpy.random.Generator`` seeded from this stream (costs ~20 us; use when needed)."""
+        """A ``numpy.random.Generator`` seeded from this stream (far costlier to make than a draw: use when needed)."""
         return np.random.Generator(np.random.PCG64(self._next()))
 
 

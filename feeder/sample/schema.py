@@ -1,0 +1,122 @@
+"""The fields every sample of one feeder must share (:class:`Schema`), and the
+record one sample travels the stages in (:class:`Task`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..errors import FieldError, SourceError
+from .fields import Spec
+from .parse import spec_of
+
+
+class Schema:
+    """Every field's :class:`Spec`, fixed by the first sample read that has it, for
+    one feeder.
+
+    Thread-safe. A sample that disagrees with it fails with a :class:`FieldError`
+    naming the field, the sample and both shapes (a fault of that sample's data:
+    skipped under ``on_error="skip"``). The first sample also fixes whether
+    batches are pairs or dicts (a source mixing both is a :class:`SourceError`)
+    and the dict's keys.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.specs: dict[str, Spec] = {}
+        self.first: dict[str, int] = {}  # field -> the sample that fixed its spec
+        self.keys: tuple[str, ...] | None = None  # the dict samples' keys, image included
+        self.is_dict: bool | None = None
+        self.first_sample = -1
+        #: True once pairs with int labels are known to be the samples: the read
+        #: step then takes them without any of the checks above.
+        self.classic = False
+
+    def state(self) -> tuple:
+        """What the first samples fixed, to be :meth:`adopt`-ed by another process's
+        schema (the isolated engine's training process)."""
+        return (dict(self.specs), self.keys, self.is_dict, self.classic)
+
+    def adopt(self, state: tuple) -> None:
+        """Take ``state`` (from :meth:`state`) as what the samples fixed."""
+        self.specs, self.keys, self.is_dict, self.classic = state
+
+    def check(self, index: int, is_dict: bool, keys: tuple[str, ...] | None,
+              fields: dict[str, Any]) -> None:
+        """Check a parsed sample against the schema, fixing what is not fixed yet.
+
+        Raises:
+            SourceError: pairs and dicts mixed.
+            FieldError: naming the field, this sample, the first sample and both specs.
+        """
+        if self.is_dict is None:
+            with self._lock:
+                if self.is_dict is None:
+                    self.keys, self.first_sample = keys, index
+                    self.is_dict = is_dict
+        if is_dict != self.is_dict:
+            have = "a dict" if is_dict else "a (bytes, label) pair"
+            want = "dicts" if self.is_dict else "(bytes, label) pairs"
+            raise SourceError(f"sample {index} is {have} but sample {self.first_sample} was not: "
+                              f"a source must return {want} for every sample")
+        if is_dict and keys != self.keys and set(keys) != set(self.keys):
+            missing = sorted(set(self.keys) - set(keys))
+            extra = sorted(set(keys) - set(self.keys))
+            name = (missing or extra)[0]
+            raise FieldError(name, f"is {'missing from' if missing else 'extra in'} sample {index}: "
+                                   f"it has the fields {sorted(keys)}, sample {self.first_sample} had "
+                                   f"{sorted(self.keys)}; every sample must have the same fields")
+        specs = self.specs
+        for name, value in fields.items():
+            spec = spec_of(name, value)
+            known = specs.get(name)
+            if known is None:
+                with self._lock:
+                    known = specs.setdefault(name, spec)
+                    self.first.setdefault(name, index)
+            if known != spec:
+                raise FieldError(name, f"of sample {index} is {spec.describe()}{_shown(value)}, but "
+                                       f"sample {self.first[name]} gave {known.describe()}; every "
+                                       f"sample's {name!r} must have one shape and dtype")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return ""
+    text = repr(value)
+    return f" ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+class Task:
+    """One sample on its way through the stages (one object, reused by every stage).
+
+    Attributes:
+        batch: The ``engine.filling.FillingBatch`` it belongs to.
+        slot: Its position in that batch.
+        index: Its index in the source.
+        data: The encoded bytes, or the pixels of a decoded image (an array
+            from :func:`pixels`), between the read and the decode step.
+        label: Its label, as the source gave it (pairs with an int label).
+        fields: Every field but the image, checked (:func:`parse_sample`), or
+            None for a pair with an int label: that common case takes no
+            per-field work at all.
+        key: Its randomness key, from (seed, epoch, index).
+        image: The decoded image, between the decode and the transform step.
+        ctx: The ``ops.SampleContext`` the decode step computed for the transforms.
+    """
+
+    __slots__ = ("batch", "slot", "index", "data", "label", "fields", "key", "image", "ctx")
+
+    def __init__(self, batch: Any, slot: int, index: int) -> None:
+        self.batch = batch
+        self.slot = slot
+        self.index = index
+        self.data: Any = None
+        self.label: Any = -1
+        self.fields: dict[str, Any] | None = None
+        self.key = 0
+        self.image: Any = None
+        self.ctx: Any = None
