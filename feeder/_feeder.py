@@ -6,15 +6,16 @@ import dataclasses
 import functools
 import logging
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any, Never
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
 from .engine import reaper as _reaper
 from .ops.chain import Chain
 from ._dataset import FeederDataset
-from .engine.config import DEFAULTS, Config, reads_may_block
+from .engine.config import DEFAULTS, Config, reads_may_block, unknown_options_message
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .decode import note_jpeg_decoder
 from .order.group import largest_image
@@ -34,6 +35,24 @@ log = logging.getLogger(__name__)
 
 # Feeder's keyword-only options: every entry of the option table but batch_size.
 _OPTION_NAMES = frozenset(DEFAULTS)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _answer_unknown_keywords(init: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``init`` with a keyword it does not take answered as the option table
+    answers it (DataLoader's keywords with what to pass instead, a misspelling
+    with the option meant), not with Python's bare TypeError. Editors, type
+    checkers and ``inspect.signature`` see ``init``'s own parameters."""
+    accepted = {"source", "batch_size", "transforms"} | _OPTION_NAMES
+
+    @functools.wraps(init)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        unknown = sorted(set(kwargs) - accepted)
+        if unknown:
+            raise TypeError(unknown_options_message(unknown, [f.name for f in fields(Config)]))
+        return init(*args, **kwargs)
+    return checked
 
 
 class Feeder:
@@ -227,6 +246,7 @@ class Feeder:
     [How it works](../design/how-it-works.md).
     """
 
+    @_answer_unknown_keywords
     def __init__(self, source: Source, batch_size: int, transforms: Sequence[Any] = (), *,
                  decode_threads: int | str = "auto",
                  augment_threads: int | str = "auto",
@@ -259,14 +279,11 @@ class Feeder:
                  jpeg_index_bytes: int = 128 << 20,
                  batch_transforms: Sequence[Any] = (),
                  isolation: str = "thread",
-                 start_method: str = "auto",
-                 **dataloader_keywords: Never) -> None:
+                 start_method: str = "auto") -> None:
         # The options are checked once, in engine/config.py's table (its defaults
-        # equal these: tests/test_config.py checks); anything else, DataLoader's
-        # keywords first, is answered there with what to pass instead.
+        # equal these: tests/test_config.py checks).
         options: dict[str, Any] = {name: value for name, value in locals().items()
                                    if name in _OPTION_NAMES}
-        options.update(dataloader_keywords)
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
