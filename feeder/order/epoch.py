@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .sequence import ArrayOrder, BlockOrder, GlobalOrder, Order, subkey
+from .sequence import ArrayOrder, BlockOrder, GlobalOrder, Order, Span, subkey
 from ..sample.rng import order_key
 
 
@@ -208,6 +208,21 @@ def pass_sequence(length: int, batch_size: int, shuffle: bool | str, drop_last: 
         order = epoch_order(length, shuffle, seed, epoch, rank, world_size, even=drop_last)
     total = num_batches(len(order), batch_size, drop_last and not skip)
     return order.head(total * batch_size)
+
+
+def own_pass_sequence(order: Order, batch_size: int, drop_last: bool, skip: bool, rank: int = 0,
+                      world_size: int = 1) -> Order:
+    """A pass of a source that gives its own epoch ``order`` (every rank's, see
+    :class:`~feeder.order.plan.EpochPlan`): rank ``r`` takes the ``r``-th
+    contiguous share of it (the sizes of :func:`shard_sizes`), cut to whole
+    batches as :func:`pass_sequence` cuts. Contiguous, not strided: a share of
+    an interleave of sources keeps its proportions, every ``world_size``-th
+    position of it need not."""
+    sizes = shard_sizes(len(order), world_size, drop_last)
+    begin = sum(sizes[:rank])
+    mine = Span(order, begin, begin + sizes[rank])
+    total = num_batches(len(mine), batch_size, drop_last and not skip)
+    return mine.head(total * batch_size)
 
 
 def num_batches(samples: int, batch_size: int, drop_last: bool) -> int:

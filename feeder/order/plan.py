@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .epoch import ShardLayout, pass_sequence, shard_layout
+from .epoch import ShardLayout, own_pass_sequence, pass_sequence, shard_layout
 from .group import group_sequence
 from .sequence import Concat, Handled, Order, Remaining, Slice
 
@@ -72,6 +72,13 @@ class EpochPlan:
         self.source = source
         self.options = options
         self.chain = chain
+        # A source that orders its own epochs (feeder.Mixture): its epoch_order(seed,
+        # epoch, shuffle) gives every rank's order, which the plan cuts.
+        self.own_order = getattr(source, "epoch_order", None)
+        if self.own_order is not None and options.shuffle == "shards":
+            raise ValueError(f"shuffle='shards' does not apply to a {type(source).__name__}, "
+                             f"which orders its own epochs (each source in passes of its own): "
+                             f"use shuffle=True or False")
         self.layout: ShardLayout | None = shard_layout(source, options.shuffle, options.shuffle_window,
                                                        options.shuffle_shards)
         self._grouped: dict[tuple[int, int, int, int], Order] = {}
@@ -98,8 +105,15 @@ class EpochPlan:
         o = self.options
         # The length is asked each time, in the caller's thread (the sampler's:
         # a source failing there fails the pass as that stage's error).
-        order = pass_sequence(len(self.source), o.batch_size, o.shuffle, o.drop_last, o.skip, seed, epoch,
-                              rank, world_size, self.layout)
+        if self.own_order is not None:
+            whole = self.own_order(seed, epoch, bool(o.shuffle))
+            if len(whole) != len(self.source):
+                raise ValueError(f"{type(self.source).__name__}.epoch_order() gave {len(whole)} "
+                                 f"positions for a source of {len(self.source)}")
+            order = own_pass_sequence(whole, o.batch_size, o.drop_last, o.skip, rank, world_size)
+        else:
+            order = pass_sequence(len(self.source), o.batch_size, o.shuffle, o.drop_last, o.skip,
+                                  seed, epoch, rank, world_size, self.layout)
         if o.group_by_aspect_ratio is None:
             return order
         return self._kept((epoch, rank, world_size, seed, ()),

@@ -169,6 +169,22 @@ class _Head(Order):
         return self.order.take(start, min(stop, self.count))
 
 
+class Span(Order):
+    """Positions ``[begin, end)`` of ``order`` (a rank's contiguous share of a global order)."""
+
+    def __init__(self, order: Order, begin: int, end: int) -> None:
+        self.order, self.begin, self.end = order, begin, min(end, len(order))
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.begin)
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, len(self))
+        if stop <= start:
+            return np.zeros(0, np.int64)
+        return self.order.take(self.begin + start, self.begin + stop)
+
+
 class ArrayOrder(Order):
     """An order held as an array (the small sources' orders, as before)."""
 
