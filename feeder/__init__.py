@@ -21,6 +21,7 @@ from .sample.rng import SampleRNG
 from .sample import check_sample
 from .errors import (ConfigError, DecodeError, FeederError, FeederTimeoutError, FieldError, SampleError,
                      SourceError, StageError, TransformError)
+from .mixture import Mixture
 from .shards import TarShards
 from .sources import DatasetSource, FileList, ImageFolder, Source
 
@@ -38,6 +39,7 @@ __all__ = [
     "FileList",
     "ImageFolder",
     "MemoryStats",
+    "Mixture",
     "QueueStats",
     "SampleError",
     "SampleRNG",

@@ -124,7 +124,7 @@ LAYERS = [
     ("decode", ["feeder.decode"]),
     ("storage", ["feeder.storage"]),
     ("sources", ["feeder.sources", "feeder.shards", "feeder.pack", "feeder.synthetic"]),
-    ("the epoch plan", ["feeder.order"]),
+    ("the epoch plan", ["feeder.order", "feeder.mixture"]),
     ("engine", ["feeder.engine"]),
     ("isolation", ["feeder.isolation"]),
     ("the Feeder", ["feeder._feeder", "feeder._consumer", "feeder._dataset",
