@@ -47,11 +47,14 @@ class BatchInfo:
         indices: int64 CPU tensor ``[B]``: the source index of each sample, in the
             batch's order (so ``labels[i]`` is the label of ``source`` sample
             ``indices[i]``).
+        sources: For a :class:`~feeder.Mixture`, int64 CPU tensor ``[B]``: the
+            source number each sample came from; None for other sources.
     """
 
     epoch: int
     number: int
     indices: torch.Tensor
+    sources: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

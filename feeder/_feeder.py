@@ -233,7 +233,8 @@ class Feeder:
         seed: The base seed in use (drawn from torch's generator when ``seed=None``;
             rank 0's under ``torch.distributed``).
         last_batch: A :class:`BatchInfo` for the batch ``next()`` last returned
-            (its epoch, its number in the epoch, its samples' source indices).
+            (its epoch, its number in the epoch, its samples' source indices and,
+            for a :class:`~feeder.Mixture`, their source numbers).
         sampler: A sampler-like handle: ``feeder.sampler.set_epoch(e)`` is
             ``feeder.set_epoch(e)`` (Lightning calls it on a loader's ``sampler``).
 
@@ -509,8 +510,16 @@ class Feeder:
             raise FeederError("the feeder is closed")
         cfg = self.config
         return PassIterator(PassHooks(self._start_pass, self._engine.book,
-                                      functools.partial(setattr, self, "last_batch"), self.__len__,
+                                      self._delivered, self.__len__,
                                       cfg.device.type == "cuda", cfg.timeout))
+
+    def _delivered(self, info: BatchInfo) -> None:
+        """Record the batch ``next()`` returns (``last_batch``), with each sample's
+        source number when the source can say (a :class:`~feeder.Mixture`)."""
+        source_of = getattr(self.source, "source_of", None)
+        if source_of is not None:
+            info = dataclasses.replace(info, sources=torch.from_numpy(source_of(info.indices.numpy())))
+        self.last_batch = info
 
     def _shard_now(self) -> tuple[int, int]:
         """(rank, world_size) now, with the seed agreed among the ranks once there
