@@ -4,6 +4,7 @@ in a size that does not grow with the epoch, and when a pass has nothing left.""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +45,9 @@ class Progress:
         self.start = start or Handled(0)
         self.position = self.start.position
         self._after_positions = set(self.start.after)
-        self._pending: set[int] = set()  # handled sample indices past ``position``
+        # Handled sample indices past ``position``, counted: an order may hold a
+        # sample more than once (a mixture's small source repeats within an epoch).
+        self._pending: Counter[int] = Counter()
         self.skipped_before = list(skipped)
         self.first_batch = batches  # the number of this run's first batch
         self.batches = batches
@@ -61,7 +64,7 @@ class Progress:
     def handled(self) -> Handled:
         """What a resumed pass must not dispatch again: delivered or skipped."""
         with self._lock:
-            return self._handled(set(self._pending))
+            return self._handled(Counter(self._pending))
 
     def _at(self, position: int) -> int:
         """The sample at ``position`` (under the lock): the order is looked up a
@@ -73,7 +76,7 @@ class Progress:
             k = 0
         return self._block[k]
 
-    def _advance(self, pending: set[int], position: int, after: set[int]) -> int:
+    def _advance(self, pending: Counter[int], position: int, after: set[int]) -> int:
         """Move ``position`` over handled samples (removing them from ``pending``
         and ``after``)."""
         n = len(self.order)
@@ -82,13 +85,12 @@ class Progress:
                 after.discard(position)
             else:
                 i = self._at(position)
-                if i not in pending:
+                if not _take(pending, i):
                     break
-                pending.discard(i)
             position += 1
         return position
 
-    def _handled(self, pending: set[int]) -> Handled:
+    def _handled(self, pending: Counter[int]) -> Handled:
         # Under the lock (or on copies). The pending samples are past the
         # position: find their positions by walking the order from it (they were
         # dispatched, so they lie within the samples in flight).
@@ -98,8 +100,7 @@ class Progress:
         n = len(self.order)
         while pending and at < n:
             i = self._at(at)
-            if i in pending:
-                pending.discard(i)
+            if _take(pending, i):
                 after.add(at)
             at += 1
         if pending:
@@ -138,7 +139,7 @@ class Progress:
         samples count as handled."""
         with self._lock:
             self._take_skips()
-            handled = self._handled(set(self._pending))
+            handled = self._handled(Counter(self._pending))
             skipped = sorted(set(self.skipped_before) | set(self._skipped_now))
             return handled, skipped, self.batches
 
@@ -155,6 +156,18 @@ class Progress:
         skipped = np.zeros(length, bool)
         skipped[skipped_list] = True
         return delivered & ~skipped, skipped, batches
+
+
+def _take(pending: Counter[int], index: int) -> bool:
+    """Count one handled ``index`` off ``pending``; False when none is pending."""
+    left = pending.get(index, 0)
+    if not left:
+        return False
+    if left == 1:
+        del pending[index]
+    else:
+        pending[index] = left - 1
+    return True
 
 
 def pass_finished(handled: int, length: int, batch_size: int, drop_last: bool, skip: bool,
