@@ -170,7 +170,9 @@ class Cursor:
         delivered = skipped = None
         handled: Handled | None = None
         skipped_list: list[int] | None = None
-        compact = len(self.source) > COMPACT_ABOVE
+        # A source that orders its own epochs may draw a sample twice in one (a
+        # mixture's small source): one bit per sample cannot say which draw was delivered.
+        compact = len(self.source) > COMPACT_ABOVE or self.plan.own_order is not None
         batches = 0
         next_epoch = self.next_epoch
         if self.resume is not None:
