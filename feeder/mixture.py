@@ -79,7 +79,7 @@ class Mixture:
         self.lengths = tuple(len(s) for s in self.sources)
         for k, n in enumerate(self.lengths):
             if n == 0:
-                raise ValueError(f"Mixture: {self.names[k]} ({_kind(self.sources[k])}) is empty")
+                raise ValueError(f"Mixture: {self.names[k]!r} ({_kind(self.sources[k])}) is empty")
         self.offsets = tuple(int(x) for x in np.cumsum((0,) + self.lengths[:-1]))
         total = sum(self.lengths)
         exact = _check_weights(weights, self.lengths, self.names)
@@ -98,7 +98,7 @@ class Mixture:
         never = [k for k, c in enumerate(self.counts) if c == 0]
         if never:
             k = never[0]
-            raise ValueError(f"Mixture: {self.names[k]} gets weight {self.weights[k]:.3g}, 0 of the "
+            raise ValueError(f"Mixture: {self.names[k]!r} gets weight {self.weights[k]:.3g}, 0 of the "
                              f"{self.samples_per_epoch} positions of an epoch: raise its weight "
                              f"or samples_per_epoch")
         _check_fields(self.sources, self.names)
@@ -228,10 +228,10 @@ def _check_weights(weights: Any, lengths: Sequence[int], names: Sequence[str]) -
         raw = []
         for k, w in enumerate(weights):
             if isinstance(w, bool) or not isinstance(w, numbers.Real):
-                raise TypeError(f"Mixture: the weight of {names[k]} must be a number, got "
+                raise TypeError(f"Mixture: the weight of {names[k]!r} must be a number, got "
                                 f"{type(w).__name__}")
             if not (math.isfinite(float(w)) and w > 0):
-                raise ValueError(f"Mixture: the weight of {names[k]} must be positive and finite, "
+                raise ValueError(f"Mixture: the weight of {names[k]!r} must be positive and finite, "
                                  f"got {w!r}")
             raw.append(Fraction(w) if isinstance(w, numbers.Rational) else Fraction(float(w)))
     total = sum(raw)
@@ -257,7 +257,7 @@ def _check_fields(sources: Sequence[Any], names: Sequence[str]) -> None:
         try:
             kind = _sample_kind(s.read(0))
         except Exception as exc:  # noqa: BLE001 - a bad sample is the pass's to report
-            log.debug("Mixture: %s: sample 0 not read (%s): fields checked at the first batch",
+            log.debug("Mixture: %r: sample 0 not read (%s): fields checked at the first batch",
                       names[k], exc)
             continue
         if kind is not None:
@@ -269,11 +269,11 @@ def _check_fields(sources: Sequence[Any], names: Sequence[str]) -> None:
         if "pair" in (kind + want):
             pair, other = (k, first) if kind == ("pair",) else (first, k)
             fields = want if pair == k else kind
-            raise ValueError(f"Mixture: {names[pair]} ({_kind(sources[pair])}) gives (image, label) "
-                             f"pairs but {names[other]} ({_kind(sources[other])}) gives dicts of "
+            raise ValueError(f"Mixture: {names[pair]!r} ({_kind(sources[pair])}) gives (image, label) "
+                             f"pairs but {names[other]!r} ({_kind(sources[other])}) gives dicts of "
                              f"{list(fields)}: a batch holds one kind; give every source the same")
         missing, extra = sorted(set(want) - set(kind)), sorted(set(kind) - set(want))
-        raise ValueError(f"Mixture: {names[k]} ({_kind(sources[k])}) gives the fields {list(kind)} "
-                         f"but {names[first]} ({_kind(sources[first])}) gives {list(want)} "
+        raise ValueError(f"Mixture: {names[k]!r} ({_kind(sources[k])}) gives the fields {list(kind)} "
+                         f"but {names[first]!r} ({_kind(sources[first])}) gives {list(want)} "
                          f"(missing {missing}, extra {extra}): every sample of a batch must have "
                          f"the same fields")

@@ -1,0 +1,330 @@
+"""feeder.Mixture: weighted mixtures of sources, their epoch orders (exact
+proportions, per-source passes) and a feeder over them (ranks, grouping, resume,
+the isolated engine)."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+import feeder
+from conftest import JOIN_TIMEOUT_S, MemorySource, collect, collected, encode_jpeg
+from feeder import Feeder, Mixture, ops
+from feeder.order.mixture import Interleave, apportion
+from feeder.order.plan import EpochPlan, OrderOptions
+from feeder.synthetic import make_image
+
+
+class Length:
+    """``n`` samples; ``read`` gives an (image, label) pair without pixels to decode."""
+
+    def __init__(self, n: int, sizes: np.ndarray | None = None) -> None:
+        self.n, self.sizes = n, sizes
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, index: int):
+        return b"", index
+
+    def image_sizes(self):
+        return self.sizes
+
+
+class Fields:
+    """Dict samples with the given field names (the image and label made up)."""
+
+    def __init__(self, n: int, names: tuple[str, ...]) -> None:
+        self.n, self.names = n, names
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, index: int) -> dict:
+        return {name: (b"" if name == "image" else index) for name in self.names}
+
+
+BLOBS = [encode_jpeg(make_image(40 + i % 3 * 8, 48 + i % 5 * 4, seed=i)) for i in range(40)]
+
+
+def sources(*lengths: int, start: int = 0) -> list[MemorySource]:
+    """Memory sources of JPEGs whose labels are 1000 * source + index."""
+    out = []
+    for k, n in enumerate(lengths):
+        out.append(MemorySource(BLOBS[start:start + n], labels=[1000 * k + i for i in range(n)]))
+        start += n
+    return out
+
+
+def depth_bound(counts, k) -> float:
+    depth = math.ceil(math.log2(len(counts))) if len(counts) > 1 else 0
+    return 1 + depth * (1 + 1 / counts[k]) / 2
+
+
+# -- construction -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("weights,error,match", [
+    ([1.0], ValueError, "1 weights for 2 sources"),
+    ([1.0, 0.0], ValueError, "'source 1' must be positive"),
+    ([1.0, -2], ValueError, "'source 1' must be positive"),
+    ([1.0, float("nan")], ValueError, "positive and finite"),
+    ([float("inf"), 1.0], ValueError, "positive and finite"),
+    ([True, 1.0], TypeError, "must be a number"),
+    (["1", 1.0], TypeError, "must be a number"),
+    ("11", TypeError, "weights must be a list"),
+])
+def test_bad_weights_fail_at_construction(weights, error, match):
+    with pytest.raises(error, match=match):
+        Mixture([Length(5), Length(7)], weights)
+
+
+def test_bad_options_fail_at_construction():
+    with pytest.raises(ValueError, match="at least the sources' total length"):
+        Mixture([Length(5), Length(7)], samples_per_epoch=11)
+    with pytest.raises(TypeError, match="samples_per_epoch must be an int"):
+        Mixture([Length(5), Length(7)], samples_per_epoch=12.0)
+    with pytest.raises(ValueError, match="'source 1' .* is empty"):
+        Mixture([Length(5), Length(0)])
+    with pytest.raises(TypeError, match=r"sources\[1\] \(str\) is not a source"):
+        Mixture([Length(5), "data/train"])
+    with pytest.raises(ValueError, match="sources is empty"):
+        Mixture([])
+    with pytest.raises(ValueError, match="distinct"):
+        Mixture([Length(5), Length(7)], names=["a", "a"])
+    with pytest.raises(ValueError, match="'web' gets weight 1e-06, 0 of the 12"):
+        Mixture([Length(5), Length(7)], [1, 1e-6], names=["curated", "web"])
+
+
+def test_weights_are_normalised_and_default_to_the_lengths():
+    mix = Mixture([Length(30), Length(10)], [3, 1])
+    assert mix.weights == (0.75, 0.25) and len(mix) == 40 and mix.counts == (30, 10)
+    assert Mixture([Length(30), Length(10)]).weights == (0.75, 0.25)
+
+
+def test_pairs_and_dicts_cannot_mix():
+    with pytest.raises(ValueError, match="'web' .* gives \\(image, label\\) pairs but 'seg' "
+                                         "\\(Fields\\) gives dicts of \\['image', 'mask'\\]"):
+        Mixture([Length(5), Fields(5, ("image", "mask"))], names=["web", "seg"])
+
+
+def test_dicts_of_other_fields_cannot_mix():
+    with pytest.raises(ValueError, match="'source 1' \\(Fields\\) gives the fields \\['boxes', 'image'\\] "
+                                         ".*missing \\['mask'\\], extra \\['boxes'\\]"):
+        Mixture([Fields(5, ("image", "mask")), Fields(5, ("image", "boxes"))])
+    Mixture([Fields(5, ("image", "mask")), Fields(3, ("mask", "image"))])  # the same fields
+
+
+def test_shard_shuffle_is_refused_at_construction():
+    with pytest.raises(ValueError, match="shuffle='shards' does not apply to a Mixture"):
+        Feeder(Mixture(sources(4, 4)), batch_size=2, transforms=[ops.Resize((8, 8))], shuffle="shards")
+
+
+# -- the index space --------------------------------------------------------------------------
+
+def test_indices_reads_and_descriptions_go_to_the_source():
+    a, b = sources(3, 5)
+    mix = Mixture([a, b], names=["curated", "web"])
+    assert [mix.locate(i) for i in (0, 2, 3, 7)] == [(0, 0), (0, 2), (1, 0), (1, 4)]
+    assert mix.read(4) == b.read(1)
+    assert mix.describe(4) == "web: mem://1"
+    assert mix.source_of([7, 0, 3]).tolist() == [1, 0, 1]
+    with pytest.raises(IndexError, match="out of range: the sources hold 8"):
+        mix.read(8)
+
+
+def test_image_sizes_come_from_the_sources_when_all_give_them():
+    sa, sb = np.array([[10, 20]] * 3), np.array([[30, 40]] * 2)
+    mix = Mixture([Length(3, sa), Length(2, sb)], samples_per_epoch=6)
+    assert mix.image_sizes().tolist() == [[10, 20]] * 3 + [[30, 40]] * 2 + [[-1, -1]]
+    assert Mixture([Length(3, sa), Length(2)]).image_sizes() is None
+
+
+def test_a_mixture_pickles():
+    mix = pickle.loads(pickle.dumps(Mixture(sources(3, 5), [1, 2])))
+    assert mix.weights == pytest.approx((1 / 3, 2 / 3))
+    assert mix.epoch_order(1, 2, True)[:] == Mixture(sources(3, 5), [1, 2]).epoch_order(1, 2, True)[:]
+
+
+# -- proportions ------------------------------------------------------------------------------
+
+def test_apportion_is_the_largest_remainder():
+    from fractions import Fraction as F
+    assert apportion([F(1, 3)] * 3, 10) == [4, 3, 3]
+    assert apportion([F(1, 2), F(1, 4), F(1, 4)], 9) == [5, 2, 2]
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 8])
+def test_every_prefix_holds_the_proportions(k):
+    rng = np.random.default_rng(k)
+    for trial in range(25):
+        raw = rng.uniform(0.1, 1.0, k) ** 2  # skewed weights too
+        lengths = rng.integers(100, 400, k).tolist()
+        n = int(rng.integers(sum(lengths), 3 * sum(lengths) + 2))
+        mix = Mixture([Length(m) for m in lengths], raw.tolist(), samples_per_epoch=n)
+        w = np.asarray(mix.weights)
+        assert np.all(np.abs(np.asarray(mix.counts) - w * n) < 1)
+        source, _ = Interleave(mix.counts)(np.arange(n))
+        drawn = np.cumsum(np.eye(k, dtype=np.int64)[source], axis=0)  # [n, k] counts per prefix
+        dev = np.abs(drawn - np.outer(np.arange(1, n + 1), w))
+        for s in range(k):
+            assert dev[:, s].max() < depth_bound(mix.counts, s), (trial, s, raw, n)
+        # a contiguous share (a rank's) within twice that
+        a, b = n // 3, 2 * n // 3
+        share = drawn[b - 1] - drawn[a - 1]
+        assert np.all(np.abs(share - w * (b - a)) < 2 * max(depth_bound(mix.counts, s) for s in range(k)))
+
+
+def test_the_proportions_hold_in_every_epoch_and_seed():
+    mix = Mixture([Length(7), Length(50), Length(13)], [0.2, 0.5, 0.3])
+    for seed in range(3):
+        for epoch in range(4):
+            order = np.asarray(mix.epoch_order(seed, epoch, True)[:])
+            assert np.bincount(mix.source_of(order), minlength=3).tolist() == list(mix.counts)
+
+
+# -- per-source passes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_each_source_draws_every_sample_once_per_pass(shuffle):
+    lengths = [7, 50, 13]
+    mix = Mixture([Length(m) for m in lengths], [0.2, 0.5, 0.3], samples_per_epoch=80)
+    draws: list[list[int]] = [[], [], []]
+    for epoch in range(6):
+        order = np.asarray(mix.epoch_order(3, epoch, shuffle)[:])
+        for k in range(3):
+            mine = order[mix.source_of(order) == k] - mix.offsets[k]
+            draws[k].extend(mine.tolist())
+    for k, m in enumerate(lengths):
+        passes = [draws[k][p:p + m] for p in range(0, len(draws[k]) - m + 1, m)]
+        assert len(passes) >= 2
+        for p in passes:  # every whole pass: each sample once
+            assert sorted(p) == list(range(m))
+        if shuffle:
+            assert passes[0] != passes[1]  # a fresh permutation per pass
+        else:
+            assert passes[0] == list(range(m))
+    # the large source streams on: epoch 1 continues its pass where epoch 0 stopped
+    assert mix.counts[1] < lengths[1] * 2
+
+
+def test_the_order_is_a_function_of_seed_and_epoch():
+    mix = Mixture([Length(20), Length(30)], [1, 3])
+    assert mix.epoch_order(1, 2, True)[:] == mix.epoch_order(1, 2, True)[:]
+    assert mix.epoch_order(1, 2, True)[:] != mix.epoch_order(2, 2, True)[:]
+    assert mix.epoch_order(1, 2, True)[:] != mix.epoch_order(1, 3, True)[:]
+
+
+def test_a_billion_sample_mixture_takes_any_slice_lazily():
+    mix = Mixture([Length(10 ** 9), Length(10 ** 6), Length(12345)], [0.6, 0.3, 0.1])
+    order = mix.epoch_order(0, 5, True)
+    mid = len(order) // 2
+    got = order.take(mid, mid + 4096)
+    assert len(got) == 4096 and len(np.unique(got)) == 4096
+    counts = np.bincount(mix.source_of(got), minlength=3)
+    assert np.all(np.abs(counts - 4096 * np.asarray(mix.weights)) < 2 * 3)
+
+
+# -- the epoch plan ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_ranks_take_disjoint_contiguous_shares(drop_last):
+    mix = Mixture([Length(40), Length(63)], [1, 1])
+    plan = EpochPlan(mix, OrderOptions(batch_size=4, drop_last=drop_last))
+    whole = mix.epoch_order(7, 1, True)[:]
+    orders = [plan.order(1, rank, 3, seed=7)[:] for rank in range(3)]
+    if drop_last:
+        assert {len(o) for o in orders} == {len(mix) // 3 // 4 * 4}
+        assert orders == [whole[r * 34:r * 34 + len(orders[0])] for r in range(3)]
+    else:
+        assert [i for o in orders for i in o] == whole
+
+
+def feeder_over(mix, **kw) -> Feeder:
+    kw.setdefault("seed", 5)
+    kw.setdefault("shuffle", True)
+    kw.setdefault("decode_threads", 2)
+    kw.setdefault("timeout", JOIN_TIMEOUT_S)
+    return Feeder(mix, kw.pop("batch_size", 4), [ops.Resize((24, 24))], **kw)
+
+
+def test_a_feeder_delivers_the_plan_and_names_the_sources():
+    mix = Mixture(sources(6, 14), [0.5, 0.5])
+    with feeder_over(mix) as f:
+        assert len(f) == 5
+        got = collected(f, keep=lambda b: (b[1].tolist(), f.last_batch.sources.tolist()))
+    labels = [lab for y, _ in got for lab in y]
+    origins = [k for _, s in got for k in s]
+    assert origins == [lab // 1000 for lab in labels]
+    assert np.bincount(origins).tolist() == [10, 10]
+    small = [lab for lab in labels if lab < 1000]  # a pass of 6, then 4 of the next
+    assert sorted(small[:6]) == list(range(6)) and len(set(small[6:])) == 4
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ranks_in_a_feeder(rank):
+    mix = Mixture(sources(6, 18), [1, 2])
+    with feeder_over(mix, rank=rank, world_size=2) as f:
+        got = [lab for _, y in collected(f) for lab in y.tolist()]
+        assert len(got) == len(f) * 4 == 12
+    assert sum(lab < 1000 for lab in got) == 4  # a third of each rank's share
+
+
+def test_grouping_delivers_the_same_samples():
+    mix = Mixture(sources(12, 20), [1, 1])
+    plain = feeder_over(mix, shuffle=True)
+    with plain:
+        want = sorted(lab for _, y in collected(plain) for lab in y.tolist())
+    grouped = feeder_over(mix, group_by_aspect_ratio=0, drop_last=False)
+    with grouped:
+        got = sorted(lab for _, y in collected(grouped) for lab in y.tolist())
+    assert got == want
+
+
+def test_resume_delivers_exactly_the_rest():
+    mix = Mixture(sources(6, 20), [0.4, 0.6])
+    with feeder_over(mix) as f:
+        reference = [y.tolist() for _, y in collected(f)]
+    with feeder_over(mix) as f:
+        first, err = collect(f, limit=2)
+        assert err is None
+        state = f.state_dict()
+    with feeder_over(Mixture(sources(6, 20), [0.4, 0.6])) as f:
+        f.load_state_dict(pickle.loads(pickle.dumps(state)))
+        rest = [y.tolist() for _, y in collected(f)]
+    assert [y.tolist() for _, y in first] + rest == reference
+
+
+@pytest.mark.parametrize("start_method", ["spawn"])
+def test_the_isolated_engine_delivers_the_same_batches(start_method):
+    mix = Mixture(sources(6, 10), [1, 1])
+    with feeder_over(mix) as f:
+        want = [(x.numpy().copy(), y.tolist()) for x, y in collected(f)]
+    with feeder_over(mix, isolation="process", start_method=start_method) as f:
+        got = [(x.numpy().copy(), y.tolist()) for x, y in collected(f)]
+        assert f.last_batch.sources.tolist() == [lab // 1000 for lab in got[-1][1]]
+    assert [y for _, y in got] == [y for _, y in want]
+    for (x, _), (wx, _) in zip(got, want):
+        np.testing.assert_array_equal(x, wx)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_resume_with_samples_drawn_twice_in_an_epoch(ordered):
+    # 3 samples drawn 12 times an epoch: batches repeat samples, within and across them
+    mix = Mixture(sources(3, 21), [0.5, 0.5])
+    with feeder_over(mix, ordered=ordered) as f:
+        reference = [y.tolist() for _, y in collected(f)]
+    with feeder_over(mix, ordered=ordered) as f:
+        first, err = collect(f, limit=3)
+        assert err is None
+        state = f.state_dict()
+    with feeder_over(Mixture(sources(3, 21), [0.5, 0.5]), ordered=ordered) as f:
+        f.load_state_dict(state)
+        rest = [y.tolist() for _, y in collected(f)]
+    got = [y.tolist() for _, y in first] + rest
+    if ordered:
+        assert got == reference
+    assert sorted(sum(got, [])) == sorted(sum(reference, []))
+    assert sorted(sum(got, [])).count(0) == 4  # each small sample 4 times: 4 passes of 3
