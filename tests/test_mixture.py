@@ -328,3 +328,19 @@ def test_resume_with_samples_drawn_twice_in_an_epoch(ordered):
         assert got == reference
     assert sorted(sum(got, [])) == sorted(sum(reference, []))
     assert sorted(sum(got, [])).count(0) == 4  # each small sample 4 times: 4 passes of 3
+
+
+class Unreadable(Length):
+    def read(self, index: int):
+        raise AssertionError(f"read({index}): the sizes are given")
+
+
+def test_grouping_takes_the_sources_sizes_without_reading():
+    tall, wide = np.array([[40, 20]] * 12), np.array([[20, 40]] * 20)
+    mix = Mixture([Length(12, tall), Length(20, wide)])
+    mix.sources = (Unreadable(12, tall), Unreadable(20, wide))  # built: now refuse every read
+    plan = EpochPlan(mix, OrderOptions(batch_size=4, group_by_aspect_ratio=0))
+    order = plan.order(0, 0, 1, seed=3)[:]
+    assert sorted(order) == sorted(mix.epoch_order(3, 0, True)[:])
+    for b in range(0, len(order), 4):  # every batch one shape
+        assert len({int(i) < 12 for i in order[b:b + 4]}) == 1
