@@ -344,3 +344,31 @@ def test_grouping_takes_the_sources_sizes_without_reading():
     assert sorted(order) == sorted(mix.epoch_order(3, 0, True)[:])
     for b in range(0, len(order), 4):  # every batch one shape
         assert len({int(i) < 12 for i in order[b:b + 4]}) == 1
+
+
+class Arrays:
+    """Decoded images (uint8 HWC arrays), labels 2000 + index."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def read(self, index: int):
+        return np.full((30, 20, 3), index, np.uint8), 2000 + index
+
+
+def test_shards_files_and_decoded_arrays_mix(packed, image_folder):
+    folder, _ = packed
+    shards = feeder.TarShards(f"{folder}/*.tar")
+    mix = Mixture([shards, feeder.ImageFolder(image_folder), Arrays()], [0.5, 0.3, 0.2],
+                  names=["shards", "folder", "arrays"])
+    assert "shards: " in mix.describe(0) and mix.describe(len(shards)).startswith("folder: ")
+    with feeder_over(mix, batch_size=5) as f:
+        got = collected(f, keep=lambda b: (b[1].tolist(), f.last_batch.sources.tolist()))
+    origins = np.array([k for _, s in got for k in s])
+    labels = [lab for y, _ in got for lab in y]
+    assert np.bincount(origins, minlength=3).tolist() == list(mix.counts)
+    arrays = [lab for lab, k in zip(labels, origins) if k == 2]  # in delivery order
+    assert sorted(arrays[:10]) == list(range(2000, 2010))  # its first pass: each once
+    assert len(set(arrays[10:])) == len(arrays[10:])  # then into its second
+    shard_labels = [lab for lab, k in zip(labels, origins) if k == 0]
+    assert len(set(shard_labels)) == len(shard_labels)  # 0.5 of the positions: under one pass
