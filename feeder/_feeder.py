@@ -456,7 +456,8 @@ class Feeder:
         delivered and skipped, the next epoch, and the settings that decide the
         output (checked on load). Sources of up to ``COMPACT_ABOVE`` (2^19)
         samples write format 1: the delivered and skipped samples as one bit per
-        source sample each. Longer ones write format 2, whose size does not grow
+        source sample each. Longer ones, and a :class:`~feeder.Mixture` (which may
+        draw a sample twice in an epoch), write format 2, whose size does not grow
         with the epoch: ``position`` (every sample of this rank's order before it
         was delivered or skipped), ``after`` (the positions past it handled
         out of order: at most the samples that were in flight) and ``skipped``
