@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .sequence import ArrayOrder, BlockOrder, GlobalOrder, Order, Span, subkey
+from .sequence import ArrayOrder, BlockOrder, GlobalOrder, Order, Slice, subkey
 from ..sample.rng import order_key
 
 
@@ -220,7 +220,7 @@ def own_pass_sequence(order: Order, batch_size: int, drop_last: bool, skip: bool
     position of it need not."""
     sizes = shard_sizes(len(order), world_size, drop_last)
     begin = sum(sizes[:rank])
-    mine = Span(order, begin, begin + sizes[rank])
+    mine = Slice(order, begin, begin + sizes[rank])
     total = num_batches(len(mine), batch_size, drop_last and not skip)
     return mine.head(total * batch_size)
 

@@ -169,22 +169,6 @@ class _Head(Order):
         return self.order.take(start, min(stop, self.count))
 
 
-class Span(Order):
-    """Positions ``[begin, end)`` of ``order`` (a rank's contiguous share of a global order)."""
-
-    def __init__(self, order: Order, begin: int, end: int) -> None:
-        self.order, self.begin, self.end = order, begin, min(end, len(order))
-
-    def __len__(self) -> int:
-        return max(0, self.end - self.begin)
-
-    def take(self, start: int, stop: int) -> np.ndarray:
-        stop = min(stop, len(self))
-        if stop <= start:
-            return np.zeros(0, np.int64)
-        return self.order.take(self.begin + start, self.begin + stop)
-
-
 class ArrayOrder(Order):
     """An order held as an array (the small sources' orders, as before)."""
 
@@ -400,6 +384,22 @@ class Concat(Order):
                 break
             out.append(part.take(max(0, start - begin), stop - begin))
         return np.concatenate(out).astype(np.int64, copy=False)
+
+
+class Slice(Order):
+    """Positions ``[start, stop)`` of ``order``."""
+
+    def __init__(self, order: Order, start: int, stop: int) -> None:
+        self.order, self.start, self.stop = order, start, max(start, min(stop, len(order)))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def take(self, start: int, stop: int) -> np.ndarray:
+        stop = min(stop, len(self))
+        if stop <= start:
+            return np.zeros(0, np.int64)
+        return self.order.take(self.start + start, self.start + stop)
 
 
 class Slice(Order):
