@@ -372,3 +372,24 @@ def test_shards_files_and_decoded_arrays_mix(packed, image_folder):
     assert len(set(arrays[10:])) == len(arrays[10:])  # then into its second
     shard_labels = [lab for lab, k in zip(labels, origins) if k == 0]
     assert len(set(shard_labels)) == len(shard_labels)  # 0.5 of the positions: under one pass
+
+
+def test_epochs_past_int64_products_deal_the_same(monkeypatch):
+    import feeder.order.mixture as mixture_mod
+
+    counts = [123_457, 98_765, 4_321]
+    positions = np.arange(0, sum(counts), 997)
+    want = Interleave(counts)(positions)
+    monkeypatch.setattr(mixture_mod, "_INT64_EPOCH", 1000)  # Python integers from here
+    got = Interleave(counts)(positions)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    huge = Interleave([4 * 10 ** 9, 10 ** 9])  # 5e9 positions: i * c overflows int64
+    source, draw = huge(np.array([5 * 10 ** 9 - 1, 2_500_000_000]))
+    # floor((i * 4e9 + 2.5e9) / 5e9) of the first i positions go to source 0
+    assert source.tolist() == [0, 0] and draw.tolist() == [4 * 10 ** 9 - 1, 2 * 10 ** 9]
+
+
+def test_a_single_source_is_that_source_in_its_passes():
+    mix = Mixture([Length(9)], samples_per_epoch=20)
+    order = mix.epoch_order(0, 0, True)[:]
+    assert sorted(order[:9]) == list(range(9)) and sorted(order[9:18]) == list(range(9))
