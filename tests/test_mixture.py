@@ -393,3 +393,27 @@ def test_a_single_source_is_that_source_in_its_passes():
     mix = Mixture([Length(9)], samples_per_epoch=20)
     order = mix.epoch_order(0, 0, True)[:]
     assert sorted(order[:9]) == list(range(9)) and sorted(order[9:18]) == list(range(9))
+
+
+class Later(Fields):
+    """Dict samples whose reads fail until ``ready`` (storage mounted after the mixture was built)."""
+
+    ready = False
+
+    def read(self, index: int) -> dict:
+        if not self.ready:
+            raise OSError("not mounted yet")
+        return {"image": BLOBS[index], "label": index}
+
+    def describe(self, index: int) -> str:
+        return f"later://{index}"
+
+
+def test_pairs_and_dicts_unknown_at_construction_fail_at_the_first_batch():
+    later = Later(4, ("image", "label"))
+    mix = Mixture([MemorySource(BLOBS[:4]), later], names=["pairs", "dicts"])
+    later.ready = True
+    with feeder_over(mix, shuffle=False) as f:
+        _, err = collect(f)
+    assert isinstance(err, feeder.SampleError)
+    assert "sample 4 (dicts: later://0)" in str(err) and "is a dict but sample 0 was not" in str(err)
