@@ -34,7 +34,9 @@ class Mixture:
     ``(image, label)`` pairs, or dicts with the same fields.
 
     **Indices.** Source ``k``'s sample ``i`` is the mixture's sample
-    ``offsets[k] + i``, ``offsets[k]`` the lengths of the sources before it; so
+    ``offsets[k] + i``, ``offsets[k]`` the lengths of the sources before it (the
+    indices run to ``index_count``, the sources' total length, whatever the
+    epoch's length); so
     :meth:`describe` names the source and its own description, and
     ``Feeder.last_batch.sources`` (or :meth:`source_of` on any indices) says
     which source each sample of a batch came from, for pair and dict samples
@@ -61,8 +63,10 @@ class Mixture:
         weights: One positive finite weight per source, normalised to sum to 1;
             None: proportional to the sources' lengths.
         samples_per_epoch: Positions per epoch; None: the sources' total length.
-            A longer epoch is allowed; a shorter one is not supported yet (feeder's
-            resume states and grouping hold one entry per sample index).
+            Shorter epochs suit sources too large for one (a web set: checkpoints
+            and evaluations every ``samples_per_epoch``), with
+            ``on_error="raise"``: a resume state names skipped samples only below
+            ``len(source)``.
         names: A name per source for error messages (default ``"source k"``).
 
     Raises:
@@ -89,11 +93,11 @@ class Mixture:
         elif isinstance(samples_per_epoch, bool) or not isinstance(samples_per_epoch, numbers.Integral):
             raise TypeError(f"Mixture: samples_per_epoch must be an int or None, got "
                             f"{type(samples_per_epoch).__name__}")
-        elif not total <= samples_per_epoch <= MAX_LENGTH:
-            raise ValueError(f"Mixture: samples_per_epoch={samples_per_epoch} must be at least the "
-                             f"sources' total length ({total}) and at most 2^62 (epochs shorter "
-                             f"than the sources are not supported)")
+        elif not 1 <= samples_per_epoch <= MAX_LENGTH:
+            raise ValueError(f"Mixture: samples_per_epoch={samples_per_epoch} must be in [1, 2^62]")
         self.samples_per_epoch = int(samples_per_epoch)
+        #: The number of sample indices, ``[0, index_count)``: the sources' total length.
+        self.index_count = total
         self.counts = tuple(apportion(exact, self.samples_per_epoch))
         never = [k for k, c in enumerate(self.counts) if c == 0]
         if never:
@@ -118,9 +122,9 @@ class Mixture:
             IndexError: ``index`` is not one of the sources' samples.
         """
         i = int(index)
-        if not 0 <= i < self.offsets[-1] + self.lengths[-1]:
+        if not 0 <= i < self.index_count:
             raise IndexError(f"Mixture sample {index} is out of range: the sources hold "
-                             f"{self.offsets[-1] + self.lengths[-1]} samples")
+                             f"{self.index_count} samples")
         k = int(np.searchsorted(self.offsets, i, side="right")) - 1
         return k, i - self.offsets[k]
 
@@ -149,8 +153,8 @@ class Mixture:
         return False if all(v is False for v in said) else None
 
     def image_sizes(self) -> np.ndarray | None:
-        """(height, width) of every sample as stored, when every source gives them
-        (one row per position of the epoch: past the sources' samples, -1)."""
+        """(height, width) of every sample as stored (``[index_count, 2]``), when
+        every source gives them."""
         return self._sizes("image_sizes")
 
     def oriented_image_sizes(self) -> np.ndarray | None:
@@ -165,10 +169,7 @@ class Mixture:
             if given is None:
                 return None
             parts.append(np.asarray(given, dtype=np.int64).reshape(len(s), 2))
-        out = np.full((self.samples_per_epoch, 2), -1, np.int64)
-        stacked = np.concatenate(parts)
-        out[:len(stacked)] = stacked
-        return out
+        return np.concatenate(parts)
 
     def will_read(self, indices: Sequence[int]) -> None:
         """Tell each source which of its samples come next (a hint, see ``TarShards``)."""

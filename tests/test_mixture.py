@@ -82,8 +82,8 @@ def test_bad_weights_fail_at_construction(weights, error, match):
 
 
 def test_bad_options_fail_at_construction():
-    with pytest.raises(ValueError, match="at least the sources' total length"):
-        Mixture([Length(5), Length(7)], samples_per_epoch=11)
+    with pytest.raises(ValueError, match=r"samples_per_epoch=0 must be in \[1, 2\^62\]"):
+        Mixture([Length(5), Length(7)], samples_per_epoch=0)
     with pytest.raises(TypeError, match="samples_per_epoch must be an int"):
         Mixture([Length(5), Length(7)], samples_per_epoch=12.0)
     with pytest.raises(ValueError, match="'source 1' .* is empty"):
@@ -138,7 +138,7 @@ def test_indices_reads_and_descriptions_go_to_the_source():
 def test_image_sizes_come_from_the_sources_when_all_give_them():
     sa, sb = np.array([[10, 20]] * 3), np.array([[30, 40]] * 2)
     mix = Mixture([Length(3, sa), Length(2, sb)], samples_per_epoch=6)
-    assert mix.image_sizes().tolist() == [[10, 20]] * 3 + [[30, 40]] * 2 + [[-1, -1]]
+    assert mix.image_sizes().tolist() == [[10, 20]] * 3 + [[30, 40]] * 2  # by index
     assert Mixture([Length(3, sa), Length(2)]).image_sizes() is None
 
 
@@ -188,11 +188,12 @@ def test_the_proportions_hold_in_every_epoch_and_seed():
 # -- per-source passes ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_each_source_draws_every_sample_once_per_pass(shuffle):
+@pytest.mark.parametrize("per_epoch", [80, 30])
+def test_each_source_draws_every_sample_once_per_pass(shuffle, per_epoch):
     lengths = [7, 50, 13]
-    mix = Mixture([Length(m) for m in lengths], [0.2, 0.5, 0.3], samples_per_epoch=80)
+    mix = Mixture([Length(m) for m in lengths], [0.2, 0.5, 0.3], samples_per_epoch=per_epoch)
     draws: list[list[int]] = [[], [], []]
-    for epoch in range(6):
+    for epoch in range(6 * 80 // per_epoch):
         order = np.asarray(mix.epoch_order(3, epoch, shuffle)[:])
         for k in range(3):
             mine = order[mix.source_of(order) == k] - mix.offsets[k]
@@ -416,4 +417,40 @@ def test_pairs_and_dicts_unknown_at_construction_fail_at_the_first_batch():
     with feeder_over(mix, shuffle=False) as f:
         _, err = collect(f)
     assert isinstance(err, feeder.SampleError)
-    assert "sample 4 (dicts: later://0)" in str(err) and "is a dict but sample 0 was not" in str(err)
+    # whichever sample a read thread fixed the batch's kind with, both are named
+    text = str(err)
+    assert ("sample 4 (dicts: later://0)" in text and "sample 4 is a dict but sample 0 was not" in text
+            or "sample 0 (pairs: mem://0)" in text and "sample 0 is a (bytes, label) pair but sample 4"
+            in text), text
+
+
+def test_epochs_shorter_than_the_sources():
+    mix = Mixture(sources(6, 30), [0.5, 0.5], samples_per_epoch=16)
+    assert mix.index_count == 36 and len(mix) == 16
+    seen = []
+    with feeder_over(mix) as f:
+        for epoch in range(4):
+            f.set_epoch(epoch)
+            seen.append([lab for _, y in collected(f) for lab in y.tolist()])
+    web = [lab for epoch in seen for lab in epoch if lab >= 1000]
+    assert len(web) == 32 and len(set(web[:30])) == 30  # a pass of 30 across four epochs
+    with feeder_over(mix) as f:  # resume in the middle of epoch 2
+        f.set_epoch(2)
+        first, err = collect(f, limit=2)
+        assert err is None
+        state = f.state_dict()
+    with feeder_over(Mixture(sources(6, 30), [0.5, 0.5], samples_per_epoch=16)) as f:
+        f.load_state_dict(state)
+        rest = [lab for _, y in collected(f) for lab in y.tolist()]
+    assert [lab for _, y in first for lab in y.tolist()] + rest == seen[2]
+    with pytest.raises(ValueError, match="on_error='skip' needs every sample index below"):
+        feeder_over(mix, on_error="skip")
+
+
+def test_grouping_epochs_shorter_than_the_sources():
+    tall, wide = np.array([[40, 20]] * 12), np.array([[20, 40]] * 20)
+    mix = Mixture([Unreadable(12, tall), Unreadable(20, wide)], samples_per_epoch=16)
+    plan = EpochPlan(mix, OrderOptions(batch_size=4, group_by_aspect_ratio=0))
+    order = plan.order(1, 0, 1, seed=3)[:]
+    assert sorted(order) == sorted(mix.epoch_order(3, 1, True)[:])
+    assert max(order) >= 16  # indices past len(mix): the sizes cover them

@@ -80,7 +80,7 @@ _ABSENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryE
 SIZE_WINDOW = 8
 
 # Header sizes read by the scan, per source and per exif_orientation (the sizes
-# depend on both): {source: {exif_orientation: int64 [len(source), 2]}}.
+# depend on both): {source: {exif_orientation: int64 [index_count(source), 2]}}.
 _cache: "weakref.WeakKeyDictionary[Any, dict[bool, np.ndarray]]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 # Reads of one sample the scan tries before it fails: an OSError may be a
@@ -195,6 +195,13 @@ def _scan(source: Any, missing: np.ndarray, exif_orientation: bool,
     return found
 
 
+def index_count(source: Any) -> int:
+    """How many sample indices ``source`` has: ``len(source)``, or its
+    ``index_count`` where an epoch is not one pass over them (a :class:`feeder.Mixture`)."""
+    count = getattr(source, "index_count", None)
+    return len(source) if count is None else int(count)
+
+
 def _given_sizes(source: Any, exif_orientation: bool) -> np.ndarray | None:
     """The sizes the source gives itself: ``image_sizes()`` (as stored), or with
     ``exif_orientation`` ``oriented_image_sizes()`` (as oriented); None when it
@@ -207,15 +214,15 @@ def _given_sizes(source: Any, exif_orientation: bool) -> np.ndarray | None:
     if sizes is None:
         return None
     sizes = np.asarray(sizes, dtype=np.int64)
-    if sizes.shape != (len(source), 2):
+    if sizes.shape != (index_count(source), 2):
         raise ValueError(f"{type(source).__name__}.{name}() must give (height, width) "
-                         f"for each of its {len(source)} samples, got shape {sizes.shape}")
+                         f"for each of its {index_count(source)} samples, got shape {sizes.shape}")
     return sizes
 
 
 def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
                 stopped: Callable[[], bool] | None = None) -> np.ndarray:
-    """int64 ``[len(source), 2]`` (height, width) of the images as decoded (oriented
+    """int64 ``[index_count(source), 2]`` (height, width) of the images as decoded (oriented
     when ``exif_orientation``), known at least at ``indices`` (-1 where the bytes
     hold no readable header, -2 where not read: not asked for yet, or absent from
     the storage, see :func:`_read_size`). From the source when it gives them
@@ -236,11 +243,11 @@ def image_sizes(source: Any, indices: Any, exif_orientation: bool = False,
         with _lock:
             per_source = _cache.setdefault(source, {})
             sizes = per_source.get(exif_orientation)
-            if sizes is None or len(sizes) != len(source):
-                sizes = per_source[exif_orientation] = np.full((len(source), 2), _NOT_READ,
-                                                               np.int64)
+            count = index_count(source)
+            if sizes is None or len(sizes) != count:
+                sizes = per_source[exif_orientation] = np.full((count, 2), _NOT_READ, np.int64)
     except TypeError:  # a source that cannot be weakly referenced: read each pass
-        sizes = np.full((len(source), 2), _NOT_READ, np.int64)
+        sizes = np.full((index_count(source), 2), _NOT_READ, np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     missing = indices[sizes[indices, 0] < _UNKNOWN] if len(indices) else indices
     if len(missing):
@@ -255,10 +262,11 @@ def largest_image(source: Any, exif_orientation: bool = False) -> tuple[int, int
     :func:`image_sizes`: every header read once, unless the source gives its sizes),
     for ``max_image_size="auto"`` over transforms that keep the decoded size; None
     when no sample's size can be read."""
-    if len(source) and _given_sizes(source, exif_orientation) is None:
+    count = index_count(source)
+    if count and _given_sizes(source, exif_orientation) is None:
         log.info("max_image_size='auto': reading the image headers of %d samples for the "
-                 "largest decoded size", len(source))
-    sizes = image_sizes(source, np.arange(len(source)), exif_orientation)
+                 "largest decoded size", count)
+    sizes = image_sizes(source, np.arange(count), exif_orientation)
     known = sizes[(sizes[:, 0] > 0) & (sizes[:, 1] > 0)]
     if not len(known):
         return None

@@ -79,6 +79,12 @@ class EpochPlan:
             raise ValueError(f"shuffle='shards' does not apply to a {type(source).__name__}, "
                              f"which orders its own epochs (each source in passes of its own): "
                              f"use shuffle=True or False")
+        count = getattr(source, "index_count", None)
+        if self.own_order is not None and options.skip and count is not None and count > len(source):
+            # A resume state lists the skipped samples, each below len(source).
+            raise ValueError(f"on_error='skip' needs every sample index below len(source): this "
+                             f"{type(source).__name__} has {count} samples in epochs of "
+                             f"{len(source)}; use on_error='raise', or epochs of at least {count}")
         self.layout: ShardLayout | None = shard_layout(source, options.shuffle, options.shuffle_window,
                                                        options.shuffle_shards)
         self._grouped: dict[tuple[int, int, int, int], Order] = {}
