@@ -454,3 +454,26 @@ def test_grouping_epochs_shorter_than_the_sources():
     order = plan.order(1, 0, 1, seed=3)[:]
     assert sorted(order) == sorted(mix.epoch_order(3, 1, True)[:])
     assert max(order) >= 16  # indices past len(mix): the sizes cover them
+
+
+class Hinted(Length):
+    def __init__(self, n: int, blocks: bool | None) -> None:
+        super().__init__(n)
+        self.reads_may_block, self.hints = blocks, []
+
+    def will_read(self, indices):
+        self.hints.append(list(indices))
+
+    def oriented_image_sizes(self):
+        return np.full((self.n, 2), 7)
+
+
+def test_hints_and_read_modes_go_to_the_sources():
+    a, b = Hinted(3, False), Hinted(4, True)
+    mix = Mixture([a, b])
+    assert mix.reads_may_block is True
+    assert Mixture([Hinted(3, False), Hinted(4, False)]).reads_may_block is False
+    assert Mixture([Hinted(3, False), Hinted(4, None)]).reads_may_block is None
+    mix.will_read([4, 0, 6, 2])
+    assert a.hints == [[0, 2]] and b.hints == [[1, 3]]
+    assert mix.oriented_image_sizes().shape == (7, 2) and mix.image_sizes() is None
