@@ -388,7 +388,7 @@ def group_sequence(order: Any, source: Any, options: Any, chain: Any = None, see
     """A pass's :class:`~feeder.order.sequence.Order` regrouped when ``options`` (with
     ``group_by_aspect_ratio``, ``batch_size`` and ``exif_orientation``: the
     feeder's :class:`~feeder.order.plan.OrderOptions`) asks for grouping, else
-    ``order`` itself. ``chain`` (the feeder's :class:`~feeder.work.augment.Chain`),
+    ``order`` itself. ``chain`` (the feeder's :class:`~feeder.ops.chain.Chain`),
     ``seed`` and ``epoch`` give the samples' planned sizes (see the module's
     docstring). Grouping needs every size of the rank's samples, so it holds the
     rank's order as an array (sources of images to group are far below the lazy

@@ -36,7 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..work.rng import order_key
+from ..sample.rng import order_key
 from .sequence import Order, Permutation, subkey
 
 # (i * C + M // 2) // M in int64 while i * C + M stays below 2^63: epochs up to this.

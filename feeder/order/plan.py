@@ -61,7 +61,7 @@ class EpochPlan:
         source: The feeder's source (its length, its shard ranges for
             ``shuffle="shards"``, its image sizes for grouping).
         options: The order options.
-        chain: The transforms (a :class:`~feeder.work.augment.Chain`): under
+        chain: The transforms (a :class:`~feeder.ops.chain.Chain`): under
             grouping, the planned output sizes batch similar sizes together.
 
     Raises:

@@ -402,22 +402,6 @@ class Slice(Order):
         return self.order.take(self.start + start, self.start + stop)
 
 
-class Slice(Order):
-    """Positions ``[start, stop)`` of ``order``."""
-
-    def __init__(self, order: Order, start: int, stop: int) -> None:
-        self.order, self.start, self.stop = order, start, max(start, min(stop, len(order)))
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def take(self, start: int, stop: int) -> np.ndarray:
-        stop = min(stop, len(self))
-        if stop <= start:
-            return np.zeros(0, np.int64)
-        return self.order.take(self.start + start, self.start + stop)
-
-
 class Hinting(Order):
     """``order`` walked a batch at a time, telling ``source`` what comes: each
     batch's samples (``source.will_read``: their shards' indices are loaded ahead)
