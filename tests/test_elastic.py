@@ -17,7 +17,7 @@ import pytest
 
 import feeder as feeder_pkg
 from conftest import MemorySource, drain, labels_of
-from feeder import Feeder, ops
+from feeder import Feeder, Mixture, ops
 from feeder.order.plan import EpochPlan, OrderOptions, elastic_sizes
 from feeder.order.sequence import Handled
 
@@ -35,10 +35,21 @@ class Sharded(MemorySource):
 
 SETTINGS = {
     "shuffled": dict(shuffle=True),
+    "mixture": dict(shuffle=True),
     "grouped": dict(shuffle=True, group_by_aspect_ratio=0),
     "block shuffle": dict(shuffle="shards", shuffle_shards=2),
     "in order": dict(shuffle=False),
 }
+
+
+def _source(setting, blobs):
+    """The source of a setting: for "mixture", a weighted mixture of two sources
+    (labels unique over both), the smaller drawn more often than it has samples,
+    so that it repeats within an epoch."""
+    if setting != "mixture":
+        return Sharded(blobs)
+    return Mixture([MemorySource(blobs[:40], list(range(40))),
+                    MemorySource(blobs[40:], list(range(40, 60)))], weights=[0.3, 0.7])
 
 
 def _make(source, rank, world, drop_last, ordered=True, **options) -> Feeder:
@@ -82,14 +93,15 @@ def _epoch(source, world, drop_last, options) -> list[int]:
 def test_a_new_world_delivers_exactly_what_the_old_one_left(jpeg_blobs, setting, old, new,
                                                              drop_last):
     options = SETTINGS[setting]
-    source = Sharded(jpeg_blobs)
+    source = _source(setting, jpeg_blobs)
     whole = _epoch(source, old, drop_last, options)
     before, states = _run_until(source, old, [1 + r % 3 for r in range(old)], drop_last, True,
                                 options)
     after, _ = _run_until(source, new, [None] * new, drop_last, True, options, states)
     delivered = [i for part in before + after for i in part]
-    assert len(delivered) == len(set(delivered))  # none twice
-    assert collections.Counter(delivered) == collections.Counter(whole)  # none lost
+    # None twice, none lost: each sample as often as the epoch draws it (once,
+    # but for the mixture's repeated source).
+    assert collections.Counter(delivered) == collections.Counter(whole)
     # DDP steps the ranks together: the same number of batches wherever the rest allows.
     left = len(whole) - sum(map(len, before))
     sizes = elastic_sizes(left, new, B)
@@ -101,19 +113,19 @@ def test_a_new_world_delivers_exactly_what_the_old_one_left(jpeg_blobs, setting,
                 assert -(-len(list(f.sampler)) // B) == -(-sizes[0] // B)  # this rank's batches
 
 
-@pytest.mark.parametrize("setting", ["shuffled", "grouped", "block shuffle"])
+@pytest.mark.parametrize("setting", ["shuffled", "grouped", "block shuffle", "mixture"])
 def test_the_world_changes_twice_within_an_epoch(jpeg_blobs, setting):
     """4 ranks, then 2 (each delivers a batch and is preempted again), then 3,
     out of order (ordered=False): the three runs together deliver the epoch once."""
     options = SETTINGS[setting]
-    source = Sharded(jpeg_blobs)
+    source = _source(setting, jpeg_blobs)
     whole = _epoch(source, 4, False, options)
     first, states = _run_until(source, 4, [2, 1, 0, 3], False, False, options)
     second, states = _run_until(source, 2, [1, 2], False, False, options, states)
     assert all("levels" in s for s in states)
     third, after = _run_until(source, 3, [None] * 3, False, False, options, states)
     delivered = [i for part in first + second + third for i in part]
-    assert sorted(delivered) == sorted(whole) and len(set(delivered)) == len(delivered)
+    assert collections.Counter(delivered) == collections.Counter(whole)
     assert all(s["epoch"] is None and s["next_epoch"] == 3 for s in after)  # the epoch is done
 
 
@@ -202,7 +214,7 @@ SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from conftest import MemorySource
     from faults_helpers import distinct_jpegs
-    from feeder import Feeder, ops
+    from feeder import Feeder, Mixture, ops
 
     phase, out_dir = sys.argv[1], sys.argv[2]
     source = MemorySource(distinct_jpegs(50, seed=3, side=16))
