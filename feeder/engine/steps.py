@@ -117,7 +117,7 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         buf = batch.buffer
         fields = task.fields
         if fields is not None:
-            augment_fields(task, batch, slot, buf, fields)
+            _augment_fields(work, scratch, variable, task, batch, slot, buf, fields)
         elif buf is not None:
             size = work.transform(task.image, task.key, task.ctx, buf.images[slot])
             task.image = None  # its memory is back in the pool (see below)
@@ -126,42 +126,50 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
                 buf.array(SIZE, _SIZE_DTYPE, (2,))[slot] = size
             buf.indices[slot] = task.index
         else:
-            # The batch has no buffer yet (the training loop still holds the last
-            # free one): compute into a scratch array, copied in on binding.
-            out = scratch.take()
-            try:
-                size = work.transform(task.image, task.key, task.ctx, out)
-                # transform() has given the decode memory back: forget the image
-                # before anything else can fail, or the failure path gives it twice.
-                task.image = None
-                label = as_label(task.label)  # fails here, as a write into the buffer would
-            except BaseException:
-                scratch.give(out)
-                raise
-            record = None
-            if variable:
-                record = [(LABEL, NUMERIC, np.int64(label)),
-                          (SIZE, NUMERIC, np.array(size, _SIZE_DTYPE))]
-                out = out[:size[0], :size[1]]  # only the image is copied into the slot
-            batch.store(slot, out, label, scratch.give, task.index, record)
+            _augment_into_scratch(work, scratch, variable, task, batch, slot)
         return batch if batch.finish_slot() else None
 
-    def augment_fields(task: Task, batch: Any, slot: int, buf: Any, fields: dict[str, Any]) -> None:
-        out = buf.images[slot] if buf is not None else scratch.take()
-        try:
-            record = work.transform_sample(task.image, task.key, task.ctx, out, fields)
-            task.image = None  # as above: its memory is back in the pool
-        except BaseException:
-            if buf is None:
-                scratch.give(out)
-            raise
-        if buf is not None:
-            buf.write(slot, record)
-            buf.indices[slot] = task.index
-        else:
-            if variable:
-                h, w = next(value for name, _, value in record if name == SIZE)
-                out = out[:h, :w]  # only the image is copied into the slot
-            batch.store(slot, out, -1, scratch.give, task.index, record)
-
     return Step("read", read), Step("decode", decode), Step("augment", augment)
+
+
+def _augment_into_scratch(work: SampleWork, scratch: Any, variable: bool, task: Task, batch: Any,
+                          slot: int) -> None:
+    """The augment step of a pair whose batch has no buffer yet (the training loop
+    still holds the last free one): into a scratch array, copied in on binding."""
+    out = scratch.take()
+    try:
+        size = work.transform(task.image, task.key, task.ctx, out)
+        # transform() has given the decode memory back: forget the image
+        # before anything else can fail, or the failure path gives it twice.
+        task.image = None
+        label = as_label(task.label)  # fails here, as a write into the buffer would
+    except BaseException:
+        scratch.give(out)
+        raise
+    record = None
+    if variable:
+        record = [(LABEL, NUMERIC, np.int64(label)),
+                  (SIZE, NUMERIC, np.array(size, _SIZE_DTYPE))]
+        out = out[:size[0], :size[1]]  # only the image is copied into the slot
+    batch.store(slot, out, label, scratch.give, task.index, record)
+
+
+def _augment_fields(work: SampleWork, scratch: Any, variable: bool, task: Task, batch: Any, slot: int,
+                    buf: Any, fields: dict[str, Any]) -> None:
+    """The augment step of a sample with fields: into its slot, or a scratch array."""
+    out = buf.images[slot] if buf is not None else scratch.take()
+    try:
+        record = work.transform_sample(task.image, task.key, task.ctx, out, fields)
+        task.image = None  # as for a pair: its memory is back in the pool
+    except BaseException:
+        if buf is None:
+            scratch.give(out)
+        raise
+    if buf is not None:
+        buf.write(slot, record)
+        buf.indices[slot] = task.index
+    else:
+        if variable:
+            h, w = next(value for name, _, value in record if name == SIZE)
+            out = out[:h, :w]  # only the image is copied into the slot
+        batch.store(slot, out, -1, scratch.give, task.index, record)
