@@ -101,10 +101,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     Raises:
         PackError: the sample cannot be packed (names the sample and the field).
     """
-    import numpy as np  # noqa: PLC0415
-
-    from ..sample import (BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK,  # noqa: PLC0415
-                               parse_sample)
+    from ..sample import LABEL, parse_sample  # noqa: PLC0415
     from ..errors import FieldError, SourceError  # noqa: PLC0415
 
     where = name_sample(source, i)
@@ -128,51 +125,63 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     members = [(ext, data)]
     assert fields is not None
     if not is_dict:
-        label = fields[LABEL]
-        if label.ndim != 0 or label.dtype.kind != "i":
-            raise PackError(f"{where}: its label is {label.dtype.name} of shape {label.shape}; a "
-                            f"pair's label is packed as a class index (.cls), so return a dict "
-                            f"{{\"image\": ..., \"label\": ...}} to pack other labels (as label.npy)")
-        if int(label) < -1:
-            raise PackError(f"{where}: label {int(label)} is negative (-1 means unlabeled)")
-        if int(label) >= 0:
-            members.append(("cls", str(int(label)).encode("ascii")))
+        members.extend(_label_member(fields[LABEL], where))
         return members, status
-    resized = status == "reencoded" and shrunk is not None
+    resized = shrunk if status == "reencoded" and shrunk is not None else None
     for name, value in fields.items():
-        if not _FIELD_NAME.fullmatch(name):
-            raise PackError(f"{where}: field {name!r}: a packed field's name has no whitespace, "
-                            f"'/' or '\\'")
-        if name == MASK:
-            members.append(("mask.png", _pack_mask(value, shrunk if resized else None, where)))
-        elif name == LABEL and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind == "i":
-            members.append(("cls", str(int(value)).encode("ascii")))
-        elif isinstance(value, np.ndarray):
-            if resized and name == BOXES:
-                (h, w), (h2, w2) = shrunk[1], shrunk[2]
-                value = (value * np.array([w2 / w, h2 / h, w2 / w, h2 / h], np.float32)).astype(np.float32)
-            elif resized and name == KEYPOINTS:
-                (h, w), (h2, w2) = shrunk[1], shrunk[2]
-                value = value * np.array([w2 / w, h2 / h, 1], np.float32)
-            elif resized and name == INSTANCE_MASKS:
-                value = _resize_instances(value, shrunk[2])
-            buf = io.BytesIO()
-            np.save(buf, value, allow_pickle=False)
-            members.append((f"{name}.npy", buf.getvalue()))
-        elif isinstance(value, str):
-            try:
-                members.append((f"{name}.txt", value.encode("utf-8")))
-            except UnicodeEncodeError as exc:
-                raise PackError(f"{where}: field {name!r} is not valid text ({exc})") from None
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            members.append((f"{name}.bin", bytes(value)))
-        else:
-            try:
-                members.append((f"{name}.json", json.dumps(value).encode("utf-8")))
-            except (TypeError, ValueError) as exc:
-                raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
-                                f"packed as JSON, but {exc}") from None
+        members.append(_field_member(name, value, resized, where))
     return members, status
+
+
+def _label_member(label: Any, where: str) -> list[tuple[str, bytes]]:
+    """A pair's label as its ``cls`` member (none for -1, unlabeled)."""
+    if label.ndim != 0 or label.dtype.kind != "i":
+        raise PackError(f"{where}: its label is {label.dtype.name} of shape {label.shape}; a "
+                        f"pair's label is packed as a class index (.cls), so return a dict "
+                        f"{{\"image\": ..., \"label\": ...}} to pack other labels (as label.npy)")
+    if int(label) < -1:
+        raise PackError(f"{where}: label {int(label)} is negative (-1 means unlabeled)")
+    return [("cls", str(int(label)).encode("ascii"))] if int(label) >= 0 else []
+
+
+def _field_member(name: str, value: Any, resized: Any, where: str) -> tuple[str, bytes]:
+    """A dict sample's field as its shard member; ``resized``: the image's
+    ``(bytes, size, new size)`` when it was made smaller (the geometry moves with it)."""
+    import numpy as np  # noqa: PLC0415
+
+    from ..sample import BOXES, INSTANCE_MASKS, KEYPOINTS, LABEL, MASK  # noqa: PLC0415
+
+    if not _FIELD_NAME.fullmatch(name):
+        raise PackError(f"{where}: field {name!r}: a packed field's name has no whitespace, "
+                        f"'/' or '\\'")
+    if name == MASK:
+        return "mask.png", _pack_mask(value, resized, where)
+    if name == LABEL and isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind == "i":
+        return "cls", str(int(value)).encode("ascii")
+    if isinstance(value, np.ndarray):
+        if resized is not None and name == BOXES:
+            (h, w), (h2, w2) = resized[1], resized[2]
+            value = (value * np.array([w2 / w, h2 / h, w2 / w, h2 / h], np.float32)).astype(np.float32)
+        elif resized is not None and name == KEYPOINTS:
+            (h, w), (h2, w2) = resized[1], resized[2]
+            value = value * np.array([w2 / w, h2 / h, 1], np.float32)
+        elif resized is not None and name == INSTANCE_MASKS:
+            value = _resize_instances(value, resized[2])
+        buf = io.BytesIO()
+        np.save(buf, value, allow_pickle=False)
+        return f"{name}.npy", buf.getvalue()
+    if isinstance(value, str):
+        try:
+            return f"{name}.txt", value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PackError(f"{where}: field {name!r} is not valid text ({exc})") from None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{name}.bin", bytes(value)
+    try:
+        return f"{name}.json", json.dumps(value).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise PackError(f"{where}: field {name!r} is {type(value).__name__}, which is "
+                        f"packed as JSON, but {exc}") from None
 
 
 def _resize_instances(masks: Any, size: tuple[int, int]) -> Any:
