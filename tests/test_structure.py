@@ -192,42 +192,6 @@ def test_the_mutual_import_check_sees_one():
     assert mutual_imports({"feeder.ops.base": {"feeder.sample.rng"}, "feeder.sample.rng": set()}) == []
 
 
-# Packages whose modules and functions are held to a size a reader takes in at once.
-SIZED = ["feeder/sample", "feeder/decode", "feeder/ops/chain.py", "feeder/ops/compose.py"]
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
-
-
-def oversized(path: pathlib.Path) -> list[str]:
-    text = path.read_text()
-    found = []
-    if text.count("\n") > MAX_MODULE_LINES:
-        found.append(f"{path.name}: {text.count(chr(10))} lines")
-    for node in ast.walk(ast.parse(text, str(path))):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            length = node.end_lineno - node.lineno + 1
-            if length > MAX_FUNCTION_LINES:
-                found.append(f"{path.name}: {node.name} is {length} lines")
-    return found
-
-
-def test_the_per_sample_modules_stay_small():
-    paths = []
-    for name in SIZED:
-        p = ROOT.parent / name
-        paths += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    assert len(paths) > 10
-    assert [f for p in paths for f in oversized(p)] == []
-
-
-def test_the_size_check_sees_a_long_function(tmp_path):
-    long = tmp_path / "long.py"
-    long.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
-    assert oversized(long) == ["long.py: f is 81 lines"]
-    big = tmp_path / "big.py"
-    big.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
-    assert oversized(big) == [f"big.py: {MAX_MODULE_LINES + 1} lines"]
-
-
 def test_the_pipeline_has_a_folder_per_part():
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert {"engine", "isolation", "sample", "ops", "decode", "storage", "order"} <= folders
@@ -259,18 +223,10 @@ def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
         importlib.import_module("feeder._no_such_module")
 
 
-# Modules split to hold one concern each: they stay small enough to read whole.
-SMALL_MODULES = [
-    "shards.py", "pack/__init__.py", "pack/packer.py", "pack/cli.py", "pack/__main__.py",
-    "storage/tar.py", "storage/tarindex.py", "storage/tarscan.py", "storage/tarread.py",
-    "storage/members.py", "storage/access.py", "storage/packout.py", "storage/packinput.py",
-    "storage/remote.py", "storage/remoteshard.py",
-    "engine/batch.py", "engine/batch_dict.py", "engine/buffers.py", "engine/cuda.py",
-    "engine/delivery.py", "engine/filling.py", "engine/gather.py", "engine/pool.py",
-    "engine/transfer.py", "engine/config.py", "engine/checks.py",
-    "order/__init__.py", "order/sequence.py", "order/epoch.py", "order/group.py", "order/plan.py",
-    "order/progress.py", "order/state.py", "order/cursor.py",
-]
+# The core (the tools apart) is held to sizes a reader takes in at once. These
+# modules are not split yet: each must still be over, so the list only shrinks.
+NOT_YET_SPLIT = {"_feeder.py", "ops/geometry.py", "sources.py"}
+TOOLS = ("bench", "doctor")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
@@ -291,9 +247,12 @@ def long_parts(path: pathlib.Path) -> list[str]:
     return found
 
 
-def test_split_modules_stay_small():
-    assert [m for m in SMALL_MODULES if not (ROOT / m).is_file()] == []
-    assert [p for m in SMALL_MODULES for p in long_parts(ROOT / m)] == []
+def test_the_core_modules_stay_small():
+    core = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).parts[0] not in TOOLS]
+    assert len(core) > 100
+    over = {str(p.relative_to(ROOT)): long_parts(p) for p in core}
+    assert {name for name, parts in over.items() if parts} == NOT_YET_SPLIT, \
+        {name: parts for name, parts in over.items() if parts}
 
 
 def test_the_size_check_sees_a_long_function(tmp_path):
