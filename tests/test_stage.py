@@ -131,3 +131,24 @@ def test_sampler_stops_waiting_for_a_buffer_when_stopped():
     join(sampler)
     assert control.exited == ["sampler"] and not control.failures
     pool.release(held)
+
+
+def test_a_wait_ending_while_it_is_read_never_makes_the_totals_go_back(monkeypatch):
+    """The thread reads its clock, then stores its finished wait; a reader in
+    between counted the wait up to its own, later clock. What the reader
+    reported stays: the totals never go back (stats() polled by another thread)."""
+    import feeder.engine.stage as stage_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(stage_mod, "_now", lambda: clock[0])
+    c = stage_mod.Counters()
+    c.begin_wait(stage_mod.Counters.WAIT_OUT)
+    clock[0] = 10.0
+    busy, _, wait_out, _ = c.totals()  # the reader: waiting for 10 s so far
+    assert (busy, wait_out) == (0.0, 10.0)
+    clock[0] = 5.0  # the thread's own clock read, taken before the reader's
+    c.end_wait()
+    clock[0] = 11.0
+    later_busy, _, later_wait_out, _ = c.totals()
+    assert later_wait_out >= wait_out and later_busy >= busy
+    assert later_wait_out + later_busy == 11.0

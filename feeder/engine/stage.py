@@ -14,6 +14,7 @@ stage with the augment step appended, not a special case.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -45,6 +46,19 @@ def _with_wait(wait_in: float, wait_out: float, inline: float, kind: int,
     return wait_in, wait_out, inline
 
 
+# Readers of Counters.totals keep what they reported under this lock (held for
+# a few comparisons; a forked child starts with a fresh one).
+_SHOWN_LOCK = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    global _SHOWN_LOCK
+    _SHOWN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 class Counters:
     """One thread's stats. Only its own thread writes them, so no lock is needed.
 
@@ -54,7 +68,7 @@ class Counters:
     finished wait both added to its total and still counted as ongoing.
     """
 
-    __slots__ = ("items", "_state", "started", "ended", "inline_items", "current", "cpu_s")
+    __slots__ = ("items", "_state", "started", "ended", "inline_items", "current", "cpu_s", "_shown")
 
     # What the thread is doing, as kept in the state tuple.
     WORKING, WAIT_IN, WAIT_OUT, INLINE = _WORKING, _WAIT_IN, _WAIT_OUT, _INLINE
@@ -74,6 +88,8 @@ class Counters:
         self.current: tuple[str, int, float] | None = None
         # CPU seconds the thread has used (kept by the transfer stage only; 0 elsewhere).
         self.cpu_s = 0.0
+        # The waits :meth:`totals` last reported (see there).
+        self._shown = (0.0, 0.0, 0.0)
 
     # A wait in progress counts too, so a snapshot of a stalled pipeline shows
     # its threads as waiting, not busy. Both return the clock they read, so the
@@ -99,12 +115,22 @@ class Counters:
         return t
 
     def totals(self) -> tuple[float, float, float, float]:
-        """(busy, wait in, wait out, inline) seconds so far, ongoing waits included."""
+        """(busy, wait in, wait out, inline) seconds so far, ongoing waits included.
+
+        Never less than an earlier call reported: a wait that ends between this
+        reader's look at the state and its clock read was counted up to the
+        later clock, and the thread records it up to its own earlier one; the
+        difference stays counted as waiting (the busy time grows by no less
+        for it)."""
         wi, wo, inl, since, kind = self._state
         end = self.ended
         now = _now() if end is None else end
         if kind != Counters.WORKING and end is None:
             wi, wo, inl = _with_wait(wi, wo, inl, kind, now - since)
+        with _SHOWN_LOCK:
+            swi, swo, sinl = self._shown
+            wi, wo, inl = max(wi, swi), max(wo, swo), max(inl, sinl)
+            self._shown = (wi, wo, inl)
         return max(0.0, now - self.started - wi - wo - inl), wi, wo, inl
 
     @property
