@@ -49,23 +49,24 @@ class SerializedSource:
 
 
 class _GILBurner:
-    """A transform that holds the GIL for a fixed amount of pure-Python work (a few
+    """A transform that holds the GIL for a fixed time of pure-Python work (a few
     ms an image, as a transform written in Python does): while it runs, any other
-    Python thread waits for the interpreter."""
+    Python thread waits for the interpreter. Timed, not counted in iterations, so
+    that it costs the same on a slower or busier CPU as on a fast one."""
 
-    def __init__(self, iterations: int) -> None:
-        self.iterations = iterations
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
 
     def __call__(self, img, rng):
-        s = 0
-        for i in range(self.iterations):
-            s += i
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
         return img
 
 
 def gil_transforms():
-    """A small crop, then a pure-Python transform of about 8 ms an image."""
-    return [ops.RandomResizedCrop(32), _GILBurner(250_000)]
+    """A small crop, then a pure-Python transform of 8 ms an image."""
+    return [ops.RandomResizedCrop(32), _GILBurner(0.008)]
 
 
 def launch_bound_step(images, labels):

@@ -19,6 +19,7 @@ import simplejpeg
 from feeder import ops
 from feeder.doctor import Fed, Measurements, decide, main
 from feeder.doctor.report import plot
+from feeder.doctor.verdict import LOADED_CORES, SHARED
 from feeder.synthetic import make_image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -388,6 +389,14 @@ def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound
     name, doc = doctor(tmp_path, capsys, "doctor_helpers:ManyPhotos", "--transforms",
                        "doctor_helpers:gil_transforms", "--model",
                        "doctor_helpers:launch_bound_step", "--batch-size", "1", "--seconds", "4")
+    m = doc["measurements"]
+    other = m["other_cores_run"] or 0.0
+    need = m["model_rate"] * (m["decode_ms"] + m["transform_ms"]) / 1e3
+    if m["step_cpu_cores"] + need + other > SHARED * m["cores"] and other > LOADED_CORES:
+        # Other processes (a parallel test run) took the cores the step and the
+        # loader share: the doctor says so rather than blame the GIL.
+        assert name == "cores" and "other processes used" in doc["verdict"]["why"], doc
+        return
     assert name == "interference", doc
     fed = doc["measurements"]["fed"]
     assert set(fed) == {"threads", "process", "tune"}
