@@ -260,3 +260,20 @@ def test_torchrun_two_ranks_then_three(tmp_path):
     assert [len(g) for g in first] == [8, 12]
     delivered = [i for part in first + second for i in part]
     assert sorted(delivered) == list(range(50))
+
+
+def test_a_level_past_its_order_is_refused_not_taken_as_all_delivered(jpeg_blobs):
+    """A state's earlier world sizes (``levels``) whose positions run past the
+    orders they index would drop those orders' samples: refused, naming it."""
+    source = Sharded(jpeg_blobs)
+    options = SETTINGS["shuffled"]
+    _, states = _run_until(source, 2, [1, 1], False, True, options)
+    _, moved = _run_until(source, 3, [0, 0, 0], False, True, options, states)
+    levels = moved[0]["levels"]
+    damaged = [[levels[0][0], [[10 ** 6, []]] + levels[0][1][1:]]]
+    with _make(source, 0, 3, False, **options) as f:
+        with pytest.raises(ValueError, match=r"state\['levels'\]\[0\]: rank 0 of 2"):
+            f.load_state_dict(dict(moved[0], levels=damaged))
+    with _make(source, 0, 4, False, **options) as f:
+        with pytest.raises(ValueError, match=r"state\['levels'\]\[0\]: rank 0 of 2"):
+            f.load_state_dict([dict(s, levels=damaged) for s in moved])

@@ -235,7 +235,8 @@ class Cursor:
         check_settings(settings, current)
         epoch, next_epoch = state.get("epoch"), state.get("next_epoch")
         _check_counts(state, epoch, version)
-        levels = decode_levels(state.get("levels"), epoch)
+        levels = self._checked_levels(decode_levels(state.get("levels"), epoch), epoch,
+                                      current["seed"])
         resume = None
         if epoch is not None:
             resume = self._resumed_pass(state, version, epoch, next_epoch, saved_rank,
@@ -276,7 +277,8 @@ class Cursor:
         if epoch is None:
             return  # every rank had finished its pass: the next epoch starts anew
         unfinished = [s for s in by_rank if s.get("epoch") is not None]
-        levels = decode_levels(unfinished[0].get("levels"), epoch)
+        levels = self._checked_levels(decode_levels(unfinished[0].get("levels"), epoch), epoch,
+                                      seed)
         if any(decode_levels(s.get("levels"), epoch) != levels for s in unfinished):
             raise ValueError(f"cannot resume: the ranks' states went through different world "
                              f"sizes in epoch {epoch}: {DAMAGED_STATES}")
@@ -312,6 +314,19 @@ class Cursor:
             # and the ranks step together, so this rank continues from there.
             current["rank"] = saved["rank"]
         return current
+
+    def _checked_levels(self, levels: Levels, epoch: int, seed: int) -> Levels:
+        """``levels`` of a loaded state, each rank's handled positions checked
+        against its order at that level: a position past it would drop samples."""
+        for depth, (world_size, handled) in enumerate(levels):
+            for rank, h in enumerate(handled):
+                n = len(self.order(epoch, rank, seed, levels[:depth], world_size))
+                if h.position > n or (h.after and h.after[-1] >= n):
+                    raise ValueError(f"state['levels'][{depth}]: rank {rank} of {world_size} "
+                                     f"handled positions up to {max(h.position, *h.after, 0)} of "
+                                     f"an order of {n} samples in epoch {epoch}: the state is "
+                                     f"damaged or from other settings")
+        return levels
 
     def _resumed_pass(self, state: dict[str, Any], version: int, epoch: int, next_epoch: int,
                       saved_rank: int, seed: int, levels: Levels = ()) -> tuple[Progress, int] | None:
