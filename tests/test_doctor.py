@@ -393,10 +393,13 @@ def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound
     other = m["other_cores_run"] or 0.0
     need = m["model_rate"] * (m["decode_ms"] + m["transform_ms"]) / 1e3
     if m["step_cpu_cores"] + need + other > SHARED * m["cores"] and other > LOADED_CORES:
-        # Other processes (a parallel test run) took the cores the step and the
-        # loader share: the doctor says so rather than blame the GIL.
-        assert name == "cores" and "other processes used" in doc["verdict"]["why"], doc
-        return
+        # Other processes (a parallel test run) took a share of the cores the step
+        # and the loader use: in most rounds that may be what slowed the step, and
+        # the doctor then says so, naming them, rather than blame the GIL.
+        assert name in ("interference", "cores"), doc
+        if name == "cores":
+            assert "other processes used" in doc["verdict"]["why"], doc
+            return
     assert name == "interference", doc
     fed = doc["measurements"]["fed"]
     assert set(fed) == {"threads", "process", "tune"}
