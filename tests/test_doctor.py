@@ -19,7 +19,7 @@ import simplejpeg
 from feeder import ops
 from feeder.doctor import Fed, Measurements, decide, main
 from feeder.doctor.report import plot
-from feeder.doctor.verdict import LOADED_CORES, SHARED
+from feeder.doctor.verdict import LOADED_CORES, SHARED, slower
 from feeder.synthetic import make_image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -211,6 +211,67 @@ def test_verdict_cpu_training_on_a_loaded_machine_warns_first_and_advises_no_noi
     assert any(u.startswith('isolation="process"') and "not faster beyond the noise" in u
                for u in v.unhelpful)
     assert v.tries[0].startswith("free cores: other processes used 1.05 of the 2")
+
+
+def test_the_rank_test_is_the_exact_one_sided_mann_whitney():
+    # Every fed step above every synthetic one: 1 ordering of C(10, 5) = 252.
+    assert slower([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 252)
+    assert slower([6, 7, 8, 9, 10], [1, 2, 3, 4, 5]) == 1.0
+    # One pair the other way round: U = 1, P(U <= 1) = 2 / 252.
+    assert slower([1, 2, 3, 4, 6], [5, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    # Ties count a half: all equal is the middle of the distribution.
+    assert 0.5 <= slower([3.0] * 5, [3.0] * 5) < 0.7
+    # Unequal counts: 5 against 6, complete separation: 1 of C(11, 5) = 462.
+    assert slower([1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]) == pytest.approx(1 / 462)
+    assert slower([1, 2, 3, 4], [6, 7, 8, 9, 10]) is None  # fewer than five a side
+    assert slower([1, 2, 3, 4, float("nan"), 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 252)
+
+
+def test_verdict_cpu_training_decides_on_all_rounds_when_the_pairs_disagree():
+    # Recorded on the quiet 2-core machine: the CPU step's own time swung from 232
+    # to 369 ms between rounds, so only 3 of 5 pairs show the fed step 10% slower,
+    # yet every fed round but one is above the synthetic median: 1.22x over all.
+    m = cpu_training(step_ms=316.0, step_ms_rounds=[354.0, 232.0, 316.0, 308.0, 369.0])
+    m.fed["threads"].step_ms = 387.0
+    m.fed["threads"].step_ms_rounds = [355.0, 387.0, 489.0, 402.0, 347.0]
+    m.fed["threads"].wait_share_rounds = [0.0002] * 5
+    v = decide(m)
+    assert v.bottleneck == "cores", v
+    assert "lost time in 3 of 5 rounds; over all rounds the fed steps lie above the synthetic " \
+           "ones with a 2.8% chance of noise (rank test)" in v.why
+    assert v.numbers["chance the fed step is as fast"] == 0.028
+    # Fed steps no slower over all (medians 1.04x apart), 2 of 5 pairs above 1.10x:
+    # inconclusive still, the rank test does not overrule the pairs on noise.
+    m.fed["threads"].step_ms_rounds = [355.0, 300.0, 489.0, 330.0, 300.0]
+    m.fed["threads"].step_ms = 330.0
+    assert decide(m).bottleneck == "inconclusive"
+
+
+def test_verdict_cpu_training_on_a_crowded_machine_is_cores_not_interference():
+    # Recorded beside other work that used 1.8 of the 2 cores: the CPU step got 0.14
+    # of a core (it took most of what was left) and ran 1.2x slower fed; a rule
+    # asking for half a core of a CPU-heavy step called it GIL interference.
+    m = cpu_training(step_cpu_cores=0.14, step_cpu_cores_rounds=[0.14, 0.14, 0.15, 0.3, 0.64],
+                     other_cores_run=1.79, other_cores={"model (synthetic input)": 1.83,
+                                                        "fed (threads)": 1.81}, load_average=0.9,
+                     load_average_end=15.1)
+    v = decide(m)
+    assert v.bottleneck == "cores", v
+    assert v.tries[0].startswith("free cores: other processes used 1.79 of the 2"), v.tries
+    assert v.warnings and v.fixes == []
+    # The same step on a quiet machine with 0.14 of a core is no CPU step: not cores.
+    quiet = cpu_training(step_cpu_cores=0.14, step_cpu_cores_rounds=[0.14] * 5)
+    assert decide(quiet).bottleneck == "interference"
+
+
+def test_verdict_ten_rounds_allow_two_outliers():
+    m = with_model(200.0, fed={"threads": fed("threads", 19, 0.001, 203.0, 1.01, jitter=(1.0,) * 10)})
+    m.step_ms_rounds = [200.0] * 10
+    m.fed["threads"].step_ms_rounds = [200.5, 201.0, 203.0, 226.0, 202.0, 230.0, 201.0, 199.0, 202.0,
+                                       203.0]  # two rounds above 1.10x of ten
+    assert decide(m).bottleneck == "model"
+    m.fed["threads"].step_ms_rounds[2] = 240.0  # three of ten: both sides
+    assert decide(m).bottleneck == "inconclusive"
 
 
 def test_verdict_simulated_step_leaves_the_cores_free():

@@ -10,10 +10,15 @@ interleaved rounds (a fed step is compared with the synthetic step of its own
 round, so a machine whose speed drifts between phases does not make a ratio),
 the other figures in consecutive parts of their phase. A figure is its median,
 its spread the lowest and highest repeat. A rule holds when it holds in every
-round but at most ``OUTLIERS`` (1), and fails when it holds in at most that
-many; otherwise the repeats fall on both sides of its threshold, and the
-verdict is ``inconclusive``, says which figure straddled which threshold, and
-what to run for longer. A fix is advised only when the doctor measured it helping: its
+round but at most ``OUTLIERS`` (1 in each 5), and fails when it holds in at most
+that many. A slower step also holds when a rank test over all rounds (the fed
+steps against the synthetic ones, exact Mann-Whitney) leaves it at most a
+``RANK_P`` (5%) chance of being noise and the medians differ by more than the
+limit: a CPU step's own speed can swing from round to round more than the
+pairing cancels. When the first ``ROUNDS`` disagree, the doctor runs up to
+``EXTRA_ROUNDS`` (5) more; if the repeats still fall on both sides of a
+threshold, the verdict is ``inconclusive``, says which figure straddled which
+threshold, and what to run for longer. A fix is advised only when the doctor measured it helping: its
 loop's rate above the threads' rate in every repeat (its lowest above their
 highest); what was not measured is listed as something to try.
 
@@ -25,11 +30,12 @@ whichever is more, the verdict warns of it first.
 The rules, in order (each must hold in every round but one):
 
 1. **cores** (a model was given): the model's step uses the CPU (at least
-   ``CPU_HEAVY``, 0.5 of a core on synthetic input, 1.5 on CUDA), and the
+   ``CPU_HEAVY``, 0.5 of a core on synthetic input, 1.5 on CUDA; on a loaded
+   machine, or ``HEAVY_OF_FREE``, half the cores other processes left it), and the
    step's cores, the cores the loader needs to feed it (CPU cost per image x
    the model's rate) and the other processes' cores add up to more than
    ``SHARED`` (90%) of the cores; and in every round the loop loses time, to a
-   slower step or to waiting for data.
+   slower step or to waiting for data (or the rank test finds the step slower).
 2. **interference** (a model was given): the training step fed by the feeder's
    threads is more than ``INTERFERENCE_LIMIT`` (1.10x) slower than the same
    step on synthetic input in the same round, and that slowdown costs the loop
@@ -70,9 +76,12 @@ BOTTLENECKS = ("storage", "decode", "transforms", "transfer", "interference", "c
 # Repeats of each figure. With 5, a setting no better than the threads is above
 # them in every round by chance once in 252 runs (3 would give once in 20).
 ROUNDS = 5
-# Rounds a verdict's rule may disagree in (one round of five that a burst of other
-# work slowed must not make every verdict inconclusive); none for a fix.
+# Rounds a verdict's rule may disagree in, per ROUNDS rounds (one round of five
+# that a burst of other work slowed must not make every verdict inconclusive);
+# none for a fix.
 OUTLIERS = 1
+# Rounds of the model the doctor adds, at most, when the first ROUNDS disagree.
+EXTRA_ROUNDS = 5
 WAIT_OK = 0.05
 INTERFERENCE_LIMIT = 1.10
 BUSY = 0.85
@@ -86,6 +95,13 @@ LOADED_SHARE = 0.25
 CPU_HEAVY = 0.5
 CPU_HEAVY_CUDA = 1.5
 SHARED = 0.9
+# On a loaded machine, the share of the cores other processes left that a step
+# takes to count as CPU-heavy.
+HEAVY_OF_FREE = 0.5
+# The chance a rank test may leave for "the fed steps are slower than the
+# synthetic ones" to be noise (one-sided): with 5 rounds a side it holds when at
+# most 4 of the 25 pairs of a synthetic and a fed round have the fed one faster.
+RANK_P = 0.05
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,39 @@ def spread(values: list[float] | None) -> Spread | None:
     if len(vals) < ROUNDS:
         return None
     return Spread(statistics.median(vals), min(vals), max(vals), len(vals))
+
+
+def _rank_counts(n: int, m: int) -> list[int]:
+    """How many of the ``C(n+m, n)`` orderings of ``n`` and ``m`` values give each
+    Mann-Whitney count ``U`` (0..n*m): the statistic's exact distribution, no ties."""
+    # ways[i][j][u]: orderings of i and j values with count u, built one value at a time
+    ways = [[[1] if i == 0 or j == 0 else [] for j in range(m + 1)] for i in range(n + 1)]
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            # the largest value is one of the i (it beats all j: u grows by j) or of the j
+            a, b = ways[i - 1][j], ways[i][j - 1]
+            row = [0] * (i * j + 1)
+            for u, c in enumerate(a):
+                row[u + j] += c
+            for u, c in enumerate(b):
+                row[u] += c
+            ways[i][j] = row
+    return ways[n][m]
+
+
+def slower(base: list[float], other: list[float]) -> float | None:
+    """The one-sided chance (exact Mann-Whitney rank test) of ``other`` being
+    at least this much above ``base`` if both were repeats of one figure: small when
+    ``other``'s repeats lie above ``base``'s. Ties count a half; None with fewer
+    than ``ROUNDS`` finite values on a side."""
+    a = [v for v in base if v is not None and math.isfinite(v)]
+    b = [v for v in other if v is not None and math.isfinite(v)]
+    if len(a) < ROUNDS or len(b) < ROUNDS:
+        return None
+    # U: pairs in which base's value is the larger (few when other is slower)
+    u = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in a for y in b)
+    counts = _rank_counts(len(a), len(b))
+    return sum(counts[: math.floor(u) + 1]) / sum(counts)
 
 
 @dataclass
@@ -369,14 +418,18 @@ def _rounds(m: Measurements, fed: Fed) -> list[_Round]:
     return out
 
 
+def _outliers(flags: list[bool]) -> int:
+    return max(1, len(flags) * OUTLIERS // ROUNDS)
+
+
 def _most(flags: list[bool]) -> bool:
-    """The rule holds in every round but at most ``OUTLIERS``."""
-    return sum(flags) >= len(flags) - OUTLIERS
+    """The rule holds in every round but at most ``OUTLIERS`` in each ``ROUNDS``."""
+    return sum(flags) >= len(flags) - _outliers(flags)
 
 
 def _few(flags: list[bool]) -> bool:
-    """The rule holds in at most ``OUTLIERS`` rounds."""
-    return sum(flags) <= OUTLIERS
+    """The rule holds in at most ``OUTLIERS`` rounds in each ``ROUNDS``."""
+    return sum(flags) <= _outliers(flags)
 
 
 def _count(flags: list[bool]) -> str:
@@ -441,18 +494,32 @@ def _model_side(m: Measurements, fed: Fed, loader: float, out: _Numbers) -> Verd
     assert ratio is not None and wait is not None
     slowed = [r.slowed for r in rounds]
     waiting = [r.waiting for r in rounds]
+    # All rounds together: a step whose own speed swings from round to round (a CPU
+    # step on shared cores) can be slower fed in most rounds' medians and yet not in
+    # four pairs of five; the rank test asks whether the fed steps lie above the
+    # synthetic ones beyond chance.
+    chance = slower(m.step_ms_rounds, fed.step_ms_rounds)
+    pooled = (chance is not None and chance <= RANK_P and m.step_ms is not None
+              and fed.step_ms is not None and fed.step_ms > INTERFERENCE_LIMIT * m.step_ms)
+    if chance is not None:
+        out.numbers["chance the fed step is as fast"] = round(chance, 3)
     # Do the step and the loader compete for the same cores?
     cost_ms = (m.decode_ms or 0.0) + (m.transform_ms or 0.0)
     need = m.model_rate * cost_ms / 1e3 if m.model_rate and cost_ms else None
     heavy_at = CPU_HEAVY_CUDA if m.device.startswith("cuda") else CPU_HEAVY
     step_cpu = m.step_cpu_cores
     other = m.other_cores_run or 0.0
+    beside = (m.other_cores or {}).get("model (synthetic input)", other)
+    if beside > max(LOADED_CORES, LOADED_SHARE * m.cores):
+        # Other processes held the cores while the step ran alone: it got what they
+        # left, and is CPU-heavy when it took most of that.
+        heavy_at = min(heavy_at, HEAVY_OF_FREE * max(m.cores - beside, 0.0))
     shared = (step_cpu is not None and step_cpu >= heavy_at and need is not None
               and step_cpu + need + other > SHARED * m.cores)
     if shared:
         hurt = [s or w for s, w in zip(slowed, waiting)]
-        if _most(hurt):
-            return _cores(m, fed, out, ratio, wait, need or 0.0, cost_ms)
+        if _most(hurt) or pooled:
+            return _cores(m, fed, out, ratio, wait, need or 0.0, cost_ms, hurt, chance)
         if not _few(hurt):
             return _inconclusive(m, out, [
                 f"the step and the loader share the cores, and the loop lost time to it (a step "
@@ -460,8 +527,10 @@ def _model_side(m: Measurements, fed: Fed, loader: float, out: _Numbers) -> Verd
                 f"{100 * WAIT_OK:.0f}%) in {_count(hurt)}: step {ratio.text('.2f', unit='x')}, "
                 f"wait {_pct(wait)}"])
         return _model(m, fed, loader, out)
-    if _most(slowed):
-        return _interference(m, fed, out, rounds, ratio)
+    lost_step = statistics.median(r.lost_step_s for r in rounds)
+    lost_wait = statistics.median(r.lost_wait_s for r in rounds)
+    if _most(slowed) or (pooled and lost_step > lost_wait):
+        return _interference(m, fed, out, rounds, ratio, chance)
     if _few(slowed) and _few(waiting):
         return _model(m, fed, loader, out)
     if _few(slowed) and _most(waiting):
@@ -480,8 +549,17 @@ def _model_side(m: Measurements, fed: Fed, loader: float, out: _Numbers) -> Verd
     return _inconclusive(m, out, reasons)
 
 
+def _pooled(flags: list[bool], chance: float | None) -> str:
+    """How many rounds a rule held in, and the rank test over all rounds."""
+    text = _count(flags)
+    if chance is not None:
+        text += (f"; over all rounds the fed steps lie above the synthetic ones with a "
+                 f"{100 * chance:.1f}% chance of noise (rank test)")
+    return text
+
+
 def _interference(m: Measurements, fed: Fed, out: _Numbers, rounds: list[_Round],
-                  ratio: Spread) -> Verdict:
+                  ratio: Spread, chance: float | None = None) -> Verdict:
     proc = m.fed.get("process")
     if proc is not None:
         out.add("step fed / synthetic (process)", proc.interference, proc.interference_rounds)
@@ -503,12 +581,13 @@ def _interference(m: Measurements, fed: Fed, out: _Numbers, rounds: list[_Round]
                        f"the training step runs {ratio.text('.2f', unit='x')} slower fed by the "
                        f"feeder's threads than on synthetic input in the same round, costing "
                        f"{1e3 * lost_step:.1f} ms a batch, more than the {1e3 * lost_wait:.1f} ms "
-                       f"it waits for data, in {_count([r.slowed for r in rounds])}", tries=tries,
+                       f"it waits for data, in {_pooled([r.slowed for r in rounds], chance)}",
+                       tries=tries,
                        unhelpful=unhelpful)
 
 
 def _cores(m: Measurements, fed: Fed, out: _Numbers, ratio: Spread, wait: Spread, need: float,
-           cost_ms: float) -> Verdict:
+           cost_ms: float, hurt: list[bool], chance: float | None) -> Verdict:
     other = m.other_cores_run
     out.add("step CPU cores (synthetic input)", m.step_cpu_cores, m.step_cpu_cores_rounds)
     out.add("cores the loader needs at the model's rate", need)
@@ -549,7 +628,8 @@ def _cores(m: Measurements, fed: Fed, out: _Numbers, ratio: Spread, wait: Spread
         f"{m.step_cpu_cores:.2f} cores on synthetic input and feeding it needs about {need:.2f} "
         f"more" + (f", while other processes used {other:.2f}" if other else "")
         + f"; fed by the threads the step ran {ratio.text('.2f', unit='x')} its synthetic time and "
-        f"the loop waited {_pct(wait)} of its time", tries=tries, unhelpful=unhelpful)
+        f"the loop waited {_pct(wait)} of its time; the loop lost time in {_pooled(hurt, chance)}",
+        tries=tries, unhelpful=unhelpful)
 
 
 def _model(m: Measurements, fed: Fed, loader: float, out: _Numbers) -> Verdict:
