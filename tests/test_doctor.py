@@ -274,6 +274,50 @@ def test_verdict_ten_rounds_allow_two_outliers():
     assert decide(m).bottleneck == "inconclusive"
 
 
+def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
+    import feeder.doctor as doctor
+    from feeder.doctor import measure
+
+    # Scripted rounds: the synthetic step 100 ms; fed by the threads 100 ms in the
+    # first rounds and on alternate rounds, 130 ms on the others (pairs on both
+    # sides of 1.10x: inconclusive) until round 7, from which every fed round is slow.
+    m = with_model(100.0, model="m:step", step_cpu_cores=0.02, fed={})
+    m.step_ms_rounds, m.step_cpu_cores_rounds = [], []
+    r = {"n": 0}
+
+    def synthetic_step(m, step, transforms, budget, timeline, max_pixels):
+        m.step_ms_rounds.append(100.0)
+        m.step_cpu_cores_rounds.append(0.02)
+        m.step_ms = 100.0
+
+    def fed_round(m, setting, fsrc, kind, step, transforms, budget, timeline, synthetic_ms, **kw):
+        r["n"] += 1
+        slow = r["n"] >= 7 or r["n"] % 2 == 0
+        ms = 130.0 if slow else 100.0
+        return Fed(setting, 10, 320.0, 0.001, ms, ms / synthetic_ms, 2)
+
+    monkeypatch.setattr(measure, "synthetic_step", synthetic_step)
+    monkeypatch.setattr(measure, "fed", fed_round)
+    monkeypatch.setattr(measure, "fed_source", lambda *a: (None, 100))
+
+    class Bar:
+        total = 0
+
+        def update(self):
+            pass
+
+    args = type("Args", (), {"seconds": 1.0})()
+    doctor._model_rounds(m, args, None, "folder", None, [], ["threads"], None, Bar(),
+                         lambda text: None, 1 << 20)
+    # The first 5 rounds disagree (2 of 5 slow); more follow until they settle.
+    fed_threads = m.fed.get("threads")
+    assert fed_threads is not None
+    n = len(fed_threads.step_ms_rounds)
+    assert 5 < n <= 10 and len(m.step_ms_rounds) == n
+    assert any(f"{n - 5} more were run ({n} in all)" in note for note in m.notes), m.notes
+    assert decide(m).bottleneck == "interference"
+
+
 def test_verdict_simulated_step_leaves_the_cores_free():
     # The same figures with a step that uses no CPU (--step-ms): GIL interference.
     v = decide(cpu_training(step_cpu_cores=0.02, step_cpu_cores_rounds=[0.02] * 5))

@@ -21,7 +21,8 @@ In about ``--seconds`` it measures, with a progress bar:
 * the model fed by the feeder: threads, ``isolation="process"`` and
   ``decode_threads="tune"``: the loop's rate and wait share and its step
   against the synthetic one (the interference). The synthetic step and the
-  threads and process settings run in ``ROUNDS`` interleaved rounds, the other
+  threads and process settings run in ``ROUNDS`` interleaved rounds (up to
+  ``EXTRA_ROUNDS`` more when the first disagree on the verdict), the other
   figures over as many parts of their phase: each figure has its spread;
 * the machine: the load average, and the CPU other processes used in each
   phase (the doctor's worker process counts as the doctor's).
@@ -39,6 +40,7 @@ matplotlib, ``pip install 'feeder[doctor]'``).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import math
@@ -48,7 +50,7 @@ import time
 from typing import Any
 
 from ..errors import error_line
-from .verdict import BOTTLENECKS, ROUNDS, Fed, Measurements, Verdict, decide
+from .verdict import BOTTLENECKS, EXTRA_ROUNDS, ROUNDS, Fed, Measurements, Verdict, decide
 
 __all__ = ["BOTTLENECKS", "Fed", "Measurements", "Verdict", "decide", "main", "run"]
 
@@ -198,6 +200,22 @@ def run(args: argparse.Namespace) -> tuple[Measurements, Verdict, str]:
     return m, verdict, text
 
 
+def _merge(m: Measurements, rounds: dict[str, list[Fed]], synthetic: list[float]) -> None:
+    from . import measure
+
+    for setting, got in rounds.items():
+        if got:
+            m.fed[setting] = measure.merge_rounds(got, synthetic)
+
+
+def _settled(m: Measurements, rounds: dict[str, list[Fed]], synthetic: list[float]) -> bool:
+    """Whether the rounds so far give a verdict (any but ``inconclusive``)."""
+    trial = copy.copy(m)
+    trial.fed = dict(m.fed)
+    _merge(trial, rounds, synthetic)
+    return decide(trial).bottleneck != "inconclusive"
+
+
 def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: str, step: Any,
                   transforms: list[Any], settings: list[str], timeline: Any, bar: Any, phase: Any,
                   max_pixels: int) -> None:
@@ -213,8 +231,12 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
     fsrc = None
     tune_least = measure.tune_batches()
     tune_budget = S * SHARES["fed"]
-    for r in range(ROUNDS):
-        phase(f"the model on synthetic input (round {r + 1} of {ROUNDS})")
+    r = 0
+    while r < ROUNDS or (r < ROUNDS + EXTRA_ROUNDS and not _settled(m, rounds, synthetic)):
+        if r == ROUNDS:
+            bar.total += EXTRA_ROUNDS * (1 + len(settings))  # the extra rounds, at most
+        of = ROUNDS if r < ROUNDS else ROUNDS + EXTRA_ROUNDS
+        phase(f"the model on synthetic input (round {r + 1} of {of})")
         measure.synthetic_step(m, step, transforms, S * SHARES["model"] / ROUNDS, timeline, max_pixels)
         synthetic.append(m.step_ms_rounds[-1])
         bar.update()
@@ -229,7 +251,7 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
             if r and not rounds[setting]:
                 bar.update()
                 continue  # it failed in an earlier round
-            phase(f"the model fed by the feeder ({setting}, round {r + 1} of {ROUNDS})")
+            phase(f"the model fed by the feeder ({setting}, round {r + 1} of {of})")
             try:
                 rounds[setting].append(measure.fed(m, setting, fsrc, kind, step, transforms,
                                                    S * SHARES["fed"] / ROUNDS, timeline,
@@ -240,9 +262,11 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
                 m.notes.append(f"the {setting} run failed: {type(exc).__name__}: {exc}")
                 rounds[setting] = []
             bar.update()
-    for setting, got in rounds.items():
-        if got:
-            m.fed[setting] = measure.merge_rounds(got, synthetic)
+        r += 1
+    if r > ROUNDS:
+        m.notes.append(f"the first {ROUNDS} rounds of the model disagreed: {r - ROUNDS} more were "
+                       f"run ({r} in all)")
+    _merge(m, rounds, synthetic)
     phase('the model fed by the feeder (decode_threads="tune")')
     try:
         # A slow step may take up to the whole --seconds again for the batches
