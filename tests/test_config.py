@@ -4,15 +4,18 @@ other, "auto" resolved, and the figures derived from a Config."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
 
 from feeder import ConfigError, Feeder
-from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, Config, parse_device, reads_may_block,
+from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, RECORDS, Config, parse_device, reads_may_block,
                             resolve_device)
+from feeder.sample.sizes import Padding
 from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
 
 
@@ -210,3 +213,56 @@ def test_reads_may_block_is_the_sources_hint():
     assert reads_may_block(window) is True and reads_may_block(window, windowed=True) is False
     assert reads_may_block(Hint(True), windowed=True) is True  # no window hint: the plain one
     assert reads_may_block(Hint(False), windowed=True) is False
+
+
+def _owned(record: type) -> list[str]:
+    """A record's fields that are options (not decided from other options)."""
+    return [f.name for f in dataclasses.fields(record) if "derived" not in f.metadata]
+
+
+def test_the_records_partition_the_option_table():
+    options = [f.name for f in dataclasses.fields(Config)]
+    owners = {name: [attr for attr, record in RECORDS.items() if name in _owned(record)]
+              for name in options}
+    assert {name: attrs for name, attrs in owners.items() if len(attrs) != 1} == {}
+    # ... and a record holds nothing else but options and values decided from them.
+    assert sorted(n for record in RECORDS.values() for n in _owned(record)) == sorted(options)
+    for record in RECORDS.values():
+        for f in dataclasses.fields(record):
+            assert f.metadata.get("derived", f.name) in options, (record.__name__, f.name)
+
+
+def test_each_record_holds_the_options_values():
+    cfg = Config.build(batch_size=8, decode_threads=3, augment_threads=2, read_threads=5,
+                       on_error="skip", max_skipped=4, timeout=9, shuffle=True, seed=7,
+                       exif_orientation=True, max_pixels=1 << 20, jpeg_verify=False,
+                       max_image_size=(64, 48), size_divisibility=32, mask_fill=0,
+                       normalize=((0.5,) * 3, (0.2,) * 3), isolation="process")
+    for attr, record in RECORDS.items():
+        got = getattr(cfg, attr)
+        assert type(got) is record
+        for f in dataclasses.fields(record):
+            if "derived" not in f.metadata:
+                assert getattr(got, f.name) == getattr(cfg, f.name), (attr, f.name)
+    assert cfg.order.skip and cfg.order.exif_orientation and cfg.errors.skip
+    assert cfg.output.dtype == torch.float32  # resolved, as the table's
+    assert (cfg.read_queue, cfg.decode_queue, cfg.augment_queue) == (
+        cfg.threads.read_queue, cfg.threads.decode_queue, cfg.threads.augment_queue)
+
+
+def test_variable_size_is_decided_once_with_the_configuration():
+    assert Config.build(batch_size=2).sizes.padding is None
+    assert Config.build(batch_size=2, image_size=(32, 32)).sizes.padding is None
+    cfg = Config.build(batch_size=2, max_image_size=(64, 48), size_divisibility=32, mask_fill=0)
+    assert cfg.sizes.padding == Padding(32, 0)
+    assert Config.build(batch_size=2, max_image_size="auto").sizes.padding == Padding(1, 255)
+
+
+def test_a_replaced_configuration_has_records_of_its_own_values():
+    cfg = Config.build(batch_size=2, max_image_size="auto")
+    moved = dataclasses.replace(cfg, device=torch.device("meta"), max_image_size=(8, 8),
+                                read_threads=0)
+    assert moved.output.device == torch.device("meta") and cfg.output.device == torch.device("cpu")
+    assert moved.sizes.max_image_size == (8, 8) and moved.sizes.padding == Padding(1, 255)
+    assert moved.threads.read_threads == 0
+    assert pickle.loads(pickle.dumps(moved)).threads == moved.threads

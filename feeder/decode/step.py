@@ -14,6 +14,7 @@ per-sample work" rows both call it, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,19 @@ from .image import DecodeBuffers, buffer_of, decode_planned, decode_scale, rgb_o
 from .jpeg import JpegDecoder
 from .masks import decode_mask
 from .verified import VerifiedJpegs
+from ..sample.sizes import Padding
 
-__all__ = ["SampleWork"]
+__all__ = ["DecodeOptions", "SampleWork"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """The feeder options of decoding (see ``Feeder``'s arguments of the same names)."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    exif_orientation: bool = False
+    jpeg_verify: bool = True
+    jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES
 
 
 class SampleWork:
@@ -48,17 +60,18 @@ class SampleWork:
         verified: Share this memory of files read to their end (another
             ``SampleWork``'s of the same settings: a feeder's dataset view and
             its engine) instead of keeping one of its own.
+        variable: Sizes vary (``max_image_size``); None: as the chain's.
     """
 
     def __init__(self, chain: Chain, max_pixels: int = DEFAULT_MAX_PIXELS,
                  exif_orientation: bool = False, jpeg_verify: bool = True,
                  jpeg_index_bytes: int = VerifiedJpegs.INDEX_BYTES, files: int | None = None,
-                 verified: VerifiedJpegs | None = None) -> None:
+                 verified: VerifiedJpegs | None = None, variable: bool | None = None) -> None:
         self.chain = chain
         self.plan = chain.plan
         self.image_size = chain.image_size
         #: Variable-size output (``max_image_size``): each sample's size is recorded.
-        self.variable = chain.max_image_size is not None
+        self.variable = chain.max_image_size is not None if variable is None else variable
         self.max_pixels = max_pixels
         self.exif_orientation = exif_orientation
         self.jpeg_verify = jpeg_verify
@@ -72,6 +85,15 @@ class SampleWork:
         self.jpeg = JpegDecoder(max_pixels, DecodeBuffers(), exif_orientation, jpeg_verify,
                                 self.verified)
         self.schema = Schema()
+
+    @classmethod
+    def of(cls, chain: Chain, options: DecodeOptions, padding: Padding | None,
+           files: int | None = None, verified: VerifiedJpegs | None = None) -> "SampleWork":
+        """The work of a feeder: its chain, its decode options and its
+        :class:`~feeder.sample.sizes.Padding` (None: every image one size)."""
+        return cls(chain, options.max_pixels, options.exif_orientation, options.jpeg_verify,
+                   options.jpeg_index_bytes, files=files, verified=verified,
+                   variable=padding is not None)
 
     @property
     def buffers(self) -> DecodeBuffers:

@@ -1,9 +1,15 @@
 """The feeder's configuration: the option table (one frozen dataclass), each
 option's check (:mod:`feeder.engine.checks`), the options that depend on each
-other, and ``"auto"`` resolved."""
+other, and ``"auto"`` resolved.
+
+The table is where options are declared and checked; the components read them
+as small typed records, one per concern, made with the :class:`Config` (see
+:data:`RECORDS`): each component is handed its own, never the whole table.
+The design note ``docs/design/options.md`` walks some options to where they act."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,15 +23,30 @@ from .checks import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, MAX_POOL_THREADS
                      check_optional_rank, check_positive, check_seed, check_shuffle,
                      check_start_method, check_threads, check_timeout, option, parse_device,
                      resolve_device, unknown_options_message)
-from .threads import MeasuredReadThreads, auto_read_threads, auto_threads, cores_for_this_rank
+from .on_device import OutputOptions
+from .stage import ErrorOptions
+from .threads import (MeasuredReadThreads, ThreadOptions, auto_read_threads, auto_threads,
+                      cores_for_this_rank)
 from .tune import TunedThreads
+from ..decode.step import DecodeOptions
 from ..errors import ConfigError
+from ..order.plan import OrderOptions
 from ..sample import DEFAULT_MAX_PIXELS
+from ..sample.sizes import SizeOptions
 
 # Names of the checks module that were this module's: still importable here.
-__all__ = ["Config", "DATALOADER_KEYWORDS", "DEFAULTS", "DEFAULT_GROUP_FACTOR", "MAX_POOL_THREADS",
-           "START_METHODS", "parse_device", "reads_may_block", "resolve_device",
-           "unknown_options_message"]
+__all__ = ["Config", "DATALOADER_KEYWORDS", "DEFAULTS", "DEFAULT_GROUP_FACTOR", "IsolationOptions",
+           "MAX_POOL_THREADS", "RECORDS", "START_METHODS", "parse_device", "reads_may_block",
+           "resolve_device", "unknown_options_message"]
+
+
+@dataclass(frozen=True)
+class IsolationOptions:
+    """The feeder options that decide where the CPU stages run (see ``Feeder``'s
+    arguments of the same names)."""
+
+    isolation: str = "thread"
+    start_method: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -85,34 +106,79 @@ class Config:
         _check_combinations(values, options)
         return cls(**values)
 
+    def __post_init__(self) -> None:
+        # Every record is made with the Config (by build, and again by each
+        # dataclasses.replace), so none is ever stale, and each mode is decided
+        # once here: "variable size" is sizes.padding, a Padding or None.
+        for name in RECORDS:
+            getattr(self, name)
+
+    # -- the records: each component's own options --------------------------------
+    @functools.cached_property
+    def threads(self) -> ThreadOptions:
+        """The stages' thread counts and queue sizes."""
+        return ThreadOptions(self.decode_threads, self.augment_threads, self.read_threads,
+                             self.read_ahead_bytes, self.queue_size)
+
+    @functools.cached_property
+    def order(self) -> OrderOptions:
+        """Which samples each pass dispatches, in which order and batches."""
+        return OrderOptions(batch_size=self.batch_size, shuffle=self.shuffle,
+                            shuffle_window=self.shuffle_window, shuffle_shards=self.shuffle_shards,
+                            drop_last=self.drop_last, skip=self.on_error == "skip",
+                            group_by_aspect_ratio=self.group_by_aspect_ratio,
+                            exif_orientation=self.exif_orientation, ordered=self.ordered,
+                            seed=self.seed, rank=self.rank, world_size=self.world_size)
+
+    @functools.cached_property
+    def decode(self) -> DecodeOptions:
+        """How samples are decoded."""
+        return DecodeOptions(self.max_pixels, self.exif_orientation, self.jpeg_verify,
+                             self.jpeg_index_bytes)
+
+    @functools.cached_property
+    def sizes(self) -> SizeOptions:
+        """The images' sizes; ``sizes.padding``: variable sizes, decided once."""
+        return SizeOptions(self.image_size, self.max_image_size, self.size_divisibility,
+                           self.mask_fill)
+
+    @functools.cached_property
+    def output(self) -> OutputOptions:
+        """What a delivered batch is: device, dtype, layout, batch transforms."""
+        return OutputOptions(self.device, self.dtype, self.normalize, self.memory_format,
+                             self.batch_transforms)
+
+    @functools.cached_property
+    def errors(self) -> ErrorOptions:
+        """What a failing sample or a stalled pass does."""
+        return ErrorOptions(self.on_error, self.max_skipped, self.timeout)
+
+    @functools.cached_property
+    def placement(self) -> IsolationOptions:
+        """Where the CPU stages run: threads here, or a worker process."""
+        return IsolationOptions(self.isolation, self.start_method)
+
+    # -- figures derived from the records (the thread ones also read here) ------------
     @property
     def tune(self) -> bool:
         """Some pool is ``"tune"``: its threads are parked and woken while a pass runs."""
-        return any(isinstance(n, TunedThreads)
-                   for n in (self.decode_threads, self.augment_threads, self.read_threads))
+        return self.threads.tune
 
     def tuned(self) -> tuple[str, ...]:
         """The stages whose thread count is tuned (``"tune"`` on a pool that exists)."""
-        return tuple(stage for stage, n in (("read", self.read_threads),
-                                            ("decode", self.decode_threads),
-                                            ("augment", self.augment_threads))
-                     if isinstance(n, TunedThreads))
+        return self.threads.tuned()
 
-    # Queue capacities. Each pool needs a few items queued per thread so a
-    # thread never idles between items; more only adds latency and memory.
     @property
     def read_queue(self) -> int:
-        # Every read thread finds its next sample waiting; more would only hold
-        # batch buffers (each sample in flight needs its batch's buffer).
-        return self.read_threads
+        return self.threads.read_queue
 
     @property
     def decode_queue(self) -> int:
-        return 4 * self.decode_threads
+        return self.threads.decode_queue
 
     @property
     def augment_queue(self) -> int:
-        return 4 * self.augment_threads
+        return self.threads.augment_queue
 
     @property
     def num_buffers(self) -> int:
@@ -121,10 +187,16 @@ class Config:
         that can be in flight, plus one), one being transferred and one held by the
         loop. The pool reaches it only while the loop is slower than the pipeline
         (see ``BufferPool.acquire``)."""
-        in_flight = (self.read_queue + self.read_threads + self.decode_queue + self.augment_queue
-                     + self.decode_threads + self.augment_threads)
-        filling = 1 + -(-in_flight // self.batch_size)
+        filling = 1 + -(-self.threads.in_flight() // self.batch_size)
         return self.queue_size + filling + 2
+
+
+#: The records a :class:`Config` is read through, by attribute: every option is
+#: a field of exactly one (tests/test_config.py checks); a record's field whose
+#: metadata says ``derived`` is decided by other options, not an option itself.
+RECORDS = {"threads": ThreadOptions, "order": OrderOptions, "decode": DecodeOptions,
+           "sizes": SizeOptions, "output": OutputOptions, "errors": ErrorOptions,
+           "placement": IsolationOptions}
 
 
 def _resolve_threads(values: dict[str, Any], reads_may_block: bool | None) -> None:

@@ -1,10 +1,12 @@
 """What the transfer stage does to a batch on the device, after the copy: the
 conversion to the output dtype and layout (:class:`Converter`), then the batch
 transforms (``Feeder(batch_transforms=...)``, :class:`BatchTransforms`), whose
-draws depend only on (seed, epoch, batch number), never on thread timing."""
+draws depend only on (seed, epoch, batch number), never on thread timing.
+:class:`OutputOptions` are the options that decide both."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -15,6 +17,19 @@ from .buffers import BatchBuffer
 from ..sample.rng import SampleRNG, batch_generator, epoch_key, index_key
 from ..sample import INT_SCALAR, LABEL, NUMERIC, Schema
 from ..errors import StageError
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputOptions:
+    """The feeder options that decide what a batch is once delivered (see
+    ``Feeder``'s arguments of the same names): ``dtype`` resolved (None: uint8),
+    ``device`` resolved to an index once a pass starts (CUDA)."""
+
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype | None = None
+    normalize: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    memory_format: str = "channels_last"
+    batch_transforms: tuple[Any, ...] = ()
 
 
 @functools.lru_cache(maxsize=64)

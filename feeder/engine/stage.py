@@ -8,7 +8,8 @@ stage can be built and driven alone, with real channels and a stand-in control.
 
 :class:`MapStage` runs a list of :class:`Step` functions on each item in turn:
 the decode threads running the transforms (``augment_threads=0``) is the decode
-stage with the augment step appended, not a special case.
+stage with the augment step appended, not a special case. What a failed sample
+does to its pass is the :class:`ErrorOptions`'.
 """
 
 from __future__ import annotations
@@ -28,6 +29,21 @@ from ..errors import StageError
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter
+
+
+@dataclass(frozen=True)
+class ErrorOptions:
+    """The feeder options that decide what a failing sample or a stalled pass does
+    (see ``Feeder``'s arguments of the same names)."""
+
+    on_error: str = "raise"
+    max_skipped: int | None = None
+    timeout: float | None = None
+
+    @property
+    def skip(self) -> bool:
+        """``on_error="skip"``: a failed sample is left out (within ``max_skipped``)."""
+        return self.on_error == "skip"
 
 
 # Counters' states as module names: the hot path reads them without a class lookup.

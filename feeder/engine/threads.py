@@ -1,9 +1,11 @@
-"""Thread counts, and keeping library thread pools from oversubscribing the cores."""
+"""Thread counts (the stages' options: :class:`ThreadOptions`), and keeping
+library thread pools from oversubscribing the cores."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import glob
 import os
@@ -12,6 +14,8 @@ from collections.abc import Iterator
 
 import cv2
 import torch
+
+from .tune import TunedThreads
 
 
 def available_cores() -> int:
@@ -118,6 +122,55 @@ def measured_read_threads(threads: int, waits: list[float]) -> tuple[int, str] |
                    f"threads (read_threads=0)")
     return int(threads), (f"{figure}, {1e3 * FAST_READ_WAIT_S:g} ms or more: reads keep "
                           f"their stage (read_threads={int(threads)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadOptions:
+    """The feeder options that size the pipeline's stages (see ``Feeder``'s
+    arguments of the same names), ``"auto"`` and ``"tune"`` resolved: a count
+    may be a :class:`~feeder.engine.tune.TunedThreads` or a
+    :class:`MeasuredReadThreads`, an ``int`` whose type marks it."""
+
+    decode_threads: int
+    augment_threads: int
+    read_threads: int
+    read_ahead_bytes: int = 64 << 20
+    queue_size: int = 4
+
+    @property
+    def tune(self) -> bool:
+        """Some pool is ``"tune"``: its threads are parked and woken while a pass runs."""
+        return any(isinstance(n, TunedThreads)
+                   for n in (self.decode_threads, self.augment_threads, self.read_threads))
+
+    def tuned(self) -> tuple[str, ...]:
+        """The stages whose thread count is tuned (``"tune"`` on a pool that exists)."""
+        return tuple(stage for stage, n in (("read", self.read_threads),
+                                            ("decode", self.decode_threads),
+                                            ("augment", self.augment_threads))
+                     if isinstance(n, TunedThreads))
+
+    # Queue capacities. Each pool needs a few items queued per thread so a
+    # thread never idles between items; more only adds latency and memory.
+    @property
+    def read_queue(self) -> int:
+        # Every read thread finds its next sample waiting; more would only hold
+        # batch buffers (each sample in flight needs its batch's buffer).
+        return self.read_threads
+
+    @property
+    def decode_queue(self) -> int:
+        return 4 * self.decode_threads
+
+    @property
+    def augment_queue(self) -> int:
+        return 4 * self.augment_threads
+
+    def in_flight(self) -> int:
+        """Most samples between the sampler and the collating stage: queued before
+        a stage or in a thread's hands, every stage."""
+        return (self.read_queue + self.read_threads + self.decode_queue + self.augment_queue
+                + self.decode_threads + self.augment_threads)
 
 
 @functools.lru_cache(maxsize=1)

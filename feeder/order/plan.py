@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .epoch import ShardLayout, own_pass_sequence, pass_sequence, shard_layout
 from .group import group_sequence
@@ -31,27 +31,39 @@ Levels = tuple[tuple[int, tuple[Handled, ...]], ...]
 @dataclasses.dataclass(frozen=True)
 class OrderOptions:
     """The feeder options that decide which samples a pass dispatches, in which
-    order and batches (see ``Feeder``'s arguments of the same names; ``skip``:
-    ``on_error="skip"``, under which a pass also dispatches the tail that
-    ``drop_last`` would drop, to fill the places of skipped samples)."""
+    order and batches (see ``Feeder``'s arguments of the same names).
+
+    Two fields are decided by other options, not options of their own (their
+    metadata says which): ``skip``, ``on_error="skip"``, under which a pass
+    also dispatches the tail that ``drop_last`` would drop, to fill the places
+    of skipped samples; ``exif_orientation``, the decoding's, which turns the
+    sizes that grouping reads."""
 
     batch_size: int
     shuffle: bool | str = True
     shuffle_window: int = 8192
     shuffle_shards: int | None = None
     drop_last: bool = True
-    skip: bool = False
+    skip: bool = dataclasses.field(default=False, metadata={"derived": "on_error"})
     group_by_aspect_ratio: int | None = None
-    exif_orientation: bool = False
+    exif_orientation: bool = dataclasses.field(default=False,
+                                               metadata={"derived": "exif_orientation"})
+    ordered: bool = True
+    seed: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
 
     @classmethod
-    def of(cls, config: Any) -> "OrderOptions":
-        """The order options of a feeder's configuration."""
-        return cls(batch_size=config.batch_size, shuffle=config.shuffle,
-                   shuffle_window=config.shuffle_window, shuffle_shards=config.shuffle_shards,
-                   drop_last=config.drop_last, skip=config.on_error == "skip",
-                   group_by_aspect_ratio=config.group_by_aspect_ratio,
-                   exif_orientation=config.exif_orientation)
+    def of(cls, config: "HasOrder") -> "OrderOptions":
+        """The order options of a feeder's configuration (its ``order`` record)."""
+        return config.order
+
+
+class HasOrder(Protocol):
+    """A configuration holding its order options (the feeder's ``Config``)."""
+
+    @property
+    def order(self) -> OrderOptions: ...
 
 
 class EpochPlan:
