@@ -51,10 +51,9 @@ class FeederDataset:
         # The thread engine's memory of files read to their end is shared: the
         # same files, the same settings, one table and one index ring.
         engine_work = getattr(getattr(feeder, "_engine", None), "work", None)
-        self._work = SampleWork(feeder.chain, feeder.config.max_pixels, feeder.config.exif_orientation,
-                                feeder.config.jpeg_verify, feeder.config.jpeg_index_bytes,
-                                files=source_files(feeder.source),
-                                verified=getattr(engine_work, "verified", None))
+        self._work = SampleWork.of(feeder.chain, feeder.config.decode, feeder.config.sizes.padding,
+                                   files=source_files(feeder.source),
+                                   verified=getattr(engine_work, "verified", None))
 
     def __len__(self) -> int:
         return len(self.source)

@@ -26,7 +26,7 @@ from .order.cursor import Cursor
 from .order.progress import Progress
 from .engine.stats import Stats
 from .order.epoch import check_epoch, num_batches, shard_size, shard_sizes
-from .order.plan import EpochPlan, OrderOptions
+from .order.plan import EpochPlan
 from .errors import FeederError
 from .sources import Source
 from .sample import DEFAULT_MAX_PIXELS
@@ -303,7 +303,7 @@ class Feeder:
         self._ranks = Ranks(cfg.rank, cfg.world_size)
         check_epoch(len(source), cfg.batch_size, cfg.drop_last, self.world_size)
         # The one source of epoch orders, for the passes and for resume.
-        self._plan = EpochPlan(source, OrderOptions.of(cfg), self.chain)  # checks the source
+        self._plan = EpochPlan(source, cfg.order, self.chain)  # checks the source
         reserve = getattr(source, "reserve_indices", None)
         if cfg.shuffle_shards is not None and reserve is not None:
             # A window and the next one's indices in memory at once (lazy indexing).
@@ -312,7 +312,7 @@ class Feeder:
         # pass that runs under torch.distributed.
         self._ranks.choose_seed(cfg.seed)
         self.last_batch: BatchInfo | None = None
-        self._cursor = Cursor(cfg, self._plan, self._ranks)
+        self._cursor = Cursor(cfg.order, cfg.decode, cfg.sizes, self._plan, self._ranks)
         note_jpeg_decoder()  # once per process: which JPEG decoder runs, and how to get the fast one
         self._engine: Engine
         if cfg.isolation == "process":

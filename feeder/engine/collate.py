@@ -16,6 +16,7 @@ from .filling import FillingBatch
 from .queue import END, Channel
 from .stage import Control, Counters, Stage
 from ..errors import FeederError
+from ..sample.sizes import Padding
 
 Output = tuple[BatchBuffer, int]  # a buffer and how many leading samples it delivers
 
@@ -27,38 +28,33 @@ def batch_extent(sizes: np.ndarray, divisibility: int) -> tuple[int, int]:
     return -(-h // d) * d, -(-w // d) * d
 
 
-class Padding:
-    """Pads variable-size batches (``Feeder(max_image_size=...)``).
+def pad_batch(padding: Padding, buf: BatchBuffer, n: int) -> None:
+    """Pad the first ``n`` slots of a variable-size batch (``Feeder(max_image_size=...)``).
 
     Every image sits at the top left of its slot with its (height, width) in the
     buffer's ``"size"`` array. Before a batch is delivered, the pixels of the
-    batch's extent (:func:`batch_extent`) outside each image are set to 0, and
-    those outside each mask to ``mask_fill``: the slots hold whatever an earlier
-    batch of the buffer left there. Only the padding is written, nothing else:
-    the cost is that of the padding itself.
+    batch's extent (:func:`batch_extent`, rounded to ``padding.divisibility``)
+    outside each image are set to 0, and those outside each mask to
+    ``padding.mask_fill``: the slots hold whatever an earlier batch of the buffer
+    left there. Only the padding is written, nothing else: the cost is that of
+    the padding itself.
     """
-
-    def __init__(self, divisibility: int, mask_fill: int) -> None:
-        self.divisibility = divisibility
-        self.mask_fill = mask_fill
-
-    def __call__(self, buf: BatchBuffer, n: int) -> None:
-        sizes = buf.arrays[SIZE][1][:n]
-        Hb, Wb = batch_extent(sizes, self.divisibility)
-        planes = buf.planes
-        low, high = self.mask_fill & 0xFF, self.mask_fill >> 8
-        if planes is not None and high:
-            # A fill past 255 needs the high bytes: the batch's masks come as int64.
-            planes._high()
-            planes.wide[:n] = True
-        for slot in range(n):
-            h, w = (int(v) for v in sizes[slot])
-            for plane, value in ((buf.images, 0), (None if planes is None else planes.low, low),
-                                 (None if planes is None else planes.high, high)):
-                if plane is None:
-                    continue
-                plane[slot, h:Hb, :Wb] = value
-                plane[slot, :h, w:Wb] = value
+    sizes = buf.arrays[SIZE][1][:n]
+    Hb, Wb = batch_extent(sizes, padding.divisibility)
+    planes = buf.planes
+    low, high = padding.mask_fill & 0xFF, padding.mask_fill >> 8
+    if planes is not None and high:
+        # A fill past 255 needs the high bytes: the batch's masks come as int64.
+        planes._high()
+        planes.wide[:n] = True
+    for slot in range(n):
+        h, w = (int(v) for v in sizes[slot])
+        for plane, value in ((buf.images, 0), (None if planes is None else planes.low, low),
+                             (None if planes is None else planes.high, high)):
+            if plane is None:
+                continue
+            plane[slot, h:Hb, :Wb] = value
+            plane[slot, :h, w:Wb] = value
 
 
 class Collator:
@@ -80,7 +76,7 @@ class Collator:
         # Where a buffer goes that delivers nothing (back to the pool), and the
         # pool's note that one is held open, waiting for more samples.
         self._release, self._park = release, park
-        # Run on each output batch as it leaves (variable sizes: Padding); in the
+        # Run on each output batch as it leaves (variable sizes: pad_batch); in the
         # isolated engine that is the worker process, off the training process.
         self._pad = pad
         self._pending: dict[int, FillingBatch] = {}  # ordered: completed batches ahead of their turn

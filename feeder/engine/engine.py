@@ -32,7 +32,7 @@ from ..ops.chain import Chain
 from .filling import Scratch
 from .pool import BufferPool
 from .config import Config
-from ..order.plan import EpochPlan, OrderOptions
+from ..order.plan import EpochPlan
 from .pipeline import Pass, PassBase, stage_threads
 from .read import ReadWaits
 from .stats import MemoryStats, Stats, StatsBook
@@ -129,13 +129,14 @@ class EngineBase:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.book = StatsBook(stage_threads(config))
+        self.book = StatsBook(stage_threads(config.threads))
         self.lock = threading.Lock()
         self.current: Any = None
         self.passes: list[Any] = []  # passes whose threads may still be alive
         self.closed = False
         # CUDA: the side stream(s), made once, and the device resolved per pass.
-        self.side = SideStream(config.device) if config.device.type == "cuda" else None
+        device = config.output.device
+        self.side = SideStream(device) if device.type == "cuda" else None
 
     def _go_live(self) -> None:
         """Join the live engines that interpreter exit and a fork look after."""
@@ -151,7 +152,7 @@ class EngineBase:
     def _device_resolved(self, device: torch.device) -> None:
         """The pass's CUDA device, resolved in the thread starting it."""
 
-    def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
+    def _new_pass(self, cfg: Config, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> Any:
         raise NotImplementedError
 
@@ -268,19 +269,19 @@ class ThreadEngine(EngineBase):
         super().__init__(config)
         self.source = source
         self.chain = chain
-        self.plan = plan if plan is not None else EpochPlan(source, OrderOptions.of(config), chain)
+        self.plan = plan if plan is not None else EpochPlan(source, config.order, chain)
         h, w = chain.image_size
-        self.pool = BufferPool(config.num_buffers, config.batch_size, h, w,
-                               pin=config.device.type == "cuda" and not shared, shared=shared)
-        self.work = SampleWork(chain, config.max_pixels, config.exif_orientation, config.jpeg_verify,
-                               config.jpeg_index_bytes, files=source_files(source))
+        self.pool = BufferPool(config.num_buffers, config.order.batch_size, h, w,
+                               pin=config.output.device.type == "cuda" and not shared, shared=shared)
+        self.work = SampleWork.of(chain, config.decode, config.sizes.padding,
+                                  files=source_files(source))
         self.scratch = Scratch(h, w)
         self._limits_held = False
         self.tail = tail
         # read_threads="auto" for a source that does not say whether its reads
         # wait: the read stage's reads are timed until the later passes' read
         # stage is decided from them (see _decide_read_stage).
-        self.read_waits = (ReadWaits() if isinstance(config.read_threads, MeasuredReadThreads)
+        self.read_waits = (ReadWaits() if isinstance(config.threads.read_threads, MeasuredReadThreads)
                            else None)
         _reaper.ensure_running()
         self._go_live()
@@ -303,20 +304,20 @@ class ThreadEngine(EngineBase):
         later ones (see :func:`~feeder.engine.threads.measured_read_threads`).
         The engine's own copy of the configuration changes; batches do not
         (they never depend on thread counts)."""
-        decided = measured_read_threads(self.config.read_threads, list(waits.waits))
+        decided = measured_read_threads(self.config.threads.read_threads, list(waits.waits))
         if decided is None:
             return  # too few reads yet: this pass keeps the read stage and times more
         threads, why = decided
         self.read_waits = None
         self.config = dataclasses.replace(self.config, read_threads=threads)
-        self.book.restage(stage_threads(self.config))
+        self.book.restage(stage_threads(self.config.threads))
         log.info("read_threads='auto' for %s, which does not say whether its reads wait "
                  "(no reads_may_block): %s", type(self.source).__name__, why)
 
     def _device_resolved(self, device: torch.device) -> None:
         self.pool.pin_with(device)
 
-    def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
+    def _new_pass(self, cfg: Config, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> Pass:
         return Pass(cfg, self.plan, self.work, self.pool, self.book, self.scratch,
                     seed, epoch, rank, world_size, done, self.tail, self.side,

@@ -29,6 +29,7 @@ thread exits goes back to the pool then, when no thread can write into it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batch import BufferPool, Scratch
-from .collate import Collator, Padding
+from .collate import Collator, pad_batch
 from .config import Config
 from .queue import END, Channel
 from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
@@ -46,8 +47,9 @@ from ..order.plan import EpochPlan
 from ..order.sequence import Hinting, Order, Remaining
 from .queue import Closed
 from .sampler import Sampler
-from .stage import Counters, MapStage, Stage, Step, timed_put
+from .stage import Counters, ErrorOptions, MapStage, Stage, Step, timed_put
 from .stats import StatsBook
+from .threads import ThreadOptions
 from .transfer import Transfer
 from .tune import Gate, TunedThreads, Tuning
 from .steps import SampleWork, steps
@@ -77,33 +79,34 @@ class StageSpec:
     out_bytes: ReadBudget | None = None
 
 
-def topology(cfg: Config, read: Step, decode: Step, augment: Step,
+def topology(threads: ThreadOptions, read: Step, decode: Step, augment: Step,
              budget: ReadBudget | None = None) -> list[StageSpec]:
     """The map stages between the sampler and the transfer stage, in order.
 
     ``budget`` bounds the bytes between the read and the decode stage (a new one
     per pass; None builds one from the settings)."""
+    t = threads
     specs = []
-    if cfg.read_threads:
-        budget = budget or ReadBudget(cfg.read_ahead_bytes)
-        specs.append(StageSpec("read", cfg.read_threads, (read,), cfg.read_queue, budget))
+    if t.read_threads:
+        budget = budget or ReadBudget(t.read_ahead_bytes)
+        specs.append(StageSpec("read", t.read_threads, (read,), t.read_queue, budget))
         decode_steps = (releasing(decode, budget),)
     else:
         decode_steps = (read, decode)
-    if cfg.augment_threads == 0:
+    if t.augment_threads == 0:
         # The decode threads run the transforms on what they have just decoded:
         # no hand-off (queue round trip, wake-up, image crossing cores) per sample.
         inline = dataclasses.replace(augment, inline=True)
-        return [*specs, StageSpec("decode", cfg.decode_threads, (*decode_steps, inline), cfg.decode_queue)]
-    return [*specs, StageSpec("decode", cfg.decode_threads, decode_steps, cfg.decode_queue),
-            StageSpec("augment", cfg.augment_threads, (augment,), cfg.augment_queue)]
+        return [*specs, StageSpec("decode", t.decode_threads, (*decode_steps, inline), t.decode_queue)]
+    return [*specs, StageSpec("decode", t.decode_threads, decode_steps, t.decode_queue),
+            StageSpec("augment", t.augment_threads, (augment,), t.augment_queue)]
 
 
-def stage_threads(cfg: Config) -> dict[str, int]:
+def stage_threads(threads: ThreadOptions) -> dict[str, int]:
     """Every stage's name and thread count, in pipeline order; 0 for a stage whose
     step runs in another stage's threads (the stats show it as ``inline``)."""
     names = {"sampler": 1}
-    for spec in topology(cfg, Step("read", id), Step("decode", id), Step("augment", id)):
+    for spec in topology(threads, Step("read", id), Step("decode", id), Step("augment", id)):
         names[spec.name] = spec.threads
         for step in spec.steps:
             if step.inline:
@@ -234,13 +237,15 @@ class Pass(PassBase):
         self.source, self.work = source, work  # what failed samples are named and recycled with
         self._live_threads = 0
 
+        threads, order_options = cfg.threads, cfg.order
+        self.errors: ErrorOptions = cfg.errors
         read, decode, augment = steps(source, work, scratch, seed, epoch)
-        if read_waits is not None and cfg.read_threads:
+        if read_waits is not None and threads.read_threads:
             read = read_waits.timed(read)
-        specs = topology(cfg, read, decode, augment)
+        specs = topology(threads, read, decode, augment)
         inboxes = [Channel(spec.name, spec.queue) for spec in specs]
         self.ready = Channel("collate", cfg.num_buffers + 1)
-        self.output = Channel("output", cfg.queue_size)
+        self.output = Channel("output", threads.queue_size)
         self.channels: tuple[Channel, ...] = (*inboxes, self.ready, self.output)
         outboxes: list[Any] = [*inboxes[1:], self.ready]
         for i, spec in enumerate(specs):
@@ -258,19 +263,20 @@ class Pass(PassBase):
                 order = Hinting(order, source)  # lazy shard indices, window prefetch
             return order
 
-        variable = cfg.max_image_size is not None
+        padding = cfg.sizes.padding
         # A pass continuing an epoch begun under another world size delivers every
         # sample left, its last batch short if need be (see EpochPlan.order).
-        drop_last = cfg.drop_last and not (done is not None and done.levels)
-        collator = Collator(cfg.batch_size, cfg.ordered, drop_last, pool.release, pool.park,
-                            Padding(cfg.size_divisibility, cfg.mask_fill) if variable else None)
+        drop_last = order_options.drop_last and not (done is not None and done.levels)
+        collator = Collator(order_options.batch_size, order_options.ordered, drop_last,
+                            pool.release, pool.park,
+                            functools.partial(pad_batch, padding) if padding is not None else None)
         maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
                 for spec, inbox, outbox in zip(specs, inboxes, outboxes)]
         # "tune": each tuned stage's threads pass a gate, whose count changes where
         # the training loop takes a batch (see _tune). The tuned pools' counts
         # are TunedThreads (an int whose type says so).
         self.gates: list[Gate] = []
-        if cfg.tune:
+        if threads.tune:
             for spec, stage in zip(specs, maps):
                 if isinstance(spec.threads, TunedThreads):
                     # Where the previous pass ended (an epoch shorter than the tuner's
@@ -283,12 +289,12 @@ class Pass(PassBase):
                                       self.gates[0] if self.gates else None)
         self.tuning = Tuning(self.gates) if self.gates else None
         self.stages: tuple[Stage, ...] = (
-            Sampler(self, order, cfg.batch_size, pool, self, scratch, inboxes[0], self.ready,
-                    unbuffered=cfg.decode_queue),
+            Sampler(self, order, order_options.batch_size, pool, self, scratch, inboxes[0],
+                    self.ready, unbuffered=threads.decode_queue),
             *maps,
             tail(self, collator, pool, self.ready, self.output) if tail is not None else
-            Transfer.for_pass(cfg, self, collator, pool, self.ready, self.output, seed, epoch,
-                              work.schema, side),
+            Transfer.for_pass(cfg.output, padding, self, collator, pool, self.ready, self.output,
+                              seed, epoch, work.schema, side),
         )
         for ch in self.channels:
             book.attach_channel(ch)
@@ -377,14 +383,14 @@ class Pass(PassBase):
             self.fail(err)
             return
         batch = task.batch
-        cfg = self.cfg
+        errors = self.errors
         # A configuration mistake would fail every sample alike: never skipped.
-        skip = cfg.on_error == "skip" and not isinstance(exc, ConfigError)
+        skip = errors.skip and not isinstance(exc, ConfigError)
         if skip:
             count = self.book.skipped(err.path, err)
-            if cfg.max_skipped is not None and count > cfg.max_skipped:
+            if errors.max_skipped is not None and count > errors.max_skipped:
                 skip = False
-                budget = FeederError(f"more than max_skipped={cfg.max_skipped} samples skipped; "
+                budget = FeederError(f"more than max_skipped={errors.max_skipped} samples skipped; "
                                      f"last: {err}")
                 budget.__cause__ = err
                 err = budget  # type: ignore[assignment]

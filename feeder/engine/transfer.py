@@ -24,13 +24,14 @@ from .cuda import _CLOSE_LOCK_S, SideStream, _highest_priority, blocking_event, 
 from .delivery import Delivery, Failure
 from .gather import (_ROWS_COPY_MIN_BYTES, _gather, _host_integers, _numeric_host, _padded,
                      copy_region, zero_padding)
-from .on_device import BatchTransforms, Converter
+from .on_device import BatchTransforms, Converter, OutputOptions
 from .pool import BufferPool
 from .queue import END, Channel
 from .reaper import watch_all
 from .stage import Control, Counters
 from ..errors import FeederError
 from ..sample import IMAGE, INT_SCALAR, LABEL, MASKS, Schema
+from ..sample.sizes import Padding
 
 # Every name this module held before it was split stays importable from here.
 __all__ = ["Batch", "Converter", "Delivery", "Failure", "Lease", "SideStream", "Transfer",
@@ -119,35 +120,38 @@ class Transfer(CollatingStage):
         batch: Batch transforms run after ``convert``, or None.
         schema: The samples' fields (the engine's; filled in by the first samples).
         side: The engine's side streams (CUDA; None on the CPU).
-        size_divisibility: Variable-size batches (``max_image_size``): what each
-            batch's extent is rounded up to; None for fixed sizes.
+        padding: Variable-size batches (``max_image_size``): how each batch was
+            padded (its extent is rounded up to ``padding.divisibility``); None
+            for fixed sizes.
     """
 
     def __init__(self, control: Control, collator: Collator, pool: BufferPool, device: torch.device,
                  convert: "Converter", inbox: Channel, outbox: Channel,
                  batch: BatchTransforms | None = None, schema: Schema | None = None,
-                 side: SideStream | None = None, size_divisibility: int | None = None) -> None:
+                 side: SideStream | None = None, padding: Padding | None = None) -> None:
         super().__init__(control, collator, pool, inbox, outbox)
         # Variable-size batches (max_image_size): delivered as dicts with "size",
-        # cut to each batch's extent (see _collate.Padding, which padded them).
-        self.size_divisibility = size_divisibility
+        # cut to each batch's extent (see collate.pad_batch, which padded them).
+        self.padding = padding
         self.device, self.convert, self.batch, self.side = device, convert, batch, side
         self.schema = schema if schema is not None else Schema()
         self.delivered = 0  # batches delivered so far: the next one's number
 
     @classmethod
-    def for_pass(cls, cfg: Any, control: Control, collator: Any, pool: Any, inbox: Channel,
-                 outbox: Channel, seed: int, epoch: int, schema: Schema, side: SideStream | None
-                 ) -> "Transfer":
-        """The transfer stage of a pass with settings ``cfg`` (the feeder's ``Config``, its
-        device resolved) and the pass's ``seed`` and ``epoch``."""
-        convert = Converter(cfg.dtype, cfg.normalize, cfg.device, cfg.memory_format)
-        variable = cfg.max_image_size is not None
-        batch = (BatchTransforms(cfg.batch_transforms, seed, epoch, cfg.device,
-                                 cfg.dtype if cfg.dtype is not None else torch.uint8, variable)
-                 if cfg.batch_transforms else None)
-        return cls(control, collator, pool, cfg.device, convert, inbox, outbox, batch, schema, side,
-                   cfg.size_divisibility if variable else None)
+    def for_pass(cls, output: OutputOptions, padding: Padding | None, control: Control,
+                 collator: Any, pool: Any, inbox: Channel, outbox: Channel, seed: int, epoch: int,
+                 schema: Schema, side: SideStream | None) -> "Transfer":
+        """The transfer stage of a pass with output options ``output`` (the device
+        resolved), the feeder's ``padding`` (None: fixed sizes), and the pass's
+        ``seed`` and ``epoch``."""
+        o = output
+        convert = Converter(o.dtype, o.normalize, o.device, o.memory_format)
+        batch = (BatchTransforms(o.batch_transforms, seed, epoch, o.device,
+                                 o.dtype if o.dtype is not None else torch.uint8,
+                                 padding is not None)
+                 if o.batch_transforms else None)
+        return cls(control, collator, pool, o.device, convert, inbox, outbox, batch, schema, side,
+                   padding)
 
     def work(self, c: Counters) -> None:
         if self.device.type == "cuda":
@@ -177,7 +181,7 @@ class Transfer(CollatingStage):
         by one :class:`Lease` until then."""
         schema = self.schema
         fields = (schema.is_dict or schema.specs.get(LABEL, INT_SCALAR) != INT_SCALAR
-                  or self.size_divisibility is not None)
+                  or self.padding is not None)
         c.items += 1
         number = self.delivered
         self.delivered += 1
@@ -267,9 +271,9 @@ class Transfer(CollatingStage):
                 images, fields, extra, sizes, views = self._host_fields(lease, n, extent)
             # Before the batch transforms, which may replace a field's tensor.
             host = _host_integers(buf, n, self.schema, fields)
-            if self.size_divisibility is not None:
+            if self.padding is not None:
                 host[SIZE] = (sizes, [tuple(hw) for hw in buf.arrays[SIZE][1][:n].tolist()])
-            if self.size_divisibility is not None and self.convert.normalized:
+            if self.padding is not None and self.convert.normalized:
                 # The padding was 0 in uint8, so (0 - mean) / std once normalized:
                 # make it 0 in the output, as torchvision's ImageList pads
                 # normalized images. (Host sizes: no wait for the device.)
@@ -288,9 +292,9 @@ class Transfer(CollatingStage):
 
     def _extent(self, buf: BatchBuffer, n: int) -> tuple[int, int] | None:
         """A variable-size batch's extent; None for fixed sizes, or all of the buffer."""
-        if self.size_divisibility is None:
+        if self.padding is None:
             return None
-        extent = batch_extent(buf.arrays[SIZE][1][:n], self.size_divisibility)
+        extent = batch_extent(buf.arrays[SIZE][1][:n], self.padding.divisibility)
         if extent == tuple(buf.images.shape[1:3]):
             return None  # the whole buffer: as for fixed sizes
         return extent
@@ -304,7 +308,7 @@ class Transfer(CollatingStage):
         with self.side.copying():  # see _pair_cuda
             images = copy_region(buf.images_t, n, extent, device)
             fields, extra = _gather(buf, n, self.schema, device, lease.keep, extent)
-            if self.size_divisibility is not None:
+            if self.padding is not None:
                 # Before the event, as every copy from the buffer.
                 sizes = buf.arrays[SIZE][0][:n].to(device, non_blocking=True)
                 extra.append(sizes)
@@ -333,7 +337,7 @@ class Transfer(CollatingStage):
             # and every other field, is memory of its own.
             images = self.convert(torch.from_numpy(region).permute(0, 3, 1, 2))
         fields, extra = _gather(buf, n, self.schema, self.device, lease.keep, extent, views)
-        sizes = buf.arrays[SIZE][0][:n].clone() if self.size_divisibility is not None else None
+        sizes = buf.arrays[SIZE][0][:n].clone() if self.padding is not None else None
         return images, fields, extra, sizes, views
 
     def _transform(self, images: torch.Tensor, labels: Any, fields: dict[str, Any],
@@ -343,7 +347,7 @@ class Transfer(CollatingStage):
         they replace is replaced in ``fields`` and its tensor added to ``extra``."""
         masks = {name: fields[name] for name, spec in self.schema.specs.items()
                  if spec.kind == MASKS}
-        valid = buf.arrays[SIZE][1][:n] if self.size_divisibility is not None else None
+        valid = buf.arrays[SIZE][1][:n] if self.padding is not None else None
         images, labels = self.batch(images, labels, number, masks, indices, valid)
         if labels is not None:  # None: no "label" field, label-free transforms
             fields[LABEL] = labels
@@ -357,7 +361,7 @@ class Transfer(CollatingStage):
     def _output(self, images: torch.Tensor, fields: dict[str, Any], sizes: Any
                 ) -> dict[str, Any] | None:
         """The batch's dict of fields, in the schema's order; None for pairs."""
-        if self.size_divisibility is not None:
+        if self.padding is not None:
             keys = self.schema.keys if self.schema.is_dict else (IMAGE, *fields)
             output = {name: images if name == IMAGE else fields[name] for name in keys}
             output[SIZE] = sizes

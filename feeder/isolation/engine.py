@@ -18,6 +18,7 @@ import torch
 
 from ..engine import reaper as _reaper
 from ..engine.buffers import BatchBuffer
+from ..engine.config import Config
 from ..engine.engine import EngineBase
 from ..engine.pinned import PinnedHost
 from ..engine.pipeline import PassBase
@@ -118,20 +119,19 @@ class IsolatedPass(PassBase):
         remote_in_flight: The worker's samples in flight (asks it).
     """
 
-    def __init__(self, cfg: Any, pool: RemotePool, book: Any, pass_id: int, seed: int,
+    def __init__(self, cfg: Config, pool: RemotePool, book: Any, pass_id: int, seed: int,
                  epoch: int, schema: Schema, side: Any, send: Callable[[Any], None],
                  remote_in_flight: Callable[[], list]) -> None:
         super().__init__(cfg, pool, book, epoch)
-        self.pass_id = pass_id
-        self.seed = seed
+        self.pass_id, self.seed = pass_id, seed
         self._send = send
         self._remote_in_flight = remote_in_flight
         self.inbox = Channel("shipped", _SHIPPED_CAPACITY)
-        self.output = Channel("output", cfg.queue_size)
+        self.output = Channel("output", cfg.threads.queue_size)
         self.channels = (self.inbox, self.output)
         self.book.attach_channel(self.output)
-        self.stage = Transfer.for_pass(cfg, self, _Passthrough(), pool, self.inbox, self.output,
-                                       seed, epoch, schema, side)
+        self.stage = Transfer.for_pass(cfg.output, cfg.sizes.padding, self, _Passthrough(), pool,
+                                       self.inbox, self.output, seed, epoch, schema, side)
         self.stages = (self.stage,)
 
     def start(self) -> None:
@@ -182,7 +182,7 @@ class ProcessEngine(EngineBase):
     _join_share = 0.3
     _warn_stuck = False
 
-    def __init__(self, config: Any, source: Any, transforms: list[Any]) -> None:
+    def __init__(self, config: Config, source: Any, transforms: list[Any]) -> None:
         super().__init__(config)
         self.pool = RemotePool(self.send, lambda: self.remote)
         self.schema = Schema()
@@ -195,7 +195,7 @@ class ProcessEngine(EngineBase):
         self._mirrors: dict[int, BatchBuffer] = {}  # buffer serial -> this process's view
         # The shared arrays page-locked in place (with the pass's device current).
         self.pinned = PinnedHost()
-        self._cuda = config.device.type == "cuda"
+        self._cuda = config.output.device.type == "cuda"
         self._send_lock = threading.Lock()
         # Held while the receiving thread handles a message (see quiet_threads).
         self.busy = threading.Lock()
@@ -338,7 +338,7 @@ class ProcessEngine(EngineBase):
     def _prepare(self) -> None:
         self._by_id = {p.pass_id: p for p in self.passes}
 
-    def _new_pass(self, cfg: Any, seed: int, epoch: int, rank: int, world_size: int,
+    def _new_pass(self, cfg: Config, seed: int, epoch: int, rank: int, world_size: int,
                   done: Any) -> IsolatedPass:
         # The side stream's device is resolved by now: the worker is told to start
         # after it, so its first batch is registered with this device current.

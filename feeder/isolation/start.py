@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..engine import reaper as _reaper
+from ..engine.config import Config
 from ..engine.engine import live_engines
 from ..engine.stage import of_ended_pass
 from ..engine.threads import LibraryThreads
@@ -36,14 +37,14 @@ log = logging.getLogger(__name__)
 _SETTLE_S = 0.5
 
 
-def worker_config(config: Any) -> Any:
+def worker_config(config: Config) -> Config:
     """The worker's configuration: the CPU stages only (dtype, normalization and
     batch transforms run in the training process's transfer stage)."""
     return dataclasses.replace(config, device=torch.device("cpu"), dtype=None, normalize=None,
                                batch_transforms=(), isolation="thread", start_method="auto")
 
 
-def payload(config: Any, source: Any, transforms: list[Any], method: str = "spawn",
+def payload(config: Config, source: Any, transforms: list[Any], method: str = "spawn",
             chosen: str = "") -> bytes:
     """What the worker is built from, pickled; an object that cannot be sent is a
     :class:`~feeder.errors.ConfigError` naming it and how to fix it. ``chosen``:
@@ -150,14 +151,14 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def start_worker(config: Any, source: Any, transforms: list[Any]) -> tuple[Any, Any, str]:
+def start_worker(config: Config, source: Any, transforms: list[Any]) -> tuple[Any, Any, str]:
     """Start the worker by the start-method rule (``docs/design/isolated-engine.md``).
 
     Returns:
         This process's end of the control pipe, the worker process, and the
         start method used.
     """
-    requested = config.start_method
+    requested = config.placement.start_method
     if requested == "auto":
         method, why = start_rule()
     else:

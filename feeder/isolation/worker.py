@@ -20,6 +20,7 @@ import torch.multiprocessing  # noqa: F401 - registers the reductions that share
 from ..ops.chain import Chain
 from ..engine.buffers import BatchBuffer
 from ..engine.collate import CollatingStage, Collator
+from ..engine.config import Config
 from ..engine.engine import ThreadEngine
 from ..engine.queue import Channel, Closed
 from ..sample import OBJECT
@@ -154,10 +155,11 @@ def _check_picklable(name: str, value: Any) -> None:
 class Worker:
     """The worker process's side: an engine and the loop serving the control pipe."""
 
-    def __init__(self, conn: Any, config: Any, source: Any, transforms: list[Any]) -> None:
+    def __init__(self, conn: Any, config: Config, source: Any, transforms: list[Any]) -> None:
         self.link = msg.Link(conn)
-        chain = Chain(list(transforms), config.image_size, config.max_pixels,
-                      config.max_image_size, config.size_divisibility)
+        sizes = config.sizes
+        chain = Chain(list(transforms), sizes.image_size, config.decode.max_pixels,
+                      sizes.max_image_size, sizes.size_divisibility)
         self.pass_id = 0
         self.announced: dict[int, set[str]] = {}  # buffer serial -> tensors the parent has
         self.engine = ThreadEngine(config, source, chain, shared=True, tail=self._tail)

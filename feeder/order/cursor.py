@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from .epoch import LAZY_MIN
-from .plan import EpochPlan
+from ..decode.step import DecodeOptions
+from ..sample.sizes import SizeOptions
+from .plan import EpochPlan, OrderOptions
 from .progress import Progress, pass_finished
 from .sequence import Handled, Order, Remaining
 from .plan import Levels
@@ -36,8 +38,9 @@ class Cursor:
     ``skip``, ``state_dict`` and ``load_state_dict``.
 
     Args:
-        config: The feeder's :class:`~feeder.engine.config.Config` (the settings a
-            state records).
+        order: The feeder's order options (``skip``: ``on_error="skip"``).
+        decode: Its decode options and ``sizes``, its size options: with
+            ``order``, the settings a state records.
         plan: The feeder's :class:`~feeder.order.plan.EpochPlan`: every order
             progress is counted along and states are checked against.
         ranks: The feeder's :class:`~feeder.engine.ranks.Ranks` (``seed``,
@@ -45,8 +48,9 @@ class Cursor:
             seed is agreed on at the first pass).
     """
 
-    def __init__(self, config: Any, plan: EpochPlan, ranks: Any) -> None:
-        self.config = config
+    def __init__(self, order: OrderOptions, decode: DecodeOptions, sizes: SizeOptions,
+                 plan: EpochPlan, ranks: Any) -> None:
+        self.options, self.decode, self.sizes = order, decode, sizes
         self.plan = plan
         self.source = plan.source
         self.chain = plan.chain
@@ -105,7 +109,7 @@ class Cursor:
         agree()
         # A resume of this epoch as if a pass had delivered those batches: the
         # same path as load_state_dict, so state_dict() before the pass keeps it.
-        self.resume = (self.new_progress(epoch, Handled(batches * self.config.batch_size), (),
+        self.resume = (self.new_progress(epoch, Handled(batches * self.options.batch_size), (),
                                          batches), epoch + 1)
 
     def order(self, epoch: int, rank: int | None = None, seed: int | None = None,
@@ -139,30 +143,32 @@ class Cursor:
     def settings(self) -> dict[str, Any]:
         """The settings that decide which samples a pass delivers, in which order and
         batches, and with which pixels: every one is saved and checked on load."""
-        c = self.config
+        c, sizes = self.options, self.sizes
         rank, world_size = self.ranks.shard()
         return {"source_length": len(self.source), "shard_layout": self.layout_digest,
                 "seed": self.ranks.seed, "batch_size": c.batch_size, "shuffle": c.shuffle,
                 "shuffle_window": c.shuffle_window, "shuffle_shards": c.shuffle_shards,
-                "drop_last": c.drop_last, "ordered": c.ordered, "on_error": c.on_error,
+                "drop_last": c.drop_last, "ordered": c.ordered,
+                "on_error": "skip" if c.skip else "raise",
                 "rank": rank, "world_size": world_size,
                 "image_size": tuple(self.chain.image_size),
-                "max_image_size": None if c.max_image_size is None else tuple(c.max_image_size),
-                "size_divisibility": c.size_divisibility,
+                "max_image_size": (None if sizes.max_image_size is None
+                                   else tuple(sizes.max_image_size)),
+                "size_divisibility": sizes.size_divisibility,
                 "group_by_aspect_ratio": c.group_by_aspect_ratio,
-                "exif_orientation": c.exif_orientation,
+                "exif_orientation": self.decode.exif_orientation,
                 # Which samples fail (and, under on_error="skip", which batches come).
-                "max_pixels": c.max_pixels,
+                "max_pixels": self.decode.max_pixels,
                 "transforms": describe_transforms(self.chain.transforms)}
 
     def _finished(self, handled: Handled, order: Callable[[], Order]) -> bool:
         """Whether a pass that has handled ``handled`` of ``order()`` has no batch left."""
         if handled.levels:  # a resharded rest: every sample of it is delivered
             return handled.count() >= len(order())
-        c = self.config
+        c = self.options
         rank, world_size = self.ranks.shard()
         return pass_finished(handled.count(), len(self.source), c.batch_size, c.drop_last,
-                             c.on_error == "skip", rank, world_size)
+                             c.skip, rank, world_size)
 
     def state_dict(self, skipped_total: Callable[[], int]) -> dict[str, Any]:
         """``Feeder.state_dict``; ``skipped_total()``: the samples skipped so far."""
@@ -197,7 +203,7 @@ class Cursor:
         # A grouped order depends on the images' sizes, not on the settings alone:
         # the resumed pass checks that it regroups the same way.
         grouped = (self.grouped_digest(progress.order)
-                   if progress is not None and self.config.group_by_aspect_ratio is not None
+                   if progress is not None and self.options.group_by_aspect_ratio is not None
                    else None)
         if compact or (handled is not None and handled.levels):
             # A resharded rest is resumed by position (format 2) whatever the length.
@@ -300,13 +306,13 @@ class Cursor:
         """This feeder's settings as a saved state's must be: with the saved seed
         when the feeder drew its own, and the saving rank's when batches are ordered."""
         current = self.settings()
-        c = self.config
+        c = self.options
         if (c.seed is None and isinstance(saved, dict)
                 and isinstance(saved.get("seed"), int) and not isinstance(saved["seed"], bool)
                 and 0 <= saved["seed"] < 2**64):
             current["seed"] = saved["seed"]
         world_size = current["world_size"]
-        if (isinstance(saved, dict) and c.ordered and c.on_error == "raise"
+        if (isinstance(saved, dict) and c.ordered and not c.skip
                 and saved.get("world_size") == world_size
                 and isinstance(saved.get("rank"), int) and 0 <= saved["rank"] < world_size):
             # Another rank's state (a trainer that checkpoints from rank 0 only):
@@ -331,10 +337,10 @@ class Cursor:
     def _resumed_pass(self, state: dict[str, Any], version: int, epoch: int, next_epoch: int,
                       saved_rank: int, seed: int, levels: Levels = ()) -> tuple[Progress, int] | None:
         """The unfinished pass of a state, checked; None when nothing is left of it."""
-        c = self.config
+        c = self.options
         handled, skipped_list = self._saved_handled(state, version, epoch, saved_rank, None, seed,
                                                     levels)
-        if c.ordered and c.on_error == "raise" and not levels:
+        if c.ordered and not c.skip and not levels:
             rank = self.ranks.shard()[0]
             if saved_rank != rank:
                 mine = self.order(epoch, rank, seed)
@@ -348,9 +354,9 @@ class Cursor:
                        world_size: int | None, seed: int, levels: Levels) -> tuple[Handled, list[int]]:
         """What rank ``rank`` (of ``world_size``; None: this feeder's) had handled of
         its order of ``epoch`` by ``state``, checked against that order."""
-        c = self.config
+        c = self.options
         length = len(self.source)
-        skip = c.on_error == "skip"
+        skip = c.skip
         order = self.order(epoch, rank, seed, levels, world_size)
         saved_grouped = state.get("grouped_order")
         if (saved_grouped is not None and c.group_by_aspect_ratio is not None
@@ -377,7 +383,7 @@ class Cursor:
             field = "position"
             handled, skipped_list = load_compact(state, order, length, c.batch_size, skip, epoch,
                                                  resharded=bool(levels))
-        if c.ordered and c.on_error == "raise" and not levels:
+        if c.ordered and not c.skip and not levels:
             # The delivered samples must be the head of the epoch's order,
             # else the rest would not be the uninterrupted run's batches.
             n = handled.count()
