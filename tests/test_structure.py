@@ -299,3 +299,43 @@ def test_patching_by_an_old_module_path_patches_what_feeder_runs(monkeypatch):
     assert feeder.sample.rng.SampleRNG is marker
     monkeypatch.setattr("feeder.work.decode.jpeg.MAX_SCANS", 7)
     assert feeder.decode.jpeg.MAX_SCANS == 7
+
+
+# Each component is handed its own typed option record (feeder.engine.config's
+# RECORDS), never the whole table as an untyped "cfg"/"config": where a
+# component does need the table (a pass, an engine, the worker rebuilding it),
+# the parameter says Config.
+CONFIG_NAMES = ("cfg", "config")
+
+
+def untyped_config_parameters(path: pathlib.Path) -> list[str]:
+    """Every parameter of a function in ``path`` named ``cfg`` or ``config`` whose
+    annotation is missing or ``Any``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
+            if arg.arg not in CONFIG_NAMES:
+                continue
+            note = arg.annotation
+            text = "" if note is None else ast.unparse(note).strip("'\"")
+            if text in ("", "Any", "typing.Any"):
+                found.append((node.lineno, f"{path.name}:{node.lineno} {node.name}({arg.arg}: "
+                                           f"{text or '(none)'})"))
+    return [line for _, line in sorted(found, key=lambda row: row[0])]
+
+
+def test_no_core_function_takes_an_untyped_configuration():
+    core = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).parts[0] not in TOOLS]
+    assert [f for p in core for f in untyped_config_parameters(p)] == []
+
+
+def test_the_configuration_check_sees_an_untyped_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from typing import Any\n\n\nclass A:\n    def f(self, cfg: Any, x: Any) -> None: ...\n\n\n"
+                    "def g(config, *, cfg: 'Any' = None): ...\n\n\n"
+                    "def h(cfg: Config, config: ThreadOptions): ...\n")
+    assert untyped_config_parameters(path) == ["m.py:5 f(cfg: Any)", "m.py:8 g(config: (none))",
+                                               "m.py:8 g(cfg: Any)"]
