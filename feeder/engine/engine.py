@@ -281,8 +281,8 @@ class ThreadEngine(EngineBase):
         # read_threads="auto" for a source that does not say whether its reads
         # wait: the read stage's reads are timed until the later passes' read
         # stage is decided from them (see _decide_read_stage).
-        self.read_waits = (ReadWaits() if isinstance(config.threads.read_threads, MeasuredReadThreads)
-                           else None)
+        measured = isinstance(config.threads.read_threads, MeasuredReadThreads)
+        self.read_waits = ReadWaits() if measured else None
         _reaper.ensure_running()
         self._go_live()
 

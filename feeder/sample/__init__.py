@@ -1,7 +1,8 @@
 """The per-sample vocabulary every other part builds on: field names and the
 sample protocol (``fields``, checked by ``parse``, shared by ``schema``), the
 per-sample random stream (``rng``), where a sample's pixels are and went
-(``geometry``), and the images' sizes (``sizes``: fixed, or varying and padded). Imports nothing of feeder's but its errors.
+(``geometry``), and the images' sizes (``sizes``: fixed, or varying and
+padded). Imports nothing of feeder's but its errors.
 
 Import the names from here: ``from feeder.sample import MASK, Geometry``.
 """
