@@ -31,7 +31,7 @@ from feeder import ImageFolder
 from feeder.bench.ceiling import timed_indices
 from feeder.bench.loaders import full_decode_transforms, transforms
 from feeder.engine.steps import SampleWork
-from feeder.ops import geometry
+from feeder.ops import resize
 from feeder.ops.chain import Chain
 from feeder.sample.rng import sample_key
 
@@ -39,7 +39,7 @@ from feeder.sample.rng import sample_key
 def record(datas: list[bytes], chain: list) -> list[tuple[np.ndarray, tuple[int, int], int]]:
     """The (crop, output size, interpolation) of every resize the chain makes on ``datas``."""
     seen: list[tuple[np.ndarray, tuple[int, int], int]] = []
-    real = geometry._resize_into  # what RandomResizedCrop calls
+    real = resize._resize_into  # what RandomResizedCrop calls
 
     def spy(img, size, interpolation, out):
         seen.append((np.ascontiguousarray(img), tuple(size), interpolation))
@@ -48,14 +48,14 @@ def record(datas: list[bytes], chain: list) -> list[tuple[np.ndarray, tuple[int,
     work = SampleWork(Chain(chain, None))
     h, w = work.image_size
     out = np.empty((h, w, 3), np.uint8)
-    geometry._resize_into = spy
+    resize._resize_into = spy
     try:
         for i, d in enumerate(datas):
             key = sample_key(0, 0, i)
             img, ctx = work.decode(d, key)
             work.transform(img, key, ctx, out)
     finally:
-        geometry._resize_into = real
+        resize._resize_into = real
     return seen
 
 

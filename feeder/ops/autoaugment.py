@@ -24,7 +24,7 @@ from ..sample.rng import SampleRNG
 from ..sample import BOXES, INSTANCE_MASKS, KEYPOINTS, MASK
 from . import color
 from .base import Geometry, Transform, _interp, check_mask_fill, keep_boxes, move_fields
-from .geometry import _fill3, _mask_fill
+from .crop import _fill3, _mask_fill
 
 _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 

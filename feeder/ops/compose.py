@@ -15,7 +15,8 @@ from ..errors import ConfigError, FieldError, TransformError
 from ..sample import BOXES, IMAGE, INSTANCE_MASKS, MASK, SampleRNG, parse_value, per_box, spec_of
 from .base import SampleTransform, Transform, foreign_transform
 from .fused import ResizeCenterCrop
-from .geometry import CenterCrop, Resize
+from .crop import CenterCrop
+from .resize import Resize
 
 VARIABLE = object()  # the output size depends on the input
 

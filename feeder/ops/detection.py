@@ -20,7 +20,8 @@ from . import color
 from .base import (Geometry, Photometric, Transform, _interp, _into,
                    _resize_with_geometry, _whole, check_flag, check_number, check_range, keep_boxes,
                    move_fields)
-from .geometry import _fill3, _mask_fill, _resize_extras
+from .crop import _fill3, _mask_fill
+from .resize import _resize_extras
 
 
 def _pair(value: Sequence[float], name: str, what: str, low: float = 0.0,

@@ -9,7 +9,8 @@ import cv2
 import numpy as np
 
 from .base import Geometry, Transform, _choose, dct_denom
-from .geometry import CenterCrop, Resize
+from .crop import CenterCrop
+from .resize import Resize
 
 def _kept(resized: int, crop: int) -> tuple[int, int, int]:
     """Along one axis of a centre crop of a ``resized``-long image: (first resized
