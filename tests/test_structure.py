@@ -123,7 +123,8 @@ LAYERS = [
     ("ops", ["feeder.ops"]),
     ("decode", ["feeder.decode"]),
     ("storage", ["feeder.storage"]),
-    ("sources", ["feeder.sources", "feeder.shards", "feeder.pack", "feeder.synthetic"]),
+    ("sources", ["feeder.sources", "feeder.dataset_source", "feeder.shards", "feeder.pack",
+                 "feeder.synthetic"]),
     ("the epoch plan", ["feeder.order", "feeder.mixture"]),
     ("engine", ["feeder.engine"]),
     ("isolation", ["feeder.isolation"]),
@@ -225,7 +226,7 @@ def test_a_module_by_its_old_name_is_the_module_at_its_new_place():
 
 # The core (the tools apart) is held to sizes a reader takes in at once. These
 # modules are not split yet: each must still be over, so the list only shrinks.
-NOT_YET_SPLIT = {"_feeder.py", "sources.py"}
+NOT_YET_SPLIT = {"_feeder.py"}
 TOOLS = ("bench", "doctor")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
