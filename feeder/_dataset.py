@@ -129,3 +129,16 @@ def _tensor(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.item() if value.ndim == 0 else torch.from_numpy(value.copy())
     return value
+
+
+def refuse_a_rebuild(caller: str) -> None:
+    """Refuse ``feeder.dataset`` to Accelerate (``caller``: the module asking).
+
+    Accelerate's ``skip_first_batches`` rebuilds a DataLoader around
+    ``loader.dataset`` and would read every skipped sample through it, one at a
+    time: it alone gets the AttributeError saying what to use."""
+    if caller == "accelerate" or caller.startswith("accelerate."):
+        raise AttributeError(
+            "Feeder cannot be rebuilt as a DataLoader around its dataset: to skip the first "
+            "batches of an epoch use feeder.skip(num_batches) after feeder.set_epoch(epoch); "
+            "to resume, feeder.load_state_dict(state)")

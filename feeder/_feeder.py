@@ -6,16 +6,15 @@ import dataclasses
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import fields
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
 from .engine import reaper as _reaper
 from .ops.chain import Chain
-from ._dataset import FeederDataset
-from .engine.config import DEFAULTS, Config, reads_may_block, unknown_options_message
+from ._dataset import FeederDataset, refuse_a_rebuild
+from .engine.config import Config, reads_may_block
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .decode import note_jpeg_decoder
 from .order.group import largest_image
@@ -28,31 +27,12 @@ from .engine.stats import Stats
 from .order.epoch import check_epoch, num_batches, shard_size, shard_sizes
 from .order.plan import EpochPlan
 from .errors import FeederError
+from ._keywords import OPTION_NAMES as _OPTION_NAMES
+from ._keywords import answer_unknown_keywords as _answer_unknown_keywords
 from .sources import Source
 from .sample import DEFAULT_MAX_PIXELS
 
 log = logging.getLogger(__name__)
-
-# Feeder's keyword-only options: every entry of the option table but batch_size.
-_OPTION_NAMES = frozenset(DEFAULTS)
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _answer_unknown_keywords(init: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``init`` with a keyword it does not take answered as the option table
-    answers it (DataLoader's keywords with what to pass instead, a misspelling
-    with the option meant), not with Python's bare TypeError. Editors, type
-    checkers and ``inspect.signature`` see ``init``'s own parameters."""
-    accepted = {"source", "batch_size", "transforms"} | _OPTION_NAMES
-
-    @functools.wraps(init)
-    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        unknown = sorted(set(kwargs) - accepted)
-        if unknown:
-            raise TypeError(unknown_options_message(unknown, [f.name for f in fields(Config)]))
-        return init(*args, **kwargs)
-    return checked
 
 
 class Feeder:
@@ -73,63 +53,47 @@ class Feeder:
         batch_size: Samples per batch.
         transforms: CPU transforms on uint8 HWC RGB arrays (see :mod:`feeder.ops`),
             or plain callables ``fn(img, rng) -> img``.
-        decode_threads: Threads reading and decoding, or ``"auto"`` (one per core, at least 2),
-            or ``"tune"``: the ``"auto"`` count, parked and woken at batch boundaries
-            to keep the fewest that hold the loop's wait share at 1%
-            (:attr:`Stats.active_threads` shows the count over time; see
-            [Performance tuning](../guides/performance.md)).
-        augment_threads: Threads running the transforms, or 0 to run them in the
-            decode threads, or ``"auto"`` (0: measured fastest), or ``"tune"``: a
-            pool of its own of the decode pool's ``"auto"`` count, tuned as
-            ``decode_threads="tune"``.
-        read_threads: Threads calling ``source.read``, ahead of the decode
-            threads, so that a read waiting on storage never idles a core;
-            ``"auto"``: 16 per decode thread, within [16, 128], when the
-            source's reads may wait on storage (remote shards, a network or
-            FUSE file system), else 0 (also for remote shards under
-            ``shuffle_shards``, whose windows are copied into the cache ahead
-            of their reads); a source without a ``reads_may_block`` attribute
-            gets the read stage until 64 of its reads are timed, then none
-            from the next pass on if their median wait off the CPU is under
-            0.1 ms (memory, page cache), logged at INFO and shown in
-            ``stats()`` (see [Performance tuning](../guides/performance.md#threads-and-cores));
-            0 reads in the decode threads; ``"tune"``: the ``"auto"``
-            count, tuned as ``decode_threads="tune"``.
+        decode_threads: Threads reading and decoding; ``"auto"``: one per core (at
+            least 2); ``"tune"``: the ``"auto"`` count, of which only the threads the
+            loop needs run (see [Performance tuning](../guides/performance.md)).
+        augment_threads: Threads running the transforms; 0: in the decode threads;
+            ``"auto"``: 0 (measured fastest); ``"tune"``: a pool of the decode
+            pool's ``"auto"`` count, tuned as ``decode_threads="tune"``.
+        read_threads: Threads calling ``source.read`` ahead of the decode threads,
+            so that a read waiting on storage never idles a core; 0: the decode
+            threads read; ``"auto"``: 16 per decode thread, within [16, 128], when
+            the source's reads may wait on storage (measured when it does not say),
+            else 0; ``"tune"``: as ``decode_threads`` (see [Performance
+            tuning](../guides/performance.md#threads-and-cores)).
         read_ahead_bytes: Most bytes read and not yet taken by a decode thread
             (default 64 MiB); with ``read_threads``, it bounds the read-ahead.
         queue_size: Finished batches buffered ahead of the training loop.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. ``"cuda"`` is the current
-            device of the thread that starts each pass (its first ``next()``),
-            so a feeder built before ``torch.cuda.set_device(local_rank)``
-            delivers on that rank's GPU. Only the stream current at ``next()``
-            waits for the batch's copy: a batch used on another stream needs
-            your own ``wait_stream`` and ``record_stream``.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; ``"cuda"`` is the current
+            device of the thread whose ``next()`` starts each pass, so a feeder
+            built before ``torch.cuda.set_device(local_rank)`` delivers on that
+            rank's GPU (see [The CUDA transfer](../design/cuda-transfer.md)).
         dtype: Output dtype; a floating dtype scales to [0, 1]. Converted on
             ``device`` after the copy, so only uint8 crosses the bus.
         normalize: ``(mean, std)``, three values each on the [0, 1] scale (as
             torchvision's ``Normalize`` after ``ToTensor``); implies float32
             unless ``dtype`` is given.
-        memory_format: Layout of the ``[B, 3, H, W]`` images: ``"channels_last"``
-            (default; a CPU uint8 batch is a view of a batch buffer, no copy) or
-            ``"contiguous"`` (plain NCHW, made on ``device`` after the copy).
+        memory_format: ``"channels_last"`` (default; a CPU uint8 batch is a view of
+            a batch buffer) or ``"contiguous"`` (plain NCHW, made on ``device``);
             ``torch.channels_last`` and ``torch.contiguous_format`` are accepted too.
         shuffle: Shuffle each epoch (seeded by ``seed`` and the epoch); off by
-            default, as in ``DataLoader``: pass ``shuffle=True`` for training.
-            ``"shards"``: the order for streaming storage, for a source made of
-            shards (:class:`~feeder.TarShards`): shards shuffled per epoch, samples
-            within windows (see [Packed shards](../guides/shards.md#order-for-streaming-storage)).
+            default, as in ``DataLoader``. ``"shards"``: the order for streaming
+            storage, shards shuffled and samples within windows (see [Packed
+            shards](../guides/shards.md#order-for-streaming-storage)).
         shuffle_window: Samples per shuffle window with ``shuffle="shards"``.
-        shuffle_shards: With ``shuffle="shards"``, the block shuffle for storage
-            larger than the cache: windows of this many whole shards, each read
-            once per epoch (see [Web-scale datasets](../guides/web-scale.md)).
-            None: windows of ``shuffle_window`` samples.
+        shuffle_shards: With ``shuffle="shards"``, windows of this many whole
+            shards, each read once per epoch (see [Web-scale
+            datasets](../guides/web-scale.md)); None: windows of ``shuffle_window``.
         seed: Base seed of the order and of every transform's randomness; by
             default drawn from torch's default generator (so ``torch.manual_seed``
             makes runs repeatable, as with DataLoader).
-        drop_last: Drop the last batch when it would be smaller than ``batch_size``,
-            and give every rank the same number of samples (``len(source) //
-            world_size``), as DDP training needs. False: the ranks' shards cover
-            every sample once (see :meth:`shard_sizes`), as an evaluation needs.
+        drop_last: Drop a last batch smaller than ``batch_size`` and give every rank
+            ``len(source) // world_size`` samples, as DDP training needs. False: the
+            ranks' shards cover every sample once (see :meth:`shard_sizes`).
         ordered: True: batches and their contents depend only on the seed and
             epoch, not on thread counts or timing. False: batches in completion
             order (each sample still exactly once per epoch).
@@ -138,89 +102,54 @@ class Feeder:
             and later samples fill its place.
         max_skipped: With ``on_error="skip"``, raise once more than this many
             samples were skipped (None: no limit).
-        rank: This process's shard (disjoint shards cut from one shared order
-            per epoch; see ``drop_last``). Default: from ``torch.distributed``
-            when it is initialized, else from ``torchrun``'s ``RANK`` and
-            ``WORLD_SIZE`` environment variables, else 0; read when each pass
-            starts (see [Distributed and evaluation](../guides/distributed.md)).
+        rank: This process's shard of one shared order per epoch. Default: from
+            ``torch.distributed``, else torchrun's ``RANK`` and ``WORLD_SIZE``, else
+            0; read at each pass (see [Distributed and evaluation](../guides/distributed.md)).
         world_size: The number of shards (default: from ``torch.distributed``,
             as ``rank``).
         image_size: (height, width) of the output, when the transforms do not
             fix it themselves.
-        max_image_size: (height, width) of the largest image, for transforms
-            whose output size varies (``Resize(800)``, or none): batches are then
-            dicts with ``"image"`` padded with zeros to the largest image of the
-            batch, ``"size"`` int64 ``[B, 2]`` (each image's valid height and
-            width) and the other fields; a larger image is an error naming the
-            sample (see [Detection and boxes](../guides/detection.md)).
-            ``"auto"``: the largest image the transforms can produce
-            (``Resize(800, max_size=1333)``: (1333, 1333); a chain of fixed
-            output size: that size, batches of the same dict form; no
-            transform, for native-size evaluation: the source's largest image,
-            from ``source.image_sizes()`` or every image's header, read once),
-            which ``feeder.config.max_image_size`` then holds; a
-            :class:`~feeder.errors.ConfigError` naming the transform that
-            cannot bound it (``Resize(800)`` without ``max_size``).
+        max_image_size: (height, width) of the largest image, for transforms whose
+            output size varies: batches are dicts with ``"image"`` zero-padded to
+            the batch's largest and ``"size"`` (each image's ``[B, 2]`` valid size);
+            ``"auto"``: the largest the transforms (or, without any, the source)
+            can produce (see [Detection and boxes](../guides/detection.md)).
         size_divisibility: Variable sizes: pad each batch's height and width up
             to a multiple of it (32 for FPN backbones).
         mask_fill: Variable sizes: the value of padded mask pixels (255, the
-            segmentation references' ignore index); up to 65535, for 16-bit
-            masks that use 255 as a class (above 255 a padded batch's masks
-            come as int64, as batches with 16-bit masks do).
+            segmentation references' ignore index; up to 65535 for 16-bit masks:
+            see [Segmentation and masks](../guides/segmentation.md)).
         group_by_aspect_ratio: Batch samples of similar aspect ratio together, as
-            torchvision's ``GroupedBatchSampler`` does: True (its default factor
-            3) or a factor ``k`` (0: landscape vs portrait); every sample still
-            once per epoch, in an order that depends only on (seed, epoch, rank)
-            and the images' sizes as decoded (after their EXIF orientation with
-            ``exif_orientation=True``).
-        max_pixels: Largest decoded ``width * height`` accepted; larger images
-            are rejected from their header (decompression bombs). Also the
-            bound, in bytes, on one sample's per-instance ``"masks"`` (``N *
-            H * W``, as given and as transformed): more is that sample's
-            :class:`~feeder.FieldError`.
+            torchvision's ``GroupedBatchSampler``: True (its factor 3) or a factor
+            ``k`` (0: landscape vs portrait), every sample still once per epoch
+            (see [Detection and boxes](../guides/detection.md)).
+        max_pixels: Largest decoded ``width * height`` accepted, checked from the
+            header (decompression bombs); also the bound, in bytes, on one
+            sample's per-instance ``"masks"`` (a :class:`~feeder.FieldError`).
         timeout: Seconds ``next()`` may wait for a batch before it raises
-            :class:`~feeder.FeederTimeoutError` naming the samples in a stage for
-            more than half of that (stage, index, path), or the oldest in
-            flight; None waits forever, and names
-            a sample in a warning once it has been in a stage for 60 s.
+            :class:`~feeder.FeederTimeoutError` naming the stuck samples; None waits
+            forever (see [Reliability](../guides/reliability.md#stuck-storage)).
         exif_orientation: Apply the EXIF Orientation tag (JPEG, PNG, WebP, TIFF).
-            False (default): pixels come out as stored, for every format, as
-            with torchvision's ``decode_jpeg``.
-        jpeg_verify: With the JPEG region decoder, still entropy-decode each
-            file to its end (no IDCT below the crop), so that damaged data
-            anywhere in it fails the sample as a full decode does (True,
-            default). Each distinct file is read to its end once: the feeder
-            remembers the length and CRC-32C of the files that passed, and a
-            later decode of the same bytes stops after the crop; changed bytes
-            are read to their end again. False: decoding always stops after
-            the crop's last row (a faster first epoch), and damage above or
-            inside the crop can give wrong pixels with no error (see
-            [the JPEG region decoder](../guides/performance.md#the-jpeg-region-decoder)).
-        jpeg_index_bytes: Memory for the JPEGs' row indexes (default 128 MiB,
-            taken as used; 0: none; at most the machine's memory): checkpoints
-            a decode records in the Huffman data it passes, so that a later
-            crop of the same bytes decodes only its part of its rows. An index
-            takes at most 1/32 of its file's bytes, every file gets an equal
-            share of three quarters of the memory, and when it is full the
-            oldest indexes give way (see [the JPEG region
-            decoder](../guides/performance.md#the-jpeg-region-decoder)).
+            False (default): pixels as stored, as torchvision's ``decode_jpeg``.
+        jpeg_verify: With the JPEG region decoder, still read each distinct file to
+            its end once, so that damage anywhere fails the sample (default True).
+            False: stop after the crop, a faster first epoch that can miss damage
+            (see [the JPEG region decoder](../guides/performance.md#the-jpeg-region-decoder)).
+        jpeg_index_bytes: Memory for the JPEGs' row indexes (default 128 MiB; 0:
+            none), so that a later crop of the same bytes decodes only its part of
+            its rows (see [Memory](../design/memory.md)).
         batch_transforms: Transforms of whole batches on ``device``, after the
-            dtype conversion and normalization, in the transfer thread:
-            :class:`~feeder.ops.MixUp`, :class:`~feeder.ops.CutMix`, or callables
-            ``fn(images, labels, generator) -> (images, labels)``; ``generator``
-            is seeded from (seed, epoch, batch number). One that needs floating
-            images (``needs_float = True``) is refused with uint8 output.
-        isolation: Where the reading, decoding and transforms run: ``"thread"``
-            (default), threads of this process; ``"process"``, the same threads
-            in one worker process writing batches into shared memory, so they
-            never hold this process's GIL (see [Threads or a worker
+            dtype conversion, in the transfer thread: :class:`~feeder.ops.MixUp`,
+            :class:`~feeder.ops.CutMix`, or ``fn(images, labels, generator) ->
+            (images, labels)`` with ``generator`` seeded from (seed, epoch, batch);
+            one that needs float images is refused with uint8 output.
+        isolation: ``"thread"`` (default): threads of this process; ``"process"``:
+            the same threads in one worker process writing batches into shared
+            memory, never holding this process's GIL (see [Threads or a worker
             process](../guides/isolation.md)).
-        start_method: How ``isolation="process"`` starts its worker (a
-            :class:`~feeder.errors.ConfigError` with ``isolation="thread"``):
-            ``"auto"`` (default: ``"fork"`` where it is safe, else ``"spawn"``),
-            ``"fork"``, ``"spawn"`` or ``"forkserver"`` (the source and transforms
-            must then be picklable, and a script guards its entry point with
-            ``if __name__ == "__main__":``); :attr:`start_method` says which ran.
+        start_method: How ``isolation="process"`` starts its worker: ``"auto"``
+            (``"fork"`` where it is safe, else ``"spawn"``), ``"fork"``, ``"spawn"``
+            or ``"forkserver"``; :attr:`start_method` says which ran.
 
     Raises:
         ValueError: an option is invalid, or an epoch would have no batch on
@@ -345,15 +274,7 @@ class Feeder:
         batch, as ``(image, label)`` or ``(image, target)``), for the scripts
         and evaluation helpers that read ``loader.dataset``. See
         :class:`~feeder.FeederDataset`. Not a way to load batches."""
-        # Accelerate's skip_first_batches rebuilds a DataLoader around
-        # ``loader.dataset`` and would read every skipped sample through it,
-        # one at a time: it alone gets the AttributeError saying what to use.
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller == "accelerate" or caller.startswith("accelerate."):
-            raise AttributeError(
-                "Feeder cannot be rebuilt as a DataLoader around its dataset: to skip the first "
-                "batches of an epoch use feeder.skip(num_batches) after feeder.set_epoch(epoch); "
-                "to resume, feeder.load_state_dict(state)")
+        refuse_a_rebuild(sys._getframe(1).f_globals.get("__name__", ""))
         if self._dataset is None:
             self._dataset = FeederDataset(self)
         return self._dataset
@@ -379,12 +300,9 @@ class Feeder:
     def shard_sizes(self) -> list[int]:
         """Samples each rank reads per epoch, by rank; the same list on every rank.
 
-        With ``drop_last=True`` they are equal (``len(source) // world_size``).
-        With ``drop_last=False`` they cover every sample once and the first
-        ``len(source) % world_size`` ranks read one more, so ranks may run
-        different numbers of batches (``ceil(size / batch_size)``): a training
-        step with collective ops (DDP's gradient all-reduce) would then wait
-        forever on the ranks that have finished.
+        Equal with ``drop_last=True``; with ``drop_last=False`` the first
+        ``len(source) % world_size`` ranks read one more, so ranks may run different
+        numbers of batches (see [Distributed and evaluation](../guides/distributed.md)).
         """
         return shard_sizes(len(self.source), self.world_size, self.config.drop_last)
 
@@ -402,14 +320,8 @@ class Feeder:
     def __len__(self) -> int:
         """This rank's batches per epoch, for a pass that skips nothing.
 
-        Under ``on_error="skip"`` a sample is found bad only when it is read; the
-        samples after it fill its place, so a pass that skips ``s`` samples
-        delivers the batches of ``len(self.sampler) - s`` samples: every batch
-        but the last full, the last shorter or gone, and a progress bar taken
-        over the feeder ends (and closes) short of this length; a pass that
-        ends short logs a warning with the batches delivered against this
-        length and the samples skipped (see
-        [Reliability](../guides/reliability.md#errors)).
+        A pass that skips samples (``on_error="skip"``) ends short of it, with a
+        warning (see [Reliability](../guides/reliability.md#errors)).
         """
         return num_batches(self.num_samples, self.config.batch_size, self.config.drop_last)
 
@@ -426,18 +338,9 @@ class Feeder:
     def skip(self, batches: int) -> None:
         """Start the next pass after its first ``batches`` batches, without reading them.
 
-        What ``accelerator.skip_first_batches(loader, batches)`` does for a
-        DataLoader, for the epoch the next pass takes: call :meth:`set_epoch`
-        first (another ``set_epoch`` afterwards cancels the skip). Under
-        ``torch.distributed`` every rank calls it at the same point, as it may
-        agree on the seed as a first pass does. The skipped batches are the
-        first ``batches * batch_size`` samples of this rank's order for that
-        epoch: with ``ordered=True`` and ``on_error="raise"`` exactly the
-        batches an uninterrupted pass delivers first, so the rest are that
-        pass's batches, pixel for pixel, and ``last_batch.number`` continues the
-        count. Otherwise every other sample comes once, in batches that may
-        differ from the uninterrupted run's (a :meth:`state_dict` checkpoint
-        resumes those exactly). ``skip(0)`` does nothing.
+        Accelerate's ``skip_first_batches`` for the epoch the next pass takes: call
+        :meth:`set_epoch` first; under ``torch.distributed``, on every rank at the
+        same point (see [Resume](../guides/resume.md)).
 
         Raises:
             ValueError: ``batches`` is not an int in ``[0, len(feeder))``, or a
@@ -451,17 +354,11 @@ class Feeder:
         """Where the feeder stands, for a checkpoint: a small picklable dict.
 
         Taken between batches (before any pass, mid-pass or after one), it lets
-        :meth:`load_state_dict` on a new feeder continue where this one stopped.
-        It holds the epoch of an unfinished pass, the samples that pass has
-        delivered and skipped, the next epoch, and the settings that decide the
-        output (checked on load). Sources of up to ``COMPACT_ABOVE`` (2^19)
-        samples write format 1: the delivered and skipped samples as one bit per
-        source sample each. Longer ones, and a :class:`~feeder.Mixture` (which may
-        draw a sample twice in an epoch), write format 2, whose size does not grow
-        with the epoch: ``position`` (every sample of this rank's order before it
-        was delivered or skipped), ``after`` (the positions past it handled
-        out of order: at most the samples that were in flight) and ``skipped``
-        (the skipped samples' indices).
+        :meth:`load_state_dict` on a new feeder continue where this one stopped:
+        the unfinished pass's epoch and the samples it delivered and skipped, the
+        next epoch, and the settings that decide the output (see
+        [Resume](../guides/resume.md) and its formats in [Web-scale
+        datasets](../guides/web-scale.md#resume-state-of-constant-size)).
         """
         return self._cursor.state_dict(lambda: self.stats().skipped)
 
@@ -470,30 +367,14 @@ class Feeder:
 
         The next ``iter(feeder)`` finishes the saved unfinished pass (only the
         samples it had not delivered or skipped), then later passes continue the
-        saved epoch numbering. ``set_epoch`` afterwards overrides the epoch as
-        usual: another epoch than the unfinished pass's starts that epoch from
-        its beginning. Thread counts and queue sizes may differ from the saving
-        feeder's. A feeder built with ``seed=None`` takes the saved seed.
-
-        With ``ordered=True`` and ``on_error="raise"`` a state saved by another
-        rank of the same world size is accepted (trainers that write checkpoints
-        from rank 0 only, as Lightning does under DDP): this rank continues its
-        own shard after as many batches as the saving rank had delivered.
-
-        ``state`` may also be the list of every rank's state (gathered with
-        ``torch.distributed.all_gather_object``): under another world size the
-        ranks then share what the saving ranks had left of their epoch, each
-        sample delivered once (see [Resume](../guides/resume.md#elastic-resume-another-number-of-ranks)).
+        saved epoch numbering; ``set_epoch`` afterwards works as usual. ``state``
+        may also be the list of every rank's state, to resume under another world
+        size (see [Resume](../guides/resume.md#elastic-resume-another-number-of-ranks)).
 
         Raises:
             ValueError: the state is not one of these, or a setting that decides
-                the order or the output differs (source length, shard layout,
-                seed, batch size, shuffle, shuffle_window, shuffle_shards,
-                drop_last, ordered, on_error, rank (see above), world_size (one
-                rank's state; see above for the list), image
-                size, max_image_size, size_divisibility, group_by_aspect_ratio,
-                exif_orientation, transforms); the message names the field and
-                both values.
+                the order or the output differs (the [Resume](../guides/resume.md)
+                guide lists them); the message names the field and both values.
         """
         self._cursor.load_state_dict(state)
 
@@ -523,28 +404,14 @@ class Feeder:
         self.last_batch = info
 
     def _shard_now(self) -> tuple[int, int]:
-        """(rank, world_size) now, with the seed agreed among the ranks once there
-        are several (a collective call: every rank makes it at the same point)."""
-        rank, world_size = self._ranks.shard()
-        if world_size > 1:
-            check_epoch(len(self.source), self.config.batch_size, self.config.drop_last, world_size)
-            self._ranks.agree(world_size)
-        return rank, world_size
+        """(rank, world_size) now, the seed agreed (a collective call: see :meth:`Ranks.for_pass`)."""
+        return self._ranks.for_pass(len(self.source), self.config.batch_size, self.config.drop_last)
 
     def _next_pass_indices(self) -> Iterator[int]:
         """``iter(feeder.sampler)``: the sample indices the next pass dispatches on
         this rank, in order (after :meth:`skip` or :meth:`load_state_dict`, only
-        those it has left). Not a collective call, as a sampler's iteration is not:
-        before the ranks have agreed on a drawn seed (at the first pass or
-        ``skip``), it raises rather than wait for ranks that may never ask."""
-        _, world_size = self._ranks.shard()
-        dist = torch.distributed
-        if (world_size > 1 and not self._ranks.agreed and dist.is_available()
-                and dist.is_initialized()):
-            raise RuntimeError(
-                "iter(feeder.sampler) before the ranks have agreed on the shuffle seed: they "
-                "agree at the first pass (or feeder.skip), every rank at once; pass seed=... to "
-                "the Feeder, or iterate the sampler after the first pass")
+        those it has left). Not a collective call (see :meth:`Ranks.check_agreed`)."""
+        self._ranks.check_agreed()
         self._shard_now()
         order = self._cursor.next_order()
         return (int(i) for chunk in order.chunks(4096) for i in chunk)

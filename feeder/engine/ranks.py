@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..order.epoch import check_epoch
+
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +53,30 @@ class Ranks:
         if world_size > 1 and not self.agreed:
             self.seed = agreed_seed(self.seed, world_size)
             self.agreed = True
+
+    def for_pass(self, size: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
+        """(rank, world_size) for a pass over ``size`` samples, with the seed agreed
+        among the ranks once there are several (a collective call: every rank makes
+        it at the same point) and every rank checked to get a batch."""
+        rank, world_size = self.shard()
+        if world_size > 1:
+            check_epoch(size, batch_size, drop_last, world_size)
+            self.agree(world_size)
+        return rank, world_size
+
+    def check_agreed(self) -> None:
+        """Raise when the ranks of a process group have yet to agree on a drawn
+        seed: iterating ``feeder.sampler`` is not a collective call, as a sampler's
+        iteration is not, so it raises rather than wait for ranks that may never ask
+        (they agree at the first pass or ``skip``)."""
+        _, world_size = self.shard()
+        dist = torch.distributed
+        if (world_size > 1 and not self.agreed and dist.is_available()
+                and dist.is_initialized()):
+            raise RuntimeError(
+                "iter(feeder.sampler) before the ranks have agreed on the shuffle seed: they "
+                "agree at the first pass (or feeder.skip), every rank at once; pass seed=... to "
+                "the Feeder, or iterate the sampler after the first pass")
 
 
 def local_seed(rank: int | None, world_size: int | None) -> int:
