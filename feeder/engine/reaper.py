@@ -1,41 +1,10 @@
 """Work that finalizers hand off, so that no finalizer takes a lock or runs Python code.
 
-The garbage collector frees an object in whatever thread dropped the last
-reference or allocated when a collection triggered, in the middle of whatever
-that thread was doing, possibly while it holds one of feeder's locks: a pass
-iterator caught in a reference cycle is freed by the cyclic collector inside
-whichever code allocates next. A finalizer that took such a lock would
-deadlock its thread on itself (a plain ``Lock``) or re-enter a critical
-section half-way through (an ``RLock``). And a ``KeyboardInterrupt`` that lands
-inside Python code run as a finalizer is printed as "Exception ignored" and
-lost: the training loop would never see its Ctrl-C.
-
-So :func:`watch` registers a weak reference whose callback is
-``SimpleQueue.put`` itself, a C function that is documented as reentrant (safe
-from ``__del__`` and weakref callbacks): freeing a watched object runs no Python
-bytecode in the freeing thread, so it can neither take a lock nor swallow a
-signal. One process-wide daemon thread, ``feeder-reaper``, takes the dead
-reference off the queue and runs the registered call with ordinary locking.
-:func:`defer` queues a call directly, for code that already runs outside any
-lock (a ``weakref.finalize`` body, say).
-
-Lock audit (what freeing an object or a signal can reach):
-
-* Watched objects: a pass iterator (stops its pass), the views of a CPU batch
-  into its buffer (the last one freed returns the buffer to the pool), a
-  :class:`~feeder.Feeder` (stops its engine). The freeing thread only runs
-  ``SimpleQueue.put``.
-* Signals: feeder installs no signal handler. ``KeyboardInterrupt`` is raised
-  in the main thread between bytecodes; ``with lock:`` blocks release their
-  locks as it unwinds, and ``next()`` stops the pass in ordinary code after.
-
-The reaper is started from ordinary code (building a feeder, starting a pass),
-never from a callback, since starting a thread takes threading's own locks.
-After ``fork`` the child has no reaper thread; the next feeder call in the
-child starts one, and it runs whatever was queued meanwhile. A fork can catch
-the queue half-way through a ``get`` in the parent's reaper, leaving the
-child's copy unable to wake a blocked getter; so the reaper waits with a
-timeout and looks again, which recovers from that state.
+:func:`watch` registers a weak reference whose callback is ``SimpleQueue.put``
+itself (reentrant C: freeing a watched object runs no Python bytecode in the
+freeing thread); one process-wide daemon thread, ``feeder-reaper``, runs the
+registered calls with ordinary locking; :func:`defer` queues a call directly.
+Why, the lock audit and the fork rules: docs/design/finalizers.md.
 """
 
 from __future__ import annotations
