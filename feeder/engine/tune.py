@@ -1,52 +1,12 @@
 """``"tune"`` thread counts: use the fewest threads that keep the training loop fed.
 
 ``decode_threads``, ``augment_threads`` and ``read_threads`` accept ``"tune"``
-(each pool that exists: a read stage where the source's reads may block, an
-augment stage of its own). The first pass starts each tuned stage at its ``"auto"`` count
-(``augment_threads``: one per core, at least 2, as decode's), and each later
-pass where the previous one ended (an epoch shorter than the tuner's windows
-would otherwise never settle). At every batch boundary
-(the training loop leaving ``next()`` with a batch) :class:`Tuner` looks at what
-the last batches cost, and :class:`Gate` parks or wakes threads to match: a parked
-thread sleeps before taking its next sample, and wakes when the count grows again
-or the pass ends. Threads are never killed, so growing back costs no thread start.
-
-Which thread reads, decodes or transforms which sample never changes a batch (each sample is written
-into its batch's slot with randomness keyed by (seed, epoch, index)), so the
-output is the same as a fixed-thread run's.
-
-The rule (numbers below are the module constants):
-
-* **What it holds**: the loop's *wait share* (seconds waiting in ``next()`` over
-  the seconds between batches) at or below ``TARGET_WAIT`` (1%).
-* **Grow** as soon as the share over the last ``GROW_WINDOW`` (3) batches is above
-  the target: to ``ceil(active / (1 - share))`` threads (the count that
-  would have kept up with the loop's pace), at least one more, at most the
-  ``"auto"`` count. A loop that starts waiting is fed again within a few batches.
-  Also grow, by one, when the active threads' measured work over those batches
-  is above ``SATURATED`` (90%) of their time: the loop has sped up and is
-  eating into the batches queued ahead of it, and will wait once they are gone.
-* **Shrink** one thread at a time (an eighth of the active count at once in a
-  pool of 16 or more, such as a read stage's), and only after ``SHRINK_WINDOW`` (16) batches
-  since the last change whose wait share stayed at or below half the target, and
-  when the active threads' measured work (busy thread-seconds per second) would
-  keep the smaller count at most ``HEADROOM`` (60%) busy.
-* **Hysteresis**: growing and shrinking use different thresholds (above 1%
-  against at most 0.5%) and windows (3 batches against 16), so a count whose
-  wait share lies between the two is left alone. A shrink that is followed by a grow within two shrink windows was a
-  mistake: the next shrink then needs twice as many quiet batches (up to
-  ``MAX_SHRINK_WINDOW``), so a workload at the edge settles instead of
-  oscillating. The first ``WARMUP`` batches of a pass (the pipeline filling up)
-  are not judged.
-* **Several tuned pools** (:class:`Tuning`): each has its own :class:`Tuner`
-  (its own windows, its own measured work), but the wait share is evidence they
-  share, so at most one pool changes at a batch boundary. When the loop waits (or
-  a pool is saturated), only the *busiest* tuned stage (the highest share of its
-  active threads' time spent working over the last ``GROW_WINDOW`` batches) may
-  grow: the others are waiting on it, and more of their threads would not feed
-  the loop. When several could shrink, the least busy one shrinks. Any change
-  restarts every tuned pool's windows: the batches before it were measured with
-  the old counts.
+(each pool that exists). At every batch boundary (the training loop leaving
+``next()`` with a batch) :class:`Tuner` looks at what the last batches cost, and
+:class:`Gate` parks or wakes threads to match (never killing one); with several
+tuned pools, :class:`Tuning` lets at most one change at a boundary. The rule,
+whose thresholds and windows are the constants below, is described in
+docs/guides/doctor.md ("Use only the threads the model needs").
 """
 
 from __future__ import annotations
