@@ -1,35 +1,11 @@
 """Each epoch's order and this rank's shard of it.
 
 The order is a pure function of (seed, epoch, rank, world_size, dataset
-length): a permutation from torch's CPU generator seeded with a hash of (seed,
-epoch) when shuffling, else the identity. (torch's generator rather than
-numpy.random: torch is loaded anyway, numpy.random would be loaded only for
-this, 1.3 MiB of code pages and 5 ms.) Every rank cuts its shard from the same
-permutation: rank ``r`` takes positions ``r, r + world_size, ...``, so shards are
-disjoint. With ``drop_last`` they are of equal size, ``len // world_size`` each
-(the remainder is left out for that epoch, as ``DistributedSampler(drop_last=True)``
-does): DDP training needs every rank to run the same number of steps. Without it
-they cover every sample exactly once, the first ``len % world_size`` ranks taking
-one more: an evaluation must see every sample, and must not count one twice
-(``DistributedSampler`` pads with repeated samples instead).
-
-``shuffle="shards"`` is the order for streaming storage, where reading a shard
-from its start is cheap and jumping between shards is not: the shards
-(``source.shard_ranges()``) are permuted per epoch and laid end to end; rank
-``r`` takes the ``r``-th contiguous chunk of that stream (same sizes as
-above, so each rank reads about ``1 / world_size`` of the shards); within its
-chunk, samples are shuffled inside consecutive windows of ``shuffle_window``
-samples. Still exactly once per epoch, still a pure function of (seed, epoch,
-rank, world_size) and the shard sizes.
-
-Sources longer than :data:`LAZY_MIN` samples get orders that hold no array
-(:mod:`feeder.order.sequence`): the global shuffle is a keyed Feistel permutation
-evaluated per position, and ``shuffle="shards"`` permutes the shards and
-shuffles each window of the rank's chunk with a permutation of its own. Shorter
-sources keep the orders above, bit for bit. ``shuffle_shards=K`` (with
-``shuffle="shards"``) takes the lazy block order at every length: windows of
-``K`` whole shards instead of ``shuffle_window`` samples, so a rank holds at most
-one window of shards at a time.
+length); every rank cuts a disjoint shard from it (equal shards with
+``drop_last``, every sample once without). ``shuffle="shards"`` is the order for
+streaming storage; sources longer than :data:`LAZY_MIN` samples, and
+``shuffle_shards``, get the lazy orders of :mod:`feeder.order.sequence`. The
+rules and their reasons: docs/design/orders.md.
 """
 from __future__ import annotations
 

@@ -1,48 +1,10 @@
 """Aspect-ratio grouping (``Feeder(group_by_aspect_ratio=...)``): each pass's order
 regrouped so that every batch holds images of one aspect-ratio group, as
-torchvision's ``GroupedBatchSampler`` does, so variable-size batches carry
-little padding.
-
-The groups are torchvision's ``create_aspect_ratio_groups(k)``: width / height
-quantized at the bins ``2 ** linspace(-1, 1, 2k + 1)`` (k=0: one bin at 1,
-landscape vs portrait). The sizes are those the images decode to: with
-``exif_orientation=True``, after the EXIF orientation (a portrait photo stored
-landscape groups as a portrait). They come from the source when it gives them
-(``source.image_sizes()`` as stored, ``source.oriented_image_sizes()`` as
-oriented: ``feeder-pack``'s shards store both in their index), else from each
-image's header, read once per source, ``exif_orientation`` and process (cached
-with the source, only for the samples a rank reads) by a few daemon threads that
-the pass's stop (``close()``) ends. A sample whose bytes hold no readable header
-gets a group of its own: decoding it fails the usual way (raised, or skipped and
-counted under ``on_error="skip"``). So does a sample the storage says is not
-there or not readable (``FileNotFoundError``, ``PermissionError``,
-``IsADirectoryError``, ``NotADirectoryError``): its size is left unread, so a
-later pass reads it again. A read that fails with any other ``OSError`` (a
-storage failure, perhaps transient) is tried again and then fails the pass with
-a :class:`ScanError`: taken as an unknown size, it would make the order depend
-on the storage's luck in this process.
-
-Sizes, too, for variable-size batches (``max_image_size``): when the transforms
-can say each sample's output size before decoding it (every size-changing step
-answers ``planned_size_for``, as the built-in resizes, ``RandomResize``,
-``ScaleJitter``, ``RandomShortestSize`` and ``RandomZoomOut`` do, from the
-header's size and the sample's own ``SampleRNG`` draws), the samples of one aspect
-group are batched by planned size as well: each time a group has collected
-``SIZE_WINDOW`` batches' worth of samples, they are sorted by planned area and cut
-into batches, so a batch holds images of one aspect group *and* of similar sizes.
-That is a refinement of ``GroupedBatchSampler``'s rule (the same aspect groups;
-within one, sizes decide who shares a batch), and it matters under scale jitter
-(a shorter side drawn per image), where one aspect group holds images of very
-different sizes. The window's batches are delivered in the order of their
-earliest sample in the epoch's order, so large and small batches stay mixed
-through the epoch. When some step cannot plan (a callable, a crop that depends on
-the boxes), the grouping is by aspect ratio alone, as ``GroupedBatchSampler``.
-
-The regrouping is a permutation of the rank's samples for the epoch, a pure
-function of that order, the sizes and the sample keys ``(seed, epoch, index)``:
-every sample still exactly once, deterministic in (seed, epoch, rank), and a
-resumed pass filters it as any other (the pass and the feeder's resume compute it
-with the one :class:`~feeder.order.plan.EpochPlan`).
+torchvision's ``GroupedBatchSampler`` does, and, when the transforms can plan
+each sample's size, of similar sizes, so variable-size batches carry little
+padding. Still a permutation of the rank's samples, a pure function of the
+order, the sizes (from the source, else each image's header: :func:`image_sizes`)
+and the sample keys. The rules: docs/design/orders.md.
 """
 
 from __future__ import annotations

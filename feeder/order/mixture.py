@@ -1,32 +1,10 @@
 """The epoch order of a mixture of sources (see :class:`feeder.Mixture`).
 
-An epoch of ``N`` positions gives source ``k`` a fixed number of them,
-``counts[k]``: ``weights[k] * N`` rounded by the largest remainder (each
-``floor(weights[k] * N)``, plus one for the sources with the largest fractional
-parts until the counts sum to ``N``; ties to the lower source number), so
-``|counts[k] - weights[k] * N| < 1``.
-
-The positions are dealt out by a binary tree over the sources (each node splits
-its sources, in their order, where their counts are closest to halves): a node
-of ``M`` positions sends ``C`` of them to its left child, ``floor((i * C +
-M // 2) / M)`` of its first ``i`` (Bresenham's line, rounded to nearest), the
-rest to its right child. Every prefix of ``n`` positions of the epoch then
-holds ``weights[k] * n`` draws of source ``k`` to within less than
-``1 + depth * (1 + 1 / counts[k]) / 2`` samples, ``depth`` the splits above
-source ``k`` (at most ``ceil(log2(len(sources)))``): less than 1 from the
-counts' rounding, less than ``1/2 + 1/(2M)`` from each split on the way. Any
-``m`` consecutive positions (a rank's share of the epoch) hold ``weights[k] * m``
-within twice that. Each position costs O(depth) vectorised integer operations,
-with no state carried along the epoch. The interleave is the same in every epoch: the samples differ, not the
-pattern, so every batch holds the proportions (a shuffled pattern would break
-that bound and add no sample the per-source shuffle does not already draw).
-
-Source ``k``'s ``j``-th draw overall (``j = epoch * counts[k] + draw``, its draws
-counted across epochs) is sample ``j % len_k`` of its pass ``j // len_k``: each
-pass visits every sample of the source once, in a keyed
-:class:`~feeder.order.sequence.Permutation` of (seed, source, pass) when
-shuffling, else in order. A small source repeats pass after pass; a large one
-streams across epochs.
+Source ``k`` gets ``weights[k] * N`` of an epoch's ``N`` positions (rounded by
+the largest remainder), dealt out by a binary tree over the sources so that
+every prefix of the epoch holds the weights to within a bound; each source's
+draws go through passes over its samples, shuffled per pass. The bounds and the
+dealing: docs/design/orders.md.
 """
 
 from __future__ import annotations
