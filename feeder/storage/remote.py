@@ -1,67 +1,10 @@
 """Remote shards: range reads through fsspec, retries, and a local disk cache.
 
-Any URL fsspec knows is read the same way: ``http(s)://`` with aiohttp
-(``pip install 'feeder[remote]'`` installs both), ``s3://``, ``gs://``, ``az://``... once the user installs
-that backend (s3fs, gcsfs, adlfs). fsspec was chosen over requests/urllib3
-because it gives one interface for every object store, range reads included.
-
-A sample is one range request (its fields are adjacent in the shard). The
-first read from a shard also starts a copy of the whole shard into the cache,
-in the background, one request per shard (``downloads`` at once): this is the
-read-ahead, and once it is there every later read of the shard, this epoch and
-the next, is a local ``pread``.
-
-**Retries.** A request failing with a transient error (HTTP 408, 425, 429 or
-5xx, a refused or dropped connection, a timeout) is retried ``retries`` times,
-waiting ``backoff_s * 2**attempt`` seconds (with +-50% jitter, at most 10 s)
-between tries; then it fails with :class:`RemoteError` naming the URL and the
-last error. Any other 4xx fails at once (a 404 as ``FileNotFoundError``),
-naming the URL and the status.
-
-**Cache.** ``$FEEDER_CACHE`` or ``~/.cache/feeder`` (``cache_dir=`` overrides;
-``cache_dir=False`` turns it off), under ``shards/``: one file per shard or index,
-named by a hash of its URL and its own name. It is bounded by ``cache_bytes``
-(default ``$FEEDER_CACHE_BYTES`` or 32 GiB): after each copy, the least recently
-used entries are removed until the total fits (a shard larger than the bound is
-never copied; copies in progress add at most ``downloads`` shards on top).
-Several processes (the ranks of one job on a node) share it safely: a copy is
-written under a temporary name and renamed when complete, so no reader ever
-sees a partial shard; a lock file per entry makes one process copy it while the
-others keep reading by range until it is there; eviction runs under a lock of
-its own; a process reading a shard that another evicts keeps its open
-descriptor (POSIX keeps the file until it is closed).
-
-**What is verified** (so that storage cannot deliver wrong bytes silently):
-
-- HTTP range reads must come back as ``206`` with a ``Content-Range`` naming
-  exactly the bytes asked for (see :mod:`feeder.storage.http`); a server that ignores
-  ranges (answers ``200``) is read by copying each shard whole once (said once
-  in the log): into the cache, or without one into a private temporary copy
-  removed at ``close()``. Other fsspec back-ends: the length of every range.
-- Each shard's *validator* (size, ``ETag``, ``Last-Modified``) is learned from
-  the first answer and compared with every later answer and copy; it must hold
-  the bytes its index points at. A change means the shard was re-published
-  under the same URL: :class:`ShardChangedError` names it, and the stale index
-  and copy are removed from the cache so that the next ``TarShards(...)``
-  indexes the new version (offsets are never reused across versions).
-- Every answer's size (a range's ``Content-Range`` total, a copy's length, a
-  non-HTTP back-end's object size) must be the shard list's ``filesize``, the
-  size of the shard the index was made from (its ``# shard_size`` line) and
-  the first answer's: without ``ETag`` and ``Last-Modified`` the size is what
-  tells a shard re-published before its first read. A cached index the shard
-  list contradicts is removed and fetched again.
-- A copy is committed to the cache only when its size matches the server's
-  ``Content-Length``, the shard's validator, and its index; with a ``sha256``
-  in the shard list (``feeder-pack`` writes one), its hash too. Each cache
-  entry has a record beside it (``shards/.meta/``: size, validator, hash); an
-  entry whose size does not match its record (truncated outside feeder) is
-  removed and fetched again; a copy that is damaged again fails naming the
-  cache path. Bytes changed in place in the cache, at the same size, are not
-  detected (no hash is computed on read).
-- A cached copy and a cached index are used as recorded, without asking the
-  server: a shard re-published while both are cached is read as the recorded
-  version (consistent with its index) until the entries are evicted or the
-  cache is cleared.
+A sample is one range request; the first read from a shard also starts a copy
+of the whole shard into the cache, after which its reads are local. Transient
+errors are retried; every answer is checked against what the shard list, the
+index and the first answer say. The rules and their reasons:
+docs/design/storage.md; the user's side: docs/guides/shards.md.
 """
 
 from __future__ import annotations

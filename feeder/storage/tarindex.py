@@ -1,39 +1,8 @@
 """The offset index of a tar shard (:class:`ShardIndex`): where each sample's
-members are, grouped by key (:func:`split_name`), read from and written to
-DALI's index format.
-
-**Offset index.** feeder reads and writes the text index of NVIDIA DALI's
-``wds2idx`` tool (version ``v1.2``), so that shards packed by ``feeder-pack``
-can be given to DALI's ``fn.readers.webdataset`` as they are, and an index made
-by ``wds2idx`` is used by feeder. It sits next to the shard, with ``.tar``
-replaced by ``.idx`` (``train-000000.tar`` -> ``train-000000.idx``)::
-
-    v1.2 <number of samples>
-    <ext> <data offset> <size> <member name> [<ext> <data offset> <size> <member name> ...]
-    ...
-
-one line per sample, offsets and sizes in bytes, offsets pointing at the
-member's data (after its header blocks). ``feeder-pack`` adds one line after
-the samples' lines, each image's (height, width) for aspect-ratio grouping::
-
-    # image_sizes <base64 of little-endian int32 (height, width) pairs, one per sample>
-    # image_transposed <base64 of one bit per sample (numpy's packbits): set where
-    #   the image's EXIF orientation (5 to 8) swaps its height and width>
-
-and one giving the size of the shard it was written for, in bytes, which
-every read checks the shard against (a shard re-published or replaced under
-the same name, read with this index, would give other samples' bytes)::
-
-    # shard_size <bytes>
-
-DALI reads the announced number of sample lines and nothing after them, so the
-index stays DALI's; feeder reads the sizes with the index, when the shard is
-first read, so a shard list of 10^5 shards stays the few megabytes of names and
-counts it is (the sizes of 10^9 samples would be 10 GB of base64). It was chosen over the index of
-``wids`` because ``wids``' JSON lists shards and their sample counts only (it
-finds offsets by scanning each shard when it opens it), while DALI's holds the
-offset of every field, which is what random access needs. Member names may not
-hold whitespace in this format; a shard with such names is indexed in memory.
+members are, grouped by key (:func:`split_name`), read from and written to the
+text index of DALI's ``wds2idx`` (``v1.2``), with feeder's own lines after the
+samples' (image sizes, the shard's size) that DALI does not read. The format
+and why it was chosen: docs/design/storage.md.
 """
 
 from __future__ import annotations
