@@ -8,29 +8,11 @@ from local disk or from ``http(s)://`` (and any fsspec URL: ``s3://``, ``gs://``
 once that backend is installed), in any order, by sample index: the feeder's
 global shuffle and exactly-once epochs work as with files.
 
-Fields: the image is the sample's first member among ``image_exts`` (``jpg``,
-``jpeg``, ``png``, ``webp``...), the label the ASCII integer in its ``cls``
-member. Shards holding nothing else give the classic ``(bytes, label)`` pairs;
-shards holding more (a mask, boxes, metadata) give dict samples (see
-:mod:`feeder.work.sample`), each member a field named and decoded by its extension
-(:func:`field_of`):
-
-==================================  ==========================  ===============================
-member (``key.<ext>``)              field                       value
-==================================  ==========================  ===============================
-``jpg``, ``png``... (image_exts)    ``"image"``                 bytes (the first present wins)
-``cls`` (the ``label`` field)       ``"label"``                 int
-``seg.png``, ``mask.png``           ``"mask"``                  bytes (a PNG of class ids)
-``<name>.npy``                      ``name`` (``npy`` alone)    ``np.load``, no pickles
-``<name>.json``                     ``name`` (``json`` alone)   ``json.loads``
-``<name>.txt``                      ``name`` (``txt`` alone)    str (UTF-8)
-``<name>.cls``                      ``name``                    int
-anything else (``<name>.bin``...)   its extension (``name``     bytes
-                                    for ``.bin``)
-==================================  ==========================  ===============================
-
-so ``boxes.npy`` and ``box_labels.npy`` are the ``"boxes"`` and ``"box_labels"``
-of a detection sample, as ``feeder-pack`` writes them.
+Fields: the image is the sample's first member among ``image_exts``, the
+label the ASCII integer in its ``cls`` member; shards holding more (a mask,
+boxes, metadata) give dict samples, each member a field named and decoded by
+its extension (:func:`field_of`; the table: [Masks, boxes and other
+fields](../guides/shards.md#masks-boxes-and-other-fields)).
 """
 
 from __future__ import annotations
@@ -115,15 +97,11 @@ class TarShards:
             None for unlabeled data (pairs' labels are -1; dict samples have no
             ``"label"`` and the ``cls`` members are not read).
         image_exts: Fields that hold the image, the first present wins.
-        fields: What ``read`` returns. ``"auto"``: ``(bytes, label)`` pairs when
-            every member of every sample is an image or the label, else dicts
-            with every member as a field (named and decoded as the module
-            docstring says). None: always pairs (other members are not read).
-            A list of extensions: dicts of the image and those members (each
-            sample must have them all). A mapping ``{extension: field name}``:
-            the same, naming the fields; the name ``"*"`` spreads a JSON
-            object's keys into the sample (``{"json": "*"}`` for a foreign
-            detection set's ``{"boxes": ..., "box_labels": ...}``).
+        fields: What ``read`` returns: ``"auto"``, pairs when every member is an
+            image or the label, else dicts of every member; None: always pairs; a
+            list of extensions, or a mapping ``{extension: field name}`` (``"*"``
+            spreads a JSON object), to choose them (see [Masks, boxes and other
+            fields](../guides/shards.md#masks-boxes-and-other-fields)).
         cache_dir: Local copies of remote shards (see :mod:`feeder.storage.remote`;
             default ``$FEEDER_CACHE`` or ``~/.cache/feeder``); False: no cache.
         cache_bytes: The cache's size bound, bytes (default
@@ -134,46 +112,31 @@ class TarShards:
         downloads: Remote shards copied into the cache at once, in the background.
         storage_options: Passed to the fsspec file system of remote shards
             (credentials, endpoints; see fsspec's and the backend's docs).
-        deadline_s: Bound on building the source as a whole, seconds: the
-            shard list and every index (or, without one, the copy of the shard
-            to index it) must arrive within it, retries included, or the error
-            names the URLs that had not answered. None: no bound.
-        max_pixels: The largest image the feeder will decode (the
-            ``Feeder(max_pixels=)`` default): an image member larger than an
-            uncompressed image of that many pixels could be (4 bytes a pixel,
-            plus 1 MiB) is refused before it is read, naming the shard, key and
-            field.
+        deadline_s: Bound on building the source as a whole, seconds (the shard
+            list and every index, retries included); None: no bound.
+        max_pixels: The largest image the feeder will decode: an image member
+            larger than such an image could be is refused before it is read.
         max_field_bytes: The largest non-image member read, bytes (a mask,
             boxes, JSON): larger ones are refused before they are read, naming
             the shard, key and field.
         lazy_index: ``True``: number the samples from the shard list's
-            ``nsamples`` without touching the shards, and load a shard's index
-            at its first read (ahead of the order, in the background), keeping
-            ``index_cache`` of them; needs a shard list giving every shard's
-            ``nsamples``. The fields (``fields="auto"``) and the image and label
-            checks are then decided from the first non-empty shard, and a
-            shard whose sample count differs from the list fails its reads
-            (naming it). ``"auto"`` (default): lazy for a shard list of more
-            than 64 shards that gives every count. ``False``: every index at
-            construction, as for shards without a list.
-        index_cache: Shard indices kept in memory with ``lazy_index`` (about
-            4 MB each for 10^4 two-member samples). A feeder with the block
-            shuffle raises it to two windows and two shards
-            (``2 * shuffle_shards + 2``) if it is lower, so that a window's
-            reads never reload an index.
+            ``nsamples`` and load each shard's index at its first read;
+            ``"auto"`` (default): so for a list of more than 64 shards giving
+            every count; ``False``: every index at construction (see [Web-scale
+            datasets](../guides/web-scale.md)).
+        index_cache: Shard indices kept in memory with ``lazy_index``; a feeder
+            with the block shuffle raises it to ``2 * shuffle_shards + 2``.
 
     Raises:
         FileNotFoundError: a shard (or the directory) does not exist.
-        ShardFormatError: an index file is malformed (naming the file and line),
-            a shard without an index is not a whole tar (empty, not a tar,
-            cut short after a member), a shard's sample count differs from the
-            shard list's, or a remote shard list names local files.
+        ShardFormatError: an index file is malformed, a shard without an index is
+            not a whole tar, a shard's sample count differs from the shard list's,
+            or a remote shard list names local files (naming the file).
         RemoteError: a remote shard, index or list could not be read, or did
             not arrive within ``deadline_s`` (naming the URL).
-        ValueError: no sample has the ``label`` field when the samples are pairs
-            (give ``label=None`` for unlabeled data), no sample has an image
-            field, ``fields`` names a field no sample has or an image field, or
-            two members map to one field name.
+        ValueError: pairs without the ``label`` field (``label=None`` for
+            unlabeled data), no image field, ``fields`` naming a field no sample
+            has or an image field, or two members mapping to one field name.
     """
 
     def __init__(self, spec: Any, *, label: str | None = "cls",

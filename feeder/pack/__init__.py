@@ -5,35 +5,14 @@
     feeder-pack SOURCE_DIR OUT_DIR [--shard-size 64MB] [--name train] [--max-side N] [--quality Q]
     python -m feeder.pack ...
 
-``SOURCE_DIR`` is an ImageFolder (``root/<class>/**/<image>``) or a file list
-(a text file, one ``path [label]`` per line, paths relative to the list's
-folder), or ``module:name`` naming any feeder source (``pack(source, ...)``
-from Python). Each sample becomes ``<key>.<ext>`` with the image's bytes (``ext`` is
-the file's own extension, lower case, or the format's for a source's bytes) and
-``<key>.cls`` with the class index in ASCII (no ``.cls`` for unlabeled samples),
-keys numbering the samples (``000000042``). A dict sample's other fields become
-members too (:func:`sample_members`: ``mask.png``, ``boxes.npy``,
-``box_labels.npy``, ``<name>.npy``/``.txt``/``.bin``/``.json``), which
-:class:`feeder.TarShards` reads back to the same sample. ``OUT_DIR`` receives:
-
-* ``<name>-000000.tar``, ... (each at most ``--shard-size``, unless one image is larger),
-* ``<name>-000000.idx``, ...: the offset index of each shard, in DALI's
-  ``wds2idx`` ``v1.2`` format (see :mod:`feeder.storage.tarindex`),
-* ``<name>.json``: the shard list (``wids-shard-index-v1``: ``url`` and
-  ``nsamples`` per shard) with the class names (``classes``) and the pack's settings.
-
-Output is atomic: a shard is written under a hidden temporary name and renamed
-once complete, after its index; the shard list is written last. A pack that is
-killed leaves complete shards and a temporary file; running the same command
-again removes the temporary file and continues after the last complete shard.
-Running it with other settings refuses, naming them (``--overwrite`` starts over).
-
-``--max-side N`` re-encodes images whose longer side exceeds ``N`` down to it
-(area interpolation; JPEG and WebP at ``--quality``, PNG losslessly); others
-keep their bytes. Re-encoded images lose their metadata (EXIF orientation
-included: pixels stay as stored, feeder's default reading). A dict sample's
-mask is resized with its image (nearest neighbour, re-encoded as a lossless
-PNG: class ids are never blended) and its boxes scaled by the same factors.
+``SOURCE_DIR`` is an ImageFolder, a file list (one ``path [label]`` per line) or
+``module:name`` naming any feeder source (``pack(source, ...)`` from Python).
+``OUT_DIR`` receives the shards (``<name>-000000.tar``...), each with its offset
+index in DALI's ``wds2idx`` format (``.idx``), and the shard list
+(``<name>.json``), written atomically, so that a killed pack continues where it
+stopped; :class:`feeder.TarShards` reads them back to the same samples. The
+members, the options and the files: [feeder-pack](../guides/shards.md#feeder-pack)
+and [Packing any source](../guides/shards.md#packing-any-source).
 
 The packer is :mod:`feeder.pack.packer`, the command :mod:`feeder.pack.cli`,
 what is written to disk :mod:`feeder.storage.packout`.
