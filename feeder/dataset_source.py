@@ -62,48 +62,15 @@ class DatasetSource:
     """A map-style ``torch.utils.data.Dataset`` as a source: ``len(dataset)``
     samples, sample ``i`` read by ``dataset[i]``.
 
-    ``dataset[i]`` returns ``(image, target)``. The image is a PIL image, a uint8
-    numpy array (HWC) or tensor (CHW), or the encoded file's bytes: what a
-    source's ``read`` may return (see :mod:`feeder.sample`), checked by the
-    same checks. The target is:
-
-    * a class index (a Python or numpy integer, a 0-d or one-element integer
-      tensor): the sample is ``(image, label)`` and batches are
-      ``(images, labels)``; float or multi-hot targets (arrays, tensors) are
-      labels too, as :class:`FileList` takes them;
-    * a torchvision-style dict (``CocoDetection`` wrapped by
-      ``wrap_dataset_for_transforms_v2``, the detection references'
-      datasets): the sample is a dict with the image and every field of the
-      target, tensors as numpy arrays. ``"boxes"`` become feeder's boxes (moved
-      with the image by every transform), converted from ``boxes_format`` (or
-      from the format a torchvision ``BoundingBoxes`` carries) to
-      ``(x0, y0, x1, y1)``; the per-box fields named in ``per_box``
-      (torchvision's ``labels``, ``area``, ``iscrowd``) become ``box_labels``,
-      ``box_area``, ``box_iscrowd`` (filtered with the boxes; a batch's
-      ``images_and_targets(rename={"box_*": "*"})`` gives torchvision's names
-      back); per-instance ``"masks"`` ``[N, H, W]`` and ``"keypoints"``
-      ``[N, K, 3]`` keep their names (moved with the image, filtered with the
-      boxes); a 0-d or one-element integer (``image_id``) becomes a Python int.
-      Other fields pass as they are (a numeric array of one shape is stacked,
-      anything else passed through as a list).
-
-    The first sample is read once when the source is built, so that a dataset
-    returning something else (a 3-tuple, a ``str`` target, a float image, a
-    list of raw COCO annotations, ``"masks"`` that are not ``[N, H, W]``) fails there, in one
-    line naming the dataset's class, the sample and the field. Later samples
-    are checked as any source's are (an error names ``Dataset[i]``), and
-    must have the first one's form (a label or a dict).
-
-    ``__getitem__`` holds the GIL while its Python runs and often waits on a
-    file or a PIL decode (which lets the GIL go), so it gains from more
-    threads calling it than there are cores: ``reads_may_block = True`` gives
-    it a read stage of its own (``read_threads="auto"``), ahead of the decode
-    threads, which then crop and flip. Measured against calling it in the
-    decode threads (one per core) it delivered 1.6x the images per second;
-    see [Bring your own Dataset](../guides/own-dataset.md). With
-    ``isolation="process"`` the dataset is pickled to the worker under a
-    ``"spawn"`` start; a dataset that cannot be is a
-    :class:`~feeder.ConfigError` naming it.
+    ``dataset[i]`` returns ``(image, target)``: the image as a source's ``read``
+    may give it (see :mod:`feeder.sample`), the target a class index (or float
+    or multi-hot label: batches are ``(images, labels)``) or a torchvision-style
+    dict (``CocoDetection`` wrapped by ``wrap_dataset_for_transforms_v2``),
+    whose ``"boxes"`` become feeder's boxes in ``(x0, y0, x1, y1)`` and whose
+    per-box fields become ``box_<name>``. The first sample is read and checked
+    when the source is built. ``__getitem__`` runs in a read stage of its own
+    (``reads_may_block = True``). The forms, the checks and where it runs:
+    [Bring your own Dataset](../guides/own-dataset.md).
 
     Args:
         dataset: Any object with ``__len__`` and ``__getitem__(index)``.
@@ -120,7 +87,7 @@ class DatasetSource:
         feeder.FieldError: a field of the first sample is malformed.
     """
 
-    #: ``__getitem__`` runs in a read stage of its own: see the class's description.
+    #: ``__getitem__`` runs in a read stage of its own (see the guide linked above).
     reads_may_block = True
 
     def __init__(self, dataset: Any, *, boxes_format: str = "xyxy",

@@ -33,32 +33,13 @@ class Mixture:
     remote, decoded arrays, dict samples), all giving the same kind of sample:
     ``(image, label)`` pairs, or dicts with the same fields.
 
-    **Indices.** Source ``k``'s sample ``i`` is the mixture's sample
-    ``offsets[k] + i``, ``offsets[k]`` the lengths of the sources before it (the
-    indices run to ``index_count``, the sources' total length, whatever the
-    epoch's length); so
-    :meth:`describe` names the source and its own description, and
-    ``Feeder.last_batch.sources`` (or :meth:`source_of` on any indices) says
-    which source each sample of a batch came from, for pair and dict samples
-    alike.
-
-    **Epochs.** An epoch has ``samples_per_epoch`` positions (``len(mixture)``),
-    by default the sources' total length, so that ``len(feeder)`` and
-    learning-rate schedules read as for the sources laid end to end (with
-    weights proportional to the lengths, the default, that is exactly each
-    sample once per epoch). Source ``k`` takes ``counts[k]`` of them,
-    ``weights[k] * len(mixture)`` rounded by the largest remainder, dealt out so
-    that every prefix of ``n`` positions holds ``weights[k] * n`` draws of source
-    ``k`` to within less than ``1 + ceil(log2(len(sources)))`` samples (the exact
-    bound, and twice it for a rank's share, in :mod:`feeder.order.mixture`;
-    measured, at most 1.1 for up to 8 sources): less than one batch of more
-    samples than that. Each source keeps its own passes: every sample
-    once per pass, a fresh permutation of (seed, source, pass) for each pass
-    when shuffling; a small source repeats within an epoch, a large one streams
-    across epochs (its ``j``-th draw overall is sample ``j % len`` of its pass
-    ``j // len``). All of it is a pure function of (seed, epoch), holds no array
-    of the samples, and resumes as any source does. Ranks take contiguous shares
-    of the epoch, each in the same proportions.
+    Source ``k``'s sample ``i`` is the mixture's sample ``offsets[k] + i``
+    (:meth:`describe` and :meth:`source_of` name the source; so does
+    ``Feeder.last_batch.sources``). An epoch has ``samples_per_epoch``
+    positions, source ``k`` taking ``weights[k]`` of them in every prefix of the
+    epoch to within a sample or two, each source in passes of its own; all of it
+    a pure function of (seed, epoch) that resumes as any source does (see
+    [Mixtures of datasets](../guides/mixtures.md)).
 
     Args:
         sources: The sources, two or more (one is allowed: it is that source).
