@@ -13,27 +13,10 @@ the image's own crop and flip; per-instance masks and keypoints too (a flip
 swaps left and right keypoints by its ``keypoint_flip`` map). A plain callable must then keep the geometry;
 :class:`SampleTransform` wraps one that transforms whole samples.
 
-The classes here follow torchvision's semantics and add what the engine uses
-to go fast: ``output_size`` (to size the batch buffers), ``largest_output``
-(the largest image they can make, for ``max_image_size="auto"``),
-``decode_hint`` (the smallest decoded size they need, for reduced-scale JPEG
-decoding) and writing the final result straight into the batch buffer (``out=``).
-
-The recipes' augmentations: :class:`RandomResize` and :class:`RandomCrop` (with
-the mask's ignore-index padding) for segmentation; ``Resize(..., max_size=)``,
-:class:`RandomShortestSize`, :class:`ScaleJitter`, :class:`RandomZoomOut`,
-:class:`RandomIoUCrop` and :class:`RandomPhotometricDistort` for detection;
-:class:`ColorJitter`, :class:`TrivialAugmentWide` and :class:`RandAugment` for
-classification. For the rest, :class:`Albumentations` runs an albumentations
-pipeline per sample, seeded from the sample's stream. A torchvision transform
-is refused with the replacement named.
-
 Batch transforms (``Feeder(batch_transforms=[...])``) run on the device, on
-whole ``[B, 3, H, W]`` batches after the dtype conversion: :class:`MixUp`,
-:class:`CutMix`, :class:`RandomErasing` (drawn per sample), :class:`Kornia` (a
-kornia module), or any callable ``fn(images, labels, generator) -> (images,
-labels)`` whose ``generator`` (a ``torch.Generator`` on the batch's device) is
-seeded from (seed, epoch, batch number).
+whole ``[B, 3, H, W]`` batches after the dtype conversion. What the built-in
+classes add for the engine, and which of them the reference recipes use: the
+[feeder.ops](../api/ops.md) page.
 """
 
 from __future__ import annotations

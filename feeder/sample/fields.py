@@ -1,43 +1,13 @@
 """What travels between the stages for one sample, the sample protocol every
 source speaks, and the limits every stage shares.
 
-A source's ``read(index)`` returns one of:
-
-* ``(image, label)``: the classic pair; batches are ``(images, labels)``.
-* a dict with an ``"image"`` key holding the image, and any of:
-
-  ``"mask"``
-      a single-channel PNG (8- or 16-bit gray, or palette: its indices), a
-      uint8/uint16 ``[H, W]`` array or tensor, or a PIL image of mode ``L``,
-      ``P`` (its indices), ``1`` or ``I;16``, the image's full size. Moved with the
-      image by every geometric transform (nearest neighbour, never mixing ids).
-  ``"boxes"``
-      float ``[N, 4]``, ``(x0, y0, x1, y1)`` in the image's pixels.
-  ``"box_<name>"``
-      a per-box array ``[N, ...]`` (``"box_labels"``...), filtered with the boxes.
-  ``"masks"``
-      per-instance masks, one per box: a uint8 or bool ``[N, H, W]`` array or
-      tensor of the image's full size (torchvision's ``target["masks"]``).
-      Moved with the image by every geometric transform (nearest neighbour,
-      0 outside the image), filtered with the boxes; batched as a list of
-      uint8 ``[N_i, H, W]`` tensors.
-  ``"keypoints"``
-      per-instance keypoints, one set per box: float ``[N, K, 3]``, ``(x, y,
-      visibility)`` in the image's pixels (torchvision's
-      ``target["keypoints"]``). Moved with the image, filtered with the boxes;
-      a keypoint leaving the image becomes ``(0, 0, 0)``; a mirroring flip
-      swaps left and right by its ``keypoint_flip`` map.
-  any other key
-      a number or fixed-shape numeric array (stacked into ``[B, ...]``), or
-      anything else (str, bytes, dict, None: passed through as a list).
-
-  Batches are then dicts with the same keys.
-
-An image is encoded bytes (decoded by the decode step) or an image already
-decoded (:func:`pixels`): a uint8 numpy array ``[H, W, 3]`` (HWC, RGB),
-``[H, W]``, ``[H, W, 1]`` or ``[H, W, 4]`` (RGBA: the alpha is dropped, as for
-an RGBA file); a uint8 torch tensor, ``[C, H, W]`` (torchvision's layout) when
-its first dimension is 1, 3 or 4, else ``[H, W, C]``; or a PIL image.
+A source's ``read(index)`` returns ``(image, label)``, or a dict with the image
+under ``"image"`` and any of ``"mask"``, ``"boxes"``, ``"box_<name>"``,
+``"masks"``, ``"keypoints"`` and other keys (numbers and arrays are stacked,
+anything else passed through); batches are then dicts with the same keys. An
+image is encoded bytes or an image already decoded (:func:`pixels`). The forms
+each field takes: docs/guides/segmentation.md ("Fields of a sample"); the
+decoded images: docs/guides/classification.md ("Images already decoded").
 
 :func:`check_sample` validates one such value, for any source's own tests;
 the engine runs the same checks (:func:`parse_sample`, :class:`Schema`) on
