@@ -177,8 +177,8 @@ static uint32_t crc_hard(uint32_t crc, const unsigned char *p, size_t n)
 }
 #endif
 
-/* Above this, the GIL is given up for the CRC (about 20 us at the
- * instruction's speed): below, waiting to get it back could cost more. */
+/* Above this, the GIL is given up for the CRC (bench/results/fingerprint_cost.txt
+ * times it): below, waiting to get it back could cost more. */
 #define CRC_RELEASE_GIL (256 * 1024)
 
 static PyObject *jpeg_crc32c(PyObject *self, PyObject *args)
@@ -401,7 +401,7 @@ static void run_decode(Job *job)
             ? LONG_MAX : (long)(job->max_pixels * 24 + (64u << 20));
     /* For a progressive file this reads every scan (the coefficients of the
      * whole image) before any output: skipping rows can save the IDCT and
-     * colour conversion only, not the entropy decoding (about 5% saved). */
+     * colour conversion only, not the entropy decoding (little to save). */
     jpeg_start_decompress(&cinfo);
     /* The region is in pixels of the image at 1/denom: the library must have
      * scaled as asked. libjpeg-turbo 3.x decodes a lossless file at full size

@@ -75,10 +75,10 @@ def auto_read_threads(decode_threads: int) -> int:
     A read thread waiting on storage costs no CPU, so the count is set by the
     latency to hide: to keep ``d`` decode threads that each take ``t`` seconds
     of CPU per sample fed from storage answering in ``L`` seconds, about
-    ``d * L / t`` reads must be in flight. 16 per decode thread covers a 10 ms
-    read (a network file system, an object store's first byte) against
-    0.6 ms-per-sample decoding, the speed of a small JPEG
-    (``bench/results/read_latency.txt`` measures it).
+    ``d * L / t`` reads must be in flight. 16 per decode thread covers reads 16
+    times as long as a sample's decoding (a network file system or an object
+    store's first byte, against a small JPEG: ``bench/results/read_latency.txt``
+    measures both).
     """
     return max(MIN_READ_THREADS, min(MAX_READ_THREADS, READS_PER_DECODE_THREAD * decode_threads))
 

@@ -32,8 +32,9 @@ _GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 @functools.lru_cache(maxsize=256)
 def _space(kind: str, num_bins: int, height: int, width: int) -> list[tuple[str, np.ndarray | None, bool]]:
     """torchvision's ``_augmentation_space``: (op, magnitudes or None, signed) in its order.
-    Cached: built per draw it cost ~30 us with the GIL held (RandAugment's depends
-    on the image size; a training set has few distinct sizes at that point)."""
+    Cached: built per draw it held the GIL for longer than the op it picks often
+    runs (RandAugment's depends on the image size; a training set has few
+    distinct sizes at that point)."""
     lin = np.linspace
     if kind == "wide":
         shear, tx, ty, rot, amount, bits = 0.99, 32.0, 32.0, 135.0, 0.99, 6

@@ -54,8 +54,9 @@ def _lut(img: np.ndarray, table: np.ndarray) -> np.ndarray:
         return cv2.LUT(img, np.ascontiguousarray(t.reshape(1, 256, 3)))
     if img.flags.c_contiguous:
         if _sz is not None:
-            # StringZilla's byte translation (SIMD) is ~10x faster than cv2.LUT
-            # here; it holds the GIL for its ~15 us per 500x375 image.
+            # StringZilla's byte translation (SIMD) is faster than cv2.LUT here,
+            # though it holds the GIL while it runs (bench/experiments/aug_cost.py
+            # times the ops: bench/results/aug_cost.txt).
             if _SZ_OUT:
                 out = np.empty_like(img)
                 _sz.translate(memoryview(img.reshape(-1)), memoryview(t), out=memoryview(out.reshape(-1)))
@@ -64,7 +65,7 @@ def _lut(img: np.ndarray, table: np.ndarray) -> np.ndarray:
             _sz.translate(memoryview(out.reshape(-1)), memoryview(t), inplace=True)
             return out
         # One table for every channel: a single-channel view of the same bytes is
-        # about 1.5x faster through cv2.LUT than the three-channel image.
+        # faster through cv2.LUT than the three-channel image.
         return cv2.LUT(img.reshape(img.shape[0], -1), t).reshape(img.shape)
     return cv2.LUT(img, t)
 
@@ -76,7 +77,7 @@ def adjust_brightness(img: np.ndarray, factor: float) -> np.ndarray:
 
 def _gray_mean(img: np.ndarray) -> float:
     """The mean of the grayscale image: mean(gray) = gray(mean), from the
-    per-channel sums (cv2.sumElems is about 2.5x faster than cv2.mean here)."""
+    per-channel sums (cv2.sumElems is faster than cv2.mean here)."""
     s = cv2.sumElems(img)
     return (_GRAY[0] * s[0] + _GRAY[1] * s[1] + _GRAY[2] * s[2]) / (img.shape[0] * img.shape[1])
 
@@ -109,7 +110,7 @@ def adjust_hue(img: np.ndarray, shift: float) -> np.ndarray:
     hsv = cv2.cvtColor(img.astype(np.float32), cv2.COLOR_RGB2HSV)  # hue in degrees [0, 360)
     # OpenCV's HSV -> RGB wraps a hue in [360, 720) itself (not a negative one):
     # adding the shift taken in [0, 360) is enough. cv2.transform adds it in one
-    # pass, about 1.5x faster than cv2.add of a 4-value scalar.
+    # pass, faster than cv2.add of a 4-value scalar.
     m = np.array([[1, 0, 0, (shift * 360.0) % 360.0], [0, 1, 0, 0], [0, 0, 1, 0]], np.float32)
     rgb = cv2.cvtColor(cv2.transform(hsv, m), cv2.COLOR_HSV2RGB)
     # torchvision's float -> uint8: scale by 256 - eps and truncate; rounding
@@ -120,7 +121,7 @@ def adjust_hue(img: np.ndarray, shift: float) -> np.ndarray:
 def permute_channels(img: np.ndarray, permutation: Sequence[int]) -> np.ndarray:
     """``img[..., permutation]`` as a new contiguous image (torchvision's
     ``permute_channels``), through OpenCV: numpy's fancy indexing on the last
-    axis is about 10x slower."""
+    axis is much slower."""
     p = list(permutation)
     if p == [0, 1, 2]:
         return img.copy()

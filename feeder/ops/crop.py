@@ -170,7 +170,7 @@ class RandomCrop(Transform):
         if inside.shape[:2] != (h, w):  # some of the window is padding
             if self.fill[0] == self.fill[1] == self.fill[2]:
                 out.fill(self.fill[0])
-            else:  # numpy broadcasting a 3-tuple is ~30x slower than OpenCV's fill
+            else:  # OpenCV's fill: numpy broadcasting a 3-tuple is much slower
                 cv2.rectangle(out, (0, 0), (w - 1, h - 1), self.fill, -1)
         if y1 > y0 and x1 > x0:
             out[y0 - top:y1 - top, x0 - left:x1 - left] = inside

@@ -63,7 +63,7 @@ def check_epoch(length: int, batch_size: int, drop_last: bool, world_size: int) 
 
 # Sources longer than this get the lazy orders of feeder.order.sequence (no array per
 # epoch); shorter ones keep torch.randperm's order, as before. 2^24 samples: a
-# randperm of int64 is 128 MiB and 0.3 s there, growing linearly beyond.
+# randperm of int64 is 128 MiB there, its memory and time growing linearly beyond.
 LAZY_MIN = 1 << 24
 
 

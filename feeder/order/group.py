@@ -36,9 +36,9 @@ _NOT_READ = _UNKNOWN - 1
 _ABSENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 #: Batches' worth of samples of one aspect group sorted by planned size at a time.
 #: Larger windows pad less but let size, more than the epoch's order, decide who
-#: shares a batch; 8 cuts the padding of detection's scale jitter (shorter side
-#: 480..800) 3.75x against aspect groups alone (bench/experiments/variable_size.py
-#: --padding: 6.76x against random batches, aspect groups alone 1.80x).
+#: shares a batch; 8 cuts most of the padding of detection's scale jitter (shorter
+#: side 480..800) left by aspect groups alone (bench/experiments/variable_size.py
+#: --padding; the figures: bench/results/variable_size_padding.txt).
 SIZE_WINDOW = 8
 
 # Header sizes read by the scan, per source and per exif_orientation (the sizes
