@@ -12,7 +12,7 @@ from feeder.engine.stats import ACTIVE_HISTORY, QueueStats, StageStats, Stats, S
 
 
 class FixedCounters:
-    """A stage thread's counters (the interface of ``_stage.Counters``) with set figures."""
+    """A stage thread's counters (the interface of ``feeder.engine.stage.Counters``) with set figures."""
 
     def __init__(self, items, busy, wait_in, wait_out, inline=0.0, inline_items=0, cpu_s=0.0):
         self.items, self.inline_items, self.cpu_s = items, inline_items, cpu_s

@@ -85,7 +85,7 @@ def _role(name: str, frames: list[tuple[str, str]]) -> str:
     for fn, role in _ROLES:
         if fn in fns:
             return role
-    if any(file.endswith("_reaper.py") for _, file in frames):
+    if any(file.endswith(("engine/reaper.py", "_reaper.py")) for _, file in frames):
         return "reaper"
     return "training thread" if name == "MainThread" else f"other ({name})"
 

@@ -8,7 +8,7 @@ horizontal flip, and deliver uint8 batches of the same size:
   ``RandomResizedCrop`` with torchvision's parameters and PIL bilinear resize of
   the crop box, flip, ``PILToTensor``), written here without torchvision.
 * ``dl-cv2``: DataLoader over a Dataset doing exactly the feeder's per-sample
-  work: ``feeder.engine.steps.SampleWork``, the object the engine's own steps call
+  work: ``feeder.decode.step.SampleWork``, the object the engine's own steps call
   (the same reduced-scale decode, the same compiled transform chain writing into
   a preallocated array). Comparing it with the feeder isolates the engine from
   the decoder.
@@ -172,7 +172,7 @@ class PILDataset(torch.utils.data.Dataset):
 
 def sample_work(transform_list: list[Any] | None = None,
                 max_pixels: int = DEFAULT_MAX_PIXELS, files: int | None = None) -> SampleWork:
-    """The feeder's own per-sample work (``feeder.engine.steps.SampleWork``, the very object
+    """The feeder's own per-sample work (``feeder.decode.step.SampleWork``, the very object
     the engine's decode and augment steps call), for ``transform_list`` (default
     :func:`transforms`); ``files``: the source's length, which sizes each JPEG's
     index as a feeder over that source sizes it."""

@@ -4,7 +4,7 @@ into, and the copies between their slots.
 A buffer holds ``batch_size * H * W * 3`` bytes of images, 8 bytes a label and
 a source index per slot. On CUDA each array is a page-locked block of its own,
 locked at its size rounded to the page (:mod:`.pinned`). Samples with more
-fields than an image and an int label (see ``work/sample.py``) give each buffer,
+fields than an image and an int label (see :mod:`feeder.sample`) give each buffer,
 on the first sample that has them, one preallocated array per fixed-shape field:
 ``batch_size * H * W`` bytes for masks (twice that once a 16-bit mask appears in
 it), ``batch_size * value bytes`` for a numeric field; boxes and passed-through
@@ -38,7 +38,7 @@ class BatchBuffer:
 
     Other fields get their storage on first use (:meth:`array`, :meth:`masks`,
     :meth:`objects`) and keep it while the buffer lives: every batch of one
-    feeder has the same fields (``_sample.Schema``).
+    feeder has the same fields (``feeder.sample.schema.Schema``).
     """
 
     __slots__ = ("images_t", "labels_t", "images", "labels", "indices", "serial", "pin", "arrays",

@@ -92,7 +92,7 @@ class BufferPool:
         self._cond = threading.Condition(threading.RLock())
         self._warned = False
         # Told of every set_consumer_waiting, outside the lock: decode_threads="tune"
-        # takes the loop leaving next() as its batch boundary (see _tune.Gate).
+        # takes the loop leaving next() as its batch boundary (see tune.Gate).
         self.on_consumer: Callable[[bool], None] | None = None
 
     # -- reading the ledger ---------------------------------------------------

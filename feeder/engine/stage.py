@@ -309,7 +309,7 @@ class MapStage(Stage):
             raise ValueError(f"stage {name!r}: the first step must be the stage's own")
         self.steps = tuple(steps)
         # decode_threads="tune": threads numbered at or above the gate's count park
-        # before taking their next sample (set by the pass; see _tune.Gate).
+        # before taking their next sample (set by the pass; see tune.Gate).
         self.gate: Any = None
 
     def busy_s(self) -> float:
