@@ -143,7 +143,7 @@ class BatchBuffer:
             self.planes.attach(key, tensor)
 
     def write(self, slot: int, record: list[tuple[str, str, object]]) -> None:
-        """Store one sample's fields (as ``_work`` computed them) in ``slot``."""
+        """Store one sample's fields (as the decode step's ``SampleWork`` computed them) in ``slot``."""
         for name, kind, value in record:
             if kind == NUMERIC:
                 if name == LABEL and value.dtype == np.int64 and value.ndim == 0:

@@ -203,7 +203,7 @@ def _resolve_threads(values: dict[str, Any], reads_may_block: bool | None) -> No
     """Resolve the thread counts' ``"auto"`` and ``"tune"`` (in ``values``)."""
     auto_decode, auto_augment = auto_threads(cores_for_this_rank())
     if values["decode_threads"] == "tune":
-        # The "auto" count, marked: the pass parks and wakes these threads (see _tune).
+        # The "auto" count, marked: the pass parks and wakes these threads (see tune.py).
         values["decode_threads"] = TunedThreads(auto_decode)
     if values["decode_threads"] == "auto":
         values["decode_threads"] = auto_decode

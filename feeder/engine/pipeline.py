@@ -14,7 +14,7 @@ transfer stages around them. The default, ``augment_threads=0``:
 Reads have threads of their own (``read_threads``, many: a thread waiting on
 storage costs no CPU), so a slow read never idles a decode thread; what they
 have read and the decode threads have not yet taken is capped in count (the
-decode inbox) and in bytes (``read_ahead_bytes``, see ``_read``).
+decode inbox) and in bytes (``read_ahead_bytes``, see ``read.py``).
 ``read_threads=0`` reads in the decode threads: ``decode: read, decode, augment``.
 With ``augment_threads=N`` the augment step gets a stage of its own:
 ``decode: decode ─▶ [augment] ─▶ augment: augment ─▶ [collate]``.
@@ -273,7 +273,7 @@ class Pass(PassBase):
         maps = [MapStage(spec.name, spec.threads, spec.steps, self, inbox, outbox)
                 for spec, inbox, outbox in zip(specs, inboxes, outboxes)]
         # "tune": each tuned stage's threads pass a gate, whose count changes where
-        # the training loop takes a batch (see _tune). The tuned pools' counts
+        # the training loop takes a batch (see tune.py). The tuned pools' counts
         # are TunedThreads (an int whose type says so).
         self.gates: list[Gate] = []
         if threads.tune:
@@ -322,7 +322,7 @@ class Pass(PassBase):
     def stop(self) -> None:
         """Close every channel: each thread leaves at its next queue operation. Safe to repeat.
 
-        Never call it from a finalizer (it takes locks): see ``_reaper``."""
+        Never call it from a finalizer (it takes locks): see ``reaper.py``."""
         self._stopped = True
         if self.orphaned:
             return  # a forked child: no thread to stop, and the locks may be held by ghosts

@@ -145,7 +145,7 @@ class BufferPool:
 
     def pin_with(self, device: torch.device) -> None:
         """Lock the buffers' memory from now on with ``device`` current (the pass's
-        resolved CUDA device; see ``_host``). Buffers made before stay: pinned
+        resolved CUDA device; see ``buffers._host``). Buffers made before stay: pinned
         memory serves every device."""
         if self.pinned is not None:
             self.pinned.device = device

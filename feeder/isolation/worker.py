@@ -234,7 +234,7 @@ def _forget_parent(inherited: Any) -> None:
     parent's Python signal handlers (a trainer's SIGTERM checkpoint handler must
     not run here) and its wakeup fd (an event loop's socket). The other feeders'
     engines, threads and pipe ends are dealt with by the at-fork hooks of
-    ``_engine`` and ``_reaper``."""
+    ``feeder.engine.engine`` and ``feeder.engine.reaper``."""
     inherited.close()
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
