@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 import feeder.order.plan as plan_mod
@@ -111,3 +112,41 @@ def test_a_stopped_pass_ends_its_grouping_scan(jpeg_blobs):
     assert not t.is_alive()
     batches, err = out[0]
     assert batches == [] and (err is None or "closed" in str(err).lower()), err
+
+
+class OwnOrder(Length):
+    """``n`` positions per epoch over ``count`` sample indices, in an order it gives itself."""
+
+    def __init__(self, n: int, count: int, order) -> None:
+        super().__init__(n)
+        self.index_count = count
+        self.given = order
+
+    def epoch_order(self, seed: int, epoch: int, shuffle: bool):
+        return self.given(seed, epoch, shuffle)
+
+
+@pytest.mark.parametrize("kind", [list, np.asarray])
+def test_a_source_may_give_its_own_order_as_a_list_or_an_array(kind):
+    """Each rank takes its contiguous share of what ``epoch_order`` gives."""
+    def given(seed, epoch, shuffle):
+        return kind([(seed + 3 * epoch + 5 * k) % 40 for k in range(12)])
+
+    plan = EpochPlan(OwnOrder(12, 40, given), OrderOptions(batch_size=2, drop_last=True))
+    whole = list(given(7, 1, True))
+    assert plan.order(1, 0, 2, seed=7)[:] == whole[:6]
+    assert plan.order(1, 1, 2, seed=7)[:] == whole[6:]
+
+
+@pytest.mark.parametrize("order, error, match", [
+    ([0, 1, 40, 2], ValueError, "sample index 40, outside \\[0, 40\\)"),
+    ([0, -1, 2, 3], ValueError, "sample index -1"),
+    ([0.5, 1.0, 2.0, 3.0], TypeError, "1-D int array"),
+    ([[0, 1], [2, 3]], TypeError, "1-D int array"),
+    ([0, 1, 2], ValueError, "gave 3 positions for a source of 4"),
+])
+def test_an_own_order_out_of_its_indices_is_refused_naming_the_source(order, error, match):
+    plan = EpochPlan(OwnOrder(4, 40, lambda *_: order), OrderOptions(batch_size=2))
+    with pytest.raises(error, match=match) as got:
+        plan.order(0, 0, 1, seed=0)
+    assert "OwnOrder.epoch_order()" in str(got.value)

@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
+
 from .epoch import ShardLayout, own_pass_sequence, pass_sequence, shard_layout
-from .group import group_sequence
-from .sequence import Concat, Handled, Order, Remaining, Slice
+from .group import group_sequence, index_count
+from .sequence import ArrayOrder, Concat, Handled, Order, Remaining, Slice
 
 # Grouped or resharded orders kept per plan: the pass's and the resume
 # bookkeeping's of the same epoch, and the next epoch's while the previous one
@@ -124,7 +126,7 @@ class EpochPlan:
         # The length is asked each time, in the caller's thread (the sampler's:
         # a source failing there fails the pass as that stage's error).
         if self.own_order is not None:
-            whole = self.own_order(seed, epoch, bool(o.shuffle))
+            whole = self._own(seed, epoch, bool(o.shuffle))
             if len(whole) != len(self.source):
                 raise ValueError(f"{type(self.source).__name__}.epoch_order() gave {len(whole)} "
                                  f"positions for a source of {len(self.source)}")
@@ -136,6 +138,25 @@ class EpochPlan:
             return order
         return self._kept((epoch, rank, world_size, seed, ()),
                           lambda: group_sequence(order, self.source, o, self.chain, seed, epoch, stopped))
+
+    def _own(self, seed: int, epoch: int, shuffle: bool) -> Order:
+        """The source's own order of ``epoch``: an :class:`Order` as it is (a
+        ``Mixture``'s, computed on demand), or a list or int array of sample
+        indices, checked to lie in ``[0, index_count)``."""
+        whole = self.own_order(seed, epoch, shuffle)
+        if isinstance(whole, Order):
+            return whole
+        name = type(self.source).__name__
+        indices = np.asarray(whole)
+        if indices.ndim != 1 or (len(indices) and indices.dtype.kind not in "iu"):
+            raise TypeError(f"{name}.epoch_order() must give a list or 1-D int array of sample "
+                            f"indices, got {type(whole).__name__}")
+        count = index_count(self.source)
+        if len(indices) and (indices.min() < 0 or indices.max() >= count):
+            bad = int(indices[(indices < 0) | (indices >= count)][0])
+            raise ValueError(f"{name}.epoch_order() gave sample index {bad}, outside [0, {count}) "
+                             f"(index_count, else len(source))")
+        return ArrayOrder(indices)
 
     def left(self, epoch: int, seed: int, levels: Levels,
              stopped: Callable[[], bool] | None = None) -> Order:
