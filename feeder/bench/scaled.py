@@ -3,7 +3,7 @@
 The same feeder, transforms and output, run twice per round: once as users get
 it (RandomResizedCrop tells the decoder the smallest size it needs, and
 libjpeg-turbo decodes at 1/2, 1/4 or 1/8 scale when that still covers the
-crop) and once with the hint switched off (see
+crop; 3/8 too on the simplejpeg path) and once with the hint switched off (see
 :func:`feeder.bench.loaders.full_decode_transforms`), which forces full-size
 decoding. The crop box is the same in both; the pixels differ only by the
 resampling path, which the table reports as a mean absolute difference.
