@@ -285,6 +285,21 @@ def test_figure_script_draws_its_figure(script, tmp_path):
     assert shown, f"no page of docs/ shows figures/{name}"
 
 
+# -- the results page ---------------------------------------------------------------------------
+
+def test_results_page_lists_every_file_of_bench_results():
+    """docs/results.md's "Every file" section links each file of bench/results/ (served
+    as bench-results/) and names each folder, so a new report cannot go unlisted."""
+    text = open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8").read()
+    section = text[text.index("## Every file"):]
+    results = os.path.join(ROOT, "bench", "results")
+    names = sorted(os.listdir(results))
+    unlisted = [n for n in names if os.path.isfile(os.path.join(results, n))
+                and f"](bench-results/{n})" not in section]
+    unnamed = [n for n in names if os.path.isdir(os.path.join(results, n)) and f"{n}/" not in section]
+    assert not unlisted and not unnamed, (unlisted, unnamed)
+
+
 # -- the API reference --------------------------------------------------------------------------
 
 def documented_names() -> set[str]:
