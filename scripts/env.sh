@@ -39,7 +39,10 @@ if ! has_jpeg_headers; then
          "gcc libjpeg-turbo-devel, as root); JPEGs will decode with simplejpeg" >&2
   fi
 fi
-if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
+# Is torch there? Found, not imported: importing it takes seconds, on every run of
+# every script (a broken install still fails at its first use).
+if ! "$vpy" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)" \
+    >/dev/null 2>&1; then
   echo "feeder: installing ${FEEDER_TORCH:-torch==2.13.0}" >&2
   "$vpy" -m pip install -q "${FEEDER_TORCH:-torch==2.13.0}" >&2
 fi
