@@ -339,6 +339,7 @@ sys.path.insert(0, {REPO_DIR!r})
 import numpy as np, simplejpeg
 from feeder import Feeder, ops
 from feeder.synthetic import make_image
+from feeder.testing import pass_of, start_pass
 
 class Mem:
     def __init__(self, blobs): self.blobs = blobs

@@ -19,6 +19,7 @@ from conftest import drain
 from cuda_helpers import (MEAN, STD, assert_same_batches, assert_sums, batch_sum, big_source,
                           close_after_layout, close_to_cpu_path, make, make_isolated,
                           reference_sums)
+from feeder.testing import pool_of
 
 TESTS = Path(__file__).resolve().parent
 
@@ -199,7 +200,7 @@ def test_gpu_check_script_parts_without_a_gpu(monkeypatch):
         assert _transfer.SideStream.copying is not real
     assert _transfer.SideStream.copying is real
     with gpu_check.make(gpu_check.MemorySource(8), batch_size=4, num_buffers=2) as f:
-        assert f._engine.pool.capacity == 2 and len(list(f)) == 2
+        assert pool_of(f).capacity == 2 and len(list(f)) == 2
     assert gpu_check.error_lines("ok\nTraceback (most recent call last):\n") == [
         "Traceback (most recent call last):"]
     if not torch.cuda.is_available():

@@ -22,6 +22,7 @@ from feeder.engine import batch as _batch
 from feeder.engine import cuda as _cuda
 from feeder.engine import transfer as _transfer
 from feeder.engine.queue import Closed
+from feeder.testing import engine_of, pool_of, side_stream_of
 
 AUG = [ops.CenterCrop(32)]
 
@@ -163,19 +164,19 @@ def test_cuda_device_resolved_when_the_pass_starts(fake_cuda, monkeypatch):
         assert f.config.device == torch.device("cuda")
         assert fake_cuda.kinds("stream") == []  # nothing touches a GPU at construction
         fake_cuda.set_current(1)  # torch.cuda.set_device(local_rank), after the feeder
-        f._engine.start_pass(0, 0, 0, 1)
+        engine_of(f).start_pass(0, 0, 0, 1)
         run = StubPass.made[-1]
         assert run.cfg.device == torch.device("cuda", 1)
-        assert run.side is f._engine.side
+        assert run.side is side_stream_of(f)
         assert fake_cuda.kinds("stream") == [("stream", 1, -5, 1)]
-        assert f._engine.pool.pinned.device == torch.device("cuda", 1)
-        f._engine.start_pass(0, 1, 0, 1)  # the next pass: the same stream
+        assert pool_of(f).pinned.device == torch.device("cuda", 1)
+        engine_of(f).start_pass(0, 1, 0, 1)  # the next pass: the same stream
         assert len(fake_cuda.kinds("stream")) == 1
     # Teardown drained the stream (asleep) with its device current; torch's host
     # cache, shared with the rest of the process, is left alone.
     assert ("sync", True, 1) in fake_cuda.log
     assert not fake_cuda.kinds("empty host cache")
-    assert f._engine.side.closed
+    assert side_stream_of(f).closed
 
 
 def test_pinned_buffers_allocated_with_the_pass_device_current(fake_cuda):
@@ -229,14 +230,14 @@ def test_pinned_blocks_unlocked_after_the_drain(fake_cuda, monkeypatch):
         fake_cuda.log.clear()
         f = Feeder(source(), 4, AUG, device="cuda")
         fake_cuda.set_current(1)
-        f._engine.start_pass(0, 0, 0, 1)
+        engine_of(f).start_pass(0, 0, 0, 1)
         fake_cuda.set_current(0)
-        pool = f._engine.pool
+        pool = pool_of(f)
         pool.release(pool.try_acquire())
         locked = dict(fake_cuda.locked)
         assert len(locked) == 2
         if how == "timeout":
-            f._engine.side.close = lambda timeout=1.0: False  # a copy held the lock
+            side_stream_of(f).close = lambda timeout=1.0: False  # a copy held the lock
         if how == "collect":
             del f, pool
             import gc
@@ -246,8 +247,8 @@ def test_pinned_blocks_unlocked_after_the_drain(fake_cuda, monkeypatch):
             f.close()
         if how == "timeout":
             assert fake_cuda.locked == locked and pool.pinned.locked_bytes > 0
-            del f._engine.side.close
-            f._engine.free()  # a later free, once the stream drains, unlocks them
+            del side_stream_of(f).close
+            engine_of(f).free()  # a later free, once the stream drains, unlocks them
         assert fake_cuda.locked == {}, how
         names = [e[0] for e in fake_cuda.log]
         assert names.index("sync") < names.index("unregister")
@@ -290,7 +291,7 @@ def test_side_stream_drained_before_unregister(fake_cuda):
     close the side stream drained (blocking event) before any cudaHostUnregister,
     also made with that device current."""
     with Feeder(source(), 4, AUG, device="cuda", isolation="process", start_method="fork") as f:
-        engine = f._engine
+        engine = engine_of(f)
         fake_cuda.set_current(1)
         engine.side.begin_pass()  # as start_pass does
         fake_cuda.set_current(0)  # the receiving thread's own device
@@ -309,7 +310,7 @@ def test_isolated_close_that_times_out_keeps_the_mirrors_registered(fake_cuda):
     leaves the shared arrays registered, and keeps them mapped: unmapping pages
     that are still registered, or that a queued copy may read, is the hazard."""
     f = Feeder(source(), 4, AUG, device="cuda", isolation="process", start_method="fork")
-    engine = f._engine
+    engine = engine_of(f)
     engine.side.begin_pass()
     view = _batch.BatchBuffer.mirror(1)
     shared = torch.zeros(4096, dtype=torch.uint8).share_memory_()

@@ -318,7 +318,7 @@ def test_api_reference_covers_the_public_surface():
                if f"feeder.{n}" not in names and not (n == "ops" and "feeder.ops" in names)]
     assert not missing, f"docs/api/ has no '::: feeder.<name>' for {missing}"
     for module in ("feeder.ops", "feeder.sources", "feeder.shards", "feeder.synthetic",
-                   "feeder.errors", "feeder.pack"):
+                   "feeder.errors", "feeder.pack", "feeder.testing"):
         assert module in names, f"docs/api/ has no '::: {module}'"
 
 

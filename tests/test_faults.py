@@ -23,6 +23,7 @@ from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, 
                             wait_no_feeder_threads)
 from feeder import FeederError, FieldError, SampleError, SourceError, TransformError, ops
 from feeder.engine.sampler import epoch_indices
+from feeder.testing import start_pass
 
 N = 24
 BAD = 6
@@ -455,7 +456,7 @@ def test_never_closed_feeder_stuck_in_user_code_is_collected(blobs):
     it = iter(f)
     # Start the pass as a first next() would, without a consumer waiting in next()
     # (whose frame would keep the iterator, and so the feeder, alive).
-    it._start()
+    start_pass(it)
     assert gate.entered.wait(10)
     ref = weakref.ref(f)
     del f, it

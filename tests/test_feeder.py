@@ -15,6 +15,7 @@ import torch
 from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of, run_in_thread
 from faults_helpers import Gate, consume_in_thread, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
+from feeder.testing import current_pass_of, engine_of, free_buffers_of, pass_of, pool_of
 
 AUG = [ops.RandomResizedCrop(32), ops.RandomHorizontalFlip()]
 
@@ -268,10 +269,10 @@ def test_contiguous_uint8_batches_are_copies(source):
               read_threads=2) as f:
         assert f.num_buffers < len(f)
         kept = [x for x, _ in drain_tensors(f)]
-        pool = f._engine.pool
+        pool = pool_of(f)
         assert len(kept) == len(f) and pool.allocated <= f.num_buffers
         assert all(x.is_contiguous() for x in kept)
-        assert not any(np.shares_memory(x.numpy(), buf.images) for x in kept for buf in pool._free)
+        assert not any(np.shares_memory(x.numpy(), buf.images) for x in kept for buf in free_buffers_of(f))
 
 
 @pytest.mark.parametrize("dtype", [None, torch.float32])
@@ -602,7 +603,7 @@ def test_collecting_a_closed_feeder_starts_no_thread(source):
         next(iter(f))
     f.me = f  # only the cyclic collector frees it
     ref = weakref.ref(f)
-    engine = f._engine
+    engine = engine_of(f)
     # Holding the engine's lock keeps a thread started by the collection alive
     # (blocked in close()) until it is looked for, however fast it would finish.
     with engine.lock:
@@ -618,7 +619,7 @@ def test_threads_are_named_after_stages(source):
         next(it)
         # The pass's own list: a stage that has finished (the sampler, once the
         # epoch is dispatched) is no longer among the running threads.
-        names = {t.name for t in it._pass.threads()}
+        names = {t.name for t in pass_of(it).threads()}
     assert names == {"feeder-sampler", "feeder-transfer", "feeder-read-0", "feeder-read-1",
                      "feeder-decode-0", "feeder-decode-1", "feeder-augment-0", "feeder-augment-1"}
 
@@ -747,7 +748,7 @@ def test_dropping_the_iterator_stops_its_pass(source):
             if i == 1:
                 break  # the for loop's iterator is gone now
         assert wait_no_feeder_threads(2.0) == []
-        assert f._engine.pool.allocated >= 1 and not f._engine.pool.owned_by(f._engine.current)
+        assert pool_of(f).allocated >= 1 and not pool_of(f).owned_by(current_pass_of(f))
 
 
 def test_manual_shards_without_seed_agree_on_the_order(source):

@@ -12,6 +12,7 @@ from conftest import MemorySource, collect, drain, encode_jpeg, encode_png
 from feeder import (ConfigError, Feeder, FeederError, FieldError, FileList, SampleError, SourceError,
                     ops)
 from feeder.synthetic import make_image
+from feeder.testing import work_of
 from fields_helpers import DictSource
 
 SIZE = [ops.CenterCrop(16)]
@@ -298,5 +299,5 @@ def test_png_pairs_stay_on_the_classic_path(blobs):
     src = MemorySource([encode_png(make_image(20, 20, seed=1))] * 4)
     with Feeder(src, 4, SIZE, shuffle=False) as f:
         batches, err = drain(f)
-        assert f._engine.work.schema.classic
+        assert work_of(f).schema.classic
     assert err is None and batches[0][1].tolist() == [0, 1, 2, 3]

@@ -12,6 +12,7 @@ import torch
 from conftest import collect, encode_jpeg
 from feeder import ConfigError, DecodeError, Feeder, SampleError, ops
 from feeder.decode import decode_mask
+from feeder.testing import work_of
 from fields_helpers import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
                             rgb_png)
 
@@ -98,7 +99,7 @@ def test_masks_follow_a_jpeg_decoded_at_a_reduced_scale():
     src = seg_source(6, sizes=((720, 960), (800, 640)), fmt="jpeg", step=4)
     chain = [ops.RandomResizedCrop(40, scale=(0.5, 1.0)), ops.RandomHorizontalFlip()]
     with Feeder(src, 3, chain, seed=2, decode_threads=2) as f:
-        plan = f._engine.work.plan
+        plan = work_of(f).plan
         batches, err = collect(f)
     assert plan is not None and err is None
     for b in batches:

@@ -23,6 +23,7 @@ from conftest import (JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, label
                       run_in_thread)
 from faults_helpers import Child, distinct_jpegs, feeder_factory
 from feeder import FeederError, FeederTimeoutError, SampleError, ops
+from feeder.testing import engine_of, pass_of, pool_of, start_pass
 
 SIDE = 32
 
@@ -67,7 +68,7 @@ def _cyclic_garbage_iterator(f):
     next(it)
     box = [it]
     box.append(box)
-    run = it._pass
+    run = pass_of(it)
     del it, box
     return run
 
@@ -84,10 +85,10 @@ def test_iterator_freed_by_the_collector_inside_a_feeder_lock_does_not_deadlock(
             run._lock = CollectingLock(run._lock)
             call = run.stop  # the pass's own stop, interrupted by its iterator's finalizer
         elif site == "stats-lock":
-            f._engine.book._lock = CollectingLock(f._engine.book._lock)
+            engine_of(f).book._lock = CollectingLock(engine_of(f).book._lock)
             call = f.stats
         else:
-            f._engine.lock = CollectingLock(f._engine.lock)
+            engine_of(f).lock = CollectingLock(engine_of(f).lock)
             call = lambda: labels_of(drain(f)[0])  # noqa: E731 - a new pass
         run_in_thread(call, timeout=10)
         assert run.finished.wait(10), "the collected iterator's pass never stopped"
@@ -103,7 +104,7 @@ def test_dropped_cpu_batch_inside_the_pool_lock_is_returned(blobs):
         box = [x]
         box.append(box)
         del x, box
-        pool = f._engine.pool
+        pool = pool_of(f)
         with pool._cond:
             gc.collect()  # the view's finalizer runs here, inside the lock
         batches, err = drain(it)
@@ -282,6 +283,7 @@ EXIT_SCRIPT = textwrap.dedent("""
     from conftest import MemorySource
     from faults_helpers import distinct_jpegs
     from feeder import Feeder, ops
+    from feeder.testing import start_pass
 
     class Stuck(MemorySource):
         def read(self, index):
@@ -293,7 +295,7 @@ EXIT_SCRIPT = textwrap.dedent("""
     for _ in range({n}):
         f = Feeder(src, 4, [ops.CenterCrop(32)], decode_threads=2)
         it = iter(f)
-        it._start()  # the pass starts (as a first next() would, without waiting); its reads hang
+        start_pass(it)  # the pass starts (as a first next() would, without waiting); its reads hang
         keep.append((f, it))
     print("exiting", time.monotonic(), flush=True)
 """)
@@ -381,7 +383,7 @@ def test_an_iterator_that_had_everything_still_ends_normally(blobs):
         it = iter(f)
         first = [next(it) for _ in range(len(f))]
         assert len(first) == len(f)
-        assert it._pass.finished.wait(10)  # its end marker waits in the queue
+        assert pass_of(it).finished.wait(10)  # its end marker waits in the queue
         drain(f)  # a new pass while the old iterator has not yet seen its end
         with pytest.raises(StopIteration):
             next(it)

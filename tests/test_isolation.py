@@ -30,6 +30,7 @@ from fields_helpers import DictSource
 from feeder import ConfigError, Feeder, FeederError, FeederTimeoutError, SampleError, ops
 from feeder.errors import StageError
 from feeder.synthetic import make_detection_sample, make_image
+from feeder.testing import engine_of, pass_of, start_pass, worker_process_of
 
 N = 48
 BATCH = 8
@@ -45,7 +46,7 @@ TRANSFORMS = [ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()]
 
 def shared_threads() -> set[threading.Thread]:
     """The receiving threads of this module's shared feeders (alive as long as they are)."""
-    return {f._engine.receiver for f in _SHARED if not f.closed}
+    return {engine_of(f).receiver for f in _SHARED if not f.closed}
 
 
 _SHARED: list[Feeder] = []
@@ -283,7 +284,7 @@ def test_worker_ignores_sigint(pairs):
     os.kill(pid, signal.SIGINT)
     pairs.set_epoch(0)
     assert len(collect(pairs)) == N // BATCH
-    assert pairs._engine.process.is_alive()
+    assert worker_process_of(pairs).is_alive()
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -371,10 +372,10 @@ def stall(img, rng):
 def test_close_with_the_worker_stuck_is_bounded():
     f = make(MemorySource(BLOBS[:16]), [stall, ops.CenterCrop(24)], isolation="process")
     it = iter(f)
-    it._start()
+    start_pass(it)
     # Until the worker reports a sample in the stuck transform.
-    assert wait_until(lambda: it._pass.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
-    process = f._engine.process
+    assert wait_until(lambda: pass_of(it).in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
+    process = worker_process_of(f)
     t0 = time.monotonic()
     f.close()
     took = time.monotonic() - t0
@@ -390,9 +391,9 @@ def test_a_timeout_names_the_sample_stuck_in_the_worker():
              decode_threads=1, read_threads=0, shuffle=False)
     try:
         it = iter(f)
-        it._start()
+        start_pass(it)
         # Once the worker reports the sample in the stuck transform, the wait begins.
-        assert wait_until(lambda: it._pass.in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
+        assert wait_until(lambda: pass_of(it).in_flight(), JOIN_TIMEOUT_S), "no sample reached the transform"
         with pytest.raises(FeederTimeoutError) as caught:
             next(it)
     finally:
@@ -471,7 +472,7 @@ def test_unclosed_feeder_is_collected_and_its_worker_exits():
     f = make(MemorySource(BLOBS), isolation="process")
     it = iter(f)
     next(it)
-    process = f._engine.process
+    process = worker_process_of(f)
     del f, it
     gc.collect()
     # The collected feeder's close runs in the reaper thread, which joins (and
@@ -537,12 +538,13 @@ def test_feeder_built_in_a_thread_that_ends_keeps_its_worker(start_method):
         for _ in range(3):
             batches = collect(f)
             assert sum(len(b[1]) for b in batches) == 16
-        assert f._engine.process.is_alive()
+        assert worker_process_of(f).is_alive()
 
 
 SIGINT_SCRIPT = """
 sys.path.insert(0, os.path.join({repo!r}, "tests"))
 from conftest import MemorySource
+from feeder.testing import pass_of
 from test_isolation import stall
 if __name__ == "__main__":
     f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process",
@@ -559,7 +561,7 @@ if __name__ == "__main__":
             while frame is not None:
                 names.add(frame.f_code.co_name)
                 frame = frame.f_back
-            if {{"__next__", "get"}} <= names and it._pass is not None and it._pass.in_flight():
+            if {{"__next__", "get"}} <= names and pass_of(it) is not None and pass_of(it).in_flight():
                 say(event="waiting", worker=f.worker_pid)
                 return
             time.sleep(0.01)
@@ -570,7 +572,7 @@ if __name__ == "__main__":
         next(it)
         say(event="unexpected-batch")
     except KeyboardInterrupt:
-        say(event="interrupted", at=time.monotonic(), stopped=it._pass.stopped())
+        say(event="interrupted", at=time.monotonic(), stopped=pass_of(it).stopped())
         raise
 """
 

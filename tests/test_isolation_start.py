@@ -25,6 +25,7 @@ import torch
 from conftest import JOIN_TIMEOUT_S, MemorySource
 from faults_helpers import Child
 from feeder import ConfigError, Feeder, FeederError, ops
+from feeder.testing import engine_of, worker_process_of
 from test_isolation import BLOBS, assert_same, collect, make
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,7 +280,7 @@ def test_forked_worker_holds_no_parent_end_of_any_pipe():
     with make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as first, \
          make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork") as second:
         assert len(collect(second)) == 2
-        ours = {_socket_inode(first._engine.conn.fileno()), _socket_inode(second._engine.conn.fileno())}
+        ours = {_socket_inode(engine_of(first).conn.fileno()), _socket_inode(engine_of(second).conn.fileno())}
         assert all(target.startswith("socket:") for target in ours)
         assert not ours & _fd_targets(second.worker_pid)
         assert not ours & _fd_targets(first.worker_pid)
@@ -306,12 +307,12 @@ def test_a_forked_child_drops_another_feeders_batch_buffers():
     a = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
     try:
         assert len(collect(a)) == 2
-        assert a._engine._mirrors, "the feeder's batches came through no shared buffer"
+        assert engine_of(a)._mirrors, "the feeder's batches came through no shared buffer"
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: feeder's at-fork hook has run
             try:
-                engine = a._engine
+                engine = engine_of(a)
                 ok = not engine._mirrors and engine.current is None and not engine._by_id
                 os.write(w, b"1" if ok else b"0")
             finally:
@@ -335,7 +336,7 @@ def test_receiving_thread_is_not_taken_for_idle_while_it_reports_a_dead_worker()
     from feeder.isolation import start
 
     f = make(MemorySource(BLOBS[:16]), isolation="process", start_method="fork")
-    engine = f._engine
+    engine = engine_of(f)
     inside, release = threading.Event(), threading.Event()
     fail_current = engine._fail_current
 
@@ -372,7 +373,7 @@ def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
     try:
         it = iter(f)
         next(it)
-        process = f._engine.process
+        process = worker_process_of(f)
         os.kill(process.pid, signal.SIGTERM)
         # The receiving thread reaps the worker to name its death: let it, rather than
         # join concurrently (two waitpid calls race; the loser sees no exit code).

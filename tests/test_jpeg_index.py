@@ -35,6 +35,7 @@ from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
 from feeder import decode as D
 from feeder.decode.verified import VerifiedJpegs
+from feeder.testing import work_of
 
 ext = D._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
@@ -494,10 +495,10 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
         asked.clear()
         with Feeder(MemorySource(blobs), 3, [ops.RandomResizedCrop(48)], seed=1, decode_threads=2,
                     jpeg_index_bytes=index_bytes) as feeder:
-            assert feeder._engine.work.verified.points == want
+            assert work_of(feeder).verified.points == want
             for _ in range(2):
                 assert drain(feeder)[1] is None
-            verified = feeder._engine.work.verified
+            verified = work_of(feeder).verified
             kept = [verified.index(*VerifiedJpegs.fingerprints(b)) for b in blobs]
             # Each file's share, and at most one point per FILE_BYTES_PER_POINT of its bytes.
             per_file = {verified.points_of(len(b)) for b in blobs}

@@ -15,6 +15,7 @@ from feeder.engine.batch import BufferPool, Scratch
 from feeder import decode as D
 from feeder.decode import DecodeBuffers
 from feeder.decode.verified import VerifiedJpegs
+from feeder.testing import engine_of, pool_of, work_of
 
 PAGE = 4096
 needs_ext = pytest.mark.skipif(D._jpeg is None, reason=f"region decoder not in use: {D._jpeg_missing}")
@@ -105,7 +106,7 @@ def test_stats_memory_matches_the_formula_terms(jpeg_blobs):
         batches, err = drain(f)
         assert err is None and len(batches) == -(-len(jpeg_blobs) // batch)
         mem = f.stats().memory
-        engine = f._engine
+        engine = engine_of(f)
         verified = engine.work.verified
         buffers = engine.pool.allocated
     assert isinstance(mem, MemoryStats)
@@ -148,7 +149,7 @@ def test_stats_memory_counts_mask_planes():
         got, err = collect(f, keep=lambda b: None)
         assert err is None and len(got) == 3
         mem = f.stats().memory
-        buffers = f._engine.pool.allocated
+        buffers = pool_of(f).allocated
     assert mem.batch_buffers == buffers * (4 * 32 * 32 * 3 + 2 * 8 * 4 + 4 * 32 * 32)
 
 
@@ -167,9 +168,9 @@ def test_the_dataset_view_shares_the_engines_table(jpeg_blobs):
     source = MemorySource(jpeg_blobs[:12])
     with Feeder(source, 4, [ops.RandomResizedCrop(32)], seed=0) as f:
         view = f.dataset
-        assert view._work.verified is f._engine.work.verified
+        assert work_of(view).verified is work_of(f).verified
         image, label = view[3]
         assert tuple(image.shape) == (3, 32, 32) and label == 3
         assert f.stats().memory.jpeg_table > 0  # the view's read filled the shared table
     with Feeder(source, 4, [ops.RandomResizedCrop(32)], seed=0, isolation="process") as f:
-        assert f.dataset._work.verified is not None  # its own: the engine's is in the worker
+        assert work_of(f.dataset).verified is not None  # its own: the engine's is in the worker

@@ -22,6 +22,7 @@ from faults_helpers import (SIDE, Child, Gate, consume_in_thread, assert_exactly
                             feeder_factory, reference_hash, stage_waiting, wait_feeder_threads_within,
                             wait_no_feeder_threads, wait_until)
 from feeder import FeederError, ops
+from feeder.testing import pass_of, start_pass
 
 CLOSE_BOUND_S = 1.0  # the documented promise: close() returns within about a second
 
@@ -53,7 +54,7 @@ def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
     try:
         it = iter(f)
         next(it)  # the pass starts at the first next(); then the loop stops reading
-        run = it._pass
+        run = pass_of(it)
 
         def backed_up():
             return (run.output.depth() == run.output.maxsize
@@ -83,8 +84,8 @@ def test_close_when_upstream_is_full(blobs, augment_threads):
         it = iter(f)
         consumer, consumer_result = consume_in_thread(it)
         # The consumer's first next() starts the pass.
-        assert wait_until(lambda: it._pass is not None, 10), "the pass never started"
-        run = it._pass
+        assert wait_until(lambda: pass_of(it) is not None, 10), "the pass never started"
+        run = pass_of(it)
 
         def backed_up():
             # Both threads that run the transforms (augment, or decode when inline)
@@ -252,7 +253,7 @@ try:
 except KeyboardInterrupt:
     caught = time.monotonic()
     left = live_feeder_threads(2.0, allowed={"feeder-augment"})
-    say(event="interrupted", at=caught, stopped=it._pass.stopped(), left=left)
+    say(event="interrupted", at=caught, stopped=pass_of(it).stopped(), left=left)
     raise
 """
 
@@ -326,7 +327,7 @@ def stuck(img, rng):
     return img
 f = Feeder(Mem(BLOBS), 2, [stuck, ops.CenterCrop(32)], seed=0, decode_threads=2, augment_threads=1)
 it = iter(f)
-it._start()  # the pass starts (as a first next() would, without waiting for a batch)
+start_pass(it)  # the pass starts (as a first next() would, without waiting for a batch)
 deadline = time.monotonic() + 30
 while not any(t.name.startswith("feeder-augment") and t.is_alive() for t in threading.enumerate()):
     time.sleep(0.01)
@@ -397,7 +398,7 @@ src = Slow(BLOBS)
 f = Feeder(src, 4, [ops.CenterCrop(32)], seed=0, group_by_aspect_ratio=True, decode_threads=2,
            augment_threads=0)
 it = iter(f)
-it._start()  # the pass starts: its sampler scans the headers (as a first next() would)
+start_pass(it)  # the pass starts: its sampler scans the headers (as a first next() would)
 assert src.eight.wait(30), "the scan never started"
 """
 

@@ -130,7 +130,7 @@ LAYERS = [
     ("isolation", ["feeder.isolation"]),
     ("the Feeder", ["feeder._feeder", "feeder._keywords", "feeder._consumer", "feeder._dataset",
                     "feeder._moved", "feeder.work"]),
-    ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder"]),
+    ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder.testing", "feeder"]),
 ]
 
 

@@ -13,6 +13,7 @@ from feeder import Feeder, ops
 from feeder.engine import tune as _tune
 from feeder.engine.config import Config
 from feeder.engine.tune import Gate, Tuner
+from feeder.testing import current_pass_of, passes_of
 
 
 
@@ -341,14 +342,14 @@ def test_parked_threads_exit_at_the_end_and_on_close(long_source, monkeypatch):
         it = iter(f)
         for _ in range(30):
             next(it)
-        gate = f._engine.current.gate
+        gate = current_pass_of(f).gate
         assert gate.active == 1
         # A pass abandoned with a thread parked: close() must still stop it (the
         # autouse fixture fails the test on a thread left behind).
     with Feeder(long_source, 4, crops(), decode_threads="tune", shuffle=False) as f:
         batches, err = drain(f)  # and the end marker reaches every parked thread
         assert err is None and len(batches) == 150
-        assert f._engine.passes[-1].gate.parks >= 1
+        assert passes_of(f)[-1].gate.parks >= 1
 
 
 def test_a_new_pass_starts_where_the_last_one_ended(long_source, monkeypatch):
@@ -458,7 +459,7 @@ def test_slow_loop_sheds_pool_threads_and_a_fast_one_gets_them_back(long_source,
                 low = f.stats().active(pool)
                 break
         assert low is not None, f"no {pool} thread parked in {taken} batches of a slow loop"
-        assert f._engine.current.gate.stage == pool
+        assert current_pass_of(f).gate.stage == pool
         slow_until = taken
         grew = None
         while taken < 150:

@@ -16,6 +16,7 @@ from cuda_helpers import (MEAN, SPIN, STD, assert_same_batches, assert_sums, bat
                           close_after_layout, close_to_cpu_path, make, reference_sums)
 from cuda_helpers import big_source as _big_source
 from feeder.engine import transfer as _transfer
+from feeder.testing import current_pass_of, free_buffers_of, pool_of, side_stream_of
 
 
 
@@ -30,7 +31,7 @@ def test_batches_on_device_with_layout_and_pinned_buffers(big_source):
         assert x.is_cuda and y.is_cuda and x.dtype == torch.uint8 and y.dtype == torch.int64
         assert x.shape == (16, 3, 48, 48) and x.is_contiguous(memory_format=torch.channels_last)
         drain(f)
-        free = list(f._engine.pool._free)
+        free = free_buffers_of(f)
         # Checked before close(), which unlocks the feeder's own pinned blocks.
         assert free and all(b.images_t.is_pinned() and b.labels_t.is_pinned() for b in free)
 
@@ -112,12 +113,12 @@ def test_consumer_stream_waits_for_the_batch_event(big_source, monkeypatch):
 
 def test_pinned_buffer_reused_only_after_its_copy_completed(big_source, monkeypatch):
     with make(big_source, device="cuda", batch_size=8, queue_size=1) as f:
-        pool = f._engine.pool
+        pool = pool_of(f)
         states = []
         real_release = pool.release
 
         def checked_release(buf):
-            run = f._engine.current
+            run = current_pass_of(f)
             stream = getattr(run.stages[-1], "stream", None) if run is not None else None
             states.append(stream is None or stream.query())
             real_release(buf)
@@ -167,7 +168,7 @@ def test_each_batch_is_copied_recorded_waited_for_and_recorded_on_the_consumer_s
         for x, y in f:
             got.append((len(cuda.calls), x.untyped_storage().data_ptr(),
                         y.untyped_storage().data_ptr()))
-        side = f._engine.side.stream(torch.device("cuda", 0))
+        side = side_stream_of(f).stream(torch.device("cuda", 0))
     assert len(got) == 8 and side.cuda_stream != consumer.cuda_stream
     copies = cuda.of("copy to device")
     assert copies and all(c.stream == side.cuda_stream and c.detail["pinned"]

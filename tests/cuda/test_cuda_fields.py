@@ -17,6 +17,7 @@ from conftest import collect as collect_batches
 from feeder import Feeder, ops
 from feeder.engine import transfer as _transfer
 from feeder.synthetic import make_image
+from feeder.testing import free_buffers_of
 from fields_helpers import DictSource, cell_mask, check_mask_follows_image, coordinate_image, png, rgb_png
 
 
@@ -95,7 +96,7 @@ def test_every_field_on_the_device_equals_the_cpu_path(wide_every):
 def test_field_storage_is_pinned_and_reused():
     with Feeder(source(), 8, CHAIN, device="cuda", queue_size=2) as f:
         collect(f)
-        buffers = list(f._engine.pool._free)
+        buffers = free_buffers_of(f)
         # Checked before close(), which unlocks the feeder's own pinned blocks.
         assert buffers
         for buf in buffers:

@@ -16,6 +16,7 @@ from cuda_helpers import (MEAN, SPIN, STD, assert_sums, batch_sum, make_isolated
                           reference_sums)
 from cuda_helpers import big_source as _big_source
 from feeder import ops
+from feeder.testing import current_pass_of, engine_of, pool_of
 from fields_helpers import DictSource
 from test_isolation import assert_same, make_dict
 
@@ -34,7 +35,7 @@ def test_same_batches_as_the_thread_engine(big_source, kw):
     assert err is None
     with make(big_source, device="cuda", isolation="process", **kw) as f:
         got, err = drain(f)
-        engine = f._engine
+        engine = engine_of(f)
         # Every shared array the transfer stage copied from is page-locked in place.
         assert engine.pinned.locked_bytes > 0
         for buf in engine._mirrors.values():
@@ -48,12 +49,12 @@ def test_same_batches_as_the_thread_engine(big_source, kw):
 
 def test_buffers_go_back_only_after_their_copy(big_source, monkeypatch):
     with make(big_source, device="cuda", isolation="process", queue_size=1) as f:
-        pool = f._engine.pool
+        pool = pool_of(f)
         states = []
         real_release = pool.release
 
         def checked_release(buf):
-            run = f._engine.current
+            run = current_pass_of(f)
             stream = getattr(run.stage, "stream", None) if run is not None else None
             states.append(stream is None or stream.query())
             real_release(buf)
