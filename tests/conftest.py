@@ -1,23 +1,17 @@
 """Shared fixtures: small generated image sets, sources, transforms, and the
-thread-leak guard every test runs under."""
+thread-leak guard every test runs under. Helpers shared by the tests are in
+``tests.support``."""
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import os
-import threading
-import time
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
-import simplejpeg
 
 from feeder.synthetic import make_image
-
-JOIN_TIMEOUT_S = 30.0  # bound on any wait for a whole pass in a test
+from tests.support import (SIZES, MemorySource, encode_jpeg, encode_png, pack_numbered, reaped,
+                           wait_no_feeder_threads)
 
 # The GPU suite: skipped without a GPU, and a skipped test's fixtures are never
 # looked up, so a test naming a fixture that does not exist (a misplaced
@@ -149,9 +143,9 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def cuda(request):
     """Under ``tests/cuda`` on a machine without CUDA: the CUDA stand-in
-    (``tests/cuda_standin.py``), recording every CUDA call, or a skip for a test
+    (``tests/support/cuda_standin.py``), recording every CUDA call, or a skip for a test
     marked ``real_cuda``. None elsewhere, and on a CUDA machine (the device itself)."""
-    from cuda_standin import REAL_CUDA, Standin
+    from tests.support.cuda_standin import REAL_CUDA, Standin
 
     if REAL_CUDA or CUDA_TESTS not in Path(str(request.node.path)).resolve().parents:
         yield None
@@ -182,100 +176,12 @@ def cuda(request):
         patches.undo()
 
 
-def feeder_threads() -> list[threading.Thread]:
-    """Threads of feeder passes (not the process-wide reaper, which idles on its queue)."""
-    return [t for t in threading.enumerate()
-            if t.name.startswith("feeder-") and t.name != "feeder-reaper"]
-
-
-def wait_no_feeder_threads(timeout: float = 2.0) -> list[str]:
-    """Join feeder threads for up to ``timeout`` s; return the names still alive."""
-    deadline = time.monotonic() + timeout
-    # Report the very list that ended the wait: a second look could see a thread
-    # started after it (by a garbage-collected feeder) that was never waited for.
-    alive = feeder_threads()
-    while alive and time.monotonic() < deadline:
-        for t in alive:
-            t.join(timeout=0.02)
-        alive = feeder_threads()
-    return [t.name for t in alive]
-
-
 @pytest.fixture(autouse=True)
 def no_feeder_thread_leak():
     """Fail any test that leaves a feeder thread alive (after a short grace to exit)."""
     yield
     leaked = wait_no_feeder_threads(2.0)
     assert not leaked, f"feeder threads left running: {leaked}"
-
-
-def encode_jpeg(img: np.ndarray, quality: int = 90) -> bytes:
-    return simplejpeg.encode_jpeg(np.ascontiguousarray(img), quality=quality, colorspace="RGB")
-
-
-def encode_png(img: np.ndarray) -> bytes:
-    """PNG of an RGB, RGBA, gray or 16-bit image (cv2 wants BGR order)."""
-    if img.ndim == 3 and img.shape[2] == 3:
-        img = img[..., ::-1]
-    elif img.ndim == 3 and img.shape[2] == 4:
-        img = img[..., [2, 1, 0, 3]]
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(img))
-    assert ok
-    return buf.tobytes()
-
-
-class MemorySource:
-    """An in-memory source; labels default to the sample index (for exactly-once checks)."""
-
-    def __init__(self, blobs: list[bytes], labels: list[int] | None = None, names: list[str] | None = None):
-        self.blobs = blobs
-        self.labels = list(range(len(blobs))) if labels is None else labels
-        self.names = names
-
-    def __len__(self) -> int:
-        return len(self.blobs)
-
-    def read(self, index: int):
-        return self.blobs[index], self.labels[index]
-
-    def describe(self, index: int) -> str:
-        return self.names[index] if self.names else f"mem://{index}"
-
-
-class CountingSource(MemorySource):
-    """A :class:`MemorySource` that counts ``read()`` calls per index (``reads``)."""
-
-    def __init__(self, blobs: list[bytes], labels: list[int] | None = None):
-        super().__init__(blobs, labels)
-        self.reads: collections.Counter = collections.Counter()
-        self._lock = threading.Lock()
-
-    def read(self, index: int):
-        with self._lock:
-            self.reads[index] += 1
-        return super().read(index)
-
-
-class BlockingSource(MemorySource):
-    """``read(stuck)`` blocks until ``release`` is set (storage that hangs on one
-    sample); ``entered`` is set once it is blocked. A read never released fails
-    with TimeoutError after ``JOIN_TIMEOUT_S``."""
-
-    def __init__(self, blobs: list[bytes], stuck: int = 0):
-        super().__init__(blobs)
-        self.stuck = stuck
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def read(self, index: int):
-        if index == self.stuck:
-            self.entered.set()
-            if not self.release.wait(JOIN_TIMEOUT_S):
-                raise TimeoutError(f"read({index}) was never released")
-        return super().read(index)
-
-
-SIZES = [(64, 80), (96, 72), (120, 150), (50, 50), (130, 90)]
 
 
 @pytest.fixture(scope="session")
@@ -328,108 +234,3 @@ def packed(tmp_path_factory, jpeg_blobs):
     out, shards = pack_numbered(tmp_path_factory.mktemp("packed"), jpeg_blobs, "40KB")
     assert shards >= 4
     return out, shards
-
-
-def pack_numbered(root, blobs, shard_size: str) -> tuple[str, int]:
-    """``blobs`` (label = sample number) packed by ``feeder-pack`` into shards of
-    about ``shard_size`` under ``root/out``: ``(that folder, number of shards)``."""
-    from feeder.pack import pack, parse_size
-
-    lines = []
-    for i, blob in enumerate(blobs):
-        (root / f"{i}.jpg").write_bytes(blob)
-        lines.append(f"{i}.jpg {i}")
-    (root / "list.txt").write_text("\n".join(lines))
-    res = pack(str(root / "list.txt"), str(root / "out"), shard_size=parse_size(shard_size))
-    return str(root / "out"), len(res.shards)
-
-
-def content_hash(img) -> str:
-    return hashlib.sha1(np.ascontiguousarray(img).tobytes()).hexdigest()
-
-
-def drain(iterable, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None):
-    """Iterate ``iterable`` in a helper thread; fail the test if it does not finish in time.
-
-    Returns (batches, error): batches as a list of (images, labels) numpy pairs.
-    """
-    return collect(iterable, timeout, limit, keep=numpy_pair)
-
-
-def numpy_pair(batch) -> tuple[np.ndarray, np.ndarray]:
-    """An (images, labels) batch as numpy copies (a CPU uint8 batch is a view of a
-    pool buffer that the next batch reuses)."""
-    x, y = batch
-    return x.cpu().numpy().copy(), y.cpu().numpy().copy()
-
-
-def collect(feeder, timeout: float = JOIN_TIMEOUT_S, limit: int | None = None, keep=None):
-    """Every batch of one pass (up to ``limit``) as returned (dict or pair), in a
-    helper thread; fail the test if the pass does not end within ``timeout``.
-
-    Args:
-        keep: What to keep of each batch (say, a copy); the batch itself by default.
-
-    Returns:
-        (batches, the exception that ended the pass or None).
-    """
-    out: list = []
-    err: list = []
-
-    def run():
-        try:
-            for batch in feeder:
-                out.append(batch if keep is None else keep(batch))
-                if limit is not None and len(out) >= limit:
-                    break
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            err.append(exc)
-
-    t = threading.Thread(target=run, name="test-collect", daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"the pass did not finish within {timeout} s (hang)"
-    return out, (err[0] if err else None)
-
-
-def collected(feeder, **kw) -> list:
-    """:func:`collect`'s batches; the error that ended the pass, if any, is raised."""
-    out, err = collect(feeder, **kw)
-    if err is not None:
-        raise err
-    return out
-
-
-def labels_of(batches) -> list[int]:
-    return [int(v) for _, y in batches for v in y]
-
-
-def reaped() -> None:
-    """Wait until the reaper thread has run every clean-up queued so far (it runs
-    them in order): a dropped batch's buffer, a collected feeder's close."""
-    from feeder.engine import reaper as _reaper
-
-    _reaper.ensure_running()  # a process where no feeder has run yet has none
-    done = threading.Event()
-    _reaper.defer(done.set)
-    assert done.wait(JOIN_TIMEOUT_S)
-
-
-def run_in_thread(fn, timeout: float = JOIN_TIMEOUT_S):
-    """Run ``fn`` in a helper thread; fail the test if it does not return in time."""
-    out: list = []
-
-    def target():
-        try:
-            out.append(("ok", fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(("err", exc))
-
-    t = threading.Thread(target=target, name="test-helper", daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), f"{fn} did not return within {timeout} s (deadlock or hang)"
-    kind, value = out[0]
-    if kind == "err":
-        raise value
-    return value

@@ -23,8 +23,8 @@ import pytest
 import simplejpeg
 
 import feeder.decode as decode_mod
-from conftest import drain, encode_png
-from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
+from tests.support import drain, encode_png
+from tests.support.faults import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, feeder_factory, gray_jpeg, jpeg_with_size, pil_jpeg, cmyk_jpeg, cmyk_to_rgb_reference,
                             progressive_jpeg, raw_png,
                             png16, png_with_size, ppm_header, random_bytes, reference_hash,
@@ -410,7 +410,7 @@ def test_bomb_in_dataset(tmp_path, good_blobs, good_hashes, row, on_error, forbi
 
 
 def test_max_pixels_is_configurable(good_blobs, good_hashes):
-    from conftest import MemorySource
+    from tests.support import MemorySource
     src = MemorySource(good_blobs, names=[f"img{i}.jpg" for i in range(N_GOOD)])
     # One pixel below a normal 32x32 image: it is rejected like a bomb.
     with pytest.raises(DecodeError, match=f"max_pixels={SIDE * SIDE - 1}"):
@@ -548,7 +548,7 @@ def test_batch_larger_than_dataset(tmp_path, good_blobs, good_hashes, batch_size
         src, path = write_dataset(tmp_path, good_blobs, "bad.jpg", writer(b"broken"))
         n, on_error = N_GOOD + 1, "skip"
     else:
-        from conftest import MemorySource
+        from tests.support import MemorySource
         src, n, on_error = MemorySource(good_blobs), N_GOOD, "raise"
     if drop_last and batch_size > n:
         # Every epoch would be empty: a configuration mistake, refused with the numbers.

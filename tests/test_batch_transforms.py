@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, collect, drain
-from faults_helpers import feeder_factory
+from tests.support import MemorySource, collect, drain
+from tests.support.faults import feeder_factory
 from feeder import ConfigError, Feeder, FeederError, ops
 from feeder.sample.rng import batch_generator
 
@@ -207,12 +207,12 @@ def colour_of(i: int) -> tuple[int, int, int]:
 
 @pytest.fixture(scope="module")
 def solid_pngs():
-    from conftest import encode_png
+    from tests.support import encode_png
     return [encode_png(np.full((16, 16, 3), colour_of(i), np.uint8)) for i in range(8)]
 
 
 def masked_source(blobs, boxes: bool = False):
-    from fields_helpers import DictSource
+    from tests.support.fields import DictSource
 
     def make_sample(i):
         # Sample i is one colour and its mask is class i + 1 everywhere: after

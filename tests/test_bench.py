@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import run_in_thread
+from tests.support import REPO_DIR, run_in_thread
 
 pytest.importorskip("feeder.bench")
 
@@ -26,7 +26,7 @@ TIMEOUT_S = 240  # generous for a loaded 2-core machine; a normal run takes seco
 
 
 # The subprocesses import the feeder package under test, whatever their folder.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 
 
 def bench(*args: str, cwd: str, env: dict[str, str] | None = None,
@@ -372,7 +372,7 @@ def test_table_and_csv_without_matplotlib(tmp_path):
 
 
 def test_decode_cost_experiment(tiny):
-    script = os.path.join(os.path.dirname(__file__), "..", "bench", "experiments", "decode_cost.py")
+    script = os.path.join(ROOT, "bench", "experiments", "decode_cost.py")
     proc = subprocess.run([sys.executable, script, tiny["data"], "--limit", "8", "--repeats", "1"],
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -1004,7 +1004,7 @@ def test_peer_loaders_give_every_image_once_per_epoch(tiny_small):
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory) -> dict[str, str]:
-    from cli_helpers import hostile_files
+    from tests.support.cli import hostile_files
 
     return hostile_files(tmp_path_factory.mktemp("bench-hostile"))
 
@@ -1036,7 +1036,7 @@ BENCH_HOSTILE = [
 
 @pytest.mark.parametrize("argv, status, names", BENCH_HOSTILE)
 def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
-    from cli_helpers import assert_one_line_error, run_cli
+    from tests.support.cli import assert_one_line_error, run_cli
 
     r = run_cli("feeder.bench", ["-q", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-bench", names, hostile, status)
@@ -1048,7 +1048,7 @@ def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status
     (["--name", "sub/peers"], ["--name", "'sub/peers'"]),
 ])
 def test_peers_refuses_a_bad_loader_list_or_name(hostile, tmp_path, argv, names):
-    from cli_helpers import assert_one_line_error, run_cli
+    from tests.support.cli import assert_one_line_error, run_cli
 
     r = run_cli("feeder.bench", ["-q", "peers", "{photos}", "--out", "{out}", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-bench peers", names, hostile, 2)
@@ -1057,7 +1057,7 @@ def test_peers_refuses_a_bad_loader_list_or_name(hostile, tmp_path, argv, names)
 
 @pytest.mark.parametrize("option", ["--decode", "--step-ms"])
 def test_sweep_refuses_an_empty_grid(hostile, tmp_path, option):
-    from cli_helpers import assert_one_line_error, run_cli
+    from tests.support.cli import assert_one_line_error, run_cli
 
     r = run_cli("feeder.bench", ["-q", "sweep", "{photos}", "--out", "{out}", "--repeats", "1",
                                  option, " , "], hostile, tmp_path)
@@ -1065,7 +1065,7 @@ def test_sweep_refuses_an_empty_grid(hostile, tmp_path, option):
 
 
 def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_path):
-    from cli_helpers import run_cli
+    from tests.support.cli import run_cli
 
     r = run_cli("feeder.bench", ["-q", "interference", "--report", "{missing}"], hostile, tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr

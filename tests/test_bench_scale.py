@@ -14,7 +14,8 @@ from feeder.storage.tar import ShardIndex
 from feeder.bench.synth import SynthServer, SynthShards
 from feeder.shards import TarShards
 
-from conftest import encode_jpeg, make_image
+from feeder.synthetic import make_image
+from tests.support import encode_jpeg
 
 
 def test_synthesized_shards_are_tars_their_index_describes(tmp_path):

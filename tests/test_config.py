@@ -17,6 +17,7 @@ from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEF
                             resolve_device)
 from feeder.sample.sizes import Padding
 from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
+from tests.support import REPO_DIR
 
 
 def test_the_options_are_feeders_keyword_parameters_with_their_defaults():
@@ -76,7 +77,7 @@ def test_several_unknown_keywords_are_each_answered():
 
 
 def test_the_dataloader_keywords_are_in_the_porting_guide():
-    guide = (Path(__file__).parent.parent / "docs" / "from-dataloader.md").read_text()
+    guide = (Path(REPO_DIR) / "docs" / "from-dataloader.md").read_text()
     for name in DATALOADER_KEYWORDS:
         assert f"`{name}`" in guide, name
 

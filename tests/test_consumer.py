@@ -21,7 +21,7 @@ from feeder.engine.queue import END, Channel
 from feeder.engine.transfer import Delivery, Failure
 from feeder.errors import FeederError, FeederTimeoutError
 
-from conftest import JOIN_TIMEOUT_S, run_in_thread
+from tests.support import JOIN_TIMEOUT_S, run_in_thread
 
 
 class FakePool:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, run_in_thread
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain, labels_of, run_in_thread
 from feeder import Batch, Feeder, SampleError, ops
-from faults_helpers import feeder_factory
-from fields_helpers import DictSource
+from tests.support.faults import feeder_factory
+from tests.support.fields import DictSource
 
 RESIZE = [ops.Resize((24, 24))]
 

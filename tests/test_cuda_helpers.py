@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import drain
-from cuda_helpers import (MEAN, STD, assert_same_batches, assert_sums, batch_sum, big_source,
+from tests.support import TESTS_DIR, drain
+from tests.support.cuda import (MEAN, STD, assert_same_batches, assert_sums, batch_sum, big_source,
                           close_after_layout, close_to_cpu_path, make, make_isolated,
                           reference_sums)
 from feeder.testing import pool_of
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(TESTS_DIR).resolve()
 
 
 @pytest.fixture
@@ -256,7 +256,7 @@ def test_gpu_check_prints_skip_rows_without_a_gpu():
 
 
 def _audit(monkeypatch, names):
-    from cuda_standin import Standin
+    from tests.support.cuda_standin import Standin
     g = _gpu_check()
     Standin().install(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # fork, as tests/cuda

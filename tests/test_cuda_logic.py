@@ -1,5 +1,5 @@
 """The CUDA-only logic of the transfer path, checked without a GPU: ``torch.cuda``
-is replaced by the recording CUDA stand-in (``tests/cuda_standin.py``), and each test asserts what the code asks of
+is replaced by the recording CUDA stand-in (``tests/support/cuda_standin.py``), and each test asserts what the code asks of
 CUDA and in which order (docs/design/cuda-transfer.md, "In the code", names
 these tests; ``scripts/gpu-check`` checks the same on a GPU)."""
 
@@ -15,8 +15,8 @@ import threading
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from cuda_standin import Standin
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource, drain
+from tests.support.cuda_standin import Standin
 from feeder import Feeder, ops
 from feeder.engine import batch as _batch
 from feeder.engine import cuda as _cuda
@@ -33,7 +33,7 @@ def fake_cuda(monkeypatch):
 
 
 def source() -> MemorySource:
-    from conftest import encode_jpeg
+    from tests.support import encode_jpeg
     from feeder.synthetic import make_image
     return MemorySource([encode_jpeg(make_image(40, 40, seed=i)) for i in range(8)])
 
@@ -224,7 +224,7 @@ def test_pinned_blocks_unlocked_after_the_drain(fake_cuda, monkeypatch):
     pass's device current; so does the collection of a feeder never closed. A
     drain that cannot start leaves them locked (and mapped)."""
     from feeder.engine import engine as _engine
-    from conftest import reaped
+    from tests.support import reaped
     monkeypatch.setattr(_engine, "Pass", StubPass)
     for how in ("close", "collect", "timeout"):
         fake_cuda.log.clear()
@@ -356,7 +356,7 @@ def test_exit_handler_frees_an_isolated_engine_mid_epoch(tmp_path):
     script.write_text(textwrap.dedent("""
         import sys
         sys.path.insert(0, sys.argv[1])
-        from conftest import encode_jpeg, MemorySource
+        from tests.support import encode_jpeg, MemorySource
         from feeder import Feeder, ops
         from feeder.isolation import engine as _isolation
         from feeder.synthetic import make_image
@@ -373,7 +373,7 @@ def test_exit_handler_frees_an_isolated_engine_mid_epoch(tmp_path):
         print("mid-epoch", flush=True)
     """))
     env = dict(os.environ)
-    result = subprocess.run([sys.executable, str(script), os.path.dirname(__file__)], env=env,
+    result = subprocess.run([sys.executable, str(script), REPO_DIR], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["mid-epoch", "freed isolated engine"], result.stdout

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, collected, collect
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, collect, collected
 from feeder import (ConfigError, DatasetSource, Feeder, FieldError, SampleError, Source,
                     SourceError, check_sample, ops)
 
@@ -53,7 +53,7 @@ class Pairs(torch.utils.data.Dataset):
         elif self.kind == "tensor":
             img = torch.from_numpy(img).permute(2, 0, 1)  # CHW, as torchvision's
         elif self.kind == "bytes":
-            from conftest import encode_png
+            from tests.support import encode_png
             img = encode_png(img)
         label = {"int": i % 3, "numpy": np.int64(i % 3), "tensor": torch.tensor(i % 3)}[
             "tensor" if self.kind == "tensor" else "numpy" if self.kind == "numpy" else "int"]
@@ -356,7 +356,7 @@ def test_a_failing_getitem_names_the_dataset_under_raise():
 
 @pytest.mark.timeout(300)  # a training run in a child process, on a possibly busy machine
 def test_the_own_dataset_example_trains(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO_DIR
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, os.path.join(root, "examples", "own_dataset.py"),
                           "--epochs", "2", "--images", "32", "--batch-size", "8", "--device", "cpu"],

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, encode_jpeg, encode_png
-from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource, drain, encode_jpeg, encode_png
+from tests.support.jpeg import LOSSLESS, lossless_shown, other_process
 import feeder
 from feeder import DecodeError, Feeder, ops
 from feeder import decode as _decode
@@ -170,7 +170,7 @@ import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from feeder import decode as _decode
-from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+from tests.support.jpeg import LOSSLESS, lossless_shown, other_process
 assert _decode._jpeg is None, "the simplejpeg path is forced"
 for name in LOSSLESS:
     for need in ((10, 12), (1, 1), (23, 31)):
@@ -187,7 +187,7 @@ def test_lossless_jpeg_with_a_hint_and_no_buffers_does_not_overrun():
     env = {**os.environ, "FEEDER_NO_JPEG_EXT": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(_decode.__file__))),
                                           os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", _LOSSLESS_NO_BUFFERS, os.path.dirname(os.path.abspath(__file__))],
+    r = subprocess.run([sys.executable, "-c", _LOSSLESS_NO_BUFFERS, REPO_DIR],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "exact", (r.returncode, r.stderr[-2000:])
 

@@ -17,16 +17,17 @@ import textwrap
 import pytest
 
 import feeder as feeder_pkg
+from tests.support import REPO_DIR
 
 pytest.importorskip("torch.distributed.run")
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
-    sys.path.insert(0, {tests!r})
+    sys.path.insert(0, {repo!r})
     import torch
     import torch.distributed as dist
-    from conftest import MemorySource
-    from faults_helpers import distinct_jpegs
+    from tests.support import MemorySource
+    from tests.support.faults import distinct_jpegs
     from feeder import Feeder, ops
 
     out_dir = sys.argv[1]
@@ -93,7 +94,7 @@ SCRIPT = textwrap.dedent("""
 def reports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torchrun")
     script = tmp / "ranks.py"
-    script.write_text(SCRIPT.format(tests=os.path.dirname(__file__)))
+    script.write_text(SCRIPT.format(repo=REPO_DIR))
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_pkg.__file__)),
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import JOIN_TIMEOUT_S
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT)
                                for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
 # A block's whole run (a chain of continued blocks) may take this long: the data

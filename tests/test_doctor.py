@@ -1,7 +1,7 @@
 """feeder-doctor: the verdict on recorded measurements of each kind, and the whole
 command on CPU with a made-slow part that it must name.
 
-The made-slow parts (tests/doctor_helpers.py) are extreme on purpose, so that the
+The made-slow parts (tests/support/doctor.py) are extreme on purpose, so that the
 verdict does not depend on how busy the machine is; no test asserts a speed."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from feeder.doctor import Fed, Measurements, decide, main
 from feeder.doctor.report import plot
 from feeder.doctor.verdict import LOADED_CORES, SHARED, slower
 from feeder.synthetic import make_image
+from tests.support import REPO_DIR
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- the verdict on recorded measurements ---------------------------------------------
@@ -140,7 +140,7 @@ def test_verdict_interference_of_gil_holding_transforms():
     # Recorded from the end-to-end test's set-up below (a pure-Python transform of
     # ~8 ms an image, a launch-bound step, batch 1): the loop hardly waits for data,
     # while the step is 2.4x the synthetic one with threads.
-    m = recorded(model="doctor_helpers:launch_bound_step", step_ms=8.74, step_ms_rounds=[8.74] * 5, model_rate=114.4,
+    m = recorded(model="tests.support.doctor:launch_bound_step", step_ms=8.74, step_ms_rounds=[8.74] * 5, model_rate=114.4,
                  batch_size=1, decode_ms=0.59, transform_ms=7.94, ceiling_rate=234,
                  loader_rate=105,
                  fed={"threads": fed("threads", 44.2, 0.004, 20.8, 2.38),
@@ -418,7 +418,7 @@ def photos(tmp_path_factory) -> str:
 
 @pytest.fixture
 def helpers(photos, monkeypatch):
-    monkeypatch.syspath_prepend(HERE)
+    monkeypatch.syspath_prepend(REPO_DIR)  # tests.support.doctor
     monkeypatch.setenv("FEEDER_DOCTOR_TEST_DATA", photos)
     return photos
 
@@ -437,7 +437,7 @@ def doctor(tmp_path, capsys, *argv: str) -> tuple[str, dict]:
 
 
 def test_doctor_names_decode_on_a_folder_without_a_model(helpers, tmp_path, capsys):
-    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "doctor_helpers:small",
+    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "tests.support.doctor:small",
                        "--batch-size", "4", "--seconds", "3")
     assert name == "decode", doc
     m = doc["measurements"]
@@ -446,14 +446,14 @@ def test_doctor_names_decode_on_a_folder_without_a_model(helpers, tmp_path, caps
 
 
 def test_doctor_names_a_slow_transform(helpers, tmp_path, capsys):
-    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "doctor_helpers:slow_transforms",
+    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "tests.support.doctor:slow_transforms",
                        "--batch-size", "4", "--seconds", "3")
     assert name == "transforms", doc
 
 
 def test_doctor_names_a_slow_source(helpers, tmp_path, capsys):
-    name, doc = doctor(tmp_path, capsys, "doctor_helpers:SerializedSource", "--transforms",
-                       "doctor_helpers:small", "--batch-size", "4", "--seconds", "3")
+    name, doc = doctor(tmp_path, capsys, "tests.support.doctor:SerializedSource", "--transforms",
+                       "tests.support.doctor:small", "--batch-size", "4", "--seconds", "3")
     assert name == "storage", doc
     assert doc["measurements"]["source_kind"] == "object"
 
@@ -468,7 +468,7 @@ def test_doctor_names_shards_behind_a_bandwidth_limited_server(helpers, tmp_path
     # below what the cores decode.
     with FileServer(tmp_path / "shards", bandwidth=100_000) as server:
         name, doc = doctor(tmp_path, capsys, f"{server.url}/train.json", "--transforms",
-                           "doctor_helpers:small", "--batch-size", "2", "--seconds", "3")
+                           "tests.support.doctor:small", "--batch-size", "2", "--seconds", "3")
     assert name == "storage", doc
     assert doc["measurements"]["source_kind"] == "remote-shards"
 
@@ -476,7 +476,7 @@ def test_doctor_names_shards_behind_a_bandwidth_limited_server(helpers, tmp_path
 def test_doctor_names_a_slow_model_step_and_runs_every_engine(helpers, tmp_path, capsys):
     # A 200 ms step: what the loader's threads can cost the loop's own Python (a few
     # ms of GIL waits, more on a loaded machine) stays well under the 1.10x limit.
-    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "doctor_helpers:small",
+    name, doc = doctor(tmp_path, capsys, helpers, "--transforms", "tests.support.doctor:small",
                        "--batch-size", "4", "--step-ms", "200", "--seconds", "3")
     assert name == "model", doc
     fed = doc["measurements"]["fed"]
@@ -491,9 +491,9 @@ def test_doctor_names_interference_of_gil_holding_transforms_with_a_launch_bound
     launches 1000 tiny ops, each of which must take the GIL back: the fed step is
     well over the 1.10x limit slower than on synthetic input, while the loop
     hardly waits for data."""
-    name, doc = doctor(tmp_path, capsys, "doctor_helpers:ManyPhotos", "--transforms",
-                       "doctor_helpers:gil_transforms", "--model",
-                       "doctor_helpers:launch_bound_step", "--batch-size", "1", "--seconds", "4")
+    name, doc = doctor(tmp_path, capsys, "tests.support.doctor:ManyPhotos", "--transforms",
+                       "tests.support.doctor:gil_transforms", "--model",
+                       "tests.support.doctor:launch_bound_step", "--batch-size", "1", "--seconds", "4")
     m = doc["measurements"]
     other = m["other_cores_run"] or 0.0
     need = m["model_rate"] * (m["decode_ms"] + m["transform_ms"]) / 1e3
@@ -520,7 +520,7 @@ def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(report, "plot", lambda *a: None)
     out = tmp_path / "out"
-    assert main([helpers, "--transforms", "doctor_helpers:small", "--batch-size", "4",
+    assert main([helpers, "--transforms", "tests.support.doctor:small", "--batch-size", "4",
                  "--seconds", "1", "--out", str(out), "-q"]) == 0
     captured = capsys.readouterr()
     assert "matplotlib not installed" in captured.err
@@ -530,7 +530,7 @@ def test_doctor_without_matplotlib_says_so(helpers, tmp_path, capsys, monkeypatc
 
 @pytest.mark.parametrize("argv, message", [
     (["/no/such/folder"], "DATA '/no/such/folder'"),
-    (["doctor_helpers:nothing"], "has no 'nothing'"),
+    (["tests.support.doctor:nothing"], "has no 'nothing'"),
     (["{data}", "--step-ms", "-3"], "--step-ms must be a finite number > 0"),
     (["{data}", "--step-ms", "inf"], "--step-ms must be a finite number > 0, got inf"),
     (["{data}", "--seconds", "nan"], "--seconds must be a finite number > 0, got nan"),
@@ -609,7 +609,7 @@ def test_python_dash_m_feeder_doctor():
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory) -> dict[str, str]:
-    from cli_helpers import hostile_files
+    from tests.support.cli import hostile_files
 
     return hostile_files(tmp_path_factory.mktemp("doctor-hostile"))
 
@@ -618,16 +618,16 @@ DOCTOR_HOSTILE = [
     # (argv, status, names the last line must hold)
     (["http://127.0.0.1:{port}/train.json"], 1, ["http://127.0.0.1:{port}/train.json"]),
     (["{missing}.json"], 2, ["{missing}.json"]),
-    (["{photos}", "--model", "cli_helpers:raising_step", "--batch-size", "2", "--seconds", "1"], 1,
-     ["--model cli_helpers:raising_step raised ValueError: the step blew up"]),
-    (["cli_helpers:raising_source"], 1, ["DATA cli_helpers:raising_source raised RuntimeError"]),
-    (["cli_helpers:BrokenReads", "--batch-size", "2"], 1,
-     ["DATA cli_helpers:BrokenReads: reading sample", "disk gone"]),
+    (["{photos}", "--model", "tests.support.cli:raising_step", "--batch-size", "2", "--seconds", "1"], 1,
+     ["--model tests.support.cli:raising_step raised ValueError: the step blew up"]),
+    (["tests.support.cli:raising_source"], 1, ["DATA tests.support.cli:raising_source raised RuntimeError"]),
+    (["tests.support.cli:BrokenReads", "--batch-size", "2"], 1,
+     ["DATA tests.support.cli:BrokenReads: reading sample", "disk gone"]),
     (["{photos}", "--model", "no_such_module:step"], 2, ["no_such_module"]),
     (["{photos}", "--device", "bogus"], 2, ["--device 'bogus'"]),
     (["{photos}", "--batch-size", "2", "--out", "{afile}"], 2, ["--out '{afile}'"]),
-    (["{photos}", "--transforms", "cli_helpers:forty_two"], 2,
-     ["--transforms cli_helpers:forty_two gave 42, not a list of transforms"]),
+    (["{photos}", "--transforms", "tests.support.cli:forty_two"], 2,
+     ["--transforms tests.support.cli:forty_two gave 42, not a list of transforms"]),
     (["{notimg}", "--batch-size", "2", "--seconds", "1"], 1, ["{notimg}/a/", "not a decodable image"]),
     (["{empty}"], 2, ["{empty}"]),
     (["{photos}", "--seconds", "-1"], 2, ["--seconds"]),
@@ -636,7 +636,7 @@ DOCTOR_HOSTILE = [
 
 @pytest.mark.parametrize("argv, status, names", DOCTOR_HOSTILE)
 def test_doctor_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
-    from cli_helpers import assert_one_line_error, run_cli
+    from tests.support.cli import assert_one_line_error, run_cli
 
     out = [] if "--out" in argv else ["--out", "{out}"]
     r = run_cli("feeder.doctor", [*argv, *out, "-q"], hostile, tmp_path)
@@ -644,9 +644,9 @@ def test_doctor_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, statu
 
 
 def test_doctor_debug_shows_the_traceback_of_user_code(hostile, tmp_path):
-    from cli_helpers import run_cli
+    from tests.support.cli import run_cli
 
-    r = run_cli("feeder.doctor", ["cli_helpers:raising_source", "--debug", "-q", "--out", "{out}"],
+    r = run_cli("feeder.doctor", ["tests.support.cli:raising_source", "--debug", "-q", "--out", "{out}"],
                 hostile, tmp_path)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "the source blew up" in r.stderr

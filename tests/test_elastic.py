@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import feeder as feeder_pkg
-from conftest import MemorySource, drain, labels_of
+from tests.support import REPO_DIR, MemorySource, drain, labels_of
 from feeder import Feeder, Mixture, ops
 from feeder.order.plan import EpochPlan, OrderOptions, elastic_sizes
 from feeder.order.sequence import Handled
@@ -209,11 +209,11 @@ def test_the_plans_resharded_orders_partition_what_is_left():
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys
-    sys.path.insert(0, {tests!r})
+    sys.path.insert(0, {repo!r})
     import torch
     import torch.distributed as dist
-    from conftest import MemorySource
-    from faults_helpers import distinct_jpegs
+    from tests.support import MemorySource
+    from tests.support.faults import distinct_jpegs
     from feeder import Feeder, Mixture, ops
 
     phase, out_dir = sys.argv[1], sys.argv[2]
@@ -247,7 +247,7 @@ def test_torchrun_two_ranks_then_three(tmp_path):
     mid-epoch; three ranks load the list and finish the epoch."""
     pytest.importorskip("torch.distributed.run")
     script = tmp_path / "elastic.py"
-    script.write_text(SCRIPT.format(tests=os.path.dirname(__file__)))
+    script.write_text(SCRIPT.format(repo=REPO_DIR))
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_pkg.__file__)),
                OMP_NUM_THREADS="1")
     for phase, world in (("first", 2), ("second", 3)):

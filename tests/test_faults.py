@@ -17,8 +17,8 @@ import weakref
 import numpy as np
 import pytest
 
-from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, Gate, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
+from tests.support import MemorySource, drain, feeder_threads
+from tests.support.faults import (SIDE, Gate, consume_in_thread, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, feeder_factory, pixel_hash, reference_hash, wait_feeder_threads_within, wait_until,
                             wait_no_feeder_threads)
 from feeder import FeederError, FieldError, SampleError, SourceError, TransformError, ops

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads, labels_of, run_in_thread
-from faults_helpers import Gate, consume_in_thread, feeder_factory
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource, drain, feeder_threads, labels_of, run_in_thread
+from tests.support.faults import Gate, consume_in_thread, feeder_factory
 from feeder import Feeder, FeederError, FileList, ImageFolder, SampleError, Stats, TransformError, ops
 from feeder.testing import current_pass_of, engine_of, free_buffers_of, pass_of, pool_of
 
@@ -688,7 +688,7 @@ def test_inline_augment_time_is_taken_out_of_decode_time(source):
 def test_reduced_scale_decode_matches_full_decode_output():
     """Large JPEGs are decoded at reduced DCT scale; the crops must be the same
     ones a full decode would give (same boxes, close pixels)."""
-    from conftest import encode_jpeg
+    from tests.support import encode_jpeg
     from feeder.synthetic import make_image
     blobs = [encode_jpeg(make_image(600, 800, seed=i), 90) for i in range(6)]
     src = MemorySource(blobs)
@@ -742,7 +742,7 @@ def test_exhausted_iterator_keeps_raising_stop_iteration(source):
 
 
 def test_dropping_the_iterator_stops_its_pass(source):
-    from faults_helpers import wait_no_feeder_threads
+    from tests.support.faults import wait_no_feeder_threads
     with make(source, batch_size=4, queue_size=1) as f:
         for i, _ in enumerate(f):
             if i == 1:
@@ -793,8 +793,8 @@ def test_workers_do_not_change_torch_threads_of_other_threads(source):
     import sys
     code = (
         "import threading, torch\n"
-        "import sys; sys.path.insert(0, 'tests')\n"
-        "from conftest import MemorySource, encode_jpeg\n"
+        f"import sys; sys.path.insert(0, {REPO_DIR!r})\n"
+        "from tests.support import MemorySource, encode_jpeg\n"
         "from feeder import Feeder, ops\n"
         "from feeder.synthetic import make_image\n"
         "src = MemorySource([encode_jpeg(make_image(40, 40, i)) for i in range(8)])\n"

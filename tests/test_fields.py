@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, collect, drain, encode_jpeg, encode_png
+from tests.support import MemorySource, collect, drain, encode_jpeg, encode_png
 from feeder import (ConfigError, Feeder, FeederError, FieldError, FileList, SampleError, SourceError,
                     ops)
 from feeder.synthetic import make_image
 from feeder.testing import work_of
-from fields_helpers import DictSource
+from tests.support.fields import DictSource
 
 SIZE = [ops.CenterCrop(16)]
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import collect, encode_jpeg
+from tests.support import collect, encode_jpeg
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder.decode import decode_image, decode_scale
-from fields_helpers import DictSource, coordinate_image, rectangles_image, rgb_png
+from tests.support.fields import DictSource, coordinate_image, rectangles_image, rgb_png
 
 COLORS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (0, 255, 255), (255, 0, 255)]
 

@@ -14,10 +14,10 @@ import threading
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR
 from feeder.synthetic import CLASS_COLORS, make_segmentation_set
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 GUIDE = os.path.join(ROOT, "docs", "guides", "segmentation.md")
 
 

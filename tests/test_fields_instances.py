@@ -2,7 +2,7 @@
 ``masks`` and ``keypoints``): moved with their image by every geometric transform,
 filtered with their boxes, batched as lists, and equal to what torchvision's
 detection reference computes for the same draw (its transforms re-implemented in
-``instances_helpers.py``)."""
+``tests/support/instances.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import collect, collected
+from tests.support import collect, collected
 from feeder import ConfigError, DatasetSource, Feeder, SampleError, ops
-from fields_helpers import DictSource
-from instances_helpers import COCO_FLIP, flipped, instance_sample, ref_hflip, ref_resize
+from tests.support.fields import DictSource
+from tests.support.instances import COCO_FLIP, flipped, instance_sample, ref_hflip, ref_resize
 
 FLIP = ops.RandomHorizontalFlip(0.5, keypoint_flip=ops.COCO_PERSON_KEYPOINT_FLIP)
 SIZE = (60, 80)

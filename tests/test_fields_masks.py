@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import collect, encode_jpeg
+from tests.support import collect, encode_jpeg
 from feeder import ConfigError, DecodeError, Feeder, SampleError, ops
 from feeder.decode import decode_mask
 from feeder.testing import work_of
-from fields_helpers import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
+from tests.support.fields import (DictSource, cell_mask, check_mask_follows_image, coordinate_image, png,
                             rgb_png)
 
 

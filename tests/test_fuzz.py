@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import MemorySource, drain, encode_png
-from faults_helpers import (SIDE, assert_exactly_once, delivered_hashes, distinct_jpegs, gray_jpeg, cmyk_jpeg,
+from tests.support import MemorySource, drain, encode_png
+from tests.support.faults import (SIDE, assert_exactly_once, delivered_hashes, distinct_jpegs, gray_jpeg, cmyk_jpeg,
                             progressive_jpeg,
                             pixel_hash, png16, smooth_rgb, wait_no_feeder_threads)
 from feeder import DecodeError, Feeder, SampleError, ops

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, collect as collect_pass, collected
+from tests.support import JOIN_TIMEOUT_S, collect as collect_pass, collected
 from feeder import Feeder
 from feeder.decode import header_size
 from feeder.order.group import group_ids, grouped_order
-from fields_helpers import rgb_png
-from test_variable_size import Sized, collect
+from tests.support.fields import rgb_png
+from tests.test_variable_size import Sized, collect
 
 
 def _mixed(n: int, seed: int = 0) -> list[tuple[int, int]]:

@@ -19,11 +19,12 @@ import time
 import pytest
 
 import feeder._consumer as feeder_mod
-from conftest import (JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of, reaped,
+from tests.support import (JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of, reaped,
                       run_in_thread)
-from faults_helpers import Child, distinct_jpegs, feeder_factory
+from tests.support.faults import Child, distinct_jpegs, feeder_factory
 from feeder import FeederError, FeederTimeoutError, SampleError, ops
 from feeder.testing import engine_of, pass_of, pool_of, start_pass
+from tests.support import REPO_DIR
 
 SIDE = 32
 
@@ -279,9 +280,9 @@ def test_timeout_must_be_a_positive_number(blobs, value):
 
 EXIT_SCRIPT = textwrap.dedent("""
     import sys, threading, time
-    sys.path.insert(0, {tests!r})
-    from conftest import MemorySource
-    from faults_helpers import distinct_jpegs
+    sys.path.insert(0, {repo!r})
+    from tests.support import MemorySource
+    from tests.support.faults import distinct_jpegs
     from feeder import Feeder, ops
     from feeder.testing import start_pass
 
@@ -304,7 +305,7 @@ EXIT_SCRIPT = textwrap.dedent("""
 def test_interpreter_exit_does_not_wait_per_stuck_feeder(tmp_path):
     n = 24
     script = tmp_path / "exit.py"
-    script.write_text(EXIT_SCRIPT.format(tests=os.path.dirname(__file__), n=n))
+    script.write_text(EXIT_SCRIPT.format(repo=REPO_DIR, n=n))
     # The child imports the feeder under test, wherever this process found it.
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_mod.__file__)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
@@ -331,9 +332,9 @@ REAPER_AT_EXIT = textwrap.dedent("""
                                    any(t.name == "feeder-reaper" and t.is_alive()
                                        for t in threading.enumerate()), flush=True))
     import sys
-    sys.path.insert(0, {tests!r})
-    from conftest import MemorySource
-    from faults_helpers import distinct_jpegs
+    sys.path.insert(0, {repo!r})
+    from tests.support import MemorySource
+    from tests.support.faults import distinct_jpegs
     from feeder import Feeder, ops
 
     f = Feeder(MemorySource(distinct_jpegs(8, seed=2, side=32)), 4, [ops.CenterCrop(32)])
@@ -347,7 +348,7 @@ def test_no_feeder_thread_runs_clean_up_while_the_interpreter_finalizes(tmp_path
     # A clean-up running in a daemon thread during finalization frees torch tensors
     # there; taking the GIL back then aborts the process from inside torch's C++ code.
     script = tmp_path / "reaper_exit.py"
-    script.write_text(REAPER_AT_EXIT.format(tests=os.path.dirname(__file__)))
+    script.write_text(REAPER_AT_EXIT.format(repo=REPO_DIR))
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(feeder_mod.__file__)))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr

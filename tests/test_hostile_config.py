@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain, encode_png
+from tests.support import MemorySource, drain, encode_png
 from feeder import ConfigError, Feeder, SampleError, SampleRNG, TransformError, ops
 from feeder.engine.config import Config
 from feeder.ops.chain import Chain

@@ -24,9 +24,9 @@ import pytest
 import simplejpeg
 
 import feeder.decode as decode_mod
-from conftest import MemorySource, drain, encode_jpeg, encode_png
-from faults_helpers import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
-from jpeg_helpers import LOSSLESS, lossless_shown, other_process
+from tests.support import MemorySource, drain, encode_jpeg, encode_png
+from tests.support.faults import cmyk_jpeg, distinct_jpegs, smooth_rgb, tiff_header
+from tests.support.jpeg import LOSSLESS, lossless_shown, other_process
 from feeder import DecodeError, Feeder, FileList, ImageFolder, SampleError, ops
 from feeder.engine.config import DEFAULTS, Config
 from feeder.decode import SUPPORTED_FORMATS, decode_image, header_size

@@ -19,7 +19,7 @@ from feeder.storage.index import Column, IndexTable, LocalShard, load_indices
 from feeder.storage.local import FilePool
 from feeder.storage.tar import ShardFormatError, index_path
 
-from conftest import JOIN_TIMEOUT_S
+from tests.support import JOIN_TIMEOUT_S
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, encode_jpeg, encode_png, feeder_threads, reaped
-from faults_helpers import Child, wait_until
-from fields_helpers import DictSource
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource, encode_jpeg, encode_png, feeder_threads, reaped
+from tests.support.faults import Child, wait_until
+from tests.support.fields import DictSource
 from feeder import ConfigError, Feeder, FeederError, FeederTimeoutError, SampleError, ops
 from feeder.errors import StageError
 from feeder.synthetic import make_detection_sample, make_image
@@ -483,8 +483,8 @@ def test_unclosed_feeder_is_collected_and_its_worker_exits():
 
 
 EXIT_SCRIPT = """
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 from feeder import Feeder, ops
 if __name__ == "__main__":
     f = Feeder(MemorySource(BLOBS), 2, [ops.CenterCrop(24)], seed=0, queue_size=1,
@@ -499,7 +499,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("ending", ["pass", "raise RuntimeError('loss is nan')",
                                     "os.kill(os.getpid(), signal.SIGKILL)"])
 def test_interpreter_exit_and_death_of_the_training_process(ending, start_method):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO_DIR
     child = Child("import signal\n" + EXIT_SCRIPT.format(repo=repo, ending=ending, start=start_method))
     try:
         report = json.loads(child.expect_line(60))
@@ -542,10 +542,10 @@ def test_feeder_built_in_a_thread_that_ends_keeps_its_worker(start_method):
 
 
 SIGINT_SCRIPT = """
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 from feeder.testing import pass_of
-from test_isolation import stall
+from tests.test_isolation import stall
 if __name__ == "__main__":
     f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process",
                start_method={start!r})
@@ -578,7 +578,7 @@ if __name__ == "__main__":
 
 
 def test_ctrl_c_in_next_stops_the_pass_and_the_worker_follows(start_method):
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = REPO_DIR
     child = Child(SIGINT_SCRIPT.format(repo=repo, start=start_method))
     try:
         ready = json.loads(child.expect_line(60))

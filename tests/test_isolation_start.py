@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, MemorySource
-from faults_helpers import Child
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource
+from tests.support.faults import Child
 from feeder import ConfigError, Feeder, FeederError, ops
 from feeder.testing import engine_of, worker_process_of
-from test_isolation import BLOBS, assert_same, collect, make
+from tests.test_isolation import BLOBS, assert_same, collect, make
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,8 @@ def expected():
 # -- the "auto" rule ---------------------------------------------------------------------------------
 
 RULE_SCRIPT = """
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 
 def build():
     # A picklable source and transforms: each start method can take them.
@@ -95,8 +95,8 @@ def test_auto_forks_only_when_no_other_thread_runs():
 
 
 ENDED_PASS_SCRIPT = """
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 from feeder import ConfigError
 
 if __name__ == "__main__":
@@ -389,10 +389,10 @@ def test_forked_worker_runs_no_handler_of_the_parent(tmp_path):
 
 STDIO_SCRIPT = """
 import atexit, os, sys
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 from feeder import Feeder, ops
-from test_isolation import BLOBS
+from tests.test_isolation import BLOBS
 
 def shout(img, rng):
     print("worker-line")
@@ -422,10 +422,10 @@ def test_forked_worker_neither_repeats_the_parents_output_nor_runs_its_atexit():
 POOLS_SCRIPT = """
 import os, sys, threading, time
 import cv2, numpy as np, torch
-sys.path.insert(0, os.path.join({repo!r}, "tests"))
-from conftest import MemorySource
+sys.path.insert(0, {repo!r})
+from tests.support import MemorySource
 from feeder import Feeder, ops
-from test_isolation import BLOBS
+from tests.test_isolation import BLOBS
 
 def tasks():
     return len(os.listdir("/proc/self/task"))
@@ -504,7 +504,7 @@ def test_a_spawned_worker_that_dies_before_reading_its_payload_is_an_error_not_a
     # an unguarded script's second Feeder would end it); the source pickles to far
     # more than a pipe's 64 KiB buffer, which is what a write into the start
     # method's own pipe would have waited on forever.
-    from conftest import run_in_thread
+    from tests.support import run_in_thread
 
     (tmp_path / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

@@ -33,8 +33,8 @@ import simplejpeg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import KINDS, SUBSAMPLING, jpeg, run_on_other_libjpeg, other_process
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
+from tests.support.jpeg import KINDS, SUBSAMPLING, jpeg, run_on_other_libjpeg, other_process
 from feeder import DecodeError, Feeder, info, ops
 from feeder import decode as _decode
 from feeder.ops.chain import Chain
@@ -94,7 +94,7 @@ _LOSSLESS_ON_3X = r"""
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from jpeg_helpers import other_process, stored_scene
+from tests.support.jpeg import other_process, stored_scene
 from feeder.errors import DecodeError
 from feeder.decode import _jpeg as ext
 from feeder.decode import decode_image
@@ -187,7 +187,7 @@ def test_max_pixels_is_checked_from_the_header_before_any_allocation():
 
 
 def _cmyk_blobs() -> list[bytes]:
-    from faults_helpers import cmyk_jpeg
+    from tests.support.faults import cmyk_jpeg
 
     h, w = 120, 170
     y, x = np.mgrid[0:h, 0:w]
@@ -195,7 +195,7 @@ def _cmyk_blobs() -> list[bytes]:
                      128 + 100 * np.sin(x / 9.0) * np.cos(y / 7.0)], axis=2).astype(np.uint8)
     blobs = [cmyk_jpeg(cmyk)]  # libjpeg-turbo writes YCCK
     try:
-        from faults_helpers import pil_jpeg
+        from tests.support.faults import pil_jpeg
 
         blobs.append(pil_jpeg(make_image(h, w, seed=6), "CMYK"))  # Pillow writes Adobe CMYK
     except ImportError:
@@ -366,7 +366,7 @@ def test_exif_orientation_draws_the_box_in_the_shown_frame(orientation, monkeypa
 
 
 def _seg_source(n: int):
-    from fields_helpers import DictSource, coordinate_image
+    from tests.support.fields import DictSource, coordinate_image
     rng = np.random.default_rng(0)
 
     def make(i):
@@ -406,7 +406,7 @@ def test_masks_and_boxes_follow_as_with_the_fallback(chain, monkeypatch):
 
 
 def _seg_sample(i: int) -> dict:
-    from fields_helpers import coordinate_image
+    from tests.support.fields import coordinate_image
 
     h, w = (180, 240) if i % 2 else (260, 200)
     mask = ((np.arange(h)[:, None] // 16 + np.arange(w)[None, :] // 16 + i) % 5).astype(np.uint8)

@@ -39,8 +39,8 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, run_in_thread
-from jpeg_helpers import KINDS, SUBSAMPLING, jpeg
+from tests.support import JOIN_TIMEOUT_S, TESTS_DIR, MemorySource, drain, run_in_thread
+from tests.support.jpeg import KINDS, SUBSAMPLING, jpeg
 from feeder import DecodeError, Feeder, SampleError, ops
 from feeder.engine.steps import SampleWork
 from feeder.ops import SampleContext
@@ -54,7 +54,7 @@ pytestmark = pytest.mark.skipif(ext is None, reason=f"region decoder not in use:
 
 
 def enc(img: np.ndarray, kind: str = "4:2:0", quality: int = 85, rst: int = 1) -> bytes:
-    """:func:`jpeg_helpers.jpeg`, at this file's quality and a restart marker every MCU."""
+    """:func:`tests.support.jpeg.jpeg`, at this file's quality and a restart marker every MCU."""
     return jpeg(img, kind, quality, rst)
 
 
@@ -618,12 +618,12 @@ def test_unknown_adobe_transform_is_refused_naming_it():
 
 def _cmyk_files() -> list[bytes]:
     """libjpeg-turbo's YCCK (Adobe marker) and, with Pillow, Adobe's inverted CMYK."""
-    from faults_helpers import cmyk_jpeg
+    from tests.support.faults import cmyk_jpeg
 
     img = make_image(120, 160, seed=11)
     files = [cmyk_jpeg(np.dstack([img, img[..., :1]]).copy())]
     try:
-        from faults_helpers import pil_jpeg
+        from tests.support.faults import pil_jpeg
 
         files.append(pil_jpeg(img, "CMYK"))
     except ImportError:
@@ -893,7 +893,7 @@ def test_concurrent_decode_image_with_plans_and_exif_match_single_threaded():
 
 # -- chroma sampling factors outside the usual layouts ------------------------------------
 
-SAMPLING_DIR = pathlib.Path(__file__).parent / "data" / "jpeg_sampling"
+SAMPLING_DIR = pathlib.Path(TESTS_DIR) / "data" / "jpeg_sampling"
 UNUSUAL = sorted(SAMPLING_DIR.glob("*.jpg"))  # see its README: valid, written by libjpeg-turbo
 
 

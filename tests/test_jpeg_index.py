@@ -29,8 +29,8 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import SUBSAMPLING, jpeg, run_on_other_libjpeg
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
+from tests.support.jpeg import SUBSAMPLING, jpeg, run_on_other_libjpeg
 from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
 from feeder import decode as D
@@ -153,7 +153,7 @@ _ACROSS_RELEASES = r"""
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from jpeg_helpers import jpeg
+from tests.support.jpeg import jpeg
 from feeder.synthetic import make_image
 from feeder.decode import _jpeg as ext
 loaded = [l.split()[-1] for l in open("/proc/self/maps") if "libjpeg" in l]

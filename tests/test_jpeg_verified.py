@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from conftest import JOIN_TIMEOUT_S, drain
-from jpeg_helpers import jpeg
+from tests.support import JOIN_TIMEOUT_S, drain
+from tests.support.jpeg import jpeg
 from feeder import DecodeError, Feeder, ops
 from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import MemorySource, drain
+from tests.support import MemorySource, drain
 from feeder import Feeder, MemoryStats, ops
 from feeder.bench.measure import resident_bytes
 from feeder.engine.batch import BufferPool, Scratch
@@ -130,7 +130,7 @@ def test_stats_memory_matches_the_formula_terms(jpeg_blobs):
 
 
 def test_stats_memory_counts_mask_planes():
-    from conftest import collect, encode_jpeg, encode_png
+    from tests.support import collect, encode_jpeg, encode_png
     from feeder.synthetic import make_segmentation_sample
 
     samples = []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import feeder
-from conftest import JOIN_TIMEOUT_S, MemorySource, collect, collected, encode_jpeg
+from tests.support import JOIN_TIMEOUT_S, MemorySource, collect, collected, encode_jpeg
 from feeder import Feeder, Mixture, ops
 from feeder.order.mixture import Interleave, apportion
 from feeder.order.plan import EpochPlan, OrderOptions

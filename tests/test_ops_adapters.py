@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, run_in_thread
+from tests.support import JOIN_TIMEOUT_S, run_in_thread
 from feeder import ConfigError, Feeder, FeederError, SampleError, ops
 from feeder.sample.rng import SampleRNG
 from feeder.sample import Geometry
-from fields_helpers import DictSource, rgb_png
+from tests.support.fields import DictSource, rgb_png
 
 A = pytest.importorskip("albumentations")
 

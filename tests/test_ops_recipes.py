@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, run_in_thread
+from tests.support import JOIN_TIMEOUT_S, run_in_thread
 from feeder import ConfigError, Feeder, SampleError, TransformError, ops
 from feeder.ops.chain import Chain
 from feeder.sample.rng import SampleRNG
 from feeder.ops import SampleContext, autoaugment, color
 from feeder.sample import Geometry, move_fields
-from fields_helpers import DictSource, rgb_png
+from tests.support.fields import DictSource, rgb_png
 
 
 def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -865,7 +865,7 @@ def test_a_drawn_size_is_checked_against_max_pixels_before_it_is_allocated(t, mo
 
 
 def test_resize_max_size_through_the_feeder_with_reduced_scale_decode(jpeg_blobs):
-    from conftest import MemorySource
+    from tests.support import MemorySource
     f = Feeder(MemorySource(list(jpeg_blobs[:8])), 4, [ops.Resize(20, max_size=24), ops.CenterCrop(20)],
                seed=0, shuffle=False)
     fused = drain(f)

@@ -17,8 +17,8 @@ from feeder.order.sequence import BlockOrder, GlobalOrder, Handled, Permutation,
 from feeder.order.epoch import (ShardLayout, epoch_indices, epoch_order, pass_order, pass_sequence,
                                 shard_layout, shard_sizes, shard_stream_order)
 
-from conftest import MemorySource, drain, labels_of
-from faults_helpers import feeder_factory
+from tests.support import MemorySource, drain, labels_of
+from tests.support.faults import feeder_factory
 
 B = 8
 

@@ -21,7 +21,7 @@ from feeder.storage.local import FilePool
 from feeder.pack import PackError, main, pack, parse_size
 from feeder.shards import TarShards
 
-from conftest import encode_jpeg, encode_png, run_in_thread
+from tests.support import encode_jpeg, encode_png, run_in_thread
 from feeder.synthetic import make_image
 
 
@@ -336,7 +336,7 @@ def test_source_read_error_without_a_filename_names_the_sample(tmp_path, jpeg_bl
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory) -> dict[str, str]:
-    from cli_helpers import hostile_files
+    from tests.support.cli import hostile_files
 
     return hostile_files(tmp_path_factory.mktemp("pack-hostile"))
 
@@ -349,9 +349,9 @@ PACK_HOSTILE = [
     (["{photos}", "{out}", "--shard-size", "nan"], 2, ["--shard-size"]),
     (["{photos}", "{out}", "--max-side", "-5"], 2, ["--max-side"]),
     (["no_such_module:source", "{out}"], 2, ["no_such_module"]),
-    (["cli_helpers:raising_source", "{out}"], 1,
-     ["SOURCE cli_helpers:raising_source raised RuntimeError: the source blew up"]),
-    (["cli_helpers:BrokenReads", "{out}"], 2, ["sample 0", "disk gone"]),
+    (["tests.support.cli:raising_source", "{out}"], 1,
+     ["SOURCE tests.support.cli:raising_source raised RuntimeError: the source blew up"]),
+    (["tests.support.cli:BrokenReads", "{out}"], 2, ["sample 0", "disk gone"]),
     (["{empty}", "{out}"], 2, ["{empty}"]),
     (["{noimage}", "{out}"], 2, ["{noimage}"]),
     (["{list}", "{out}"], 2, ["gone.jpg"]),
@@ -360,7 +360,7 @@ PACK_HOSTILE = [
 
 @pytest.mark.parametrize("argv, status, names", PACK_HOSTILE)
 def test_pack_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
-    from cli_helpers import assert_one_line_error, run_cli
+    from tests.support.cli import assert_one_line_error, run_cli
 
     r = run_cli("feeder.pack", ["-q", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-pack", names, hostile, status)

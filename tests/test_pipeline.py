@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from conftest import MemorySource, drain
+from tests.support import MemorySource, drain
 from feeder import BatchInfo, Feeder, ops
 from feeder.engine.config import DEFAULTS, Config
 from feeder.engine.pipeline import stage_threads

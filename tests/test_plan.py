@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import feeder.order.plan as plan_mod
-from conftest import BlockingSource, MemorySource, collect, collected
+from tests.support import BlockingSource, MemorySource, collect, collected
 from feeder import Feeder, ops
 from feeder.order.epoch import pass_sequence
 from feeder.order.plan import EpochPlan, OrderOptions

@@ -13,7 +13,7 @@ from feeder.engine.queue import Channel, Closed
 from feeder.engine.read import BudgetedOutbox, ReadBudget, nbytes
 from feeder.sample import Task
 
-from conftest import JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of
+from tests.support import JOIN_TIMEOUT_S, BlockingSource, MemorySource, drain, labels_of
 
 T = JOIN_TIMEOUT_S
 
@@ -151,7 +151,8 @@ def test_read_options_checked():
 
 @pytest.fixture
 def png_bytes(jpeg_blobs):
-    from conftest import encode_png, make_image
+    from feeder.synthetic import make_image
+    from tests.support import encode_png
 
     return encode_png(make_image(12, 10, seed=3))
 
@@ -218,7 +219,8 @@ def test_a_failing_or_odd_hint_means_reads_may_block(png_bytes):
 # -- read_threads="auto" for a source that does not say: decided from its reads -
 
 def tiny_pngs(n: int) -> list[bytes]:
-    from conftest import encode_png, make_image
+    from feeder.synthetic import make_image
+    from tests.support import encode_png
 
     return [encode_png(make_image(12, 10, seed=i)) for i in range(n)]
 
@@ -297,7 +299,7 @@ def test_reads_are_measured_over_passes_and_never_repeated(caplog):
     read per sample delivered."""
     import logging
 
-    from conftest import CountingSource
+    from tests.support import CountingSource
 
     src = CountingSource(tiny_pngs(40))
     with caplog.at_level(logging.INFO, logger="feeder.engine.engine"):

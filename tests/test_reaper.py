@@ -7,7 +7,7 @@ import threading
 
 from feeder.engine import reaper as _reaper
 
-from conftest import JOIN_TIMEOUT_S, reaped
+from tests.support import JOIN_TIMEOUT_S, reaped
 
 
 class Watched:

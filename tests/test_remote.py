@@ -26,7 +26,7 @@ from feeder.storage.remote import RemoteError, ShardCache
 from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 
-from conftest import JOIN_TIMEOUT_S, drain, labels_of
+from tests.support import JOIN_TIMEOUT_S, REPO_DIR, drain, labels_of
 
 T = JOIN_TIMEOUT_S
 
@@ -220,7 +220,7 @@ def test_processes_share_one_cache(packed, server, tmp_path):
         src.close()
         print("ok")
     """)
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {**os.environ, "PYTHONPATH": REPO_DIR}
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:

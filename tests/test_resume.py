@@ -11,8 +11,8 @@ import torch
 from feeder import Feeder, ops
 from feeder.ops import RandomHorizontalFlip, RandomResizedCrop
 
-from conftest import CountingSource, MemorySource, drain, labels_of
-from faults_helpers import feeder_factory
+from tests.support import CountingSource, MemorySource, drain, labels_of
+from tests.support.faults import feeder_factory
 
 B = 8
 

@@ -17,7 +17,7 @@ from feeder import Feeder, ops  # noqa: E402
 from feeder.storage.remote import ShardChangedError  # noqa: E402
 from feeder.shards import TarShards  # noqa: E402
 
-from conftest import drain, labels_of  # noqa: E402
+from tests.support import drain, labels_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")

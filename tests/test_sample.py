@@ -14,7 +14,7 @@ from feeder import FieldError, SourceError, check_sample
 from feeder.sample import (BOX_LIST, INT_SCALAR, MASKS, NUMERIC, OBJECT, PER_BOX, Schema, Spec,
                             numeric, parse_sample, spec_of)
 
-from conftest import run_in_thread
+from tests.support import run_in_thread
 
 
 def test_check_sample_is_the_public_contract():

@@ -79,7 +79,7 @@ def test_num_batches():
 def test_the_sampler_lists_what_the_next_pass_delivers(source, how):
     """After skip() or a resume the next pass leaves out what was handled; the
     sampler's iteration lists the same samples, in the same order."""
-    from conftest import drain, labels_of
+    from tests.support import drain, labels_of
     from feeder import Feeder, ops
 
     kw = dict(shuffle=True, seed=3, decode_threads=2, augment_threads=0,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from tests.support import REPO_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_DIR
 
 
 def _env_sh(venv: str, extras: str) -> subprocess.CompletedProcess:

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S
+from tests.support import JOIN_TIMEOUT_S
 from feeder import Feeder, SampleError, ops
 from feeder.decode import decode_mask
 from feeder.bench.httpserver import FileServer
 from feeder.pack import PackError, main, pack
 from feeder.shards import ShardFormatError, TarShards
 from feeder.synthetic import make_detection_set, make_segmentation_set
-from fields_helpers import png
+from tests.support.fields import png
 
 T = JOIN_TIMEOUT_S
 

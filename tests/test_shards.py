@@ -17,7 +17,7 @@ from feeder import Feeder, ops
 from feeder.storage.tar import ShardIndex, index_path
 from feeder.shards import ShardFormatError, TarShards
 
-from conftest import JOIN_TIMEOUT_S, drain, labels_of
+from tests.support import JOIN_TIMEOUT_S, drain, labels_of
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from feeder import Feeder, ops
 from feeder.bench.httpserver import FileServer
 from feeder.shards import ShardFormatError, TarShards
 
-from conftest import JOIN_TIMEOUT_S, drain, labels_of, pack_numbered
+from tests.support import JOIN_TIMEOUT_S, drain, labels_of, pack_numbered
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from conftest import MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, Child, Gate, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
+from tests.support import MemorySource, drain, feeder_threads
+from tests.support.faults import (SIDE, Child, Gate, consume_in_thread, assert_exactly_once, delivered_hashes, distinct_jpegs,
                             feeder_factory, reference_hash, stage_waiting, wait_feeder_threads_within,
                             wait_no_feeder_threads, wait_until)
 from feeder import FeederError, ops

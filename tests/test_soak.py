@@ -20,8 +20,8 @@ import pytest
 import simplejpeg
 
 import feeder.engine.engine as feeder_mod
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads
-from faults_helpers import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain, feeder_threads
+from tests.support.faults import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, jpeg_with_size, pixel_hash, reference_hash, rss_mb,
                             wait_no_feeder_threads)
 from feeder import Feeder, ops

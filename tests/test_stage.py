@@ -12,7 +12,7 @@ from feeder.sample import Task
 from feeder.engine.sampler import Sampler
 from feeder.engine.stage import MapStage, Step
 
-from stage_helpers import TIMEOUT, Control, drain_channel, join
+from tests.support.stage import TIMEOUT, Control, drain_channel, join
 
 
 def run_map_stage(name, threads, steps, control, n):

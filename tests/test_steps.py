@@ -11,7 +11,7 @@ from feeder.ops.chain import Chain
 from feeder.sample import Task
 from feeder.engine.steps import SampleWork, as_label, read_sample
 
-from conftest import MemorySource, encode_jpeg, encode_png
+from tests.support import MemorySource, encode_jpeg, encode_png
 from feeder.synthetic import make_image
 
 

@@ -35,7 +35,7 @@ from feeder.storage.tar import ShardFormatError
 from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 
-from conftest import JOIN_TIMEOUT_S, drain, labels_of, run_in_thread
+from tests.support import JOIN_TIMEOUT_S, drain, labels_of, run_in_thread
 
 T = JOIN_TIMEOUT_S
 

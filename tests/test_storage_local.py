@@ -11,7 +11,7 @@ import pytest
 from feeder.storage import local as _storage
 from feeder.storage.local import FilePool, file_system_type, on_network_storage
 
-from conftest import run_in_thread
+from tests.support import run_in_thread
 
 
 def open_descriptors_to(path) -> int:

@@ -105,7 +105,7 @@ def test_the_graph_sees_type_only_imports(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "_a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._b import X\n")
     (pkg / "_b.py").write_text("from ._a import Y\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
     graph = import_graph()
     assert graph["feeder._a"] == {"feeder._b"} and graph["feeder._b"] == {"feeder._a"}
     assert find_cycle(graph) is not None

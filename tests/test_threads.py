@@ -11,7 +11,7 @@ from feeder.engine.config import Config
 from feeder.engine.threads import (MAX_READ_THREADS, MIN_READ_THREADS, LibraryThreads, auto_read_threads,
                              auto_threads, available_cores, cores_for_this_rank)
 
-from conftest import reaped
+from tests.support import reaped
 
 
 def test_available_cores_is_the_affinity_mask(monkeypatch):

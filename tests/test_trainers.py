@@ -20,12 +20,13 @@ import pytest
 import torch
 
 import feeder as feeder_pkg
-from conftest import (JOIN_TIMEOUT_S, CountingSource, MemorySource, drain, feeder_threads,
+from tests.support import (JOIN_TIMEOUT_S, CountingSource, MemorySource, drain, feeder_threads,
                       wait_no_feeder_threads)
-from faults_helpers import distinct_jpegs, feeder_factory
+from tests.support.faults import distinct_jpegs, feeder_factory
 from feeder import Feeder, FeederError, ops
+from tests.support import REPO_DIR
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = REPO_DIR
 B = 4
 
 
@@ -324,12 +325,12 @@ def test_lightning_checkpoint_resumes_the_feeder(L, blobs, tmp_path, ordered, st
 
 DDP_SCRIPT = """
 import json, os, sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {repo!r})
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from conftest import MemorySource
-from faults_helpers import distinct_jpegs
+from tests.support import MemorySource
+from tests.support.faults import distinct_jpegs
 from feeder import Feeder, ops
 
 class Module(L.LightningModule):
@@ -372,7 +373,7 @@ def test_lightning_ddp_resumes_every_rank_from_rank_0s_checkpoint(L, tmp_path):
     """Lightning writes checkpoints from rank 0 only: every rank resumes from rank 0's
     feeder state (2 CPU processes, strategy="ddp")."""
     script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    script.write_text(DDP_SCRIPT.format(repo=REPO_DIR))
     for mode in ("whole", "resume"):
         run_example([sys.executable, str(script), str(tmp_path), mode], timeout=240)
     runs = {(mode, r): json.loads((tmp_path / f"{mode}{r}.json").read_text())

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import encode_png, reaped, run_in_thread
+from tests.support import encode_png, reaped, run_in_thread
 from feeder import Feeder, ops
 from feeder.engine.batch import Batch, BufferPool
 from feeder.engine.collate import Collator
 from feeder.engine.queue import Channel, END
 from feeder.engine.transfer import Converter, Delivery, Transfer
 
-from stage_helpers import Control, drain_channel, join
+from tests.support.stage import Control, drain_channel, join
 
 
 def _completed_batch(pool, index, indices, labels):
@@ -253,7 +253,7 @@ def test_a_full_queue_does_not_hold_a_copied_buffer():
     the put (the wait then overlaps the loop's turnaround)."""
     import threading
 
-    from conftest import JOIN_TIMEOUT_S
+    from tests.support import JOIN_TIMEOUT_S
     from feeder.engine.stage import Counters
 
     pool = BufferPool(4, 1, 1, 1, pin=False)
@@ -326,7 +326,7 @@ def test_images_and_targets_renames_onto_a_field_renamed_away():
 def test_images_and_targets_gives_per_image_integers_as_python_ints(jpeg_blobs, monkeypatch):
     # pycocotools' loadRes and torchvision's references key results by
     # target["image_id"]: a 0-d tensor there hashes by identity and matches nothing.
-    from fields_helpers import DictSource
+    from tests.support.fields import DictSource
 
     def sample(i):
         return {"image": jpeg_blobs[i], "boxes": [[1.0, 2.0, 10.0, 12.0]], "box_labels": [i],

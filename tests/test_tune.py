@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
 from feeder import Feeder, ops
 from feeder.engine import tune as _tune
 from feeder.engine.config import Config

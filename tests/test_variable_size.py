@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import collected
+from tests.support import collected
 from feeder import ConfigError, Feeder, SampleError, ops
 from feeder.engine.collate import batch_extent
 from feeder.decode import decode_image
 from feeder.engine.transfer import copy_region, zero_padding
-from fields_helpers import png, rgb_png
+from tests.support.fields import png, rgb_png
 
 ENGINES = ["thread", "process"]
 
@@ -509,7 +509,7 @@ def test_zero_padding_clears_outside_each_size():
 def test_zero_padding_clears_a_batch_in_a_fixed_number_of_operations():
     """One pass over the batch, not up to two per sample, with the device's copy of
     the sizes when given; a batch without padding is left untouched."""
-    from test_ops_recipes import aten_ops
+    from tests.test_ops_recipes import aten_ops
 
     def run(b):
         images = torch.ones(b, 3, 6, 7).contiguous(memory_format=torch.channels_last)

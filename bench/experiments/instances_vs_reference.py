@@ -3,7 +3,7 @@ detection reference (``references/detection/transforms.py``) for the same draw.
 
 Runs the reference's ``hflip`` and ``multiscale`` training presets
 (``RandomHorizontalFlip(0.5)``; ``RandomShortestSize((480, ..., 800), 1333)`` then
-the flip) through feeder on generated samples (``tests/instances_helpers.py``:
+the flip) through feeder on generated samples (``tests/support/instances.py``:
 ellipse instances with COCO-style keypoints), reads each sample's draw back from
 what was delivered (its size; the flip from the image's red ramp), applies a numpy
 re-implementation of the reference's transforms for that draw to the source
@@ -21,9 +21,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from instances_helpers import COCO_FLIP, flipped, instance_sample, ref_hflip, ref_resize  # noqa: E402
+from tests.support.instances import COCO_FLIP, flipped, instance_sample, ref_hflip, ref_resize  # noqa: E402
 
 from feeder import Feeder, ops  # noqa: E402
 

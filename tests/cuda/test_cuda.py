@@ -1,7 +1,7 @@
 """The CUDA transfer stage: side stream, event ordering, pinned-buffer reuse,
 caching-allocator safety, and values identical to the CPU path.
 
-On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
+On a GPU when there is one, else under the CUDA stand-in (``tests/support/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from conftest import drain, labels_of
-from cuda_helpers import (MEAN, SPIN, STD, assert_same_batches, assert_sums, batch_sum,
+from tests.support import drain, labels_of
+from tests.support.cuda import (MEAN, SPIN, STD, assert_same_batches, assert_sums, batch_sum,
                           close_after_layout, close_to_cpu_path, make, reference_sums)
-from cuda_helpers import big_source as _big_source
+from tests.support.cuda import big_source as _big_source
 from feeder.engine import transfer as _transfer
 from feeder.testing import current_pass_of, free_buffers_of, pool_of, side_stream_of
 

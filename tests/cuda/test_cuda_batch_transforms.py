@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import MemorySource, drain
-from faults_helpers import feeder_factory
+from tests.support import MemorySource, drain
+from tests.support.faults import feeder_factory
 from feeder import ops
 from feeder.sample.rng import batch_generator
 

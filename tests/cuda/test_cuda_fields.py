@@ -2,7 +2,7 @@
 the batch's event, from pinned memory, recorded on the consumer's stream, and
 equal to what the CPU path delivers.
 
-On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
+On a GPU when there is one, else under the CUDA stand-in (``tests/support/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import JOIN_TIMEOUT_S, encode_jpeg
-from conftest import collect as collect_batches
+from tests.support import JOIN_TIMEOUT_S, encode_jpeg
+from tests.support import collect as collect_batches
 from feeder import Feeder, ops
 from feeder.engine import transfer as _transfer
 from feeder.synthetic import make_image
 from feeder.testing import free_buffers_of
-from fields_helpers import DictSource, cell_mask, check_mask_follows_image, coordinate_image, png, rgb_png
+from tests.support.fields import DictSource, cell_mask, check_mask_follows_image, coordinate_image, png, rgb_png
 
 
 CHAIN = [ops.RandomResizedCrop(40, scale=(0.3, 1.0)), ops.RandomHorizontalFlip()]

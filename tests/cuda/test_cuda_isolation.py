@@ -2,7 +2,7 @@
 (cudaHostRegister), copies from them that keep the thread engine's values and
 ordering, released only after their copy, unregistered on close.
 
-On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
+On a GPU when there is one, else under the CUDA stand-in (``tests/support/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import drain, labels_of
-from cuda_helpers import (MEAN, SPIN, STD, assert_sums, batch_sum, make_isolated as make,
+from tests.support import drain, labels_of
+from tests.support.cuda import (MEAN, SPIN, STD, assert_sums, batch_sum, make_isolated as make,
                           reference_sums)
-from cuda_helpers import big_source as _big_source
+from tests.support.cuda import big_source as _big_source
 from feeder import ops
 from feeder.testing import current_pass_of, engine_of, pool_of
-from fields_helpers import DictSource
-from test_isolation import assert_same, make_dict
+from tests.support.fields import DictSource
+from tests.test_isolation import assert_same, make_dict
 
 
 

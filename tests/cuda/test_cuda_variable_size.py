@@ -2,7 +2,7 @@
 (rows only, or whole slots, cut on the device), the sizes behind the same event,
 equal to what the CPU path delivers, on both engines.
 
-On a GPU when there is one, else under the CUDA stand-in (``tests/cuda_standin.py``).
+On a GPU when there is one, else under the CUDA stand-in (``tests/support/cuda_standin.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_variable_size import Segments, Sized, _sizes, collect
+from tests.test_variable_size import Segments, Sized, _sizes, collect
 from feeder import Feeder
 
 

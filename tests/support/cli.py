@@ -2,8 +2,8 @@
 arguments, and what their failure must look like: a non-zero exit status, no
 traceback, and a last line on stderr naming what is at fault.
 
-Also importable as ``cli_helpers:NAME`` by the commands (the tests put this
-folder on ``PYTHONPATH``): user code that raises, a factory of the wrong thing.
+Also importable as ``tests.support.cli:NAME`` by the commands (the tests put the
+repository on ``PYTHONPATH``): user code that raises, a factory of the wrong thing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import sys
 import numpy as np
 import simplejpeg
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from tests.support import REPO_DIR
 
 # A command's start (torch's import) takes a few seconds; on a busy machine
 # much longer. A hang is what this bounds, not the speed.
@@ -82,7 +81,7 @@ def run_cli(module: str, argv: list[str], files: dict[str, str], cwd) -> subproc
     ``files`` (``{out}``: a folder of this run's own, under ``cwd``)."""
     files = {**files, "out": os.path.join(str(cwd), "out")}
     argv = [a.format(**files) for a in argv]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, ROOT])}
+    env = {**os.environ, "PYTHONPATH": REPO_DIR}
     return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=env, cwd=str(cwd))
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conftest import MemorySource, drain
-from faults_helpers import feeder_factory
+from tests.support import MemorySource, drain
+from tests.support.faults import feeder_factory
 from feeder import Feeder, ops
 
 AUG = [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()]

@@ -1,7 +1,7 @@
 """A CUDA stand-in for machines without a GPU: ``torch.cuda`` replaced by a
 recording fake, and "CUDA" tensors that live in CPU memory.
 
-``tests/cuda`` runs under it in CI (``tests/cuda/conftest.py`` installs it for
+``tests/cuda`` runs under it in CI (``tests/conftest.py``'s ``cuda`` fixture installs it for
 every test when ``torch.cuda.is_available()`` is False; on a GPU the tests run
 on the device). ``tests/test_cuda_logic.py`` uses it directly.
 

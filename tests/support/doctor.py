@@ -1,5 +1,6 @@
-"""Made-slow parts for tests/test_doctor.py, importable as ``MODULE:NAME`` by
-``feeder-doctor`` (the tests put this folder on ``sys.path``).
+"""Made-slow parts for tests/test_doctor.py, importable as
+``tests.support.doctor:NAME`` by ``feeder-doctor`` (the tests put the repository
+on ``sys.path``).
 
 The image folder comes from ``$FEEDER_DOCTOR_TEST_DATA`` (set by the test)."""
 

@@ -26,12 +26,11 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from conftest import encode_jpeg, encode_png, feeder_threads, wait_no_feeder_threads  # noqa: F401 - re-exported
 from feeder import Feeder
 from feeder.synthetic import make_image
+from tests.support import (REPO_DIR, encode_jpeg, encode_png, feeder_threads,  # noqa: F401 - re-exported
+                           wait_no_feeder_threads)
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_DIR = os.path.dirname(TESTS_DIR)
 
 # Every image of the suite is exactly SIDE x SIDE, and the feeders run
 # CenterCrop(SIDE): the crop is then the identity, so a delivered sample's

@@ -11,6 +11,8 @@ import pathlib
 import cv2
 import numpy as np
 
+from tests.support import REPO_DIR, TESTS_DIR
+
 SUBSAMPLING = {"4:4:4": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, "4:2:2": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
                "4:2:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, "4:4:0": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
                "4:1:1": cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411}
@@ -35,7 +37,7 @@ def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90, rst: int = 3) 
 
 #: JPEGs in the other coding processes (lossless, 12/16-bit), made
 #: by tests/data/jpeg_lossless/make_jpegs.c (see the README there).
-OTHER_PROCESSES = pathlib.Path(__file__).parent / "data" / "jpeg_lossless"
+OTHER_PROCESSES = pathlib.Path(TESTS_DIR) / "data" / "jpeg_lossless"
 
 
 def other_process(name: str) -> bytes:
@@ -87,7 +89,7 @@ def other_libjpeg() -> str | None:
 
 def run_on_other_libjpeg(script: str) -> str:
     """Run ``script`` (``python -c``) with :func:`other_libjpeg` preloaded, its
-    arguments the tests' folder and that library's file name; skip the calling
+    arguments the repository's folder and that library's file name; skip the calling
     test where none is installed. Returns its standard output (it must exit 0)."""
     import subprocess
     import sys
@@ -97,8 +99,7 @@ def run_on_other_libjpeg(script: str) -> str:
     other = other_libjpeg()
     if other is None:
         pytest.skip("no other libjpeg-turbo release (Pillow's bundled one) installed")
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", script, here, os.path.basename(other)],
+    proc = subprocess.run([sys.executable, "-c", script, REPO_DIR, os.path.basename(other)],
                           env={**os.environ, "LD_PRELOAD": other}, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
