@@ -12,6 +12,7 @@ import pytest
 from feeder.synthetic import make_image
 from tests.support import (SIZES, MemorySource, encode_jpeg, encode_png, pack_numbered, reaped,
                            wait_no_feeder_threads)
+from tests.support.servers import file_server  # noqa: F401 - a fixture
 
 # The GPU suite: skipped without a GPU, and a skipped test's fixtures are never
 # looked up, so a test naming a fixture that does not exist (a misplaced

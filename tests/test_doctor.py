@@ -458,15 +458,14 @@ def test_doctor_names_a_slow_source(helpers, tmp_path, capsys):
     assert doc["measurements"]["source_kind"] == "object"
 
 
-def test_doctor_names_shards_behind_a_bandwidth_limited_server(helpers, tmp_path, capsys):
-    from feeder.bench.httpserver import FileServer
+def test_doctor_names_shards_behind_a_bandwidth_limited_server(helpers, tmp_path, capsys, file_server):
     from feeder.pack import pack
 
     # Small photos (a few KiB), so that a read in flight ends soon after the feeder closes.
     pack(helpers, str(tmp_path / "shards"), shard_size=1 << 20, max_side=96)
     # 100 KB/s for every connection together: a few dozen photos a second, far
     # below what the cores decode.
-    with FileServer(tmp_path / "shards", bandwidth=100_000) as server:
+    with file_server(tmp_path / "shards", bandwidth=100_000) as server:
         name, doc = doctor(tmp_path, capsys, f"{server.url}/train.json", "--transforms",
                            "tests.support.doctor:small", "--batch-size", "2", "--seconds", "3")
     assert name == "storage", doc

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from feeder.bench.httpserver import FileServer
 from feeder.storage.http import (DeadlinePassed, HTTPStatusError, RangesIgnored, TooLarge,
                                  Validator, is_http, read_range, read_whole)
 
@@ -25,9 +24,9 @@ T = 10.0  # deadline of every request, seconds
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(tmp_path, file_server):
     (tmp_path / "f.bin").write_bytes(DATA)
-    with FileServer(tmp_path) as srv:
+    with file_server(tmp_path) as srv:
         yield srv
 
 
@@ -52,9 +51,9 @@ def test_a_range_is_the_bytes_asked_for_with_the_files_validator(server, fs):
         read_range(fs, server.url + "/f.bin", len(DATA) + 5, len(DATA) + 9, threading.Event(), deadline())
 
 
-def test_a_server_that_ignores_ranges_is_named(tmp_path, fs):
+def test_a_server_that_ignores_ranges_is_named(tmp_path, fs, file_server):
     (tmp_path / "f.bin").write_bytes(DATA)
-    with FileServer(tmp_path, ignore_ranges=True) as srv:
+    with file_server(tmp_path, ignore_ranges=True) as srv:
         with pytest.raises(RangesIgnored, match="status 200"):
             read_range(fs, srv.url + "/f.bin", 0, 10, threading.Event(), deadline())
 

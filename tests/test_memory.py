@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.support import MemorySource, drain
+from tests.support.measure import resident_bytes
 from feeder import Feeder, MemoryStats, ops
-from feeder.bench.measure import resident_bytes
 from feeder.engine.batch import BufferPool, Scratch
 from feeder import decode as D
 from feeder.decode import DecodeBuffers

@@ -2,7 +2,8 @@
 cache (later epochs make no request), retries of transient failures, clear 4xx
 errors, cache bounds and eviction, and several processes sharing one cache.
 
-The server is feeder's own (``feeder.bench.httpserver.FileServer``), a threaded
+The server is feeder's own (``feeder.bench.httpserver.FileServer``, the
+``file_server`` fixture), a threaded
 ``http.server`` answering HTTP/1.1 with persistent connections, ``Range``
 requests (206 with ``Content-Range``, 416 past the end) and ``HEAD``: what
 fsspec's HTTP client uses. It is chosen over nginx because these tests need to
@@ -23,7 +24,6 @@ import pytest
 
 from feeder import Feeder, SampleError, ops
 from feeder.storage.remote import RemoteError, ShardCache
-from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 
 from tests.support import JOIN_TIMEOUT_S, REPO_DIR, drain, labels_of
@@ -32,9 +32,9 @@ T = JOIN_TIMEOUT_S
 
 
 @pytest.fixture
-def server(packed):
+def server(packed, file_server):
     out, _ = packed
-    with FileServer(out) as srv:
+    with file_server(out) as srv:
         yield srv
 
 
@@ -170,13 +170,13 @@ def test_client_errors_fail_at_once_naming_the_url(packed, server, tmp_path):
         TarShards(server.url + "/missing-000000.tar", cache_dir=False)
 
 
-def test_shard_without_index_is_copied_and_scanned(packed, tmp_path):
+def test_shard_without_index_is_copied_and_scanned(packed, tmp_path, file_server):
     out, _ = packed
     bare = tmp_path / "bare"
     bare.mkdir()
     os.link(os.path.join(out, "train-000000.tar"), bare / "train-000000.tar")
     local = TarShards(out)
-    with FileServer(bare) as srv:
+    with file_server(bare) as srv:
         with TarShards(srv.url + "/train-000000.tar", cache_dir=str(tmp_path / "c")) as src:
             assert [src.read(i) for i in range(len(src))] == [local.read(i) for i in range(len(src))]
         assert shard_gets(srv) == 1 and shard_gets(srv, whole=False) == 0

@@ -22,7 +22,6 @@ import torch
 from tests.support import JOIN_TIMEOUT_S
 from feeder import Feeder, SampleError, ops
 from feeder.decode import decode_mask
-from feeder.bench.httpserver import FileServer
 from feeder.pack import PackError, main, pack
 from feeder.shards import ShardFormatError, TarShards
 from feeder.synthetic import make_detection_set, make_segmentation_set
@@ -479,11 +478,11 @@ def test_cli_packs_a_source_named_module_colon_name(tmp_path, monkeypatch, capsy
     assert "cannot find the source" in capsys.readouterr().err
 
 
-def test_remote_dict_shard_one_request_per_sample(det, tmp_path):
+def test_remote_dict_shard_one_request_per_sample(det, tmp_path, file_server):
     src, res = det
     local = TarShards(res.manifest)
     out = os.path.dirname(res.manifest)
-    with FileServer(out) as server:
+    with file_server(out) as server:
         with TarShards(server.url + "/train.json", cache_dir=False, backoff_s=0.01) as remote:
             assert remote.plan == local.plan
             before = server.count()

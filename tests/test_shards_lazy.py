@@ -12,7 +12,6 @@ from collections import Counter
 import pytest
 
 from feeder import Feeder, ops
-from feeder.bench.httpserver import FileServer
 from feeder.shards import ShardFormatError, TarShards
 
 from tests.support import JOIN_TIMEOUT_S, drain, labels_of, pack_numbered
@@ -128,9 +127,9 @@ def test_block_shuffle_resumes(packed):
                 f.load_state_dict(state)
 
 
-def test_lazy_remote_source_asks_nothing_per_shard_up_front(packed, tmp_path):
+def test_lazy_remote_source_asks_nothing_per_shard_up_front(packed, tmp_path, file_server):
     out, blobs, nshards = packed
-    with FileServer(out) as srv:
+    with file_server(out) as srv:
         src = TarShards(srv.url + "/train.json", lazy_index=True, cache_dir=str(tmp_path / "c"))
         try:
             # The list and the first shard's index: no request per shard.

@@ -32,7 +32,6 @@ from feeder import Feeder, SampleError, ops
 from feeder.storage.fetch import remote_index_url
 from feeder.storage.remote import RemoteError, ShardCache, ShardChangedError
 from feeder.storage.tar import ShardFormatError
-from feeder.bench.httpserver import FileServer
 from feeder.shards import TarShards
 
 from tests.support import JOIN_TIMEOUT_S, drain, labels_of, run_in_thread
@@ -62,11 +61,11 @@ def _all(src):
 # -- a server that ignores ranges ------------------------------------------------
 
 @pytest.mark.parametrize("cache", [True, False])
-def test_server_ignoring_ranges_gives_the_right_bytes(packed, tmp_path, caplog, cache):
+def test_server_ignoring_ranges_gives_the_right_bytes(packed, tmp_path, caplog, cache, file_server):
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     local = _all(TarShards(out))
-    with FileServer(d, ignore_ranges=True) as srv:
+    with file_server(d, ignore_ranges=True) as srv:
         cache_dir = str(tmp_path / "cache") if cache else False
         with caplog.at_level(logging.WARNING, logger="feeder.storage.remote"):
             with TarShards(_pattern(srv, n), cache_dir=cache_dir, backoff_s=0.01) as src:
@@ -81,9 +80,9 @@ def test_server_ignoring_ranges_gives_the_right_bytes(packed, tmp_path, caplog, 
             assert not [f for f in os.listdir(tmp_path) if f.startswith("feeder-shard-")]
 
 
-def test_feeder_over_a_range_ignoring_server_delivers_every_sample_once(packed, tmp_path):
+def test_feeder_over_a_range_ignoring_server_delivers_every_sample_once(packed, tmp_path, file_server):
     d, n = _tree(packed, tmp_path)
-    with FileServer(d, ignore_ranges=True) as srv:
+    with file_server(d, ignore_ranges=True) as srv:
         with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
             with Feeder(src, 8, [ops.Resize(24), ops.CenterCrop(16)], seed=1) as f:
                 batches, err = drain(f)
@@ -93,14 +92,14 @@ def test_feeder_over_a_range_ignoring_server_delivers_every_sample_once(packed, 
 
 # -- cut copies --------------------------------------------------------------------
 
-def test_a_copy_cut_with_a_matching_length_is_never_cached(packed, tmp_path):
+def test_a_copy_cut_with_a_matching_length_is_never_cached(packed, tmp_path, file_server):
     """A proxy cuts the whole-shard copy and its Content-Length alike: the copy is
     checked against the shard's size (learned from the range answers) and fetched
     again; the cache never holds the cut copy."""
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     local = TarShards(out)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         srv.fail("train-000000.tar", "shortlen", whole=True)
         with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
             assert src.read(0) == local.read(0)  # by range; the copy starts behind it
@@ -113,11 +112,11 @@ def test_a_copy_cut_with_a_matching_length_is_never_cached(packed, tmp_path):
         assert open(entry, "rb").read() == open(os.path.join(out, "train-000000.tar"), "rb").read()
 
 
-def test_a_cut_range_answer_is_read_again(packed, tmp_path):
+def test_a_cut_range_answer_is_read_again(packed, tmp_path, file_server):
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     local = TarShards(out)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
             srv.fail("train-000003.tar", "shortlen")
             first = src.shard_ranges()[3][0]
@@ -126,11 +125,11 @@ def test_a_cut_range_answer_is_read_again(packed, tmp_path):
             assert tries == [206, 206]
 
 
-def test_a_cut_copy_of_a_shard_without_index_is_fetched_again(packed, tmp_path):
+def test_a_cut_copy_of_a_shard_without_index_is_fetched_again(packed, tmp_path, file_server):
     out, _ = packed
     d, _ = _tree(packed, tmp_path, index=False)
     local = TarShards(os.path.join(out, "train-000001.tar"))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         url = srv.url + "/train-000001.tar"
         # The list says how large the shard is and what it hashes to: the cut
         # copy (with a matching Content-Length) fails those checks and is retried.
@@ -151,7 +150,7 @@ def test_a_cut_copy_of_a_shard_without_index_is_fetched_again(packed, tmp_path):
         assert cache.lookup(url) is None
 
 
-def test_copy_whose_hash_differs_from_the_list_is_refused(packed, tmp_path):
+def test_copy_whose_hash_differs_from_the_list_is_refused(packed, tmp_path, file_server):
     out, _ = packed
     d, _ = _tree(packed, tmp_path)
     doc = json.loads(open(os.path.join(out, "train.json")).read())
@@ -159,7 +158,7 @@ def test_copy_whose_hash_differs_from_the_list_is_refused(packed, tmp_path):
     assert len(entry["sha256"]) == 64 and entry["filesize"] > 0  # feeder-pack writes both
     entry["sha256"] = "0" * 64
     (d / "bad.json").write_text(json.dumps(doc))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(srv.url + "/bad.json", cache_dir=str(tmp_path / "c"), retries=1,
                        backoff_s=0.01) as src:
             src.read(0)  # by range, while the copy is checked
@@ -181,11 +180,11 @@ def _republish(d, name, other):
     os.utime(d / f"{name}.tar", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
 
 
-def test_a_shard_republished_mid_run_is_reported_not_read_with_old_offsets(packed, tmp_path):
+def test_a_shard_republished_mid_run_is_reported_not_read_with_old_offsets(packed, tmp_path, file_server):
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     local = TarShards(out)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
             assert src.read(0) == local.read(0)
             _republish(d, "train-000000", "train-000002")
@@ -204,14 +203,14 @@ def test_a_shard_republished_mid_run_is_reported_not_read_with_old_offsets(packe
             assert src.read(0) == TarShards(os.path.join(out, "train-000002.tar")).read(0)
 
 
-def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_path):
+def test_a_new_run_with_a_cached_index_sees_the_republished_shard(packed, tmp_path, file_server):
     """The index is cached with the version of the shard it was read against; the
     next run, reading the shard by range, compares: old offsets are never used on
     new bytes, and the stale index leaves the cache."""
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     cache = str(tmp_path / "c")
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         # cache_bytes fits the indices (with their image sizes) but not the shards: reads stay by range.
         with TarShards(_pattern(srv, n), cache_dir=cache, cache_bytes=8000) as src:
             src.read(0)
@@ -244,7 +243,7 @@ def _swap_bytes(d, name, other):
 
 @pytest.mark.parametrize("cache", [False, True])
 def test_a_shard_republished_before_its_first_read_without_validators_is_an_error(
-        packed, tmp_path, cache):
+        packed, tmp_path, cache, file_server):
     """A server that sends no ETag or Last-Modified, and a shard re-published
     between the source's construction and its first read: the first answer's
     size is checked against the size the index was made from, so every sample
@@ -253,7 +252,7 @@ def test_a_shard_republished_before_its_first_read_without_validators_is_an_erro
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     k, victim, other, size, other_size = _smaller_shard(out)
-    with FileServer(d, validators=False) as srv:
+    with file_server(d, validators=False) as srv:
         with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c") if cache else False,
                        backoff_s=0.01) as src:
             first, stop = src.shard_ranges()[k]
@@ -266,7 +265,7 @@ def test_a_shard_republished_before_its_first_read_without_validators_is_an_erro
                     src.read(i)
 
 
-def test_a_range_answer_of_another_size_mid_run_is_a_changed_shard(packed, tmp_path):
+def test_a_range_answer_of_another_size_mid_run_is_a_changed_shard(packed, tmp_path, file_server):
     """Without validators, a later range answer whose total differs from the
     first's is the shard re-published: a ShardChangedError naming both sizes,
     not a transient cut retried and reported as one."""
@@ -276,7 +275,7 @@ def test_a_range_answer_of_another_size_mid_run_is_a_changed_shard(packed, tmp_p
     idx = d / f"{victim}.idx"
     idx.write_text("".join(line for line in idx.read_text().splitlines(True)  # another tool's:
                            if not line.startswith("#")))  # no shard size
-    with FileServer(d, validators=False) as srv:
+    with file_server(d, validators=False) as srv:
         with TarShards(_pattern(srv, n), cache_dir=False, backoff_s=0.01) as src:
             first, _ = src.shard_ranges()[k]
             assert src.read(first)[1] == first
@@ -288,7 +287,7 @@ def test_a_range_answer_of_another_size_mid_run_is_a_changed_shard(packed, tmp_p
 
 
 @pytest.mark.parametrize("listed", [False, True])
-def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp_path, caplog, listed):
+def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp_path, caplog, listed, file_server):
     """The cache kept a shard's copy but not its index (evicted first), and the shard
     was re-published since: the next run fetches the new index, and must not read
     the old copy at its offsets. With a shard list, its sha256 tells; without one,
@@ -296,7 +295,7 @@ def test_a_cached_copy_is_not_read_with_the_index_of_a_newer_version(packed, tmp
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     cache_dir = str(tmp_path / "c")
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         url = srv.url + "/train.json" if listed else _pattern(srv, n)
         with TarShards(url, cache_dir=cache_dir) as src:
             _all(src)
@@ -354,12 +353,12 @@ def test_local_index_and_list_files_are_bounded(packed, tmp_path, kind):
 
 # -- damaged cache entries ---------------------------------------------------------------
 
-def test_a_truncated_cache_entry_is_fetched_again(packed, tmp_path):
+def test_a_truncated_cache_entry_is_fetched_again(packed, tmp_path, file_server):
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     cache_dir = str(tmp_path / "c")
     local = _all(TarShards(out))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(_pattern(srv, n), cache_dir=cache_dir) as src:
             assert _all(src) == local and src.wait_downloads(T)
             shard0 = src.shards[0]
@@ -376,11 +375,11 @@ def test_a_truncated_cache_entry_is_fetched_again(packed, tmp_path):
         assert open(cache.lookup(shard0), "rb").read() == open(os.path.join(out, "train-000000.tar"), "rb").read()
 
 
-def test_a_cache_entry_damaged_while_in_use_is_replaced_once(packed, tmp_path):
+def test_a_cache_entry_damaged_while_in_use_is_replaced_once(packed, tmp_path, file_server):
     out, _ = packed
     d, n = _tree(packed, tmp_path)
     local = _all(TarShards(out))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c")) as src:
             assert _all(src) == local and src.wait_downloads(T)
             entry = ShardCache(str(tmp_path / "c"), 1 << 30).lookup(src.shards[0])
@@ -392,20 +391,20 @@ def test_a_cache_entry_damaged_while_in_use_is_replaced_once(packed, tmp_path):
 # -- hostile shard lists ----------------------------------------------------------------
 
 @pytest.mark.parametrize("entry", ["/etc/passwd", "file:///etc/passwd", "~/x.tar", "c:x.tar"])
-def test_a_remote_list_may_not_name_local_files(packed, tmp_path, entry):
+def test_a_remote_list_may_not_name_local_files(packed, tmp_path, entry, file_server):
     d, _ = _tree(packed, tmp_path)
     (d / "evil.json").write_text(json.dumps({"shardlist": [{"url": entry}]}))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with pytest.raises(ShardFormatError, match=r"evil\.json.*(local file|not a relative name)"):
             TarShards(srv.url + "/evil.json", cache_dir=False)
 
 
-def test_remote_list_entries_resolve_against_the_list(packed, tmp_path, jpeg_blobs):
+def test_remote_list_entries_resolve_against_the_list(packed, tmp_path, jpeg_blobs, file_server):
     out, _ = packed
     d, _ = _tree(packed, tmp_path)
     (d / "sub").mkdir()
     (d / "sub" / "up.json").write_text(json.dumps({"shardlist": [{"url": "../train-000001.tar"}]}))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with TarShards(srv.url + "/sub/up.json", cache_dir=False) as src:
             assert src.shards == [srv.url + "/train-000001.tar"]
             assert _all(src) == _all(TarShards(os.path.join(out, "train-000001.tar")))
@@ -424,12 +423,12 @@ def test_list_counts_are_checked(packed, tmp_path):
         TarShards(str(bad))
 
 
-def test_hostile_list_documents(packed, tmp_path):
+def test_hostile_list_documents(packed, tmp_path, file_server):
     d, _ = _tree(packed, tmp_path)
     (d / "deep.json").write_text("[" * 100_000)
     (d / "notlist.json").write_text(json.dumps({"shardlist": [{"url": 5}]}))
     (d / "hash.json").write_text(json.dumps({"shardlist": [{"url": "train-000000.tar", "sha256": "zz"}]}))
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         with pytest.raises(ShardFormatError, match=r"deep\.json.*nested too deeply"):
             TarShards(srv.url + "/deep.json", cache_dir=False)
         with pytest.raises(ShardFormatError, match=r"notlist\.json.*non-empty string"):
@@ -440,10 +439,10 @@ def test_hostile_list_documents(packed, tmp_path):
 
 # -- object-store ways: queries, 403, redirects, stalls ---------------------------------
 
-def test_presigned_urls_keep_their_query_and_a_forbidden_index_means_scan(packed, tmp_path):
+def test_presigned_urls_keep_their_query_and_a_forbidden_index_means_scan(packed, tmp_path, file_server):
     out, _ = packed
     d, _ = _tree(packed, tmp_path)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         url = srv.url + "/train-000002.tar?X-Signature=abc%2Fdef&Expires=9"
         srv.fail("train-000002.idx", 403)  # the signature covers the shard only
         with TarShards(url, cache_dir=str(tmp_path / "c"), backoff_s=0.01) as src:
@@ -455,17 +454,17 @@ def test_presigned_urls_keep_their_query_and_a_forbidden_index_means_scan(packed
         assert not [f for f in cached if "?" in f or "&" in f]
 
 
-def test_a_redirect_loop_says_redirect(packed, tmp_path):
+def test_a_redirect_loop_says_redirect(packed, tmp_path, file_server):
     d, _ = _tree(packed, tmp_path)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         srv.fail("train-000000.idx", *["redirect"] * 30)
         with pytest.raises(RemoteError, match=r"train-000000\.idx.*redirect loop"):
             TarShards(srv.url + "/train-000000.tar", cache_dir=False, backoff_s=0.01)
 
 
-def test_a_stalled_index_request_ends_at_the_construction_deadline(packed, tmp_path):
+def test_a_stalled_index_request_ends_at_the_construction_deadline(packed, tmp_path, file_server):
     d, n = _tree(packed, tmp_path)
-    with FileServer(d) as srv:
+    with file_server(d) as srv:
         srv.fail("train-000001.idx", "stall")
         # A deadline that leaves the other shards' index requests time to be answered
         # on a busy machine, so that the stalled one is the one named.
@@ -643,9 +642,9 @@ def test_dropped_sources_release_their_descriptors(packed):
     assert _fds() <= before + 2  # flat: not one per shard per cycle
 
 
-def test_closing_a_remote_source_mid_copy_returns(packed, tmp_path):
+def test_closing_a_remote_source_mid_copy_returns(packed, tmp_path, file_server):
     d, n = _tree(packed, tmp_path)
-    with FileServer(d, latency_s=0.0) as srv:
+    with file_server(d, latency_s=0.0) as srv:
         src = TarShards(_pattern(srv, n), cache_dir=str(tmp_path / "c"))
         for i in range(0, len(src), 5):
             src.read(i)
