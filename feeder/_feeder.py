@@ -211,7 +211,7 @@ class Feeder:
                  isolation: str = "thread",
                  start_method: str = "auto") -> None:
         # The options are checked once, in engine/config.py's table (its defaults
-        # equal these: tests/test_config.py checks).
+        # equal these: tests/engine/test_config.py checks).
         options: dict[str, Any] = {name: value for name, value in locals().items()
                                    if name in _OPTION_NAMES}
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):

@@ -1,7 +1,7 @@
 """The GPU acceptance check of the CUDA transfer path (run by ``scripts/gpu-check``).
 
 CI has no GPU, so the CUDA-only logic is checked there against a faked
-``torch.cuda`` (``tests/test_cuda_logic.py``); this script checks the same
+``torch.cuda`` (``tests/engine/test_cuda_logic.py``); this script checks the same
 risks on a real GPU, once, and prints one table row per check:
 
 * ``gpu suite``: ``pytest tests/cuda``.

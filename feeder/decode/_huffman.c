@@ -36,7 +36,7 @@
  * before the MCU does ("premature end of data segment"), bytes before a marker;
  * and one of its own: fill bytes before a stuffed zero (FF FF 00), on which
  * libjpeg-turbo's slow and fast paths disagree.
- * tests/test_jpeg_index.py checks the pixels against libjpeg's own decoder over
+ * tests/decode/test_jpeg_index.py checks the pixels against libjpeg's own decoder over
  * every layout and scale, and both decoders' verdicts on damaged files.
  */
 #ifndef _GNU_SOURCE

@@ -62,7 +62,7 @@
  * The upsampler reads one chroma sample beyond each output pixel (two pixels
  * at 4:2:x); four pixels keep the wanted columns away from the window's edges
  * at every subsampling and scale, so they are bit-identical to a full decode
- * (tests/test_jpeg.py checks this for 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1 at
+ * (tests/decode/test_jpeg.py checks this for 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1 at
  * every scale). */
 #ifndef PAD
 #define PAD 4

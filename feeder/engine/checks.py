@@ -76,10 +76,10 @@ def parse_device(device: str | torch.device) -> torch.device:
     ``"cuda"`` keeps no index: it is resolved by :func:`resolve_device` when each
     pass starts, so a feeder built before ``torch.cuda.set_device(local_rank)``
     (the usual torchrun script: data first, model second) delivers on the rank's
-    device, not on GPU 0 (tests/test_cuda_logic.py, scripts/gpu-check "set_device
+    device, not on GPU 0 (tests/engine/test_cuda_logic.py, scripts/gpu-check "set_device
     after build"). Resolving here would also initialize CUDA, after which an
     isolated feeder's "auto" start method can no longer fork
-    (tests/test_isolation_start.py).
+    (tests/isolation/test_isolation_start.py).
     """
     try:
         dev = torch.device(device)

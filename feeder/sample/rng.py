@@ -30,7 +30,7 @@ def _mix(z: int) -> int:
 # ``index_key`` and ``SampleRNG._next`` run for every sample (and draw) with the
 # GIL held, so they spell ``_mix`` out inline: a Python call costs as much as the
 # mix itself. They must stay bit-identical to the composition of ``_mix`` they
-# replace (the stream is part of the determinism promise; tests/test_rng.py pins it).
+# replace (the stream is part of the determinism promise; tests/sample/test_rng.py pins it).
 
 def epoch_key(seed: int, epoch: int) -> int:
     """What :func:`sample_key` derives from ``(seed, epoch)`` alone: computed once per

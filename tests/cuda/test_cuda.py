@@ -98,7 +98,7 @@ def test_consumer_stream_waits_for_the_batch_event(big_source, monkeypatch):
     monkeypatch.setattr(torch.cuda.Stream, "wait_event",
                         lambda self, ev: (waits.append(ev), real_wait(self, ev))[1])
     # The CPU half (reference_sums, batch_sum, assert_sums) runs in CI:
-    # tests/test_cuda_helpers.py::test_consumer_stream_waits_for_the_batch_event_cpu_half.
+    # tests/engine/test_cuda_helpers.py::test_consumer_stream_waits_for_the_batch_event_cpu_half.
     with make(big_source, device="cpu", normalize=(MEAN, STD)) as cpu:
         expect = reference_sums(cpu, "float")
     consumer = torch.cuda.Stream()
@@ -133,7 +133,7 @@ def test_caching_allocator_does_not_recycle_batches_still_in_use(big_source):
     """Each batch is read by a delayed kernel on the consumer stream after the loop
     dropped it; without record_stream the allocator would hand its memory to the
     next batch's copy while that kernel is still queued."""
-    # CPU half: tests/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
+    # CPU half: tests/engine/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
     with make(big_source, device="cpu", shuffle=False) as cpu:
         expect = reference_sums(cpu, "int")
     consumer = torch.cuda.Stream()

@@ -18,7 +18,7 @@ from tests.support.cuda import big_source as _big_source
 from feeder import ops
 from feeder.testing import current_pass_of, engine_of, pool_of
 from tests.support.fields import DictSource
-from tests.test_isolation import assert_same, make_dict
+from tests.isolation.test_isolation import assert_same, make_dict
 
 
 
@@ -67,7 +67,7 @@ def test_buffers_go_back_only_after_their_copy(big_source, monkeypatch):
 
 def test_consumer_stream_lagging_behind(big_source):
     """A consumer stream that lags: batches keep their values (events, record_stream)."""
-    # CPU half: tests/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
+    # CPU half: tests/engine/test_cuda_helpers.py::test_lagging_consumer_cpu_half.
     with make(big_source, device="cpu", shuffle=False) as cpu:
         expect = reference_sums(cpu, "int")
     consumer = torch.cuda.Stream()

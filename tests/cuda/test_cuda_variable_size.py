@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_variable_size import Segments, Sized, _sizes, collect
+from tests.engine.test_variable_size import Segments, Sized, _sizes, collect
 from feeder import Feeder
 
 

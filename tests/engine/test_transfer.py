@@ -1,7 +1,7 @@
 """The transfer stage driven alone on CPU: batches delivered in order with their
 samples' indices, holes filled from the next batch with each index moving with
-its sample. (Its CUDA side: tests/test_cuda_logic.py without a GPU,
-tests/cuda/ on one; cut and padded variable-size copies: tests/test_variable_size.py.)"""
+its sample. (Its CUDA side: tests/engine/test_cuda_logic.py without a GPU,
+tests/cuda/ on one; cut and padded variable-size copies: tests/engine/test_variable_size.py.)"""
 
 from __future__ import annotations
 

@@ -509,7 +509,7 @@ def test_zero_padding_clears_outside_each_size():
 def test_zero_padding_clears_a_batch_in_a_fixed_number_of_operations():
     """One pass over the batch, not up to two per sample, with the device's copy of
     the sizes when given; a batch without padding is left untouched."""
-    from tests.test_ops_recipes import aten_ops
+    from tests.ops.test_ops_recipes import aten_ops
 
     def run(b):
         images = torch.ones(b, 3, 6, 7).contiguous(memory_format=torch.channels_last)

@@ -545,7 +545,7 @@ SIGINT_SCRIPT = """
 sys.path.insert(0, {repo!r})
 from tests.support import MemorySource
 from feeder.testing import pass_of
-from tests.test_isolation import stall
+from tests.isolation.test_isolation import stall
 if __name__ == "__main__":
     f = Feeder(MemorySource(BLOBS), 2, [stall, ops.CenterCrop(24)], seed=0, isolation="process",
                start_method={start!r})

@@ -26,7 +26,7 @@ from tests.support import JOIN_TIMEOUT_S, REPO_DIR, MemorySource
 from tests.support.faults import Child
 from feeder import ConfigError, Feeder, FeederError, ops
 from feeder.testing import engine_of, worker_process_of
-from tests.test_isolation import BLOBS, assert_same, collect, make
+from tests.isolation.test_isolation import BLOBS, assert_same, collect, make
 
 REPO = REPO_DIR
 
@@ -392,7 +392,7 @@ import atexit, os, sys
 sys.path.insert(0, {repo!r})
 from tests.support import MemorySource
 from feeder import Feeder, ops
-from tests.test_isolation import BLOBS
+from tests.isolation.test_isolation import BLOBS
 
 def shout(img, rng):
     print("worker-line")
@@ -425,7 +425,7 @@ import cv2, numpy as np, torch
 sys.path.insert(0, {repo!r})
 from tests.support import MemorySource
 from feeder import Feeder, ops
-from tests.test_isolation import BLOBS
+from tests.isolation.test_isolation import BLOBS
 
 def tasks():
     return len(os.listdir("/proc/self/task"))

@@ -16,7 +16,7 @@ from feeder import Feeder
 from feeder.decode import header_size
 from feeder.order.group import group_ids, grouped_order
 from tests.support.fields import rgb_png
-from tests.test_variable_size import Sized, collect
+from tests.engine.test_variable_size import Sized, collect
 
 
 def _mixed(n: int, seed: int = 0) -> list[tuple[int, int]]:

@@ -2,7 +2,7 @@
 server on the loopback interface: a range is exactly the bytes asked for or an
 error that says what the server did; a whole copy is all of its bytes, bounded,
 with its hash; a file's version is told by size, ETag and Last-Modified.
-(The same through TarShards and a Feeder: tests/test_storage_hostile.py.)"""
+(The same through TarShards and a Feeder: tests/storage/test_storage_hostile.py.)"""
 
 from __future__ import annotations
 

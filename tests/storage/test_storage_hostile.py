@@ -5,7 +5,7 @@ Each test puts feeder in front of one way storage goes wrong (a server that
 ignores ``Range``, a proxy that cuts bodies, a shard re-published under the
 same URL, a damaged cache, hostile shard lists and payloads, leaks) and asserts
 the outcome: the right bytes, or an error naming the file, and never a hang.
-The server is feeder's own loopback HTTP server (see ``tests/test_remote.py``
+The server is feeder's own loopback HTTP server (see ``tests/storage/test_remote.py``
 for why), with ``ETag``/``Last-Modified`` as nginx sends them.
 
 The file is named to run after the start-method tests: fsspec's event-loop

@@ -1,6 +1,6 @@
 """The device-independent halves of the GPU suite (``tests/cuda``): how its tests
 build their feeders, the CPU reference each compares against, and the
-comparisons. Nothing here needs CUDA: ``tests/test_cuda_helpers.py`` runs every
+comparisons. Nothing here needs CUDA: ``tests/engine/test_cuda_helpers.py`` runs every
 part of it on the CPU in CI, so a helper that only works on tensors, or only on
 the numpy arrays ``drain()`` returns, fails there and not on the first GPU.
 """

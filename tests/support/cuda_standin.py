@@ -3,7 +3,7 @@ recording fake, and "CUDA" tensors that live in CPU memory.
 
 ``tests/cuda`` runs under it in CI (``tests/conftest.py``'s ``cuda`` fixture installs it for
 every test when ``torch.cuda.is_available()`` is False; on a GPU the tests run
-on the device). ``tests/test_cuda_logic.py`` uses it directly.
+on the device). ``tests/engine/test_cuda_logic.py`` uses it directly.
 
 What it models, and what it cannot:
 

@@ -1,4 +1,4 @@
-"""Made-slow parts for tests/test_doctor.py, importable as
+"""Made-slow parts for tests/doctor/test_doctor.py, importable as
 ``tests.support.doctor:NAME`` by ``feeder-doctor`` (the tests put the repository
 on ``sys.path``).
 

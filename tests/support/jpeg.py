@@ -1,5 +1,5 @@
-"""JPEG test files of every kind the region decoder handles (tests/test_jpeg.py,
-tests/test_jpeg_hostile.py), and of the other coding processes (lossless,
+"""JPEG test files of every kind the region decoder handles (tests/decode/test_jpeg.py,
+tests/decode/test_jpeg_hostile.py), and of the other coding processes (lossless,
 12/16-bit: tests/data/jpeg_lossless)."""
 
 from __future__ import annotations

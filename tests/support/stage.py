@@ -1,6 +1,6 @@
 """Stand-ins for driving one stage alone: a control that records what the stages
-ask of the pipeline, and bounded draining and joining (tests/test_stage.py,
-tests/test_transfer.py)."""
+ask of the pipeline, and bounded draining and joining (tests/engine/test_stage.py,
+tests/engine/test_transfer.py)."""
 
 from __future__ import annotations
 

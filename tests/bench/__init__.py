@@ -1,0 +1,1 @@
+"""Tests of feeder.bench and the feeder-bench command."""

@@ -1,0 +1,1 @@
+"""Tests of feeder.doctor and the feeder-doctor command."""

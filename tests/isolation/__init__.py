@@ -1,0 +1,1 @@
+"""Tests of feeder.isolation: the worker-process engine, its protocol, how it starts."""

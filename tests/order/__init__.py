@@ -1,0 +1,1 @@
+"""Tests of feeder.order: epoch orders, the plan, aspect-ratio groups, resume (elastic too)."""

@@ -1,0 +1,1 @@
+"""Tests of feeder.pack and the feeder-pack command."""
