@@ -192,7 +192,7 @@ class Config:
 
 
 #: The records a :class:`Config` is read through, by attribute: every option is
-#: a field of exactly one (tests/test_config.py checks); a record's field whose
+#: a field of exactly one (tests/engine/test_config.py checks); a record's field whose
 #: metadata says ``derived`` is decided by other options, not an option itself.
 RECORDS = {"threads": ThreadOptions, "order": OrderOptions, "decode": DecodeOptions,
            "sizes": SizeOptions, "output": OutputOptions, "errors": ErrorOptions,
