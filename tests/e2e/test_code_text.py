@@ -8,6 +8,7 @@ import ast
 import importlib
 import pathlib
 import re
+import sys
 import types
 import warnings
 
@@ -174,7 +175,7 @@ def test_the_module_path_check_sees_a_stale_one(tmp_path, monkeypatch, text, fou
     with warnings.catch_warnings():  # an old path imported, as an earlier test may have
         warnings.simplefilter("ignore", DeprecationWarning)
         importlib.import_module("feeder.work.sample")
-    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     path = tmp_path / "x.md"
     path.write_text(text + "\n")
     (tmp_path / "feeder" / "engine").mkdir(parents=True)
