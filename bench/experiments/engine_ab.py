@@ -2,7 +2,7 @@
 alternating rounds, each run a fresh child process that imports feeder from its
 tree. For checking that an engine change costs no throughput.
 
-    python bench/experiments/engine_ab.py DATA --tree A=/path/to/old --tree B=/path/to/new
+    python bench/experiments/engine_ab.py DATA --tree A=/path/to/old --tree B=/path/to/new [--size 224]
 
 Prints, per tree, the median images/s over the rounds, and the median over rounds
 of B/A measured in the same round (the machine's drift cancels in the ratio).
@@ -22,6 +22,7 @@ import json, sys, time
 import torch
 from feeder import Feeder, ImageFolder, ops
 root, epochs, batch, decode, augment = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+size = int(sys.argv[6])
 decode = decode if decode == "auto" else int(decode)
 augment = augment if augment == "auto" else int(augment)
 src = ImageFolder(root)
@@ -29,7 +30,7 @@ t0 = time.perf_counter()
 cpu0 = time.process_time()
 n = 0
 first = None
-with Feeder(src, batch, [ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()], seed=0,
+with Feeder(src, batch, [ops.RandomResizedCrop(size), ops.RandomHorizontalFlip()], seed=0,
             decode_threads=decode, augment_threads=augment) as f:
     for epoch in range(epochs):
         f.set_epoch(epoch)
@@ -43,9 +44,18 @@ print(json.dumps({"img_s": n / wall, "cpu_ms": 1000 * (time.process_time() - cpu
 """
 
 
+def _load() -> str:
+    """The 1-minute load average (the machine may be shared: figures are read beside it)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
+
+
 def run(tree: str, args) -> dict:
     return run_in_tree(tree, CHILD, [args.data, str(args.epochs), str(args.batch_size),
-                                     args.decode_threads, args.augment_threads], timeout=600)
+                                     args.decode_threads, args.augment_threads, str(args.size)], timeout=600)
 
 
 def main() -> None:
@@ -55,6 +65,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output side")
     p.add_argument("--decode-threads", default="auto")
     p.add_argument("--augment-threads", default="auto")
     args = p.parse_args()
@@ -63,6 +74,7 @@ def main() -> None:
         p.error("give exactly two --tree NAME=PATH")
     results: dict[str, list[dict]] = {name: [] for name, _ in trees}
     ratios = []
+    loads = [_load()]
     for r in range(args.rounds):
         order = trees if r % 2 == 0 else trees[::-1]
         got = {}
@@ -72,9 +84,11 @@ def main() -> None:
             print(f"round {r + 1} {name}: {got[name]['img_s']:.0f} img/s", file=sys.stderr, flush=True)
         (a, _), (b, _) = trees
         ratios.append(got[b]["img_s"] / got[a]["img_s"])
-    print(f"data {args.data}; RandomResizedCrop(224) + flip, batch {args.batch_size}, {args.epochs} epochs, "
+        loads.append(_load())
+    print(f"data {args.data}; RandomResizedCrop({args.size}) + flip, batch {args.batch_size}, {args.epochs} epochs, "
           f"decode_threads={args.decode_threads}, augment_threads={args.augment_threads}, uint8 on CPU; "
           f"{args.rounds} alternating rounds, medians")
+    print(f"load average (1 min) before the first round and after each: {', '.join(loads)}")
     print(f"{'tree':<8}{'img/s':>8}{'CPU ms/img':>12}{'1st batch s':>13}")
     for name, _ in trees:
         rs = results[name]
