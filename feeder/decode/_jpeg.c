@@ -9,8 +9,9 @@
  * only its rows and columns skips the IDCT, upsampling and colour conversion
  * of the rest, and stops reading the file after the crop's last row.
  *
- * Three functions:
+ * Four functions:
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
+ *   frame(data, max_steps) -> headers.py's jpeg_frame walk of the marker segments
  *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify,
  *          own=True, index=None, record=False, max_points=16)
  *       -> (stride, col_offset), or with record or index
@@ -318,6 +319,70 @@ static PyObject *jpeg_header(PyObject *self, PyObject *arg)
     }
     return Py_BuildValue("(IIissO)", width, height, components, cs, sub,
                          progressive ? Py_True : Py_False);
+}
+
+/* headers.py's jpeg_frame walk, in C (the same steps, byte for byte: the
+ * Python one runs where the extension is not in use, and a test checks that
+ * the two agree): the marker segments from SOI to the first scan, each
+ * length checked against the bytes left, until a non-progressive frame
+ * header (SOF) or, after a progressive one, the first scan. Returns
+ * (marker, precision, height, width, components, position where the walk
+ * stopped), None when it found no SOF, False after max_steps segments and
+ * fill bytes. It holds the GIL: it reads a few header bytes. */
+static PyObject *jpeg_frame(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    int max_steps;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &max_steps))
+        return NULL;
+    const unsigned char *d = view.buf;
+    Py_ssize_t n = view.len, pos = 2;
+    int found = 0, exhausted = 1;
+    unsigned marker = 0, precision = 0, height = 0, width = 0, components = 0;
+    for (int step = 0; step < max_steps; step++) {
+        if (pos + 4 > n || d[pos] != 0xFF) {
+            exhausted = 0;
+            break;
+        }
+        unsigned m = d[pos + 1];
+        if (m == 0xFF) { /* a fill byte */
+            pos += 1;
+            continue;
+        }
+        if (m == 0xDA || m == 0xD9) { /* the first scan, or the end of the image */
+            exhausted = 0;
+            break;
+        }
+        Py_ssize_t length = ((Py_ssize_t)d[pos + 2] << 8) | d[pos + 3];
+        if (length < 2 || pos + 2 + length > n) {
+            exhausted = 0;
+            break;
+        }
+        /* SOF0..SOF15 but DHT (C4), JPG (C8) and DAC (CC); a second one is the decoder's error */
+        if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC && !found) {
+            if (length < 8) {
+                exhausted = 0;
+                break;
+            }
+            found = 1;
+            marker = m;
+            precision = d[pos + 4];
+            height = ((unsigned)d[pos + 5] << 8) | d[pos + 6];
+            width = ((unsigned)d[pos + 7] << 8) | d[pos + 8];
+            components = d[pos + 9];
+            if (m != 0xC2 && m != 0xCA) { /* only a progressive frame's scans are counted */
+                exhausted = 0;
+                break;
+            }
+        }
+        pos += 2 + length;
+    }
+    PyBuffer_Release(&view);
+    if (exhausted)
+        Py_RETURN_FALSE;
+    if (!found)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(IIIIIn)", marker, precision, height, width, components, pos);
 }
 
 typedef struct {
@@ -669,6 +734,10 @@ static PyMethodDef methods[] = {
     {"header", jpeg_header, METH_O,
      "header(data) -> (width, height, components, colorspace, subsampling, progressive)\n\n"
      "Read a JPEG's header. Raises feeder.errors.DecodeError when it cannot."},
+    {"frame", jpeg_frame, METH_VARARGS,
+     "frame(data, max_steps) -> (marker, precision, height, width, components, stop) | None | False\n\n"
+     "feeder.decode.headers.jpeg_frame's walk of the marker segments (None: no\n"
+     "frame header found; False: more than max_steps segments and fill bytes)."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True,\n"
      "       own=True, index=None, record=False, max_points=16)"

@@ -257,26 +257,11 @@ class JpegFrame(NamedTuple):
         return self.marker in _PROGRESSIVE_SOF
 
 
-def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
-    """The frame header of a JPEG, found by walking its marker segments from
-    SOI to the first scan (each length checked against the bytes left), and
-    checked against what feeder decodes.
-
-    The decoders' own header reading does not say which process a file uses,
-    and that decides how it may be decoded: DCT scaling has no meaning for a
-    lossless file, and a libjpeg-turbo that ignores it there writes a full-size
-    image where a scaled one was asked for (libjpeg-turbo 3.0 to 3.1.3's
-    TurboJPEG, which simplejpeg bundles, past the end of its output).
-
-    Returns:
-        The frame, or None when the walk found none before the first scan (or
-        the data's end): a corrupt header, for the decoder to report.
-
-    Raises:
-        DecodeError: a process or sample precision feeder does not decode
-            (hierarchical files; samples of other than 8 bits), or a header of
-            more than ``_MAX_HEADER_STEPS`` segments and fill bytes.
-    """
+def _walk(data: bytes | memoryview) -> tuple[int, int, int, int, int, int] | bool | None:
+    """:func:`jpeg_frame`'s walk: ``(marker, precision, height, width, components,
+    where it stopped)``, None when it found no frame header, False after
+    ``_MAX_HEADER_STEPS`` segments and fill bytes (the extension's ``frame``
+    takes the same steps)."""
     pos, n, frame = 2, len(data), None
     for _ in range(_MAX_HEADER_STEPS):
         if pos + 4 > n or data[pos] != 0xFF:
@@ -299,11 +284,42 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
                 break  # only a progressive frame's scans are counted: stop here
         pos += 2 + length
     else:
+        return False
+    return None if frame is None else (*frame, pos)
+
+
+def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
+    """The frame header of a JPEG, found by walking its marker segments from
+    SOI to the first scan (each length checked against the bytes left), and
+    checked against what feeder decodes.
+
+    The decoders' own header reading does not say which process a file uses,
+    and that decides how it may be decoded: DCT scaling has no meaning for a
+    lossless file, and a libjpeg-turbo that ignores it there writes a full-size
+    image where a scaled one was asked for (libjpeg-turbo 3.0 to 3.1.3's
+    TurboJPEG, which simplejpeg bundles, past the end of its output).
+
+    Returns:
+        The frame, or None when the walk found none before the first scan (or
+        the data's end): a corrupt header, for the decoder to report.
+
+    Raises:
+        DecodeError: a process or sample precision feeder does not decode
+            (hierarchical files; samples of other than 8 bits), or a header of
+            more than ``_MAX_HEADER_STEPS`` segments and fill bytes.
+    """
+    ext = extension.jpeg
+    if ext is not None and (type(data) is bytes or (type(data) is memoryview and data.format == "B"
+                                                    and data.c_contiguous)):
+        walked = ext.frame(data, _MAX_HEADER_STEPS)  # _walk, in C
+    else:
+        walked = _walk(data)
+    if walked is False:
         raise DecodeError(f"corrupt JPEG header: more than {_MAX_HEADER_STEPS} marker segments "
                           f"and fill bytes before the first scan")
-    if frame is None:
+    if walked is None:
         return None
-    found = JpegFrame(*frame, pos)
+    found = JpegFrame(*walked)
     if found.marker in _HIERARCHICAL_SOF:
         raise DecodeError(f"hierarchical JPEG ({found.process}) is not supported: libjpeg-turbo "
                           f"decodes no differential frames; re-encode it as a baseline or "

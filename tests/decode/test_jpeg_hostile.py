@@ -952,3 +952,48 @@ def test_simplejpegs_refusal_of_unusual_sampling_says_what_it_is():
         simplejpeg.decode_jpeg(data)
     said = D._simplejpeg_says(caught.value)
     assert "chroma sampling factors" in said and "extension" in said
+
+
+def _header_mutations(seed: int) -> list[bytes]:
+    """JPEG headers cut, damaged and padded every way the marker walk branches on:
+    fill bytes, short and overlong lengths, every SOF marker, second frames,
+    runs of tiny segments past the step limit."""
+    from feeder.decode.headers import _MAX_HEADER_STEPS
+
+    rng = np.random.default_rng(seed)
+    files = [jpeg(make_image(40, 56, seed=seed), kind) for kind in ("4:2:0", "progressive", "gray")]
+    out = []
+    for data in files:
+        sos = data.index(b"\xff\xda")
+        out += [data[:n] for n in range(0, sos + 12)]
+        for _ in range(300):
+            bad = bytearray(data)
+            for _ in range(int(rng.integers(1, 4))):
+                at = int(rng.integers(2, sos + 4))
+                bad[at] = int(rng.choice([0xFF, 0x00, 0x01, 0x08, 0xC0, 0xC2, 0xC3, 0xC4, 0xC5, 0xCA,
+                                          0xCC, 0xCF, 0xD9, 0xDA, int(rng.integers(0, 256))]))
+            out.append(bytes(bad))
+        out.append(data[:2] + b"\xff" * 50 + data[2:])
+        out.append(data[:2] + b"\xff\xfe\x00\x02" * (_MAX_HEADER_STEPS - 1) + data[2:])
+        out.append(data[:2] + b"\xff\xfe\x00\x02" * _MAX_HEADER_STEPS + data[2:])
+        out.append(data[:2] + b"\xff" * (_MAX_HEADER_STEPS + 3) + data[2:])
+        sof = data.index(b"\xff\xc0") if b"\xff\xc0" in data else data.index(b"\xff\xc2")
+        seg = data[sof:sof + 2 + int.from_bytes(data[sof + 2:sof + 4], "big")]
+        out.append(data[:sof] + seg + seg + data[sof:])  # a second frame header
+    return out
+
+
+def test_the_extensions_marker_walk_is_the_python_one():
+    """jpeg_frame walks the header in C when the extension is built: the same
+    frame (or none, or the step limit) as the Python walk, on every input."""
+    from feeder.decode.headers import _MAX_HEADER_STEPS, _walk
+
+    inputs = _header_mutations(0) + _header_mutations(1)
+    kinds = set()
+    for data in inputs:
+        expected = _walk(data)
+        kinds.add(type(expected).__name__)
+        assert ext.frame(data, _MAX_HEADER_STEPS) == expected, data[:64]
+        assert ext.frame(memoryview(data), _MAX_HEADER_STEPS) == expected
+    assert kinds == {"tuple", "NoneType", "bool"}  # every outcome was met
+    assert ext.frame(b"\xff\xd8\xff\xc0", 0) is False  # no step left: the limit
