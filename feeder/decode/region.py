@@ -184,8 +184,9 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     if whole:
         y0, x0, y1, x1 = 0, 0, hs, ws
     else:
-        t, l, bh, bw = orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
-                                   _INVERSE.get(orientation, orientation))
+        t, l, bh, bw = (ctx.box if orientation == 1  # type: ignore[misc]
+                        else orient_box(ctx.box, (w, h) if swap else (h, w),  # type: ignore[arg-type]
+                                        _INVERSE.get(orientation, orientation)))
         # To the scaled image's pixels, one pixel wider each side when scaled: the
         # transforms map their box with the ratio of the scaled to the full size
         # (as for a whole scaled decode), which can round a pixel beyond t / d.
@@ -209,7 +210,7 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
             buffers.give(buf)
         raise
     img = buf[:rh * stride * 3].reshape(rh, stride, 3)[:, offset:offset + rw]
-    top, left, _, _ = orient_box((y0, x0, rh, rw), (hs, ws), orientation)
+    top, left = (y0, x0) if orientation == 1 else orient_box((y0, x0, rh, rw), (hs, ws), orientation)[:2]
     ctx.origin, ctx.scaled_size, ctx.scale = (top, left), shown, 1.0 / d
     if orientation != 1:
         img = orient(img, orientation)  # a new array: the pool buffer is free again
