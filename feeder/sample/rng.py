@@ -84,13 +84,28 @@ class SampleRNG:
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
         return z ^ (z >> 31)
 
+    # The draws below spell ``_next`` out too (a call per draw costs about as
+    # much as the draw): each is ``_next``'s arithmetic, then its own.
+
     def random(self) -> float:
         """A float uniformly drawn from [0, 1)."""
-        return (self._next() >> 11) * _UNIT
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return ((z ^ (z >> 31)) >> 11) * _UNIT
 
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
         """A float uniformly drawn from [low, high)."""
-        return low + (high - low) * ((self._next() >> 11) * _UNIT)
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return low + (high - low) * (((z ^ (z >> 31)) >> 11) * _UNIT)
 
     def integers(self, low: int, high: int | None = None) -> int:
         """An int uniformly drawn from [low, high), like ``Generator.integers``."""
@@ -99,7 +114,13 @@ class SampleRNG:
         span = high - low
         if span <= 0:
             raise ValueError(f"integers: high ({high}) must be greater than low ({low})")
-        return low + (self._next() * span >> 64)
+        z = self._state
+        if z < 0:
+            z = _mix(~z)
+        self._state = z = (z + _GOLDEN) & _MASK
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+        return low + ((z ^ (z >> 31)) * span >> 64)
 
     def log_uniform(self, low: float, high: float) -> float:
         """``exp(uniform(log(low), log(high)))``: a ratio drawn evenly in log space."""
