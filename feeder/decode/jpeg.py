@@ -79,7 +79,8 @@ class JpegDecoder:
     """How one feeder decodes JPEGs: through the region decoder (``ext``, the
     extension) when it is built, else simplejpeg; at the reduced scale or the
     region the transforms' plan allows; read to the file's end once per
-    distinct file (``verify``, ``verified``).
+    distinct file (``verify``, ``verified``), every time for a small one
+    (:data:`SMALL_BYTES`).
 
     Build one per set of settings and call :meth:`decode` per file; thread-safe
     (it holds settings, and ``verified`` locks itself).
@@ -95,12 +96,24 @@ class JpegDecoder:
             indexes (see :class:`~feeder.decode.verified.VerifiedJpegs`), or None.
         ext: The region decoder; by default the built extension (None when it is
             not in use: simplejpeg alone).
+        small_bytes: Files of fewer bytes are decoded without ``verified``
+            (default :data:`SMALL_BYTES`; 0: none).
     """
+
+    #: Files of fewer bytes are region-decoded without :attr:`verified`: each
+    #: decode reads them to their end (with ``verify``) and no row index is
+    #: kept, because for them the memory's per-file Python cost (fingerprints,
+    #: lookups, adds, all with the GIL held) exceeds what stopping after the
+    #: crop saves (measured: ``bench/results/small_files.txt``).
+    SMALL_BYTES = 12 << 10
 
     def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, buffers: Any = None,
                  exif_orientation: bool = False, verify: bool = True,
-                 verified: VerifiedJpegs | None = None, ext: Any = ...) -> None:
+                 verified: VerifiedJpegs | None = None, ext: Any = ...,
+                 small_bytes: int | None = None) -> None:
         self.max_pixels = max_pixels
+        #: See :data:`SMALL_BYTES` (0: every file goes through the memory).
+        self.small_bytes = self.SMALL_BYTES if small_bytes is None else small_bytes
         self.buffers = buffers
         self.exif_orientation = exif_orientation
         self.verify = verify
@@ -167,6 +180,13 @@ class JpegDecoder:
                                    self.buffers, True, whole=True)
             return img, size, planned
         if own and box is not None:
+            if len(data) < self.small_bytes:
+                # A small file: its region decoded as on a first read, reading to
+                # its end with ``verify`` (the same pixels and verdict), and no
+                # memory of it kept (see SMALL_BYTES).
+                img, _ = decode_region(ext, data, h, w, need, planned, orientation,
+                                       self.max_pixels, self.buffers, self.verify)
+                return img, size, planned
             return self._region(data, h, w, need, planned, orientation, scans), size, planned
         min_h = min_w = 0
         if need is not None and swap:

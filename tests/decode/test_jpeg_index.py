@@ -34,11 +34,19 @@ from tests.support.jpeg import SUBSAMPLING, jpeg, run_on_other_libjpeg
 from feeder import ConfigError, DecodeError, Feeder, ops
 from feeder.synthetic import make_image
 from feeder import decode as D
+from feeder.decode.jpeg import JpegDecoder
 from feeder.decode.verified import VerifiedJpegs
 from feeder.testing import work_of
 
 ext = D._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {D._jpeg_missing}")
+
+
+@pytest.fixture(autouse=True)
+def _every_file_through_the_memory(monkeypatch):
+    """The files here are small: below JpegDecoder.SMALL_BYTES they would skip the
+    memory these tests are about (tests/test_jpeg_small.py tests that threshold)."""
+    monkeypatch.setattr(JpegDecoder, "SMALL_BYTES", 0)
 
 
 def _noisy(h: int, w: int, seed: int) -> np.ndarray:

@@ -16,10 +16,19 @@ from feeder.engine.steps import SampleWork
 from feeder.synthetic import make_image
 from feeder import decode as _decode
 from feeder.ops.chain import Chain
+from feeder.decode.jpeg import JpegDecoder
 from feeder.decode.verified import VerifiedJpegs
 
 ext = _decode._jpeg
 needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: {_decode._jpeg_missing}")
+
+
+@pytest.fixture(autouse=True)
+def _every_file_through_the_memory(monkeypatch):
+    """The files here are small: below JpegDecoder.SMALL_BYTES they would skip the
+    memory these tests are about (tests/test_jpeg_small.py tests that threshold)."""
+    monkeypatch.setattr(JpegDecoder, "SMALL_BYTES", 0)
+
 
 GOOD = jpeg(make_image(256, 64, seed=5), "4:2:0")
 CENTRE = (120, 24, 16, 16)  # CenterCrop(16) of the 256x64 image: (top, left, height, width)
