@@ -319,7 +319,7 @@ def jpeg_frame(data: bytes | memoryview) -> JpegFrame | None:
                           f"and fill bytes before the first scan")
     if walked is None:
         return None
-    found = JpegFrame(*walked)
+    found = tuple.__new__(JpegFrame, walked)  # JpegFrame(*walked), without its Python __new__
     if found.marker in _HIERARCHICAL_SOF:
         raise DecodeError(f"hierarchical JPEG ({found.process}) is not supported: libjpeg-turbo "
                           f"decodes no differential frames; re-encode it as a baseline or "
