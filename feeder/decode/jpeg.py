@@ -104,7 +104,7 @@ class JpegDecoder:
     #: decode reads them to their end (with ``verify``) and no row index is
     #: kept, because for them the memory's per-file Python cost (fingerprints,
     #: lookups, adds, all with the GIL held) exceeds what stopping after the
-    #: crop saves (measured: ``bench/results/small_files.txt``).
+    #: crop saves (measured: ``bench/results/small_images.txt``).
     SMALL_BYTES = 12 << 10
 
     def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, buffers: Any = None,
