@@ -45,7 +45,7 @@ needs_ext = pytest.mark.skipif(ext is None, reason=f"region decoder not in use: 
 @pytest.fixture(autouse=True)
 def _every_file_through_the_memory(monkeypatch):
     """The files here are small: below JpegDecoder.SMALL_BYTES they would skip the
-    memory these tests are about (tests/test_jpeg_small.py tests that threshold)."""
+    memory these tests are about (tests/decode/test_jpeg_small.py tests that threshold)."""
     monkeypatch.setattr(JpegDecoder, "SMALL_BYTES", 0)
 
 

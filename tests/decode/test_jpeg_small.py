@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import JOIN_TIMEOUT_S, MemorySource, drain
-from jpeg_helpers import jpeg
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
+from tests.support.jpeg import jpeg
 from feeder import DecodeError, Feeder, ops
 from feeder import decode as _decode
 from feeder.decode.jpeg import JpegDecoder
-from feeder.engine.steps import SampleWork
+from feeder.decode.step import SampleWork
 from feeder.ops.chain import Chain
 from feeder.synthetic import make_image
 
