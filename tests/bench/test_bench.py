@@ -137,10 +137,15 @@ def test_compare(tiny, tmp_path):
     """The whole comparison, its consumer running a model step per batch: the rows,
     the scan, the ratios, and how long the loop waited for data."""
     out = str(tmp_path / "out")
-    proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
+    # One DataLoader point per kind (the scan's pick among several is checked on
+    # stood-in runs below); the model's step on one torch thread, as the other
+    # subprocess tests run theirs: beside a second test process on two cores, a
+    # thread per core spins waiting for the core the other holds (2.5x the CPU
+    # time per step, measured).
+    proc = bench("compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
                  "--threads-grid", "2x0", "--batch-size", "8", "--ceiling-images", "8", "--model",
-                 "--targets", cwd=tiny["base"],
-                 # About 11 child runs, each importing torch and building a model: minutes
+                 "--targets", cwd=tiny["base"], env={"OMP_NUM_THREADS": "1"},
+                 # About 10 child runs, each importing torch and building a model: minutes
                  # on a loaded 2-core machine.
                  timeout=3 * TIMEOUT_S)
     assert "feeder auto" in proc.stdout and "acceptance targets" in proc.stdout and "loop waited" in proc.stdout
@@ -182,8 +187,9 @@ def test_compare(tiny, tmp_path):
 @pytest.mark.parametrize("targets", [False, True])
 def test_compare_shows_a_users_table_and_targets_only_when_asked(tiny, tmp_path, monkeypatch, capsys, targets):
     """The last table puts the feeder against DataLoader in speed, first batch and
-    memory; the acceptance targets come only with --targets. (The measured runs are
-    stood in for: this checks the report, test_compare the measuring.)"""
+    memory; the acceptance targets come only with --targets; the scan marks the
+    fastest point of each loader, which the rounds then measure. (The measured runs
+    are stood in for: this checks the report, test_compare the measuring.)"""
     from feeder.bench import cli, compare
     from feeder.bench.measure import RunResult
 
@@ -197,17 +203,25 @@ def test_compare_shows_a_users_table_and_targets_only_when_asked(tiny, tmp_path,
         if mode in ("ceiling", "ceiling-parallel"):
             return RunResult(spec, ok=True, images=450, wall_s=1.0, cpu_s=1.0,
                              extra={"ceiling_images_per_s": 500.0})
-        return RunResult(spec, ok=True, images=300, wall_s=300 / rates[kind], cpu_s=1.0,
+        rate = rates[kind] * (0.5 if spec.get("workers") == 0 else 1.0)  # DataLoader: 1 worker is best
+        return RunResult(spec, ok=True, images=300, wall_s=300 / rate, cpu_s=1.0,
                          first_batch_s=0.5 if kind == "feeder" else 2.0,
                          peak_pss=(220 if kind == "feeder" else 500) * mib)
 
     monkeypatch.setattr(compare, "run_child", child)
     out = str(tmp_path / "out")
-    argv = ["compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0",
+    argv = ["compare", tiny["data"], "--out", out, "--repeats", "1", "--workers-grid", "0,1",
             "--threads-grid", "2x0"] + (["--targets"] if targets else [])
     capsys.readouterr()
     assert compare.run(cli.build_parser().parse_args(argv)) == 0
     text = capsys.readouterr().out
+    scan = read_csv(os.path.join(out, "compare_scan.csv"))
+    kinds = {r["kind"] for r in scan}
+    assert len(scan) == 2 * (len(kinds) - 1) + 1  # two worker counts per DataLoader kind, one feeder point
+    assert sorted((r["kind"], r["setting"]) for r in scan if r["best"] == "*") == sorted(
+        [(k, "num_workers=1") for k in kinds - {"feeder"}] + [("feeder", "decode=2 augment=0 queue=4")])
+    rows = {r["row"]: r for r in read_csv(os.path.join(out, "compare.csv"))}
+    assert rows["DataLoader+cv2"]["setting"] == "num_workers=1"
     assert "first batch, s" in text and "memory above idle, MiB" in text
     ratios = {(r["feeder"], r["versus"]): r for r in read_csv(os.path.join(out, "compare_ratios.csv"))}
     auto = ratios[("feeder auto", "DataLoader+cv2")]
