@@ -438,9 +438,18 @@ def test_overlap_profiles_a_training_step(tiny, tmp_path, kind):
 
     from feeder.bench.overlap import profile_loader
 
+    import torch
+
     trace = str(tmp_path / "trace.json.gz")
-    s = profile_loader(kind, tiny["data"], batch_size=4, workers=0, batches=2, warmup=1,
-                       trace_path=trace, device="cpu")
+    # The model's step on one torch thread, as in test_compare (a second thread
+    # spins for a core the other test process holds); the count is restored.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        s = profile_loader(kind, tiny["data"], batch_size=4, workers=0, batches=2, warmup=1,
+                           trace_path=trace, device="cpu")
+    finally:
+        torch.set_num_threads(threads)
     with gzip.open(trace) as f:
         events = json.load(f)["traceEvents"]
     assert any("conv" in e.get("name", "") for e in events)  # the model's step was traced
