@@ -620,6 +620,14 @@ def _cores(m: Measurements, fed: Fed, out: _Numbers, ratio: Spread, wait: Spread
                      "niced apart (not measured here: run without --no-process)")
     if m.device == "cpu":
         tries.append("the step on a GPU leaves the cores to the loader")
+    tune = m.fed.get("tune")
+    tuned = [f for f in fixes if f.startswith('decode_threads="tune"')]
+    if tuned and tune is not None and tune.active_threads < m.decode_threads:
+        # "tune" measured the split's loader half: fewer decode threads fed the loop
+        # faster. The fix is the split, with that run as its evidence.
+        fixes.remove(tuned[0])
+        fixes.insert(0, f"{tries.pop(0)} (measured: {tuned[0]}, ending at {tune.active_threads} "
+                        f"of {m.decode_threads} decode threads)")
     if other is not None and other > max(LOADED_CORES, LOADED_SHARE * m.cores):
         tries.insert(0, f"free cores: other processes used {other:.2f} of the {m.cores}")
     return out.verdict(

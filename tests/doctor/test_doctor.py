@@ -195,6 +195,25 @@ def test_verdict_cpu_training_advises_the_process_engine_only_when_it_measured_f
     assert v.bottleneck == "cores" and v.fixes[0].startswith('isolation="process": the loop ran at 120')
 
 
+def test_verdict_cpu_training_gives_the_split_as_its_fix_when_tune_measured_fewer_threads():
+    # "tune" parked one of the two decode threads and the loop ran faster beyond the
+    # noise: that measures the split's loader half, so the fix is the split (the same
+    # first advice as a run where tune kept both threads), with the run as evidence.
+    m = cpu_training()
+    m.fed["tune"] = fed("tune", 90, 0.01, 350.0, 1.17, active=1)
+    v = decide(m)
+    assert v.bottleneck == "cores"
+    assert v.fixes[0].startswith("split the cores: torch.set_num_threads(1) in the training "
+                                 "process and decode_threads=1"), v.fixes
+    assert '(measured: decode_threads="tune": the loop ran at 90' in v.fixes[0]
+    assert "ending at 1 of 2 decode threads" in v.fixes[0]
+    assert not any(t.startswith("split the cores") for t in v.tries)
+    # Faster with both threads still active: not the split, a fix of its own.
+    m.fed["tune"] = fed("tune", 90, 0.01, 350.0, 1.17, active=2)
+    v = decide(m)
+    assert v.fixes[0].startswith('decode_threads="tune"') and v.tries[0].startswith("split the cores")
+
+
 def test_verdict_cpu_training_on_a_loaded_machine_warns_first_and_advises_no_noise():
     # The set-up: another CPU-heavy process; the step got about one core,
     # the worker process measured "better" in one round only (0.81x).
