@@ -35,7 +35,10 @@ The rules, in order (each must hold in every round but one):
    step's cores, the cores the loader needs to feed it (CPU cost per image x
    the model's rate) and the other processes' cores add up to more than
    ``SHARED`` (90%) of the cores; and in every round the loop loses time, to a
-   slower step or to waiting for data (or the rank test finds the step slower).
+   slower step or to waiting for data (or the rank test finds the step slower);
+   or, beside other work (more than ``LOADED_CORES``), even the step's lowest
+   round, the loader's need and the others' cores exceed ``SHARED`` of the
+   cores: the synthetic step then already ran short of cores.
 2. **interference** (a model was given): the training step fed by the feeder's
    threads is more than ``INTERFERENCE_LIMIT`` (1.10x) slower than the same
    step on synthetic input in the same round, and that slowdown costs the loop
@@ -518,7 +521,14 @@ def _model_side(m: Measurements, fed: Fed, loader: float, out: _Numbers) -> Verd
               and step_cpu + need + other > SHARED * m.cores)
     if shared:
         hurt = [s or w for s, w in zip(slowed, waiting)]
-        if _most(hurt) or pooled:
+        # Beside other work the synthetic step already ran short of cores, so a fed
+        # step no slower than it says nothing of the cores: when even the step's
+        # lowest round, the loader's need and the others' use exceed the machine,
+        # the cores are the limit whatever the rounds show.
+        lowest = min(m.step_cpu_cores_rounds or [step_cpu or 0.0])
+        crowded = (beside > max(LOADED_CORES, LOADED_SHARE * m.cores)
+                   and lowest + (need or 0.0) + other > SHARED * m.cores)
+        if _most(hurt) or pooled or crowded:
             return _cores(m, fed, out, ratio, wait, need or 0.0, cost_ms, hurt, chance)
         if not _few(hurt):
             return _inconclusive(m, out, [

@@ -283,6 +283,31 @@ def test_verdict_cpu_training_on_a_crowded_machine_is_cores_not_interference():
     assert decide(quiet).bottleneck == "interference"
 
 
+def test_verdict_cpu_training_beside_a_cpu_hog_is_cores_even_when_the_rounds_show_no_loss():
+    # Recorded beside one CPU-bound process: the step's synthetic rounds already ran
+    # short of cores (1.14-1.20 of them while the other process took 0.79), so fed
+    # rounds no slower than those (0.90-1.09x) said "model" in some runs and
+    # "cores" in others. The step's lowest round, the loader's need and the other
+    # process exceed the cores: the cores are the limit, and freeing them comes first.
+    m = cpu_training(step_ms=496.0, step_ms_rounds=[443.0, 557.0, 488.0, 516.0, 496.0],
+                     model_rate=129.0, decode_ms=0.74, transform_ms=0.14, step_cpu_cores=1.16,
+                     step_cpu_cores_rounds=[1.19, 1.161, 1.161, 1.139, 1.198], other_cores_run=0.70,
+                     other_cores={"model (synthetic input)": 0.79, "fed (threads)": 0.62})
+    m.fed["threads"].step_ms = 462.0
+    m.fed["threads"].step_ms_rounds = [457.0, 525.0, 457.0, 462.0, 542.0]
+    m.fed["threads"].wait_share_rounds = [0.0, 0.0, 0.0, 0.001, 0.0]
+    v = decide(m)
+    assert v.bottleneck == "cores", v
+    assert v.tries[0].startswith("free cores: other processes used 0.70 of the 2"), v.tries
+    assert "lost time in 0 of 5 rounds" in v.why
+    # The same rounds on a quiet machine: the step alone fits, no loss: the model.
+    quiet = cpu_training(**{k: getattr(m, k) for k in ("step_ms", "step_ms_rounds", "model_rate",
+                                                       "decode_ms", "transform_ms")},
+                         step_cpu_cores=1.16, step_cpu_cores_rounds=[1.19, 1.161, 1.161, 1.139, 1.198])
+    quiet.fed["threads"] = m.fed["threads"]
+    assert decide(quiet).bottleneck == "model"
+
+
 def test_verdict_ten_rounds_allow_two_outliers():
     m = with_model(200.0, fed={"threads": fed("threads", 19, 0.001, 203.0, 1.01, jitter=(1.0,) * 10)})
     m.step_ms_rounds = [200.0] * 10
