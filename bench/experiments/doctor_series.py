@@ -15,6 +15,10 @@ loader compete for the same cores (``bench/experiments/doctor_model.py``)::
 
 The feeder-doctor command runs in this folder, so ``doctor_model`` imports
 from it as any ``MODULE:NAME`` from the current folder.
+
+``--replay WORK`` runs nothing: it decides again, with this tree's
+:func:`feeder.doctor.decide`, on the measurements each run of an earlier
+series recorded (``WORK/run*/doctor.json``), and counts those verdicts.
 """
 
 from __future__ import annotations
@@ -48,6 +52,20 @@ def advice(verdict: dict) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", first)
 
 
+def replay(work: str) -> None:
+    from feeder.doctor.verdict import Measurements, decide
+
+    verdicts: collections.Counter = collections.Counter()
+    advices: collections.Counter = collections.Counter()
+    runs = sorted((d for d in os.listdir(work) if re.fullmatch(r"run\d+", d)), key=lambda d: int(d[3:]))
+    for run in runs:
+        v = vars(decide(Measurements.load(os.path.join(work, run, "doctor.json"))))
+        verdicts[v["bottleneck"]] += 1
+        advices[advice(v)] += 1
+        print(f"{run}: {v['bottleneck']} | {advice(v)}")
+    print(f"verdicts: {dict(verdicts)}\nfirst advice: {dict(advices)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("data")
@@ -58,7 +76,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--work", default=None, help="folder for each run's report")
     p.add_argument("--out", default=None, help="also write the summary here")
+    p.add_argument("--replay", default=None, metavar="WORK",
+                   help="decide again on an earlier series' recorded runs")
     args = p.parse_args()
+    if args.replay:
+        replay(args.replay)
+        return
     work = args.work or tempfile.mkdtemp(prefix="doctor-series-")
     doctor = [sys.executable, "-m", "feeder.doctor"]
     hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(args.hog)]
