@@ -201,6 +201,10 @@ def limit_torch_threads() -> None:
     """
     fn = _omp_set_num_threads()
     if fn is not None:
+        # torch applies its process-wide count (a torch.set_num_threads of the
+        # training code's) to a thread on the thread's first torch call: make
+        # that call now, so that it cannot undo the limit later.
+        torch.get_num_threads()
         fn(1)
 
 

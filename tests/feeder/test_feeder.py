@@ -732,6 +732,28 @@ def test_worker_threads_use_one_torch_thread_and_leave_the_loop_alone(source):
         assert set(seen) == {1}
 
 
+def test_worker_threads_stay_at_one_torch_thread_after_the_loop_sets_its_count(source):
+    # A training script's torch.set_num_threads(N) is a process-wide count that
+    # torch applies to each thread on its first torch call: a worker thread whose
+    # first call came after the feeder's limit ran N-threaded.
+    seen = []
+
+    def probe(img, rng):
+        seen.append(torch.get_num_threads())
+        return img
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with make(source, transforms=[probe, ops.CenterCrop(16)]) as f:
+            drain(f)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    if "OpenMP" in torch.__config__.parallel_info():
+        assert set(seen) == {1}
+
+
 def test_exhausted_iterator_keeps_raising_stop_iteration(source):
     with make(source, batch_size=30) as f:
         it = iter(f)
