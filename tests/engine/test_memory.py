@@ -10,6 +10,7 @@ import pytest
 
 from tests.support import MemorySource, drain
 from tests.support.measure import resident_bytes
+from feeder.decode.jpeg import JpegDecoder
 from feeder import Feeder, MemoryStats, ops
 from feeder.engine.batch import BufferPool, Scratch
 from feeder import decode as D
@@ -164,7 +165,9 @@ def test_the_isolated_engine_reports_its_worker_memory(jpeg_blobs):
 
 
 @needs_ext
-def test_the_dataset_view_shares_the_engines_table(jpeg_blobs):
+def test_the_dataset_view_shares_the_engines_table(jpeg_blobs, monkeypatch):
+    # The blobs are small: below JpegDecoder.SMALL_BYTES they would skip the table.
+    monkeypatch.setattr(JpegDecoder, "SMALL_BYTES", 0)
     source = MemorySource(jpeg_blobs[:12])
     with Feeder(source, 4, [ops.RandomResizedCrop(32)], seed=0) as f:
         view = f.dataset
