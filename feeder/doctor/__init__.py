@@ -208,10 +208,14 @@ def _merge(m: Measurements, rounds: dict[str, list[Fed]], synthetic: list[float]
             m.fed[setting] = measure.merge_rounds(got, synthetic)
 
 
-def _settled(m: Measurements, rounds: dict[str, list[Fed]], synthetic: list[float]) -> bool:
-    """Whether the rounds so far give a verdict (any but ``inconclusive``)."""
+def _settled(m: Measurements, rounds: dict[str, list[Fed]], synthetic: list[float],
+             timeline: Any = None) -> bool:
+    """Whether the rounds so far give a verdict (any but ``inconclusive``), with the
+    other processes' CPU use over the phases ``timeline`` ended so far."""
     trial = copy.copy(m)
     trial.fed = dict(m.fed)
+    if timeline is not None:
+        timeline.record(trial)
     _merge(trial, rounds, synthetic)
     return decide(trial).bottleneck != "inconclusive"
 
@@ -232,7 +236,7 @@ def _model_rounds(m: Measurements, args: argparse.Namespace, source: Any, kind: 
     tune_least = measure.tune_batches()
     tune_budget = S * SHARES["fed"]
     r = 0
-    while r < ROUNDS or (r < ROUNDS + EXTRA_ROUNDS and not _settled(m, rounds, synthetic)):
+    while r < ROUNDS or (r < ROUNDS + EXTRA_ROUNDS and not _settled(m, rounds, synthetic, timeline)):
         if r == ROUNDS:
             bar.total += EXTRA_ROUNDS * (1 + len(settings))  # the extra rounds, at most
         of = ROUNDS if r < ROUNDS else ROUNDS + EXTRA_ROUNDS

@@ -294,6 +294,10 @@ class Timeline:
     def finish(self, m: Measurements) -> None:
         """End the current phase; record the other processes' CPU use in ``m``."""
         self._close()
+        self.record(m)
+
+    def record(self, m: Measurements) -> None:
+        """Record in ``m`` the other processes' CPU use over the phases ended so far."""
         rows = [(name, r) for name, r in self.totals.items() if r[0] > 0 and math.isfinite(r[2])]
         m.other_cores = {name: round(max(0.0, (r[2] - r[1]) / r[0]), 3) for name, r in rows}
         wall = sum(r[0] for _, r in rows)

@@ -362,6 +362,59 @@ def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
     assert decide(m).bottleneck == "interference"
 
 
+def test_the_doctor_adds_no_rounds_beside_other_work_once_the_cores_overflow(monkeypatch):
+    import feeder.doctor as doctor
+    from feeder.doctor import measure
+
+    # A CPU step beside other work (0.79 of a core): fed rounds alternate between
+    # the synthetic time and 1.16x (the pairs disagree), but the cores overflow, so
+    # the verdict is settled after 5 rounds if the other work's CPU is known then.
+    def run(timeline):
+        m = with_model(500.0, model="m:step", step_cpu_cores=1.16, fed={})
+        m.step_ms_rounds, m.step_cpu_cores_rounds = [], []
+        n = {"fed": 0}
+
+        def synthetic_step(m, step, transforms, budget, timeline, max_pixels):
+            m.step_ms_rounds.append(500.0)
+            m.step_cpu_cores_rounds.append(1.16)
+            m.step_ms, m.model_rate = 500.0, 32e3 / 500.0
+
+        def fed_round(m, setting, fsrc, kind, step, transforms, budget, timeline, synthetic_ms, **kw):
+            n["fed"] += 1
+            ms = 580.0 if n["fed"] % 2 == 0 else 500.0
+            return Fed(setting, 10, 32e3 / ms, 0.001, ms, ms / synthetic_ms, 2)
+
+        monkeypatch.setattr(measure, "synthetic_step", synthetic_step)
+        monkeypatch.setattr(measure, "fed", fed_round)
+        monkeypatch.setattr(measure, "fed_source", lambda *a: (None, 100))
+
+        class Bar:
+            total = 0
+
+            def update(self):
+                pass
+
+        args = type("Args", (), {"seconds": 1.0})()
+        doctor._model_rounds(m, args, None, "folder", None, [], ["threads"], timeline, Bar(),
+                             lambda text: None, 1 << 20)
+        return m
+
+    class Timeline:
+        """The phases ended so far had other processes on 0.79 of a core."""
+
+        def record(self, m):
+            m.other_cores = {"model (synthetic input)": 0.79, "fed (threads)": 0.7}
+            m.other_cores_run = 0.7
+
+    m = run(Timeline())
+    assert len(m.fed["threads"].step_ms_rounds) == 5
+    assert not any("more were run" in note for note in m.notes), m.notes
+    Timeline().record(m)  # what the run's end records
+    assert decide(m).bottleneck == "cores"
+    # Not knowing the other work until the end, the rounds run on to ten.
+    assert len(run(None).fed["threads"].step_ms_rounds) == 10
+
+
 def test_verdict_simulated_step_leaves_the_cores_free():
     # The same figures with a step that uses no CPU (--step-ms): GIL interference.
     v = decide(cpu_training(step_cpu_cores=0.02, step_cpu_cores_rounds=[0.02] * 5))
