@@ -14,7 +14,7 @@ import torch
 from .engine import reaper as _reaper
 from .ops.chain import Chain
 from ._dataset import FeederDataset, refuse_a_rebuild
-from .engine.config import Config, reads_may_block
+from .engine.config import Config
 from ._consumer import BatchInfo, PassHooks, PassIterator
 from .decode import note_jpeg_decoder
 from .order.group import largest_image
@@ -217,8 +217,7 @@ class Feeder:
         if not (hasattr(source, "__len__") and callable(getattr(source, "read", None))):
             raise TypeError(f"source must have __len__ and read(index) -> (bytes, label); "
                             f"got {type(source).__name__}")
-        blocking = reads_may_block(source, windowed=options.get("shuffle_shards") is not None)
-        self.config = cfg = Config.build(blocking, batch_size=batch_size, **options)
+        self.config = cfg = Config.build(batch_size=batch_size, **options)
         self.source = source
         self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels, cfg.max_image_size,
                            cfg.size_divisibility,
@@ -249,6 +248,8 @@ class Feeder:
             self._engine = ProcessEngine(cfg, source, list(transforms))
         else:
             self._engine = ThreadEngine(cfg, source, self.chain, plan=self._plan)
+        # The engine resolved the thread counts ("auto", "tune") for this source.
+        self.config = self._engine.config
         self.sampler = EpochSampler(self)
         self._dataset: FeederDataset | None = None  # made on first use
         # Stops the engine when an unclosed feeder is collected (see _reaper).

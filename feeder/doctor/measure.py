@@ -23,7 +23,8 @@ from .. import Feeder, ImageFolder, TarShards, ops
 from ..errors import SampleError, UserCodeError, call_user
 from ..sources import describe
 from ..ops.chain import Chain
-from ..engine.config import Config, reads_may_block
+from ..engine.config import Config
+from ..engine.threads import reads_may_block
 from ..decode.status import jpeg_decoder
 from ..sample import pixels
 from ..engine.read import nbytes
@@ -700,7 +701,7 @@ def merge_rounds(rounds: list[Fed], synthetic_ms: list[float]) -> Fed:
 
 def new_measurements(data: str, source: Any, kind: str, batch_size: int, device: str,
                      transforms_spec: str) -> Measurements:
-    cfg = Config.build(reads_may_block(source), batch_size=batch_size, device=device)
+    cfg = Config.build(batch_size=batch_size, device=device).resolved(source)
     decoder = jpeg_decoder()
     try:
         load: float | None = os.getloadavg()[0]

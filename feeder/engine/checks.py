@@ -165,7 +165,7 @@ MAX_POOL_THREADS = 1024
 
 
 def check_threads(minimum: int, tune: bool = False) -> Callable[[str, Any], Any]:
-    """A thread count, or "auto" (resolved in Config.build, from the cores); with
+    """A thread count, or "auto" (resolved by Config.resolved, from the cores); with
     ``tune``, also "tune" (the "auto" count, parked and woken while it runs)."""
     def check(name: str, value: object) -> Any:
         if value == "auto" or (tune and value == "tune"):

@@ -1,6 +1,8 @@
 """The feeder's configuration: the option table (one frozen dataclass), each
-option's check (:mod:`feeder.engine.checks`), the options that depend on each
-other, and ``"auto"`` resolved.
+option's check (:mod:`feeder.engine.checks`) and the options that depend on each
+other. What depends on the machine or the source (the thread counts' ``"auto"``
+and ``"tune"``) is resolved where the pipeline is built: :meth:`Config.resolved`,
+called by the engines, with :func:`~feeder.engine.threads.resolve_threads`.
 
 The table is where options are declared and checked; the components read them
 as small typed records, one per concern, made with the :class:`Config` (see
@@ -10,7 +12,7 @@ The design note ``docs/design/options.md`` walks some options to where they act.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -25,9 +27,7 @@ from .checks import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, MAX_POOL_THREADS
                      resolve_device, unknown_options_message)
 from .on_device import OutputOptions
 from .stage import ErrorOptions
-from .threads import (MeasuredReadThreads, ThreadOptions, auto_read_threads, auto_threads,
-                      cores_for_this_rank)
-from .tune import TunedThreads
+from .threads import ThreadOptions, reads_may_block, resolve_threads
 from ..decode.step import DecodeOptions
 from ..errors import ConfigError
 from ..order.plan import OrderOptions
@@ -53,7 +53,8 @@ class IsolationOptions:
 class Config:
     """Every Feeder option, declared once: its name, default and check. ``Feeder``'s
     signature, its validation and :data:`DEFAULTS` are derived from these fields.
-    Built by :meth:`build`, with ``"auto"`` resolved. See :class:`feeder.Feeder`."""
+    Built by :meth:`build`; the thread counts as given until :meth:`resolved`.
+    See :class:`feeder.Feeder`."""
 
     batch_size: int = option(None, check_positive)
     decode_threads: int | str = option("auto", check_threads(1, tune=True))
@@ -90,21 +91,35 @@ class Config:
     start_method: str = option("auto", check_start_method)
 
     @classmethod
-    def build(cls, _reads_may_block: bool | None = True, **options: Any) -> "Config":
+    def build(cls, **options: Any) -> "Config":
         """Check every option (unknown names are a TypeError, as for any call) and
-        resolve the ones that depend on others, on the machine or on the source
-        (``_reads_may_block``: see :func:`reads_may_block`; None, the source does
-        not say: ``read_threads="auto"`` resolves to a :class:`MeasuredReadThreads`)."""
+        resolve the ones that depend only on other options. The thread counts stay
+        as given (``"auto"``, ``"tune"``): see :meth:`resolved`."""
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(unknown_options_message(unknown, list(known)))
         values = {name: f.metadata["check"](name, options.get(name, f.default))
                   for name, f in known.items()}
-        _resolve_threads(values, _reads_may_block)
         _resolve_output(values)
         _check_combinations(values, options)
         return cls(**values)
+
+    def resolved(self, source: Any = None, *, reads_block: bool | None = True,
+                 cores: int | None = None) -> "Config":
+        """This configuration with its thread counts' ``"auto"`` and ``"tune"``
+        resolved for ``source`` on this machine (see
+        :func:`~feeder.engine.threads.resolve_threads`); itself when nothing is
+        left to resolve. Without a source, ``reads_block`` says whether its reads
+        may wait (see :func:`~feeder.engine.threads.reads_may_block`)."""
+        if source is not None:
+            reads_block = reads_may_block(source, windowed=self.shuffle_shards is not None)
+        threads = resolve_threads(self.threads, reads_block, cores)
+        if threads == self.threads and self.threads.is_resolved:
+            return self
+        return replace(self, decode_threads=threads.decode_threads,
+                       augment_threads=threads.augment_threads,
+                       read_threads=threads.read_threads)
 
     def __post_init__(self) -> None:
         # Every record is made with the Config (by build, and again by each
@@ -199,36 +214,6 @@ RECORDS = {"threads": ThreadOptions, "order": OrderOptions, "decode": DecodeOpti
            "placement": IsolationOptions}
 
 
-def _resolve_threads(values: dict[str, Any], reads_may_block: bool | None) -> None:
-    """Resolve the thread counts' ``"auto"`` and ``"tune"`` (in ``values``)."""
-    auto_decode, auto_augment = auto_threads(cores_for_this_rank())
-    if values["decode_threads"] == "tune":
-        # The "auto" count, marked: the pass parks and wakes these threads (see tune.py).
-        values["decode_threads"] = TunedThreads(auto_decode)
-    if values["decode_threads"] == "auto":
-        values["decode_threads"] = auto_decode
-    if values["augment_threads"] == "tune":
-        # "auto" runs the transforms in the decode threads (no pool to tune):
-        # asking to tune them asks for a pool of their own, at decode's count.
-        values["augment_threads"] = TunedThreads(auto_decode)
-    if values["augment_threads"] == "auto":
-        values["augment_threads"] = auto_augment
-    if values["read_threads"] in ("auto", "tune"):
-        # Local, fast reads cost less in the decode threads than handed over
-        # from a read stage (a queue hop per sample: measurable CPU on a
-        # CPU-bound machine); reads that may wait on storage get their own
-        # threads. "tune": that count, tuned, where there is a read stage.
-        # A source that does not say: the read stage, until its reads are
-        # measured (see MeasuredReadThreads; "tune" tunes it instead).
-        count = auto_read_threads(values["decode_threads"]) if reads_may_block is not False else 0
-        if values["read_threads"] == "tune" and count:
-            values["read_threads"] = TunedThreads(count)
-        elif values["read_threads"] == "auto" and reads_may_block is None:
-            values["read_threads"] = MeasuredReadThreads(count)
-        else:
-            values["read_threads"] = count
-
-
 def _resolve_output(values: dict[str, Any]) -> None:
     """Resolve the output dtype from ``dtype`` and ``normalize`` (in ``values``), and
     refuse batch transforms that need floating images with uint8 output."""
@@ -301,21 +286,3 @@ def _check_combinations(values: dict[str, Any], options: dict[str, Any]) -> None
 
 # The options' defaults, derived from the table above.
 DEFAULTS = {f.name: f.default for f in fields(Config) if f.name != "batch_size"}
-
-
-def reads_may_block(source: Any, windowed: bool = False) -> bool | None:
-    """Whether ``source``'s reads may wait on storage: its ``reads_may_block``
-    attribute; None when it has none (the source does not say: it gets a read
-    stage until its reads are measured, see ``MeasuredReadThreads``); True when
-    the attribute fails or is not a bool. ``windowed``: under the block shuffle,
-    where a source that copies each window ahead into a cache says so by its
-    ``window_reads_may_block`` attribute."""
-    try:
-        value = getattr(source, "reads_may_block", None)
-        if value is None:
-            return None
-        if windowed and value is True:
-            value = getattr(source, "window_reads_may_block", True)
-    except Exception:  # noqa: BLE001 - a failing hint must not fail the feeder
-        return True
-    return value if isinstance(value, bool) else True

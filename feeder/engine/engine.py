@@ -266,6 +266,8 @@ class ThreadEngine(EngineBase):
 
     def __init__(self, config: Config, source: Any, chain: Chain, shared: bool = False,
                  tail: Any = None, plan: EpochPlan | None = None) -> None:
+        # Where the pipeline is built: "auto" and "tune" become counts here.
+        config = config.resolved(source)
         super().__init__(config)
         self.source = source
         self.chain = chain

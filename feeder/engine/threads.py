@@ -127,15 +127,22 @@ def measured_read_threads(threads: int, waits: list[float]) -> tuple[int, str] |
 @dataclasses.dataclass(frozen=True)
 class ThreadOptions:
     """The feeder options that size the pipeline's stages (see ``Feeder``'s
-    arguments of the same names), ``"auto"`` and ``"tune"`` resolved: a count
-    may be a :class:`~feeder.engine.tune.TunedThreads` or a
-    :class:`MeasuredReadThreads`, an ``int`` whose type marks it."""
+    arguments of the same names). As given, a count may be ``"auto"`` or
+    ``"tune"``; :func:`resolve_threads` makes each an ``int``, maybe a
+    :class:`~feeder.engine.tune.TunedThreads` or a :class:`MeasuredReadThreads`
+    (an ``int`` whose type marks it). The queue sizes need the counts resolved."""
 
-    decode_threads: int
-    augment_threads: int
-    read_threads: int
+    decode_threads: int | str
+    augment_threads: int | str
+    read_threads: int | str
     read_ahead_bytes: int = 64 << 20
     queue_size: int = 4
+
+    @property
+    def is_resolved(self) -> bool:
+        """Every count is a number (no ``"auto"`` or ``"tune"`` left)."""
+        return all(isinstance(n, int)
+                   for n in (self.decode_threads, self.augment_threads, self.read_threads))
 
     @property
     def tune(self) -> bool:
@@ -169,8 +176,64 @@ class ThreadOptions:
     def in_flight(self) -> int:
         """Most samples between the sampler and the collating stage: queued before
         a stage or in a thread's hands, every stage."""
+        if not self.is_resolved:
+            raise ValueError(f"thread counts not resolved yet ({self}): see resolve_threads")
         return (self.read_queue + self.read_threads + self.decode_queue + self.augment_queue
                 + self.decode_threads + self.augment_threads)
+
+
+def resolve_threads(given: ThreadOptions, reads_may_block: bool | None,
+                    cores: int | None = None) -> ThreadOptions:
+    """``given`` with its ``"auto"`` and ``"tune"`` counts resolved, for ``cores``
+    cores (default: :func:`cores_for_this_rank`) and a source whose reads may
+    wait on storage (``reads_may_block``: True, False, or None when it does not
+    say). Counts given as numbers stay as they are."""
+    decode, augment, read = given.decode_threads, given.augment_threads, given.read_threads
+    if all(isinstance(n, int) for n in (decode, augment, read)):
+        return given
+    auto_decode, auto_augment = auto_threads(cores_for_this_rank() if cores is None else cores)
+    if decode in ("auto", "tune"):
+        # "tune": the "auto" count, marked: the pass parks and wakes these threads.
+        decode = TunedThreads(auto_decode) if decode == "tune" else auto_decode
+    if augment == "tune":
+        # "auto" runs the transforms in the decode threads (no pool to tune):
+        # asking to tune them asks for a pool of their own, at decode's count.
+        augment = TunedThreads(auto_decode)
+    elif augment == "auto":
+        augment = auto_augment
+    if read in ("auto", "tune"):
+        # Local, fast reads cost less in the decode threads than handed over
+        # from a read stage (a queue hop per sample); reads that may wait on
+        # storage get their own threads. "tune": that count, tuned, where there
+        # is a read stage. A source that does not say: the read stage, until its
+        # reads are measured (MeasuredReadThreads; "tune" tunes it instead).
+        count = auto_read_threads(decode) if reads_may_block is not False else 0
+        if read == "tune" and count:
+            read = TunedThreads(count)
+        elif read == "auto" and reads_may_block is None:
+            read = MeasuredReadThreads(count)
+        else:
+            read = count
+    return dataclasses.replace(given, decode_threads=decode, augment_threads=augment,
+                               read_threads=read)
+
+
+def reads_may_block(source: object, windowed: bool = False) -> bool | None:
+    """Whether ``source``'s reads may wait on storage: its ``reads_may_block``
+    attribute; None when it has none (the source does not say: it gets a read
+    stage until its reads are measured, see ``MeasuredReadThreads``); True when
+    the attribute fails or is not a bool. ``windowed``: under the block shuffle,
+    where a source that copies each window ahead into a cache says so by its
+    ``window_reads_may_block`` attribute."""
+    try:
+        value = getattr(source, "reads_may_block", None)
+        if value is None:
+            return None
+        if windowed and value is True:
+            value = getattr(source, "window_reads_may_block", True)
+    except Exception:  # noqa: BLE001 - a failing hint must not fail the feeder
+        return True
+    return value if isinstance(value, bool) else True
 
 
 @functools.lru_cache(maxsize=1)

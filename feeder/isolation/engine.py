@@ -183,7 +183,7 @@ class ProcessEngine(EngineBase):
     _warn_stuck = False
 
     def __init__(self, config: Config, source: Any, transforms: list[Any]) -> None:
-        super().__init__(config)
+        super().__init__(config := config.resolved(source))  # "auto", "tune" resolved
         self.pool = RemotePool(self.send, lambda: self.remote)
         self.schema = Schema()
         self._by_id: dict[int, IsolatedPass] = {}

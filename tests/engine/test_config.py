@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from feeder import ConfigError, Feeder
-from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, RECORDS, Config, parse_device, reads_may_block,
-                            resolve_device)
+from feeder import ConfigError, Feeder, ops
+from feeder.engine.config import (DATALOADER_KEYWORDS, DEFAULT_GROUP_FACTOR, DEFAULTS, RECORDS,
+                                  Config, parse_device, resolve_device)
 from feeder.sample.sizes import Padding
-from feeder.engine.threads import auto_read_threads, auto_threads, cores_for_this_rank
+from feeder.engine.threads import (MeasuredReadThreads, auto_read_threads, auto_threads,
+                                   cores_for_this_rank, reads_may_block)
 from tests.support import REPO_DIR
 
 
@@ -90,16 +91,39 @@ def test_every_default_passes_its_own_check():
 
 def test_auto_threads_follow_the_cores_and_where_reads_wait():
     decode, augment = auto_threads(cores_for_this_rank())
-    blocking = Config.build(batch_size=4)
-    local = Config.build(False, batch_size=4)
+    blocking = Config.build(batch_size=4).resolved()
+    local = Config.build(batch_size=4).resolved(reads_block=False)
     assert (blocking.decode_threads, blocking.augment_threads) == (decode, augment)
     assert blocking.read_threads == auto_read_threads(decode)
     assert local.read_threads == 0  # fast local reads run in the decode threads
-    assert Config.build(False, batch_size=4, read_threads=3).read_threads == 3
+    assert Config.build(batch_size=4, read_threads=3).resolved(reads_block=False).read_threads == 3
+
+
+def test_the_table_keeps_thread_counts_as_given_until_the_pipeline_resolves_them(source):
+    """Config.build checks "auto" and "tune" but leaves them: what they become
+    depends on the machine and the source, known where the pipeline is built."""
+    given = Config.build(batch_size=4, decode_threads="tune")
+    assert (given.decode_threads, given.augment_threads, given.read_threads) == ("tune", "auto", "auto")
+    assert not given.threads.is_resolved
+    with pytest.raises(ValueError, match="thread counts not resolved"):
+        given.num_buffers
+    once = given.resolved(reads_block=False)
+    assert once.threads.is_resolved and once.resolved(reads_block=True) is once
+    assert once.read_threads == 0 and once.tuned() == ("decode",)
+    # Given as numbers, nothing to resolve: the same table.
+    numbers = Config.build(batch_size=4, decode_threads=2, augment_threads=0, read_threads=0)
+    assert numbers.resolved(source) is numbers
+    # The feeder's table is the one its engine resolved, for its source (which
+    # does not say whether its reads wait: a read stage, measured).
+    with Feeder(source, 4, [ops.CenterCrop(8)]) as f:
+        assert f.config.threads.is_resolved
+        assert isinstance(f.config.read_threads, MeasuredReadThreads)
+        assert f.config.decode_threads == auto_threads(cores_for_this_rank())[0]
+        assert f.num_buffers == f.config.num_buffers
 
 
 def test_queues_and_buffers_derive_from_the_thread_counts():
-    cfg = Config.build(batch_size=8, decode_threads=3, augment_threads=2, read_threads=5, queue_size=4)
+    cfg = Config.build(batch_size=8, decode_threads=3, augment_threads=2, read_threads=5, queue_size=4).resolved()
     assert (cfg.read_queue, cfg.decode_queue, cfg.augment_queue) == (5, 12, 8)
     in_flight = 5 + 5 + 12 + 8 + 3 + 2  # queued and in hand, every stage
     assert cfg.num_buffers == 4 + (1 + -(-in_flight // 8)) + 2

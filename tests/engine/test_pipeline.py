@@ -75,7 +75,8 @@ def test_an_unknown_option_names_itself_and_the_options(source):
     (0, 0, {"sampler": 1, "decode": 2, "augment": 0, "transfer": 1}),
     (0, 3, {"sampler": 1, "decode": 2, "augment": 3, "transfer": 1})])
 def test_stage_names_and_threads_come_from_the_topology(source, read, augment, expect):
-    cfg = Config.build(batch_size=4, decode_threads=2, augment_threads=augment, read_threads=read)
+    cfg = Config.build(batch_size=4, decode_threads=2, augment_threads=augment,
+                       read_threads=read).resolved()
     assert list(stage_threads(cfg).items()) == list(expect.items())
     with Feeder(source, 4, [ops.CenterCrop(8)], decode_threads=2, augment_threads=augment,
                 read_threads=read) as f:

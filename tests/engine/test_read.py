@@ -258,7 +258,8 @@ def test_measured_read_threads_rule():
 
 
 def test_only_a_source_that_does_not_say_is_measured():
-    from feeder.engine.config import Config, reads_may_block
+    from feeder.engine.config import Config
+    from feeder.engine.threads import reads_may_block
     from feeder.engine.threads import MeasuredReadThreads, auto_read_threads
     from feeder.engine.tune import TunedThreads
 
@@ -266,12 +267,12 @@ def test_only_a_source_that_does_not_say_is_measured():
         reads_may_block = True
 
     assert reads_may_block(MemorySource([])) is None and reads_may_block(Says([])) is True
-    measured = Config.build(None, batch_size=4, decode_threads=2).read_threads
+    measured = Config.build(batch_size=4, decode_threads=2).resolved(reads_block=None).read_threads
     assert isinstance(measured, MeasuredReadThreads) and measured == auto_read_threads(2)
     for said in (True, False):
-        assert not isinstance(Config.build(said, batch_size=4).read_threads, MeasuredReadThreads)
-    assert type(Config.build(None, batch_size=4, read_threads=3).read_threads) is int
-    assert isinstance(Config.build(None, batch_size=4, read_threads="tune").read_threads,
+        assert not isinstance(Config.build(batch_size=4).resolved(reads_block=said).read_threads, MeasuredReadThreads)
+    assert type(Config.build(batch_size=4, read_threads=3).resolved(reads_block=None).read_threads) is int
+    assert isinstance(Config.build(batch_size=4, read_threads="tune").resolved(reads_block=None).read_threads,
                       TunedThreads)
 
 

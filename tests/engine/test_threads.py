@@ -48,7 +48,7 @@ def test_auto_threads_read_local_world_size(monkeypatch):
     monkeypatch.setattr("feeder.engine.threads.available_cores", lambda: 16)
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert cores_for_this_rank() == 4
-    cfg = Config.build(batch_size=4)
+    cfg = Config.build(batch_size=4).resolved()
     assert (cfg.decode_threads, cfg.augment_threads) == auto_threads(4)
 
 

@@ -35,8 +35,8 @@ def feed(tuner: Tuner, batches: int, wait_s: float, cycle_s: float, busy_s: floa
 # -- the decision ---------------------------------------------------------------------
 
 def test_config_tune_resolves_to_the_auto_count():
-    auto = Config.build(batch_size=4)
-    tuned = Config.build(batch_size=4, decode_threads="tune")
+    auto = Config.build(batch_size=4).resolved()
+    tuned = Config.build(batch_size=4, decode_threads="tune").resolved()
     assert tuned.tune and not auto.tune
     assert tuned.decode_threads == auto.decode_threads
     with pytest.raises(ValueError, match="decode_threads must be a positive int, 'auto' or 'tune'"):
@@ -50,22 +50,22 @@ def test_config_tune_resolves_to_the_auto_count():
 
 
 def test_config_tune_for_the_read_and_augment_pools():
-    auto = Config.build(batch_size=4)
+    auto = Config.build(batch_size=4).resolved()
     # Reads that may block: a read stage of the "auto" count, tuned.
-    read = Config.build(batch_size=4, read_threads="tune")
+    read = Config.build(batch_size=4, read_threads="tune").resolved()
     assert read.tune and read.tuned() == ("read",)
     assert read.read_threads == auto.read_threads > 0
     assert repr(read.read_threads) == f"'tune' ({auto.read_threads})"
     # Local reads: "auto" has no read stage, so neither has "tune" (nothing to tune).
-    local = Config.build(False, batch_size=4, read_threads="tune")
+    local = Config.build(batch_size=4, read_threads="tune").resolved(reads_block=False)
     assert local.read_threads == 0 and not local.tune
     # "auto" runs the transforms in the decode threads; "tune" gives them a pool of
     # their own, of the decode pool's "auto" size.
-    augment = Config.build(batch_size=4, augment_threads="tune")
+    augment = Config.build(batch_size=4, augment_threads="tune").resolved()
     assert auto.augment_threads == 0
     assert augment.augment_threads == auto.decode_threads and augment.tuned() == ("augment",)
     every = Config.build(batch_size=4, decode_threads="tune", augment_threads="tune",
-                         read_threads="tune")
+                         read_threads="tune").resolved()
     assert every.tuned() == ("read", "decode", "augment")
 
 
