@@ -136,6 +136,12 @@ def pytest_collection_modifyitems(session, config, items):
                                 "signatures refuse: " + "; ".join(problems))
 
 
+def pytest_sessionfinish(session, exitstatus):
+    from tests.support.warm import close_warm_python
+
+    close_warm_python()  # the command-line tests' warm interpreter, if one started
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_cuda(reason): a test under tests/cuda that needs a "
                                        "real CUDA device; skipped under the CUDA stand-in")

@@ -1,4 +1,5 @@
-"""The command lines run as a user runs them (a subprocess), over hostile
+"""The command lines run as a user runs them (a process of their own, forked
+from a warm interpreter: see :mod:`tests.support.warm`), over hostile
 arguments, and what their failure must look like: a non-zero exit status, no
 traceback, and a last line on stderr naming what is at fault.
 
@@ -17,6 +18,7 @@ import numpy as np
 import simplejpeg
 
 from tests.support import REPO_DIR
+from tests.support.warm import warm_python
 
 # A command's start (torch's import) takes a few seconds; on a busy machine
 # much longer. A hang is what this bounds, not the speed.
@@ -82,6 +84,9 @@ def run_cli(module: str, argv: list[str], files: dict[str, str], cwd) -> subproc
     files = {**files, "out": os.path.join(str(cwd), "out")}
     argv = [a.format(**files) for a in argv]
     env = {**os.environ, "PYTHONPATH": REPO_DIR}
+    warm = warm_python(env)
+    if warm is not None:  # a forked child of an interpreter that has imported torch
+        return warm.run(module, argv, str(cwd), env, TIMEOUT_S)
     return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=env, cwd=str(cwd))
 

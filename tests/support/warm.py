@@ -1,0 +1,145 @@
+"""A warm interpreter for the command-line tests: one server process per test
+process imports torch, OpenCV and feeder once, then forks a fresh child per
+command, which runs ``python -m MODULE ARGV`` as the interpreter would (its
+own process, working folder, environment, standard streams and exit status).
+
+A cold ``python -m feeder.bench`` spends seconds importing torch before it
+reads its first argument; the hostile-argument tests run dozens of commands
+that fail on their arguments. What a fork cannot give, these commands do not
+need: environment variables read when torch is imported (``OMP_NUM_THREADS``)
+are already read. ``FEEDER_TEST_COLD_CLI=1`` runs every command cold instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+# The server: reads one JSON request a line; answers {"pid": ...} once it has
+# forked, then {"status": ...} when the child is gone. The child replaces
+# itself with the command: streams, folder, environment, argv, then runpy, as
+# ``python -m`` runs a module; what escapes becomes its exit status exactly as
+# the interpreter's own top level makes it (a traceback and 1, SystemExit's
+# code), and the interpreter's shutdown (atexit, threads) runs as usual.
+_SERVER = r"""
+import json, os, runpy, sys
+import cv2, numpy, torch
+import feeder, feeder.bench.cli, feeder.doctor, feeder.pack.cli
+
+def child(job):
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(fd, 0)
+    for target, path in ((1, job["stdout"]), (2, job["stderr"])):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.argv = [job["module"], *job["argv"]]
+    sys.path[0] = os.getcwd()
+    runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
+
+def serve():
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            child(job)  # the command's own exit, as the interpreter's
+            return
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"status": os.waitstatus_to_exitcode(status)}), flush=True)
+
+serve()
+"""
+
+
+# Bounds the server's answer that it forked (it answers at once; a hang is what
+# this bounds).
+FORK_TIMEOUT_S = 120
+
+
+class WarmPython:
+    """The server process; :meth:`run` is ``subprocess.run`` of one command."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self.lock = threading.Lock()
+        # Every line the server says, in order ("" once it has exited).
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, name="warm-python-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def run(self, module: str, argv: list[str], cwd: str, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
+        with self.lock, tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+            job = {"module": module, "argv": argv, "cwd": cwd, "env": env, "stdout": out,
+                   "stderr": err}
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self._line(FORK_TIMEOUT_S))["pid"]
+            try:
+                status = json.loads(self._line(timeout))["status"]
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                self._line(FORK_TIMEOUT_S)  # the server reaped it
+                raise subprocess.TimeoutExpired([module, *argv], timeout) from None
+            with open(out) as f_out, open(err) as f_err:
+                return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], status,
+                                                   f_out.read(), f_err.read())
+
+    def _line(self, timeout: float) -> str:
+        """The server's next line, or TimeoutExpired after ``timeout`` seconds."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise subprocess.TimeoutExpired("warm interpreter", timeout) from None
+        if not line:
+            raise RuntimeError(f"the warm interpreter exited ({self.proc.poll()})")
+        return line
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+_server: WarmPython | None = None
+_server_lock = threading.Lock()
+
+
+def warm_python(env: dict[str, str]) -> WarmPython | None:
+    """This test process's server (started on first use), or None where commands
+    run cold: no ``fork``, or ``FEEDER_TEST_COLD_CLI=1``."""
+    global _server
+    if not hasattr(os, "fork") or os.environ.get("FEEDER_TEST_COLD_CLI") == "1":
+        return None
+    with _server_lock:
+        if _server is None or _server.proc.poll() is not None:
+            _server = WarmPython(env)
+        return _server
+
+
+def close_warm_python() -> None:
+    """Stop the server, if one runs (at the end of the test session)."""
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.close()
+            _server = None
