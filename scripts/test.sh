@@ -11,6 +11,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 vpy="$(FEEDER_EXTRAS="${FEEDER_EXTRAS:-test,docs}" bash "$root/scripts/env.sh")"
 cd "$root"
+# Bytecode for the package and the tests, written once: the suite starts a few
+# hundred Python processes, and where PYTHONDONTWRITEBYTECODE is set (as in many
+# containers) each would otherwise compile every module it imports again.
+"$vpy" -m compileall -q -j 0 feeder tests >/dev/null
 processes="${FEEDER_TEST_PROCESSES:-2}"
 [[ "$processes" =~ ^[0-9]+$ ]] || { echo "FEEDER_TEST_PROCESSES must be a number, got '$processes'" >&2; exit 2; }
 parallel=$(( 10#$processes > 1 ))
