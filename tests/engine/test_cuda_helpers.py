@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.support import TESTS_DIR, drain
+from tests.support.warm import run_module
 from tests.support.cuda import (MEAN, STD, assert_same_batches, assert_sums, batch_sum, big_source,
                           close_after_layout, close_to_cpu_path, make, make_isolated,
                           reference_sums)
@@ -94,9 +95,9 @@ def test_sum_helpers_catch_a_difference():
 def _collect(directory: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider", str(directory)],
-                          cwd=directory, env=env, capture_output=True, text=True, timeout=120)
+    # A process of its own, forked from the warm interpreter (tests/support/warm.py).
+    return run_module("pytest", ["--collect-only", "-q", "-p", "no:cacheprovider", str(directory)],
+                      str(directory), env, 120)
 
 
 def test_collection_fails_on_a_gpu_test_naming_a_missing_fixture(tmp_path):

@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 
 import numpy as np
 import simplejpeg
 
 from tests.support import REPO_DIR
-from tests.support.warm import warm_python
+from tests.support.warm import run_module
 
 # A command's start (torch's import) takes a few seconds; on a busy machine
 # much longer. A hang is what this bounds, not the speed.
@@ -84,11 +83,7 @@ def run_cli(module: str, argv: list[str], files: dict[str, str], cwd) -> subproc
     files = {**files, "out": os.path.join(str(cwd), "out")}
     argv = [a.format(**files) for a in argv]
     env = {**os.environ, "PYTHONPATH": REPO_DIR}
-    warm = warm_python(env)
-    if warm is not None:  # a forked child of an interpreter that has imported torch
-        return warm.run(module, argv, str(cwd), env, TIMEOUT_S)
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=env, cwd=str(cwd))
+    return run_module(module, argv, str(cwd), env, TIMEOUT_S)
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, prog: str, names: list[str],

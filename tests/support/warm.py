@@ -21,6 +21,8 @@ import sys
 import tempfile
 import threading
 
+from tests.support import REPO_DIR
+
 # The server: reads one JSON request a line; answers {"pid": ...} once it has
 # forked, then {"status": ...} when the child is gone. The child replaces
 # itself with the command: streams, folder, environment, argv, then runpy, as
@@ -43,7 +45,9 @@ def child(job):
     os.environ.clear()
     os.environ.update(job["env"])
     sys.argv = [job["module"], *job["argv"]]
-    sys.path[0] = os.getcwd()
+    # As the interpreter starts: the folder first, then PYTHONPATH's entries.
+    extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.getcwd(), *extra, *(p for p in sys.path[1:] if p not in extra)]
     runpy.run_module(job["module"], run_name="__main__", alter_sys=True)
 
 def serve():
@@ -134,6 +138,17 @@ def warm_python(env: dict[str, str]) -> WarmPython | None:
         if _server is None or _server.proc.poll() is not None:
             _server = WarmPython(env)
         return _server
+
+
+def run_module(module: str, argv: list[str], cwd: str, env: dict[str, str],
+               timeout: float) -> subprocess.CompletedProcess:
+    """``python -m module argv`` in ``cwd`` with ``env``: forked from this test
+    process's warm interpreter where there is one, else a cold subprocess."""
+    warm = warm_python({**env, "PYTHONPATH": REPO_DIR})
+    if warm is not None:
+        return warm.run(module, argv, cwd, env, timeout)
+    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 def close_warm_python() -> None:
