@@ -225,18 +225,11 @@ class RandomErasing:
     log-uniformly) set to ``value``; after 10 draws that do not fit, the sample is
     left as it is.
 
-    The draws are per sample, from the sample's own random stream (seed, epoch,
-    index), on the host (no wait for the device): a sample is erased the same way
-    whichever batch or thread it comes through. The rectangles are written on the
-    device in one pass over the batch (a mask built from them); the fill values
-    are copied to a device once, not per batch. ``value="random"`` draws each
-    sample's noise from a generator seeded from its stream, one draw per erased
-    sample. It runs after the dtype conversion and
-    ``normalize``, so ``value=0`` is the mean colour, as in torchvision's recipes
-    (RandomErasing after Normalize). Masks and boxes are left alone (as torchvision).
-    The input batch is never written: as torchvision's default ``inplace=False``,
-    the result is a new tensor (one copy of the batch, made only when some sample
-    is erased; the input itself is returned when none is).
+    The draws come from each sample's own random stream (seed, epoch, index), so
+    a sample is erased the same way whichever batch or thread it comes through.
+    It runs after the dtype conversion and ``normalize``: ``value=0`` is the mean
+    colour, as in torchvision's recipes. Masks and boxes are left alone, and the
+    input batch is never written (torchvision's default ``inplace=False``).
 
     Args:
         p: Probability that a sample is erased.
