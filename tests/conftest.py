@@ -4,7 +4,9 @@ thread-leak guard every test runs under. Helpers shared by the tests are in
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -109,16 +111,33 @@ def bad_calls(module) -> list[str]:
     return problems
 
 
+# What marks a test file that may start fsspec's event loop thread.
+_REMOTE = re.compile(r"fsspec|s3fs|moto|file_server|http://|s3://|SyntheticServer|synthetic_server")
+
+
+@functools.lru_cache(maxsize=None)
+def _remote(path: str) -> bool:
+    return bool(_REMOTE.search(Path(path).read_text(errors="replace")))
+
+
+def _run_order(item) -> int:
+    path = str(item.path)
+    if Path(path).name == "test_isolation_start.py":
+        return 0
+    return 2 if _remote(path) else 1
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Fail the run at collection when a GPU test names a fixture that does not exist,
     skips without saying why it needs the device, or calls a test helper with
     arguments its signature refuses (checked on every machine; see
     ``missing_fixtures``, ``unmarked_skips`` and ``bad_calls``)."""
-    # The start-method tests first: tests of remote storage leave fsspec's event
-    # loop thread running for the rest of the process, after which
-    # start_method="auto" must spawn; the rule's fork cases need a process
+    # The start-method tests first, the tests of remote storage last: those leave
+    # fsspec's event loop thread running for the rest of the process, after which
+    # start_method="auto" must spawn (seconds of importing torch per worker
+    # process) where it would fork, and the rule's fork cases need a process
     # without it. (A stable sort: every other test keeps its order.)
-    items.sort(key=lambda item: 0 if Path(str(item.path)).name == "test_isolation_start.py" else 1)
+    items.sort(key=_run_order)
     problems = missing_fixtures(items)
     if problems:
         raise pytest.UsageError("tests under tests/cuda name fixtures that do not exist (they "
