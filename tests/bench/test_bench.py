@@ -716,10 +716,11 @@ def test_interference_feeder_rows_pass_their_options_to_the_feeder(tiny):
 def test_interference_model_step_runs_alone_and_fed(tiny):
     from feeder.bench import fedloop, interference
 
-    # Half-second windows: a step that follows a wait in next() is not timed, and on a
-    # busy machine a 50 ms window could hold only such steps.
+    # One-second windows: a step that follows a wait in next() is not timed, and on a
+    # busy machine a short window could hold only such steps, or none (a half-second
+    # window held none beside a second test process and a benchmark on 2 cores).
     spec = {"root": tiny["data"], "batch_size": 4, "queue_size": 2, "seed": 0, "device": "cpu",
-            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 0.5,
+            "proxy_ops": 5, "model_batch": 1, "warmup": 1, "windows": 1, "window_s": 1.0,
             "feed_share": 0.7, "capacity_s": 0.05, "step": "model",
             "loop_cores": None, "loader_cores": None, "loader_threads": 1, "loader": None}
     alone = fedloop.child(spec)
