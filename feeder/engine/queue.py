@@ -206,6 +206,45 @@ class Channel:
         if self._getters:
             self._ready.post()
 
+    def put_many(self, items: list) -> None:
+        """:meth:`put` each of ``items`` in turn, in one call: as many as there is
+        room for at a time, the same counters kept (each item's depth right after
+        it, as if put alone), waking at most one getter per item.
+
+        Raises:
+            Closed: the channel was closed before or while waiting (the items not
+                yet put are dropped, as a closed channel's are).
+        """
+        queued = self._items
+        maxsize = self.maxsize
+        start, n = 0, len(items)
+        while start < n:
+            if self._closed:
+                raise Closed(self.name)
+            room = maxsize - len(queued)
+            if room <= 0:
+                self._wait_for_room()
+                room = maxsize - len(queued)
+                if room <= 0:  # another producer filled it first: one item, as put() would
+                    room = 1
+            end = min(n, start + room)
+            before = len(queued)
+            queued.extend(items[start:end])
+            if self._closed:  # close() ran between the check above and the extend
+                queued.clear()
+                raise Closed(self.name)
+            k = end - start
+            with self._count_lock:
+                self.puts += k
+                # Depths right after each item: before + 1 ... before + k.
+                self.depth_sum += k * before + k * (k + 1) // 2
+                if before + k > self.max_depth:
+                    self.max_depth = before + k
+            getters = self._getters
+            if getters:
+                self._ready.post(min(k, getters))
+            start = end
+
     def _wait_for_room(self) -> None:
         # A post made between this thread's last look and its wait is kept by
         # the semaphore, so no wake-up is lost; a stale one (a post for a

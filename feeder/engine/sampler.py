@@ -75,8 +75,7 @@ class Sampler(Stage):
                 # Enough to keep every decode thread busy while the training loop
                 # hands its batch back (each may take a scratch array: bounded).
                 first = min(self.unbuffered, tasks.maxsize, len(indices))
-                for slot in range(first):
-                    self.put(c, tasks, Task(batch, slot, indices[slot]))
+                self.put_tasks(c, [Task(batch, slot, indices[slot]) for slot in range(first)])
                 c.begin_wait(Counters.WAIT_OUT)  # waiting for a free buffer: downstream is behind
                 try:
                     buf = pool.acquire(stopped, starving, owner)
@@ -84,7 +83,15 @@ class Sampler(Stage):
                     c.end_wait()
                 if batch.bind(buf, self.scratch.give):  # every dispatched sample already failed
                     self.put(c, self.collate, batch)
-            for slot in range(first, len(indices)):
-                self.put(c, tasks, Task(batch, slot, indices[slot]))
+            self.put_tasks(c, [Task(batch, slot, indices[slot]) for slot in range(first, len(indices))])
             c.items += 1
         self.put(c, tasks, END)
+
+    def put_tasks(self, c: Counters, batch_tasks: list) -> None:
+        """Put a batch's tasks on the outbox in one call (``Channel.put_many``):
+        no per-sample wait bookkeeping, the call counted as waiting on output."""
+        c.begin_wait(Counters.WAIT_OUT)
+        try:
+            self.outbox.put_many(batch_tasks)
+        finally:
+            c.end_wait()

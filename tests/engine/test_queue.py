@@ -88,6 +88,59 @@ def test_many_producers_and_consumers_exactly_once_and_bounded():
     assert ch.max_depth <= 4 + producers - 1
 
 
+def test_put_many_is_put_of_each_item_bounded_and_in_order():
+    """The sampler puts a batch's tasks in one call: the same order, bound and
+    counters as one put per item, waiting for room as the consumer drains it."""
+    one, many = Channel("x", 4), Channel("x", 4)
+    for i in range(3):
+        one.put(i)
+    many.put_many([0, 1, 2])
+    assert (many.puts, many.max_depth, many.depth_sum) == (one.puts, one.max_depth, one.depth_sum)
+    ch = Channel("x", 4)
+    got: list[int] = []
+
+    def consume():
+        while True:
+            item = ch.get(timeout=10)
+            if item is END:
+                return
+            assert ch.depth() <= 4
+            got.append(item)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    for start in range(0, 1000, 37):
+        ch.put_many(list(range(start, min(1000, start + 37))))
+    ch.put(END)
+    t.join(30)
+    assert not t.is_alive() and got == list(range(1000))
+    assert ch.puts == 1001 and ch.max_depth <= 4
+
+
+def test_put_many_on_a_closed_channel_raises():
+    ch = Channel("x", 2)
+    ch.put(0)
+    ch.put(1)
+    started = threading.Event()
+    result = []
+
+    def run():
+        started.set()
+        try:
+            ch.put_many([2, 3, 4])
+        except Closed:
+            result.append("closed")
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(5)
+    ch.close()
+    t.join(5)
+    assert result == ["closed"]
+    with pytest.raises(Closed):
+        ch.put_many([5])
+
+
 def test_a_blocked_producer_is_woken_once_the_channel_drains_to_a_quarter():
     """Each wake-up costs the consumer a context switch while it holds the GIL:
     a full channel of 8 wakes its producer when 2 items are left, not before."""
