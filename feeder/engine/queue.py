@@ -122,6 +122,9 @@ class _End:
 
 END = _End()
 
+#: What :meth:`Channel.poll` returns from an empty channel (never an item).
+EMPTY = object()
+
 
 class Channel:
     """A bounded FIFO between two stages that can be closed from any thread.
@@ -276,6 +279,26 @@ class Channel:
             item = self._items.popleft()
         except IndexError:
             item = self._wait_for_item(timeout)
+        putters = self._putters
+        if putters and len(self._items) <= self._low_water:
+            with self._count_lock:
+                self.wakeups += 1
+            self._room.post(putters)
+        return item
+
+    def poll(self) -> Any:
+        """:meth:`get` without waiting: the oldest item, or :data:`EMPTY` when there
+        is none (a stage times only the waits that :meth:`get` then makes).
+
+        Raises:
+            Closed: the channel is closed.
+        """
+        if self._closed:
+            raise Closed(self.name)
+        try:
+            item = self._items.popleft()
+        except IndexError:
+            return EMPTY
         putters = self._putters
         if putters and len(self._items) <= self._low_water:
             with self._count_lock:

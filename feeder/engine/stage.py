@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .queue import END, Channel, Closed
+from .queue import EMPTY, END, Channel, Closed
 from .threads import limit_torch_threads
 from ..errors import StageError
 
@@ -324,12 +324,13 @@ class MapStage(Stage):
         # This loop runs once per sample in every worker thread, holding the GIL
         # for all of it: each clock read, tuple and call here is paid per sample,
         # and every moment of it can delay the training thread's next torch call.
-        # So the get's wait is timed inline (Stage.get's bookkeeping, without
-        # the call) and its end stamps the first step.
+        # So a ready item is taken without the wait bookkeeping, and only a
+        # get that waits is timed (inline: Stage.get's bookkeeping, without the
+        # call); the clock read that ends it stamps the first step.
         steps = self.steps
         control = self.control
         outbox = self.outbox
-        get = self.inbox.get
+        get, poll = self.inbox.get, self.inbox.poll
         begin_wait, end_wait = c.begin_wait, c.end_wait
         gate = self.gate
         index = self.counters.index(c)
@@ -338,11 +339,15 @@ class MapStage(Stage):
                 # Parked time counts as waiting on output: the loop downstream
                 # needs fewer threads than this stage has.
                 gate.admit(index, control.stopped, lambda: begin_wait(_WAIT_OUT), end_wait)
-            begin_wait(_WAIT_IN)
-            try:
-                task = get()
-            finally:
-                t = end_wait()
+            task = poll()
+            if task is EMPTY:
+                begin_wait(_WAIT_IN)
+                try:
+                    task = get()
+                finally:
+                    t = end_wait()
+            else:
+                t = _now()
             if task is END:
                 if gate is not None:
                     gate.open()  # every parked sibling must take the end too

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from feeder.engine.queue import END, Channel, Closed
+from feeder.engine.queue import EMPTY, END, Channel, Closed
 
 
 def test_fifo_and_stats():
@@ -86,6 +86,22 @@ def test_many_producers_and_consumers_exactly_once_and_bounded():
     flat = sorted(x for g in got for x in g)
     assert flat == list(range(producers * per))
     assert ch.max_depth <= 4 + producers - 1
+
+
+def test_poll_takes_a_ready_item_or_says_empty_and_wakes_producers():
+    ch = Channel("x", 4)
+    assert ch.poll() is EMPTY
+    ch.put_many([1, 2, 3, 4])
+    producer = threading.Thread(target=ch.put, args=(5,))
+    producer.start()  # blocks on the full channel (or finds room after the polls)
+    got = [ch.poll() for _ in range(4)]
+    producer.join(10)  # woken by the poll that drained the channel to a quarter
+    assert not producer.is_alive()
+    got.append(ch.poll())
+    assert got == [1, 2, 3, 4, 5] and ch.poll() is EMPTY
+    ch.close()
+    with pytest.raises(Closed):
+        ch.poll()
 
 
 def test_put_many_is_put_of_each_item_bounded_and_in_order():
