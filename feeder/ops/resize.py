@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..sample.rng import SampleRNG
+from ..sample.rng import _GOLDEN, _MASK, _UNIT, SampleRNG, _mix
 from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_range)
 
@@ -62,14 +62,45 @@ class RandomResizedCrop(Transform):
         area = height * width
         lo, hi = self.scale
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        uniform, sqrt, exp = rng.uniform, math.sqrt, math.exp
-        for _ in range(10):
-            target = area * uniform(lo, hi)
-            aspect = exp(uniform(log_lo, log_hi))
-            w = round(sqrt(target * aspect))
-            h = round(sqrt(target / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                return rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
+        sqrt, exp = math.sqrt, math.exp
+        if type(rng) is SampleRNG:
+            # SampleRNG's uniform and integers spelled out on its state (a call
+            # per draw costs as much as the draw): the same numbers, bit for bit.
+            z = rng._state
+            if z < 0:
+                z = _mix(~z)
+            span_s, span_r = hi - lo, log_hi - log_lo
+            for _ in range(10):
+                z = (z + _GOLDEN) & _MASK
+                x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                target = area * (lo + span_s * (((x ^ (x >> 31)) >> 11) * _UNIT))
+                z = (z + _GOLDEN) & _MASK
+                x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                aspect = exp(log_lo + span_r * (((x ^ (x >> 31)) >> 11) * _UNIT))
+                w = round(sqrt(target * aspect))
+                h = round(sqrt(target / aspect))
+                if 0 < w <= width and 0 < h <= height:
+                    z = (z + _GOLDEN) & _MASK
+                    x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                    top = (x ^ (x >> 31)) * (height - h + 1) >> 64
+                    z = (z + _GOLDEN) & _MASK
+                    x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                    rng._state = z
+                    return top, (x ^ (x >> 31)) * (width - w + 1) >> 64, h, w
+            rng._state = z
+        else:
+            uniform = rng.uniform
+            for _ in range(10):
+                target = area * uniform(lo, hi)
+                aspect = exp(uniform(log_lo, log_hi))
+                w = round(sqrt(target * aspect))
+                h = round(sqrt(target / aspect))
+                if 0 < w <= width and 0 < h <= height:
+                    return rng.integers(0, height - h + 1), rng.integers(0, width - w + 1), h, w
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
             w, h = width, int(round(width / self.ratio[0]))

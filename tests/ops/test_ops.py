@@ -27,6 +27,25 @@ def test_random_resized_crop_params_obey_scale_and_ratio():
         assert 0.5 * 0.85 <= w / h <= 2.0 * 1.15
 
 
+@pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (0.1, 10.0)),
+                                          ((0.99, 1.0), (0.2, 0.25))])
+def test_random_resized_crop_params_draw_as_the_rng_methods_do(scale, ratio):
+    """params() spells SampleRNG's draws out on its state: the same boxes, the
+    same state after, as through uniform() and integers() (a subclass's)."""
+    class Drawn(SampleRNG):
+        __slots__ = ()
+
+    t = ops.RandomResizedCrop(64, scale=scale, ratio=ratio)
+    rnd = np.random.default_rng(0)
+    for k in range(3000):
+        h, w = (int(v) for v in rnd.integers(1, 400, 2))
+        fast, drawn = SampleRNG(k * 7919, k % 3), Drawn(k * 7919, k % 3)
+        if k % 2:
+            fast.random(), drawn.random()  # a stream already drawn from
+        assert t.params(h, w, fast) == t.params(h, w, drawn)
+        assert fast.random() == drawn.random()
+
+
 def test_random_resized_crop_fallback_is_central_crop():
     # No crop of scale 0.9..1.0 with ratio 3..4 fits a square: torchvision falls back.
     t = ops.RandomResizedCrop(16, scale=(0.9, 1.0), ratio=(3.0, 4.0))
