@@ -144,7 +144,8 @@ class JpegDecoder:
         """
         frame = jpeg_frame(data)  # the process first: it decides how the file may be decoded
         lossless = frame is not None and frame.lossless
-        h, w, colorspace, sampling, scans = self._header(data, lossless)
+        ext = self.ext  # once: a property
+        h, w, colorspace, sampling, scans = self._header(data, lossless, ext)
         if frame is None:  # the decoder read a header that the marker walk could not
             raise DecodeError("corrupt JPEG header: no frame header (SOF) in a walk of its marker "
                               "segments (bytes between them?)")
@@ -157,7 +158,6 @@ class JpegDecoder:
             return orient(self._ink(data, frame, colorspace), orientation), size, None
         if lossless:
             return orient(self._lossless(data, frame, colorspace), orientation), size, None
-        ext = self.ext
         own = ext is not None and colorspace in ("Gray", "YCbCr", "RGB")
         # Chroma sampling factors other than the usual ones (valid JPEG, rare):
         # libjpeg-turbo's partial decode can loop forever or give wrong pixels on
@@ -197,10 +197,14 @@ class JpegDecoder:
             min_h, min_w = need
         return self._scaled(data, frame, h, w, min_h, min_w, orientation), size, planned
 
-    def _header(self, data: bytes | memoryview, lossless: bool) -> tuple[int, int, str, Any, Any]:
-        """(height, width, colorspace, sampling, scans); the last two None from simplejpeg."""
-        if self.ext is not None and not lossless:
-            w, h, _, colorspace, sampling, scans = self.ext.header(data)  # raises DecodeError("corrupt JPEG header: ...")
+    def _header(self, data: bytes | memoryview, lossless: bool,
+                ext: Any = ...) -> tuple[int, int, str, Any, Any]:
+        """(height, width, colorspace, sampling, scans); the last two None from
+        simplejpeg. ``ext``: :attr:`ext`, when the caller has it."""
+        if ext is ...:
+            ext = self.ext
+        if ext is not None and not lossless:
+            w, h, _, colorspace, sampling, scans = ext.header(data)  # raises DecodeError("corrupt JPEG header: ...")
             return h, w, colorspace, sampling, scans
         # A lossless file is read by simplejpeg whatever the path: the system's
         # libjpeg-turbo before 3.0 knows no lossless process.
