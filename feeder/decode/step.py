@@ -23,6 +23,7 @@ from ..errors import FieldError, with_field
 from ..ops.chain import Chain
 from ..sample import (BOXES, DEFAULT_MAX_PIXELS, IMAGE, INSTANCE_MASKS, MASK, NUMERIC, SIZE, Geometry,
                       SampleContext, Schema, instances_fit)
+from .headers import JPEG_MAGIC
 from .image import DecodeBuffers, buffer_of, decode_planned, decode_scale, rgb_of_pixels
 from .jpeg import JpegDecoder
 from .masks import decode_mask
@@ -116,8 +117,13 @@ class SampleWork:
             except Exception as exc:
                 raise with_field(exc, IMAGE)
             return img, SampleContext(img.shape[:2])
-        img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, self.buffers,
-                                        self.exif_orientation, self.jpeg)
+        jpeg = self.jpeg
+        if type(data) is bytes and data[:3] == JPEG_MAGIC:
+            # decode_planned's JPEG branch, without the call.
+            img, size, ctx = jpeg.decode(data, self.plan, key)
+        else:
+            img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, jpeg.buffers,
+                                            self.exif_orientation, jpeg)
         return img, ctx if ctx is not None else SampleContext(size)
 
     def transform(self, img: np.ndarray, key: int, ctx: SampleContext,
@@ -125,7 +131,7 @@ class SampleWork:
         """Run the chain on a decoded image into ``out``, then recycle its decode
         memory; returns the (height, width) of the result (see ``Chain.run``)."""
         size = self.chain.run(img, key, ctx, out)
-        self.buffers.give(buffer_of(img))
+        self.jpeg.buffers.give(buffer_of(img))  # the buffers property, without the call
         return size
 
     def decode_mask(self, mask: Any, source_size: tuple[int, int]) -> np.ndarray:
