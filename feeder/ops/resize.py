@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..sample.rng import _GOLDEN, _MASK, _UNIT, SampleRNG, _mix
+from ..sample.rng import _GOLDEN, _MASK, _UNIT, SampleRNG
 from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_range)
 
@@ -67,8 +67,11 @@ class RandomResizedCrop(Transform):
             # SampleRNG's uniform and integers spelled out on its state (a call
             # per draw costs as much as the draw): the same numbers, bit for bit.
             z = rng._state
-            if z < 0:
-                z = _mix(~z)
+            if z < 0:  # the stream's first draw: _mix(~z), spelled out
+                z = ~z
+                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+                z ^= z >> 31
             span_s, span_r = hi - lo, log_hi - log_lo
             for _ in range(10):
                 z = (z + _GOLDEN) & _MASK
