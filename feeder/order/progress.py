@@ -121,12 +121,33 @@ class Progress:
 
     def record(self, indices: Any) -> None:
         with self._lock:
-            self._pending.update(int(i) for i in indices)
             self.batches += 1
             self._take_skips()
             # Batches come nearly in order: the position follows them, and the
             # pending set holds only samples that came ahead of a straggler.
+            if not self._pending and not self._after_positions and self._next_in_order(indices):
+                return
+            self._pending.update(int(i) for i in indices)
             self.position = self._advance(self._pending, self.position, self._after_positions)
+
+    def _next_in_order(self, indices: Any) -> bool:
+        """With nothing pending past the position (under the lock): if ``indices``
+        are the order's next samples, move the position over them and say so,
+        as :meth:`_advance` would, with one comparison instead of a call or
+        two per sample (this runs in the training thread)."""
+        got = indices.tolist() if isinstance(indices, np.ndarray) else [int(i) for i in indices]
+        n = len(got)
+        position = self.position
+        k = position - self._block_start
+        block = self._block
+        if k < 0 or k + n > len(block):
+            # The block _at would look up from here (at least n samples long).
+            self._block_start, k = position, 0
+            self._block = block = self.order.take(position, position + max(_STEP, n)).tolist()
+        if block[k:k + n] != got:
+            return False
+        self.position = position + n
+        return True
 
     def skipped(self) -> list[int]:
         """Every sample skipped in this epoch so far (source indices)."""
