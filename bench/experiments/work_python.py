@@ -3,14 +3,14 @@
 The GIL profile (``gil_profile.py``) attributes time to feeder's modules, but on
 a loaded machine a thread descheduled while it holds the GIL inflates whatever
 Python it was running, so its per-module figures move by 20-30% run to run.
-This times the same per-sample steps on one thread with ``simplejpeg.decode_jpeg``,
-``cv2.resize`` and ``cv2.flip`` replaced by stubs that return preallocated
-arrays: what is left is feeder's own Python (key, header parse and plan, the
-chain, the batch's count), plus the file read measured on its own (the read's
+This times the same per-sample steps on one thread with the region decoder's
+``decode`` (or, without it, ``simplejpeg.decode_jpeg``), ``cv2.resize`` and
+``cv2.flip`` replaced by stubs that return preallocated arrays: what is left
+is feeder's own Python (key, header parse and plan, the chain, the batch's count), plus the file read measured on its own (the read's
 system calls included). Thread CPU time, best of 7 passes over the files; and
 the Python function calls per sample (cProfile), which do not depend on load.
 
-    python bench/experiments/work_python.py DATA [--files 500]
+    python bench/experiments/work_python.py DATA [--files 500] [--size 224]
 
 Run it from each source tree (``PYTHONPATH=tree``), alternating, to compare two.
 """
@@ -22,6 +22,7 @@ import cProfile
 import glob
 import os
 import pstats
+import sys
 import time
 
 import cv2
@@ -42,6 +43,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="an ImageFolder of JPEGs (feeder-bench make-data)")
     p.add_argument("--files", type=int, default=500)
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output side")
     args = p.parse_args()
     files = sorted(glob.glob(os.path.join(args.data, "*", "*")))[:args.files]
     src = FileList(files, [0] * len(files))
@@ -65,10 +67,37 @@ def main() -> None:
     _decode.jpeg.simplejpeg = type("simplejpeg", (), {
         "decode_jpeg": staticmethod(decode_stub),
         "decode_jpeg_header": staticmethod(simplejpeg.decode_jpeg_header)})
-    ops.cv2 = type("cv2", (), {"resize": staticmethod(resize_stub), "flip": staticmethod(flip_stub),
-                               "INTER_AREA": cv2.INTER_AREA, "INTER_LINEAR": cv2.INTER_LINEAR})
-    work = SampleWork(Chain([ops.RandomResizedCrop(224), ops.RandomHorizontalFlip()], None))
-    out = np.zeros((224, 224, 3), np.uint8)
+
+    class _Cv2:
+        """cv2 with resize and flip stubbed (constants and the rest as they are)."""
+        resize = staticmethod(resize_stub)
+        flip = staticmethod(flip_stub)
+
+        def __getattr__(self, name):
+            return getattr(cv2, name)
+
+    # Every feeder.ops module that calls cv2 (the resize lives in ops.base now).
+    for name, module in list(sys.modules.items()):
+        if name.startswith("feeder.ops") and getattr(module, "cv2", None) is cv2:
+            module.cv2 = _Cv2()
+    ext = getattr(_decode, "extension", None)
+    if ext is not None and ext.jpeg is not None:
+        real = ext.jpeg
+
+        class _Region:
+            """The region decoder with its decode stubbed: the output's layout (its
+            stride and offset, as the extension gives them), no pixel decoded."""
+
+            def decode(self, data, y0, x0, rh, rw, d, buf, max_pixels, compact, verify, **kw):
+                stride, offset = rw + 2 * real.PAD, real.PAD
+                return (stride, offset, None, 0) if kw else (stride, offset)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        ext.jpeg = _Region()
+    work = SampleWork(Chain([ops.RandomResizedCrop(args.size), ops.RandomHorizontalFlip()], None))
+    out = np.zeros((args.size, args.size, 3), np.uint8)
     if hasattr(_rng, "index_key"):
         pass_key = _rng.epoch_key(0, 0)
 
