@@ -41,6 +41,7 @@
 #include <Python.h>
 
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -730,7 +731,73 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     return Py_BuildValue("(IINK)", job.stride, job.col_offset, made, job.jumped);
 }
 
+/* SplitMix64's output function (feeder.sample.rng._mix). */
+static inline uint64_t splitmix_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* The high 64 bits of x * y. */
+static inline uint64_t mul_high(uint64_t x, uint64_t y)
+{
+#ifdef __SIZEOF_INT128__
+    return (uint64_t)(((unsigned __int128)x * y) >> 64);
+#else
+    uint64_t xl = x & 0xFFFFFFFFULL, xh = x >> 32, yl = y & 0xFFFFFFFFULL, yh = y >> 32;
+    uint64_t ll = xl * yl, lh = xl * yh, hl = xh * yl, hh = xh * yh;
+    uint64_t mid = (ll >> 32) + (lh & 0xFFFFFFFFULL) + (hl & 0xFFFFFFFFULL);
+    return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+#endif
+}
+
+#define SPLITMIX_GOLDEN 0x9E3779B97F4A7C15ULL
+#define SPLITMIX_UNIT (1.0 / 9007199254740992.0)
+
+/* RandomResizedCrop.params' ten tries on a SampleRNG's state (mixed: >= 0),
+ * the same IEEE double operations in the same order as the Python (built with
+ * -ffp-contract=off: no fused multiply-adds). */
+static PyObject *rrc_draws(PyObject *self, PyObject *args)
+{
+    PyObject *state;
+    long long area, height, width;
+    double lo, span_s, log_lo, span_r;
+    if (!PyArg_ParseTuple(args, "OLLLdddd", &state, &area, &height, &width, &lo, &span_s,
+                          &log_lo, &span_r))
+        return NULL;
+    uint64_t z = (uint64_t)PyLong_AsUnsignedLongLong(state);
+    if (z == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    if (height <= 0 || width <= 0 || area != height * width)
+        return PyErr_Format(PyExc_ValueError, "rrc_draws: area must be height * width > 0");
+    for (int i = 0; i < 10; i++) {
+        z += SPLITMIX_GOLDEN;
+        double target = (double)area * (lo + span_s * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
+        z += SPLITMIX_GOLDEN;
+        double aspect = exp(log_lo + span_r * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
+        double w = rint(sqrt(target * aspect)), h = rint(sqrt(target / aspect));
+        if (0 < w && w <= (double)width && 0 < h && h <= (double)height) {
+            long long hi = (long long)h, wi = (long long)w;
+            z += SPLITMIX_GOLDEN;
+            uint64_t top = mul_high(splitmix_mix(z), (uint64_t)(height - hi + 1));
+            z += SPLITMIX_GOLDEN;
+            uint64_t left = mul_high(splitmix_mix(z), (uint64_t)(width - wi + 1));
+            return Py_BuildValue("(KKLLK)", (unsigned long long)top, (unsigned long long)left, hi, wi,
+                                 (unsigned long long)z);
+        }
+    }
+    return Py_BuildValue("(OK)", Py_None, (unsigned long long)z);
+}
+
 static PyMethodDef methods[] = {
+    {"rrc_draws", rrc_draws, METH_VARARGS,
+     "rrc_draws(state, area, height, width, lo, span_s, log_lo, span_r)\n"
+     "    -> (top, left, h, w, state) | (None, state)\n\n"
+     "feeder.ops.RandomResizedCrop.params' ten tries on a SampleRNG's (mixed)\n"
+     "state, drawn as SampleRNG.uniform and .integers draw: the box found (None:\n"
+     "none fits) and the state after."},
+
     {"header", jpeg_header, METH_O,
      "header(data) -> (width, height, components, colorspace, subsampling, progressive)\n\n"
      "Read a JPEG's header. Raises feeder.errors.DecodeError when it cannot."},

@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..sample.rng import _GOLDEN, _MASK, _UNIT, SampleRNG
 from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_range)
+
+
+_extension: Any = None  # feeder.decode.extension, once params has needed it
+
+
+def _load_extension() -> Any:
+    """feeder.decode.extension (imported at the first use: feeder.decode imports this module)."""
+    global _extension
+    from ..decode import extension
+    _extension = extension
+    return extension
 
 
 def _resize_extras(antialias: bool, interpolation: str | None = None) -> str:
@@ -73,28 +85,37 @@ class RandomResizedCrop(Transform):
                 z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
                 z ^= z >> 31
             span_s, span_r = hi - lo, log_hi - log_lo
-            for _ in range(10):
-                z = (z + _GOLDEN) & _MASK
-                x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                target = area * (lo + span_s * (((x ^ (x >> 31)) >> 11) * _UNIT))
-                z = (z + _GOLDEN) & _MASK
-                x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                aspect = exp(log_lo + span_r * (((x ^ (x >> 31)) >> 11) * _UNIT))
-                w = round(sqrt(target * aspect))
-                h = round(sqrt(target / aspect))
-                if 0 < w <= width and 0 < h <= height:
+            draws = getattr((_extension or _load_extension()).jpeg, "rrc_draws", None)
+            if draws is not None:
+                # The loop of the else branch, in C (the same double operations in
+                # the same order): its 64-bit arithmetic costs far less there than in ints.
+                found = draws(z, area, height, width, lo, span_s, log_lo, span_r)
+                rng._state = found[-1]
+                if found[0] is not None:
+                    return found[:4]
+            else:
+                for _ in range(10):
                     z = (z + _GOLDEN) & _MASK
                     x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
                     x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                    top = (x ^ (x >> 31)) * (height - h + 1) >> 64
+                    target = area * (lo + span_s * (((x ^ (x >> 31)) >> 11) * _UNIT))
                     z = (z + _GOLDEN) & _MASK
                     x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
                     x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                    rng._state = z
-                    return top, (x ^ (x >> 31)) * (width - w + 1) >> 64, h, w
-            rng._state = z
+                    aspect = exp(log_lo + span_r * (((x ^ (x >> 31)) >> 11) * _UNIT))
+                    w = round(sqrt(target * aspect))
+                    h = round(sqrt(target / aspect))
+                    if 0 < w <= width and 0 < h <= height:
+                        z = (z + _GOLDEN) & _MASK
+                        x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                        top = (x ^ (x >> 31)) * (height - h + 1) >> 64
+                        z = (z + _GOLDEN) & _MASK
+                        x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+                        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+                        rng._state = z
+                        return top, (x ^ (x >> 31)) * (width - w + 1) >> 64, h, w
+                rng._state = z
         else:
             uniform = rng.uniform
             for _ in range(10):

@@ -27,11 +27,19 @@ def test_random_resized_crop_params_obey_scale_and_ratio():
         assert 0.5 * 0.85 <= w / h <= 2.0 * 1.15
 
 
+@pytest.mark.parametrize("in_c", [True, False])
 @pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.9, 1.0), (0.1, 10.0)),
                                           ((0.99, 1.0), (0.2, 0.25))])
-def test_random_resized_crop_params_draw_as_the_rng_methods_do(scale, ratio):
-    """params() spells SampleRNG's draws out on its state: the same boxes, the
-    same state after, as through uniform() and integers() (a subclass's)."""
+def test_random_resized_crop_params_draw_as_the_rng_methods_do(scale, ratio, in_c, monkeypatch):
+    """params() spells SampleRNG's draws out on its state, in C when the extension
+    is built (rrc_draws) and in Python when not: the same boxes, the same state
+    after, as through uniform() and integers() (a subclass's)."""
+    from feeder.decode import extension
+    if in_c and getattr(extension.jpeg, "rrc_draws", None) is None:
+        pytest.skip("the extension feeder.decode._jpeg (with rrc_draws) is not built")
+    if not in_c:
+        monkeypatch.setattr(extension, "jpeg", None)
+
     class Drawn(SampleRNG):
         __slots__ = ()
 
