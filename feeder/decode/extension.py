@@ -8,6 +8,8 @@ import importlib.util
 import os
 from typing import Any
 
+from ..ops.resize import use_native_draws
+
 #: Setting this environment variable to 1 (before feeder is imported) makes
 #: feeder decode JPEGs with simplejpeg even when its extension is built.
 NO_EXTENSION_ENV = "FEEDER_NO_JPEG_EXT"
@@ -33,3 +35,5 @@ def load() -> tuple[Any, str | None]:
 
 #: The extension module, or None; and why it is not used (None when it is).
 jpeg, missing = load()
+# RandomResizedCrop's draws in C where the extension has them (ops is a layer below).
+use_native_draws(getattr(jpeg, "rrc_draws", None))

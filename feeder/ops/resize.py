@@ -14,15 +14,17 @@ from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _re
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_range)
 
 
-_extension: Any = None  # feeder.decode.extension, once params has needed it
+# RandomResizedCrop's ten tries in C, the same double operations in the same
+# order (the extension's rrc_draws), or None: the Python loop. Installed by the
+# layer that loads the extension (feeder.decode.extension), which sits above this one.
+_native_draws: Any = None
 
 
-def _load_extension() -> Any:
-    """feeder.decode.extension (imported at the first use: feeder.decode imports this module)."""
-    global _extension
-    from ..decode import extension
-    _extension = extension
-    return extension
+def use_native_draws(draws: Any) -> None:
+    """Draw RandomResizedCrop's tries with ``draws`` (the extension's
+    ``rrc_draws``); None: in Python."""
+    global _native_draws
+    _native_draws = draws
 
 
 def _resize_extras(antialias: bool, interpolation: str | None = None) -> str:
@@ -85,7 +87,7 @@ class RandomResizedCrop(Transform):
                 z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
                 z ^= z >> 31
             span_s, span_r = hi - lo, log_hi - log_lo
-            draws = getattr((_extension or _load_extension()).jpeg, "rrc_draws", None)
+            draws = _native_draws
             if draws is not None:
                 # The loop of the else branch, in C (the same double operations in
                 # the same order): its 64-bit arithmetic costs far less there than in ints.

@@ -34,11 +34,12 @@ def test_random_resized_crop_params_draw_as_the_rng_methods_do(scale, ratio, in_
     """params() spells SampleRNG's draws out on its state, in C when the extension
     is built (rrc_draws) and in Python when not: the same boxes, the same state
     after, as through uniform() and integers() (a subclass's)."""
-    from feeder.decode import extension
-    if in_c and getattr(extension.jpeg, "rrc_draws", None) is None:
+    from feeder.ops import resize
+
+    if in_c and resize._native_draws is None:
         pytest.skip("the extension feeder.decode._jpeg (with rrc_draws) is not built")
     if not in_c:
-        monkeypatch.setattr(extension, "jpeg", None)
+        monkeypatch.setattr(resize, "_native_draws", None)
 
     class Drawn(SampleRNG):
         __slots__ = ()
