@@ -273,17 +273,11 @@ class Channel:
             Closed: the channel is closed (items still queued are discarded).
             TimeoutError: ``timeout`` passed with nothing to get.
         """
-        if self._closed:
-            raise Closed(self.name)
-        try:
-            item = self._items.popleft()
-        except IndexError:
+        item = self.poll()
+        if item is EMPTY:
             item = self._wait_for_item(timeout)
-        putters = self._putters
-        if putters and len(self._items) <= self._low_water:
-            with self._count_lock:
-                self.wakeups += 1
-            self._room.post(putters)
+            if self._putters and len(self._items) <= self._low_water:
+                self._wake_putters()
         return item
 
     def poll(self) -> Any:
@@ -299,12 +293,15 @@ class Channel:
             item = self._items.popleft()
         except IndexError:
             return EMPTY
-        putters = self._putters
-        if putters and len(self._items) <= self._low_water:
-            with self._count_lock:
-                self.wakeups += 1
-            self._room.post(putters)
+        if self._putters and len(self._items) <= self._low_water:
+            self._wake_putters()
         return item
+
+    def _wake_putters(self) -> None:
+        """The channel drained to its low-water mark: wake the blocked producers."""
+        with self._count_lock:
+            self.wakeups += 1
+        self._room.post(self._putters)
 
     def _wait_for_item(self, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -23,17 +23,14 @@ def test_get_timeout():
         Channel("x", 1).get(timeout=0.05)
 
 
-@pytest.mark.parametrize("blocked", ["put", "get"])
-def test_close_wakes_blocked_threads(blocked):
-    ch = Channel("x", 1)
-    if blocked == "put":
-        ch.put(1)
+def closed_while_blocked(ch: Channel, blocked) -> list[str]:
+    """Run ``blocked()`` in a thread, close ``ch``, and return what the thread saw."""
     started, result = threading.Event(), []
 
     def run():
         started.set()
         try:
-            ch.put(2) if blocked == "put" else ch.get()
+            blocked()
         except Closed:
             result.append("closed")
 
@@ -42,7 +39,16 @@ def test_close_wakes_blocked_threads(blocked):
     assert started.wait(5)
     ch.close()
     t.join(5)
-    assert result == ["closed"]
+    assert not t.is_alive()
+    return result
+
+
+@pytest.mark.parametrize("blocked", ["put", "get"])
+def test_close_wakes_blocked_threads(blocked):
+    ch = Channel("x", 1)
+    if blocked == "put":
+        ch.put(1)
+    assert closed_while_blocked(ch, (lambda: ch.put(2)) if blocked == "put" else ch.get) == ["closed"]
 
 
 def test_close_returns_leftovers_and_end_is_a_singleton():
@@ -137,22 +143,7 @@ def test_put_many_on_a_closed_channel_raises():
     ch = Channel("x", 2)
     ch.put(0)
     ch.put(1)
-    started = threading.Event()
-    result = []
-
-    def run():
-        started.set()
-        try:
-            ch.put_many([2, 3, 4])
-        except Closed:
-            result.append("closed")
-
-    t = threading.Thread(target=run)
-    t.start()
-    assert started.wait(5)
-    ch.close()
-    t.join(5)
-    assert result == ["closed"]
+    assert closed_while_blocked(ch, lambda: ch.put_many([2, 3, 4])) == ["closed"]
     with pytest.raises(Closed):
         ch.put_many([5])
 
