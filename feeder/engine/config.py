@@ -115,7 +115,7 @@ class Config:
         if source is not None:
             reads_block = reads_may_block(source, windowed=self.shuffle_shards is not None)
         threads = resolve_threads(self.threads, reads_block, cores)
-        if threads == self.threads and self.threads.is_resolved:
+        if threads is self.threads:  # nothing was left to resolve
             return self
         return replace(self, decode_threads=threads.decode_threads,
                        augment_threads=threads.augment_threads,
