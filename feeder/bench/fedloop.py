@@ -294,7 +294,8 @@ class Windows:
                 "drained": drained, "drain_s": drain_s}
 
     def fed(self, period_s: float) -> dict[str, Any]:
-        """One timed fed window: a new batch every ``period_s``."""
+        """One timed fed window: a new batch every ``period_s``, at least one step
+        not right after a wait."""
         c0, t_start = self.cpu(), now()
         due = t_start
         steps: list[float] = []
@@ -304,7 +305,10 @@ class Windows:
         after_wait = False
         while True:
             a = now()
-            if a - t_start >= self.window_s:
+            # A window ends after ``window_s`` with at least one clean step: on a busy
+            # machine a late first batch can outlast a short window, which would leave
+            # it nothing to compare (bounded by ``drain_limit_s``).
+            if a - t_start >= self.window_s and (steps or a - t_start >= self.drain_limit_s):
                 break
             if a >= due:
                 ca = time.thread_time()

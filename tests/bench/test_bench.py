@@ -678,6 +678,41 @@ def test_interference_fed_windows_take_batches_at_the_pace(monkeypatch):
     assert got["stalls"] == 0 and len(got["steps"]) > 1
 
 
+def test_interference_fed_window_outlasting_its_span_still_times_a_clean_step(monkeypatch):
+    """A late first batch that takes longer than the window (a busy machine) does
+    not leave the window without a step to compare: it runs on to one clean step."""
+    import itertools
+
+    import torch
+
+    from feeder.bench import fedloop
+    from feeder.bench.fedloop import Windows
+
+    clock = {"t": 0.0}
+
+    def tick():
+        clock["t"] += 1e-3
+        return clock["t"]
+
+    monkeypatch.setattr(fedloop, "now", tick)
+    cpu_ticks = itertools.count()
+    monkeypatch.setattr(fedloop.time, "thread_time", lambda: next(cpu_ticks) * 1e-6)
+
+    def batches():
+        first = True
+        while True:
+            if first:
+                clock["t"] += 0.5  # the first next() sleeps for ten windows
+                first = False
+            yield (torch.zeros(4, 1), torch.zeros(4))
+
+    loop = Windows(lambda *b: None, batches(), (torch.zeros(4, 1), torch.zeros(4)), lambda: 0.0,
+                   window_s=0.05)
+    got = loop.fed(period_s=1.0)
+    assert got["stalls"] == 1 and got["batches"] == 1
+    assert len(got["steps"]) == 1 and got["span_s"] > 0.5
+
+
 def test_interference_rejects_an_unknown_loader(tiny, tmp_path, monkeypatch, capsys):
     code, _, err = bench_here("interference", tiny["data"], "--out", str(tmp_path), "--loaders", "feeder,nope",
                               cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
