@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .dataset_source import TORCHVISION_PER_BOX, DatasetSource  # noqa: F401  (named here too)
+from .decode.extension import jpeg as _extension
 from .storage.local import on_network_storage
 
 __all__ = ["DatasetSource", "FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
@@ -105,6 +106,11 @@ def _labels(labels: Any) -> Any:
     return arr
 
 
+#: The extension's whole-file read (open, fstat, read and close without the GIL,
+#: which a sample's four system calls would each let go of and wait to take back
+#: behind the other threads' Python), or None: the Python way below.
+_native_read = getattr(_extension, "read_file", None)
+
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -118,7 +124,12 @@ def _read_file(path: str) -> bytes:
     more than ``fstat`` reports, a regular file that returns exactly its size
     has reached its end; anything else (a short read, a file that grew, a
     pipe) reads on until an empty read.
+
+    With feeder's C extension built, a regular file is read in one call that
+    releases the GIL once instead of four times (see ``_native_read``).
     """
+    if _native_read is not None:
+        return _native_read(path)
     fd = os.open(path, _OPEN_FLAGS)
     try:
         st = os.fstat(fd)

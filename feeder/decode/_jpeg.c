@@ -9,7 +9,7 @@
  * only its rows and columns skips the IDCT, upsampling and colour conversion
  * of the rest, and stops reading the file after the crop's last row.
  *
- * Four functions:
+ * Its functions:
  *   header(data) -> (width, height, components, colorspace, subsampling, progressive)
  *   frame(data, max_steps) -> headers.py's jpeg_frame walk of the marker segments
  *   decode(data, top, left, height, width, denom, out, max_pixels, compact, verify,
@@ -18,6 +18,8 @@
  *          (stride, col_offset, index recorded or None, MCUs jumped)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.decode.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
+ *   read_file(path) -> bytes: a whole file, with the GIL released once
+ *       (feeder.sources reads a sample's file with it)
  * The region is given in the pixels of the image scaled by 1/denom (denom 1, 2,
  * 4 or 8: libjpeg-turbo's other scales, 7/8 to 5/8, have no fast IDCT and are
  * slower than a full decode). Row r of the region is written at out + r *
@@ -47,6 +49,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef _WIN32
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
@@ -790,6 +798,89 @@ static PyObject *rrc_draws(PyObject *self, PyObject *args)
     return Py_BuildValue("(OK)", Py_None, (unsigned long long)z);
 }
 
+#ifndef _WIN32
+/* A whole file, opened, sized, read and closed in one stretch without the GIL:
+ * per sample, the Python way (os.open, os.fstat, os.read, os.close) lets go of
+ * the GIL four times, and on a busy process each return waits for another
+ * thread's Python to reach its own next release. As feeder.sources._read_file
+ * reads: a byte more than fstat reports, and a regular file that returns exactly
+ * its size has reached its end; anything else (a file whose size changed, a
+ * pipe, a /proc file) reads on until an empty read. Errors are OSError naming
+ * the path, as os.open's are. */
+static PyObject *read_file(PyObject *self, PyObject *arg)
+{
+    PyObject *encoded = NULL;
+    if (!PyUnicode_FSConverter(arg, &encoded))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(encoded);
+    int err = 0, nomem = 0;
+    char *buf = NULL;
+    size_t got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        err = errno;
+    } else {
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            err = errno;
+        } else if (S_ISDIR(st.st_mode)) {
+            err = EISDIR;
+        } else {
+            int regular = S_ISREG(st.st_mode) && st.st_size > 0;
+            size_t size = regular ? (size_t)st.st_size : 0;
+            size_t cap = regular ? size + 1 : (size_t)1 << 16;
+            if (regular && (off_t)size != st.st_size)
+                nomem = 1; /* larger than this address space */
+            else
+                buf = malloc(cap);
+            int reads = 0;
+            while (buf != NULL) {
+                if (got == cap) {
+                    char *more = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+                    if (more == NULL) {
+                        nomem = 1;
+                        break;
+                    }
+                    buf = more;
+                    cap *= 2;
+                }
+                ssize_t n = read(fd, buf + got, cap - got);
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0) {
+                    err = errno;
+                    break;
+                }
+                if (n == 0)
+                    break;
+                got += (size_t)n;
+                if (++reads == 1 && regular && got == size)
+                    break;
+            }
+            if (buf == NULL && !err)
+                nomem = 1;
+        }
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    if (err || nomem) {
+        free(buf);
+        if (nomem)
+            return PyErr_NoMemory();
+        errno = err;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
+    }
+    PyObject *data = PyBytes_FromStringAndSize(got ? buf : "", (Py_ssize_t)got);
+    free(buf);
+    return data;
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"rrc_draws", rrc_draws, METH_VARARGS,
      "rrc_draws(state, area, height, width, lo, span_s, log_lo, span_r)\n"
@@ -825,6 +916,12 @@ static PyMethodDef methods[] = {
      "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction, going on\n"
      "from value (the CRC of the bytes before, as zlib.crc32's). Raises\n"
      "RuntimeError where the CPU has none (CRC32C_HARDWARE is 0)."},
+#ifndef _WIN32
+    {"read_file", read_file, METH_O,
+     "read_file(path) -> bytes\n\n"
+     "The whole file, as open(path, 'rb').read() returns it, opened, sized, read\n"
+     "and closed with the GIL released once. Raises OSError naming path."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

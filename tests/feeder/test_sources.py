@@ -101,22 +101,35 @@ def test_image_folder_link_to_outside_data_dir(tmp_path, jpeg_blobs):
                                                              os.path.join("cat", "more", "2.jpg")]
 
 
+@pytest.fixture(params=["extension", "python"])
+def reader(request, monkeypatch):
+    """Each read test runs both ways of reading a file: the extension's one call
+    (where it is built) and the Python system calls."""
+    from feeder import sources
+
+    if request.param == "python":
+        monkeypatch.setattr(sources, "_native_read", None)
+    elif sources._native_read is None:
+        pytest.skip("feeder's C extension is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 70_000])
-def test_read_file_returns_the_whole_file(tmp_path, size):
+def test_read_file_returns_the_whole_file(tmp_path, size, reader):
     p = tmp_path / "f.bin"
     data = os.urandom(size)
     p.write_bytes(data)
     assert _read_file(str(p)) == data
 
 
-def test_read_file_reads_files_whose_size_lies():
+def test_read_file_reads_files_whose_size_lies(reader):
     # /proc files report size 0 but have content: read on to the end, as open().read().
     with open("/proc/self/mounts", "rb") as f:
         expected = f.read()
     assert expected and _read_file("/proc/self/mounts")[:64] == expected[:64]
 
 
-def test_read_file_reads_a_pipe_to_its_end(tmp_path):
+def test_read_file_reads_a_pipe_to_its_end(tmp_path, reader):
     p = tmp_path / "fifo"
     os.mkfifo(p)
     payload = os.urandom(200_000)  # more than a pipe holds: several reads
@@ -136,7 +149,7 @@ def test_read_file_reads_a_pipe_to_its_end(tmp_path):
     assert not t.is_alive()
 
 
-def test_read_file_errors_name_the_file(tmp_path):
+def test_read_file_errors_name_the_file(tmp_path, reader):
     with pytest.raises(FileNotFoundError) as info:
         _read_file(str(tmp_path / "missing.jpg"))
     assert info.value.filename == str(tmp_path / "missing.jpg")
@@ -144,3 +157,23 @@ def test_read_file_errors_name_the_file(tmp_path):
     with pytest.raises(IsADirectoryError) as info:
         _read_file(str(tmp_path / "dir.jpg"))
     assert info.value.filename == str(tmp_path / "dir.jpg") and "dir.jpg" in str(info.value)
+
+
+def test_read_file_reads_a_file_longer_than_fstat_said(tmp_path, monkeypatch):
+    """The Python way (no extension): a file longer than its fstat said (it grew,
+    or a file system that reports stale sizes) is read to its end."""
+    from feeder import sources
+
+    monkeypatch.setattr(sources, "_native_read", None)
+    p = tmp_path / "grows.bin"
+    data = os.urandom(10_000)
+    p.write_bytes(data)
+    real = os.fstat
+
+    def stale(fd):
+        st = real(fd)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid,
+                               100, st.st_atime, st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(os, "fstat", stale)
+    assert _read_file(str(p)) == data
