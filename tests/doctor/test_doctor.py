@@ -318,27 +318,26 @@ def test_verdict_ten_rounds_allow_two_outliers():
     assert decide(m).bottleneck == "inconclusive"
 
 
-def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
+def scripted_rounds(monkeypatch, step_ms: float, step_cores: float, fed_ms, timeline=None):
+    """The doctor's model rounds on scripted measurements: the synthetic step takes
+    ``step_ms`` on ``step_cores`` every round, fed round k (from 1) ``fed_ms(k)``.
+    Returns the measurements the rounds filled in."""
     import feeder.doctor as doctor
     from feeder.doctor import measure
 
-    # Scripted rounds: the synthetic step 100 ms; fed by the threads 100 ms in the
-    # first rounds and on alternate rounds, 130 ms on the others (pairs on both
-    # sides of 1.10x: inconclusive) until round 7, from which every fed round is slow.
-    m = with_model(100.0, model="m:step", step_cpu_cores=0.02, fed={})
+    m = with_model(step_ms, model="m:step", step_cpu_cores=step_cores, fed={})
     m.step_ms_rounds, m.step_cpu_cores_rounds = [], []
-    r = {"n": 0}
+    n = {"fed": 0}
 
     def synthetic_step(m, step, transforms, budget, timeline, max_pixels):
-        m.step_ms_rounds.append(100.0)
-        m.step_cpu_cores_rounds.append(0.02)
-        m.step_ms = 100.0
+        m.step_ms_rounds.append(step_ms)
+        m.step_cpu_cores_rounds.append(step_cores)
+        m.step_ms, m.model_rate = step_ms, 32e3 / step_ms
 
     def fed_round(m, setting, fsrc, kind, step, transforms, budget, timeline, synthetic_ms, **kw):
-        r["n"] += 1
-        slow = r["n"] >= 7 or r["n"] % 2 == 0
-        ms = 130.0 if slow else 100.0
-        return Fed(setting, 10, 320.0, 0.001, ms, ms / synthetic_ms, 2)
+        n["fed"] += 1
+        ms = fed_ms(n["fed"])
+        return Fed(setting, 10, 32e3 / ms, 0.001, ms, ms / synthetic_ms, 2)
 
     monkeypatch.setattr(measure, "synthetic_step", synthetic_step)
     monkeypatch.setattr(measure, "fed", fed_round)
@@ -351,8 +350,16 @@ def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
             pass
 
     args = type("Args", (), {"seconds": 1.0})()
-    doctor._model_rounds(m, args, None, "folder", None, [], ["threads"], None, Bar(),
+    doctor._model_rounds(m, args, None, "folder", None, [], ["threads"], timeline, Bar(),
                          lambda text: None, 1 << 20)
+    return m
+
+
+def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
+    # Scripted rounds: the synthetic step 100 ms; fed by the threads 100 ms in the
+    # first rounds and on alternate rounds, 130 ms on the others (pairs on both
+    # sides of 1.10x: inconclusive) until round 7, from which every fed round is slow.
+    m = scripted_rounds(monkeypatch, 100.0, 0.02, lambda k: 130.0 if k >= 7 or k % 2 == 0 else 100.0)
     # The first 5 rounds disagree (2 of 5 slow); more follow until they settle.
     fed_threads = m.fed.get("threads")
     assert fed_threads is not None
@@ -363,41 +370,11 @@ def test_the_doctor_adds_rounds_while_the_first_disagree(monkeypatch):
 
 
 def test_the_doctor_adds_no_rounds_beside_other_work_once_the_cores_overflow(monkeypatch):
-    import feeder.doctor as doctor
-    from feeder.doctor import measure
-
     # A CPU step beside other work (0.79 of a core): fed rounds alternate between
     # the synthetic time and 1.16x (the pairs disagree), but the cores overflow, so
     # the verdict is settled after 5 rounds if the other work's CPU is known then.
     def run(timeline):
-        m = with_model(500.0, model="m:step", step_cpu_cores=1.16, fed={})
-        m.step_ms_rounds, m.step_cpu_cores_rounds = [], []
-        n = {"fed": 0}
-
-        def synthetic_step(m, step, transforms, budget, timeline, max_pixels):
-            m.step_ms_rounds.append(500.0)
-            m.step_cpu_cores_rounds.append(1.16)
-            m.step_ms, m.model_rate = 500.0, 32e3 / 500.0
-
-        def fed_round(m, setting, fsrc, kind, step, transforms, budget, timeline, synthetic_ms, **kw):
-            n["fed"] += 1
-            ms = 580.0 if n["fed"] % 2 == 0 else 500.0
-            return Fed(setting, 10, 32e3 / ms, 0.001, ms, ms / synthetic_ms, 2)
-
-        monkeypatch.setattr(measure, "synthetic_step", synthetic_step)
-        monkeypatch.setattr(measure, "fed", fed_round)
-        monkeypatch.setattr(measure, "fed_source", lambda *a: (None, 100))
-
-        class Bar:
-            total = 0
-
-            def update(self):
-                pass
-
-        args = type("Args", (), {"seconds": 1.0})()
-        doctor._model_rounds(m, args, None, "folder", None, [], ["threads"], timeline, Bar(),
-                             lambda text: None, 1 << 20)
-        return m
+        return scripted_rounds(monkeypatch, 500.0, 1.16, lambda k: 580.0 if k % 2 == 0 else 500.0, timeline)
 
     class Timeline:
         """The phases ended so far had other processes on 0.79 of a core."""
