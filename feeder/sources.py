@@ -125,8 +125,8 @@ def _read_file(path: str) -> bytes:
     has reached its end; anything else (a short read, a file that grew, a
     pipe) reads on until an empty read.
 
-    With feeder's C extension built, a regular file is read in one call that
-    releases the GIL once instead of four times (see ``_native_read``).
+    With feeder's C extension built, the extension reads it the same way in one
+    call that releases the GIL once instead of four times (``_native_read``).
     """
     if _native_read is not None:
         return _native_read(path)

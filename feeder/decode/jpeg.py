@@ -197,12 +197,9 @@ class JpegDecoder:
             min_h, min_w = need
         return self._scaled(data, frame, h, w, min_h, min_w, orientation), size, planned
 
-    def _header(self, data: bytes | memoryview, lossless: bool,
-                ext: Any = ...) -> tuple[int, int, str, Any, Any]:
-        """(height, width, colorspace, sampling, scans); the last two None from
-        simplejpeg. ``ext``: :attr:`ext`, when the caller has it."""
-        if ext is ...:
-            ext = self.ext
+    def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
+        """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the
+        last two None from simplejpeg."""
         if ext is not None and not lossless:
             w, h, _, colorspace, sampling, scans = ext.header(data)  # raises DecodeError("corrupt JPEG header: ...")
             return h, w, colorspace, sampling, scans

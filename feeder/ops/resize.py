@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from ..sample.rng import _GOLDEN, _MASK, _UNIT, SampleRNG
+from ..sample.rng import SampleRNG, _mix
 from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _resize_into,
                    _resize_with_geometry, _size2, _whole, _window_box, check_flag, check_range)
 
 
 # RandomResizedCrop's ten tries in C, the same double operations in the same
-# order (the extension's rrc_draws), or None: the Python loop. Installed by the
+# order as its Python loop (the extension's rrc_draws), or None: the Python loop. Installed by the
 # layer that loads the extension (feeder.decode.extension), which sits above this one.
 _native_draws: Any = None
 
@@ -76,50 +76,20 @@ class RandomResizedCrop(Transform):
         area = height * width
         lo, hi = self.scale
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        sqrt, exp = math.sqrt, math.exp
-        if type(rng) is SampleRNG:
-            # SampleRNG's uniform and integers spelled out on its state (a call
-            # per draw costs as much as the draw): the same numbers, bit for bit.
+        draws = _native_draws
+        if draws is not None and type(rng) is SampleRNG:
+            # The loop below in C, on the rng's state (a call per draw costs as
+            # much as the draw): the same double operations in the same order,
+            # so the same boxes and the same state after, bit for bit.
             z = rng._state
-            if z < 0:  # the stream's first draw: _mix(~z), spelled out
-                z = ~z
-                z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-                z ^= z >> 31
-            span_s, span_r = hi - lo, log_hi - log_lo
-            draws = _native_draws
-            if draws is not None:
-                # The loop of the else branch, in C (the same double operations in
-                # the same order): its 64-bit arithmetic costs far less there than in ints.
-                found = draws(z, area, height, width, lo, span_s, log_lo, span_r)
-                rng._state = found[-1]
-                if found[0] is not None:
-                    return found[:4]
-            else:
-                for _ in range(10):
-                    z = (z + _GOLDEN) & _MASK
-                    x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                    target = area * (lo + span_s * (((x ^ (x >> 31)) >> 11) * _UNIT))
-                    z = (z + _GOLDEN) & _MASK
-                    x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                    aspect = exp(log_lo + span_r * (((x ^ (x >> 31)) >> 11) * _UNIT))
-                    w = round(sqrt(target * aspect))
-                    h = round(sqrt(target / aspect))
-                    if 0 < w <= width and 0 < h <= height:
-                        z = (z + _GOLDEN) & _MASK
-                        x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                        top = (x ^ (x >> 31)) * (height - h + 1) >> 64
-                        z = (z + _GOLDEN) & _MASK
-                        x = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-                        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
-                        rng._state = z
-                        return top, (x ^ (x >> 31)) * (width - w + 1) >> 64, h, w
-                rng._state = z
+            if z < 0:  # the stream's first draw
+                z = _mix(~z)
+            found = draws(z, area, height, width, lo, hi - lo, log_lo, log_hi - log_lo)
+            rng._state = found[-1]
+            if found[0] is not None:
+                return found[:4]
         else:
-            uniform = rng.uniform
+            uniform, sqrt, exp = rng.uniform, math.sqrt, math.exp
             for _ in range(10):
                 target = area * uniform(lo, hi)
                 aspect = exp(uniform(log_lo, log_hi))

@@ -77,11 +77,8 @@ class SampleRNG:
 
     def _next(self) -> int:
         z = self._state
-        if z < 0:  # the first draw: _mix(~z), spelled out
-            z = ~z
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-            z ^= z >> 31
+        if z < 0:
+            z = _mix(~z)
         self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
@@ -93,11 +90,8 @@ class SampleRNG:
     def random(self) -> float:
         """A float uniformly drawn from [0, 1)."""
         z = self._state
-        if z < 0:  # the first draw: _mix(~z), spelled out
-            z = ~z
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-            z ^= z >> 31
+        if z < 0:
+            z = _mix(~z)
         self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
@@ -106,11 +100,8 @@ class SampleRNG:
     def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
         """A float uniformly drawn from [low, high)."""
         z = self._state
-        if z < 0:  # the first draw: _mix(~z), spelled out
-            z = ~z
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-            z ^= z >> 31
+        if z < 0:
+            z = _mix(~z)
         self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
@@ -124,11 +115,8 @@ class SampleRNG:
         if span <= 0:
             raise ValueError(f"integers: high ({high}) must be greater than low ({low})")
         z = self._state
-        if z < 0:  # the first draw: _mix(~z), spelled out
-            z = ~z
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
-            z ^= z >> 31
+        if z < 0:
+            z = _mix(~z)
         self._state = z = (z + _GOLDEN) & _MASK
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
         z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
