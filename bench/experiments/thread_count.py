@@ -3,6 +3,11 @@ inline): images/s and cores used over epochs 1-4, each count a fresh process,
 alternating, ``--rounds`` rounds.
 
     python bench/experiments/thread_count.py DATA --rounds 3 [--threads 2 3 4]
+    python bench/experiments/thread_count.py DATA --threads 2 --intervals 0.005 0.0005 0.05
+
+``--intervals``: run each count under each of these ``sys.setswitchinterval``
+values (seconds; Python's default is 0.005): how long a thread back from a call
+that let go of the GIL may wait for it before it asks the holder to let go.
 
 DATA: an ImageFolder of small JPEGs (feeder-bench make-data DATA --small).
 """
@@ -17,7 +22,9 @@ import sys
 import time
 
 
-def one(data: str, threads: int) -> tuple[float, float]:
+def one(data: str, threads: int, interval: float | None = None) -> tuple[float, float]:
+    if interval is not None:
+        sys.setswitchinterval(interval)
     from feeder import Feeder, ImageFolder, ops
 
     with Feeder(ImageFolder(data), 256, [ops.RandomResizedCrop(64), ops.RandomHorizontalFlip()], seed=0,
@@ -39,22 +46,30 @@ def main() -> None:
     p.add_argument("data")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--intervals", type=float, nargs="+", default=[None])
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(*one(args.data, args.one))
+        print(*one(args.data, args.one, args.interval))
         return
-    got: dict[int, list[tuple[float, float]]] = {n: [] for n in args.threads}
+    points = [(n, s) for n in args.threads for s in args.intervals]
+    got: dict[tuple[int, float | None], list[tuple[float, float]]] = {pt: [] for pt in points}
     for r in range(args.rounds):
-        for n in args.threads:
-            out = subprocess.run([sys.executable, __file__, args.data, "--one", str(n)], check=True,
-                                 capture_output=True, text=True).stdout.split()
-            got[n].append((float(out[0]), float(out[1])))
-            print(f"round {r + 1}, load {os.getloadavg()[0]:.2f}: decode_threads={n}: "
-                  f"{got[n][-1][0]:.0f} img/s, {got[n][-1][1]:.2f} cores")
-    for n, runs in got.items():
-        print(f"median decode_threads={n}: {statistics.median(x[0] for x in runs):.0f} img/s, "
+        for n, s in points:
+            cmd = [sys.executable, __file__, args.data, "--one", str(n)]
+            cmd += [] if s is None else ["--interval", str(s)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
+            got[n, s].append((float(out[0]), float(out[1])))
+            print(f"round {r + 1}, load {os.getloadavg()[0]:.2f}: {label(n, s)}: "
+                  f"{got[n, s][-1][0]:.0f} img/s, {got[n, s][-1][1]:.2f} cores")
+    for (n, s), runs in got.items():
+        print(f"median {label(n, s)}: {statistics.median(x[0] for x in runs):.0f} img/s, "
               f"{statistics.median(x[1] for x in runs):.2f} cores")
+
+
+def label(threads: int, interval: float | None) -> str:
+    return f"decode_threads={threads}" + ("" if interval is None else f", switch interval {interval:g} s")
 
 
 if __name__ == "__main__":
