@@ -174,18 +174,27 @@ def test_each_batch_is_copied_recorded_waited_for_and_recorded_on_the_consumer_s
     assert copies and all(c.stream == side.cuda_stream and c.detail["pinned"]
                           and c.detail["non_blocking"] and c.thread.startswith("feeder-")
                           for c in copies)
+    # The transfer thread runs ahead of the loop: a batch's copies and event
+    # record may land in the call log before the previous batch is handed over,
+    # so each record is looked for in the whole log before the wait on it.
+    log = cuda.calls
     start = 0
     for end, images, labels in got:
-        calls = cuda.calls[start:end]
-        start = end
-        records = [i for i, c in enumerate(calls) if c.what == "record"]
-        waits = [i for i, c in enumerate(calls) if c.what == "wait"]
-        assert len(waits) == 1 and calls[waits[0]].stream == consumer.cuda_stream
-        event = calls[waits[0]].detail["event"]
-        record = next(i for i in records if calls[i].detail["event"] == event)
-        assert calls[record].stream == side.cuda_stream
-        assert any(c.what == "copy to device" for c in calls[:record])
-        recorded = {c.detail["storage"] for c in calls[waits[0]:] if c.what == "record_stream"
+        waits = [i for i in range(start, end) if log[i].what == "wait"]
+        assert len(waits) == 1 and log[waits[0]].stream == consumer.cuda_stream
+        wait = waits[0]
+        event = log[wait].detail["event"]
+        record = max(i for i in range(wait) if log[i].what == "record"
+                     and log[i].detail["event"] == event)
+        assert log[record].stream == side.cuda_stream
+        thread = log[record].thread
+        before = [i for i in range(record) if log[i].thread == thread
+                  and log[i].what == "record"]
+        since = before[-1] + 1 if before else 0
+        assert any(log[i].what == "copy to device" and log[i].thread == thread
+                   for i in range(since, record))
+        recorded = {c.detail["storage"] for c in log[wait:end] if c.what == "record_stream"
                     and c.stream == consumer.cuda_stream}
         assert {images, labels} <= recorded
+        start = end
     assert cuda.contexts == {0}
