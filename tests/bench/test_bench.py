@@ -19,6 +19,7 @@ import sys
 import pytest
 
 from tests.support import REPO_DIR, run_in_thread
+from tests.support.warm import run_module
 
 pytest.importorskip("feeder.bench")
 
@@ -31,10 +32,12 @@ ROOT = REPO_DIR
 
 def bench(*args: str, cwd: str, env: dict[str, str] | None = None,
           timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``feeder-bench ARGS`` as its own process, forked from the test process's warm
+    interpreter (:mod:`tests.support.warm`: no torch import per command); the
+    measurement runs it starts are fresh interpreters, as ever."""
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "feeder.bench", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    proc = run_module("feeder.bench", list(args), cwd=str(cwd), env=env, timeout=timeout)
     assert proc.returncode == 0, f"feeder-bench {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc
 
