@@ -293,9 +293,12 @@ def test_sweep_marks_the_points_whose_runs_reach_the_best():
     assert [r["vs_best"] for r in single] == ["best", ""]
 
 
-def test_scaled_decode(tmp_path):
+def test_scaled_decode(tmp_path, monkeypatch, capsys):
     data = str(tmp_path / "large")
-    bench("make-data", data, "--large", "--n-classes", "1", "--per-class", "6", cwd=str(tmp_path))
+    # The data in this process (make-data has tests of its own); the measurement as users run it.
+    code, _, _ = bench_here("make-data", data, "--large", "--n-classes", "1", "--per-class", "6",
+                            cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
     out = str(tmp_path / "out")
     proc = bench("scaled-decode", data, "--out", out, "--repeats", "1", "--batch-size", "4",
                  "--ceiling-images", "4", cwd=str(tmp_path))
@@ -936,7 +939,7 @@ def test_interference_stall_is_a_sleep_in_next_not_work_in_next():
             assert got["next_cpu_s"] > 0.3 * got["wait_s"]
 
 
-def test_region_decode(tiny, tmp_path):
+def test_region_decode(tiny, tmp_path, monkeypatch, capsys):
     """The region-decode subcommand: the rows asked for, their ratios (whole runs and
     after the first epoch), the load columns and the per-stage table (the stage
     figures add up)."""
@@ -969,9 +972,11 @@ def test_region_decode(tiny, tmp_path):
         assert 0 <= stage["scaled_share"] <= 1
     assert "from the checkpoints before the crop" in proc.stdout and "region path, first epoch" in proc.stdout
     assert open(os.path.join(out, "region_decode.txt")).read().strip() == proc.stdout.strip()
-    again = bench("region-decode", tiny["data"], "--report", os.path.join(out, "region_decode.json"),
-                  "--out", str(tmp_path / "again"), cwd=tiny["base"])
-    assert again.stdout.strip() == proc.stdout.strip()  # the tables, recomputed from the saved runs
+    # The tables recomputed from the saved runs (in this process: no measurement runs).
+    code, again, _ = bench_here("region-decode", tiny["data"], "--report",
+                                os.path.join(out, "region_decode.json"), "--out", str(tmp_path / "again"),
+                                cwd=tiny["base"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and again.strip() == proc.stdout.strip()
 
 
 # -- peers ----------------------------------------------------------------------------------
