@@ -202,9 +202,30 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     handled = Handled(position, tuple(after))
     if resharded:
         return handled, skipped
-    _check_batches(handled.count() - len(skipped), state["batches"], n, batch_size, skip, epoch,
-                   "state['position'] and state['after'] mark {n} samples delivered")
+    # A mixture may draw a sample more than once in an epoch, so a skipped sample
+    # stands for 1 to (its draws among the handled positions) skipped draws.
+    count = handled.count()
+    most = count - len(skipped)
+    least = count - _draws_of(order, handled, skipped) if skipped else most
+    _check_batches(min(max(least, state["batches"]), most), state["batches"], n, batch_size, skip,
+                   epoch, "state['position'] and state['after'] mark {n} samples delivered")
     return handled, skipped
+
+
+# Positions of an order taken at a time when counting draws (bounds the memory).
+_DRAW_CHUNK = 1 << 20
+
+
+def _draws_of(order: Order, handled: Handled, samples: list[int]) -> int:
+    """How many of ``handled``'s positions of ``order`` hold one of ``samples``."""
+    wanted = np.asarray(sorted(samples), dtype=np.int64)
+    count = 0
+    for start in range(0, handled.position, _DRAW_CHUNK):
+        taken = order.take(start, min(handled.position, start + _DRAW_CHUNK))
+        count += int(np.isin(taken, wanted).sum())
+    for p in handled.after:
+        count += int(np.isin(order.take(p, p + 1), wanted).sum())
+    return count
 
 
 # Settings an earlier version saved only when they were set: a state without

@@ -331,6 +331,33 @@ def test_resume_with_samples_drawn_twice_in_an_epoch(ordered):
     assert sorted(sum(got, [])).count(0) == 4  # each small sample 4 times: 4 passes of 3
 
 
+def test_resume_with_bad_samples_drawn_twice_loads_at_every_batch():
+    # Source 0's 7 samples are drawn 10 times an epoch, two of them corrupt: each
+    # of those is skipped twice, so a state's skipped draws outnumber its skipped
+    # samples. Every mid-epoch state must load and deliver exactly the rest.
+    def mix():
+        blobs = list(BLOBS[:7])
+        blobs[1] = blobs[4] = b"\xff\xd8 not a JPEG"
+        return Mixture([MemorySource(blobs, labels=list(range(7))),
+                        MemorySource(BLOBS[7:20], labels=[1000 + i for i in range(13)])],
+                       weights=[0.5, 0.5])
+
+    with feeder_over(mix(), on_error="skip") as f:
+        reference = [y.tolist() for _, y in collected(f)]
+    # 20 draws, the 4 of samples 1 and 4 skipped
+    assert len(sum(reference, [])) == 16 and not {1, 4} & set(sum(reference, []))
+    for k in range(1, len(reference)):
+        with feeder_over(mix(), on_error="skip") as f:
+            first, err = collect(f, limit=k)
+            assert err is None
+            state = f.state_dict()
+        with feeder_over(mix(), on_error="skip") as f:
+            f.load_state_dict(state)
+            rest = [y.tolist() for _, y in collected(f)]
+        got = [y.tolist() for _, y in first] + rest
+        assert sorted(sum(got, [])) == sorted(sum(reference, [])), k
+
+
 class Unreadable(Length):
     def read(self, index: int):
         raise AssertionError(f"read({index}): the sizes are given")
