@@ -238,9 +238,9 @@ class PassIterator:
         (samples skipped under ``on_error="skip"``): say so once, with the counts,
         for the progress bar that stopped short of its total."""
         planned = self._hooks.length()
-        if progress.batches >= planned:
-            return
         skipped = len(progress.skipped())
+        if progress.batches >= planned or not skipped:
+            return
         log.warning("epoch %d ended after %d of its %d batches (len(feeder) counts a pass that "
                     "skips nothing): %d sample(s) left out under on_error='skip', and the samples "
                     "after each filled its place", pass_.epoch, progress.batches, planned, skipped)

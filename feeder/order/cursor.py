@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .epoch import LAZY_MIN
+from .epoch import LAZY_MIN, num_batches, shard_size
 from ..decode.step import DecodeOptions
 from ..sample.sizes import SizeOptions
 from .plan import EpochPlan, OrderOptions
@@ -298,7 +298,14 @@ class Cursor:
         levels = (*levels, (old_world, tuple(handled)))
         if not len(self.plan.left(epoch, seed, levels)):
             return  # nothing was left of that epoch
-        batches = max(s["batches"] for s in by_rank)
+        # The batch count continues so that the rest ends at len(feeder): this
+        # rank's pass under the new world size less the batches its share of the
+        # rest makes (the old ranks' counts are of other passes' lengths).
+        c = self.options
+        planned = num_batches(shard_size(len(self.source), rank, world_size, c.drop_last),
+                              c.batch_size, c.drop_last)
+        mine = len(self.order(epoch, levels=levels))
+        batches = max(0, planned - num_batches(mine, c.batch_size, False))
         self.resume = (self.new_progress(epoch, Handled(0, (), levels), (), batches), next_epoch)
         self.next_epoch = epoch
 

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import feeder as feeder_pkg
-from tests.support import REPO_DIR, MemorySource, drain, labels_of
+from tests.support import REPO_DIR, MemorySource, collect, drain, labels_of
 from feeder import Feeder, Mixture, ops
 from feeder.order.plan import EpochPlan, OrderOptions, elastic_sizes
 from feeder.order.sequence import Handled
@@ -145,6 +145,21 @@ def test_a_resharded_pass_resumes_under_its_own_world_size(jpeg_blobs):
     assert rest_one == rest_list
     reference, _ = _run_until(source, 3, [None] * 3, False, True, options, states)
     assert [h + r for h, r in zip(head, rest_list)] == reference  # ordered: the same batches
+
+
+@pytest.mark.parametrize("new", [1, 3])
+def test_the_batch_count_continues_to_the_new_worlds_length(jpeg_blobs, caplog, new):
+    """The rest's batches are numbered so that the pass ends at len(feeder), and a
+    pass that skipped nothing says nothing about skips."""
+    source = Sharded(jpeg_blobs)
+    _, states = _run_until(source, 2, [1, 2], False, True, SETTINGS["shuffled"])
+    for rank in range(new):
+        with _make(source, rank, new, False, **SETTINGS["shuffled"]) as f:
+            f.load_state_dict(states)
+            numbers, err = collect(f, keep=lambda batch: f.last_batch.number)
+            assert err is None, err
+            assert numbers == list(range(len(f) - len(numbers), len(f)))
+    assert not [r for r in caplog.records if "ended after" in r.getMessage()]
 
 
 def test_every_rank_finished_continues_at_the_next_epoch(jpeg_blobs):
