@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FieldError, SourceError
+from .errors import FieldError, SourceError, name_tuple
 from .sample import BOX_PREFIX, BOXES, IMAGE, numeric, parse_sample, pixels_size
 from .sample.parse import _is_tensor
 
@@ -77,10 +77,12 @@ class DatasetSource:
         boxes_format: How plain ``"boxes"`` tensors are written: ``"xyxy"``
             (torchvision's detection models' format), ``"xywh"`` (COCO's
             ``bbox``) or ``"cxcywh"``.
-        per_box: The target's fields that hold one entry per box.
+        per_box: The target's fields that hold one entry per box (a string: that
+            one field).
 
     Raises:
-        TypeError: ``dataset`` has no ``__len__`` or ``__getitem__``.
+        TypeError: ``dataset`` has no ``__len__`` or ``__getitem__``, or ``per_box``
+            is not a string or a list of strings.
         ValueError: ``boxes_format`` is not one of those.
         feeder.SourceError: the first sample is not ``(image, target)`` with a
             target of one of the forms above.
@@ -101,7 +103,7 @@ class DatasetSource:
                              f"{', '.join(map(repr, _BOX_FORMATS))}")
         self.dataset = dataset
         self.boxes_format = boxes_format
-        self.per_box = tuple(per_box)
+        self.per_box = name_tuple(per_box, "DatasetSource: per_box")
         self._name = type(dataset).__name__
         self._kind: str | None = None  # "label" or "dict", from the first sample
         if len(dataset):

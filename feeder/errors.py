@@ -179,3 +179,26 @@ def error_line(exc: BaseException) -> str:
     if not (own or isinstance(exc, OSError)) or not text:
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return safe_text("; ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def name_tuple(value: object, what: str) -> tuple[str, ...]:
+    """An option that names things (file extensions, fields) as a tuple of
+    strings; one string names one thing (as torchvision's ``extensions``), never
+    one per character.
+
+    Raises:
+        TypeError: ``what`` (the option, with its owner) is neither a string nor
+            an iterable of strings.
+    """
+    if isinstance(value, str):
+        return (value,)
+    try:
+        names = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be a string or a list of strings, got "
+                        f"{type(value).__name__}") from None
+    bad = [v for v in names if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{what} must be a string or a list of strings, got "
+                        f"{type(bad[0]).__name__} {bad[0]!r} in it")
+    return names

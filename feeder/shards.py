@@ -35,6 +35,7 @@ from .storage.members import ImageSizes, LazyMembers, LoadedMembers, MemberTable
 from .storage.shardlist import expand_braces, resolve
 from .storage.tar import IMAGE_EXTS, ShardFormatError
 from .storage.tarread import MemberReader, plan_fields
+from .errors import name_tuple
 from .sample import DEFAULT_MAX_PIXELS
 
 # Importable from here before: kept for old imports.
@@ -96,7 +97,8 @@ class TarShards:
         label: The field holding the class index as ASCII digits (``"cls"``);
             None for unlabeled data (pairs' labels are -1; dict samples have no
             ``"label"`` and the ``cls`` members are not read).
-        image_exts: Fields that hold the image, the first present wins.
+        image_exts: Fields that hold the image, the first present wins (a
+            string: that one field).
         fields: What ``read`` returns: ``"auto"``, pairs when every member is an
             image or the label, else dicts of every member; None: always pairs; a
             list of extensions, or a mapping ``{extension: field name}`` (``"*"``
@@ -147,6 +149,7 @@ class TarShards:
                  max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES, lazy_index: bool | str = "auto",
                  index_cache: int = DEFAULT_INDEX_CACHE) -> None:
         _check_options(deadline_s, max_pixels, max_field_bytes, lazy_index, index_cache)
+        exts = name_tuple(image_exts, "TarShards: image_exts")
         self.max_image_bytes = 4 * max_pixels + (1 << 20)
         self.max_field_bytes = max_field_bytes
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
@@ -157,7 +160,7 @@ class TarShards:
             if not names:
                 raise FileNotFoundError(f"TarShards: {spec!r} names no shard")
             self.label = None if label is None else label.lower().lstrip(".")
-            self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
+            self.image_exts = tuple(e.lower().lstrip(".") for e in exts)
             self._reader = MemberReader(self.image_exts, self.label, self.max_image_bytes,
                                         max_field_bytes)
             self._remote_options = (cache_dir, cache_bytes, retries, backoff_s, downloads,

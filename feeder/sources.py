@@ -35,6 +35,7 @@ import numpy as np
 
 from .dataset_source import TORCHVISION_PER_BOX, DatasetSource  # noqa: F401  (named here too)
 from .decode.extension import jpeg as _extension
+from .errors import name_tuple
 from .storage.local import on_network_storage
 
 __all__ = ["DatasetSource", "FileList", "ImageFolder", "IMG_EXTENSIONS", "Source", "describe"]
@@ -169,6 +170,9 @@ class FileList:
     """
 
     def __init__(self, paths: Sequence[str | os.PathLike], labels: Sequence[Any] | None = None) -> None:
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            raise TypeError(f"FileList: paths must be a list of paths, got one path "
+                            f"{os.fsdecode(paths)!r}; for one file pass [path]")
         self.paths = [os.fspath(p) for p in paths]
         self.labels: Any
         if labels is None:
@@ -294,7 +298,8 @@ class ImageFolder(FileList):
 
     Args:
         root: The dataset folder.
-        extensions: Accepted file extensions, lower case with the dot.
+        extensions: Accepted file extensions with the dot, in any case (a
+            string: that one extension).
         allow_empty: Accept class folders without any image (otherwise an error).
 
     Raises:
@@ -312,7 +317,7 @@ class ImageFolder(FileList):
         if not self.classes:
             raise FileNotFoundError(f"ImageFolder: no class folders in {self.root!r}")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        exts = tuple(e.lower() for e in extensions)
+        exts = tuple(e.lower() for e in name_tuple(extensions, "ImageFolder: extensions"))
         paths: list[str] = []
         labels: list[int] = []
         empty = []

@@ -265,6 +265,15 @@ def test_a_later_float_image_fails_naming_the_sample_and_field():
     assert "Returns[3]" in str(err)
 
 
+def test_one_per_box_field_name_is_one_field():
+    # "labels" is the field labels, not the fields l, a, b, e and s: its entries
+    # move and are filtered with the boxes.
+    sample = DatasetSource(Detection(), per_box="labels").read(1)
+    assert {"boxes", "box_labels", "area", "iscrowd"} <= set(sample)
+    with pytest.raises(TypeError, match="per_box must be a string or a list of strings"):
+        DatasetSource(Detection(), per_box=["labels", None])
+
+
 def test_not_a_dataset_and_an_unknown_box_format_are_refused():
     with pytest.raises(TypeError, match="object has no __len__ and __getitem__"):
         DatasetSource(object())

@@ -45,6 +45,19 @@ def test_file_list():
         FileList(["a", "b"], [1])
 
 
+def test_one_extension_or_path_is_not_taken_letter_by_letter(tmp_path):
+    os.makedirs(tmp_path / "a")
+    for name in ("x.jpg", "y.png", "notes.txt"):
+        (tmp_path / "a" / name).write_bytes(b"\xff\xd8\xff")
+    assert [os.path.basename(p) for p in ImageFolder(tmp_path, extensions=".png").paths] == ["y.png"]
+    assert len(ImageFolder(tmp_path, extensions=[".png", ".JPG"])) == 2
+    with pytest.raises(TypeError, match="extensions must be a string or a list of strings"):
+        ImageFolder(tmp_path, extensions=[".png", 3])
+    for one in ("a/x.jpg", b"a/x.jpg", tmp_path / "a" / "x.jpg"):
+        with pytest.raises(TypeError, match="FileList: paths must be a list of paths, got one"):
+            FileList(one)
+
+
 def test_describe_falls_back_to_type_and_index():
     class Bare:
         def __len__(self):
