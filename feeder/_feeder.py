@@ -13,6 +13,7 @@ import torch
 
 from .engine import reaper as _reaper
 from .ops.chain import Chain
+from .ops.compose import transform_list
 from ._dataset import FeederDataset, refuse_a_rebuild
 from .engine.config import Config
 from ._consumer import BatchInfo, PassHooks, PassIterator
@@ -219,7 +220,8 @@ class Feeder:
                             f"got {type(source).__name__}")
         self.config = cfg = Config.build(batch_size=batch_size, **options)
         self.source = source
-        self.chain = Chain(list(transforms), cfg.image_size, cfg.max_pixels, cfg.max_image_size,
+        transforms = transform_list(transforms)
+        self.chain = Chain(transforms, cfg.image_size, cfg.max_pixels, cfg.max_image_size,
                            cfg.size_divisibility,
                            functools.partial(largest_image, source, cfg.exif_orientation))
         if cfg.max_image_size == "auto":

@@ -334,6 +334,11 @@ def foreign_transform(t: Any, where: str, batch: bool = False) -> str | None:
     or a feeder op in the wrong list (``batch``: ``where`` is ``batch_transforms``).
     Each of these would otherwise fail only at the first batch, with a
     ``TypeError`` about a missing argument."""
+    if isinstance(t, type):
+        # A class is callable: taken for fn(img, rng) it would be constructed with
+        # the image as its first argument, failing at the first batch.
+        return (f"{where}: {t.__name__} is a class, not a transform: write {t.__name__}(...), "
+                f"an instance with its arguments")
     module = type(t).__module__ or ""
     if module.startswith("albumentations"):
         return (f"{where}: {t!r} is an albumentations transform; wrap its pipeline as "

@@ -203,6 +203,20 @@ def fuse(ts: list[Transform]) -> list[tuple[int, Transform]]:
     return steps
 
 
+def transform_list(transforms: Any, name: str = "transforms") -> list[Any]:
+    """``transforms`` as a list, refusing one transform where a list belongs.
+
+    Raises:
+        TypeError: ``transforms`` is not an iterable of transforms (one transform,
+            one function, a string).
+    """
+    if (isinstance(transforms, (str, bytes, Transform, SampleTransform))
+            or not hasattr(transforms, "__iter__")):
+        raise TypeError(f"{name} must be a list of transforms, got {transforms!r}: for one "
+                        f"transform, write [{transforms!r}]")
+    return list(transforms)
+
+
 def adapt(transforms: Sequence[Any]) -> list[Transform]:
     """``transforms`` as :class:`~feeder.ops.Transform` objects: feeder's as they
     are, a :class:`~feeder.ops.SampleTransform` or a plain callable adapted.

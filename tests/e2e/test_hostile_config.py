@@ -150,6 +150,19 @@ def test_image_size_must_be_two_positive_ints(source, bad):
         Feeder(source, 4, [ops.RandomHorizontalFlip()], image_size=bad)
 
 
+def test_a_transform_class_or_one_transform_is_refused_at_construction(source):
+    # A class is callable, so it would be taken for fn(img, rng) and constructed
+    # with an image at the first batch; one transform is not a list of them.
+    with pytest.raises(TypeError, match=r"RandomHorizontalFlip is a class, not a transform: "
+                                        r"write RandomHorizontalFlip\(\.\.\.\)"):
+        Feeder(source, 4, [ops.RandomResizedCrop(16), ops.RandomHorizontalFlip])
+    with pytest.raises(TypeError, match=r"batch_transforms\[0\]: MixUp is a class"):
+        Feeder(source, 4, [ops.RandomResizedCrop(16)], batch_transforms=[ops.MixUp])
+    for one in (ops.RandomResizedCrop(16), lambda img, rng: img, "flip"):
+        with pytest.raises(TypeError, match="transforms must be a list of transforms"):
+            Feeder(source, 4, one)
+
+
 def test_image_size_accepts_numpy_ints(source):
     with Feeder(source, 4, [ops.RandomHorizontalFlip()], image_size=(np.int64(32), 40)) as f:
         assert f.image_size == (32, 40) and type(f.image_size[0]) is int
