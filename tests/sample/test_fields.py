@@ -124,12 +124,13 @@ def rich(blobs):
     def make(i):
         return {"image": blobs[i], "label": i, "score": i / 10, "vec": np.array([i, -i, 2 * i], np.float32),
                 "hot": [i % 2 == 0, i % 3 == 0], "key": f"sample-{i}", "raw": bytes([i]), "meta": {"i": i},
-                "none": None}
+                "none": None, "objs": np.array([{"i": i}], dtype=object), "names": np.array([f"n{i}"])}
     return make
 
 
 def check_rich(batch) -> list[int]:
-    assert list(batch) == ["image", "label", "score", "vec", "hot", "key", "raw", "meta", "none"]
+    assert list(batch) == ["image", "label", "score", "vec", "hot", "key", "raw", "meta", "none",
+                           "objs", "names"]
     ids = batch["label"].tolist()
     assert batch["label"].dtype == torch.int64
     assert batch["score"].dtype == torch.float64 and batch["score"].tolist() == [i / 10 for i in ids]
@@ -140,6 +141,10 @@ def check_rich(batch) -> list[int]:
     assert batch["raw"] == [bytes([i]) for i in ids]
     assert batch["meta"] == [{"i": i} for i in ids]
     assert batch["none"] == [None] * len(ids)
+    # numpy arrays of objects or strings are other values: passed through as read
+    assert [a.dtype.kind for a in batch["objs"]] == ["O"] * len(ids)
+    assert [a.tolist() for a in batch["objs"]] == [[{"i": i}] for i in ids]
+    assert [a.tolist() for a in batch["names"]] == [[f"n{i}"] for i in ids]
     assert batch["image"].shape == (len(ids), 3, 16, 16)
     return ids
 
