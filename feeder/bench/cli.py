@@ -192,7 +192,7 @@ _AT_LEAST = {
         "proxy_ops", "size"),
     0: ("workers", "pil_workers", "processes", "warmup", "queue_size", "rank", "model_batch",
         "window", "decode_threads", "read_threads", "latency_ms", "window_s", "feed_share",
-        "capacity_s", "cache_shards", "seconds", "rss_every", "shard_size"),
+        "capacity_s", "cache_shards", "seconds", "rss_every", "shard_size", "seed"),
 }
 # Comma-separated lists, each item with its least value.
 _LISTS_AT_LEAST = {"decode": 1, "augment": 0, "queue": 1, "workers_grid": 0, "step_ms": 0}
@@ -228,6 +228,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             bad(f"DIR {root!r} is a file, not a folder")
     elif root is not None and not getattr(args, "report", None) and not os.path.isdir(root):
         bad(f"DIR {root!r} is not a folder" + ("" if os.path.exists(root) else " (it does not exist)"))
+    size = getattr(args, "shard_size", None)
+    if isinstance(size, str):  # feeder-pack's shard size, as text ("64MB")
+        from ..storage.sizes import parse_size
+
+        try:
+            parse_size(size)
+        except ValueError as exc:
+            bad(f"--shard-size: {exc}")
+    shards = getattr(args, "shards", None)
+    if isinstance(shards, str) and not os.path.exists(shards):
+        bad(f"--shards {shards!r} does not exist (shards made by feeder-pack)")
     large = getattr(args, "large", None)
     if isinstance(large, str) and not os.path.isdir(large):
         bad(f"--large {large!r} is not a folder")
@@ -236,9 +247,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         import torch
 
         try:
-            torch.device(device)
+            parsed = torch.device(device)
         except (RuntimeError, ValueError):
             bad(f"--device {device!r} is not a device (cpu, cuda or cuda:N)")
+        if parsed.type == "cuda":
+            if not torch.cuda.is_available():
+                bad(f"--device {device!r}: CUDA is not available on this machine")
+            elif parsed.index is not None and parsed.index >= torch.cuda.device_count():
+                bad(f"--device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                    f"device(s)")
+        elif parsed.type != "cpu":
+            bad(f"--device {device!r}: feeder-bench measures on cpu or cuda")
     if out is not None:  # last: a refused argument leaves no folder behind
         try:
             os.makedirs(out, exist_ok=True)
@@ -248,13 +267,18 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``feeder-bench``; returns the exit status: 0, 2 for a bad
-    argument, 1 for a failure while measuring. An error is one line on stderr
+    argument, 1 for a failure while measuring, 130 when interrupted (Ctrl-C). An error is one line on stderr
     naming what is at fault (``--debug``: the traceback instead)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
     try:
         return _run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        sys.stderr.write("feeder-bench: interrupted\n")
+        return 130
     except Exception as exc:
         if args.debug:
             raise

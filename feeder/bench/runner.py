@@ -160,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(argv[0])
     torch.manual_seed(int(spec.get("seed", 0)))
-    report = execute(spec)
+    try:
+        report = execute(spec)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole group: feeder-bench says it once
+        return 130
     with open(argv[1], "w") as f:
         json.dump(report, f)
     return 0

@@ -312,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     _import_from_here()
     try:
         _, _, text = run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("feeder-doctor: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         if args.debug:
             raise

@@ -92,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = pack(source, args.out_dir, shard_size=args.shard_size, name=args.name,
                       max_side=args.max_side, quality=args.quality, workers=args.workers,
                       overwrite=args.overwrite, progress=not args.quiet)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        sys.stderr.write("feeder-pack: interrupted\n")
+        return 130
     except Exception as exc:
         if args.debug:
             raise

@@ -17,6 +17,7 @@ import threading
 import sys
 
 import pytest
+import torch
 
 from tests.support import REPO_DIR, run_in_thread
 from tests.support.warm import run_module
@@ -1097,6 +1098,7 @@ BENCH_HOSTILE = [
     (["sweep", "{afile}", "--out", "{out}"], 2, ["DIR '{afile}'"]),
     (["compare", "{photos}", "--out", "{afile}"], 2, ["--out '{afile}'"]),
     (["compare", "{photos}", "--out", "{out}", "--device", "bogus"], 2, ["--device 'bogus'"]),
+    (["compare", "{photos}", "--out", "{out}", "--device", "mps"], 2, ["--device 'mps'"]),
     (["compare", "{photos}", "--out", "{out}", "--batch-size", "-1"], 2, ["--batch-size"]),
     (["sweep", "{photos}", "--out", "{out}", "--step-ms", "nan"], 2, ["--step-ms"]),
     (["sweep", "{photos}", "--out", "{out}", "--decode", "-1"], 2, ["--decode"]),
@@ -1104,6 +1106,10 @@ BENCH_HOSTILE = [
       "1"], 2, ["--out '{afile}/sub'", "cannot make the folder"]),
     (["make-data", "{afile}"], 2, ["DIR '{afile}'"]),
     (["make-data", "{out}", "--n-classes", "0"], 2, ["--n-classes"]),
+    (["make-data", "{out}", "--seed", "-1"], 2, ["--seed"]),
+    (["shards", "{photos}", "--out", "{out}", "--shards", "{missing}"], 2, ["--shards '{missing}'"]),
+    (["shards", "{photos}", "--out", "{out}", "--shard-size", "-1"], 2, ["--shard-size", "'-1'"]),
+    (["remote", "{photos}", "--out", "{out}", "--shard-size", "lots"], 2, ["--shard-size", "'lots'"]),
     (["region-decode", "{photos}", "--out", "{out}", "--report", "{afile}"], 1, ["--report {afile}"]),
     (["region-decode", "{photos}", "--out", "{out}", "--report", "{missing}"], 1, ["{missing}"]),
     (["scale", "--out", "{out}", "--shards", "-1"], 2, ["--shards"]),
@@ -1116,12 +1122,41 @@ BENCH_HOSTILE = [
 ]
 
 
+if not torch.cuda.is_available():
+    BENCH_HOSTILE.append((["compare", "{photos}", "--out", "{out}", "--device", "cuda"], 2,
+                          ["--device 'cuda'", "CUDA is not available"]))
+
+
 @pytest.mark.parametrize("argv, status, names", BENCH_HOSTILE)
 def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status, names):
     from tests.support.cli import assert_one_line_error, run_cli
 
     r = run_cli("feeder.bench", ["-q", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-bench", names, hostile, status)
+
+
+def test_ctrl_c_ends_a_run_in_one_line(hostile, tmp_path):
+    """Ctrl-C reaches the terminal's whole process group, feeder-bench and the
+    measurement children it started: one line and status 130, no traceback."""
+    import signal
+
+    argv = [sys.executable, "-m", "feeder.bench", "compare", hostile["photos"], "--out",
+            str(tmp_path / "out"), "--epochs", "50", "--repeats", "3"]
+    p = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, env={**os.environ, "PYTHONPATH": REPO_DIR})
+    try:
+        first = p.stderr.readline()  # its first progress line: it is measuring
+        assert first, "feeder-bench printed nothing"
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+    err = first + err
+    assert p.returncode == 130, (p.returncode, err)
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "feeder-bench: interrupted", err
 
 
 @pytest.mark.parametrize("argv, names", [
