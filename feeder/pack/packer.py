@@ -20,7 +20,7 @@ from typing import Any
 from ..sources import ImageFolder
 from ..storage.packinput import read_input, read_list, regular_files
 from ..storage.packout import ShardWriter, complete_shards, sha256, write_atomic
-from ..storage.packsample import PackError, name_sample, sample_members, shrink
+from ..storage.packsample import PackError, image_ext, name_sample, sample_members, shrink
 
 _MANIFEST_KIND = "wids-shard-index-v1"
 
@@ -227,6 +227,10 @@ class _Samples:
                        else OSError(what)) from exc
         path = self.paths[i]
         data = read_input(path)
+        if image_ext(data) is None:
+            # As a source's sample that is no image (a 0-byte or text file named
+            # .jpg): an error naming it now, not a shard member that fails later.
+            raise PackError(f"{path}: not an image feeder reads (first bytes {bytes(data[:8])!r})")
         ext = os.path.splitext(path)[1].lower().lstrip(".") or "jpg"
         status = "same"
         if self.max_side is not None:

@@ -100,6 +100,16 @@ def test_file_list_source(tmp_path, jpeg_blobs):
     assert TarShards(str(tmp_path / "out"), label=None).read(4) == (jpeg_blobs[4], -1)
 
 
+@pytest.mark.parametrize("junk", [b"", b"hello, not an image\n"])
+def test_a_file_that_is_no_image_is_an_error_naming_it(tmp_path, jpeg_blobs, junk):
+    # As a source's sample that is no image: refused, not packed to fail later.
+    os.makedirs(tmp_path / "data" / "a")
+    (tmp_path / "data" / "a" / "0.jpg").write_bytes(jpeg_blobs[0])
+    (tmp_path / "data" / "a" / "1.jpg").write_bytes(junk)
+    with pytest.raises(PackError, match=r"a/1\.jpg: not an image feeder reads \(first bytes"):
+        pack(str(tmp_path / "data"), str(tmp_path / "out"))
+
+
 def test_unlabeled_pack_needs_label_none(tmp_path, jpeg_blobs):
     (tmp_path / "a.jpg").write_bytes(jpeg_blobs[0])
     (tmp_path / "list.txt").write_text("a.jpg\n")
