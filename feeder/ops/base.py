@@ -225,6 +225,8 @@ class Transform:
 def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
                  out: np.ndarray | None) -> np.ndarray:
     h, w = size
+    if interpolation == cv2.INTER_NEAREST:
+        return _nearest_into(img, size, out)
     # Only an input of the slot's own type can be resized into it: for anything
     # else cv2 silently allocates a new array and leaves ``out`` stale.
     if (out is not None and out.shape == (h, w, 3) and out.dtype == np.uint8
@@ -232,6 +234,23 @@ def _resize_into(img: np.ndarray, size: tuple[int, int], interpolation: int,
         cv2.resize(img, (w, h), dst=out, interpolation=interpolation)
         return out
     return cv2.resize(img, (w, h), interpolation=interpolation)
+
+
+def nearest_rows(n: int, length: int) -> np.ndarray:
+    """The input pixels a nearest-neighbour resize of ``length`` pixels to ``n``
+    takes along one axis: the pixel under each output pixel's centre, computed
+    as :meth:`Geometry.mask` computes a mask's (cv2's INTER_NEAREST takes
+    ``floor(j * length / n)``, half an input pixel off the boxes and masks)."""
+    return np.minimum(np.floor((np.arange(n) + 0.5) / (n / length)).astype(np.intp), length - 1)
+
+
+def _nearest_into(img: np.ndarray, size: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
+    h, w = size
+    result = img[nearest_rows(h, img.shape[0])[:, None], nearest_rows(w, img.shape[1])[None, :]]
+    if out is not None and out.shape == result.shape and out.dtype == result.dtype:
+        np.copyto(out, result)
+        return out
+    return result
 
 
 def _resize_with_geometry(img: np.ndarray, size: tuple[int, int], interpolation: int,

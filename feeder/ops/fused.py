@@ -8,7 +8,7 @@ import math
 import cv2
 import numpy as np
 
-from .base import Geometry, Transform, _choose, dct_denom
+from .base import Geometry, Transform, _choose, dct_denom, nearest_rows
 from .crop import CenterCrop
 from .resize import Resize
 
@@ -82,9 +82,9 @@ def _resize_window(img: np.ndarray, target: tuple[int, int], rows: tuple[int, in
         _need_whole(whole)
         return cv2.resize(img, (tw, th), interpolation=interpolation)[ay:ay + ny, ax:ax + nx]
     if interpolation == cv2.INTER_NEAREST:
-        # cv2.resize's nearest neighbour: source pixel floor(j / (T / L)), clamped.
-        ys = np.minimum(np.floor(np.arange(ay, ay + ny) * (1.0 / (th / H))).astype(np.intp), H - 1)
-        xs = np.minimum(np.floor(np.arange(ax, ax + nx) * (1.0 / (tw / W))).astype(np.intp), W - 1)
+        # The resize's nearest neighbour (see base.nearest_rows), over the window.
+        ys = nearest_rows(th, H)[ay:ay + ny]
+        xs = nearest_rows(tw, W)[ax:ax + nx]
         return img[(ys - oy)[:, None], (xs - ox)[None, :]]
     if interpolation == cv2.INTER_AREA:
         return _area_upscale_window(img, target, rows, cols, (H, W), origin)

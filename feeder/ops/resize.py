@@ -56,6 +56,9 @@ class RandomResizedCrop(Transform):
         scale: Range of the crop's area as a fraction of the image area.
         ratio: Range of the crop's aspect ratio (width / height), drawn log-uniformly.
         interpolation: "bilinear" (default), "nearest", "bicubic", "area" or "lanczos".
+            "nearest" takes the pixel under each output pixel's centre, as a
+            mask follows (torch's "nearest-exact"; its "nearest" and cv2's
+            INTER_NEAREST take ``floor(j * in / out)``, half a pixel off).
         antialias: Use area averaging when bilinear would shrink by more than 2x.
     """
 

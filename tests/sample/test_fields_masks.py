@@ -340,3 +340,28 @@ def test_a_resumed_pass_delivers_the_uninterrupted_run_s_masks():
     for a, b in zip(whole[2:], rest):
         assert torch.equal(a["id"], b["id"]) and torch.equal(a["mask"], b["mask"])
         assert torch.equal(a["image"], b["image"])
+
+
+@pytest.mark.parametrize("transforms", [
+    [ops.Resize((13, 19), interpolation="nearest")],
+    [ops.Resize((61, 90), interpolation="nearest")],
+    [ops.Resize(20, interpolation="nearest"), ops.CenterCrop(17)],  # fused: a window
+    [ops.RandomResizedCrop(23, interpolation="nearest"), ops.RandomHorizontalFlip()],
+])
+def test_a_nearest_resize_takes_the_image_s_pixels_where_the_mask_takes_its_ids(transforms):
+    # The image holds the class ids on every channel: a nearest-neighbour resize
+    # must pick the same input pixel for both (the one under each output
+    # pixel's centre), not one half a pixel off (cv2's INTER_NEAREST).
+    ids = np.random.default_rng(0).integers(0, 6, (30, 44), dtype=np.uint8)
+
+    def make(i):
+        return {"image": np.dstack([ids] * 3), "mask": ids}
+
+    with Feeder(DictSource(4, make), 2, transforms, seed=1, timeout=60) as f:
+        batches, err = collect(f)
+    assert err is None
+    for b in batches:
+        images, masks = b["image"].numpy(), b["mask"].numpy()
+        for k in range(len(masks)):
+            np.testing.assert_array_equal(images[k, 0], masks[k])
+            np.testing.assert_array_equal(images[k, 2], masks[k])
