@@ -206,8 +206,10 @@ class DatasetSource:
                 out[BOXES] = _xyxy(arr, fmt) if arr is not None and arr.dtype.kind in "iuf" else value
             elif boxes is not None and name in self.per_box:
                 out[BOX_PREFIX + name] = value
-            elif name in ("masks", "keypoints"):
-                out[name] = value  # per-instance, under feeder's names (torchvision's)
+            elif name in ("masks", "keypoints") or name.startswith(BOX_PREFIX):
+                # per-instance, under feeder's names (torchvision's), or per-box
+                # under feeder's own prefix: one row per box even when there is one
+                out[name] = value
             else:
                 out[name] = _scalar(value)
         return out

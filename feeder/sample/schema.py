@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FieldError, SourceError
-from .fields import Spec
+from .fields import BOXES, Spec, per_box
 from .parse import spec_of
 
 
@@ -78,9 +78,13 @@ class Schema:
                     known = specs.setdefault(name, spec)
                     self.first.setdefault(name, index)
             if known != spec:
+                hint = ""
+                if BOXES in fields and not per_box(name):
+                    hint = (f" (a field of one entry per box is named 'box_{name}', or listed in "
+                            f"DatasetSource(per_box=[...]): it is then filtered with the boxes)")
                 raise FieldError(name, f"of sample {index} is {spec.describe()}{_shown(value)}, but "
                                        f"sample {self.first[name]} gave {known.describe()}; every "
-                                       f"sample's {name!r} must have one shape and dtype")
+                                       f"sample's {name!r} must have one shape and dtype{hint}")
 
 
 def _shown(value: Any) -> str:

@@ -265,6 +265,36 @@ def test_a_later_float_image_fails_naming_the_sample_and_field():
     assert "Returns[3]" in str(err)
 
 
+class OneBoxAtTwo(torch.utils.data.Dataset):
+    """Sample 2 has one box, the others two; ``extra`` a per-box field outside per_box."""
+
+    def __init__(self, extra: str = "box_labels") -> None:
+        self.extra = extra
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        n = 1 if i == 2 else 2
+        boxes = torch.tensor(BOXES[:n], dtype=torch.float32)
+        return PIL.fromarray(pixels(i)), {"boxes": boxes, self.extra: torch.arange(n) + 1}
+
+
+def test_a_per_box_field_of_one_box_stays_a_row_per_box():
+    # One box: its one-element box_labels is a row of one, not a Python int.
+    assert DatasetSource(OneBoxAtTwo()).read(2)["box_labels"].tolist() == [1]
+    with feed(DatasetSource(OneBoxAtTwo()), []) as f:
+        got = [b["box_labels"] for b in f]
+    assert [t.tolist() for batch in got for t in batch] == [[1, 2], [1, 2], [1], [1, 2]]
+
+
+def test_a_per_box_field_left_out_of_per_box_says_how_to_declare_it():
+    with feed(DatasetSource(OneBoxAtTwo("difficult")), []) as f:
+        with pytest.raises(SampleError, match=r"'difficult'.*named 'box_difficult', or listed in "
+                                              r"DatasetSource\(per_box=\[\.\.\.\]\)"):
+            list(f)
+
+
 def test_one_per_box_field_name_is_one_field():
     # "labels" is the field labels, not the fields l, a, b, e and s: its entries
     # move and are filtered with the boxes.
