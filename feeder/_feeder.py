@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -229,6 +230,7 @@ class Feeder:
             # Resolved once, here: the engine (a worker process too) and the
             # resume state see the bound itself.
             self.config = cfg = dataclasses.replace(cfg, max_image_size=self.chain.max_image_size)
+        _check_batch_fits(cfg.batch_size, self.chain.image_size)
         # Ranks are resolved again at every pass (see ``rank``): a feeder built
         # before init_process_group must shard once the group exists.
         self._ranks = Ranks(cfg.rank, cfg.world_size)
@@ -468,3 +470,18 @@ class Feeder:
         return (f"Feeder({self.source!r}, batch_size={cfg.batch_size}, image_size={self.image_size}, "
                 f"decode_threads={cfg.decode_threads}, augment_threads={cfg.augment_threads}, "
                 f"device={str(cfg.device)!r})")
+
+
+def _check_batch_fits(batch_size: int, image_size: tuple[int, int]) -> None:
+    """Refuse, when the feeder is built, a batch whose uint8 images alone exceed the
+    machine's memory (a batch buffer holds them; it is allocated at the first
+    pass, where torch's allocator would say it in its own words)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return
+    need = batch_size * image_size[0] * image_size[1] * 3
+    if memory > 0 and need > memory:
+        raise ValueError(f"batch_size={batch_size} of {image_size[0]}x{image_size[1]} images "
+                         f"needs {need / 2**30:,.1f} GiB for one batch buffer, more than this "
+                         f"machine's {memory / 2**30:,.1f} GiB of memory")

@@ -163,6 +163,14 @@ def test_a_transform_class_or_one_transform_is_refused_at_construction(source):
             Feeder(source, 4, one)
 
 
+def test_a_batch_larger_than_the_machine_is_refused_at_construction(source):
+    # Its buffer is allocated at the first pass; the size is known now.
+    with pytest.raises(ValueError, match=r"batch_size=1000000000000 of 32x32 images needs "
+                                         r"[\d,.]+ GiB for one batch buffer, more than this "
+                                         r"machine's [\d,.]+ GiB of memory"):
+        Feeder(source, 10**12, [ops.Resize((32, 32))])
+
+
 def test_image_size_accepts_numpy_ints(source):
     with Feeder(source, 4, [ops.RandomHorizontalFlip()], image_size=(np.int64(32), 40)) as f:
         assert f.image_size == (32, 40) and type(f.image_size[0]) is int
