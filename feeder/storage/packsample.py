@@ -64,11 +64,11 @@ def image_ext(data: bytes | bytearray | memoryview) -> str | None:
         return "webp"
     if head.startswith(b"BM"):
         return "bmp"
-    if head[:4] in (b"II*\x00", b"MM\x00*"):
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):  # TIFF, BigTIFF
         return "tiff"
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return "gif"
-    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace():
+    if len(head) > 2 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3] in b" \t\r\n#":
         return "pnm"
     return None
 

@@ -110,6 +110,25 @@ def test_a_file_that_is_no_image_is_an_error_naming_it(tmp_path, jpeg_blobs, jun
         pack(str(tmp_path / "data"), str(tmp_path / "out"))
 
 
+def test_every_format_feeder_reads_packs_from_a_folder(tmp_path):
+    # The check of a file's first bytes accepts what the decoder accepts:
+    # BigTIFF, and a PNM whose header goes on with a comment.
+    import io
+
+    from PIL import Image
+
+    img = make_image(12, 16, seed=1)
+    os.makedirs(tmp_path / "data" / "a")
+    big = io.BytesIO()
+    Image.fromarray(img).save(big, format="TIFF", big_tiff=True)
+    assert big.getvalue()[:4] == b"II+\x00"
+    (tmp_path / "data" / "a" / "0.tif").write_bytes(big.getvalue())
+    (tmp_path / "data" / "a" / "1.ppm").write_bytes(b"P6#made by hand\n16 12\n255\n" + img.tobytes())
+    pack(str(tmp_path / "data"), str(tmp_path / "out"))
+    shards = TarShards(str(tmp_path / "out"))
+    assert len(shards) == 2
+
+
 def test_unlabeled_pack_needs_label_none(tmp_path, jpeg_blobs):
     (tmp_path / "a.jpg").write_bytes(jpeg_blobs[0])
     (tmp_path / "list.txt").write_text("a.jpg\n")
