@@ -205,10 +205,14 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     # A mixture may draw a sample more than once in an epoch, so a skipped sample
     # stands for 1 to (its draws among the handled positions) skipped draws.
     count = handled.count()
-    most = count - len(skipped)
-    least = count - _draws_of(order, handled, skipped) if skipped else most
-    _check_batches(min(max(least, state["batches"]), most), state["batches"], n, batch_size, skip,
-                   epoch, "state['position'] and state['after'] mark {n} samples delivered")
+    delivered = count - len(skipped)
+    if skipped and delivered > state["batches"] * batch_size:
+        # Only then can repeated draws matter (counted over the handled positions:
+        # a pass over the order, so not for every state).
+        delivered = max(count - _draws_of(order, handled, skipped), state["batches"])
+        delivered = min(delivered, count - len(skipped))
+    _check_batches(delivered, state["batches"], n, batch_size, skip, epoch,
+                   "state['position'] and state['after'] mark {n} samples delivered")
     return handled, skipped
 
 

@@ -340,9 +340,9 @@ def spec_of(name: str, value: Any) -> Spec:
         return Spec(POINTS, np.dtype(np.float32), value.shape[1:])
     if name == BOXES:
         return Spec(BOX_LIST)
-    # A numpy array of something else than numbers (objects, strings, complex
-    # values) is, as any other value, passed through as read.
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iufb":
+    # A numpy array of something else than numbers (objects, strings, dates) is,
+    # as any other value, passed through as read.
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iufcb":
         if name.startswith(BOX_PREFIX):
             return Spec(PER_BOX, value.dtype, value.shape[1:])
         return Spec(NUMERIC, value.dtype, value.shape)

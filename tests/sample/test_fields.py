@@ -124,13 +124,14 @@ def rich(blobs):
     def make(i):
         return {"image": blobs[i], "label": i, "score": i / 10, "vec": np.array([i, -i, 2 * i], np.float32),
                 "hot": [i % 2 == 0, i % 3 == 0], "key": f"sample-{i}", "raw": bytes([i]), "meta": {"i": i},
-                "none": None, "objs": np.array([{"i": i}], dtype=object), "names": np.array([f"n{i}"])}
+                "none": None, "objs": np.array([{"i": i}], dtype=object), "names": np.array([f"n{i}"]),
+                "cplx": np.array([1 + 1j * i], np.complex64)}
     return make
 
 
 def check_rich(batch) -> list[int]:
     assert list(batch) == ["image", "label", "score", "vec", "hot", "key", "raw", "meta", "none",
-                           "objs", "names"]
+                           "objs", "names", "cplx"]
     ids = batch["label"].tolist()
     assert batch["label"].dtype == torch.int64
     assert batch["score"].dtype == torch.float64 and batch["score"].tolist() == [i / 10 for i in ids]
@@ -145,6 +146,7 @@ def check_rich(batch) -> list[int]:
     assert [a.dtype.kind for a in batch["objs"]] == ["O"] * len(ids)
     assert [a.tolist() for a in batch["objs"]] == [[{"i": i}] for i in ids]
     assert [a.tolist() for a in batch["names"]] == [[f"n{i}"] for i in ids]
+    assert batch["cplx"].dtype == torch.complex64 and batch["cplx"].tolist() == [[1 + 1j * i] for i in ids]
     assert batch["image"].shape == (len(ids), 3, 16, 16)
     return ids
 
