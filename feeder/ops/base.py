@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from ..sample.geometry import (DCT_DENOMS, Geometry, SampleContext, check_mask_fill, dct_denom,
-                               keep_boxes, move_fields)
+                               keep_boxes, move_fields, nearest_index)
 from ..sample.rng import SampleRNG
 
 _INTERPOLATION = {
@@ -241,7 +241,7 @@ def nearest_rows(n: int, length: int) -> np.ndarray:
     takes along one axis: the pixel under each output pixel's centre, computed
     as :meth:`Geometry.mask` computes a mask's (cv2's INTER_NEAREST takes
     ``floor(j * length / n)``, half an input pixel off the boxes and masks)."""
-    return np.minimum(np.floor((np.arange(n) + 0.5) / (n / length)).astype(np.intp), length - 1)
+    return np.minimum(nearest_index((np.arange(n) + 0.5) / (n / length)), length - 1)
 
 
 def _nearest_into(img: np.ndarray, size: tuple[int, int], out: np.ndarray | None) -> np.ndarray:

@@ -83,6 +83,21 @@ def check_mask_fill(fill: int, mask: np.ndarray, who: object = None) -> None:
         raise err
 
 
+
+# Added before the floor of an input coordinate: an output pixel's centre that
+# falls exactly on a boundary between input pixels (a ratio of sizes) computes
+# to a hair either side of it depending on the arithmetic's order; this takes
+# the later pixel in every case. Centres off a boundary lie at least
+# 1 / (2 * output size) from it, far above it.
+TIE = 1e-7
+
+
+def nearest_index(coordinate: np.ndarray) -> np.ndarray:
+    """The input pixel under each of ``coordinate`` (input pixels, float): its floor,
+    a boundary taking the later pixel (see :data:`TIE`)."""
+    return np.floor(coordinate + TIE).astype(np.intp)
+
+
 class Geometry:
     """Where a transform moved the pixels: an affine map per axis from input to
     output coordinates, ``y_out = y * sy + ty`` and ``x_out = x * sx + tx``, with
@@ -146,8 +161,10 @@ class Geometry:
     def _sampled(self, H: int, W: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For each output row and column, the input row and column under its centre
         (clipped into the input) and whether it holds an input pixel."""
-        iy = np.floor((np.arange(self.height) + 0.5 - self.ty) / self.sy).astype(np.intp)
-        ix = np.floor((np.arange(self.width) + 0.5 - self.tx) / self.sx).astype(np.intp)
+        # A centre that falls exactly on a boundary between input pixels takes the
+        # later one whichever way the float rounding went (TIE: see nearest_index).
+        iy = nearest_index((np.arange(self.height) + 0.5 - self.ty) / self.sy)
+        ix = nearest_index((np.arange(self.width) + 0.5 - self.tx) / self.sx)
         vy, vx = (iy >= 0) & (iy < H), (ix >= 0) & (ix < W)
         if self.valid is not None:
             y0, y1, x0, x1 = self.valid

@@ -347,6 +347,9 @@ def test_a_resumed_pass_delivers_the_uninterrupted_run_s_masks():
     [ops.Resize((61, 90), interpolation="nearest")],
     [ops.Resize(20, interpolation="nearest"), ops.CenterCrop(17)],  # fused: a window
     [ops.RandomResizedCrop(23, interpolation="nearest"), ops.RandomHorizontalFlip()],
+    # crops whose scale puts output centres exactly on input boundaries (12 -> 22)
+    [ops.RandomResizedCrop(22, interpolation="nearest")],
+    [ops.RandomCrop((24, 24)), ops.Resize((22, 22), interpolation="nearest")],
 ])
 def test_a_nearest_resize_takes_the_image_s_pixels_where_the_mask_takes_its_ids(transforms):
     # The image holds the class ids on every channel: a nearest-neighbour resize
@@ -357,7 +360,7 @@ def test_a_nearest_resize_takes_the_image_s_pixels_where_the_mask_takes_its_ids(
     def make(i):
         return {"image": np.dstack([ids] * 3), "mask": ids}
 
-    with Feeder(DictSource(4, make), 2, transforms, seed=1, timeout=60) as f:
+    with Feeder(DictSource(64, make), 16, transforms, seed=1, timeout=60) as f:
         batches, err = collect(f)
     assert err is None
     for b in batches:
