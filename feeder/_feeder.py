@@ -103,8 +103,9 @@ class Feeder:
             from ``next()``. ``"skip"``: it is dropped, counted and logged once,
             and later samples fill its place.
         max_skipped: With ``on_error="skip"``, raise once more than this many
-            samples were skipped, counted over every epoch of this feeder (a
-            feeder that loads a state starts again from 0); None: no limit.
+            samples were skipped, counted over every epoch of this feeder object
+            (a new feeder, as after a restart, starts from 0, whatever state
+            it loads); None: no limit.
         rank: This process's shard of one shared order per epoch. Default: from
             ``torch.distributed``, else torchrun's ``RANK`` and ``WORLD_SIZE``, else
             0; read at each pass (see [Distributed and evaluation](../guides/distributed.md)).
