@@ -203,6 +203,10 @@ def run_child(spec: dict[str, Any], timeout_s: float = 900.0, memory: bool = Tru
             _, err = proc.communicate()
             result.error = f"timed out after {timeout_s:.0f} s"
             return result
+        except BaseException:  # Ctrl-C (or any error here): no child measures on alone
+            proc.kill()
+            proc.wait()
+            raise
         result.peak_pss = pss.peak if memory else None
         if proc.returncode != 0 or not os.path.exists(report):
             tail = err.decode(errors="replace")[-2000:]
