@@ -210,6 +210,9 @@ def transform_list(transforms: Any, name: str = "transforms") -> list[Any]:
         TypeError: ``transforms`` is not an iterable of transforms (one transform,
             one function, a string).
     """
+    foreign = foreign_transform(transforms, name)
+    if foreign is not None:  # a torchvision Compose, say: the fix is another transform
+        raise TypeError(foreign)
     if (isinstance(transforms, (str, bytes, Transform, SampleTransform))
             or not hasattr(transforms, "__iter__")):
         raise TypeError(f"{name} must be a list of transforms, got {transforms!r}: for one "

@@ -79,9 +79,13 @@ class Schema:
                     self.first.setdefault(name, index)
             if known != spec:
                 hint = ""
-                if BOXES in fields and not per_box(name):
-                    hint = (f" (a field of one entry per box is named 'box_{name}', or listed in "
-                            f"DatasetSource(per_box=[...]): it is then filtered with the boxes)")
+                boxes = fields.get(BOXES)
+                if boxes is not None and not per_box(name) and (
+                        (isinstance(value, np.ndarray) and value.ndim and len(value) == len(boxes))
+                        or (len(boxes) == 1 and np.ndim(value) == 0)):
+                    hint = (f" (it has as many entries as the sample has boxes: a field of one "
+                            f"entry per box is named 'box_{name}', or, from a DatasetSource, listed "
+                            f"in per_box=[...], and is then filtered with the boxes)")
                 raise FieldError(name, f"of sample {index} is {spec.describe()}{_shown(value)}, but "
                                        f"sample {self.first[name]} gave {known.describe()}; every "
                                        f"sample's {name!r} must have one shape and dtype{hint}")

@@ -161,6 +161,11 @@ def test_a_transform_class_or_one_transform_is_refused_at_construction(source):
     for one in (ops.RandomResizedCrop(16), lambda img, rng: img, "flip"):
         with pytest.raises(TypeError, match="transforms must be a list of transforms"):
             Feeder(source, 4, one)
+    # A lone torchvision pipeline is told what replaces it, not to wrap it in a list.
+    compose = type("Compose", (), {"__module__": "torchvision.transforms.transforms",
+                                   "__call__": lambda self, img: img})()
+    with pytest.raises(TypeError, match=r"is a torchvision transform \(torchvision\.transforms"):
+        Feeder(source, 4, compose)
 
 
 def test_a_batch_larger_than_the_machine_is_refused_at_construction(source):

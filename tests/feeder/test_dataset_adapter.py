@@ -290,8 +290,8 @@ def test_a_per_box_field_of_one_box_stays_a_row_per_box():
 
 def test_a_per_box_field_left_out_of_per_box_says_how_to_declare_it():
     with feed(DatasetSource(OneBoxAtTwo("difficult")), []) as f:
-        with pytest.raises(SampleError, match=r"'difficult'.*named 'box_difficult', or listed in "
-                                              r"DatasetSource\(per_box=\[\.\.\.\]\)"):
+        with pytest.raises(SampleError, match=r"'difficult'.*as many entries as the sample has "
+                                              r"boxes.*named 'box_difficult'.*per_box=\[\.\.\.\]"):
             list(f)
 
 
