@@ -47,7 +47,7 @@ def _transforms():
 def _feeder(data: str, threads: int) -> tuple[float, float]:
     from feeder import Feeder, ImageFolder
 
-    with Feeder(ImageFolder(data), 256, _transforms(), seed=0) as f:
+    with Feeder(ImageFolder(data), 256, _transforms(), seed=0, decode_threads=threads) as f:
         f.set_epoch(0)
         for _ in f:
             pass
