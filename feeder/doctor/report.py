@@ -12,12 +12,15 @@ def _v(x: Any, fmt: str = ".1f", unit: str = "") -> str:
 
 
 def _s(x: Any, rounds: list[float] | None, fmt: str = ".1f", unit: str = "", scale: float = 1.0) -> str:
-    """A figure with the range of its repeats: ``12.3 ms [11.9-13.0]``."""
+    """A figure with the range of its repeats: ``12.3 ms [11.9-13.0]`` (their median, lowest and
+    highest; the figure itself where it has too few)."""
     if x is None:
         return "-"
     s = spread(rounds)
-    rng = f" [{scale * s.lo:{fmt}}-{scale * s.hi:{fmt}}]" if s is not None else ""
-    return f"{scale * x:{fmt}}{unit}{rng}"
+    if s is None:
+        return f"{scale * x:{fmt}}{unit}"
+    # Measured in rounds: their median, as the brackets (and the verdict) read them.
+    return f"{scale * s.median:{fmt}}{unit} [{scale * s.lo:{fmt}}-{scale * s.hi:{fmt}}]"
 
 
 def report_text(m: Measurements, v: Verdict) -> str:

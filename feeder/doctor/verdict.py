@@ -730,7 +730,8 @@ def _loader_side(m: Measurements, loader: float, out: _Numbers) -> Verdict:
                            f"({loader:.0f} img/s), while the CPU could decode {ceiling or 0:.0f} img/s")
     out.add("decode ms/img", m.decode_ms, m.decode_ms_rounds)
     out.add("transforms ms/img", m.transform_ms, m.transform_ms_rounds)
-    fixes = []
+    fixes: list[str] = []
+    tries: list[str] = []  # not measured (see "Fixes are measured")
     if ceiling and loader < UNDER_CEILING * ceiling:
         got = m.loader_cpu_cores
         if got is not None and got < CPU_SHORT * min(m.cores, m.decode_threads):
@@ -739,9 +740,18 @@ def _loader_side(m: Measurements, loader: float, out: _Numbers) -> Verdict:
                          f"cores could decode, but this process got only {got:.2f} of {m.cores} cores"
                          + (f" (load average {m.load_average:.1f})" if m.load_average is not None else "")
                          + ": other processes use the CPU, and more threads will not help")
+        elif m.decode_threads < m.cores:
+            tries.append(f"more decode_threads (now {m.decode_threads}, on {m.cores} cores): the "
+                         f"loader reaches {loader:.0f} of the {ceiling:.0f} img/s the cores could "
+                         f"decode")
         else:
-            fixes.append(f"more decode_threads (now {m.decode_threads}): the loader reaches "
-                         f"{loader:.0f} of the {ceiling:.0f} img/s the cores could decode")
+            # Threads on every core already: more of them only hand the GIL over
+            # more often (Performance: small images; thread_count.py measured it).
+            tries.append(f"the loader reaches {loader:.0f} of the {ceiling:.0f} img/s the cores "
+                         f"could decode with a decode thread per core already: one process's "
+                         f"threads lose the rest handing the GIL over per sample, and more "
+                         f"threads would hand it over more (see the performance guide, small "
+                         f"images); cheaper work per sample, below, raises both")
     dec, tra = spread(m.decode_ms_rounds), spread(m.transform_ms_rounds)
     close = (" (decode and transforms are within each other's noise: both count)"
              if dec is not None and tra is not None and dec.lo <= tra.hi and tra.lo <= dec.hi else "")
@@ -753,7 +763,8 @@ def _loader_side(m: Measurements, loader: float, out: _Numbers) -> Verdict:
                   "more cores for this process (the CPU ceiling is cost x cores)"]
         return out.verdict("transforms", fixes,
                            f"the CPU work limits the loader and the transforms are most of it "
-                           f"({m.transform_ms:.2f} of {cost_ms:.2f} ms an image){close}")
+                           f"({m.transform_ms:.2f} of {cost_ms:.2f} ms an image){close}",
+                           tries=tries)
     if not m.region_decode:
         fixes.append("the region decoder (libjpeg-turbo headers at install: see the README) "
                      "decodes only the crop")
@@ -762,4 +773,5 @@ def _loader_side(m: Measurements, loader: float, out: _Numbers) -> Verdict:
               "more cores for this process (the CPU ceiling is cost x cores)"]
     return out.verdict("decode", fixes,
                        f"the CPU work limits the loader and decoding is most of it "
-                       f"({m.decode_ms or 0:.2f} of {cost_ms:.2f} ms an image){close}")
+                       f"({m.decode_ms or 0:.2f} of {cost_ms:.2f} ms an image){close}",
+                       tries=tries)
