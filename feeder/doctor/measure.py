@@ -204,7 +204,9 @@ def machine_busy_s() -> float | None:
             fields = [int(x) for x in f.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
-    # user nice system idle iowait irq softirq steal (guest time is counted in user)
+    # user nice system idle iowait irq softirq steal (guest time is counted in user);
+    # steal, the host running others on this machine's CPUs, counts as busy: it
+    # competes for the cores as other processes do
     return (sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)) / _TICK
 
 

@@ -358,8 +358,8 @@ def loaded(m: Measurements) -> str | None:
     if other <= limit and max(m.other_cores.values(), default=0.0) <= max(2 * limit, 1.0):
         return None
     worst = max(m.other_cores, key=m.other_cores.get) if m.other_cores else None
-    return (f"other work competes for the CPU: other processes used {other:.2f} of the "
-            f"{m.cores} cores during the run"
+    return (f"other work competes for the CPU: other processes (or the host, taking this "
+            f"machine's CPU time: steal) used {other:.2f} of the {m.cores} cores during the run"
             + (f" (up to {m.other_cores[worst]:.2f} during {worst})" if worst else "")
             + f"; {load}. Every figure below was measured beside it: a verdict that depends "
             "on the cores may differ on a quiet machine")

@@ -232,8 +232,9 @@ def test_verdict_cpu_training_on_a_loaded_machine_warns_first_and_advises_no_noi
     m.fed["process"] = fed("process", 76, 0.02, 340.0, 1.13, jitter=(0.7, 0.9, 1.0, 1.1, 1.3))
     m.fed["process"].interference_rounds = [0.81, 1.0, 1.13, 1.25, 1.4]
     v = decide(m)
-    assert v.lines()[0].startswith("warning: other work competes for the CPU: other processes used "
-                                   "1.05 of the 2 cores"), v.lines()
+    assert v.lines()[0].startswith("warning: other work competes for the CPU: other processes (or "
+                                   "the host, taking this machine's CPU time: steal) used 1.05 of "
+                                   "the 2 cores"), v.lines()
     assert "load average 5.0 then 5.2 on 2 cores" in v.warnings[0]
     assert v.bottleneck == "cores" and v.fixes == []
     assert any(u.startswith('isolation="process"') and "not faster beyond the noise" in u
