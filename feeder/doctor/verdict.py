@@ -94,6 +94,10 @@ FAR_SHORT = 0.25
 UNDER_CEILING = 0.6
 CPU_SHORT = 0.7
 LOADED_CORES = 0.5
+# cores: a loader that needs less than this many cores to feed the step is not
+# given whole cores of its own (a split or a pinning would take a whole core from
+# the step for a fraction's use).
+SMALL_NEED = 0.5
 LOADED_SHARE = 0.25
 CPU_HEAVY = 0.5
 CPU_HEAVY_CUDA = 1.5
@@ -614,11 +618,19 @@ def _cores(m: Measurements, fed: Fed, out: _Numbers, ratio: Spread, wait: Spread
     fixes, unhelpful = _measured_fixes(m, fed, ("process", "tune"))
     loader_cores = max(1, math.ceil(need))
     step_cores = max(1, m.cores - loader_cores)
-    tries = [f"split the cores: torch.set_num_threads({step_cores}) in the training process and "
-             f"decode_threads={loader_cores}: feeding the model needs about {need:.1f} cores "
-             f"({cost_ms:.2f} ms an image x {m.model_rate or 0:.0f} img/s), and torch's "
-             f"{m.torch_threads or 'default'} threads take every core otherwise"]
-    if m.cores >= 2:
+    feeding = (f"feeding the model needs about {need:.2f} cores ({cost_ms:.2f} ms an image x "
+               f"{m.model_rate or 0:.0f} img/s)")
+    if need < SMALL_NEED:
+        # A whole core taken from the step for a loader that needs a fraction of
+        # one slows the step more than the loader's competition did.
+        tries = [f"decode_threads=1 and torch's threads left on every core: {feeding}, a "
+                 f"fraction of one core, so splitting whole cores would take more from the "
+                 f"step than the loader takes from it"]
+    else:
+        tries = [f"split the cores: torch.set_num_threads({step_cores}) in the training process "
+                 f"and decode_threads={loader_cores}: {feeding}, and torch's "
+                 f"{m.torch_threads or 'default'} threads take every core otherwise"]
+    if m.cores >= 2 and need >= SMALL_NEED:
         lo = ",".join(str(c) for c in range(loader_cores))
         hi = ",".join(str(c) for c in range(loader_cores, m.cores)) or lo
         tries.append(f"pin them apart (Linux): os.sched_setaffinity(0, {{{lo}}}) before each pass's "
