@@ -267,8 +267,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``feeder-bench``; returns the exit status: 0, 2 for a bad
-    argument, 1 for a failure while measuring, 130 when interrupted (Ctrl-C). An error is one line on stderr
-    naming what is at fault (``--debug``: the traceback instead)."""
+    argument, 1 for a failure while measuring, 130 when interrupted (Ctrl-C). An
+    error is one line on stderr naming what is at fault (``--debug``: the
+    traceback instead)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)

@@ -303,8 +303,9 @@ def _import_from_here() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``feeder-doctor``; returns the exit status: 0, 2 for a bad
-    argument, 1 for a failure while measuring, 130 when interrupted (Ctrl-C). An error is one line on stderr
-    naming what is at fault (``--debug``: the traceback instead)."""
+    argument, 1 for a failure while measuring, 130 when interrupted (Ctrl-C). An
+    error is one line on stderr naming what is at fault (``--debug``: the
+    traceback instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv

@@ -207,10 +207,11 @@ def load_compact(state: dict[str, Any], order: Order, length: int, batch_size: i
     count = handled.count()
     delivered = count - len(skipped)
     if skipped and delivered > state["batches"] * batch_size:
-        # Only then can repeated draws matter (counted over the handled positions:
-        # a pass over the order, so not for every state).
-        delivered = max(count - _draws_of(order, handled, skipped), state["batches"])
-        delivered = min(delivered, count - len(skipped))
+        # Only then can repeated draws matter: the delivered count lies in
+        # [count - draws, delivered]; take the value nearest the batches' range
+        # (counting the draws is a pass over the order, so not for every state).
+        delivered = min(delivered, max(count - _draws_of(order, handled, skipped),
+                                       state["batches"]))
     _check_batches(delivered, state["batches"], n, batch_size, skip, epoch,
                    "state['position'] and state['after'] mark {n} samples delivered")
     return handled, skipped

@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``feeder-pack`` command; returns the exit status: 0, 2 for a pack that
     cannot run as asked (or unreadable input), 1 for another failure (the
-    source's own code raising), 130 when interrupted (Ctrl-C). An error is one line on stderr naming what is at
-    fault (``--debug``: the traceback instead)."""
+    source's own code raising), 130 when interrupted (Ctrl-C). An error is one
+    line on stderr naming what is at fault (``--debug``: the traceback instead)."""
     args = build_parser().parse_args(argv)
     try:
         source: Any = args.source

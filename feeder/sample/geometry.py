@@ -83,7 +83,6 @@ def check_mask_fill(fill: int, mask: np.ndarray, who: object = None) -> None:
         raise err
 
 
-
 # Added before the floor of an input coordinate: an output pixel's centre that
 # falls exactly on a boundary between input pixels (a ratio of sizes) computes
 # to a hair either side of it depending on the arithmetic's order; this takes

@@ -1138,6 +1138,7 @@ def test_bench_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status
 def test_ctrl_c_ends_a_run_in_one_line(hostile, tmp_path):
     """Ctrl-C reaches the terminal's whole process group, feeder-bench and the
     measurement children it started: one line and status 130, no traceback."""
+    import select
     import signal
 
     argv = [sys.executable, "-m", "feeder.bench", "compare", hostile["photos"], "--out",
@@ -1145,7 +1146,10 @@ def test_ctrl_c_ends_a_run_in_one_line(hostile, tmp_path):
     p = subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, env={**os.environ, "PYTHONPATH": REPO_DIR})
     try:
-        first = p.stderr.readline()  # its first progress line: it is measuring
+        # its first progress line: it is measuring (waited for with a bound)
+        ready, _, _ = select.select([p.stderr], [], [], 120)
+        assert ready, "feeder-bench printed nothing within 120 s"
+        first = p.stderr.readline()
         assert first, "feeder-bench printed nothing"
         os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=120)
