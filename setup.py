@@ -43,7 +43,7 @@ extensions = []
 if os.environ.get("FEEDER_NO_JPEG_EXT_BUILD", "") in ("", "0"):
     prefix = os.environ.get("CONDA_PREFIX")
     extensions.append(Extension(
-        "feeder.decode._jpeg", ["feeder/decode/_jpeg.c", "feeder/decode/_huffman.c"], libraries=["jpeg", "dl", "m"] if sys.platform.startswith("linux") else ["jpeg"],
+        "feeder.decode._jpeg", ["feeder/decode/_jpeg.c", "feeder/decode/_huffman.c", "feeder/decode/_resize.c"], libraries=["jpeg", "dl", "m"] if sys.platform.startswith("linux") else ["jpeg"],
         include_dirs=[os.path.join(prefix, "include")] if prefix else [],
         library_dirs=[os.path.join(prefix, "lib")] if prefix else [],
         extra_compile_args=["-O2", "-ffp-contract=off"], optional=True))

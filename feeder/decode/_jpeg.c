@@ -16,6 +16,10 @@
  *          own=True, index=None, record=False, max_points=16)
  *       -> (stride, col_offset), or with record or index
  *          (stride, col_offset, index recorded or None, MCUs jumped)
+ *   fused_small(data, key, ...) -> bool: a small JPEG's RandomResizedCrop + flip
+ *       sample in one call (see JpegDecoder.fused_small)
+ *   resize(src, dst, flip=False): _resize.c's bilinear resize (decode's into=
+ *       and crop= run it on the decoded region in the same call)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.decode.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  *   read_file(path) -> bytes: a whole file, with the GIL released once
@@ -65,6 +69,7 @@
 #include <jerror.h>
 
 #include "_huffman.h"
+#include "_resize.h"
 
 /* Pixels added on each side of the requested columns: libjpeg treats the
  * edges of a cropped row as the image's edges for "fancy" chroma upsampling
@@ -338,16 +343,14 @@ static PyObject *jpeg_header(PyObject *self, PyObject *arg)
  * (marker, precision, height, width, components, position where the walk
  * stopped), None when it found no SOF, False after max_steps segments and
  * fill bytes. It holds the GIL: it reads a few header bytes. */
-static PyObject *jpeg_frame(PyObject *self, PyObject *args)
+/* headers.py's jpeg_frame walk of the marker segments of d[0..n): 1 and the frame
+ * in f (f[5]: where the walk stopped), 0 when it found no frame header, -1 after
+ * max_steps segments and fill bytes. */
+static int walk_frame(const unsigned char *d, Py_ssize_t n, int max_steps, unsigned f[5],
+                      Py_ssize_t *stop)
 {
-    Py_buffer view;
-    int max_steps;
-    if (!PyArg_ParseTuple(args, "y*i", &view, &max_steps))
-        return NULL;
-    const unsigned char *d = view.buf;
-    Py_ssize_t n = view.len, pos = 2;
+    Py_ssize_t pos = 2;
     int found = 0, exhausted = 1;
-    unsigned marker = 0, precision = 0, height = 0, width = 0, components = 0;
     for (int step = 0; step < max_steps; step++) {
         if (pos + 4 > n || d[pos] != 0xFF) {
             exhausted = 0;
@@ -374,11 +377,11 @@ static PyObject *jpeg_frame(PyObject *self, PyObject *args)
                 break;
             }
             found = 1;
-            marker = m;
-            precision = d[pos + 4];
-            height = ((unsigned)d[pos + 5] << 8) | d[pos + 6];
-            width = ((unsigned)d[pos + 7] << 8) | d[pos + 8];
-            components = d[pos + 9];
+            f[0] = m; /* marker, precision, height, width, components */
+            f[1] = d[pos + 4];
+            f[2] = ((unsigned)d[pos + 5] << 8) | d[pos + 6];
+            f[3] = ((unsigned)d[pos + 7] << 8) | d[pos + 8];
+            f[4] = d[pos + 9];
             if (m != 0xC2 && m != 0xCA) { /* only a progressive frame's scans are counted */
                 exhausted = 0;
                 break;
@@ -386,12 +389,25 @@ static PyObject *jpeg_frame(PyObject *self, PyObject *args)
         }
         pos += 2 + length;
     }
+    *stop = pos;
+    return exhausted ? -1 : found;
+}
+
+static PyObject *jpeg_frame(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    int max_steps;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &max_steps))
+        return NULL;
+    unsigned f[5];
+    Py_ssize_t pos;
+    int found = walk_frame(view.buf, view.len, max_steps, f, &pos);
     PyBuffer_Release(&view);
-    if (exhausted)
+    if (found < 0)
         Py_RETURN_FALSE;
     if (!found)
         Py_RETURN_NONE;
-    return Py_BuildValue("(IIIIIn)", marker, precision, height, width, components, pos);
+    return Py_BuildValue("(IIIIIn)", f[0], f[1], f[2], f[3], f[4], pos);
 }
 
 typedef struct {
@@ -623,25 +639,58 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"data", "top", "left", "height", "width", "denom", "out",
                             "max_pixels", "compact", "verify", "own", "index", "record",
-                            "max_points", NULL};
-    Py_buffer data, out, index = {0};
+                            "max_points", "into", "crop", "flip", NULL};
+    Py_buffer data, out, index = {0}, into = {0};
     Py_ssize_t region[4]; /* top, left, height, width: range-checked below, never wrapped */
     unsigned denom;
     PyObject *limit, *index_obj = Py_None;
     unsigned long long max_pixels;
     int compact = 0, verify = 1, own = 1, record = 0;
     unsigned max_points = 16;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pppOpI", names, &data, &region[0],
+    PyObject *into_obj = Py_None, *crop_obj = Py_None;
+    int flip = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pppOpIOOp", names, &data, &region[0],
                                      &region[1], &region[2], &region[3], &denom, &out, &limit,
-                                     &compact, &verify, &own, &index_obj, &record, &max_points))
+                                     &compact, &verify, &own, &index_obj, &record, &max_points,
+                                     &into_obj, &crop_obj, &flip))
         return NULL;
+    /* into, crop: resize the crop (top, left, height, width, in the region's
+     * pixels) of the decoded region into `into`, an [H, W, 3] uint8 array,
+     * mirrored when flip, in the same call (see _resize.c). */
+    Py_ssize_t crop[4] = {0, 0, 0, 0}, into_h = 0, into_w = 0;
+    if (into_obj != Py_None) {
+        if (!PyArg_ParseTuple(crop_obj, "nnnn;crop must be (top, left, height, width)", &crop[0],
+                              &crop[1], &crop[2], &crop[3])) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        if (PyObject_GetBuffer(into_obj, &into, PyBUF_CONTIG | PyBUF_FORMAT) < 0) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        if (into.ndim != 3 || into.shape[2] != 3 || into.itemsize != 1
+            || (into.format != NULL && strcmp(into.format, "B") != 0)
+            || crop[0] < 0 || crop[1] < 0 || crop[2] <= 0 || crop[3] <= 0
+            || crop[0] + crop[2] > region[2] || crop[1] + crop[3] > region[3]) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            PyBuffer_Release(&into);
+            return PyErr_Format(PyExc_ValueError, "into must be a C-contiguous [H, W, 3] uint8 "
+                                "array and crop a box inside the region");
+        }
+        into_h = into.shape[0];
+        into_w = into.shape[1];
+    }
     if (index_obj != Py_None && PyObject_GetBuffer(index_obj, &index, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return NULL;
     }
-    int extended = record || index_obj != Py_None;
+    int extended = record || index_obj != Py_None || into_obj != Py_None;
     static const char *what[] = {"top", "left", "height", "width"};
     for (int k = 0; k < 4; k++) {
         if (region[k] < 0 || (unsigned long long)region[k] > JPEG_MAX_DIMENSION) {
@@ -659,6 +708,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return PyErr_Format(PyExc_TypeError, "max_pixels must be an int, got %s",
                             Py_TYPE(limit)->tp_name);
     }
@@ -668,12 +718,14 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return NULL;
     }
     if (overflow < 0 || (overflow == 0 && small <= 0)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return PyErr_Format(PyExc_ValueError, "max_pixels must be positive");
     }
     if (overflow == 0) {
@@ -689,12 +741,14 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
     }
     if (!PyBuffer_IsContiguous(&out, 'C')) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         PyBuffer_Release(&index);
+        PyBuffer_Release(&into);
         return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer");
     }
     Job job;
@@ -716,12 +770,24 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     job.index_len = index_obj != Py_None ? (size_t)index.len : 0;
     job.record = record;
     job.max_points = max_points;
+    int resized = 0;
     Py_BEGIN_ALLOW_THREADS
     run_decode(&job);
+    if (job.status == 0 && into_obj != Py_None) {
+        const unsigned char *from = job.out + ((size_t)crop[0] * job.stride + job.col_offset
+                                               + (size_t)crop[1]) * 3;
+        resized = resize_bilinear_rgb(from, (size_t)job.stride * 3, (int)crop[2], (int)crop[3],
+                                      into.buf, (int)into_h, (int)into_w, flip);
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     PyBuffer_Release(&index);
+    PyBuffer_Release(&into);
+    if (resized != 0) {
+        free(job.index_out);
+        return PyErr_NoMemory();
+    }
     if (job.status != 0) {
         free(job.index_out);
         if (job.status == 1)
@@ -766,6 +832,32 @@ static inline uint64_t mul_high(uint64_t x, uint64_t y)
 /* RandomResizedCrop.params' ten tries on a SampleRNG's state (mixed: >= 0),
  * the same IEEE double operations in the same order as the Python (built with
  * -ffp-contract=off: no fused multiply-adds). */
+static int rrc_try(uint64_t *state, long long area, long long height, long long width, double lo,
+                   double span_s, double log_lo, double span_r, long long box[4])
+{
+    uint64_t z = *state;
+    int found = 0;
+    for (int i = 0; i < 10 && !found; i++) {
+        z += SPLITMIX_GOLDEN;
+        double target = (double)area * (lo + span_s * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
+        z += SPLITMIX_GOLDEN;
+        double aspect = exp(log_lo + span_r * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
+        double w = rint(sqrt(target * aspect)), h = rint(sqrt(target / aspect));
+        if (0 < w && w <= (double)width && 0 < h && h <= (double)height) {
+            long long hi = (long long)h, wi = (long long)w;
+            z += SPLITMIX_GOLDEN;
+            box[0] = (long long)mul_high(splitmix_mix(z), (uint64_t)(height - hi + 1));
+            z += SPLITMIX_GOLDEN;
+            box[1] = (long long)mul_high(splitmix_mix(z), (uint64_t)(width - wi + 1));
+            box[2] = hi;
+            box[3] = wi;
+            found = 1;
+        }
+    }
+    *state = z;
+    return found;
+}
+
 static PyObject *rrc_draws(PyObject *self, PyObject *args)
 {
     PyObject *state;
@@ -779,23 +871,178 @@ static PyObject *rrc_draws(PyObject *self, PyObject *args)
         return NULL;
     if (height <= 0 || width <= 0 || area != height * width)
         return PyErr_Format(PyExc_ValueError, "rrc_draws: area must be height * width > 0");
-    for (int i = 0; i < 10; i++) {
-        z += SPLITMIX_GOLDEN;
-        double target = (double)area * (lo + span_s * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
-        z += SPLITMIX_GOLDEN;
-        double aspect = exp(log_lo + span_r * ((double)(splitmix_mix(z) >> 11) * SPLITMIX_UNIT));
-        double w = rint(sqrt(target * aspect)), h = rint(sqrt(target / aspect));
-        if (0 < w && w <= (double)width && 0 < h && h <= (double)height) {
-            long long hi = (long long)h, wi = (long long)w;
-            z += SPLITMIX_GOLDEN;
-            uint64_t top = mul_high(splitmix_mix(z), (uint64_t)(height - hi + 1));
-            z += SPLITMIX_GOLDEN;
-            uint64_t left = mul_high(splitmix_mix(z), (uint64_t)(width - wi + 1));
-            return Py_BuildValue("(KKLLK)", (unsigned long long)top, (unsigned long long)left, hi, wi,
-                                 (unsigned long long)z);
+    long long box[4];
+    if (rrc_try(&z, area, height, width, lo, span_s, log_lo, span_r, box))
+        return Py_BuildValue("(KKLLK)", (unsigned long long)box[0], (unsigned long long)box[1],
+                             box[2], box[3], (unsigned long long)z);
+    return Py_BuildValue("(OK)", Py_None, (unsigned long long)z);
+}
+
+/* The header facts fused_small needs, read with libjpeg (as header() does):
+ * 0, or -1 when libjpeg cannot read it. */
+static int header_facts(const unsigned char *data, size_t size, unsigned *width,
+                        unsigned *height, J_COLOR_SPACE *cs, char sub[16])
+{
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    volatile int ok = 0;
+    if (setjmp(err.jump) == 0) {
+        open_jpeg(&cinfo, &err, data, size);
+        *width = cinfo.image_width;
+        *height = cinfo.image_height;
+        *cs = cinfo.jpeg_color_space;
+        subsampling_name(&cinfo, sub, 16);
+        ok = 1;
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return ok ? 0 : -1;
+}
+
+static long long min_ll(long long a, long long b) { return a < b ? a : b; }
+static long long max_ll(long long a, long long b) { return a > b ? a : b; }
+/* -(-a // b) for a >= 0, b > 0 */
+static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+typedef struct {
+    /* in */
+    uint64_t key, crop_stream, flip_stream;
+    double flip_p; /* < 0: no flip */
+    double lo, span_s, log_lo, span_r;
+    long long oh, ow;
+    int antialias, verify, max_steps;
+    unsigned long long max_pixels;
+    unsigned char *dst;
+    /* out: 0 done, 1 not taken (nothing done), 2 decode error (job.status, job.note) */
+    int result;
+    Job job;
+} Fused;
+
+/* JpegDecoder.fused_small's sample, without the GIL: the same steps, in the same
+ * arithmetic, as decode() -> the chain's plan -> decode_region ->
+ * FusedCrop.spec, for the usual small file (see jpeg.py); anything else is
+ * left (result 1) for decode() to take. */
+static void run_fused(Fused *f, const unsigned char *data, size_t size)
+{
+    static const int denoms[4] = {8, 4, 2, 1};
+    unsigned frame[5];
+    Py_ssize_t stop;
+    f->result = 1;
+    if (walk_frame(data, (Py_ssize_t)size, f->max_steps, frame, &stop) != 1
+        || !(frame[0] == 0xC0 || frame[0] == 0xC1 || frame[0] == 0xC2) || frame[1] != 8)
+        return;
+    unsigned width, height;
+    J_COLOR_SPACE cs;
+    char sub[16];
+    if (header_facts(data, size, &width, &height, &cs, sub) != 0)
+        return;
+    long long h = height, w = width;
+    if (h <= 0 || w <= 0 || (unsigned long long)(h * w) > f->max_pixels
+        || !(cs == JCS_GRAYSCALE || cs == JCS_YCbCr || cs == JCS_RGB) || strcmp(sub, "other") == 0)
+        return;
+    /* The plan: the crop's draws, on the state SampleRNG(key, at) mixes at its first. */
+    uint64_t z = splitmix_mix(f->key + f->crop_stream);
+    long long box[4];
+    if (!rrc_try(&z, h * w, h, w, f->lo, f->span_s, f->log_lo, f->span_r, box))
+        return;
+    long long top = box[0], left = box[1], bh = box[2], bw = box[3];
+    long long nh = min_ll(h, ceil_div(h * f->oh, bh)), nw = min_ll(w, ceil_div(w * f->ow, bw));
+    long long d = 1;
+    for (int k = 0; k < 4; k++) {
+        if (ceil_div(h, denoms[k]) >= nh && ceil_div(w, denoms[k]) >= nw) {
+            d = denoms[k];
+            break;
         }
     }
-    return Py_BuildValue("(OK)", Py_None, (unsigned long long)z);
+    /* decode_region's region (at 1/d, a pixel wider each side when scaled) */
+    long long hs = ceil_div(h, d), ws = ceil_div(w, d), m = d == 1 ? 0 : 2;
+    long long y0 = max_ll(0, top / d - m), x0 = max_ll(0, left / d - m);
+    long long rh = min_ll(hs, ceil_div(top + bh, d) + m) - y0;
+    long long rw = min_ll(ws, ceil_div(left + bw, d) + m) - x0;
+    if (hs != h || ws != w) {
+        /* RandomResizedCrop's box mapped onto the scaled image (Python's round:
+         * half to even, as nearbyint in the default rounding mode) */
+        double fy = (double)hs / (double)h, fx = (double)ws / (double)w;
+        top = min_ll(hs - 1, (long long)nearbyint((double)top * fy));
+        left = min_ll(ws - 1, (long long)nearbyint((double)left * fx));
+        bh = max_ll(1, min_ll(hs - top, (long long)nearbyint((double)bh * fy)));
+        bw = max_ll(1, min_ll(ws - left, (long long)nearbyint((double)bw * fx)));
+    }
+    top -= y0;
+    left -= x0;
+    if ((f->antialias && (bh > 2 * f->oh || bw > 2 * f->ow)) || top < 0 || left < 0
+        || top + bh > rh || left + bw > rw)
+        return;
+    int flipped = 0;
+    if (f->flip_p >= 0) {
+        uint64_t u = splitmix_mix(f->key + f->flip_stream) + SPLITMIX_GOLDEN;
+        flipped = (double)(splitmix_mix(u) >> 11) * SPLITMIX_UNIT < f->flip_p;
+    }
+    size_t nbytes = (size_t)rh * (size_t)(rw + 2 * PAD + 32) * 3;
+    unsigned char *buf = malloc(nbytes);
+    if (buf == NULL)
+        return; /* decode() tries, and reports a failure of its own */
+    Job *job = &f->job;
+    job->data = data;
+    job->size = size;
+    job->top = (unsigned)y0;
+    job->left = (unsigned)x0;
+    job->height = (unsigned)rh;
+    job->width = (unsigned)rw;
+    job->denom = (unsigned)d;
+    job->out = buf;
+    job->out_size = nbytes;
+    job->max_pixels = f->max_pixels;
+    job->verify = f->verify;
+    job->own = 1;
+    job->max_points = 16;
+    run_decode(job);
+    free(job->index_out); /* none asked for */
+    job->index_out = NULL;
+    if (job->status != 0) {
+        free(buf);
+        f->result = 2;
+        return;
+    }
+    const unsigned char *from = buf + ((size_t)top * job->stride + job->col_offset + (size_t)left) * 3;
+    int resized = resize_bilinear_rgb(from, (size_t)job->stride * 3, (int)bh, (int)bw, f->dst,
+                                      (int)f->oh, (int)f->ow, flipped);
+    free(buf);
+    f->result = resized == 0 ? 0 : 1;
+}
+
+static PyObject *fused_small(PyObject *self, PyObject *args)
+{
+    Py_buffer data, out;
+    Fused f;
+    memset(&f, 0, sizeof f);
+    unsigned long long key, crop_stream, flip_stream, max_pixels;
+    if (!PyArg_ParseTuple(args, "y*KKKdddddLLppiKw*", &data, &key, &crop_stream, &flip_stream,
+                          &f.flip_p, &f.lo, &f.span_s, &f.log_lo, &f.span_r, &f.oh, &f.ow,
+                          &f.antialias, &f.verify, &f.max_steps, &max_pixels, &out))
+        return NULL;
+    if (f.oh <= 0 || f.ow <= 0 || f.oh > INT_MAX / 3 || f.ow > INT_MAX / 3
+        || out.len != f.oh * f.ow * 3 || !PyBuffer_IsContiguous(&out, 'C')) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer of "
+                            "oh * ow * 3 bytes");
+    }
+    f.key = key;
+    f.crop_stream = crop_stream;
+    f.flip_stream = flip_stream;
+    f.max_pixels = max_pixels;
+    f.dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    run_fused(&f, data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (f.result == 2) {
+        if (f.job.status == 1)
+            return PyErr_Format(DecodeError, "corrupt JPEG: %s", f.job.note);
+        return PyErr_Format(DecodeError, "%s", f.job.note);
+    }
+    return PyBool_FromLong(f.result == 0);
 }
 
 #ifndef _WIN32
@@ -881,6 +1128,48 @@ static PyObject *read_file(PyObject *self, PyObject *arg)
 }
 #endif
 
+/* resize(src, dst, flip=False): _resize.c's bilinear resize of an [h, w, 3]
+ * uint8 array (rows at any stride) into a C-contiguous one. */
+static PyObject *resize(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"src", "dst", "flip", NULL};
+    PyObject *src_obj, *dst_obj;
+    int flip = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|p", names, &src_obj, &dst_obj, &flip))
+        return NULL;
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDED_RO | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_CONTIG | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    int ok = src.ndim == 3 && dst.ndim == 3 && src.itemsize == 1 && dst.itemsize == 1
+             && (src.format == NULL || strcmp(src.format, "B") == 0)
+             && (dst.format == NULL || strcmp(dst.format, "B") == 0)
+             && src.shape[2] == 3 && dst.shape[2] == 3 && src.strides[2] == 1
+             && src.strides[1] == 3 && src.shape[0] > 0 && src.shape[1] > 0
+             && src.strides[0] >= src.shape[1] * 3 && src.shape[0] <= INT_MAX
+             && src.shape[1] <= INT_MAX && dst.shape[0] <= INT_MAX && dst.shape[1] <= INT_MAX;
+    if (!ok) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "src must be a non-empty [h, w, 3] uint8 array with "
+                            "contiguous rows, dst a C-contiguous [H, W, 3] uint8 array");
+    }
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = resize_bilinear_rgb(src.buf, (size_t)src.strides[0], (int)src.shape[0],
+                                 (int)src.shape[1], dst.buf, (int)dst.shape[0], (int)dst.shape[1],
+                                 flip);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (status != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"rrc_draws", rrc_draws, METH_VARARGS,
      "rrc_draws(state, area, height, width, lo, span_s, log_lo, span_r)\n"
@@ -898,8 +1187,8 @@ static PyMethodDef methods[] = {
      "frame header found; False: more than max_steps segments and fill bytes)."},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True,\n"
-     "       own=True, index=None, record=False, max_points=16)"
-     " -> (stride, col_offset)\n\n"
+     "       own=True, index=None, record=False, max_points=16, into=None, crop=None,\n"
+     "       flip=False) -> (stride, col_offset)\n\n"
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
      "own: feeder's Huffman decoder for sequential files (else libjpeg's). With\n"
@@ -909,8 +1198,25 @@ static PyMethodDef methods[] = {
      "MCUs along it, or every few rows when that does not fit; going on from\n"
      "the index given), or None when it knows no more than the one given; a\n"
      "later decode of the same bytes given it (with verify=False) starts each\n"
-     "row of the region at the checkpoint before its first column.\n"
+     "row of the region at the checkpoint before its first column. With into\n"
+     "(a C-contiguous [H, W, 3] uint8 array) and crop (top, left, height, width\n"
+     "in the region's pixels): then resize the crop into it as resize() does, in\n"
+     "the same call, and return as with record.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
+    {"fused_small", fused_small, METH_VARARGS,
+     "fused_small(data, key, crop_stream, flip_stream, flip_p, lo, span_s, log_lo, span_r,\n"
+     "            oh, ow, antialias, verify, max_steps, max_pixels, out) -> bool\n\n"
+     "feeder.decode.jpeg.JpegDecoder.fused_small's sample in one call without the\n"
+     "GIL: the marker walk, the header, RandomResizedCrop's draws and its region,\n"
+     "the decode, the resize into out ([oh, ow, 3] uint8) and the flip (flip_p < 0:\n"
+     "none). False, having written nothing, for a file it does not take (decode()\n"
+     "then takes it). Raises feeder.errors.DecodeError as decode() does."},
+    {"resize", (PyCFunction)(void (*)(void))resize, METH_VARARGS | METH_KEYWORDS,
+     "resize(src, dst, flip=False) -> None\n\n"
+     "Resize the [h, w, 3] uint8 array src (rows at any stride) into the C-contiguous\n"
+     "[H, W, 3] uint8 array dst, bilinear with the half-pixel mapping, mirrored\n"
+     "left-right when flip; the same bytes on every CPU (see _resize.c). Releases\n"
+     "the GIL."},
     {"crc32c", jpeg_crc32c, METH_VARARGS,
      "crc32c(data, value=0) -> int\n\n"
      "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction, going on\n"

@@ -35,5 +35,6 @@ def load() -> tuple[Any, str | None]:
 
 #: The extension module, or None; and why it is not used (None when it is).
 jpeg, missing = load()
-# RandomResizedCrop's draws in C where the extension has them (ops is a layer below).
-use_native_draws(getattr(jpeg, "rrc_draws", None))
+# RandomResizedCrop's draws and bilinear resize in C where the extension has them
+# (ops is a layer below).
+use_native_draws(getattr(jpeg, "rrc_draws", None), getattr(jpeg, "resize", None))

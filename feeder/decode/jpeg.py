@@ -16,7 +16,7 @@ from ..errors import DecodeError
 from ..sample import DEFAULT_MAX_PIXELS, SampleContext
 from . import extension
 from .extension import HOW_TO_BUILD
-from .headers import JpegFrame, check_pixels, jpeg_frame
+from .headers import _MAX_HEADER_STEPS, JpegFrame, check_pixels, jpeg_frame
 from .region import decode_region, orient, orientation_of
 from .verified import VerifiedJpegs
 
@@ -130,14 +130,18 @@ class JpegDecoder:
     def ext(self, ext: Any) -> None:
         self._ext = ext
 
-    def decode(self, data: bytes | memoryview, plan: Plan | None,
-               key: Any) -> tuple[np.ndarray, tuple[int, int], Any]:
+    def decode(self, data: bytes | memoryview, plan: Plan | None, key: Any,
+               fuse: tuple[Any, np.ndarray] | None = None) -> tuple[np.ndarray | None, tuple[int, int], Any]:
         """Decode JPEG ``data`` with the transforms' ``plan`` (see
         ``feeder.decode.image.decode_planned``) for the sample of ``key``.
 
+        ``fuse``: (the chain's ``FusedCrop``, the sample's batch slot): where the
+        region decoder takes the sample, it also crops, resizes and flips it
+        into the slot (see ``decode_region``) and the image returned is None.
+
         Returns:
-            The image, its full (oriented) size, and what ``plan`` drew (None
-            when it was not called).
+            The image (None: fused into the slot), its full (oriented) size, and
+            what ``plan`` drew (None when it was not called).
 
         Raises:
             DecodeError: corrupt, truncated, unsupported or oversized.
@@ -180,14 +184,16 @@ class JpegDecoder:
                                    self.buffers, True, whole=True)
             return img, size, planned
         if own and box is not None:
+            into = (None if fuse is None or not hasattr(ext, "resize")
+                    else (fuse[0], key, fuse[1]))
             if len(data) < self.small_bytes:
                 # A small file: its region decoded as on a first read, reading to
                 # its end with ``verify`` (the same pixels and verdict), and no
                 # memory of it kept (see SMALL_BYTES).
                 img, _ = decode_region(ext, data, h, w, need, planned, orientation,
-                                       self.max_pixels, self.buffers, self.verify)
+                                       self.max_pixels, self.buffers, self.verify, fuse=into)
                 return img, size, planned
-            return self._region(data, h, w, need, planned, orientation, scans), size, planned
+            return self._region(data, h, w, need, planned, orientation, scans, into), size, planned
         min_h = min_w = 0
         if need is not None and swap:
             need = (need[1], need[0])
@@ -196,6 +202,33 @@ class JpegDecoder:
         if need is not None and 2 * need[0] <= h and 2 * need[1] <= w:
             min_h, min_w = need
         return self._scaled(data, frame, h, w, min_h, min_w, orientation), size, planned
+
+    def fused_small(self, data: bytes, key: int, fused: Any, out: np.ndarray) -> bool:
+        """:meth:`decode` with ``fuse=(fused, out)`` for the usual small file, in one
+        call of the extension without the GIL (its ``fused_small``): a JPEG under
+        :attr:`small_bytes` of the usual kind (8-bit Huffman DCT, gray/YCbCr/RGB,
+        usual chroma sampling, within ``max_pixels``), no EXIF orientation
+        applied, whose crop the bilinear resize takes. The extension runs the
+        arithmetic of ``decode``, the chain's plan, ``decode_region`` and
+        ``FusedCrop.spec`` (a small image's Python per sample is what caps a
+        pool of threads; tests check that both give the same bytes). Returns
+        False, having done nothing, for anything else: ``decode`` then takes
+        it, and reports what is wrong with it.
+
+        Raises:
+            DecodeError: the decode failed, as :meth:`decode` would say.
+        """
+        ext = self._ext
+        if ext is ...:
+            ext = extension.jpeg
+        if (ext is None or self.exif_orientation or len(data) >= self.small_bytes
+                or fused.draws is None):
+            return False
+        flip = fused.flip
+        return ext.fused_small(data, key, fused.crop_stream, fused.flip_stream,
+                               -1.0 if flip is None else flip.p, *fused.draw_args,
+                               *fused.crop.output_size, fused.crop.antialias, self.verify,
+                               _MAX_HEADER_STEPS, self.max_pixels, out)
 
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
         """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the
@@ -245,7 +278,8 @@ class JpegDecoder:
                           f"(RGB, gray and CMYK lossless JPEGs are decoded)")
 
     def _region(self, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
-                planned: Any, orientation: int, scans: Any) -> np.ndarray:
+                planned: Any, orientation: int, scans: Any,
+                fuse: tuple[Any, Any, np.ndarray] | None = None) -> np.ndarray | None:
         """The planned box through the region decoder, remembering the file.
 
         Bytes that were read to their end without an error before decode the
@@ -255,7 +289,8 @@ class JpegDecoder:
         records where the rows it passes start (the row index, see
         ``verified.py``: all of them in the read to the end, down to the crop
         otherwise); a later one starts at the row above its crop, and records
-        on past the index's last row if it goes further."""
+        on past the index's last row if it goes further. ``fuse``: see
+        ``decode_region``."""
         verified = self.verified
         fp, check = (verified.fingerprints(data) if verified is not None and not scans
                      else (0, 0))
@@ -263,7 +298,8 @@ class JpegDecoder:
         verify = self.verify and not (fp and verified.seen(fp))  # type: ignore[union-attr]
         img, made = decode_region(self.ext, data, h, w, need, planned, orientation, self.max_pixels,
                                   self.buffers, verify, index=index,
-                                  record=verified.points_of(len(data)) if fp else 0)  # type: ignore[union-attr]
+                                  record=verified.points_of(len(data)) if fp else 0,  # type: ignore[union-attr]
+                                  fuse=fuse)
         # A buffer other than bytes may have changed while it was decoded
         # (the decoder and the CRC release the GIL): remember only bytes
         # that were the same before and after.

@@ -163,7 +163,8 @@ def orient_box(box: tuple[int, int, int, int], size: tuple[int, int],
 def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tuple[int, int] | None,
                   ctx: SampleContext, orientation: int, max_pixels: int,
                   buffers: DecodeBuffers | None, verify: bool = True, whole: bool = False,
-                  index: bytes | None = None, record: int = 0) -> tuple[np.ndarray, bytes | None]:
+                  index: bytes | None = None, record: int = 0,
+                  fuse: tuple[Any, int, np.ndarray] | None = None) -> tuple[np.ndarray | None, bytes | None]:
     """Decode with ``ext`` (the extension ``feeder.decode._jpeg``) the part of a stored
     ``h`` x ``w`` JPEG that ``ctx.box`` (in the shown image's pixels) names, at the
     largest DCT reduction that still covers ``need``; fills in ``ctx.origin``,
@@ -175,8 +176,10 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     ``index``: the row index recorded for these bytes (the decode starts at the
     checkpoint before the region's first column in each of its rows instead of
     the first row); ``record``: record one of at most this many checkpoints
-    (0: none; see ``VerifiedJpegs.points``). Returns the image and the index
-    recorded, or None."""
+    (0: none; see ``VerifiedJpegs.points``). ``fuse``: (``FusedCrop``, the
+    sample's key, its batch slot): where the fused steps apply, the extension
+    resizes the crop into the slot in the same call, and the image returned is
+    None. Returns the image and the index recorded, or None."""
     swap = orientation >= 5
     d = dct_denom(h, w, None if need is None else ((need[1], need[0]) if swap else need))
     hs, ws = -(-h // d), -(-w // d)
@@ -194,13 +197,24 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
         y0, x0 = max(0, t // d - m), max(0, l // d - m)
         y1, x1 = min(hs, -(-(t + bh) // d) + m), min(ws, -(-(l + bw) // d) + m)
     rh, rw = y1 - y0, x1 - x0
+    into = None
+    if fuse is not None and orientation == 1 and not whole:
+        # The context the chain would get, before the decode: the fused steps
+        # draw from it what the chain would.
+        ctx.origin, ctx.scaled_size, ctx.scale = (y0, x0), shown, 1.0 / d
+        into = fuse[0].spec(ctx, (rh, rw), fuse[1])
     # libjpeg writes rows of the region widened to the iMCU grid (at most 32
     # pixels) and by ext.PAD each side.
     nbytes = rh * (rw + 2 * ext.PAD + 32) * 3
     buf = np.empty(nbytes, np.uint8) if buffers is None else buffers.take(nbytes)
     try:
         made = None
-        if index is None and not record:
+        if into is not None:
+            (box, flip), slot = into, fuse[2]  # type: ignore[index]
+            made = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify, index=index,
+                              record=record > 0, max_points=record or 16, into=slot, crop=box,
+                              flip=flip)[2]
+        elif index is None and not record:
             stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
         else:
             stride, offset, made, _ = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False,
@@ -209,6 +223,10 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
         if buffers is not None:
             buffers.give(buf)
         raise
+    if into is not None:
+        if buffers is not None:
+            buffers.give(buf)
+        return None, made
     img = buf[:rh * stride * 3].reshape(rh, stride, 3)[:, offset:offset + rw]
     top, left = (y0, x0) if orientation == 1 else orient_box((y0, x0, rh, rw), (hs, ws), orientation)[:2]
     ctx.origin, ctx.scaled_size, ctx.scale = (top, left), shown, 1.0 / d

@@ -32,6 +32,10 @@ from ..sample.sizes import Padding
 
 __all__ = ["DecodeOptions", "SampleWork"]
 
+# The context of a sample fused on JpegDecoder.fused_small's path, which makes
+# none (nothing reads a fused sample's context: it has no fields to move).
+_FUSED = SampleContext((0, 0))
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
@@ -86,6 +90,9 @@ class SampleWork:
         self.jpeg = JpegDecoder(max_pixels, DecodeBuffers(), exif_orientation, jpeg_verify,
                                 self.verified)
         self.schema = Schema()
+        #: The chain's steps the region decoder can do in its own call (see
+        #: :meth:`decode_into`), or None.
+        self.fused = chain.fused if not self.variable else None
 
     @classmethod
     def of(cls, chain: Chain, options: DecodeOptions, padding: Padding | None,
@@ -125,6 +132,27 @@ class SampleWork:
             img, size, ctx = decode_planned(data, self.max_pixels, self.plan, key, jpeg.buffers,
                                             self.exif_orientation, jpeg)
         return img, ctx if ctx is not None else SampleContext(size)
+
+    def decode_into(self, data: Any, key: int,
+                    out: np.ndarray) -> tuple[np.ndarray | None, SampleContext]:
+        """:meth:`decode`, which for a JPEG the region decoder takes also runs the
+        chain's fused steps (:attr:`fused`: the crop, its resize and the flip) into
+        ``out``, the sample's slot (a C-contiguous uint8 [H, W, 3] array), in the
+        same call. Returns :meth:`decode`'s pair, or (None, context) when ``out``
+        holds the fused steps' result: :meth:`finish_into` then runs the rest."""
+        fused = self.fused
+        if fused is not None and type(data) is bytes and data[:3] == JPEG_MAGIC:
+            jpeg = self.jpeg
+            if jpeg.fused_small(data, key, fused, out):
+                return None, _FUSED
+            img, size, ctx = jpeg.decode(data, self.plan, key, (fused, out))
+            return img, ctx if ctx is not None else SampleContext(size)
+        return self.decode(data, key)
+
+    def finish_into(self, key: int, out: np.ndarray) -> tuple[int, int]:
+        """After :meth:`decode_into` fused the first steps into ``out``: the rest
+        of the chain, in place; returns the (height, width) as :meth:`transform`."""
+        return self.fused.finish(key, out)  # type: ignore[union-attr]
 
     def transform(self, img: np.ndarray, key: int, ctx: SampleContext,
                   out: np.ndarray) -> tuple[int, int]:

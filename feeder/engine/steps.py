@@ -78,18 +78,24 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
 
 
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
-          epoch: int) -> tuple[Step, Step, Step]:
+          epoch: int, inline: bool = False) -> tuple[Step, Step, Step]:
     """The engine's three steps on a :class:`~feeder.sample.Task`, for one pass.
 
     ``read`` and ``decode`` return the task; ``augment`` writes the result into
     the task's slot of its batch (or a scratch array, when the batch has no buffer
     yet) and returns the batch when that completes it, else None.
+
+    ``inline``: the augment step runs in the decode threads, right after the
+    decode: a JPEG sample whose batch has its buffer then has the chain's first
+    steps fused into its decode (``SampleWork.decode_into``), written straight
+    into its slot, and the augment step runs the rest.
     """
     read_source = source.read
     schema = work.schema
     low, high = _INT64
     pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
     variable = work.variable
+    fused = inline and work.fused is not None
 
     def read(task: Task) -> Task:
         sample = read_source(task.index)
@@ -103,8 +109,14 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     def decode(task: Task) -> Task:
         task.key = key = index_key(pass_key, task.index)
         data, task.data = task.data, None
-        task.image, task.ctx = work.decode(data, key)
         fields = task.fields
+        if fused and fields is None:
+            buf = task.batch.buffer
+            if buf is not None:
+                # image None: the slot holds the fused steps' result.
+                task.image, task.ctx = work.decode_into(data, key, buf.images[task.slot])
+                return task
+        task.image, task.ctx = work.decode(data, key)
         if fields is not None and MASK in fields:
             fields[MASK] = work.decode_mask(fields[MASK], task.ctx.source_size)
         if fields is not None:
@@ -119,7 +131,11 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         if fields is not None:
             _augment_fields(work, scratch, variable, task, batch, slot, buf, fields)
         elif buf is not None:
-            size = work.transform(task.image, task.key, task.ctx, buf.images[slot])
+            image = task.image
+            if image is None:  # fused into the slot by the decode step
+                size = work.finish_into(task.key, buf.images[slot])
+            else:
+                size = work.transform(image, task.key, task.ctx, buf.images[slot])
             task.image = None  # its memory is back in the pool (see below)
             buf.labels[slot] = task.label
             if variable:

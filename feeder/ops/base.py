@@ -12,6 +12,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..errors import TransformError
 from ..sample.geometry import (DCT_DENOMS, Geometry, SampleContext, check_mask_fill, dct_denom,
                                keep_boxes, move_fields, nearest_index)
 from ..sample.rng import SampleRNG
@@ -382,3 +383,9 @@ def foreign_transform(t: Any, where: str, batch: bool = False) -> str | None:
     return (f"{where}: {t!r} is a torchvision transform ({module}.{name}); feeder's transforms work "
             f"on numpy uint8 [H, W, 3] images with per-sample random streams, not on PIL images or "
             f"tensors with torch's global generator: {advice}")
+
+
+def name_transform(exc: Exception, t: Any) -> None:
+    """Note on ``exc`` the transform it came from (a TransformError names it already)."""
+    if t is not None and not isinstance(exc, TransformError):
+        exc.add_note(f"in transform {t!r}")

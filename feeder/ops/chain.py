@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import ConfigError, TransformError
 from ..sample import BOXES, DEFAULT_MAX_PIXELS, IMAGE, MASK, Geometry, SampleContext, SampleRNG
 from ..sample import move_fields as _moved
-from .base import Transform
+from .base import Transform, name_transform
+from .fused import FusedCrop
 from .compose import (CallableStep, SampleStep, adapt, buffer_size, fixed_size, fuse, image_size_of,
                       image_size_pair, largest_output)
 
@@ -96,6 +97,11 @@ class Chain:
         # what it produced).
         self._run_head = [self._compile(i, t) for i, t in self._head]
         self._run_writer = None if self._writer is None else self._compile(*self._writer)
+        #: The leading steps the region decoder can do in its own call (FusedCrop).
+        self.fused = (FusedCrop.of(steps, self._tail)
+                      if (self.max_image_size is None and not self.takes_samples and self._boxer
+                          and not self._head and self._writer == steps[0]
+                          and self._hinter == steps[0]) else None)
 
     def _split(self, steps: list[tuple[int, Transform]]) -> None:
         """The steps as head, writer (or placer) and in-place tail."""
@@ -253,7 +259,7 @@ class Chain:
             for i, t in self._tail:
                 t.apply(out, SampleRNG(key, i), out, None)
         except Exception as exc:
-            _name_transform(exc, t)
+            name_transform(exc, t)
             raise
         return out.shape[0], out.shape[1]
 
@@ -310,7 +316,7 @@ class Chain:
                 img = result
                 self._check_pixels(t, img.shape[0], img.shape[1], "produced")
         except Exception as exc:
-            _name_transform(exc, t)
+            name_transform(exc, t)
             raise
         return img, fields, geometry, t
 
@@ -341,7 +347,7 @@ class Chain:
                 np.copyto(region, img)
             return _moved(fields, geometry, self.max_pixels), region.shape[:2]
         except Exception as exc:
-            _name_transform(exc, t)
+            name_transform(exc, t)
             raise
 
     def _fields_written(self, img: Any, key: int, ctx: SampleContext, out: np.ndarray,
@@ -372,7 +378,7 @@ class Chain:
                 _, moved = t.apply_geometry(out, SampleRNG(key, i), out, None)
                 geometry = self._follow(t, geometry, moved, out, out, spatial)
         except Exception as exc:
-            _name_transform(exc, t)
+            name_transform(exc, t)
             raise
         return fields, geometry
 
@@ -492,7 +498,3 @@ class _Shape:
         self.shape = (int(size[0]), int(size[1]), 3)
 
 
-def _name_transform(exc: Exception, t: Any) -> None:
-    """Note on ``exc`` the transform it came from (a TransformError names it already)."""
-    if t is not None and not isinstance(exc, TransformError):
-        exc.add_note(f"in transform {t!r}")

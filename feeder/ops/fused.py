@@ -1,16 +1,101 @@
-"""``Resize(int)`` followed by ``CenterCrop``, fused into one step that computes only
-the pixels the crop keeps (and reads only the region of the image they come from)."""
+"""Steps fused for speed.
+
+:class:`ResizeCenterCrop`: ``Resize(int)`` followed by ``CenterCrop``, fused into
+one step that computes only the pixels the crop keeps (and reads only the
+region of the image they come from).
+
+:class:`FusedCrop`: a chain's leading ``RandomResizedCrop`` (bilinear) and the
+flip after it, handed to the region decoder, which decodes, crops, resizes and
+flips into the batch slot in one call without the GIL (a small image's sample
+otherwise passes the GIL four times and runs some 70 Python calls)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import cv2
 import numpy as np
 
-from .base import Geometry, Transform, _choose, dct_denom, nearest_rows
+from ..sample import SampleContext, SampleRNG
+from .base import Geometry, Transform, _choose, dct_denom, name_transform, nearest_rows
 from .crop import CenterCrop
-from .resize import Resize
+from .flip import RandomHorizontalFlip
+from ..sample.rng import _GOLDEN, _MASK
+from .resize import RandomResizedCrop, Resize, native_draws
+
+
+class FusedCrop:
+    """What the region decoder does for a chain that starts with a bilinear
+    :class:`~feeder.ops.RandomResizedCrop` (optionally followed by a
+    :class:`~feeder.ops.RandomHorizontalFlip`): the crop's box in the decoded
+    region and whether to flip, drawn exactly as the chain draws them, so the
+    fused decode writes the bytes the chain would (the resize is the
+    extension's ``resize`` in both).
+
+    Args:
+        crop: The chain's first step, and its position in the chain (its draws'
+            stream).
+        flip: The flip right after it and its position, or None.
+    """
+
+    __slots__ = ("crop", "crop_at", "flip", "flip_at", "rest", "crop_stream", "flip_stream",
+                 "draws", "draw_args")
+
+    def __init__(self, crop: tuple[int, RandomResizedCrop],
+                 flip: tuple[int, RandomHorizontalFlip] | None,
+                 rest: Sequence[tuple[int, Transform]] = ()) -> None:
+        self.crop_at, self.crop = crop
+        self.flip_at, self.flip = flip if flip is not None else (-1, None)
+        #: The chain's in-place steps after these, run by :meth:`finish`.
+        self.rest = list(rest)
+        # For JpegDecoder.fused_small, whose extension call spells out
+        # SampleRNG(key, at)'s first mix (of key + stream) and RandomResizedCrop's
+        # draws (None without the extension: the path is then not taken).
+        self.crop_stream = (self.crop_at + 1) * _GOLDEN & _MASK
+        self.flip_stream = (self.flip_at + 1) * _GOLDEN & _MASK
+        t = self.crop
+        self.draws = native_draws()
+        lo, hi = t.scale
+        log_lo, log_hi = math.log(t.ratio[0]), math.log(t.ratio[1])
+        self.draw_args = (lo, hi - lo, log_lo, log_hi - log_lo)
+
+    @classmethod
+    def of(cls, steps: list[tuple[int, Transform]],
+           tail: list[tuple[int, Transform]]) -> "FusedCrop | None":
+        """The fused steps of a chain whose compiled ``steps`` start with a bilinear
+        RandomResizedCrop that writes the slot, ``tail`` the in-place steps after
+        it; None when they do not."""
+        if not steps or type(steps[0][1]) is not RandomResizedCrop:
+            return None
+        if steps[0][1]._interp != cv2.INTER_LINEAR:
+            return None
+        flip = tail[0] if tail and type(tail[0][1]) is RandomHorizontalFlip else None
+        return cls(steps[0], flip, tail[1:] if flip is not None else tail)  # type: ignore[arg-type]
+
+    def finish(self, key: int, out: np.ndarray) -> tuple[int, int]:
+        """The rest of the chain on ``out``, which holds what the fused steps
+        wrote, in place; returns its (height, width), as ``Chain.run``."""
+        t = None
+        try:
+            for i, t in self.rest:
+                t.apply(out, SampleRNG(key, i), out, None)
+        except Exception as exc:
+            name_transform(exc, t)
+            raise
+        return out.shape[0], out.shape[1]
+
+    def spec(self, ctx: SampleContext, shape: tuple[int, int],
+             key: int) -> tuple[tuple[int, int, int, int], bool] | None:
+        """For the sample of ``key`` whose region, of ``shape`` (height, width),
+        ``ctx`` describes (``origin``, ``scaled_size``, ``scale`` and the crop's
+        ``plan``): the box in the region to resize and whether to flip it; None
+        when the crop takes another path (an antialiased shrink)."""
+        box = self.crop.fused_box(shape, SampleRNG(key, self.crop_at), ctx)
+        if box is None:
+            return None
+        flip = self.flip
+        return box, flip is not None and SampleRNG(key, self.flip_at).random() < flip.p
 
 def _kept(resized: int, crop: int) -> tuple[int, int, int]:
     """Along one axis of a centre crop of a ``resized``-long image: (first resized

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import cv2
 import numpy as np
 
 from ..sample.rng import SampleRNG, _mix
@@ -18,13 +19,46 @@ from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _re
 # order as its Python loop (the extension's rrc_draws), or None: the Python loop. Installed by the
 # layer that loads the extension (feeder.decode.extension), which sits above this one.
 _native_draws: Any = None
+# RandomResizedCrop's bilinear resize in C (the extension's ``resize``), or None:
+# cv2.resize. The extension's region decoder runs the same code on a crop in the
+# same call as its decode (the fused path, ``FusedCrop``): a sample gets the
+# same bytes whichever path it takes.
+_native_resize: Any = None
 
 
-def use_native_draws(draws: Any) -> None:
+def use_native_draws(draws: Any, resize: Any = None) -> None:
     """Draw RandomResizedCrop's tries with ``draws`` (the extension's
-    ``rrc_draws``); None: in Python."""
-    global _native_draws
+    ``rrc_draws``) and resize its bilinear crops with ``resize`` (the
+    extension's); None: in Python, with cv2."""
+    global _native_draws, _native_resize
     _native_draws = draws
+    _native_resize = resize
+
+
+def native_draws() -> Any:
+    """RandomResizedCrop's draws in C (None: in Python)."""
+    return _native_draws
+
+
+def native_resize() -> Any:
+    """The bilinear resize RandomResizedCrop uses (None: cv2.resize)."""
+    return _native_resize
+
+
+def _bilinear_into(crop: np.ndarray, size: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
+    """RandomResizedCrop's bilinear resize of ``crop`` to ``size``: into ``out`` when
+    it is a slot of that size, else into a new array."""
+    resize = _native_resize
+    h, w = size
+    if resize is None or crop.dtype != np.uint8 or crop.ndim != 3 or crop.shape[2] != 3:
+        return _resize_into(crop, size, cv2.INTER_LINEAR, out)
+    if crop.strides[1:] != (3, 1) or crop.strides[0] < 0:
+        # (the RGB of given RGBA pixels, a flipped view): rows of packed pixels
+        crop = np.ascontiguousarray(crop)
+    if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        out = np.empty((h, w, 3), np.uint8)
+    resize(crop, out)
+    return out
 
 
 def _resize_extras(antialias: bool, interpolation: str | None = None) -> str:
@@ -59,6 +93,15 @@ class RandomResizedCrop(Transform):
             "nearest" takes the pixel under each output pixel's centre, as a
             mask follows (torch's "nearest-exact"; its "nearest" and cv2's
             INTER_NEAREST take ``floor(j * in / out)``, half a pixel off).
+            "bilinear" samples at the half-pixel centres as cv2's INTER_LINEAR
+            and torch's ``align_corners=False`` do, with feeder's own resize
+            where its C extension is built: integer weights of 1/256, the same
+            bytes on every CPU, within one level of cv2's (which rounds
+            differently in its vector loop and its scalar tail). That resize
+            runs in the same call as the region decode of a JPEG (decode, crop,
+            resize and the flip after it in one call without the GIL), and a
+            sample gets the same bytes whichever path it takes. Without the
+            extension, cv2's INTER_LINEAR.
         antialias: Use area averaging when bilinear would shrink by more than 2x.
     """
 
@@ -146,18 +189,32 @@ class RandomResizedCrop(Transform):
             top, left = _window_box(ctx, top, left, h, w, img.shape[:2], self)
         return img[top:top + h, left:left + w]
 
+    def _resize(self, crop: np.ndarray, h: int, w: int, out: np.ndarray | None) -> np.ndarray:
+        interpolation = _choose(self._interp, self.antialias, (h, w), self.output_size)
+        if interpolation == cv2.INTER_LINEAR:
+            return _bilinear_into(crop, self.output_size, out)
+        return _resize_into(crop, self.output_size, interpolation, out)
+
+    def fused_box(self, shape: tuple[int, int], rng: SampleRNG,
+                  ctx: SampleContext) -> tuple[int, int, int, int] | None:
+        """For a region decode (``ctx.origin`` set) of ``shape`` (height, width): the
+        box (top, left, height, width, in the region's pixels) that :meth:`apply`
+        would crop and resize with the bilinear resize, or None when it would
+        take another path (another interpolation, an antialiased shrink)."""
+        top, left, h, w = self._box(shape[0], shape[1], rng, ctx)
+        if _choose(self._interp, self.antialias, (h, w), self.output_size) != cv2.INTER_LINEAR:
+            return None
+        top, left = _window_box(ctx, top, left, h, w, shape, self)
+        return top, left, h, w
+
     def apply(self, img, rng, out=None, ctx=None):
         box = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = self._crop(img, box, ctx)
-        h, w = box[2:]
-        return _resize_into(crop, self.output_size, _choose(self._interp, self.antialias, (h, w), self.output_size), out)
+        return self._resize(self._crop(img, box, ctx), box[2], box[3], out)
 
     def apply_geometry(self, img, rng, out=None, ctx=None):
         top, left, h, w = box = self._box(img.shape[0], img.shape[1], rng, ctx)
-        crop = self._crop(img, box, ctx)
         oh, ow = self.output_size
-        result = _resize_into(crop, self.output_size,
-                              _choose(self._interp, self.antialias, (h, w), self.output_size), out)
+        result = self._resize(self._crop(img, box, ctx), h, w, out)
         return result, _crop_resize(top, left, h, w, oh, ow)
 
     def __repr__(self) -> str:

@@ -1,0 +1,14 @@
+/* feeder's bilinear resize of uint8 RGB pixels (see _resize.c). */
+#ifndef FEEDER_RESIZE_H
+#define FEEDER_RESIZE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Resize the sh x sw RGB image at src (row r at src + r * src_step bytes) to
+ * dh x dw at dst (rows of dw * 3 bytes, contiguous), mirrored left-right when
+ * flip. Returns 0, or -1 when out of memory (dst then untouched). */
+int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
+                        int dh, int dw, int flip);
+
+#endif

@@ -1,0 +1,201 @@
+"""The fused crop: a chain that starts with a bilinear RandomResizedCrop (and a
+flip) has the region decoder decode, crop, resize and flip each JPEG sample into
+its batch slot in one call without the GIL (``SampleWork.decode_into``, with
+``JpegDecoder.fused_small`` for small files).
+
+* The extension's bilinear resize (``_jpeg.resize``) is the documented formula,
+  bit for bit (a numpy reference here), within one level of cv2.resize,
+  mirrored exactly by ``flip``, and refuses arrays it cannot take.
+* The fused paths write the bytes the chain writes, sample for sample, on files
+  of every chroma sampling, gray and progressive files, small files and files
+  the verified memory keeps, at every DCT scale, for several output sizes,
+  scales, flip probabilities and antialias settings.
+* Through a Feeder: the same batches with the augment step inline (fused) as
+  with an augment stage of its own (never fused), and the same errors, naming
+  the sample, for a corrupt file.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.support import MemorySource, drain
+from tests.support.jpeg import KINDS, jpeg
+from feeder import Feeder, SampleError, ops
+from feeder.decode import extension
+from feeder.engine.steps import SampleWork
+from feeder.ops.chain import Chain
+from feeder.sample.rng import epoch_key, index_key
+
+ext = extension.jpeg
+pytestmark = pytest.mark.skipif(ext is None, reason="the region decoder is not built")
+
+
+def _reference(src: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """The resize's formula in numpy: half-pixel centres clamped to the edges,
+    weights of 8 fractional bits, the vertical blend exact, one rounding."""
+    def axis(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+        f = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
+        i = np.floor(f)
+        frac = f - i
+        i = i.astype(np.int64)
+        low, high = i < 0, i >= n_in - 1
+        i[low], frac[low] = 0, 0.0
+        i[high], frac[high] = n_in - 1, 0.0
+        return i, np.floor(frac * 256 + 0.5).astype(np.int64)
+
+    yi, yw = axis(oh, src.shape[0])
+    xi, xw = axis(ow, src.shape[1])
+    s = src.astype(np.int64)
+    below = np.minimum(yi + 1, src.shape[0] - 1)
+    v = s[yi] * (256 - yw)[:, None, None] + s[below] * yw[:, None, None]
+    right = np.minimum(xi + 1, src.shape[1] - 1)
+    out = v[:, xi] * (256 - xw)[None, :, None] + v[:, right] * xw[None, :, None]
+    return ((out + 32768) >> 16).astype(np.uint8)
+
+
+def _smooth(h: int, w: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return cv2.GaussianBlur(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), (5, 5), 1.5)
+
+
+@pytest.mark.parametrize("shape", [(50, 45, 64, 64), (80, 70, 64, 48), (300, 280, 224, 224),
+                                   (1, 1, 5, 3), (3, 7, 2, 2), (7, 1, 3, 9), (64, 64, 64, 64),
+                                   (9, 200, 31, 17)])
+def test_resize_is_the_formula_and_near_cv2(shape):
+    sh, sw, oh, ow = shape
+    src = _smooth(sh, sw, sh * 1000 + sw)
+    out = np.empty((oh, ow, 3), np.uint8)
+    ext.resize(src, out)
+    np.testing.assert_array_equal(out, _reference(src, oh, ow))
+    near = cv2.resize(src, (ow, oh), interpolation=cv2.INTER_LINEAR)
+    assert np.abs(near.astype(int) - out).max() <= 1
+    flipped = np.empty_like(out)
+    ext.resize(src, flipped, flip=True)
+    np.testing.assert_array_equal(flipped, out[:, ::-1])
+
+
+def test_resize_reads_rows_at_any_stride_and_refuses_what_it_cannot_take():
+    big = _smooth(100, 120, 3)
+    view = big[10:60, 20:90]  # rows 360 bytes apart, 210 used
+    a, b = np.empty((40, 30, 3), np.uint8), np.empty((40, 30, 3), np.uint8)
+    ext.resize(view, a)
+    ext.resize(np.ascontiguousarray(view), b)
+    np.testing.assert_array_equal(a, b)
+    for src, dst in [(big[:, :, :2], a), (big.astype(np.uint16), a), (big[:, ::2], a),
+                     (big, np.empty((40, 30, 4), np.uint8)), (big, np.empty((40, 60, 3), np.uint8)[:, ::2]),
+                     (big[:0], a)]:
+        with pytest.raises((ValueError, BufferError)):
+            ext.resize(src, dst)
+    read_only = np.empty((40, 30, 3), np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises((ValueError, BufferError), match="read-only|not writable"):
+        ext.resize(big, read_only)
+
+
+def _files() -> list[bytes]:
+    """JPEGs of every kind: small ones (the fused_small path), larger ones (the
+    verified memory's path), sizes that decode at every DCT scale."""
+    out = []
+    for n, kind in enumerate(KINDS):
+        for h, w, q in [(37, 53, 90), (90, 70, 60), (230, 190, 20), (400, 333, 85)]:
+            out.append(jpeg(_smooth(h, w, n * 10 + h), kind, quality=q))
+    return out
+
+
+CHAINS = {
+    "crop+flip": lambda s: [ops.RandomResizedCrop(s), ops.RandomHorizontalFlip()],
+    "crop": lambda s: [ops.RandomResizedCrop(s, scale=(0.01, 1.0))],
+    "wide ratio, flip 0.3": lambda s: [ops.RandomResizedCrop((s, s // 2 + 1), ratio=(0.2, 5.0)),
+                                       ops.RandomHorizontalFlip(0.3)],
+    "no antialias, always flip": lambda s: [ops.RandomResizedCrop(s, antialias=False),
+                                            ops.RandomHorizontalFlip(1.0)],
+    "two flips": lambda s: [ops.RandomResizedCrop(s), ops.RandomHorizontalFlip(),
+                            ops.RandomHorizontalFlip(0.7)],
+}
+
+
+@pytest.mark.parametrize("chain", list(CHAINS))
+@pytest.mark.parametrize("size", [16, 48, 96])
+def test_fused_paths_write_the_bytes_the_chain_writes(chain, size):
+    files = _files()
+    fused, plain = (SampleWork(Chain(CHAINS[chain](size), None)) for _ in range(2))
+    assert fused.fused is not None
+    shape = (*fused.chain.image_size, 3)
+    taken = {"small": 0, "region": 0, "chain": 0}
+    for epoch in range(3):
+        pass_key = epoch_key(11, epoch)
+        for i, data in enumerate(files):
+            key = index_key(pass_key, i)
+            got, want = np.full(shape, 7, np.uint8), np.full(shape, 9, np.uint8)
+            small = fused.jpeg.fused_small(data, key, fused.fused, got)
+            if small:
+                taken["small"] += 1
+            else:
+                img, ctx = fused.decode_into(data, key, got)
+                if img is None:
+                    taken["region"] += 1
+                else:
+                    taken["chain"] += 1
+                    fused.transform(img, key, ctx, got)
+            if small or img is None:
+                fused.finish_into(key, got)
+            img, ctx = plain.decode(data, key)
+            plain.transform(img, key, ctx, want)
+            np.testing.assert_array_equal(got, want, err_msg=f"file {i}, epoch {epoch}")
+    # Both fused paths ran (and the chain for the crops they leave to it).
+    assert taken["small"] > 0 and taken["region"] > 0, taken
+
+
+def test_no_fusion_for_chains_it_does_not_cover():
+    for transforms in ([ops.RandomResizedCrop(32, interpolation="bicubic")],
+                       [ops.Resize(32), ops.CenterCrop(32)],
+                       [ops.RandomHorizontalFlip(), ops.RandomResizedCrop(32)],
+                       [ops.RandomResizedCrop(32), ops.ColorJitter(0.4)]):
+        assert Chain(transforms, None).fused is None, transforms
+    # A variable-size output is never fused (each image's size is recorded).
+    work = SampleWork(Chain([ops.RandomResizedCrop(32)], None, max_image_size=(32, 32)))
+    assert work.variable and work.fused is None
+
+
+def _batches(blobs: list[bytes], **kwargs) -> tuple[list, BaseException | None]:
+    f = Feeder(MemorySource(blobs), batch_size=4, transforms=[ops.RandomResizedCrop(24),
+                                                             ops.RandomHorizontalFlip()],
+               shuffle=True, seed=5, decode_threads=2, **kwargs)
+    return drain(f)
+
+
+def test_a_feeder_gives_the_same_batches_fused_or_not():
+    blobs = _files() * 2
+    fused, error = _batches(blobs, augment_threads=0)
+    assert error is None
+    plain, error = _batches(blobs, augment_threads=1)
+    assert error is None
+    assert len(fused) == len(plain) == -(-len(blobs) // 4)
+    for (x, y), (x2, y2) in zip(fused, plain):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+
+
+def test_a_corrupt_file_fails_fused_as_it_does_unfused():
+    good = _files()[:6]
+    bad = bytearray(good[1])
+    bad[len(bad) // 2:len(bad) // 2 + 40] = b"\x00" * 40  # entropy data wiped
+    blobs = [good[0], bytes(bad), *good[2:]]
+    errors = []
+    for augment in (0, 1):
+        _, error = _batches(blobs, augment_threads=augment)
+        assert isinstance(error, SampleError) and "DecodeError: corrupt JPEG" in str(error), error
+        errors.append(str(error))
+    assert errors[0] == errors[1]
+    assert "sample 1" in errors[0]
+    for augment in (0, 1):
+        f = Feeder(MemorySource(blobs), batch_size=2, on_error="skip",
+                   transforms=[ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()],
+                   augment_threads=augment)
+        batches, error = drain(f)
+        assert error is None
+        assert sum(len(y) for _, y in batches) == len(blobs) - 1
+        assert f.stats().skipped == 1
