@@ -445,6 +445,7 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
     out = np.empty((h, w, 3), np.uint8)
     decode: list[float] = []
     transform: list[float] = []
+    fused = 0
     import cv2
 
     saved = cv2.getNumThreads()
@@ -458,12 +459,18 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
             key = sample_key(0, k // len(samples), k % len(samples))
             t0 = _now()
             try:
-                img, ctx = work.decode(data, key)
+                # As the engine's decode threads do: a JPEG's crop, resize and
+                # flip fused into its decode (img None), where the chain allows.
+                img, ctx = work.decode_into(data, key, out)
             except Exception as exc:
                 raise SampleError("decode", index, name, exc) from exc
             t1 = _now()
             try:
-                work.transform(img, key, ctx, out)
+                if img is None:
+                    work.finish_into(key, out)
+                    fused += 1
+                else:
+                    work.transform(img, key, ctx, out)
             except Exception as exc:
                 raise SampleError("augment", index, name, exc) from exc
             t2 = _now()
@@ -476,6 +483,7 @@ def cpu_work(m: Measurements, samples: list[tuple[int, str, Any]], transforms: l
         cv2.setNumThreads(saved)
     m.decode_ms = _median_ms(decode)
     m.transform_ms = _median_ms(transform)
+    m.fused = fused > k // 2
     m.decode_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in parts(decode)]
     m.transform_ms_rounds = [round(_median_ms(part) or 0.0, 4) for part in parts(transform)]
     cost = (m.decode_ms or 0.0) + (m.transform_ms or 0.0)

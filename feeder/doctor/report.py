@@ -42,7 +42,8 @@ def report_text(m: Measurements, v: Verdict) -> str:
              f"{'yes' if m.read_threads else 'no (read_threads=0: reads run in the decode threads)'}",
              "",
              "CPU work per image (one thread)",
-             f"  decode {_s(m.decode_ms, m.decode_ms_rounds, '.2f', ' ms')}, transforms "
+             f"  decode{' (with the crop, resize and flip fused into it)' if m.fused else ''} "
+             f"{_s(m.decode_ms, m.decode_ms_rounds, '.2f', ' ms')}, transforms "
              f"{_s(m.transform_ms, m.transform_ms_rounds, '.2f', ' ms')}; "
              f"ceiling (cost x {m.cores} cores) {_v(m.ceiling_rate, '.0f', ' img/s')}",
              "",

@@ -233,6 +233,9 @@ class Measurements:
     decode_ms_rounds: list[float] = field(default_factory=list)
     transform_ms: float | None = None
     transform_ms_rounds: list[float] = field(default_factory=list)
+    # Most samples had the chain's crop, resize and flip fused into their decode
+    # (counted in decode_ms, as the engine runs them).
+    fused: bool = False
     ceiling_rate: float | None = None
     # the loader alone, "auto" threads
     loader_rate: float | None = None
