@@ -54,7 +54,8 @@ def child(args: argparse.Namespace) -> None:
             batches, close = wt.batches(), wt.close
         else:
             ld = Loader("feeder", args.data, args.batch_size, decode_threads=args.threads,
-                        augment_threads=0, starting=lambda: on_cores(loader_cores))
+                        augment_threads=0, starting=lambda: on_cores(loader_cores),
+                        size=args.size)
             batches, close = _cycle(ld), ld.close
     done: list[tuple[float, int]] = []  # (time.time() after each batch, its images)
     t0 = time.time()
@@ -195,6 +196,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds run before profiling")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's output side")
     p.add_argument("--ops", type=int, default=400, help="tiny ops per proxy step")
     p.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     p.add_argument("--top", type=int, default=14)
@@ -212,7 +214,8 @@ def main() -> None:
         child_cmd = [sys.executable, os.path.abspath(__file__), args.data, "--child", "--report", rep,
                      "--ready", ready, "--loader", args.loader, "--threads", str(args.threads),
                      "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-                     "--batch-size", str(args.batch_size), "--ops", str(args.ops)]
+                     "--batch-size", str(args.batch_size), "--ops", str(args.ops),
+                     "--size", str(args.size)]
         proc = subprocess.Popen(child_cmd)
         try:
             deadline = time.time() + 300
@@ -238,7 +241,8 @@ def main() -> None:
             shutil.copy(raw, args.keep)
         images = sum(n for t, n in got["batches"] if t0 <= t <= t1)
         steps = sum(1 for t, _ in got["batches"] if t0 <= t <= t1)
-        print(f"{args.loader}, {args.threads} thread(s), batch {args.batch_size}, proxy step of "
+        print(f"{args.loader}, RandomResizedCrop({args.size}) + flip, {args.threads} thread(s), "
+              f"batch {args.batch_size}, proxy step of "
               f"{args.ops} ops between batches; {steps} steps profiled")
         print(summarize(parse(raw), args.rate, images, t1 - t0, args.top))
 

@@ -4,9 +4,12 @@ on the engine's own per-sample work (``SampleWork``: decode + RandomResizedCrop
 
 On a loaded machine a GIL profile inflates whatever Python a descheduled thread
 was running, and throughput follows the other processes more than the code.
-This runs the per-sample steps on one thread and times (thread CPU time) the
-calls that release the GIL, the region decode (``ext.decode``), ``cv2.resize``
-and ``cv2.flip``: the rest of the sample's CPU time is what it spends holding
+This runs the per-sample steps on one thread, as a decode thread with the
+augment step inline runs them (with the fused crop where the tree has it:
+``SampleWork.decode_into``), and times (thread CPU time) the calls that
+release the GIL, the region decode (``ext.decode``; ``ext.fused_small``, the
+whole sample of a small file, where the tree has it), the resize (the
+extension's or ``cv2.resize``) and ``cv2.flip``: the rest of the sample's CPU time is what it spends holding
 the GIL, which is what caps a pool of threads in one process. The first pass
 reads every file (and fills the verified-JPEG memory); the figures are the
 best of ``--repeats`` later passes, each with new crops (a new epoch).
@@ -76,15 +79,20 @@ def main() -> None:
     src = FileList(files, [0] * len(files))
     datas = [src.read(i)[0] for i in range(len(files))]
     assert extension.jpeg is not None, "the region decoder is not built"
-    extension.jpeg = _Proxy(extension.jpeg, ["decode"])
+    extension.jpeg = _Proxy(extension.jpeg, [name for name in ("decode", "fused_small")
+                                             if hasattr(extension.jpeg, name)])
     _base.cv2 = _Proxy(cv2, ["resize"])
     _geometry.cv2 = _Proxy(cv2, ["flip"])
+    from feeder.ops import resize as _resize
+    if getattr(_resize, "_native_resize", None) is not None:
+        _resize._native_resize = _timed(_resize._native_resize)
     if args.small_bytes is not None:
         from feeder.decode.jpeg import JpegDecoder
         JpegDecoder.SMALL_BYTES = args.small_bytes
     work = SampleWork(Chain([ops.RandomResizedCrop(args.size), ops.RandomHorizontalFlip()], None),
                       files=len(datas))
     out = np.zeros((args.size, args.size, 3), np.uint8)
+    fused = getattr(work, "fused", None) is not None
 
     def epoch(e: int) -> tuple[float, float]:
         pass_key = epoch_key(0, e)
@@ -92,7 +100,13 @@ def main() -> None:
         t = time.thread_time()
         for i, data in enumerate(datas):
             k = index_key(pass_key, i)
-            img, ctx = work.decode(data, k)
+            if fused:
+                img, ctx = work.decode_into(data, k, out)
+                if img is None:
+                    work.finish_into(k, out)
+                    continue
+            else:
+                img, ctx = work.decode(data, k)
             work.transform(img, k, ctx, out)
         total = time.thread_time() - t
         return total / len(datas) * 1e6, _in_c[0] / len(datas) * 1e6
