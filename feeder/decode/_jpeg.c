@@ -659,6 +659,12 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
      * mirrored when flip, in the same call (see _resize.c). */
     Py_ssize_t crop[4] = {0, 0, 0, 0}, into_h = 0, into_w = 0;
     if (into_obj != Py_None) {
+        if (!PyTuple_Check(crop_obj)) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return PyErr_Format(PyExc_TypeError, "crop must be a tuple (top, left, height, "
+                                "width), got %s", Py_TYPE(crop_obj)->tp_name);
+        }
         if (!PyArg_ParseTuple(crop_obj, "nnnn;crop must be (top, left, height, width)", &crop[0],
                               &crop[1], &crop[2], &crop[3])) {
             PyBuffer_Release(&data);
@@ -672,7 +678,13 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
         }
         if (into.ndim != 3 || into.shape[2] != 3 || into.itemsize != 1
             || (into.format != NULL && strcmp(into.format, "B") != 0)
+            || into.shape[0] > INT_MAX / 3 || into.shape[1] > INT_MAX / 3
+            /* each bounded first, so that the sums below cannot overflow (the
+             * region is checked against the same bound below) */
             || crop[0] < 0 || crop[1] < 0 || crop[2] <= 0 || crop[3] <= 0
+            || crop[0] > JPEG_MAX_DIMENSION || crop[1] > JPEG_MAX_DIMENSION
+            || crop[2] > JPEG_MAX_DIMENSION || crop[3] > JPEG_MAX_DIMENSION
+            || region[2] < 0 || region[3] < 0
             || crop[0] + crop[2] > region[2] || crop[1] + crop[3] > region[3]) {
             PyBuffer_Release(&data);
             PyBuffer_Release(&out);
@@ -1150,7 +1162,8 @@ static PyObject *resize(PyObject *self, PyObject *args, PyObject *kwargs)
              && src.shape[2] == 3 && dst.shape[2] == 3 && src.strides[2] == 1
              && src.strides[1] == 3 && src.shape[0] > 0 && src.shape[1] > 0
              && src.strides[0] >= src.shape[1] * 3 && src.shape[0] <= INT_MAX
-             && src.shape[1] <= INT_MAX && dst.shape[0] <= INT_MAX && dst.shape[1] <= INT_MAX;
+             && src.shape[1] <= INT_MAX / 3 && dst.shape[0] <= INT_MAX
+             && dst.shape[1] <= INT_MAX / 3; /* 3 * a column index fits an int */
     if (!ok) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);

@@ -199,3 +199,26 @@ def test_a_corrupt_file_fails_fused_as_it_does_unfused():
         assert error is None
         assert sum(len(y) for _, y in batches) == len(blobs) - 1
         assert f.stats().skipped == 1
+
+
+def test_decode_into_refuses_a_crop_outside_the_region_whatever_its_numbers():
+    data = jpeg(_smooth(64, 64, 1), "4:2:0")
+    buf = np.empty(64 * (64 + 2 * ext.PAD + 32) * 3, np.uint8)
+    into = np.empty((8, 8, 3), np.uint8)
+    huge = 2**63 - 1
+    for crop in [(0, huge, 1, 1), (huge, 0, 1, 1), (1, 0, huge, 1), (0, 1, 1, huge),
+                 (60, 0, 5, 1), (0, 0, 0, 4), (-1, 0, 4, 4), (0, 0, 65, 64)]:
+        into[:] = 7
+        with pytest.raises(ValueError, match="crop a box inside the region"):
+            ext.decode(data, 0, 0, 64, 64, 1, buf, 10**9, into=into, crop=crop)
+        assert (into == 7).all(), crop  # nothing written
+    for crop in [None, [0, 0, 4, 4], "0044"]:
+        with pytest.raises(TypeError, match="crop must be a tuple"):
+            ext.decode(data, 0, 0, 64, 64, 1, buf, 10**9, into=into, crop=crop)
+    ext.decode(data, 0, 0, 64, 64, 1, buf, 10**9, into=into, crop=(0, 0, 64, 64))
+    want = np.empty_like(into)
+    img = np.empty((64, 64, 3), np.uint8)
+    stride, offset = ext.decode(data, 0, 0, 64, 64, 1, buf, 10**9)
+    img[:] = buf[:64 * stride * 3].reshape(64, stride, 3)[:, offset:offset + 64]
+    ext.resize(img, want)
+    np.testing.assert_array_equal(into, want)
