@@ -218,11 +218,8 @@ class JpegDecoder:
         Raises:
             DecodeError: the decode failed, as :meth:`decode` would say.
         """
-        ext = self._ext
-        if ext is ...:
-            ext = extension.jpeg
-        if (ext is None or self.exif_orientation or len(data) >= self.small_bytes
-                or fused.draws is None):
+        ext = self.ext
+        if ext is None or self.exif_orientation or len(data) >= self.small_bytes:
             return False
         flip = fused.flip
         return ext.fused_small(data, key, fused.crop_stream, fused.flip_stream,

@@ -22,7 +22,7 @@ from .base import Geometry, Transform, _choose, dct_denom, name_transform, neare
 from .crop import CenterCrop
 from .flip import RandomHorizontalFlip
 from ..sample.rng import _GOLDEN, _MASK
-from .resize import RandomResizedCrop, Resize, native_draws
+from .resize import RandomResizedCrop, Resize
 
 
 class FusedCrop:
@@ -40,7 +40,7 @@ class FusedCrop:
     """
 
     __slots__ = ("crop", "crop_at", "flip", "flip_at", "rest", "crop_stream", "flip_stream",
-                 "draws", "draw_args")
+                 "draw_args")
 
     def __init__(self, crop: tuple[int, RandomResizedCrop],
                  flip: tuple[int, RandomHorizontalFlip] | None,
@@ -51,11 +51,10 @@ class FusedCrop:
         self.rest = list(rest)
         # For JpegDecoder.fused_small, whose extension call spells out
         # SampleRNG(key, at)'s first mix (of key + stream) and RandomResizedCrop's
-        # draws (None without the extension: the path is then not taken).
+        # draws (as its rrc_draws, which RandomResizedCrop.params calls).
         self.crop_stream = (self.crop_at + 1) * _GOLDEN & _MASK
         self.flip_stream = (self.flip_at + 1) * _GOLDEN & _MASK
         t = self.crop
-        self.draws = native_draws()
         lo, hi = t.scale
         log_lo, log_hi = math.log(t.ratio[0]), math.log(t.ratio[1])
         self.draw_args = (lo, hi - lo, log_lo, log_hi - log_lo)

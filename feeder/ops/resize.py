@@ -35,16 +35,6 @@ def use_native_draws(draws: Any, resize: Any = None) -> None:
     _native_resize = resize
 
 
-def native_draws() -> Any:
-    """RandomResizedCrop's draws in C (None: in Python)."""
-    return _native_draws
-
-
-def native_resize() -> Any:
-    """The bilinear resize RandomResizedCrop uses (None: cv2.resize)."""
-    return _native_resize
-
-
 def _bilinear_into(crop: np.ndarray, size: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
     """RandomResizedCrop's bilinear resize of ``crop`` to ``size``: into ``out`` when
     it is a slot of that size, else into a new array."""
