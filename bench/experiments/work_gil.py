@@ -79,7 +79,7 @@ def main() -> None:
     src = FileList(files, [0] * len(files))
     datas = [src.read(i)[0] for i in range(len(files))]
     assert extension.jpeg is not None, "the region decoder is not built"
-    extension.jpeg = _Proxy(extension.jpeg, [name for name in ("decode", "fused_small")
+    extension.jpeg = _Proxy(extension.jpeg, [name for name in ("decode", "fused_small", "fused")
                                              if hasattr(extension.jpeg, name)])
     _base.cv2 = _Proxy(cv2, ["resize"])
     _geometry.cv2 = _Proxy(cv2, ["flip"])

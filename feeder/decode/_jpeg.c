@@ -16,8 +16,8 @@
  *          own=True, index=None, record=False, max_points=16)
  *       -> (stride, col_offset), or with record or index
  *          (stride, col_offset, index recorded or None, MCUs jumped)
- *   fused_small(data, key, ...) -> bool: a small JPEG's RandomResizedCrop + flip
- *       sample in one call (see JpegDecoder.fused_small)
+ *   fused(data, key, ...) -> bool: a JPEG's RandomResizedCrop + flip sample in
+ *       one call, the verified-JPEG memory consulted (see JpegDecoder.fused)
  *   resize(src, dst, flip=False): _resize.c's bilinear resize (decode's into=
  *       and crop= run it on the decoded region in the same call)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.decode.verified, where the
@@ -890,10 +890,11 @@ static PyObject *rrc_draws(PyObject *self, PyObject *args)
     return Py_BuildValue("(OK)", Py_None, (unsigned long long)z);
 }
 
-/* The header facts fused_small needs, read with libjpeg (as header() does):
- * 0, or -1 when libjpeg cannot read it. */
+/* The header facts fused needs, read with libjpeg (as header() does;
+ * scans: header()'s "progressive", more than one scan): 0, or -1 when libjpeg
+ * cannot read it. */
 static int header_facts(const unsigned char *data, size_t size, unsigned *width,
-                        unsigned *height, J_COLOR_SPACE *cs, char sub[16])
+                        unsigned *height, J_COLOR_SPACE *cs, char sub[16], int *scans)
 {
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
@@ -904,6 +905,7 @@ static int header_facts(const unsigned char *data, size_t size, unsigned *width,
         *height = cinfo.image_height;
         *cs = cinfo.jpeg_color_space;
         subsampling_name(&cinfo, sub, 16);
+        *scans = jpeg_has_multiple_scans(&cinfo);
         ok = 1;
     }
     jpeg_destroy_decompress(&cinfo);
@@ -915,6 +917,113 @@ static long long max_ll(long long a, long long b) { return a > b ? a : b; }
 /* -(-a // b) for a >= 0, b > 0 */
 static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
+/* The verified-JPEG memory (feeder/decode/verified.py's VerifiedJpegs), read
+ * without the GIL by fused: its table of fingerprints, where each
+ * file's index starts in the ring, the ring of indexes and the ring's head.
+ * Python writes them, one thread at a time and holding the GIL; this side
+ * only reads. A slot or a head is an aligned 8-byte word, written whole. A
+ * record is written after the head has moved past it (VerifiedJpegs._keep),
+ * and a reader that copied one looks at the head after the copy: if the head
+ * has not come round to the record, nothing wrote over it meanwhile. The
+ * record's own CRC is checked as in VerifiedJpegs.index. Only where the CPU
+ * has the CRC-32C instruction, the memory's fingerprint there. */
+#define MEMORY_WAYS 4        /* verified.WAYS */
+#define MEMORY_RECORD 18     /* verified._RECORD, "<QIIH": fingerprint, check, index CRC, length */
+
+typedef struct {
+    const uint64_t *table, *where; /* NULL until the first file was added */
+    size_t slots;
+    const unsigned char *ring;     /* NULL: no indexes kept */
+    size_t ring_bytes;
+    const uint64_t *head;          /* bytes ever written to the ring */
+    unsigned bits;                 /* log2 of the buckets (slots / MEMORY_WAYS) */
+    /* VerifiedJpegs.points_of: checkpoints to record for a file */
+    unsigned long long points, min_points, bytes_per_point;
+} Memory;
+
+#ifdef CRC_X86
+static uint32_t crc32c_of(uint32_t value, const unsigned char *p, size_t n)
+{
+    return ~crc_hard(~value, p, n);
+}
+
+/* VerifiedJpegs.fingerprints: (length << 32 | CRC-32C of all, or 1; CRC-32C of the first half) */
+static void memory_fingerprints(const unsigned char *d, size_t n, uint64_t *fp, uint32_t *check)
+{
+    uint32_t half = crc32c_of(0, d, n / 2);
+    uint64_t f = ((uint64_t)(n & 0xFFFFFFFFu) << 32) | crc32c_of(half, d + n / 2, n - n / 2);
+    *fp = f ? f : 1;
+    *check = half;
+}
+#endif
+
+static uint64_t load_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int k = n - 1; k >= 0; k--)
+        v = v << 8 | p[k];
+    return v;
+}
+
+/* VerifiedJpegs.index of the record that starts `at` bytes ever written into
+ * the ring: a malloc'd copy of the index (its length in *len), or NULL. */
+static unsigned char *memory_record(const Memory *m, uint64_t at, uint64_t fp, uint32_t check,
+                                    size_t *len)
+{
+    size_t start = (size_t)(at % m->ring_bytes);
+    if (start + MEMORY_RECORD > m->ring_bytes)
+        return NULL;
+    const unsigned char *r = m->ring + start;
+    uint64_t got_fp = load_le(r, 8);
+    uint32_t got_check = (uint32_t)load_le(r + 8, 4), crc = (uint32_t)load_le(r + 12, 4);
+    size_t n = (size_t)load_le(r + 16, 2);
+    if (n == 0 || start + MEMORY_RECORD + n > m->ring_bytes)
+        return NULL;
+    unsigned char *copy = malloc(n);
+    if (copy == NULL)
+        return NULL;
+    memcpy(copy, r + MEMORY_RECORD, n);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    uint64_t head = __atomic_load_n(m->head, __ATOMIC_ACQUIRE);
+    int whole = head <= at + m->ring_bytes && got_fp == fp && got_check == check;
+#ifdef CRC_X86
+    whole = whole && crc32c_of(0, copy, n) == crc;
+#else
+    whole = 0;
+#endif
+    if (!whole) {
+        free(copy);
+        return NULL;
+    }
+    *len = n;
+    return copy;
+}
+
+/* VerifiedJpegs.seen(fp) (returned) and .index(fp, check) (*index, malloc'd, or NULL). */
+static int memory_find(const Memory *m, uint64_t fp, uint32_t check, unsigned char **index,
+                       size_t *len)
+{
+    *index = NULL;
+    *len = 0;
+    if (m->table == NULL)
+        return 0;
+    uint64_t h = fp * SPLITMIX_GOLDEN;
+    size_t buckets = m->slots / MEMORY_WAYS;
+    size_t bases[2] = {(size_t)(h >> (64 - m->bits)) * MEMORY_WAYS,
+                       (size_t)((h >> 7) & (buckets - 1)) * MEMORY_WAYS};
+    for (int b = 0; b < 2; b++) {
+        for (size_t i = bases[b]; i < bases[b] + MEMORY_WAYS; i++) {
+            if (__atomic_load_n(&m->table[i], __ATOMIC_ACQUIRE) != fp)
+                continue;
+            uint64_t where = m->where != NULL ? __atomic_load_n(&m->where[i], __ATOMIC_ACQUIRE) : 0;
+            if (where != 0 && m->ring != NULL)
+                *index = memory_record(m, where - 1, fp, check, len);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     /* in */
     uint64_t key, crop_stream, flip_stream;
@@ -924,15 +1033,22 @@ typedef struct {
     int antialias, verify, max_steps;
     unsigned long long max_pixels;
     unsigned char *dst;
+    const Memory *memory; /* or NULL: none consulted */
     /* out: 0 done, 1 not taken (nothing done), 2 decode error (job.status, job.note) */
     int result;
+    /* with a memory: the file's fingerprints (fp 0: not looked up, a file of
+     * several scans), whether it was read to its end, what it recorded */
+    uint64_t fp;
+    uint32_t check;
+    int verified;
     Job job;
 } Fused;
 
-/* JpegDecoder.fused_small's sample, without the GIL: the same steps, in the same
+/* JpegDecoder.fused's sample, without the GIL: the same steps, in the same
  * arithmetic, as decode() -> the chain's plan -> decode_region ->
- * FusedCrop.spec, for the usual small file (see jpeg.py); anything else is
- * left (result 1) for decode() to take. */
+ * FusedCrop.spec (and JpegDecoder._region's use of the memory), for the
+ * usual file (see jpeg.py); anything else is left (result 1) for decode()
+ * to take. */
 static void run_fused(Fused *f, const unsigned char *data, size_t size)
 {
     static const int denoms[4] = {8, 4, 2, 1};
@@ -945,7 +1061,8 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
     unsigned width, height;
     J_COLOR_SPACE cs;
     char sub[16];
-    if (header_facts(data, size, &width, &height, &cs, sub) != 0)
+    int scans;
+    if (header_facts(data, size, &width, &height, &cs, sub, &scans) != 0)
         return;
     long long h = height, w = width;
     if (h <= 0 || w <= 0 || (unsigned long long)(h * w) > f->max_pixels
@@ -993,7 +1110,29 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
     unsigned char *buf = malloc(nbytes);
     if (buf == NULL)
         return; /* decode() tries, and reports a failure of its own */
+    /* JpegDecoder._region's use of the memory: bytes read to their end before
+     * stop after the crop; an index kept enters each row near the crop; a
+     * file of several scans (all read before any row) is not remembered. */
+    int verify = f->verify;
+    unsigned char *index = NULL;
+    size_t index_len = 0;
+    unsigned long long record = 0;
+#ifdef CRC_X86
+    const Memory *mem = f->memory;
+    if (mem != NULL && !scans) {
+        memory_fingerprints(data, size, &f->fp, &f->check);
+        if (memory_find(mem, f->fp, f->check, &index, &index_len))
+            verify = 0;
+        if (mem->points)
+            record = max_ll((long long)mem->min_points,
+                            min_ll((long long)mem->points, (long long)(size / mem->bytes_per_point)));
+    }
+#endif
+    f->verified = verify;
     Job *job = &f->job;
+    job->index = index;
+    job->index_len = index_len;
+    job->record = record > 0;
     job->data = data;
     job->size = size;
     job->top = (unsigned)y0;
@@ -1004,13 +1143,15 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
     job->out = buf;
     job->out_size = nbytes;
     job->max_pixels = f->max_pixels;
-    job->verify = f->verify;
+    job->verify = verify;
     job->own = 1;
-    job->max_points = 16;
+    job->max_points = record ? (unsigned)record : 16;
     run_decode(job);
-    free(job->index_out); /* none asked for */
-    job->index_out = NULL;
+    free(index);
+    job->index = NULL;
     if (job->status != 0) {
+        free(job->index_out);
+        job->index_out = NULL;
         free(buf);
         f->result = 2;
         return;
@@ -1020,17 +1161,76 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
                                       (int)f->oh, (int)f->ow, flipped);
     free(buf);
     f->result = resized == 0 ? 0 : 1;
+    if (f->result != 0) {
+        free(job->index_out);
+        job->index_out = NULL;
+    }
 }
 
-static PyObject *fused_small(PyObject *self, PyObject *args)
+/* A Memory from fused's memory argument (see its doc), its buffers in
+ * views[4] (released by the caller, whatever this returns): 0, or -1 with an
+ * exception set. */
+static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4])
 {
-    Py_buffer data, out;
+    PyObject *table, *where, *ring, *head;
+    unsigned int bits;
+    if (!PyTuple_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "memory must be a tuple, got %s", Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    if (!PyArg_ParseTuple(arg, "OOOOIKKK;memory must be (table, where, ring, head, bits, points, "
+                          "min_points, bytes_per_point)", &table, &where, &ring, &head, &bits,
+                          &m->points, &m->min_points, &m->bytes_per_point))
+        return -1;
+    PyObject *objs[4] = {table, where, ring, head};
+    for (int k = 0; k < 4; k++) {
+        if (objs[k] != Py_None && PyObject_GetBuffer(objs[k], &views[k], PyBUF_SIMPLE) < 0)
+            return -1;
+    }
+    if (head == Py_None || views[3].len != 8 || (table == Py_None && where != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "memory: head must be 8 bytes, and where comes with a table");
+        return -1;
+    }
+    size_t slots = table == Py_None ? 0 : (size_t)views[0].len / 8;
+    if (table != Py_None && (bits < 1 || bits > 40 || slots != ((size_t)MEMORY_WAYS << bits)
+                             || (where != Py_None && views[1].len != views[0].len))) {
+        PyErr_SetString(PyExc_ValueError, "memory: table and where must be 4 << bits slots of 8 bytes");
+        return -1;
+    }
+    if (m->bytes_per_point == 0 || m->points > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "memory: bytes_per_point must be positive, points small");
+        return -1;
+    }
+    m->table = table == Py_None ? NULL : views[0].buf;
+    m->where = where == Py_None ? NULL : views[1].buf;
+    m->slots = slots;
+    m->bits = bits;
+    m->ring = ring == Py_None || views[2].len == 0 ? NULL : views[2].buf;
+    m->ring_bytes = ring == Py_None ? 0 : (size_t)views[2].len;
+    m->head = views[3].buf;
+    return 0;
+}
+
+static void release_all(Py_buffer *views, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (views[k].obj != NULL)
+            PyBuffer_Release(&views[k]);
+}
+
+static PyObject *jpeg_fused(PyObject *self, PyObject *args)
+{
+    Py_buffer data, out, views[4];
+    memset(views, 0, sizeof views);
     Fused f;
     memset(&f, 0, sizeof f);
+    Memory memory;
+    memset(&memory, 0, sizeof memory);
     unsigned long long key, crop_stream, flip_stream, max_pixels;
-    if (!PyArg_ParseTuple(args, "y*KKKdddddLLppiKw*", &data, &key, &crop_stream, &flip_stream,
+    PyObject *memory_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*KKKdddddLLppiKw*|O", &data, &key, &crop_stream, &flip_stream,
                           &f.flip_p, &f.lo, &f.span_s, &f.log_lo, &f.span_r, &f.oh, &f.ow,
-                          &f.antialias, &f.verify, &f.max_steps, &max_pixels, &out))
+                          &f.antialias, &f.verify, &f.max_steps, &max_pixels, &out, &memory_obj))
         return NULL;
     if (f.oh <= 0 || f.ow <= 0 || f.oh > INT_MAX / 3 || f.ow > INT_MAX / 3
         || out.len != f.oh * f.ow * 3 || !PyBuffer_IsContiguous(&out, 'C')) {
@@ -1038,6 +1238,21 @@ static PyObject *fused_small(PyObject *self, PyObject *args)
         PyBuffer_Release(&out);
         return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer of "
                             "oh * ow * 3 bytes");
+    }
+    if (memory_obj != Py_None) {
+        if (!crc_hardware) {
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return PyErr_Format(PyExc_RuntimeError, "fused: a memory needs the CRC-32C "
+                                "instruction (CRC32C_HARDWARE is 0)");
+        }
+        if (memory_of(memory_obj, &memory, views) < 0) {
+            release_all(views, 4);
+            PyBuffer_Release(&data);
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        f.memory = &memory;
     }
     f.key = key;
     f.crop_stream = crop_stream;
@@ -1047,6 +1262,7 @@ static PyObject *fused_small(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     run_fused(&f, data.buf, (size_t)data.len);
     Py_END_ALLOW_THREADS
+    release_all(views, 4);
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     if (f.result == 2) {
@@ -1054,7 +1270,20 @@ static PyObject *fused_small(PyObject *self, PyObject *args)
             return PyErr_Format(DecodeError, "corrupt JPEG: %s", f.job.note);
         return PyErr_Format(DecodeError, "%s", f.job.note);
     }
-    return PyBool_FromLong(f.result == 0);
+    unsigned char *made = f.job.index_out;
+    if (f.result != 0 || f.fp == 0 || !(f.verified || made != NULL)) {
+        free(made);
+        return PyBool_FromLong(f.result == 0);
+    }
+    /* Done, and the memory learns of it: what JpegDecoder._region adds */
+    PyObject *made_obj = made != NULL
+        ? PyBytes_FromStringAndSize((const char *)made, (Py_ssize_t)f.job.index_out_len)
+        : Py_NewRef(Py_None);
+    free(made);
+    if (made_obj == NULL)
+        return NULL;
+    return Py_BuildValue("(KkON)", (unsigned long long)f.fp, (unsigned long)f.check,
+                         f.verified ? Py_True : Py_False, made_obj);
 }
 
 #ifndef _WIN32
@@ -1216,14 +1445,20 @@ static PyMethodDef methods[] = {
      "in the region's pixels): then resize the crop into it as resize() does, in\n"
      "the same call, and return as with record.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
-    {"fused_small", fused_small, METH_VARARGS,
-     "fused_small(data, key, crop_stream, flip_stream, flip_p, lo, span_s, log_lo, span_r,\n"
-     "            oh, ow, antialias, verify, max_steps, max_pixels, out) -> bool\n\n"
-     "feeder.decode.jpeg.JpegDecoder.fused_small's sample in one call without the\n"
-     "GIL: the marker walk, the header, RandomResizedCrop's draws and its region,\n"
-     "the decode, the resize into out ([oh, ow, 3] uint8) and the flip (flip_p < 0:\n"
+    {"fused", jpeg_fused, METH_VARARGS,
+     "fused(data, key, crop_stream, flip_stream, flip_p, lo, span_s, log_lo, span_r,\n"
+     "      oh, ow, antialias, verify, max_steps, max_pixels, out, memory=None)\n"
+     "    -> bool | (fp, check, verified, index)\n\n"
+     "feeder.decode.jpeg.JpegDecoder.fused's sample in one call without the GIL:\n"
+     "the marker walk, the header, RandomResizedCrop's draws and its region, the\n"
+     "decode, the resize into out ([oh, ow, 3] uint8) and the flip (flip_p < 0:\n"
      "none). False, having written nothing, for a file it does not take (decode()\n"
-     "then takes it). Raises feeder.errors.DecodeError as decode() does."},
+     "then takes it). memory: a VerifiedJpegs' (table, where, ring, head, bits,\n"
+     "points, min_points, bytes_per_point), consulted as JpegDecoder._region does\n"
+     "(table and where None before the first add; needs CRC32C_HARDWARE); when the\n"
+     "file is to be added to it or its index kept, returns the fingerprints, whether\n"
+     "it was read to its end and the index recorded (or None) instead of True.\n"
+     "Raises feeder.errors.DecodeError as decode() does."},
     {"resize", (PyCFunction)(void (*)(void))resize, METH_VARARGS | METH_KEYWORDS,
      "resize(src, dst, flip=False) -> None\n\n"
      "Resize the [h, w, 3] uint8 array src (rows at any stride) into the C-contiguous\n"

@@ -203,29 +203,46 @@ class JpegDecoder:
             min_h, min_w = need
         return self._scaled(data, frame, h, w, min_h, min_w, orientation), size, planned
 
-    def fused_small(self, data: bytes, key: int, fused: Any, out: np.ndarray) -> bool:
-        """:meth:`decode` with ``fuse=(fused, out)`` for the usual small file, in one
-        call of the extension without the GIL (its ``fused_small``): a JPEG under
-        :attr:`small_bytes` of the usual kind (8-bit Huffman DCT, gray/YCbCr/RGB,
-        usual chroma sampling, within ``max_pixels``), no EXIF orientation
-        applied, whose crop the bilinear resize takes. The extension runs the
-        arithmetic of ``decode``, the chain's plan, ``decode_region`` and
-        ``FusedCrop.spec`` (a small image's Python per sample is what caps a
-        pool of threads; tests check that both give the same bytes). Returns
+    def fused(self, data: bytes, key: int, fused: Any, out: np.ndarray) -> bool:
+        """:meth:`decode` with ``fuse=(fused, out)`` for the usual file, in one call
+        of the extension without the GIL (its ``fused``): a JPEG of the
+        usual kind (8-bit Huffman DCT, gray/YCbCr/RGB, usual chroma sampling,
+        within ``max_pixels``), no EXIF orientation applied, whose crop the
+        bilinear resize takes. The extension runs the arithmetic of ``decode``,
+        the chain's plan, ``decode_region`` and ``FusedCrop.spec``, and consults
+        :attr:`verified` as :meth:`_region` does (its fingerprint, whether the
+        bytes were read to their end, their row index), so that any file, small
+        or large, takes the memory with no Python per sample; only adding to the
+        memory comes back here. Without the memory in the extension (a CPU
+        without the CRC-32C instruction, or none kept), only files under
+        :attr:`small_bytes` take this path, as on their first read. Returns
         False, having done nothing, for anything else: ``decode`` then takes
-        it, and reports what is wrong with it.
+        it, and reports what is wrong with it. Tests check that both give the
+        same bytes and the same verdicts.
 
         Raises:
             DecodeError: the decode failed, as :meth:`decode` would say.
         """
         ext = self.ext
-        if ext is None or self.exif_orientation or len(data) >= self.small_bytes:
+        if ext is None or self.exif_orientation:
+            return False
+        verified = self.verified
+        memory = None if verified is None else verified.native
+        if memory is None and len(data) >= self.small_bytes:
             return False
         flip = fused.flip
-        return ext.fused_small(data, key, fused.crop_stream, fused.flip_stream,
-                               -1.0 if flip is None else flip.p, *fused.draw_args,
-                               *fused.crop.output_size, fused.crop.antialias, self.verify,
-                               _MAX_HEADER_STEPS, self.max_pixels, out)
+        done = ext.fused(data, key, fused.crop_stream, fused.flip_stream,
+                         -1.0 if flip is None else flip.p, *fused.draw_args,
+                         *fused.crop.output_size, fused.crop.antialias, self.verify,
+                         _MAX_HEADER_STEPS, self.max_pixels, out, memory)
+        if type(done) is bool:
+            return done
+        fp, check, read_to_end, index = done  # bytes: they cannot change meanwhile
+        if read_to_end:
+            verified.add(fp, index, check)  # type: ignore[union-attr]
+        else:
+            verified.keep_index(fp, index, check)  # type: ignore[union-attr]
+        return True
 
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
         """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the

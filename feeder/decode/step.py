@@ -32,7 +32,7 @@ from ..sample.sizes import Padding
 
 __all__ = ["DecodeOptions", "SampleWork"]
 
-# The context of a sample fused on JpegDecoder.fused_small's path, which makes
+# The context of a sample fused on JpegDecoder.fused's path, which makes
 # none (nothing reads a fused sample's context: it has no fields to move).
 _FUSED = SampleContext((0, 0))
 
@@ -143,7 +143,7 @@ class SampleWork:
         fused = self.fused
         if fused is not None and type(data) is bytes and data[:3] == JPEG_MAGIC:
             jpeg = self.jpeg
-            if jpeg.fused_small(data, key, fused, out):
+            if jpeg.fused(data, key, fused, out):
                 return None, _FUSED
             img, size, ctx = jpeg.decode(data, self.plan, key, (fused, out))
             return img, ctx if ctx is not None else SampleContext(size)

@@ -93,8 +93,38 @@ class VerifiedJpegs:
             except (OSError, OverflowError, ValueError) as exc:
                 raise ValueError(f"index_bytes={index_bytes}: the system cannot map that much memory "
                                  f"({exc})") from None
-        self._head = 0                          # bytes ever written to the ring
+        # Bytes ever written to the ring, in a word of its own: the extension's
+        # fused decode reads it without the GIL (see :attr:`native`).
+        self._heads = memoryview(bytearray(8)).cast("Q")
         self._adding = threading.Lock()
+        self._native: tuple | None = None
+
+    @property
+    def _head(self) -> int:
+        return self._heads[0]
+
+    @_head.setter
+    def _head(self, value: int) -> None:
+        self._heads[0] = value
+
+    @property
+    def native(self) -> tuple | None:
+        """This memory as the extension's fused decode reads it without the GIL
+        (``fused``'s ``memory``: the table, where each index starts, the
+        ring, the head word, log2 of the buckets and :meth:`points_of`'s terms),
+        or None where the extension does not compute this memory's fingerprint
+        (no CRC-32C instruction). Lookups only: adds stay with :meth:`add` and
+        :meth:`keep_index`, under their lock."""
+        native = self._native
+        if native is None and _ext is not None and _ext.CRC32C_HARDWARE:
+            table, where = self._table, self._where
+            native = (None if table is None else table.obj,
+                      None if where is None else where.obj,
+                      None if self._ring is None else self._ring.obj, self._heads.obj, self._bits,
+                      self.points, self.MIN_POINTS, self.FILE_BYTES_PER_POINT)
+            if table is not None:  # fixed from now on
+                self._native = native
+        return native
 
     def points_of(self, nbytes: int) -> int:
         """Checkpoints for the index of a file of ``nbytes``: its share of the ring

@@ -49,7 +49,7 @@ class FusedCrop:
         self.flip_at, self.flip = flip if flip is not None else (-1, None)
         #: The chain's in-place steps after these, run by :meth:`finish`.
         self.rest = list(rest)
-        # For JpegDecoder.fused_small, whose extension call spells out
+        # For JpegDecoder.fused, whose extension call spells out
         # SampleRNG(key, at)'s first mix (of key + stream) and RandomResizedCrop's
         # draws (as its rrc_draws, which RandomResizedCrop.params calls).
         self.crop_stream = (self.crop_at + 1) * _GOLDEN & _MASK

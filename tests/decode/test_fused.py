@@ -1,12 +1,14 @@
 """The fused crop: a chain that starts with a bilinear RandomResizedCrop (and a
 flip) has the region decoder decode, crop, resize and flip each JPEG sample into
 its batch slot in one call without the GIL (``SampleWork.decode_into``, with
-``JpegDecoder.fused_small`` for small files).
+``JpegDecoder.fused``, which also consults the verified-JPEG memory, in one
+extension call).
 
 * The extension's bilinear resize (``_jpeg.resize``) is the documented formula,
   bit for bit (a numpy reference here), within one level of cv2.resize,
   mirrored exactly by ``flip``, and refuses arrays it cannot take.
-* The fused paths write the bytes the chain writes, sample for sample, on files
+* The fused paths (the one extension call, and the region decode that resizes
+  into the slot) write the bytes the chain writes, sample for sample, on files
   of every chroma sampling, gray and progressive files, small files and files
   the verified memory keeps, at every DCT scale, for several output sizes,
   scales, flip probabilities and antialias settings.
@@ -25,6 +27,7 @@ from tests.support import MemorySource, drain
 from tests.support.jpeg import KINDS, jpeg
 from feeder import Feeder, SampleError, ops
 from feeder.decode import extension
+from feeder.decode.verified import VerifiedJpegs
 from feeder.engine.steps import SampleWork
 from feeder.ops.chain import Chain
 from feeder.sample.rng import epoch_key, index_key
@@ -96,8 +99,8 @@ def test_resize_reads_rows_at_any_stride_and_refuses_what_it_cannot_take():
 
 
 def _files() -> list[bytes]:
-    """JPEGs of every kind: small ones (the fused_small path), larger ones (the
-    verified memory's path), sizes that decode at every DCT scale."""
+    """JPEGs of every kind: small ones (under ``JpegDecoder.SMALL_BYTES``), larger
+    ones (kept in the verified memory), sizes that decode at every DCT scale."""
     out = []
     for n, kind in enumerate(KINDS):
         for h, w, q in [(37, 53, 90), (90, 70, 60), (230, 190, 20), (400, 333, 85)]:
@@ -117,22 +120,33 @@ CHAINS = {
 }
 
 
+class _InPython(VerifiedJpegs):
+    """A memory the extension's fused call does not read: files at or above
+    ``small_bytes`` then take the region decode's fused path, in Python."""
+
+    native = None
+
+
 @pytest.mark.parametrize("chain", list(CHAINS))
 @pytest.mark.parametrize("size", [16, 48, 96])
-def test_fused_paths_write_the_bytes_the_chain_writes(chain, size):
+@pytest.mark.parametrize("native", [True, False], ids=["memory in C", "memory in Python"])
+def test_fused_paths_write_the_bytes_the_chain_writes(chain, size, native):
     files = _files()
-    fused, plain = (SampleWork(Chain(CHAINS[chain](size), None)) for _ in range(2))
+    verified = None if native else _InPython(files=len(files))
+    fused = SampleWork(Chain(CHAINS[chain](size), None), verified=verified)
+    plain = SampleWork(Chain(CHAINS[chain](size), None))
     assert fused.fused is not None
     shape = (*fused.chain.image_size, 3)
-    taken = {"small": 0, "region": 0, "chain": 0}
+    taken = {"one call": 0, "large in one call": 0, "region": 0, "chain": 0}
     for epoch in range(3):
         pass_key = epoch_key(11, epoch)
         for i, data in enumerate(files):
             key = index_key(pass_key, i)
             got, want = np.full(shape, 7, np.uint8), np.full(shape, 9, np.uint8)
-            small = fused.jpeg.fused_small(data, key, fused.fused, got)
+            small = fused.jpeg.fused(data, key, fused.fused, got)
             if small:
-                taken["small"] += 1
+                taken["one call"] += 1
+                taken["large in one call"] += len(data) >= fused.jpeg.small_bytes
             else:
                 img, ctx = fused.decode_into(data, key, got)
                 if img is None:
@@ -145,8 +159,13 @@ def test_fused_paths_write_the_bytes_the_chain_writes(chain, size):
             img, ctx = plain.decode(data, key)
             plain.transform(img, key, ctx, want)
             np.testing.assert_array_equal(got, want, err_msg=f"file {i}, epoch {epoch}")
-    # Both fused paths ran (and the chain for the crops they leave to it).
-    assert taken["small"] > 0 and taken["region"] > 0, taken
+    # The one call took large files too where the extension reads the memory;
+    # otherwise the region decode's fused path took them (and the chain, in
+    # both, the crops the fused paths leave to it).
+    if native and ext.CRC32C_HARDWARE:
+        assert taken["large in one call"] > 0, taken
+    else:
+        assert taken["one call"] > 0 and taken["large in one call"] == 0 and taken["region"] > 0, taken
 
 
 def test_no_fusion_for_chains_it_does_not_cover():

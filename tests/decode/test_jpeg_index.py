@@ -501,8 +501,9 @@ def test_a_feeder_sizes_each_files_index_by_its_source(monkeypatch):
     _spy_on_ext(monkeypatch, lambda kw, got: kw.get("record") and asked.append(kw.get("max_points")))
     for index_bytes, want in ((128 << 20, 4096), (30_000, (30_000 * 3 // 4 // 6 - 44) // 15)):
         asked.clear()
+        # (an augment stage of its own: every decode through the spied one, see _batches)
         with Feeder(MemorySource(blobs), 3, [ops.RandomResizedCrop(48)], seed=1, decode_threads=2,
-                    jpeg_index_bytes=index_bytes) as feeder:
+                    augment_threads=1, jpeg_index_bytes=index_bytes) as feeder:
             assert work_of(feeder).verified.points == want
             for _ in range(2):
                 assert drain(feeder)[1] is None
@@ -608,9 +609,13 @@ def _spy_on_ext(monkeypatch, seen) -> None:
 
 
 def _batches(blobs: list[bytes], epochs: int, **options) -> list[np.ndarray]:
+    """The batches of ``epochs`` epochs, the transforms in an augment stage of
+    their own: every decode then goes through the extension's ``decode``, which
+    the spies see (the fused call, which reads the memory in C, is checked
+    against this path in tests/decode/test_fused_memory.py)."""
     out = []
     with Feeder(MemorySource(blobs), 8, [ops.RandomResizedCrop(48), ops.RandomHorizontalFlip()],
-                shuffle=True, seed=5, decode_threads=2, **options) as feeder:
+                shuffle=True, seed=5, decode_threads=2, augment_threads=1, **options) as feeder:
         for _ in range(epochs):
             batches, error = drain(feeder)
             assert error is None
