@@ -215,25 +215,24 @@ class VerifiedJpegs:
             if self.index_bytes:
                 self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
         where = self._where
-        for base in (a, b):
-            for i in range(base, base + WAYS):
-                if table[i] == fp:
-                    # A longer index of the same bytes stays: two decodes that
-                    # started with none (threads, a file listed twice) each
-                    # keep what they passed, and the deeper one must win.
-                    if (replace and index and where is not None
-                            and self._kept_length(where[i] - 1, fp, check) < len(index)):
-                        where[i] = 1 + self._keep(fp, check, index)
-                    return
-        slot = -1
-        for base in (a, b):
-            for i in range(base, base + WAYS):
-                if table[i] == 0:
-                    slot = i
-                    break
-            if slot >= 0:
-                break
-        if slot < 0:
+        # Both buckets' entries in one list (bucket a first): found or placed
+        # with list methods, not a loop of Python per slot (an add runs once
+        # per file, holding the GIL, in every first epoch).
+        held = table[a:a + WAYS].tolist() + table[b:b + WAYS].tolist()
+        if fp in held:
+            k = held.index(fp)
+            i = (a if k < WAYS else b) + k % WAYS
+            # A longer index of the same bytes stays: two decodes that
+            # started with none (threads, a file listed twice) each
+            # keep what they passed, and the deeper one must win.
+            if (replace and index and where is not None
+                    and self._kept_length(where[i] - 1, fp, check) < len(index)):
+                where[i] = 1 + self._keep(fp, check, index)
+            return
+        if 0 in held:
+            k = held.index(0)
+            slot = (a if k < WAYS else b) + k % WAYS
+        else:
             # Both buckets full: push out one of their eight entries, chosen by fp's bits.
             slot = (a if fp & 1 else b) + ((fp >> 1) & (WAYS - 1))
         if where is not None and where[slot]:
