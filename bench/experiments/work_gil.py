@@ -11,8 +11,9 @@ release the GIL, the region decode (``ext.decode``; ``ext.fused_small``, the
 whole sample of a small file, where the tree has it), the resize (the
 extension's or ``cv2.resize``) and ``cv2.flip``: the rest of the sample's CPU time is what it spends holding
 the GIL, which is what caps a pool of threads in one process. The first pass
-reads every file (and fills the verified-JPEG memory); the figures are the
-best of ``--repeats`` later passes, each with new crops (a new epoch).
+reads every file (and fills the verified-JPEG memory), its figures printed
+last; the others are the best of ``--repeats`` later passes, each with new
+crops (a new epoch).
 
     python bench/experiments/work_gil.py DATA [--files 2000] [--size 64]
 
@@ -111,7 +112,7 @@ def main() -> None:
         total = time.thread_time() - t
         return total / len(datas) * 1e6, _in_c[0] / len(datas) * 1e6
 
-    epoch(0)
+    first = epoch(0)  # every file read for the first time (to its end, with jpeg_verify)
     runs = [epoch(e + 1) for e in range(args.repeats)]
     total, c = min(runs, key=lambda r: r[0] - r[1])
     prof = cProfile.Profile()
@@ -123,7 +124,8 @@ def main() -> None:
     small = "" if args.small_bytes is None else f" (SMALL_BYTES={args.small_bytes})"
     print(f"{tree}{small}: {len(datas)} files, RandomResizedCrop({args.size}) + flip, later epochs: "
           f"{total:.1f} us CPU/sample, of which {total - c:.1f} holding the GIL and {c:.1f} in "
-          f"C without it; {calls:.0f} Python calls/sample")
+          f"C without it; {calls:.0f} Python calls/sample; first pass: {first[0]:.1f} us CPU/sample, "
+          f"{first[0] - first[1]:.1f} holding the GIL")
 
 
 if __name__ == "__main__":
