@@ -1170,7 +1170,7 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
 /* A Memory from fused's memory argument (see its doc), its buffers in
  * views[4] (released by the caller, whatever this returns): 0, or -1 with an
  * exception set. */
-static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4])
+static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4], int writable)
 {
     PyObject *table, *where, *ring, *head;
     unsigned int bits;
@@ -1184,7 +1184,8 @@ static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4])
         return -1;
     PyObject *objs[4] = {table, where, ring, head};
     for (int k = 0; k < 4; k++) {
-        if (objs[k] != Py_None && PyObject_GetBuffer(objs[k], &views[k], PyBUF_SIMPLE) < 0)
+        if (objs[k] != Py_None
+            && PyObject_GetBuffer(objs[k], &views[k], writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
             return -1;
     }
     if (head == Py_None || views[3].len != 8 || (table == Py_None && where != Py_None)) {
@@ -1218,6 +1219,126 @@ static void release_all(Py_buffer *views, int n)
             PyBuffer_Release(&views[k]);
 }
 
+#ifdef CRC_X86
+static void store_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int k = 0; k < n; k++, v >>= 8)
+        p[k] = (unsigned char)v;
+}
+
+/* VerifiedJpegs._kept_length: the length of the index of (fp, check) kept at
+ * `at` (bytes ever written; negative: none), 0 if it is not there any more. */
+static size_t memory_kept_length(const Memory *m, long long at, uint64_t fp, uint32_t check)
+{
+    if (at < 0 || m->ring == NULL || *m->head > (uint64_t)at + m->ring_bytes)
+        return 0;
+    size_t start = (size_t)((uint64_t)at % m->ring_bytes);
+    if (start + MEMORY_RECORD > m->ring_bytes)
+        return 0;
+    const unsigned char *r = m->ring + start;
+    if (load_le(r, 8) != fp || (uint32_t)load_le(r + 8, 4) != check)
+        return 0;
+    return (size_t)load_le(r + 16, 2);
+}
+
+/* VerifiedJpegs._keep: write a record of the index into the ring; where it
+ * starts (bytes ever written), or -1 when it cannot be kept. The head moves
+ * on before the bytes are written (see memory_record). */
+static long long memory_keep(const Memory *m, uint64_t fp, uint32_t check, const unsigned char *index,
+                             size_t n)
+{
+    size_t size = MEMORY_RECORD + n;
+    if (m->ring == NULL || size > m->ring_bytes || n > 0xFFFF)
+        return -1;
+    uint64_t *head = (uint64_t *)m->head;
+    uint64_t at = *head;
+    if (at % m->ring_bytes + size > m->ring_bytes) /* no record wraps round the end */
+        at += m->ring_bytes - at % m->ring_bytes;
+    __atomic_store_n(head, at + size, __ATOMIC_SEQ_CST);
+    unsigned char *r = (unsigned char *)m->ring + at % m->ring_bytes;
+    store_le(r, fp, 8);
+    store_le(r + 8, check, 4);
+    store_le(r + 12, crc32c_of(0, index, n), 4);
+    store_le(r + 16, n, 2);
+    memcpy(r + MEMORY_RECORD, index, n);
+    return (long long)at;
+}
+
+/* VerifiedJpegs._put, the table mapped: remember fp (with its index, when
+ * n > 0); replace: keep a longer index of bytes already there. The caller
+ * holds the GIL throughout and the memory's lock: the only writer. */
+static void memory_put(const Memory *m, uint64_t fp, uint32_t check, const unsigned char *index,
+                       size_t n, int replace)
+{
+    uint64_t *table = (uint64_t *)m->table, *where = (uint64_t *)m->where;
+    uint64_t h = fp * SPLITMIX_GOLDEN;
+    size_t buckets = m->slots / MEMORY_WAYS;
+    size_t a = (size_t)(h >> (64 - m->bits)) * MEMORY_WAYS;
+    size_t b = (size_t)((h >> 7) & (buckets - 1)) * MEMORY_WAYS;
+    size_t empty = (size_t)-1;
+    for (int k = 0; k < 2 * MEMORY_WAYS; k++) {
+        size_t i = (k < MEMORY_WAYS ? a : b) + k % MEMORY_WAYS;
+        if (table[i] == fp) {
+            /* a longer index of the same bytes stays (see VerifiedJpegs._put) */
+            if (replace && n && where != NULL
+                && memory_kept_length(m, (long long)where[i] - 1, fp, check) < n)
+                __atomic_store_n(&where[i], (uint64_t)(1 + memory_keep(m, fp, check, index, n)),
+                                 __ATOMIC_SEQ_CST);
+            return;
+        }
+        if (table[i] == 0 && empty == (size_t)-1)
+            empty = i;
+    }
+    size_t slot = empty != (size_t)-1 ? empty
+                                      : (fp & 1 ? a : b) + (size_t)((fp >> 1) & (MEMORY_WAYS - 1));
+    if (where != NULL && where[slot])
+        __atomic_store_n(&where[slot], 0, __ATOMIC_SEQ_CST); /* the old index is not the new file's */
+    __atomic_store_n(&table[slot], fp, __ATOMIC_SEQ_CST);
+    if (n && where != NULL)
+        __atomic_store_n(&where[slot], (uint64_t)(1 + memory_keep(m, fp, check, index, n)),
+                         __ATOMIC_SEQ_CST);
+}
+#endif
+
+static PyObject *jpeg_memory_put(PyObject *self, PyObject *args)
+{
+    PyObject *memory_obj, *index_obj;
+    unsigned long long fp;
+    unsigned long check;
+    int replace;
+    if (!PyArg_ParseTuple(args, "OKkOp", &memory_obj, &fp, &check, &index_obj, &replace))
+        return NULL;
+    if (!crc_hardware)
+        return PyErr_Format(PyExc_RuntimeError, "memory_put needs the CRC-32C instruction "
+                            "(CRC32C_HARDWARE is 0)");
+    if (fp == 0 || check > 0xFFFFFFFFul)
+        return PyErr_Format(PyExc_ValueError, "memory_put: fp must be nonzero and check 32 bits");
+    Py_buffer views[4], index = {0};
+    memset(views, 0, sizeof views);
+    Memory memory;
+    memset(&memory, 0, sizeof memory);
+    if (memory_of(memory_obj, &memory, views, 1) < 0) {
+        release_all(views, 4);
+        return NULL;
+    }
+    if (memory.table == NULL) {
+        release_all(views, 4);
+        return PyErr_Format(PyExc_ValueError, "memory_put: the memory has no table yet");
+    }
+    if (index_obj != Py_None && PyObject_GetBuffer(index_obj, &index, PyBUF_SIMPLE) < 0) {
+        release_all(views, 4);
+        return NULL;
+    }
+#ifdef CRC_X86
+    memory_put(&memory, fp, (uint32_t)check, index.buf, index_obj != Py_None ? (size_t)index.len : 0,
+               replace);
+#endif
+    if (index_obj != Py_None)
+        PyBuffer_Release(&index);
+    release_all(views, 4);
+    Py_RETURN_NONE;
+}
+
 static PyObject *jpeg_fused(PyObject *self, PyObject *args)
 {
     Py_buffer data, out, views[4];
@@ -1246,7 +1367,7 @@ static PyObject *jpeg_fused(PyObject *self, PyObject *args)
             return PyErr_Format(PyExc_RuntimeError, "fused: a memory needs the CRC-32C "
                                 "instruction (CRC32C_HARDWARE is 0)");
         }
-        if (memory_of(memory_obj, &memory, views) < 0) {
+        if (memory_of(memory_obj, &memory, views, 0) < 0) {
             release_all(views, 4);
             PyBuffer_Release(&data);
             PyBuffer_Release(&out);
@@ -1459,6 +1580,13 @@ static PyMethodDef methods[] = {
      "file is to be added to it or its index kept, returns the fingerprints, whether\n"
      "it was read to its end and the index recorded (or None) instead of True.\n"
      "Raises feeder.errors.DecodeError as decode() does."},
+    {"memory_put", jpeg_memory_put, METH_VARARGS,
+     "memory_put(memory, fp, check, index, replace) -> None\n\n"
+     "feeder.decode.verified.VerifiedJpegs._put on its native memory (see fused;\n"
+     "the table mapped): remember fingerprint fp, with its index (bytes, or None)\n"
+     "written into the ring; replace: keep a longer index of bytes already there.\n"
+     "Holds the GIL throughout; the caller holds the memory's lock. Needs\n"
+     "CRC32C_HARDWARE."},
     {"resize", (PyCFunction)(void (*)(void))resize, METH_VARARGS | METH_KEYWORDS,
      "resize(src, dst, flip=False) -> None\n\n"
      "Resize the [h, w, 3] uint8 array src (rows at any stride) into the C-contiguous\n"

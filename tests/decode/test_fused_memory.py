@@ -242,3 +242,56 @@ def test_a_memory_the_call_cannot_read_is_refused():
         assert not out.any()
     assert _call(memo.native, data, out) is not False  # the memory as it is: taken
     assert out.any()
+
+
+def _writes(memo: VerifiedJpegs, ops_: list) -> None:
+    for kind, fp, check, index in ops_:
+        if kind == "add":
+            memo.add(fp, index, check)
+        else:
+            memo.keep_index(fp, index, check)
+
+
+@pytest.mark.parametrize("slots, index_bytes", [(8, 4096), (64, 1 << 16), (1024, 0)])
+def test_the_extensions_writer_writes_what_the_python_one_writes(slots, index_bytes):
+    """VerifiedJpegs' adds through the extension (memory_put) leave the table,
+    the index starts, the ring and its head byte for byte as the Python writer
+    does: full buckets, indexes replaced by longer ones, records that do not
+    fit, a ring written round several times."""
+    rng = np.random.default_rng(slots)
+    fps = [int(x) | 1 for x in rng.integers(1, 1 << 62, 40)]  # 40 files for 8-1024 slots
+    ops_ = []
+    for _ in range(400):
+        fp = fps[int(rng.integers(len(fps)))]
+        check = fp & 0xFFFF
+        n = int(rng.choice([0, 5, 40, 300, 5000, 70000]))
+        index = None if n == 0 else bytes(rng.integers(0, 256, n, dtype=np.uint8))
+        ops_.append(("add" if rng.random() < 0.6 else "keep", fp, check, index))
+    native = VerifiedJpegs(slots=slots, index_bytes=index_bytes, rewritten=True)
+    python = _InPython(slots=slots, index_bytes=index_bytes, rewritten=True)
+    _writes(native, ops_)
+    _writes(python, ops_)
+    assert native._head == python._head > (0 if index_bytes else -1)
+    assert bytes(native._table) == bytes(python._table)
+    if index_bytes:
+        assert bytes(native._where) == bytes(python._where)
+        assert bytes(native._ring) == bytes(python._ring)
+    for fp in fps:
+        assert native.seen(fp) == python.seen(fp)
+        assert native.index(fp, fp & 0xFFFF) == python.index(fp, fp & 0xFFFF)
+    assert len(native) == len(python) > 0
+
+
+def test_the_extensions_writer_refuses_what_it_cannot_write():
+    memo = VerifiedJpegs(files=4)
+    with pytest.raises(ValueError, match="no table"):
+        ext.memory_put(memo.native, 5, 1, b"x", False)
+    memo.add(7, b"abc", 1)
+    for args in [(0, 1, b"x", False), (5, 1 << 40, b"x", False), (5, 1, "text", False),
+                 (5, 1, b"x", False, 3), ("fp", 1, b"x", False)]:
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            ext.memory_put(memo.native, *args)
+    table, where, ring, head, *rest = memo.native
+    with pytest.raises((TypeError, BufferError)):  # read-only buffers cannot be written
+        ext.memory_put((bytes(table), bytes(where), ring, head, *rest), 9, 1, b"x", False)
+    assert memo.seen(7) and memo.index(7, 1) == b"abc" and not memo.seen(9)
