@@ -42,6 +42,7 @@ from .config import Config
 from .queue import END, Channel
 from .read import BudgetedOutbox, ReadBudget, ReadWaits, releasing
 from ..sample import Task
+from ..sample.rng import epoch_key
 from ..order.group import ScanStopped
 from ..order.plan import EpochPlan
 from ..order.sequence import Hinting, Order, Remaining
@@ -291,7 +292,7 @@ class Pass(PassBase):
         self.tuning = Tuning(self.gates) if self.gates else None
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, order_options.batch_size, pool, self, scratch, inboxes[0],
-                    self.ready, unbuffered=threads.decode_queue),
+                    self.ready, unbuffered=threads.decode_queue, pass_key=epoch_key(seed, epoch)),
             *maps,
             tail(self, collator, pool, self.ready, self.output) if tail is not None else
             Transfer.for_pass(cfg.output, padding, self, collator, pool, self.ready, self.output,

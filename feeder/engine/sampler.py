@@ -13,6 +13,7 @@ from ..order.epoch import (LAZY_MIN, ShardLayout, check_epoch, epoch_indices, ep
 from ..order.sequence import Order
 from .queue import END, Channel
 from ..sample import Task
+from ..sample.rng import index_keys
 from .stage import Control, Counters, Stage
 
 # The order's functions lived here before the order package: still importable.
@@ -37,11 +38,14 @@ class Sampler(Stage):
             sample dispatched before the binding already failed).
         unbuffered: Most samples of a batch dispatched before it has a buffer
             (each may need a scratch array); default: the outbox's capacity.
+        pass_key: ``epoch_key(seed, epoch)`` of the pass: each task then carries
+            its sample's key (:func:`~feeder.sample.rng.index_keys`, a batch at
+            a time); None: the decode step keys each task.
     """
 
     def __init__(self, control: Control, order: Callable[[], Any], batch_size: int, pool: BufferPool,
                  owner: object, scratch: Scratch, outbox: Channel, collate: Channel,
-                 unbuffered: int | None = None) -> None:
+                 unbuffered: int | None = None, pass_key: int | None = None) -> None:
         super().__init__("sampler", 1, control, None, outbox)
         self.order = order
         self.batch_size = batch_size
@@ -49,6 +53,7 @@ class Sampler(Stage):
         self.scratch = scratch
         self.collate = collate
         self.unbuffered = outbox.maxsize if unbuffered is None else unbuffered
+        self.pass_key = pass_key
 
     def work(self, c: Counters) -> None:
         B = self.batch_size
@@ -63,7 +68,9 @@ class Sampler(Stage):
         # the epoch); a list is cut in place.
         chunks = (order.chunks(B) if isinstance(order, Order)
                   else (order[a:a + B] for a in range(0, len(order), B)))
+        pass_key = self.pass_key
         for b, indices in enumerate(chunks):
+            keys = [None] * len(indices) if pass_key is None else index_keys(pass_key, indices)
             buf = pool.try_acquire(owner)
             first = 0
             if buf is not None:
@@ -75,7 +82,7 @@ class Sampler(Stage):
                 # Enough to keep every decode thread busy while the training loop
                 # hands its batch back (each may take a scratch array: bounded).
                 first = min(self.unbuffered, tasks.maxsize, len(indices))
-                self.put_tasks(c, [Task(batch, slot, indices[slot]) for slot in range(first)])
+                self.put_tasks(c, [Task(batch, slot, indices[slot], keys[slot]) for slot in range(first)])
                 c.begin_wait(Counters.WAIT_OUT)  # waiting for a free buffer: downstream is behind
                 try:
                     buf = pool.acquire(stopped, starving, owner)
@@ -83,7 +90,8 @@ class Sampler(Stage):
                     c.end_wait()
                 if batch.bind(buf, self.scratch.give):  # every dispatched sample already failed
                     self.put(c, self.collate, batch)
-            self.put_tasks(c, [Task(batch, slot, indices[slot]) for slot in range(first, len(indices))])
+            self.put_tasks(c, [Task(batch, slot, indices[slot], keys[slot])
+                               for slot in range(first, len(indices))])
             c.items += 1
         self.put(c, tasks, END)
 

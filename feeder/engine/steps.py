@@ -107,7 +107,9 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         return read_sample(source, work, task, sample)
 
     def decode(task: Task) -> Task:
-        task.key = key = index_key(pass_key, task.index)
+        key = task.key
+        if key is None:  # the sampler keys its batches; a task made elsewhere is keyed here
+            task.key = key = index_key(pass_key, task.index)
         data, task.data = task.data, None
         fields = task.fields
         if fused and fields is None:

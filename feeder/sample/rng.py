@@ -11,6 +11,7 @@ Batch transforms get a ``torch.Generator`` on the device, seeded from
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +45,22 @@ def index_key(epoch_key: int, index: int) -> int:
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
     return z ^ (z >> 31)
+
+
+_INDEX_MUL = np.uint64(0xD1B54A32D192ED03)
+_MIX_1, _MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
+
+
+def index_keys(epoch_key: int, indices: Any) -> list[int]:
+    """:func:`index_key` of each of ``indices`` (ints of at least 0), in one numpy
+    pass: the sampler keys a whole batch at once instead of a call per sample
+    in the decode threads (the arithmetic wraps modulo 2**64, as the masks do)."""
+    z = np.asarray(indices, dtype=np.uint64) * _INDEX_MUL
+    z ^= np.uint64(epoch_key & _MASK)
+    z = (z ^ (z >> _S30)) * _MIX_1
+    z = (z ^ (z >> _S27)) * _MIX_2
+    return (z ^ (z >> _S31)).tolist()
 
 
 def sample_key(seed: int, epoch: int, index: int) -> int:

@@ -111,20 +111,21 @@ class Task:
         fields: Every field but the image, checked (:func:`parse_sample`), or
             None for a pair with an int label: that common case takes no
             per-field work at all.
-        key: Its randomness key, from (seed, epoch, index).
+        key: Its randomness key, from (seed, epoch, index); None until known
+            (the sampler keys whole batches, the decode step any task without one).
         image: The decoded image, between the decode and the transform step.
         ctx: The ``ops.SampleContext`` the decode step computed for the transforms.
     """
 
     __slots__ = ("batch", "slot", "index", "data", "label", "fields", "key", "image", "ctx")
 
-    def __init__(self, batch: Any, slot: int, index: int) -> None:
+    def __init__(self, batch: Any, slot: int, index: int, key: int | None = None) -> None:
         self.batch = batch
         self.slot = slot
         self.index = index
         self.data: Any = None
         self.label: Any = -1
         self.fields: dict[str, Any] | None = None
-        self.key = 0
+        self.key = key
         self.image: Any = None
         self.ctx: Any = None

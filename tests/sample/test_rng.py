@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feeder import ops
-from feeder.sample.rng import SampleRNG, _mix, epoch_key, index_key, sample_key
+from feeder.sample.rng import SampleRNG, _mix, epoch_key, index_key, index_keys, sample_key
 
 M = (1 << 64) - 1
 G = 0x9E3779B97F4A7C15
@@ -34,6 +34,16 @@ ints = st.integers(-(1 << 70), 1 << 70)
 def test_sample_key_is_splitmix_composition(seed, epoch, index):
     assert sample_key(seed, epoch, index) == reference_key(seed, epoch, index)
     assert index_key(epoch_key(seed, epoch), index) == reference_key(seed, epoch, index)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ints, ints, st.lists(st.integers(0, (1 << 63) - 1), max_size=40))
+def test_a_batchs_keys_are_each_samples_key(seed, epoch, indices):
+    """The sampler keys a batch in one numpy pass: the same keys, in order."""
+    pass_key = epoch_key(seed, epoch)
+    keys = index_keys(pass_key, indices)
+    assert keys == [reference_key(seed, epoch, i) for i in indices]
+    assert all(type(k) is int for k in keys)
 
 
 @settings(max_examples=300, deadline=None)
