@@ -211,9 +211,12 @@ class VerifiedJpegs:
             # written at first), and it goes back to the system whole when the
             # feeder is freed. (A heap calloc of this size may be zeroed, all
             # resident, and kept by the allocator.)
-            table = self._table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+            table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
             if self.index_bytes:
                 self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+            # Published last: a thread that sees the table sees where too
+            # (:attr:`native` keeps what it saw once the table is there).
+            self._table = table
         where = self._where
         native = self.native
         if native is not None:

@@ -295,3 +295,35 @@ def test_the_extensions_writer_refuses_what_it_cannot_write():
     with pytest.raises((TypeError, BufferError)):  # read-only buffers cannot be written
         ext.memory_put((bytes(table), bytes(where), ring, head, *rest), 9, 1, b"x", False)
     assert memo.seen(7) and memo.index(7, 1) == b"abc" and not memo.seen(9)
+
+
+def test_the_native_memory_never_keeps_a_table_without_its_index_starts(monkeypatch):
+    """Another thread reading ``native`` while the first add maps the memory
+    (between the table and where each index starts) must not fix a view with
+    the table but without the starts: every later read would then miss every
+    index."""
+    import mmap as _mmap
+    import threading
+
+    from feeder.decode import verified as _verified
+
+    memo = VerifiedJpegs(files=4)
+    seen = []
+    calls = []
+
+    class _Mmap:
+        @staticmethod
+        def mmap(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:  # the table is mapped; where is next
+                t = threading.Thread(target=lambda: seen.append(memo.native))
+                t.start()
+                t.join(timeout=10)
+            return _mmap.mmap(*args, **kwargs)
+
+    monkeypatch.setattr(_verified, "mmap", _Mmap)
+    memo.add(11, b"index", 3)
+    assert len(calls) == 2 and seen and seen[0][0] is None  # the table not yet visible to it
+    table, where, ring, *_ = memo.native
+    assert table is not None and where is not None and ring is not None
+    assert memo.index(11, 3) == b"index"
