@@ -36,6 +36,15 @@ _GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing multiplier: spreads the bits o
 WAYS = 4  # slots per bucket: 32 bytes, within one cache line
 
 
+def _anonymous(size: int) -> mmap.mmap:
+    """``size`` bytes of anonymous memory, zero pages until written, private to
+    this process: a forked child (the isolated engine's worker, a DataLoader
+    worker over the dataset view) writes its own copy, never its parent's (a
+    shared mapping would have both write one ring with two heads)."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+
+
 class VerifiedJpegs:
     """A bounded, thread-safe memory of JPEG byte strings read to their end without an error.
 
@@ -89,7 +98,7 @@ class VerifiedJpegs:
         self._ring: memoryview | None = None
         if index_bytes:
             try:
-                self._ring = memoryview(mmap.mmap(-1, index_bytes))
+                self._ring = memoryview(_anonymous(index_bytes))
             except (OSError, OverflowError, ValueError) as exc:
                 raise ValueError(f"index_bytes={index_bytes}: the system cannot map that much memory "
                                  f"({exc})") from None
@@ -211,9 +220,9 @@ class VerifiedJpegs:
             # written at first), and it goes back to the system whole when the
             # feeder is freed. (A heap calloc of this size may be zeroed, all
             # resident, and kept by the allocator.)
-            table = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+            table = memoryview(_anonymous(self.slots * 8)).cast("Q")
             if self.index_bytes:
-                self._where = memoryview(mmap.mmap(-1, self.slots * 8)).cast("Q")
+                self._where = memoryview(_anonymous(self.slots * 8)).cast("Q")
             # Published last: a thread that sees the table sees where too
             # (:attr:`native` keeps what it saw once the table is there).
             self._table = table

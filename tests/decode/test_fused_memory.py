@@ -327,3 +327,27 @@ def test_the_native_memory_never_keeps_a_table_without_its_index_starts(monkeypa
     table, where, ring, *_ = memo.native
     assert table is not None and where is not None and ring is not None
     assert memo.index(11, 3) == b"index"
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
+def test_a_forked_child_writes_its_own_copy_of_the_memory():
+    """The memory's pages are private: a child forked after the first add (the
+    isolated engine's worker, a DataLoader worker over the dataset view) adds
+    files its parent never sees, and leaves the parent's ring as it was."""
+    import os
+
+    memo = VerifiedJpegs(files=8)
+    memo.add(21, b"parent's index", 1)
+    ring_before = bytes(memo._ring[:4096])
+    pid = os.fork()
+    if pid == 0:  # the child: add, then leave without running anything of pytest's
+        try:
+            memo.add(22, b"child's index", 2)
+            memo.keep_index(21, b"a longer index of the child's", 1)
+            os._exit(0 if memo.seen(22) else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not memo.seen(22) and memo.index(21, 1) == b"parent's index"
+    assert bytes(memo._ring[:4096]) == ring_before
