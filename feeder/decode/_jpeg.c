@@ -1173,15 +1173,25 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
 static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4], int writable)
 {
     PyObject *table, *where, *ring, *head;
-    unsigned int bits;
+    int bits;
+    long long points, min_points, bytes_per_point;
     if (!PyTuple_Check(arg)) {
         PyErr_Format(PyExc_TypeError, "memory must be a tuple, got %s", Py_TYPE(arg)->tp_name);
         return -1;
     }
-    if (!PyArg_ParseTuple(arg, "OOOOIKKK;memory must be (table, where, ring, head, bits, points, "
+    if (!PyArg_ParseTuple(arg, "OOOOiLLL;memory must be (table, where, ring, head, bits, points, "
                           "min_points, bytes_per_point)", &table, &where, &ring, &head, &bits,
-                          &m->points, &m->min_points, &m->bytes_per_point))
+                          &points, &min_points, &bytes_per_point))
         return -1;
+    if (bits < 0 || points < 0 || points > 0xFFFF || min_points < 0 || min_points > 0xFFFF
+        || bytes_per_point < 1) {
+        PyErr_SetString(PyExc_ValueError, "memory: bits, points and min_points must be small counts, "
+                        "bytes_per_point positive");
+        return -1;
+    }
+    m->points = (unsigned long long)points;
+    m->min_points = (unsigned long long)min_points;
+    m->bytes_per_point = (unsigned long long)bytes_per_point;
     PyObject *objs[4] = {table, where, ring, head};
     for (int k = 0; k < 4; k++) {
         if (objs[k] != Py_None
@@ -1193,19 +1203,15 @@ static int memory_of(PyObject *arg, Memory *m, Py_buffer views[4], int writable)
         return -1;
     }
     size_t slots = table == Py_None ? 0 : (size_t)views[0].len / 8;
-    if (table != Py_None && (bits < 1 || bits > 40 || slots != ((size_t)MEMORY_WAYS << bits)
+    if (table != Py_None && (bits < 1 || bits > 40 || slots != ((size_t)MEMORY_WAYS << (unsigned)bits)
                              || (where != Py_None && views[1].len != views[0].len))) {
         PyErr_SetString(PyExc_ValueError, "memory: table and where must be 4 << bits slots of 8 bytes");
-        return -1;
-    }
-    if (m->bytes_per_point == 0 || m->points > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "memory: bytes_per_point must be positive, points small");
         return -1;
     }
     m->table = table == Py_None ? NULL : views[0].buf;
     m->where = where == Py_None ? NULL : views[1].buf;
     m->slots = slots;
-    m->bits = bits;
+    m->bits = (unsigned)bits;
     m->ring = ring == Py_None || views[2].len == 0 ? NULL : views[2].buf;
     m->ring_bytes = ring == Py_None ? 0 : (size_t)views[2].len;
     m->head = views[3].buf;
@@ -1568,7 +1574,7 @@ static PyMethodDef methods[] = {
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
     {"fused", jpeg_fused, METH_VARARGS,
      "fused(data, key, crop_stream, flip_stream, flip_p, lo, span_s, log_lo, span_r,\n"
-     "      oh, ow, antialias, verify, max_steps, max_pixels, out, memory=None)\n"
+     "      oh, ow, antialias, verify, max_steps, max_pixels, out[, memory])\n"
      "    -> bool | (fp, check, verified, index)\n\n"
      "feeder.decode.jpeg.JpegDecoder.fused's sample in one call without the GIL:\n"
      "the marker walk, the header, RandomResizedCrop's draws and its region, the\n"

@@ -224,8 +224,8 @@ class JpegDecoder:
             DecodeError: the decode failed, as :meth:`decode` would say.
         """
         ext = self.ext
-        if ext is None or self.exif_orientation:
-            return False
+        if ext is None or self.exif_orientation or type(data) is not bytes:
+            return False  # (a mutable buffer could change between the fingerprint and the decode)
         verified = self.verified
         memory = None if verified is None else verified.native
         if memory is None and len(data) >= self.small_bytes:
@@ -237,7 +237,7 @@ class JpegDecoder:
                          _MAX_HEADER_STEPS, self.max_pixels, out, memory)
         if type(done) is bool:
             return done
-        fp, check, read_to_end, index = done  # bytes: they cannot change meanwhile
+        fp, check, read_to_end, index = done  # bytes: they could not change meanwhile
         if read_to_end:
             verified.add(fp, index, check)  # type: ignore[union-attr]
         else:

@@ -233,6 +233,10 @@ def test_a_memory_the_call_cannot_read_is_refused():
         (table, where, ring, head, bits, points, low, 0),                      # no bytes per point
         (table, where, ring, head, bits, 1 << 20, low, per),
         (table, where, ring, head, -1, points, low, per),
+        (table, where, ring, head, (1 << 32) + bits, points, low, per),        # no wrapping round
+        (table, where, ring, head, bits, points, -1, per),
+        (table, where, ring, head, bits, points, low, -1),
+        (table, where, ring, head, bits, -1, low, per),
         ("table", where, ring, head, bits, points, low, per),
         [table, where, ring, head, bits, points, low, per],                    # not a tuple
     ]
