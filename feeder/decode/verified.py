@@ -16,8 +16,10 @@ either costs time, never correctness. The design and its figures:
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import threading
+import weakref
 import zlib
 
 import numpy as np
@@ -37,12 +39,27 @@ WAYS = 4  # slots per bucket: 32 bytes, within one cache line
 
 
 def _anonymous(size: int) -> mmap.mmap:
-    """``size`` bytes of anonymous memory, zero pages until written, private to
-    this process: a forked child (the isolated engine's worker, a DataLoader
-    worker over the dataset view) writes its own copy, never its parent's (a
-    shared mapping would have both write one ring with two heads)."""
-    private = getattr(mmap, "MAP_PRIVATE", None)
-    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+    """``size`` bytes of anonymous memory: the system's zero pages until written,
+    a mapping of its own (its resident pages are what the kernel reports for
+    it), and given back whole when freed. Shared with a forked child, which
+    therefore starts a memory of its own (see :func:`_forget_in_child`)."""
+    return mmap.mmap(-1, size)
+
+
+# Every live memory, so that a forked child can drop what it inherited.
+_LIVE: "weakref.WeakSet[VerifiedJpegs]" = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """In a forked child (the isolated engine's worker, a DataLoader worker over
+    the dataset view): each memory starts empty, as a pickled copy does. Its
+    pages are shared with the parent, whose head and lock this process cannot
+    follow: writing them would put two processes' records in one ring."""
+    for memo in list(_LIVE):
+        memo.__setstate__(memo.__getstate__())
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class VerifiedJpegs:
@@ -107,6 +124,7 @@ class VerifiedJpegs:
         self._heads = memoryview(bytearray(8)).cast("Q")
         self._adding = threading.Lock()
         self._native: tuple | None = None
+        _LIVE.add(self)
 
     @property
     def _head(self) -> int:
