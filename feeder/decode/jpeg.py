@@ -79,8 +79,8 @@ class JpegDecoder:
     """How one feeder decodes JPEGs: through the region decoder (``ext``, the
     extension) when it is built, else simplejpeg; at the reduced scale or the
     region the transforms' plan allows; read to the file's end once per
-    distinct file (``verify``, ``verified``), every time for a small one
-    (:data:`SMALL_BYTES`).
+    distinct file (``verify``, ``verified``), every time for a small one off
+    the fused path (:data:`SMALL_BYTES`).
 
     Build one per set of settings and call :meth:`decode` per file; thread-safe
     (it holds settings, and ``verified`` locks itself).
@@ -97,14 +97,17 @@ class JpegDecoder:
         ext: The region decoder; by default the built extension (None when it is
             not in use: simplejpeg alone).
         small_bytes: Files of fewer bytes are decoded without ``verified``
-            (default :data:`SMALL_BYTES`; 0: none).
+            where the memory is read in Python (default :data:`SMALL_BYTES`;
+            0: none).
     """
 
-    #: Files of fewer bytes are region-decoded without :attr:`verified`: each
-    #: decode reads them to their end (with ``verify``) and no row index is
-    #: kept, because for them the memory's per-file Python cost (fingerprints,
-    #: lookups, adds, all with the GIL held) exceeds what stopping after the
-    #: crop saves (measured: ``bench/results/small_images.txt``).
+    #: Files of fewer bytes are region-decoded without :attr:`verified` where
+    #: the memory would be read in Python (:meth:`decode`; :meth:`fused` reads
+    #: it in the extension, for every file): each decode reads them to their
+    #: end (with ``verify``) and no row index is kept, because for them the
+    #: memory's per-file Python cost (fingerprints, lookups, adds, all with the
+    #: GIL held) exceeds what stopping after the crop saves (measured:
+    #: ``bench/results/small_images.txt``).
     SMALL_BYTES = 12 << 10
 
     def __init__(self, max_pixels: int = DEFAULT_MAX_PIXELS, buffers: Any = None,

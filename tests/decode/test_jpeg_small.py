@@ -1,8 +1,10 @@
-"""Small JPEGs skip the verified-JPEG memory (``JpegDecoder.SMALL_BYTES``): a
-file of fewer bytes is region-decoded as on its first read every time (read to
-its end with ``jpeg_verify``, no fingerprint, no row index), which must deliver
-the very same pixels, and refuse or skip the very same files, as the memory
-does."""
+"""Where the verified-JPEG memory is read in Python (``JpegDecoder.decode``),
+small JPEGs skip it (``JpegDecoder.SMALL_BYTES``): a file of fewer bytes is
+region-decoded as on its first read every time (read to its end with
+``jpeg_verify``, no fingerprint, no row index), which must deliver the very
+same pixels, and refuse or skip the very same files, as the memory does. (The
+fused call reads the memory for every file: tests/decode/test_fused_memory.py.)
+Through a Feeder, both paths run: the batches must be the same either way."""
 
 from __future__ import annotations
 
