@@ -920,8 +920,9 @@ static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 /* The verified-JPEG memory (feeder/decode/verified.py's VerifiedJpegs), read
  * without the GIL by fused: its table of fingerprints, where each
  * file's index starts in the ring, the ring of indexes and the ring's head.
- * Python writes them, one thread at a time and holding the GIL; this side
- * only reads. A slot or a head is an aligned 8-byte word, written whole. A
+ * One add at a time writes them, holding the memory's lock and the GIL
+ * (memory_put below, or Python without it); fused only reads them. A slot
+ * or a head is an aligned 8-byte word, written whole. A
  * record is written after the head has moved past it (VerifiedJpegs._keep),
  * and a reader that copied one looks at the head after the copy: if the head
  * has not come round to the record, nothing wrote over it meanwhile. The
