@@ -340,20 +340,33 @@ def test_a_forked_child_writes_its_own_copy_of_the_memory():
     pickled copy does: it adds files its parent never sees, and leaves the
     parent's ring as it was."""
     import os
+    import select
+    import signal
 
     memo = VerifiedJpegs(files=8)
     memo.add(21, b"parent's index", 1)
     ring_before = bytes(memo._ring[:4096])
+    readable, writable = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: add, then leave without running anything of pytest's
+    if pid == 0:  # the child: add, report, then leave without running anything of pytest's
+        code = 4
         try:
             fresh = not memo.seen(21)
             memo.add(22, b"child's index", 2)
             memo.keep_index(21, b"a longer index of the child's", 1)
-            os._exit(0 if fresh and memo.seen(22) else 3)
-        except BaseException:
-            os._exit(4)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+            code = 0 if fresh and memo.seen(22) else 3
+        finally:
+            os.write(writable, bytes([code]))
+            os._exit(code)
+    os.close(writable)
+    try:
+        ready, _, _ = select.select([readable], [], [], 60)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        report = os.read(readable, 1) if ready else b""
+    finally:
+        os.close(readable)
+        os.waitpid(pid, 0)  # it has reported (or been killed): it is exiting
+    assert report == b"\x00", "the child did not start empty, or hung"
     assert not memo.seen(22) and memo.index(21, 1) == b"parent's index"
     assert bytes(memo._ring[:4096]) == ring_before
