@@ -189,6 +189,13 @@ class FileList:
     def read(self, index: int) -> tuple[bytes, int]:
         return _read_file(self.paths[index]), self.labels[index]
 
+    def path_label(self, index: int) -> tuple[str | bytes, Any]:
+        """What :meth:`read` reads and returns with it: the path and the label.
+        The engine's read step uses it to have the region decoder read the file
+        in the call that decodes it (one GIL hand-off less per sample), where
+        :meth:`read` is this class's own."""
+        return self.paths[index], self.labels[index]
+
     def describe(self, index: int) -> str:
         return self.paths[index]
 

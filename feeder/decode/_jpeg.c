@@ -1346,37 +1346,83 @@ static PyObject *jpeg_memory_put(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+#ifndef _WIN32
+static int read_whole(const char *path, char **out, size_t *out_len);
+#endif
+
+/* fused's first argument: the file's bytes (any buffer), or its path (str or
+ * os.PathLike: the file is read in the same call, without the GIL, as
+ * read_file reads it). */
+typedef struct {
+    Py_buffer data;
+    PyObject *path, *encoded; /* the path given, and as bytes; NULL for bytes */
+    char *file;               /* the file read from path (malloc'd) */
+    size_t file_len;
+    int read_err;
+} FusedInput;
+
+static int input_of(PyObject *arg, FusedInput *in)
+{
+    memset(in, 0, sizeof *in);
+    if (PyObject_CheckBuffer(arg))
+        return PyObject_GetBuffer(arg, &in->data, PyBUF_SIMPLE);
+#ifdef _WIN32
+    PyErr_Format(PyExc_TypeError, "fused: data must be bytes here, got %s", Py_TYPE(arg)->tp_name);
+    return -1;
+#else
+    if (!PyUnicode_FSConverter(arg, &in->encoded))
+        return -1;
+    in->path = arg;
+    return 0;
+#endif
+}
+
+static void input_release(FusedInput *in)
+{
+    if (in->data.obj != NULL)
+        PyBuffer_Release(&in->data);
+    Py_XDECREF(in->encoded);
+    free(in->file);
+    in->file = NULL;
+}
+
 static PyObject *jpeg_fused(PyObject *self, PyObject *args)
 {
-    Py_buffer data, out, views[4];
+    Py_buffer out, views[4];
     memset(views, 0, sizeof views);
     Fused f;
     memset(&f, 0, sizeof f);
     Memory memory;
     memset(&memory, 0, sizeof memory);
+    FusedInput in;
     unsigned long long key, crop_stream, flip_stream, max_pixels;
-    PyObject *memory_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "y*KKKdddddLLppiKw*|O", &data, &key, &crop_stream, &flip_stream,
+    PyObject *source, *memory_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OKKKdddddLLppiKw*|O", &source, &key, &crop_stream, &flip_stream,
                           &f.flip_p, &f.lo, &f.span_s, &f.log_lo, &f.span_r, &f.oh, &f.ow,
                           &f.antialias, &f.verify, &f.max_steps, &max_pixels, &out, &memory_obj))
         return NULL;
+    if (input_of(source, &in) < 0) {
+        input_release(&in);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
     if (f.oh <= 0 || f.ow <= 0 || f.oh > INT_MAX / 3 || f.ow > INT_MAX / 3
         || out.len != f.oh * f.ow * 3 || !PyBuffer_IsContiguous(&out, 'C')) {
-        PyBuffer_Release(&data);
+        input_release(&in);
         PyBuffer_Release(&out);
         return PyErr_Format(PyExc_ValueError, "out must be a C-contiguous writable buffer of "
                             "oh * ow * 3 bytes");
     }
     if (memory_obj != Py_None) {
         if (!crc_hardware) {
-            PyBuffer_Release(&data);
+            input_release(&in);
             PyBuffer_Release(&out);
             return PyErr_Format(PyExc_RuntimeError, "fused: a memory needs the CRC-32C "
                                 "instruction (CRC32C_HARDWARE is 0)");
         }
         if (memory_of(memory_obj, &memory, views, 0) < 0) {
             release_all(views, 4);
-            PyBuffer_Release(&data);
+            input_release(&in);
             PyBuffer_Release(&out);
             return NULL;
         }
@@ -1388,17 +1434,42 @@ static PyObject *jpeg_fused(PyObject *self, PyObject *args)
     f.max_pixels = max_pixels;
     f.dst = out.buf;
     Py_BEGIN_ALLOW_THREADS
-    run_fused(&f, data.buf, (size_t)data.len);
+#ifndef _WIN32
+    if (in.path != NULL) {
+        in.read_err = read_whole(PyBytes_AS_STRING(in.encoded), &in.file, &in.file_len);
+        if (in.read_err == 0)
+            run_fused(&f, (const unsigned char *)in.file, in.file_len);
+    } else
+#endif
+    {
+        run_fused(&f, in.data.buf, (size_t)in.data.len);
+    }
     Py_END_ALLOW_THREADS
     release_all(views, 4);
-    PyBuffer_Release(&data);
     PyBuffer_Release(&out);
+    if (in.read_err) {
+        input_release(&in);
+        if (in.read_err == ENOMEM)
+            return PyErr_NoMemory();
+        errno = in.read_err;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, source);
+    }
     if (f.result == 2) {
+        input_release(&in);
         if (f.job.status == 1)
             return PyErr_Format(DecodeError, "corrupt JPEG: %s", f.job.note);
         return PyErr_Format(DecodeError, "%s", f.job.note);
     }
     unsigned char *made = f.job.index_out;
+    if (f.result != 0 && in.path != NULL) {
+        /* not taken: the file's bytes, for decode() to take */
+        free(made);
+        PyObject *bytes = PyBytes_FromStringAndSize(in.file_len ? in.file : "",
+                                                    (Py_ssize_t)in.file_len);
+        input_release(&in);
+        return bytes;
+    }
+    input_release(&in);
     if (f.result != 0 || f.fp == 0 || !(f.verified || made != NULL)) {
         free(made);
         return PyBool_FromLong(f.result == 0);
@@ -1423,16 +1494,13 @@ static PyObject *jpeg_fused(PyObject *self, PyObject *args)
  * its size has reached its end; anything else (a file whose size changed, a
  * pipe, a /proc file) reads on until an empty read. Errors are OSError naming
  * the path, as os.open's are. */
-static PyObject *read_file(PyObject *self, PyObject *arg)
+/* The whole file at path into a malloc'd buffer (*buf, *got bytes), without
+ * touching Python: 0, or an errno (ENOMEM where it does not fit). */
+static int read_whole(const char *path, char **out, size_t *out_len)
 {
-    PyObject *encoded = NULL;
-    if (!PyUnicode_FSConverter(arg, &encoded))
-        return NULL;
-    const char *path = PyBytes_AS_STRING(encoded);
     int err = 0, nomem = 0;
     char *buf = NULL;
     size_t got = 0;
-    Py_BEGIN_ALLOW_THREADS
     int fd;
     do {
         fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -1482,12 +1550,31 @@ static PyObject *read_file(PyObject *self, PyObject *arg)
         }
         close(fd);
     }
-    Py_END_ALLOW_THREADS
-    Py_DECREF(encoded);
     if (err || nomem) {
         free(buf);
-        if (nomem)
-            return PyErr_NoMemory();
+        return nomem ? ENOMEM : err;
+    }
+    *out = buf;
+    *out_len = got;
+    return 0;
+}
+
+static PyObject *read_file(PyObject *self, PyObject *arg)
+{
+    PyObject *encoded = NULL;
+    if (!PyUnicode_FSConverter(arg, &encoded))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(encoded);
+    char *buf = NULL;
+    size_t got = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = read_whole(path, &buf, &got);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(encoded);
+    if (err == ENOMEM)
+        return PyErr_NoMemory();
+    if (err) {
         errno = err;
         return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
     }

@@ -247,6 +247,35 @@ class JpegDecoder:
             verified.keep_index(fp, index, check)  # type: ignore[union-attr]
         return True
 
+    def fused_path(self, path: str, key: int, fused: Any, out: np.ndarray) -> bool | bytes:
+        """:meth:`fused` of the file at ``path``, read in the same extension call
+        (as ``sources._read_file`` reads it). Returns True when ``out`` holds the
+        sample, else the file's bytes for :meth:`decode` to take; None, having
+        read nothing, where the call cannot read the memory (see :meth:`fused`).
+
+        Raises:
+            OSError: the file could not be read (naming ``path``).
+            DecodeError: the decode failed, as :meth:`decode` would say.
+        """
+        ext = self.ext
+        verified = self.verified
+        memory = None if verified is None else verified.native
+        if ext is None or self.exif_orientation or (verified is not None and memory is None):
+            return None
+        flip = fused.flip
+        done = ext.fused(path, key, fused.crop_stream, fused.flip_stream,
+                         -1.0 if flip is None else flip.p, *fused.draw_args,
+                         *fused.crop.output_size, fused.crop.antialias, self.verify,
+                         _MAX_HEADER_STEPS, self.max_pixels, out, memory)
+        if type(done) is tuple:
+            fp, check, read_to_end, index = done
+            if read_to_end:
+                verified.add(fp, index, check)  # type: ignore[union-attr]
+            else:
+                verified.keep_index(fp, index, check)  # type: ignore[union-attr]
+            return True
+        return done
+
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
         """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the
         last two None from simplejpeg."""

@@ -149,6 +149,21 @@ class SampleWork:
             return img, ctx if ctx is not None else SampleContext(size)
         return self.decode(data, key)
 
+    def read_into(self, path: str, key: int, out: np.ndarray) -> bool | bytes | None:
+        """:meth:`decode_into` of the file at ``path``, read in the same call where
+        the region decoder takes it (``JpegDecoder.fused_path``): True when
+        ``out`` holds the fused steps' result (:meth:`finish_into` runs the
+        rest), the file's bytes when it does not (for :meth:`decode_into`), or
+        None when nothing was read (the caller reads the file itself).
+
+        Raises:
+            OSError: the file could not be read.
+            DecodeError: the decode failed.
+        """
+        if self.fused is None:
+            return None
+        return self.jpeg.fused_path(path, key, self.fused, out)
+
     def finish_into(self, key: int, out: np.ndarray) -> tuple[int, int]:
         """After :meth:`decode_into` fused the first steps into ``out``: the rest
         of the chain, in place; returns the (height, width) as :meth:`transform`."""

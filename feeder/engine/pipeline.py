@@ -241,7 +241,8 @@ class Pass(PassBase):
         threads, order_options = cfg.threads, cfg.order
         self.errors: ErrorOptions = cfg.errors
         read, decode, augment = steps(source, work, scratch, seed, epoch,
-                                      inline=threads.augment_threads == 0)
+                                      inline=threads.augment_threads == 0,
+                                      read_inline=threads.read_threads == 0)
         if read_waits is not None and threads.read_threads:
             read = read_waits.timed(read)
         specs = topology(threads, read, decode, augment)

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..decode.step import SampleWork
-from ..errors import ConfigError
+from ..decode.step import _FUSED, SampleWork
+from ..errors import ConfigError, DecodeError
+from ..sources import FileList
 from ..sample import INT_SCALAR, LABEL, MASK, NUMERIC, SIZE, Task, parse_sample
 from ..sample.rng import epoch_key, index_key
 from .stage import Step
@@ -28,6 +29,19 @@ __all__ = ["SampleWork", "as_label", "read_sample", "source_files", "steps"]
 
 _INT64 = (-(1 << 63), 1 << 63)
 _SIZE_DTYPE = np.dtype(np.int64)
+
+#: A task's data once the read step has read and decoded it into its slot.
+_READ_FUSED = object()
+
+
+class _Failed:
+    """The read step's fused decode failed: the decode step raises ``error``, so
+    that the failure is the decode's, as it would have been."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def source_files(source: Any) -> int | None:
@@ -78,17 +92,18 @@ def read_sample(source: Any, work: SampleWork, task: Task, sample: Any) -> Task:
 
 
 def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
-          epoch: int, inline: bool = False) -> tuple[Step, Step, Step]:
+          epoch: int, inline: bool = False, read_inline: bool = False) -> tuple[Step, Step, Step]:
     """The engine's three steps on a :class:`~feeder.sample.Task`, for one pass.
 
     ``read`` and ``decode`` return the task; ``augment`` writes the result into
     the task's slot of its batch (or a scratch array, when the batch has no buffer
     yet) and returns the batch when that completes it, else None.
 
-    ``inline``: the augment step runs in the decode threads, right after the
-    decode: a JPEG sample whose batch has its buffer then has the chain's first
-    steps fused into its decode (``SampleWork.decode_into``), written straight
-    into its slot, and the augment step runs the rest.
+    ``inline``: the augment step runs in the decode threads: a JPEG sample whose
+    batch has its buffer has the chain's first steps fused into its decode
+    (``SampleWork.decode_into``), into its slot. ``read_inline``: so does the
+    read step (no read stage); with both, a FileList's file is read in the
+    call that decodes it (:func:`_read_fused`).
     """
     read_source = source.read
     schema = work.schema
@@ -96,8 +111,12 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
     variable = work.variable
     fused = inline and work.fused is not None
+    path_label = _path_label(source) if fused and read_inline else None  # see _read_fused
 
     def read(task: Task) -> Task:
+        if (path_label is not None and schema.classic and task.key is not None
+                and _read_fused(work, task, path_label)):
+            return task
         sample = read_source(task.index)
         # The classic pair takes no further work once the schema has seen one.
         if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
@@ -111,6 +130,8 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         if key is None:  # the sampler keys its batches; a task made elsewhere is keyed here
             task.key = key = index_key(pass_key, task.index)
         data, task.data = task.data, None
+        if data is _READ_FUSED or type(data) is _Failed:  # the read step decoded it
+            return _read_fused_done(task, data)
         fields = task.fields
         if fused and fields is None:
             buf = task.batch.buffer
@@ -148,6 +169,45 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         return batch if batch.finish_slot() else None
 
     return Step("read", read), Step("decode", decode), Step("augment", augment)
+
+
+def _path_label(source: Any) -> Any:
+    """A FileList's ``path_label`` where its ``read`` is FileList's own (what
+    :func:`_read_fused` reads in its place), else None."""
+    if isinstance(source, FileList) and type(source).read is FileList.read:
+        return source.path_label
+    return None
+
+
+def _read_fused(work: SampleWork, task: Task, path_label: Any) -> bool:
+    """The read step of a FileList's classic pair whose batch has its buffer:
+    the region decoder reads the file and decodes it into the slot in one
+    call (``SampleWork.read_into``). True when the task is read: its data is
+    then :data:`_READ_FUSED`, the file's bytes (for the decode step), or a
+    :class:`_Failed` decode; False when the file was not read (the read step
+    reads it as ever). A file that cannot be read fails here, in the read step."""
+    buf = task.batch.buffer
+    path, label = path_label(task.index)
+    low, high = _INT64
+    if buf is None or type(path) is not str or type(label) is not int or not low <= label < high:
+        return False
+    try:
+        got = work.read_into(path, task.key, buf.images[task.slot])
+    except DecodeError as exc:  # the decode step's failure: raised there
+        got = _Failed(exc)
+    if got is None:
+        return False
+    task.data, task.label = (_READ_FUSED if got is True else got), label
+    return True
+
+
+def _read_fused_done(task: Task, data: Any) -> Task:
+    """The decode step of a task the read step decoded (:func:`_read_fused`):
+    its slot holds the fused steps' result, or the decode's error is raised."""
+    if type(data) is _Failed:
+        raise data.error
+    task.image, task.ctx = None, _FUSED
+    return task
 
 
 def _augment_into_scratch(work: SampleWork, scratch: Any, variable: bool, task: Task, batch: Any,

@@ -1,0 +1,146 @@
+"""A FileList's file is read by the region decoder in the call that decodes it
+(the read step's ``SampleWork.read_into``): the same batches as when the read
+step reads the bytes, the same errors, named by the same step and sample."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
+from tests.support.jpeg import KINDS, jpeg
+from feeder import Feeder, SampleError, ops
+from feeder.decode import extension
+from feeder.sources import FileList
+from feeder.synthetic import make_image
+
+pytestmark = pytest.mark.skipif(extension.jpeg is None, reason="the region decoder is not built")
+
+CHAIN = [ops.RandomResizedCrop(40), ops.RandomHorizontalFlip()]
+
+
+def _noisy(h: int, w: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    base = make_image(h, w, seed=seed).astype(np.int16)
+    return np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
+
+
+def _files(tmp_path) -> tuple[list[str], list[bytes]]:
+    blobs = [jpeg(_noisy(h, w, 5 * n + h), kind, 90)
+             for n, kind in enumerate(KINDS) for h, w in [(60, 44), (333, 400)]]
+    paths = []
+    for i, blob in enumerate(blobs):
+        path = tmp_path / f"{i:03d}.jpg"
+        path.write_bytes(blob)
+        paths.append(str(path))
+    return paths, blobs
+
+
+def _run(source, epochs: int = 3, **options) -> tuple[list, BaseException | None, None]:
+    out = []
+    with Feeder(source, 4, CHAIN, shuffle=True, seed=7, decode_threads=2, timeout=JOIN_TIMEOUT_S,
+                **options) as f:
+        for epoch in range(epochs):
+            f.set_epoch(epoch)
+            batches, error = drain(f)
+            out += batches
+            if error is not None:
+                return out, error, None
+    return out, None, None
+
+
+def _same(a: list, b: list) -> None:
+    assert len(a) == len(b) > 0
+    for (x, y), (x2, y2) in zip(a, b):
+        np.testing.assert_array_equal(y, y2)
+        np.testing.assert_array_equal(x, x2)
+
+
+def test_the_same_batches_as_when_the_read_step_reads(tmp_path):
+    paths, blobs = _files(tmp_path)
+    labels = list(range(len(paths)))
+    fused, error, _ = _run(FileList(paths, labels))
+    assert error is None
+    in_memory, error, _ = _run(MemorySource(blobs))
+    assert error is None
+    unfused, error, _ = _run(FileList(paths, labels), augment_threads=1)
+    assert error is None
+    _same(fused, in_memory)
+    _same(fused, unfused)
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_bad_file_fails_as_it_does_when_the_read_step_reads(tmp_path, damage):
+    paths, blobs = _files(tmp_path)
+    if damage == "missing":
+        os.remove(paths[5])
+    else:
+        bad = bytearray(blobs[5])
+        bad[len(bad) // 2:len(bad) // 2 + 40] = b"\x00" * 40
+        with open(paths[5], "wb") as f:
+            f.write(bytes(bad))
+    errors = []
+    for augment in (0, 1):  # fused read, and the read step reading the bytes
+        _, error, _ = _run(FileList(paths, list(range(len(paths)))), augment_threads=augment)
+        assert isinstance(error, SampleError), error
+        errors.append(str(error))
+    assert errors[0] == errors[1]
+    assert "sample 5" in errors[0]
+    assert ("read" if damage == "missing" else "DecodeError") in errors[0]
+    for augment in (0, 1):
+        out, error, _ = _run(FileList(paths, list(range(len(paths)))), epochs=2, on_error="skip",
+                             augment_threads=augment)
+        assert error is None
+        assert sum(len(y) for _, y in out) == 2 * (len(paths) - 1)
+
+
+def test_a_filelist_with_its_own_read_is_read_through_it(tmp_path):
+    """A subclass that overrides read keeps its read: its samples, not the files'."""
+    paths, blobs = _files(tmp_path)
+
+    class Flipped(FileList):
+        def read(self, index):
+            data, label = super().read(index)
+            return blobs[(index + 1) % len(blobs)], label
+
+    got, error, _ = _run(Flipped(paths, list(range(len(paths)))))
+    assert error is None
+    want, error, _ = _run(MemorySource([blobs[(i + 1) % len(blobs)] for i in range(len(blobs))]))
+    assert error is None
+    _same(got, want)
+
+
+class _Spy:
+    """The extension, counting the fused calls that read a file themselves."""
+
+    def __init__(self, ext) -> None:
+        self._ext, self.paths = ext, 0
+
+    def fused(self, data, *args):
+        self.paths += isinstance(data, str)
+        return self._ext.fused(data, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._ext, name)
+
+
+@pytest.mark.parametrize("read_threads", [0, 1])
+def test_the_file_is_read_in_the_decode_call_only_where_the_decode_threads_read(
+        tmp_path, monkeypatch, read_threads):
+    """Without a read stage the decode call reads the file; with one, the read
+    stage's threads only read (the decode stays in the decode threads) and the
+    batches are the same."""
+    paths, blobs = _files(tmp_path)
+    spy = _Spy(extension.jpeg)
+    monkeypatch.setattr(extension, "jpeg", spy)
+    got, error, _ = _run(FileList(paths, list(range(len(paths)))), read_threads=read_threads)
+    assert error is None
+    if read_threads:
+        assert spy.paths == 0
+    else:
+        assert spy.paths >= len(paths)  # every sample of every epoch, the first included
+    want, error, _ = _run(MemorySource(blobs), read_threads=read_threads)
+    assert error is None
+    _same(got, want)
