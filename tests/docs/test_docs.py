@@ -268,11 +268,12 @@ def test_figures_are_found():
 @pytest.mark.parametrize("script", FIGURES, ids=os.path.basename)
 def test_figure_script_draws_its_figure(script, tmp_path):
     """Each docs/figures/NAME.py draws NAME.png from a real run, into the folder it is
-    given; the committed NAME.png is there and a page shows it."""
+    given (a shorter run, where the script has one: FEEDER_FIGURE_QUICK=1); the
+    committed NAME.png is there and a page shows it."""
     pytest.importorskip("matplotlib")
     name = os.path.splitext(os.path.basename(script))[0] + ".png"
     proc = subprocess.run([sys.executable, script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=280, env={**os.environ, "PYTHONPATH": ROOT})
+                          timeout=280, env={**os.environ, "PYTHONPATH": ROOT, "FEEDER_FIGURE_QUICK": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for path in (tmp_path / name, os.path.join(ROOT, "docs", "figures", name)):
         with open(path, "rb") as f:
