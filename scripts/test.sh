@@ -6,7 +6,9 @@
 # threads, child processes and servers, so two processes finish the whole suite
 # in about 0.6x the time of one, even on 2 cores. FEEDER_TEST_PROCESSES=1 runs
 # everything in this one process, as do a -n of your own, -p no:xdist, --pdb
-# and --trace (a debugger needs the test in this process).
+# and --trace (a debugger needs the test in this process). The processes steal
+# queued tests from each other (--dist worksteal), so that neither sits idle
+# while the other still has a queue of long tests.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 vpy="$(FEEDER_EXTRAS="${FEEDER_EXTRAS:-test,docs}" bash "$root/scripts/env.sh")"
@@ -24,6 +26,6 @@ for arg in "$@"; do
   esac
 done
 if (( parallel )) && "$vpy" -c "import xdist" 2>/dev/null; then
-  exec "$vpy" -m pytest -n "$(( 10#$processes ))" "$@"
+  exec "$vpy" -m pytest -n "$(( 10#$processes ))" --dist worksteal "$@"
 fi
 exec "$vpy" -m pytest "$@"
