@@ -11,6 +11,8 @@ nothing is held, so one sample larger than the whole budget still passes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 import time
 from typing import Any
@@ -128,7 +130,7 @@ def releasing(step: Step, budget: ReadBudget) -> Step:
         budget.give(nbytes(task.data))
         return fn(task)
 
-    return Step(step.name, run, step.inline)
+    return dataclasses.replace(step, fn=run)
 
 
 class ReadWaits:
@@ -160,4 +162,4 @@ class ReadWaits:
             waits.append(max(0.0, (clock() - wall) - (cpu() - used)))
             return out
 
-        return Step(step.name, run, step.inline)
+        return dataclasses.replace(step, fn=run)

@@ -220,11 +220,14 @@ class Step:
         fn: The function.
         inline: Work of a stage that has no threads of its own: its time is
             counted as that stage's (``name``), not as the running stage's.
+        busy: What a sample in this step is said to be in, for the samples in
+            flight (a timeout's message, the stuck-sample warning); None: ``name``.
     """
 
     name: str
     fn: Callable[[Any], Any]
     inline: bool = False
+    busy: str | None = None
 
 
 class Stage:
@@ -364,7 +367,7 @@ class MapStage(Stage):
                     elif step is not steps[0]:
                         t = _now()
                     # What this thread works on, for naming samples stuck in a step.
-                    c.current = (step.name, task.index, t)
+                    c.current = (step.busy or step.name, task.index, t)
                     item = step.fn(item)
                     if item is None:
                         break

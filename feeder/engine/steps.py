@@ -168,7 +168,9 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
             _augment_into_scratch(work, scratch, variable, task, batch, slot)
         return batch if batch.finish_slot() else None
 
-    return Step("read", read), Step("decode", decode), Step("augment", augment)
+    # A sample in the fused read is being read and decoded (see _read_fused).
+    busy = None if path_label is None else "read and decode"
+    return Step("read", read, busy=busy), Step("decode", decode), Step("augment", augment)
 
 
 def _path_label(source: Any) -> Any:

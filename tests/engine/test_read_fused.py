@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
 from tests.support.jpeg import KINDS, jpeg
-from feeder import Feeder, SampleError, ops
+from feeder import Feeder, FeederTimeoutError, SampleError, ops
 from feeder.decode import extension
 from feeder.sources import FileList
 from feeder.synthetic import make_image
@@ -144,3 +144,22 @@ def test_the_file_is_read_in_the_decode_call_only_where_the_decode_threads_read(
     want, error, _ = _run(MemorySource(blobs), read_threads=read_threads)
     assert error is None
     _same(got, want)
+
+
+def test_a_sample_stuck_in_the_fused_read_is_named_as_read_and_decoded(tmp_path):
+    """Its time is the decode's as much as the read's: a timeout names both."""
+    paths, _ = _files(tmp_path)
+    fifo = str(tmp_path / "stuck.jpg")
+    os.mkfifo(fifo)  # opening it blocks until a writer comes
+    paths[0] = fifo
+    try:
+        with Feeder(FileList(paths, list(range(len(paths)))), 4, CHAIN, decode_threads=2,
+                    timeout=1.0) as f:
+            _, error = drain(f)
+        assert isinstance(error, FeederTimeoutError), error
+        assert "in stage 'read and decode'" in str(error), str(error)
+        assert "stuck.jpg" in str(error)
+    finally:
+        # Let the blocked open go (the file then fails to decode, in a pass already stopped).
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
