@@ -20,6 +20,7 @@ import numpy as np
 
 from ..decode.step import _FUSED, SampleWork
 from ..errors import ConfigError, DecodeError
+from .. import sources as _sources
 from ..sources import FileList
 from ..sample import INT_SCALAR, LABEL, MASK, NUMERIC, SIZE, Task, parse_sample
 from ..sample.rng import epoch_key, index_key
@@ -28,6 +29,7 @@ from .stage import Step
 __all__ = ["SampleWork", "as_label", "read_sample", "source_files", "steps"]
 
 _INT64 = (-(1 << 63), 1 << 63)
+_READ_FILE = _sources._read_file  # FileList.read's reader, as imported (see _path_label)
 _SIZE_DTYPE = np.dtype(np.int64)
 
 #: A task's data once the read step has read and decoded it into its slot.
@@ -174,9 +176,13 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
 
 
 def _path_label(source: Any) -> Any:
-    """A FileList's ``path_label`` where its ``read`` is FileList's own (what
-    :func:`_read_fused` reads in its place), else None."""
-    if isinstance(source, FileList) and type(source).read is FileList.read:
+    """A FileList's ``path_label`` where its ``read`` and ``path_label`` are
+    FileList's own, neither overridden by a subclass nor replaced on the
+    instance, and FileList reads through the module's own file reader (what
+    :func:`_read_fused` reads in their place); else None."""
+    if (isinstance(source, FileList) and _sources._read_file is _READ_FILE
+            and getattr(source.read, "__func__", None) is FileList.read
+            and getattr(source.path_label, "__func__", None) is FileList.path_label):
         return source.path_label
     return None
 

@@ -146,6 +146,55 @@ def test_the_file_is_read_in_the_decode_call_only_where_the_decode_threads_read(
     _same(got, want)
 
 
+def test_a_read_replaced_on_the_instance_is_called(tmp_path):
+    """A read set on the FileList itself (a wrapper that logs, retries or swaps
+    the bytes) is what reads every sample, as without the fusion."""
+    paths, blobs = _files(tmp_path)
+    source = FileList(paths, list(range(len(paths))))
+    calls = []
+
+    def read(index):
+        calls.append(index)
+        return blobs[(index + 1) % len(blobs)], index
+
+    source.read = read
+    got, error, _ = _run(source, epochs=1)
+    assert error is None
+    assert sorted(calls) == list(range(len(paths)))
+    want, error, _ = _run(MemorySource([blobs[(i + 1) % len(blobs)] for i in range(len(blobs))]), epochs=1)
+    assert error is None
+    _same(got, want)
+
+
+def test_a_path_label_override_does_not_change_what_is_read(tmp_path):
+    """A subclass's own path_label (here a name for its logs) leaves the file that
+    read() reads, fused or not."""
+    paths, _ = _files(tmp_path)
+
+    class Named(FileList):
+        def path_label(self, index):
+            return os.path.basename(self.paths[index]), self.labels[index]
+
+    fused, error, _ = _run(Named(paths, list(range(len(paths)))))
+    assert error is None
+    unfused, error, _ = _run(Named(paths, list(range(len(paths)))), augment_threads=1)
+    assert error is None
+    _same(fused, unfused)
+
+
+def test_a_patched_module_reader_is_used(tmp_path, monkeypatch):
+    from feeder import sources
+
+    paths, blobs = _files(tmp_path)
+    swapped = {p: blobs[(i + 1) % len(blobs)] for i, p in enumerate(paths)}
+    monkeypatch.setattr(sources, "_read_file", lambda path: swapped[path])
+    got, error, _ = _run(FileList(paths, list(range(len(paths)))), epochs=1)
+    assert error is None
+    want, error, _ = _run(MemorySource([swapped[p] for p in paths]), epochs=1)
+    assert error is None
+    _same(got, want)
+
+
 def test_a_sample_stuck_in_the_fused_read_is_named_as_read_and_decoded(tmp_path):
     """Its time is the decode's as much as the read's: a timeout names both."""
     paths, _ = _files(tmp_path)
