@@ -103,6 +103,16 @@ def topology(threads: ThreadOptions, read: Step, decode: Step, augment: Step,
             StageSpec("augment", t.augment_threads, (augment,), t.augment_queue)]
 
 
+def task_run(threads: ThreadOptions, batch_size: int) -> int:
+    """Samples per queue item from the sampler (see ``Sampler``'s ``run``): up to
+    8 of a batch, and at least 4 items per batch for each decode thread, so
+    that no thread waits while another holds the batch's last samples; 1 with
+    a read stage, whose threads each wait on one read at a time."""
+    if threads.read_threads:
+        return 1
+    return max(1, min(8, batch_size // (4 * max(1, threads.decode_threads))))
+
+
 def stage_threads(threads: ThreadOptions) -> dict[str, int]:
     """Every stage's name and thread count, in pipeline order; 0 for a stage whose
     step runs in another stage's threads (the stats show it as ``inline``)."""
@@ -240,8 +250,7 @@ class Pass(PassBase):
 
         threads, order_options = cfg.threads, cfg.order
         self.errors: ErrorOptions = cfg.errors
-        read, decode, augment = steps(source, work, scratch, seed, epoch,
-                                      inline=threads.augment_threads == 0,
+        read, decode, augment = steps(source, work, scratch, seed, epoch, inline=threads.augment_threads == 0,
                                       read_inline=threads.read_threads == 0)
         if read_waits is not None and threads.read_threads:
             read = read_waits.timed(read)
@@ -293,7 +302,8 @@ class Pass(PassBase):
         self.tuning = Tuning(self.gates) if self.gates else None
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, order_options.batch_size, pool, self, scratch, inboxes[0],
-                    self.ready, unbuffered=threads.decode_queue, pass_key=epoch_key(seed, epoch)),
+                    self.ready, unbuffered=threads.decode_queue, pass_key=epoch_key(seed, epoch),
+                    run=task_run(threads, order_options.batch_size)),
             *maps,
             tail(self, collator, pool, self.ready, self.output) if tail is not None else
             Transfer.for_pass(cfg.output, padding, self, collator, pool, self.ready, self.output,

@@ -41,11 +41,15 @@ class Sampler(Stage):
         pass_key: ``epoch_key(seed, epoch)`` of the pass: each task then carries
             its sample's key (:func:`~feeder.sample.rng.index_keys`, a batch at
             a time); None: the decode step keys each task.
+        run: Samples per item on the outbox for a batch that has its buffer:
+            above 1, lists of that many of its tasks (the last shorter), each
+            one queue item that a thread of the first map stage takes whole
+            (one hand-off and wake-up for the run instead of one per sample).
     """
 
     def __init__(self, control: Control, order: Callable[[], Any], batch_size: int, pool: BufferPool,
                  owner: object, scratch: Scratch, outbox: Channel, collate: Channel,
-                 unbuffered: int | None = None, pass_key: int | None = None) -> None:
+                 unbuffered: int | None = None, pass_key: int | None = None, run: int = 1) -> None:
         super().__init__("sampler", 1, control, None, outbox)
         self.order = order
         self.batch_size = batch_size
@@ -54,6 +58,7 @@ class Sampler(Stage):
         self.collate = collate
         self.unbuffered = outbox.maxsize if unbuffered is None else unbuffered
         self.pass_key = pass_key
+        self.run = run
 
     def work(self, c: Counters) -> None:
         B = self.batch_size
@@ -90,8 +95,9 @@ class Sampler(Stage):
                     c.end_wait()
                 if batch.bind(buf, self.scratch.give):  # every dispatched sample already failed
                     self.put(c, self.collate, batch)
-            self.put_tasks(c, [Task(batch, slot, indices[slot], keys[slot])
-                               for slot in range(first, len(indices))])
+            rest = [Task(batch, slot, indices[slot], keys[slot]) for slot in range(first, len(indices))]
+            run = self.run
+            self.put_tasks(c, rest if run <= 1 else [rest[a:a + run] for a in range(0, len(rest), run)])
             c.items += 1
         self.put(c, tasks, END)
 

@@ -323,16 +323,62 @@ class MapStage(Stage):
             total += busy + inline
         return total
 
-    def work(self, c: Counters) -> None:
-        # This loop runs once per sample in every worker thread, holding the GIL
-        # for all of it: each clock read, tuple and call here is paid per sample,
-        # and every moment of it can delay the training thread's next torch call.
-        # So a ready item is taken without the wait bookkeeping, and only a
-        # get that waits is timed (inline: Stage.get's bookkeeping, without the
-        # call); the clock read that ends it stamps the first step.
+    def _one(self, c: Counters, task: Any, t: float) -> bool:
+        """Run the steps on ``task`` (taken at ``t``) and hand on what the last
+        returns; False when the thread must end (SystemExit or
+        KeyboardInterrupt from user code: the pass learns which sample)."""
         steps = self.steps
         control = self.control
-        outbox = self.outbox
+        begin_wait = c.begin_wait
+        item = task
+        step = steps[0]
+        inline = False
+        try:
+            for step in steps:
+                if step.inline and not inline:
+                    inline = True
+                    t = begin_wait(_INLINE)
+                elif step is not steps[0]:
+                    t = _now()
+                # What this thread works on, for naming samples stuck in a step.
+                c.current = (step.busy or step.name, task.index, t)
+                item = step.fn(item)
+                if item is None:
+                    break
+        except Closed:
+            raise
+        except Exception as exc:
+            if inline:
+                c.end_wait()
+            c.current = None
+            c.items += 1  # handled: its failure is counted where the policy says
+            control.sample_failed(step.name, task, exc, c)
+            return True
+        except BaseException as exc:
+            # SystemExit or KeyboardInterrupt raised by user code: never
+            # skippable, but the training loop still learns which sample.
+            if inline:
+                c.end_wait()
+            control.sample_failed(step.name, task, exc, c)
+            return False
+        if inline:
+            c.end_wait()
+            c.inline_items += 1
+        c.current = None
+        c.items += 1
+        if item is not None:
+            timed_put(c, self.outbox, item)
+        return True
+
+    def work(self, c: Counters) -> None:
+        # This loop runs once per item (a sample, or a run of a batch's samples)
+        # in every worker thread, holding the GIL for all of it: each clock read,
+        # tuple and call here is paid per item, and every moment of it can delay
+        # the training thread's next torch call. So a ready item is taken
+        # without the wait bookkeeping, and only a get that waits is timed
+        # (inline: Stage.get's bookkeeping, without the call); the clock read
+        # that ends it stamps the first step.
+        control = self.control
         get, poll = self.inbox.get, self.inbox.poll
         begin_wait, end_wait = c.begin_wait, c.end_wait
         gate = self.gate
@@ -356,41 +402,8 @@ class MapStage(Stage):
                     gate.open()  # every parked sibling must take the end too
                 self.end_thread(c)
                 return
-            item = task
-            step = steps[0]
-            inline = False
-            try:
-                for step in steps:
-                    if step.inline and not inline:
-                        inline = True
-                        t = begin_wait(_INLINE)
-                    elif step is not steps[0]:
-                        t = _now()
-                    # What this thread works on, for naming samples stuck in a step.
-                    c.current = (step.busy or step.name, task.index, t)
-                    item = step.fn(item)
-                    if item is None:
-                        break
-            except Closed:
-                raise
-            except Exception as exc:
-                if inline:
-                    c.end_wait()
-                c.current = None
-                c.items += 1  # handled: its failure is counted where the policy says
-                control.sample_failed(step.name, task, exc, c)
-                continue
-            except BaseException as exc:
-                # SystemExit or KeyboardInterrupt raised by user code: never
-                # skippable, but the training loop still learns which sample.
-                if inline:
-                    c.end_wait()
-                control.sample_failed(step.name, task, exc, c)
-                return
-            if inline:
-                c.end_wait()
-                c.inline_items += 1
-            c.current = None
-            c.items += 1
-            if item is not None:
-                timed_put(c, outbox, item)
+            # A run of a batch's samples (the sampler's list) or one sample.
+            for task in (task if type(task) is list else (task,)):
+                if not self._one(c, task, t):
+                    return
+                t = _now()

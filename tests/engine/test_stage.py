@@ -118,6 +118,51 @@ def test_sampler_dispatches_tasks_in_order_with_buffers_owned_by_its_pass():
     assert control.exited == ["sampler"] and not control.failures
 
 
+def test_sampler_puts_a_buffered_batchs_tasks_in_runs():
+    """run=2: each item of a batch that has its buffer is a list of up to 2 of its
+    tasks, in slot order; together, every task once."""
+    control = Control()
+    pool = BufferPool(8, 3, 2, 2, pin=False)
+    tasks, collate = Channel("decode", 100), Channel("collate", 10)
+    sampler = Sampler(control, lambda: [9, 4, 7, 1, 0, 5, 3], 3, pool, object(), Scratch(2, 2), tasks,
+                      collate, run=2)
+    sampler.start()
+    out = drain_channel(tasks)
+    join(sampler)
+    items = out[:-1]
+    # The first two batches had their buffers; the last may start without one
+    # (the pool lends a third buffer once the decode queue runs dry), and such
+    # a batch's first tasks go one by one.
+    assert [len(item) for item in items[:4]] == [2, 1, 2, 1]
+    assert all(type(item) is list and 1 <= len(item) <= 2 for item in items[:4])
+    got = [t for item in items for t in (item if type(item) is list else [item])]
+    assert all(isinstance(t, Task) for t in got)
+    assert [t.index for t in got] == [9, 4, 7, 1, 0, 5, 3]
+    assert [(t.batch.index, t.slot) for t in got] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert control.exited == ["sampler"] and not control.failures
+
+
+def test_map_stage_runs_each_task_of_a_run_and_names_the_one_that_fails():
+    """A run's tasks each go through the steps in turn; one that fails is the
+    only one lost, named by its step and index."""
+    control = Control()
+    inbox, outbox = Channel("decode", 10), Channel("out", 100)
+
+    def double(task):
+        if task.index == 2:
+            raise ValueError("bad sample")
+        return task.index * 2
+
+    stage = MapStage("decode", 1, [Step("decode", double)], control, inbox, outbox)
+    stage.start()
+    runs = [[Task(None, s, i) for s, i in enumerate(range(a, a + 3))] for a in (0, 3)]
+    inbox.put_many([*runs, END])
+    out = drain_channel(outbox)
+    join(stage)
+    assert out[:-1] == [0, 2, 6, 8, 10]
+    assert control.failed_samples == [("decode", 2, "ValueError")] and not control.failures
+
+
 def test_sampler_stops_waiting_for_a_buffer_when_stopped():
     control = Control()
     pool = BufferPool(1, 1, 1, 1, pin=False)
