@@ -233,19 +233,7 @@ class JpegDecoder:
         memory = None if verified is None else verified.native
         if memory is None and len(data) >= self.small_bytes:
             return False
-        flip = fused.flip
-        done = ext.fused(data, key, fused.crop_stream, fused.flip_stream,
-                         -1.0 if flip is None else flip.p, *fused.draw_args,
-                         *fused.crop.output_size, fused.crop.antialias, self.verify,
-                         _MAX_HEADER_STEPS, self.max_pixels, out, memory)
-        if type(done) is bool:
-            return done
-        fp, check, read_to_end, index = done  # bytes: they could not change meanwhile
-        if read_to_end:
-            verified.add(fp, index, check)  # type: ignore[union-attr]
-        else:
-            verified.keep_index(fp, index, check)  # type: ignore[union-attr]
-        return True
+        return self._fuse(ext, data, key, fused, out, memory)  # bytes: they cannot change meanwhile
 
     def fused_path(self, path: str, key: int, fused: Any, out: np.ndarray) -> bool | bytes:
         """:meth:`fused` of the file at ``path``, read in the same extension call
@@ -262,19 +250,26 @@ class JpegDecoder:
         memory = None if verified is None else verified.native
         if ext is None or self.exif_orientation or (verified is not None and memory is None):
             return None
+        return self._fuse(ext, path, key, fused, out, memory)
+
+    def _fuse(self, ext: Any, source: str | bytes, key: int, fused: Any, out: np.ndarray,
+              memory: tuple | None) -> bool | bytes:
+        """The extension's fused call on ``source`` (bytes, or a path it reads),
+        and what it found for the verified-JPEG memory added to it: what
+        :meth:`fused` and :meth:`fused_path` return."""
         flip = fused.flip
-        done = ext.fused(path, key, fused.crop_stream, fused.flip_stream,
+        done = ext.fused(source, key, fused.crop_stream, fused.flip_stream,
                          -1.0 if flip is None else flip.p, *fused.draw_args,
                          *fused.crop.output_size, fused.crop.antialias, self.verify,
                          _MAX_HEADER_STEPS, self.max_pixels, out, memory)
-        if type(done) is tuple:
-            fp, check, read_to_end, index = done
-            if read_to_end:
-                verified.add(fp, index, check)  # type: ignore[union-attr]
-            else:
-                verified.keep_index(fp, index, check)  # type: ignore[union-attr]
-            return True
-        return done
+        if type(done) is not tuple:
+            return done
+        fp, check, read_to_end, index = done
+        if read_to_end:
+            self.verified.add(fp, index, check)  # type: ignore[union-attr]
+        else:
+            self.verified.keep_index(fp, index, check)  # type: ignore[union-attr]
+        return True
 
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
         """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the
