@@ -1386,6 +1386,8 @@ static void input_release(FusedInput *in)
     in->file = NULL;
 }
 
+static PyObject *fused_result(Fused *f);
+
 static PyObject *jpeg_fused(PyObject *self, PyObject *args)
 {
     Py_buffer out, views[4];
@@ -1470,19 +1472,28 @@ static PyObject *jpeg_fused(PyObject *self, PyObject *args)
         return bytes;
     }
     input_release(&in);
-    if (f.result != 0 || f.fp == 0 || !(f.verified || made != NULL)) {
+    return fused_result(&f);
+}
+
+/* What fused returns for a sample it did not fail on (result 0 or 1): a bool,
+ * or what the memory is to learn of it; frees the index the decode made. */
+static PyObject *fused_result(Fused *f)
+{
+    unsigned char *made = f->job.index_out;
+    f->job.index_out = NULL;
+    if (f->result != 0 || f->fp == 0 || !(f->verified || made != NULL)) {
         free(made);
-        return PyBool_FromLong(f.result == 0);
+        return PyBool_FromLong(f->result == 0);
     }
     /* Done, and the memory learns of it: what JpegDecoder._region adds */
     PyObject *made_obj = made != NULL
-        ? PyBytes_FromStringAndSize((const char *)made, (Py_ssize_t)f.job.index_out_len)
+        ? PyBytes_FromStringAndSize((const char *)made, (Py_ssize_t)f->job.index_out_len)
         : Py_NewRef(Py_None);
     free(made);
     if (made_obj == NULL)
         return NULL;
-    return Py_BuildValue("(KkON)", (unsigned long long)f.fp, (unsigned long)f.check,
-                         f.verified ? Py_True : Py_False, made_obj);
+    return Py_BuildValue("(KkON)", (unsigned long long)f->fp, (unsigned long)f->check,
+                         f->verified ? Py_True : Py_False, made_obj);
 }
 
 #ifndef _WIN32
@@ -1581,6 +1592,154 @@ static PyObject *read_file(PyObject *self, PyObject *arg)
     PyObject *data = PyBytes_FromStringAndSize(got ? buf : "", (Py_ssize_t)got);
     free(buf);
     return data;
+}
+
+/* The most samples one fused_run call takes (a run is up to 8 of a batch). */
+#define FUSED_RUN_MAX 1024
+
+/* One sample of fused_run: its path, its slot, and what became of it. */
+typedef struct {
+    PyObject *encoded; /* the path, as bytes */
+    Py_buffer out;
+    char *file;        /* the file read (kept for a file not taken) */
+    size_t file_len;
+    int read;          /* 1: read, and run_fused ran */
+    Fused f;
+} RunSample;
+
+static void run_release(RunSample *s, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(s[i].encoded);
+        if (s[i].out.obj != NULL)
+            PyBuffer_Release(&s[i].out);
+        free(s[i].file);
+        free(s[i].f.job.index_out);
+    }
+    free(s);
+}
+
+/* fused() on a run of files, all read and decoded with the GIL released once:
+ * per sample, what fused(path, ...) returns, or None where the call read
+ * nothing the caller can use (not a regular file, a read error, a decode
+ * error): the caller then takes that sample alone, and meets the error as
+ * fused() and the read step raise it. at: a writable int64 buffer where the
+ * position of the sample being worked on is written (for naming a sample
+ * stuck in a read), or None. */
+static PyObject *jpeg_fused_run(PyObject *self, PyObject *args)
+{
+    PyObject *paths, *keys, *outs, *at_obj, *memory_obj = Py_None;
+    unsigned long long crop_stream, flip_stream, max_pixels;
+    Fused proto;
+    memset(&proto, 0, sizeof proto);
+    if (!PyArg_ParseTuple(args, "O!O!O!OKKdddddLLppiK|O", &PyList_Type, &paths, &PyList_Type, &keys,
+                          &PyList_Type, &outs, &at_obj, &crop_stream, &flip_stream, &proto.flip_p,
+                          &proto.lo, &proto.span_s, &proto.log_lo, &proto.span_r, &proto.oh, &proto.ow,
+                          &proto.antialias, &proto.verify, &proto.max_steps, &max_pixels, &memory_obj))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(paths);
+    if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(outs) != n)
+        return PyErr_Format(PyExc_ValueError, "fused_run: paths, keys and outs differ in length");
+    if (n > FUSED_RUN_MAX)
+        return PyErr_Format(PyExc_ValueError, "fused_run: at most %d samples a call, got %zd",
+                            FUSED_RUN_MAX, n);
+    if (proto.oh <= 0 || proto.ow <= 0 || proto.oh > INT_MAX / 3 || proto.ow > INT_MAX / 3)
+        return PyErr_Format(PyExc_ValueError, "fused_run: bad output size");
+    proto.crop_stream = crop_stream;
+    proto.flip_stream = flip_stream;
+    proto.max_pixels = max_pixels;
+    RunSample *s = calloc(n > 0 ? (size_t)n : 1, sizeof *s);
+    if (s == NULL)
+        return PyErr_NoMemory();
+    Py_buffer at, views[4];
+    memset(&at, 0, sizeof at);
+    memset(views, 0, sizeof views);
+    Memory memory;
+    memset(&memory, 0, sizeof memory);
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *path = PyList_GET_ITEM(paths, i);
+        if (!PyUnicode_Check(path)) {
+            PyErr_Format(PyExc_TypeError, "fused_run: paths must be str, got %s", Py_TYPE(path)->tp_name);
+            goto done;
+        }
+        s[i].f = proto;
+        s[i].f.key = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(keys, i));
+        if (s[i].f.key == (unsigned long long)-1 && PyErr_Occurred())
+            goto done;
+        if (!PyUnicode_FSConverter(path, &s[i].encoded))
+            goto done;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(outs, i), &s[i].out, PyBUF_WRITABLE) < 0)
+            goto done;
+        if (s[i].out.len != proto.oh * proto.ow * 3 || !PyBuffer_IsContiguous(&s[i].out, 'C')) {
+            PyErr_Format(PyExc_ValueError, "fused_run: each out must be a C-contiguous writable "
+                         "buffer of oh * ow * 3 bytes");
+            goto done;
+        }
+        s[i].f.dst = s[i].out.buf;
+    }
+    if (at_obj != Py_None) {
+        if (PyObject_GetBuffer(at_obj, &at, PyBUF_WRITABLE) < 0)
+            goto done;
+        if (at.len < (Py_ssize_t)sizeof(int64_t)) {
+            PyErr_Format(PyExc_ValueError, "fused_run: at must hold an int64");
+            goto done;
+        }
+    }
+    if (memory_obj != Py_None) {
+        if (!crc_hardware) {
+            PyErr_Format(PyExc_RuntimeError, "fused_run: a memory needs the CRC-32C instruction "
+                         "(CRC32C_HARDWARE is 0)");
+            goto done;
+        }
+        if (memory_of(memory_obj, &memory, views, 0) < 0)
+            goto done;
+        for (Py_ssize_t i = 0; i < n; i++)
+            s[i].f.memory = &memory;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (at.buf != NULL)
+            *(volatile int64_t *)at.buf = (int64_t)i;
+        struct stat st;
+        /* Only regular files here: a pipe or a device could block the whole run
+         * (and is named alone when the caller takes it). */
+        if (stat(PyBytes_AS_STRING(s[i].encoded), &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (read_whole(PyBytes_AS_STRING(s[i].encoded), &s[i].file, &s[i].file_len) != 0)
+            continue;
+        s[i].read = 1;
+        run_fused(&s[i].f, (const unsigned char *)s[i].file, s[i].file_len);
+        if (s[i].f.result != 1) { /* done or failed: the bytes are not needed */
+            free(s[i].file);
+            s[i].file = NULL;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    if (result == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *one;
+        RunSample *r = &s[i];
+        if (!r->read || r->f.result == 2)
+            one = Py_NewRef(Py_None);
+        else if (r->f.result == 1)
+            one = PyBytes_FromStringAndSize(r->file_len ? r->file : "", (Py_ssize_t)r->file_len);
+        else
+            one = fused_result(&r->f);
+        if (one == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, one);
+    }
+done:
+    release_all(views, 4);
+    if (at.obj != NULL)
+        PyBuffer_Release(&at);
+    run_release(s, n);
+    return result;
 }
 #endif
 
@@ -1693,6 +1852,14 @@ static PyMethodDef methods[] = {
      "from value (the CRC of the bytes before, as zlib.crc32's). Raises\n"
      "RuntimeError where the CPU has none (CRC32C_HARDWARE is 0)."},
 #ifndef _WIN32
+    {"fused_run", jpeg_fused_run, METH_VARARGS,
+     "fused_run(paths, keys, outs, at, crop_stream, flip_stream, flip_p, lo, span_s, log_lo,\n"
+     "          span_r, oh, ow, antialias, verify, max_steps, max_pixels[, memory]) -> list\n\n"
+     "fused(path, ...) on each of a run of files (lists of str paths, int keys and\n"
+     "outs), read and decoded with the GIL released once: per sample, what fused\n"
+     "returns, or None where nothing usable was read (not a regular file, a read\n"
+     "or decode error: the caller takes that sample alone). at: a writable int64\n"
+     "buffer where the position of the sample in work is written, or None."},
     {"read_file", read_file, METH_O,
      "read_file(path) -> bytes\n\n"
      "The whole file, as open(path, 'rb').read() returns it, opened, sized, read\n"

@@ -252,6 +252,41 @@ class JpegDecoder:
             return None
         return self._fuse(ext, path, key, fused, out, memory)
 
+    def fused_run(self, paths: list[str], keys: list[int], fused: Any, outs: list[np.ndarray],
+                  at: np.ndarray | None = None) -> list[bool | bytes | None] | None:
+        """:meth:`fused_path` on each of a run of files, in one extension call that
+        lets go of the GIL once for all of them (``at``: a one-int64 array where
+        the call writes the position of the file in work). Per file: True when
+        its ``out`` holds the sample, its bytes for :meth:`decode` to take, or
+        None where the call read nothing usable (not a regular file, a read or
+        decode error): :meth:`fused_path` then takes that file alone, and raises
+        what it raises. None, having read nothing, where :meth:`fused_path`
+        would return None."""
+        ext = self.ext
+        verified = self.verified
+        memory = None if verified is None else verified.native
+        if ext is None or self.exif_orientation or (verified is not None and memory is None):
+            return None
+        flip = fused.flip
+        got = ext.fused_run(paths, keys, outs, at, fused.crop_stream, fused.flip_stream,
+                            -1.0 if flip is None else flip.p, *fused.draw_args,
+                            *fused.crop.output_size, fused.crop.antialias, self.verify,
+                            _MAX_HEADER_STEPS, self.max_pixels, memory)
+        for i, done in enumerate(got):
+            if type(done) is tuple:
+                got[i] = self._learn(done)
+        return got
+
+    def _learn(self, done: tuple) -> bool:
+        """What the extension's fused call found for the verified-JPEG memory
+        (fingerprints, read to the end, the index made), added to it."""
+        fp, check, read_to_end, index = done
+        if read_to_end:
+            self.verified.add(fp, index, check)  # type: ignore[union-attr]
+        else:
+            self.verified.keep_index(fp, index, check)  # type: ignore[union-attr]
+        return True
+
     def _fuse(self, ext: Any, source: str | bytes, key: int, fused: Any, out: np.ndarray,
               memory: tuple | None) -> bool | bytes:
         """The extension's fused call on ``source`` (bytes, or a path it reads),
@@ -262,14 +297,7 @@ class JpegDecoder:
                          -1.0 if flip is None else flip.p, *fused.draw_args,
                          *fused.crop.output_size, fused.crop.antialias, self.verify,
                          _MAX_HEADER_STEPS, self.max_pixels, out, memory)
-        if type(done) is not tuple:
-            return done
-        fp, check, read_to_end, index = done
-        if read_to_end:
-            self.verified.add(fp, index, check)  # type: ignore[union-attr]
-        else:
-            self.verified.keep_index(fp, index, check)  # type: ignore[union-attr]
-        return True
+        return done if type(done) is not tuple else self._learn(done)
 
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:
         """(height, width, colorspace, sampling, scans) by ``ext`` (:attr:`ext`); the

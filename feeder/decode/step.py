@@ -164,6 +164,16 @@ class SampleWork:
             return None
         return self.jpeg.fused_path(path, key, self.fused, out)
 
+    def read_run(self, paths: list[str], keys: list[int], outs: list[np.ndarray],
+                 at: np.ndarray | None = None) -> list[bool | bytes | None] | None:
+        """:meth:`read_into` on each of a run of files, read and decoded in one
+        call (``JpegDecoder.fused_run``): per file True, its bytes, or None
+        where the caller takes it alone with :meth:`read_into`; None for all
+        where :meth:`read_into` would read nothing."""
+        if self.fused is None:
+            return None
+        return self.jpeg.fused_run(paths, keys, self.fused, outs, at)
+
     def finish_into(self, key: int, out: np.ndarray) -> tuple[int, int]:
         """After :meth:`decode_into` fused the first steps into ``out``: the rest
         of the chain, in place; returns the (height, width) as :meth:`transform`."""
