@@ -4,7 +4,7 @@ queues, steps, batch bookkeeping, the transfer thread), not the work alone as
 ``work_gil.py`` measures it.
 
 Every stage thread's CPU time is read (``time.thread_time``) when it starts and
-when it ends; the calls that let go of the GIL (the extension's ``fused``,
+when it ends; the calls that let go of the GIL (the extension's ``fused`` and ``fused_run``,
 ``decode``, ``resize`` and file read, cv2's ``resize`` and ``flip``) are timed
 apart in the same clock. A thread's CPU less its time in those calls is what
 it ran holding the GIL, as an upper bound: each timed call's own wrapper
@@ -90,7 +90,7 @@ def main() -> None:
     p.add_argument("--decode-threads", type=int, default=2)
     args = p.parse_args()
     assert extension.jpeg is not None, "the region decoder is not built"
-    extension.jpeg = _Proxy(extension.jpeg, ["fused", "decode", "resize"])
+    extension.jpeg = _Proxy(extension.jpeg, ["fused", "fused_run", "decode", "resize"])
     if _sources._native_read is not None:
         _sources._native_read = _timed(_sources._native_read)
     _base.cv2 = _Proxy(cv2, ["resize"])

@@ -48,7 +48,7 @@ from ..order.plan import EpochPlan
 from ..order.sequence import Hinting, Order, Remaining
 from .queue import Closed
 from .sampler import Sampler
-from .stage import Counters, ErrorOptions, MapStage, Stage, Step, timed_put
+from .stage import Counters, ErrorOptions, MapStage, RunAt, Stage, Step, timed_put
 from .stats import StatsBook
 from .threads import ThreadOptions
 from .transfer import Transfer
@@ -363,6 +363,10 @@ class Pass(PassBase):
                 if cur is None or c.ended is not None:
                     continue
                 step, index, since = cur
+                if type(index) is RunAt:  # a run of tasks taken at once: the one in work
+                    index = index.index
+                    if index < 0:  # the run has just ended
+                        continue
                 if now - since > older_than:
                     out.append((step, index, describe(self.source, index), now - since))
         out.sort(key=lambda row: -row[3])

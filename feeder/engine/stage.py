@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from .queue import EMPTY, END, Channel, Closed
 from .threads import limit_torch_threads
 from ..errors import StageError
@@ -228,6 +230,33 @@ class Step:
     fn: Callable[[Any], Any]
     inline: bool = False
     busy: str | None = None
+    #: The first step only: takes a whole run of tasks at once, before the
+    #: steps take each: ``run(tasks, at) -> (left, done, batch)``; the tasks
+    #: ``left`` then take every step in turn (this one sees what ``run`` left
+    #: in them), ``done`` tasks went through every step, and ``batch`` (or
+    #: None) is what the last step would have returned. ``at`` is the
+    #: thread's :class:`RunAt`, to point at the task in work.
+    run: Callable[[list, "RunAt"], tuple[list, int, Any]] | None = None
+
+
+class RunAt:
+    """Where a thread is in a run of tasks that :attr:`Step.run` takes at once:
+    ``tasks[at[0]]``, ``at`` written by the code working on them (the
+    extension, without the GIL), for naming a sample stuck there."""
+
+    __slots__ = ("tasks", "at")
+
+    def __init__(self) -> None:
+        self.tasks: Sequence[Any] = ()
+        self.at = np.zeros(1, np.int64)
+
+    @property
+    def index(self) -> int:
+        """The source index of the task in work (-1: none)."""
+        tasks = self.tasks
+        if not tasks:
+            return -1
+        return tasks[min(max(int(self.at[0]), 0), len(tasks) - 1)].index
 
 
 class Stage:
@@ -311,6 +340,8 @@ class MapStage(Stage):
         if not steps or steps[0].inline:
             raise ValueError(f"stage {name!r}: the first step must be the stage's own")
         self.steps = tuple(steps)
+        self.run = steps[0].run
+        self.run_busy = steps[0].busy or steps[0].name
         # decode_threads="tune": threads numbered at or above the gate's count park
         # before taking their next sample (set by the pass; see tune.Gate).
         self.gate: Any = None
@@ -370,6 +401,24 @@ class MapStage(Stage):
             timed_put(c, self.outbox, item)
         return True
 
+    def _run(self, c: Counters, tasks: list, t: float, at: RunAt) -> list:
+        """The first step's :attr:`Step.run` on a run of ``tasks`` (taken at
+        ``t``); returns the tasks left for :meth:`_one`."""
+        at.tasks = tasks
+        at.at[0] = 0
+        c.current = (self.run_busy, at, t)  # type: ignore[assignment]
+        try:
+            left, done, batch = self.run(tasks, at)  # type: ignore[misc]
+        finally:
+            c.current = None
+            at.tasks = ()
+        if done:
+            c.items += done
+            c.inline_items += done
+        if batch is not None:
+            timed_put(c, self.outbox, batch)
+        return left
+
     def work(self, c: Counters) -> None:
         # This loop runs once per item (a sample, or a run of a batch's samples)
         # in every worker thread, holding the GIL for all of it: each clock read,
@@ -383,6 +432,8 @@ class MapStage(Stage):
         begin_wait, end_wait = c.begin_wait, c.end_wait
         gate = self.gate
         index = self.counters.index(c)
+        run = self.run
+        at = RunAt()
         while True:
             if gate is not None and index >= gate.active:
                 # Parked time counts as waiting on output: the loop downstream
@@ -403,7 +454,13 @@ class MapStage(Stage):
                 self.end_thread(c)
                 return
             # A run of a batch's samples (the sampler's list) or one sample.
-            for task in (task if type(task) is list else (task,)):
+            if type(task) is list:
+                if run is not None:
+                    task = self._run(c, task, t, at)
+                    t = _now()
+            else:
+                task = (task,)
+            for task in task:
                 if not self._one(c, task, t):
                     return
                 t = _now()

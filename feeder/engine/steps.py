@@ -107,17 +107,16 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     read step (no read stage); with both, a FileList's file is read in the
     call that decodes it (:func:`_read_fused`).
     """
-    read_source = source.read
-    schema = work.schema
-    low, high = _INT64
+    read_source, schema, (low, high) = source.read, work.schema, _INT64
     pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
     variable = work.variable
-    fused = inline and work.fused is not None
-    path_label = _path_label(source) if fused and read_inline else None  # see _read_fused
+    fused = inline and work.fused is not None  # path_label: see _read_fused
+    path_label = _path_label(source) if fused and read_inline else None
 
     def read(task: Task) -> Task:
-        if (path_label is not None and schema.classic and task.key is not None
-                and _read_fused(work, task, path_label)):
+        if path_label is not None and (task.data is not None  # read with its run (_read_run)
+                                       or (schema.classic and task.key is not None
+                                           and _read_fused(work, task, path_label))):
             return task
         sample = read_source(task.index)
         # The classic pair takes no further work once the schema has seen one.
@@ -171,8 +170,22 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         return batch if batch.finish_slot() else None
 
     # A sample in the fused read is being read and decoded (see _read_fused).
-    busy = None if path_label is None else "read and decode"
-    return Step("read", read, busy=busy), Step("decode", decode), Step("augment", augment)
+    busy, run = (None, None) if path_label is None else ("read and decode", _run_reader(work, path_label))
+    return Step("read", read, busy=busy, run=run), Step("decode", decode), Step("augment", augment)
+
+
+def _run_reader(work: SampleWork, path_label: Any) -> Any:
+    """The read step's ``Step.run``: :func:`_read_run` on a run whose batch has
+    its buffer, once the schema knows the samples are classic pairs."""
+    schema = work.schema
+
+    def read_run(tasks: list[Task], at: Any) -> tuple[list[Task], int, Any]:
+        buf = tasks[0].batch.buffer if tasks else None
+        if buf is None or not schema.classic:
+            return tasks, 0, None
+        return _read_run(work, tasks, buf, path_label, at)
+
+    return read_run
 
 
 def _path_label(source: Any) -> Any:
@@ -207,6 +220,56 @@ def _read_fused(work: SampleWork, task: Task, path_label: Any) -> bool:
         return False
     task.data, task.label = (_READ_FUSED if got is True else got), label
     return True
+
+
+def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
+              at: Any) -> tuple[list[Task], int, Any]:
+    """The read step of a run of one batch's tasks (``Step.run``), its batch
+    holding its buffer: every FileList file of the run read and decoded into
+    its slot in one call (``SampleWork.read_run``), and where nothing follows
+    the fused steps, each such sample finished here as the decode and augment
+    steps would finish it. Returns (the tasks left for the steps, the samples
+    finished, the batch when they completed it, else None). A task left has
+    what the read step would have given it (see :func:`_read_fused`), or
+    nothing: then it takes its steps as ever, and meets any error there."""
+    batch = tasks[0].batch
+    low, high = _INT64
+    images = buf.images
+    picked, paths, keys, outs, labels, left = [], [], [], [], [], []
+    try:
+        for task in tasks:
+            path, label = path_label(task.index)
+            if (task.batch is not batch or task.key is None or type(path) is not str
+                    or type(label) is not int or not low <= label < high):
+                left.append(task)
+                continue
+            picked.append(task)
+            paths.append(path)
+            keys.append(task.key)
+            outs.append(images[task.slot])
+            labels.append(label)
+        at.tasks = picked
+        got = work.read_run(paths, keys, outs, at.at) if picked else None
+    except Exception:  # noqa: BLE001 - each task then meets its error in its own steps
+        return tasks, 0, None
+    if got is None:
+        return tasks, 0, None
+    finish = not work.fused.rest  # type: ignore[union-attr] - nothing after the fused steps
+    done = 0
+    for task, label, result in zip(picked, labels, got):
+        if result is True and finish:
+            slot = task.slot
+            buf.labels[slot] = label
+            buf.indices[slot] = task.index
+            done += 1
+            continue
+        if result is not None:  # the sample's slot (True), or its file's bytes
+            task.data, task.label = (_READ_FUSED if result is True else result), label
+        left.append(task)
+    complete = False
+    for _ in range(done):
+        complete = batch.finish_slot() or complete
+    return left, done, (batch if complete else None)
 
 
 def _read_fused_done(task: Task, data: Any) -> Task:
