@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import queue
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from tests.support import REPO_DIR
 
@@ -75,16 +76,13 @@ class WarmPython:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.PIPE, env=env)
         self.lock = threading.Lock()
-        # Every line the server says, in order ("" once it has exited).
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, name="warm-python-reader", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
+        # What the server said and no caller has taken yet. Read here, with a
+        # timeout, not by a thread of its own: a thread that lives as long as
+        # the test process makes every later isolated Feeder's
+        # start_method="auto" spawn instead of fork (seconds each).
+        self._said = b""
 
     def run(self, module: str, argv: list[str], cwd: str, env: dict[str, str],
             timeout: float) -> subprocess.CompletedProcess:
@@ -92,7 +90,7 @@ class WarmPython:
             out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
             job = {"module": module, "argv": argv, "cwd": cwd, "env": env, "stdout": out,
                    "stderr": err}
-            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
             self.proc.stdin.flush()
             pid = json.loads(self._line(FORK_TIMEOUT_S))["pid"]
             try:
@@ -107,13 +105,18 @@ class WarmPython:
 
     def _line(self, timeout: float) -> str:
         """The server's next line, or TimeoutExpired after ``timeout`` seconds."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise subprocess.TimeoutExpired("warm interpreter", timeout) from None
-        if not line:
-            raise RuntimeError(f"the warm interpreter exited ({self.proc.poll()})")
-        return line
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._said:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("warm interpreter", timeout)
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"the warm interpreter exited ({self.proc.wait(30)})")
+            self._said += chunk
+        line, _, self._said = self._said.partition(b"\n")
+        return line.decode()
 
     def close(self) -> None:
         self.proc.stdin.close()
