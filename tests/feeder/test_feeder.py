@@ -938,10 +938,14 @@ def test_skipped_samples_shorten_the_pass_from_its_end(source, n, bad, drop_last
     (41, {3}, True),    # 40 left: 5 batches of the 6 planned
     (48, {3}, False),   # 47 left: 6 batches, the last shorter
 ])
-def test_a_pass_cut_short_by_skips_says_so_at_its_end(source, caplog, n, bad, short, isolation):
+def test_a_pass_cut_short_by_skips_says_so_at_its_end(source, caplog, monkeypatch, n, bad, short,
+                                                     isolation):
     # A progress bar takes len(feeder) before the first batch: when skips end the
     # pass a batch early, the loop still ends, and a warning gives the counts.
     tqdm = pytest.importorskip("tqdm").tqdm
+    # No monitor thread: it would live on in this test process, and make every
+    # later isolated Feeder's start_method="auto" spawn.
+    monkeypatch.setattr(tqdm, "monitor_interval", 0)
     import io
     blobs = [b"junk" if i in bad else source.blobs[i % len(source.blobs)] for i in range(n)]
     with make(MemorySource(blobs), batch_size=8, on_error="skip", decode_threads=2,

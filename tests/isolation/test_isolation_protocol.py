@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from multiprocessing import resource_sharer
 
 import numpy as np
 import pytest
 import torch
 
+from tests.support import JOIN_TIMEOUT_S
 from feeder.errors import FeederError
 from feeder.isolation import protocol as msg
 
@@ -39,7 +41,13 @@ def test_a_shipped_batch_carries_its_shared_arrays_and_fields():
     images = torch.zeros((2, 4, 4, 3), dtype=torch.uint8).share_memory_()
     message = msg.Shipped(1, 5, 2, np.array([10, 11]), {"images": images}, {"boxes": [[], []]},
                           None, ({}, None, False, True), [])
-    back = msg.loads(msg.dumps(message))
+    try:
+        back = msg.loads(msg.dumps(message))
+    finally:
+        # The tensor's file descriptor went through multiprocessing's resource
+        # sharer, whose thread would live on in this test process and make
+        # every later isolated Feeder's start_method="auto" spawn.
+        resource_sharer.stop(JOIN_TIMEOUT_S)
     images[0, 0, 0, 0] = 7  # the same memory, not a copy
     assert back.fresh["images"][0, 0, 0, 0] == 7
     assert back.indices.tolist() == [10, 11] and back.lists == {"boxes": [[], []]}
