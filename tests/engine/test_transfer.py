@@ -222,10 +222,25 @@ def _conversion_id(c) -> str:
     return ("uint8" if dtype is None else str(dtype).split(".")[1]) + ("-normalized" if normalize else "")
 
 
-@pytest.mark.parametrize("isolation", ["thread", "process"])
-@pytest.mark.parametrize("variable", [False, True], ids=["fixed", "variable"])
-@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
-@pytest.mark.parametrize("conversion", CONVERSIONS, ids=_conversion_id)
+def _kept_case(conversion, memory_format, variable, isolation):
+    return pytest.param(conversion, memory_format, variable, isolation,
+                        id=f"{_conversion_id(conversion)}-{memory_format}-"
+                           f"{'variable' if variable else 'fixed'}-{isolation}")
+
+
+# Every combination in this process; in an isolated feeder (each a worker process
+# to start) every conversion once, and every pair of memory format and size kind.
+KEPT_CASES = [_kept_case(c, m, v, "thread") for c in CONVERSIONS
+              for m in ("channels_last", "contiguous") for v in (False, True)] + [
+    _kept_case(CONVERSIONS[0], "channels_last", False, "process"),
+    _kept_case(CONVERSIONS[1], "contiguous", True, "process"),
+    _kept_case(CONVERSIONS[2], "channels_last", True, "process"),
+    _kept_case(CONVERSIONS[3], "contiguous", False, "process"),
+    _kept_case(CONVERSIONS[4], "contiguous", True, "process"),
+]
+
+
+@pytest.mark.parametrize("conversion, memory_format, variable, isolation", KEPT_CASES)
 def test_kept_fields_stay_valid_until_dropped(conversion, memory_format, variable, isolation):
     dtype, normalize = conversion
     size = {"max_image_size": (12, 12)} if variable else {"image_size": (12, 12)}
@@ -235,8 +250,9 @@ def test_kept_fields_stay_valid_until_dropped(conversion, memory_format, variabl
         keep_and_check(f, dtype, normalize, variable, mixed=False)
 
 
-@pytest.mark.parametrize("isolation", ["thread", "process"])
-@pytest.mark.parametrize("conversion", CONVERSIONS[1:], ids=_conversion_id)
+@pytest.mark.parametrize("conversion, isolation", [
+    *((c, "thread") for c in CONVERSIONS[1:]), (CONVERSIONS[2], "process"), (CONVERSIONS[3], "process")],
+    ids=lambda v: _conversion_id(v) if isinstance(v, tuple) else v)
 def test_kept_fields_of_mixed_batches_stay_valid_until_dropped(conversion, isolation):
     # Fixed sizes only: mixing ops refuse variable-size batches.
     dtype, normalize, variable = *conversion, False
