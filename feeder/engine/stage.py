@@ -106,8 +106,8 @@ class Counters:
         self.current: tuple[str, int, float] | None = None
         # CPU seconds the thread has used (kept by the transfer stage only; 0 elsewhere).
         self.cpu_s = 0.0
-        # The waits :meth:`totals` last reported (see there).
-        self._shown = (0.0, 0.0, 0.0)
+        # The waits and busy time :meth:`totals` last reported (see there).
+        self._shown = (0.0, 0.0, 0.0, 0.0)
 
     # A wait in progress counts too, so a snapshot of a stalled pipeline shows
     # its threads as waiting, not busy. Both return the clock they read, so the
@@ -140,16 +140,23 @@ class Counters:
         later clock, and the thread records it up to its own earlier one; the
         difference stays counted as waiting (the busy time grows by no less
         for it)."""
-        wi, wo, inl, since, kind = self._state
+        # The end first: once it is set the state is final, so a state read
+        # after it is too (read the other way round, a wait that ended in
+        # between would be missing from this reading and present in the next,
+        # and the busy time would go back by its length).
         end = self.ended
+        wi, wo, inl, since, kind = self._state
         now = _now() if end is None else end
         if kind != Counters.WORKING and end is None:
             wi, wo, inl = _with_wait(wi, wo, inl, kind, now - since)
         with _SHOWN_LOCK:
-            swi, swo, sinl = self._shown
+            swi, swo, sinl, sbusy = self._shown
             wi, wo, inl = max(wi, swi), max(wo, swo), max(inl, sinl)
-            self._shown = (wi, wo, inl)
-        return max(0.0, now - self.started - wi - wo - inl), wi, wo, inl
+            # A thread that ends between the two reads above was read a moment
+            # past its end: the next reading's busy time stays at this one.
+            busy = max(0.0, now - self.started - wi - wo - inl, sbusy)
+            self._shown = (wi, wo, inl, busy)
+        return busy, wi, wo, inl
 
     @property
     def waiting(self) -> int:

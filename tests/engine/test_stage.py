@@ -197,3 +197,44 @@ def test_a_wait_ending_while_it_is_read_never_makes_the_totals_go_back(monkeypat
     later_busy, _, later_wait_out, _ = c.totals()
     assert later_wait_out >= wait_out and later_busy >= busy
     assert later_wait_out + later_busy == 11.0
+
+
+def test_a_thread_ending_while_it_is_read_never_makes_the_busy_time_go_back(monkeypatch):
+    """The thread ends its last wait and its loop between a reader's look at its
+    state and at its end: the reader must not pair the open wait with the end
+    (the wait would count in neither), or the next reading's busy time drops."""
+    import feeder.engine.stage as stage_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(stage_mod, "_now", lambda: clock[0])
+
+    class Racing(stage_mod.Counters):
+        """Counters whose thread ends (its wait, then its loop) when the reader
+        first looks at ``ended`` after being armed."""
+
+        __slots__ = ("_end", "armed")
+
+        @property
+        def ended(self):
+            if getattr(self, "armed", False):
+                self.armed = False
+                clock[0] = 7.0
+                self.end_wait()  # the wait of 1..7 s is over
+                self._end = 8.0
+            return self._end
+
+        @ended.setter
+        def ended(self, value):
+            self._end = value
+
+    c = Racing()
+    clock[0] = 1.0
+    c.begin_wait(stage_mod.Counters.WAIT_IN)
+    clock[0] = 3.0
+    readings = [c.totals()]  # busy 1 s, waiting for 2 s so far
+    c.armed = True
+    clock[0] = 9.0
+    readings += [c.totals(), c.totals()]
+    for before, after in zip(readings, readings[1:]):
+        assert all(b >= a for a, b in zip(before, after)), readings
+    assert readings[-1] == (2.0, 6.0, 0.0, 0.0)  # 8 s alive: 1 + 1 busy, 6 waiting
