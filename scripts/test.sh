@@ -2,9 +2,10 @@
 # Run the test suite (sets up .venv first, with the test and docs extras: the docs
 # tests build the site). Extra arguments go to pytest.
 #
-# Two test processes by default (pytest-xdist): most of the suite waits on
-# threads, child processes and servers, so two processes finish the whole suite
-# in about 0.6x the time of one, even on 2 cores. FEEDER_TEST_PROCESSES=1 runs
+# Three test processes by default (pytest-xdist): much of the suite waits on
+# threads, child processes and servers, so on 2 cores two processes left about
+# a fifth of the CPU idle; three keep both cores busy (518 s for the suite, its
+# CPU time over 2 cores being about 505 s). FEEDER_TEST_PROCESSES=1 runs
 # everything in this one process, as do a -n of your own, -p no:xdist, --pdb
 # and --trace (a debugger needs the test in this process). The processes steal
 # queued tests from each other (--dist worksteal), so that neither sits idle
@@ -17,7 +18,7 @@ cd "$root"
 # hundred Python processes, and where PYTHONDONTWRITEBYTECODE is set (as in many
 # containers) each would otherwise compile every module it imports again.
 "$vpy" -m compileall -q -j 0 feeder tests >/dev/null
-processes="${FEEDER_TEST_PROCESSES:-2}"
+processes="${FEEDER_TEST_PROCESSES:-3}"
 [[ "$processes" =~ ^[0-9]+$ ]] || { echo "FEEDER_TEST_PROCESSES must be a number, got '$processes'" >&2; exit 2; }
 parallel=$(( 10#$processes > 1 ))
 for arg in "$@"; do
