@@ -1596,6 +1596,10 @@ static PyObject *read_file(PyObject *self, PyObject *arg)
 
 /* The most samples one fused_run call takes (a run is up to 8 of a batch). */
 #define FUSED_RUN_MAX 1024
+/* A file the call reads but does not take comes back as its bytes up to this
+ * size; a larger one is freed at once and comes back as None (the caller
+ * reads it again alone), so that a run holds at most this much a file. */
+#define FUSED_RUN_KEEP ((size_t)1 << 20)
 
 /* One sample of fused_run: its path, its slot, and what became of it. */
 typedef struct {
@@ -1622,7 +1626,8 @@ static void run_release(RunSample *s, Py_ssize_t n)
 /* fused() on a run of files, all read and decoded with the GIL released once:
  * per sample, what fused(path, ...) returns, or None where the call read
  * nothing the caller can use (not a regular file, a read error, a decode
- * error): the caller then takes that sample alone, and meets the error as
+ * error, a file not taken over FUSED_RUN_KEEP): the caller then takes that
+ * sample alone, and meets the error as
  * fused() and the read step raise it. at: a writable int64 buffer where the
  * position of the sample being worked on is written (for naming a sample
  * stuck in a read), or None. */
@@ -1710,9 +1715,12 @@ static PyObject *jpeg_fused_run(PyObject *self, PyObject *args)
             continue;
         s[i].read = 1;
         run_fused(&s[i].f, (const unsigned char *)s[i].file, s[i].file_len);
-        if (s[i].f.result != 1) { /* done or failed: the bytes are not needed */
+        if (s[i].f.result != 1 || s[i].file_len > FUSED_RUN_KEEP) {
+            /* done or failed, or too large to hold for the rest of the run */
             free(s[i].file);
             s[i].file = NULL;
+            if (s[i].f.result == 1)
+                s[i].read = 0;
         }
     }
     Py_END_ALLOW_THREADS
@@ -1724,9 +1732,11 @@ static PyObject *jpeg_fused_run(PyObject *self, PyObject *args)
         RunSample *r = &s[i];
         if (!r->read || r->f.result == 2)
             one = Py_NewRef(Py_None);
-        else if (r->f.result == 1)
+        else if (r->f.result == 1) {
             one = PyBytes_FromStringAndSize(r->file_len ? r->file : "", (Py_ssize_t)r->file_len);
-        else
+            free(r->file);
+            r->file = NULL;
+        } else
             one = fused_result(&r->f);
         if (one == NULL) {
             Py_CLEAR(result);
@@ -1858,7 +1868,8 @@ static PyMethodDef methods[] = {
      "fused(path, ...) on each of a run of files (lists of str paths, int keys and\n"
      "outs), read and decoded with the GIL released once: per sample, what fused\n"
      "returns, or None where nothing usable was read (not a regular file, a read\n"
-     "or decode error: the caller takes that sample alone). at: a writable int64\n"
+     "or decode error, a file not taken over 1 MiB: the caller takes that sample\n"
+     "alone). at: a writable int64\n"
      "buffer where the position of the sample in work is written, or None."},
     {"read_file", read_file, METH_O,
      "read_file(path) -> bytes\n\n"

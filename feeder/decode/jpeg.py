@@ -259,8 +259,9 @@ class JpegDecoder:
         the call writes the position of the file in work). Per file: True when
         its ``out`` holds the sample, its bytes for :meth:`decode` to take, or
         None where the call read nothing usable (not a regular file, a read or
-        decode error): :meth:`fused_path` then takes that file alone, and raises
-        what it raises. None, having read nothing, where :meth:`fused_path`
+        decode error, a file not taken over 1 MiB, which a run does not hold
+        for its other files): :meth:`fused_path` then takes that file alone,
+        and raises what it raises. None, having read nothing, where :meth:`fused_path`
         would return None."""
         ext = self.ext
         verified = self.verified

@@ -158,6 +158,26 @@ def test_a_bad_file_in_a_run_fails_as_it_does_alone(tmp_path, damage):
     assert stats.skipped == 2
 
 
+def test_a_large_file_the_run_does_not_take_is_read_again_alone(tmp_path, monkeypatch):
+    """A run holds a file it read but cannot take (here a PNG) for the decode
+    step only up to 1 MiB; a larger one is read again alone: the same batches."""
+    import cv2
+
+    paths, _ = _files(tmp_path, copies=2)
+    noise = np.random.default_rng(5).integers(0, 256, (700, 700, 3), dtype=np.uint8)
+    ok, png = cv2.imencode(".png", noise)
+    assert png.size > 1 << 20
+    with open(paths[4], "wb") as f:
+        f.write(png.tobytes())
+    spy = _Spy(extension.jpeg)
+    monkeypatch.setattr(extension, "jpeg", spy)
+    got, error, _ = _run(FileList(paths, list(range(len(paths)))), 8, 1)
+    assert error is None and max(spy.runs) > 1
+    want, error, _ = _run(FileList(paths, list(range(len(paths)))), 8, 1, read_threads=1)
+    assert error is None
+    _same(got, want)
+
+
 def test_a_pipe_in_a_run_is_read_alone_and_named_when_it_blocks(tmp_path):
     """A run reads only regular files: a FIFO is left to its own read, which
     blocks there, and a timeout names that sample, not the run's first."""
@@ -204,14 +224,17 @@ def test_the_extension_run_gives_what_each_call_alone_gives(tmp_path):
     whole = (tmp_path / os.path.basename(paths[0])).read_bytes()
     (tmp_path / "cut.jpg").write_bytes(whole[:len(whole) * 3 // 5])  # a decode error
     os.mkdir(tmp_path / "d.jpg")
-    files = [*paths, str(tmp_path / "p.png"), str(tmp_path / "garbage.jpg"), str(tmp_path / "cut.jpg"),
-             str(tmp_path / "d.jpg"), str(tmp_path / "gone.jpg")]
+    noise = np.random.default_rng(5).integers(0, 256, (700, 700, 3), dtype=np.uint8)
+    big = cv2.imencode(".png", noise)[1].tobytes()  # over 1 MiB: not held for the run
+    (tmp_path / "big.png").write_bytes(big)
+    files = [*paths, str(tmp_path / "p.png"), str(tmp_path / "garbage.jpg"), str(tmp_path / "big.png"),
+             str(tmp_path / "cut.jpg"), str(tmp_path / "d.jpg"), str(tmp_path / "gone.jpg")]
     outs = [np.zeros((40, 40, 3), np.uint8) for _ in files]
     at = np.full(1, -1, np.int64)
     got = ext.fused_run(*_args(files, outs, at))
     assert int(at[0]) == len(files) - 1
-    assert got[-5:-3] == [png.tobytes(), garbage]
-    assert got[-3:] == [None, None, None]
+    assert got[-6:-4] == [png.tobytes(), garbage]
+    assert got[-4:] == [None, None, None, None]
     with pytest.raises(DecodeError):  # what the caller meets when it takes the file alone
         ext.fused(files[-3], 1, *_args([], [])[4:], np.zeros((40, 40, 3), np.uint8))
     for i, path in enumerate(paths):
