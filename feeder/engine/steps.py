@@ -266,10 +266,15 @@ def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
         if result is not None:  # the sample's slot (True), or its file's bytes
             task.data, task.label = (_READ_FUSED if result is True else result), label
         left.append(task)
+    left.sort(key=_slot)  # in the run's order, as the steps would take them alone
     complete = False
     for _ in range(done):
         complete = batch.finish_slot() or complete
     return left, done, (batch if complete else None)
+
+
+def _slot(task: Task) -> int:
+    return task.slot
 
 
 def _read_fused_done(task: Task, data: Any) -> Task:

@@ -158,6 +158,24 @@ def test_a_bad_file_in_a_run_fails_as_it_does_alone(tmp_path, damage):
     assert stats.skipped == 2
 
 
+def test_the_samples_a_run_leaves_fail_in_the_run_s_order(tmp_path):
+    """A run takes sample 6 (a str path) in its call and leaves sample 7 (a bytes
+    path) to the steps; both are missing. They fail in slot order, as taken
+    alone: the max_skipped error names the same last sample."""
+    paths, _ = _files(tmp_path, copies=6)
+    paths[6] = str(tmp_path / "missing6.jpg")
+    paths[7] = os.fsencode(str(tmp_path / "missing7.jpg"))
+    errors = []
+    for read_threads in (0, 1):
+        with Feeder(FileList(paths, list(range(len(paths)))), 24, CHAIN, on_error="skip", max_skipped=1,
+                    decode_threads=1, read_threads=read_threads, shuffle=False,
+                    timeout=JOIN_TIMEOUT_S) as f:
+            _, error = drain(f)
+        errors.append(str(error))
+    assert "sample 7" in errors[1], errors
+    assert errors[0] == errors[1]
+
+
 def test_a_large_file_the_run_does_not_take_is_read_again_alone(tmp_path, monkeypatch):
     """A run holds a file it read but cannot take (here a PNG) for the decode
     step only up to 1 MiB; a larger one is read again alone: the same batches."""
