@@ -245,12 +245,10 @@ class JpegDecoder:
             OSError: the file could not be read (naming ``path``).
             DecodeError: the decode failed, as :meth:`decode` would say.
         """
-        ext = self.ext
-        verified = self.verified
-        memory = None if verified is None else verified.native
-        if ext is None or self.exif_orientation or (verified is not None and memory is None):
+        memory = self._path_memory()
+        if memory is False:
             return None
-        return self._fuse(ext, path, key, fused, out, memory)
+        return self._fuse(self.ext, path, key, fused, out, memory)
 
     def fused_run(self, paths: list[str], keys: list[int], fused: Any, outs: list[np.ndarray],
                   at: np.ndarray | None = None) -> list[bool | bytes | None] | None:
@@ -263,20 +261,25 @@ class JpegDecoder:
         for its other files): :meth:`fused_path` then takes that file alone,
         and raises what it raises. None, having read nothing, where :meth:`fused_path`
         would return None."""
-        ext = self.ext
-        verified = self.verified
-        memory = None if verified is None else verified.native
-        if ext is None or self.exif_orientation or (verified is not None and memory is None):
+        memory = self._path_memory()
+        if memory is False:
             return None
-        flip = fused.flip
-        got = ext.fused_run(paths, keys, outs, at, fused.crop_stream, fused.flip_stream,
-                            -1.0 if flip is None else flip.p, *fused.draw_args,
-                            *fused.crop.output_size, fused.crop.antialias, self.verify,
-                            _MAX_HEADER_STEPS, self.max_pixels, memory)
+        got = self.ext.fused_run(paths, keys, outs, at, *fused.call_args, self.verify, _MAX_HEADER_STEPS,
+                                 self.max_pixels, memory)
         for i, done in enumerate(got):
             if type(done) is tuple:
                 got[i] = self._learn(done)
         return got
+
+    def _path_memory(self) -> tuple | None | bool:
+        """The memory the extension reads for a fused call on a path (None:
+        none kept), or False where that call cannot be made: no extension,
+        EXIF orientation applied, or a memory the extension cannot read."""
+        verified = self.verified
+        memory = None if verified is None else verified.native
+        if self.ext is None or self.exif_orientation or (verified is not None and memory is None):
+            return False
+        return memory
 
     def _learn(self, done: tuple) -> bool:
         """What the extension's fused call found for the verified-JPEG memory
@@ -293,11 +296,8 @@ class JpegDecoder:
         """The extension's fused call on ``source`` (bytes, or a path it reads),
         and what it found for the verified-JPEG memory added to it: what
         :meth:`fused` and :meth:`fused_path` return."""
-        flip = fused.flip
-        done = ext.fused(source, key, fused.crop_stream, fused.flip_stream,
-                         -1.0 if flip is None else flip.p, *fused.draw_args,
-                         *fused.crop.output_size, fused.crop.antialias, self.verify,
-                         _MAX_HEADER_STEPS, self.max_pixels, out, memory)
+        done = ext.fused(source, key, *fused.call_args, self.verify, _MAX_HEADER_STEPS, self.max_pixels,
+                         out, memory)
         return done if type(done) is not tuple else self._learn(done)
 
     def _header(self, data: bytes | memoryview, lossless: bool, ext: Any) -> tuple[int, int, str, Any, Any]:

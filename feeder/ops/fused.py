@@ -40,7 +40,7 @@ class FusedCrop:
     """
 
     __slots__ = ("crop", "crop_at", "flip", "flip_at", "rest", "crop_stream", "flip_stream",
-                 "draw_args")
+                 "draw_args", "call_args")
 
     def __init__(self, crop: tuple[int, RandomResizedCrop],
                  flip: tuple[int, RandomHorizontalFlip] | None,
@@ -58,6 +58,11 @@ class FusedCrop:
         lo, hi = t.scale
         log_lo, log_hi = math.log(t.ratio[0]), math.log(t.ratio[1])
         self.draw_args = (lo, hi - lo, log_lo, log_hi - log_lo)
+        #: The extension's fused arguments these steps decide, in its order: the
+        #: streams, the flip's p (-1: none), the draws' terms, the output's
+        #: (height, width) and whether it is antialiased.
+        self.call_args = (self.crop_stream, self.flip_stream, -1.0 if self.flip is None else self.flip.p,
+                          *self.draw_args, *t.output_size, t.antialias)
 
     @classmethod
     def of(cls, steps: list[tuple[int, Transform]],
