@@ -1388,6 +1388,19 @@ static void input_release(FusedInput *in)
 
 static PyObject *fused_result(Fused *f);
 
+/* The memory argument of fused and fused_run (see memory_of), which needs the
+ * CRC-32C instruction: 0, or -1 with an exception set naming the call ``who``
+ * (the caller releases views whatever this returns). */
+static int fused_memory_of(const char *who, PyObject *arg, Memory *m, Py_buffer views[4])
+{
+    if (!crc_hardware) {
+        PyErr_Format(PyExc_RuntimeError, "%s: a memory needs the CRC-32C instruction "
+                     "(CRC32C_HARDWARE is 0)", who);
+        return -1;
+    }
+    return memory_of(arg, m, views, 0);
+}
+
 static PyObject *jpeg_fused(PyObject *self, PyObject *args)
 {
     Py_buffer out, views[4];
@@ -1416,13 +1429,7 @@ static PyObject *jpeg_fused(PyObject *self, PyObject *args)
                             "oh * ow * 3 bytes");
     }
     if (memory_obj != Py_None) {
-        if (!crc_hardware) {
-            input_release(&in);
-            PyBuffer_Release(&out);
-            return PyErr_Format(PyExc_RuntimeError, "fused: a memory needs the CRC-32C "
-                                "instruction (CRC32C_HARDWARE is 0)");
-        }
-        if (memory_of(memory_obj, &memory, views, 0) < 0) {
+        if (fused_memory_of("fused", memory_obj, &memory, views) < 0) {
             release_all(views, 4);
             input_release(&in);
             PyBuffer_Release(&out);
@@ -1692,12 +1699,7 @@ static PyObject *jpeg_fused_run(PyObject *self, PyObject *args)
         }
     }
     if (memory_obj != Py_None) {
-        if (!crc_hardware) {
-            PyErr_Format(PyExc_RuntimeError, "fused_run: a memory needs the CRC-32C instruction "
-                         "(CRC32C_HARDWARE is 0)");
-            goto done;
-        }
-        if (memory_of(memory_obj, &memory, views, 0) < 0)
+        if (fused_memory_of("fused_run", memory_obj, &memory, views) < 0)
             goto done;
         for (Py_ssize_t i = 0; i < n; i++)
             s[i].f.memory = &memory;
