@@ -14,6 +14,7 @@ work: the label goes straight into the batch's int64 labels.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = ["SampleWork", "as_label", "read_sample", "source_files", "steps"]
 _INT64 = (-(1 << 63), 1 << 63)
 _READ_FILE = _sources._read_file  # FileList.read's reader, as imported (see _path_label)
 _SIZE_DTYPE = np.dtype(np.int64)
+_SLOT = operator.attrgetter("slot")
 
 #: A task's data once the read step has read and decoded it into its slot.
 _READ_FUSED = object()
@@ -209,8 +211,7 @@ def _read_fused(work: SampleWork, task: Task, path_label: Any) -> bool:
     reads it as ever). A file that cannot be read fails here, in the read step."""
     buf = task.batch.buffer
     path, label = path_label(task.index)
-    low, high = _INT64
-    if buf is None or type(path) is not str or type(label) is not int or not low <= label < high:
+    if buf is None or not _plain(path, label):
         return False
     try:
         got = work.read_into(path, task.key, buf.images[task.slot])
@@ -233,14 +234,12 @@ def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
     what the read step would have given it (see :func:`_read_fused`), or
     nothing: then it takes its steps as ever, and meets any error there."""
     batch = tasks[0].batch
-    low, high = _INT64
     images = buf.images
     picked, paths, keys, outs, labels, left = [], [], [], [], [], []
     try:
         for task in tasks:
             path, label = path_label(task.index)
-            if (task.batch is not batch or task.key is None or type(path) is not str
-                    or type(label) is not int or not low <= label < high):
+            if task.batch is not batch or task.key is None or not _plain(path, label):
                 left.append(task)
                 continue
             picked.append(task)
@@ -266,15 +265,17 @@ def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
         if result is not None:  # the sample's slot (True), or its file's bytes
             task.data, task.label = (_READ_FUSED if result is True else result), label
         left.append(task)
-    left.sort(key=_slot)  # in the run's order, as the steps would take them alone
+    left.sort(key=_SLOT)  # in the run's order, as the steps would take them alone
     complete = False
     for _ in range(done):
         complete = batch.finish_slot() or complete
     return left, done, (batch if complete else None)
 
 
-def _slot(task: Task) -> int:
-    return task.slot
+def _plain(path: Any, label: Any) -> bool:
+    """A path the extension reads (a str) and an int label the batch holds:
+    a sample the fused read takes (:func:`_read_fused`, :func:`_read_run`)."""
+    return type(path) is str and type(label) is int and _INT64[0] <= label < _INT64[1]
 
 
 def _read_fused_done(task: Task, data: Any) -> Task:
