@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
-from tests.support.jpeg import KINDS, jpeg
+from tests.support.jpeg import KINDS, jpeg, write_files
 from feeder import Feeder, FeederTimeoutError, SampleError, ops
 from feeder.decode import extension
 from feeder.sources import FileList
@@ -30,12 +30,7 @@ def _noisy(h: int, w: int, seed: int) -> np.ndarray:
 def _files(tmp_path) -> tuple[list[str], list[bytes]]:
     blobs = [jpeg(_noisy(h, w, 5 * n + h), kind, 90)
              for n, kind in enumerate(KINDS) for h, w in [(60, 44), (333, 400)]]
-    paths = []
-    for i, blob in enumerate(blobs):
-        path = tmp_path / f"{i:03d}.jpg"
-        path.write_bytes(blob)
-        paths.append(str(path))
-    return paths, blobs
+    return write_files(tmp_path, blobs), blobs
 
 
 def _run(source, epochs: int = 3, **options) -> tuple[list, BaseException | None, None]:

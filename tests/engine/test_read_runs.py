@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
-from tests.support.jpeg import KINDS, jpeg
+from tests.support.jpeg import KINDS, jpeg, write_files
 from feeder import Feeder, FeederTimeoutError, SampleError, ops
 from feeder.errors import DecodeError
 from feeder.decode import extension
@@ -49,12 +49,7 @@ def _files(tmp_path, copies: int = 3) -> tuple[list[str], list[bytes]]:
             h, w = [(60, 44), (333, 400), (97, 131)][(n + k) % 3]
             noisy = make_image(h, w, seed=n * 17 + k).astype(np.int16) + rng.integers(-40, 40, (h, w, 3))
             blobs.append(jpeg(np.clip(noisy, 0, 255).astype(np.uint8), kind, 90))
-    paths = []
-    for i, blob in enumerate(blobs):
-        path = tmp_path / f"{i:03d}.jpg"
-        path.write_bytes(blob)
-        paths.append(str(path))
-    return paths, blobs
+    return write_files(tmp_path, blobs), blobs
 
 
 def _run(source, batch: int, threads: int, chain=CHAIN, epochs: int = 2, **options):

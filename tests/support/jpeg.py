@@ -40,6 +40,16 @@ def jpeg(img: np.ndarray, kind: str = "4:2:0", quality: int = 90, rst: int = 3) 
 OTHER_PROCESSES = pathlib.Path(TESTS_DIR) / "data" / "jpeg_lossless"
 
 
+def write_files(folder: str | os.PathLike, blobs: list[bytes]) -> list[str]:
+    """Each blob as a file ``NNN.jpg`` in ``folder``, in order; their paths, as str."""
+    paths = []
+    for i, blob in enumerate(blobs):
+        path = pathlib.Path(folder) / f"{i:03d}.jpg"
+        path.write_bytes(blob)
+        paths.append(str(path))
+    return paths
+
+
 def other_process(name: str) -> bytes:
     """The bytes of ``tests/data/jpeg_lossless/<name>``."""
     return (OTHER_PROCESSES / name).read_bytes()
