@@ -67,8 +67,10 @@ import simplejpeg  # noqa: E402
 import torch  # noqa: E402
 
 from feeder import Feeder, ops  # noqa: E402
-from feeder.engine import transfer as _transfer
+from feeder.engine import transfer as _transfer  # noqa: E402
+from feeder.engine.pinned import PinnedHost  # noqa: E402
 from feeder.synthetic import make_image  # noqa: E402
+from feeder.testing import engine_of, pool_of, side_stream_of  # noqa: E402
 
 SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds per batch
 CPU_TARGET = 0.10  # transfer thread CPU / busy time
@@ -105,7 +107,7 @@ def make(source, **kw) -> Feeder:
     cap = kw.pop("num_buffers", None)
     f = Feeder(source, kw.pop("batch_size", 16), AUG, **kw)
     if cap is not None and kw.get("isolation", "thread") == "thread":
-        f._engine.pool.capacity = cap
+        pool_of(f).capacity = cap
     return f
 
 
@@ -291,27 +293,41 @@ def check_set_device_after_build(args):
     return "PASS", f"thread and isolated engine deliver on cuda:1; {what}"
 
 
+@contextlib.contextmanager
+def pinned_ledgers(hosts: list):
+    """Collect every :class:`PinnedHost` made inside (the feeder's own page-locked
+    memory: batch buffers, the isolated engine's registered shared arrays)."""
+    real = PinnedHost.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        hosts.append(self)
+    PinnedHost.__init__ = init
+    try:
+        yield
+    finally:
+        PinnedHost.__init__ = real
+
+
 def check_busy_teardown(args):
     stats = getattr(torch.cuda, "host_memory_stats", None)
     gc.collect()
-    empty = getattr(getattr(torch, "accelerator", None), "memory", None)
-    if empty is not None:
-        empty.empty_host_cache()
     base = stats()["allocated_bytes.current"] if stats else None
     source = MemorySource(64)
-    notes = []
+    notes, hosts = [], []
     for isolation in ("thread", "process"):
-        with slowed_copies(SPIN * 10):  # the side stream is busy for a long while
+        with slowed_copies(SPIN * 10), pinned_ledgers(hosts):  # the side stream is busy for long
             f = make(source, device="cuda", isolation=isolation, num_buffers=2)
             it = iter(f)
             next(it)
-            engine = f._engine
+            engine = engine_of(f)
+            locked = sum(h.locked_bytes for h in hosts)
             t0 = time.perf_counter()
             f.close()
             took = time.perf_counter() - t0
-            if isolation == "process" and engine._registered:
-                return "FAIL", f"{len(engine._registered)} arrays still registered after close()"
-            notes.append(f"{isolation} close {took:.2f} s")
+            if isolation == "process" and engine.pinned.locked_bytes:
+                return "FAIL", f"{engine.pinned.locked_bytes} bytes still registered after close()"
+            notes.append(f"{isolation} close {took:.2f} s ({locked / 1e6:.1f} MB were locked)")
             # Collected instead of closed, mid-epoch, with copies in flight.
             g = make(source, device="cuda", isolation=isolation, num_buffers=2)
             it2 = iter(g)
@@ -325,13 +341,14 @@ def check_busy_teardown(args):
             if not done.wait(60):
                 return "FAIL", "the collected feeder's clean-up did not run"
     torch.cuda.synchronize()  # a copy that faulted on unregistered memory would raise here
+    gc.collect()
+    left = sum(h.locked_bytes for h in hosts)
+    notes.append(f"page-locked bytes left {left} in {len(hosts)} ledgers")
     if stats:
-        gc.collect()
-        left = stats()["allocated_bytes.current"] - base
-        notes.append(f"pinned host bytes left {left}")
-        if left > 0:
-            return "FAIL", "; ".join(notes)
-    return "PASS", "; ".join(notes)
+        cached = stats()["allocated_bytes.current"] - base
+        notes.append(f"torch pinned bytes left {cached}")
+        left += max(cached, 0)
+    return ("FAIL" if left > 0 else "PASS"), "; ".join(notes)
 
 
 def check_user_stream(args):
@@ -354,7 +371,7 @@ def check_user_stream(args):
             got = [s.item() for s in sums]
             if len(got) != len(expect) or not np.allclose(got, expect, rtol=1e-6):
                 bad.append(epoch)
-        streams = list(gpu._engine.side._streams.values())
+        streams = list(side_stream_of(gpu)._streams.values())
     if bad:
         return "FAIL", f"values differ from the CPU path in passes {bad}"
     if len(streams) != 1 or streams[0].cuda_stream in (user.cuda_stream,
@@ -535,9 +552,9 @@ def big_batches(isolation: str, spans: list, measure_memory: bool = False):
         copy_s = sum(a.elapsed_time(b) for a, b in spans) / 1e3
         row = (nbytes, copy_s, after.cpu_s - before.cpu_s, after.busy_s - before.busy_s)
         memory = None
-        if measure_memory:
+        if measure_memory:  # the pool's own page-locked blocks, and torch's pinned cache
             host = getattr(torch.cuda, "host_memory_stats", lambda: {})()
-            pinned = host.get("allocated_bytes.peak", host.get("allocated_bytes.current", 0))
+            pinned = pool_of(f).pinned.locked_bytes + host.get("allocated_bytes.current", 0)
             device = torch.cuda.max_memory_allocated() - base
             pinned_bound, device_bound = memory_bounds(batch, side, f.num_buffers,
                                                        f.config.queue_size, 1)
