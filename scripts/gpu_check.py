@@ -30,15 +30,22 @@ risks on a real GPU, once, and prints one table row per check:
 * ``no context on GPU 0 before next()``: per engine, in a fresh process with one
   GPU visible: building the feeder initializes no CUDA; the first ``next()``
   then creates the context on the pass's device.
-* ``H2D GB/s and transfer CPU``: 38.5 MB uint8 batches (256 x 224 x 224 x 3)
-  on both engines: achieved host-to-device GB/s (floor ``H2D_FLOOR_GBPS``:
-  below it, copies are not from pinned memory) and the transfer thread's CPU
-  share.
+* ``H2D GB/s``: 38.5 MB uint8 batches (256 x 224 x 224 x 3) on both engines:
+  host-to-device GB/s of the copies alone (a sleep kernel queued ahead of each
+  batch's copies, so that the timed span holds no wait for the transfer thread
+  to queue them), against a floor (``H2D_FLOOR_GBPS``: below it, copies are not
+  from pinned memory) and against a plain copy of the same bytes from the
+  feeder's page-locked memory in an otherwise idle process
+  (``H2D_SHARE``); the transfer thread's CPU milliseconds per batch.
 * ``pinned and device memory``: pinned host bytes and device bytes held by a
   pass against docs/design/memory.md's formula.
 * ``copy/compute overlap``: a small conv net's training step (bf16,
-  channels_last, batch 256 at 224, defined here: no download) fed by feeder and
-  by DataLoader(pin_memory=True), against the step on a resident batch.
+  channels_last, batch 256 at 224, defined here: no download) fed by feeder
+  from decoded arrays (no decode: the copy is what is compared) and by
+  DataLoader(pin_memory=True) on the same arrays, against the slower of the
+  step on a resident batch and the loader alone (batches taken with no model):
+  a fed step costs no more than that, plus ``OVERLAP_SLACK``, when the copy
+  overlaps the step.
 
 Each row's verdict is a function of its figures (``*_verdict``), tested on the
 CPU in CI with recorded numbers. Without a GPU every row prints SKIP.
@@ -76,6 +83,7 @@ SPIN = 20_000_000  # GPU clock cycles for torch.cuda._sleep: milliseconds per ba
 CPU_TARGET = 0.10  # transfer thread CPU / busy time
 SUBPROCESS_S = 300
 H2D_FLOOR_GBPS = 8.0  # pinned copies on PCIe 4/5 x16 reach 20+; pageable ones stay below
+H2D_SHARE = 0.7  # an engine's copies reach this share of a plain copy from page-locked memory
 BIG_BATCH = (256, 224)  # batch size, side: 256 x 224 x 224 x 3 uint8 = 38.5 MB
 OVERLAP_SLACK = 0.15  # a fed step may cost this much more than the step on a resident batch
 MEMORY_SLACK = 2 << 20  # the caching allocator's rounding: one 2 MiB block per tensor kind
@@ -176,16 +184,18 @@ def context_verdict(results: dict) -> tuple[str, str]:
     return ("FAIL" if failed else "PASS"), "; ".join(notes)
 
 
-def h2d_verdict(rows: dict) -> tuple[str, str]:
-    """``rows``: per engine, (bytes copied, seconds of copying, transfer CPU s, busy s)."""
+def h2d_verdict(rows: dict, plain_gbps: float) -> tuple[str, str]:
+    """``rows``: per engine, (bytes copied, seconds of copying, transfer CPU s, batches);
+    ``plain_gbps``: a plain copy of the same bytes from page-locked memory."""
     notes, failed = [], False
-    for engine, (nbytes, copy_s, cpu_s, busy_s) in rows.items():
+    for engine, (nbytes, copy_s, cpu_s, batches) in rows.items():
         gbps = nbytes / copy_s / 1e9 if copy_s > 0 else 0.0
-        share = cpu_s / busy_s if busy_s > 0 else float("nan")
-        failed |= gbps < H2D_FLOOR_GBPS or not share < CPU_TARGET
-        notes.append(f"{engine} {gbps:.1f} GB/s, transfer CPU {100 * share:.1f}%")
+        failed |= gbps < max(H2D_FLOOR_GBPS, H2D_SHARE * plain_gbps)
+        notes.append(f"{engine} {gbps:.1f} GB/s, transfer CPU "
+                     f"{1e3 * cpu_s / max(batches, 1):.2f} ms per batch")
     return ("FAIL" if failed else "PASS"), (
-        "; ".join(notes) + f" (floor {H2D_FLOOR_GBPS:g} GB/s, CPU < {100 * CPU_TARGET:.0f}%)")
+        "; ".join(notes) + f" (plain copy {plain_gbps:.1f} GB/s; floor max({H2D_FLOOR_GBPS:g}, "
+        f"{H2D_SHARE:g} x plain))")
 
 
 def memory_bounds(batch_size: int, side: int, num_buffers: int, queue_size: int,
@@ -207,12 +217,15 @@ def memory_verdict(pinned: int, pinned_bound: int, device: int, device_bound: in
         f"device {device / 1e6:.1f} MB (bound {device_bound / 1e6:.1f})")
 
 
-def overlap_verdict(alone_s: float, feeder_s: float, dataloader_s: float | None
-                    ) -> tuple[str, str]:
-    """Seconds per step: on a resident batch, fed by feeder, fed by DataLoader."""
-    ratio = feeder_s / alone_s if alone_s > 0 else float("inf")
-    detail = (f"step {1e3 * alone_s:.1f} ms alone, {1e3 * feeder_s:.1f} ms fed by feeder "
-              f"(x{ratio:.2f})")
+def overlap_verdict(alone_s: float, loader_s: float, feeder_s: float,
+                    dataloader_s: float | None) -> tuple[str, str]:
+    """Seconds per step: on a resident batch, the loader alone (per batch, no model),
+    fed by feeder, fed by DataLoader. Overlapped, a fed step costs the slower of the
+    step and the loader; serialized, about their sum."""
+    bound = max(alone_s, loader_s)
+    ratio = feeder_s / bound if bound > 0 else float("inf")
+    detail = (f"step {1e3 * alone_s:.1f} ms alone, loader {1e3 * loader_s:.1f} ms per batch "
+              f"alone, {1e3 * feeder_s:.1f} ms fed by feeder (x{ratio:.2f} the slower)")
     if dataloader_s is not None:
         detail += f", {1e3 * dataloader_s:.1f} ms by DataLoader(pin_memory=True)"
     return ("PASS" if ratio <= 1 + OVERLAP_SLACK else "FAIL"), detail
@@ -507,14 +520,17 @@ def check_no_context_before_next(args):
 
 
 @contextlib.contextmanager
-def timed_copies(spans: list):
+def timed_copies(spans: list, cycles: int = SPIN // 4):
     """Time every batch's copies on the side stream with CUDA events (appended to
-    ``spans`` as event pairs; read them after a synchronize)."""
+    ``spans`` as event pairs; read them after a synchronize). A sleep kernel queued
+    ahead keeps the stream busy while the copies are queued, so the span between
+    the events is the copies' own time, not the transfer thread's queuing."""
     real = _transfer.SideStream.copying
 
     @contextlib.contextmanager
     def copying(self):
         with real(self):
+            torch.cuda._sleep(cycles)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             yield
@@ -550,7 +566,7 @@ def big_batches(isolation: str, spans: list, measure_memory: bool = False):
         torch.cuda.synchronize()
         after = f.stats().stage("transfer")
         copy_s = sum(a.elapsed_time(b) for a, b in spans) / 1e3
-        row = (nbytes, copy_s, after.cpu_s - before.cpu_s, after.busy_s - before.busy_s)
+        row = (nbytes, copy_s, after.cpu_s - before.cpu_s, len(spans))
         memory = None
         if measure_memory:  # the pool's own page-locked blocks, and torch's pinned cache
             host = getattr(torch.cuda, "host_memory_stats", lambda: {})()
@@ -562,13 +578,38 @@ def big_batches(isolation: str, spans: list, measure_memory: bool = False):
     return row, memory
 
 
+def plain_h2d_gbps(repeats: int = 20) -> float:
+    """Median GB/s of one batch's bytes copied from the feeder's page-locked memory
+    (:class:`PinnedHost`) with nothing else running: what the engines' copies are
+    held against."""
+    batch, side = BIG_BATCH
+    host = PinnedHost()
+    src = host.empty((batch, side, side, 3), torch.uint8)
+    src.fill_(7)
+    dst = torch.empty(src.shape, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(repeats + 2):
+            torch.cuda._sleep(SPIN // 4)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    host.unregister_all()
+    return src.numel() / float(np.median(times[2:])) / 1e9
+
+
 def check_h2d(args, shared):
     rows, spans = {}, []
+    plain = plain_h2d_gbps()
     for isolation in ("thread", "process"):
         rows[isolation], memory = big_batches(isolation, spans, isolation == "thread")
         if memory is not None:
             shared["memory"] = memory
-    return h2d_verdict(rows)
+    return h2d_verdict(rows, plain)
 
 
 def check_memory(args, shared):
@@ -609,47 +650,67 @@ def step_time(batches, steps: int = 20, warmup: int = 5) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-class _Resident(torch.utils.data.Dataset):
-    """DataLoader's side: ready uint8 images (no decode: only the copy is compared)."""
+class DecodedArrays(torch.utils.data.Dataset):
+    """Decoded uint8 images (HWC arrays), the same for both loaders: the overlap
+    check compares copies, not decoding. Also a feeder source."""
 
     def __init__(self, n: int, side: int) -> None:
-        self.n, self.image = n, torch.randint(0, 256, (3, side, side), dtype=torch.uint8)
+        rng = np.random.default_rng(0)
+        self.n, self.image = n, rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i):
-        return self.image, i
+    def read(self, index: int):
+        return self.image, index
+
+    def __getitem__(self, index: int):
+        return torch.from_numpy(self.image).permute(2, 0, 1), index
+
+
+def loader_time(batches, steps: int = 20, warmup: int = 5) -> float:
+    """Seconds per batch taken from ``batches`` with no model (each batch's copy waited for)."""
+    it = iter(batches)
+    t0 = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        next(it)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
 
 
 def check_overlap(args):
     batch, side = BIG_BATCH
     steps, warmup = 20, 5
-    mean, std = torch.tensor([0.45] * 3).view(1, 3, 1, 1), torch.tensor([0.25] * 3).view(1, 3, 1, 1)
     x = torch.randn(batch, 3, side, side, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device="cuda")
     alone = step_time(itertools.repeat((x, y)), steps, warmup)
-    source = MemorySource(batch * 2, size=64)
-    with Feeder(source, batch, [ops.RandomResizedCrop(side)], device="cuda", dtype=torch.float16,
-                normalize=((0.45,) * 3, (0.25,) * 3), decode_threads=max(2, (os.cpu_count() or 4) - 2),
-                seed=1, timeout=300) as f:
+    arrays = DecodedArrays(batch * 4, side)
+    with Feeder(arrays, batch, [], image_size=(side, side), device="cuda",
+                dtype=torch.float16, normalize=((0.45,) * 3, (0.25,) * 3),
+                decode_threads=max(2, (os.cpu_count() or 4) - 2), seed=1, timeout=300) as f:
         def fed():
             epoch = 0
             while True:
                 f.set_epoch(epoch)
                 yield from f
                 epoch += 1
+        loader_s = loader_time(fed(), steps, warmup)
         feeder_s = step_time(fed(), steps, warmup)
-    loader = torch.utils.data.DataLoader(_Resident(batch * (steps + warmup), side), batch_size=batch,
-                                         num_workers=4, pin_memory=True)
-    m, sd = mean.cuda(), std.cuda()
+    loader = torch.utils.data.DataLoader(arrays, batch_size=batch, num_workers=4, pin_memory=True,
+                                         persistent_workers=True)
+    m = torch.tensor([0.45] * 3, device="cuda").view(1, 3, 1, 1)
+    sd = torch.tensor([0.25] * 3, device="cuda").view(1, 3, 1, 1)
 
     def moved():
-        for images, labels in loader:
-            images = images.cuda(non_blocking=True).float().div_(255).sub_(m).div_(sd)
-            yield images, labels.cuda(non_blocking=True)
+        while True:
+            for images, labels in loader:
+                images = images.cuda(non_blocking=True).half().div_(255).sub_(m).div_(sd)
+                yield images, labels.cuda(non_blocking=True)
     dataloader_s = step_time(moved(), steps, warmup)
-    return overlap_verdict(alone, feeder_s, dataloader_s)
+    return overlap_verdict(alone, loader_s, feeder_s, dataloader_s)
 
 
 CHECKS = [
@@ -663,7 +724,7 @@ CHECKS = [
     ("synchronisation audit", check_sync_audit, False),
     ("isolated engine, copies slowed", check_isolated_slowed, False),
     ("no context on GPU 0 before next()", check_no_context_before_next, False),
-    ("H2D GB/s and transfer CPU", check_h2d, True),
+    ("H2D GB/s", check_h2d, True),
     ("pinned and device memory", check_memory, True),
     ("copy/compute overlap", check_overlap, False),
 ]

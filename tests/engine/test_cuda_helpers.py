@@ -226,21 +226,26 @@ def test_gpu_check_verdicts_from_recorded_figures():
     assert g.context_verdict({"thread": (False, [0]), "process": (False, [0])})[0] == "PASS"
     assert g.context_verdict({"thread": (True, [0])})[0] == "FAIL"  # CUDA initialized at build
     assert g.context_verdict({"process": (False, [])})[0] == "FAIL"  # no context where expected
-    gb = 38.5e6 * 10
-    assert g.h2d_verdict({"thread": (gb, gb / 20e9, 0.05, 1.0)})[0] == "PASS"
-    assert g.h2d_verdict({"thread": (gb, gb / 4e9, 0.05, 1.0)})[0] == "FAIL"  # pageable speed
-    assert g.h2d_verdict({"thread": (gb, gb / 20e9, 0.9, 1.0)})[0] == "FAIL"  # a spinning wait
-    assert "20.0 GB/s" in g.h2d_verdict({"thread": (gb, gb / 20e9, 0.05, 1.0)})[1]
+    gb = 38.5e6 * 10  # ten batches; rows: bytes, copy s, transfer CPU s, batches
+    assert g.h2d_verdict({"thread": (gb, gb / 40e9, 0.005, 10)}, 45.0)[0] == "PASS"
+    assert g.h2d_verdict({"thread": (gb, gb / 6e9, 0.005, 10)}, 7.0)[0] == "FAIL"  # pageable speed
+    # Pinned, but far below a plain copy from the same kind of memory.
+    assert g.h2d_verdict({"thread": (gb, gb / 20e9, 0.005, 10)}, 45.0)[0] == "FAIL"
+    detail = g.h2d_verdict({"thread": (gb, gb / 40e9, 0.005, 10)}, 45.0)[1]
+    assert "40.0 GB/s" in detail and "0.50 ms per batch" in detail and "plain copy 45.0" in detail
     pinned, device = g.memory_bounds(256, 224, 4, 2, 1)
     assert pinned == 4 * (256 * 224 * 224 * 3 + 8 * 256)
     assert device == 4 * (256 * 224 * 224 * 3 + 8 * 256)
     assert g.memory_verdict(pinned, pinned, device, device)[0] == "PASS"
     assert g.memory_verdict(pinned + (4 << 20), pinned, device, device)[0] == "FAIL"
     assert g.memory_verdict(pinned, pinned, 2 * device, device)[0] == "FAIL"
-    assert g.overlap_verdict(0.100, 0.105, 0.130)[0] == "PASS"
-    assert g.overlap_verdict(0.100, 0.150, 0.130)[0] == "FAIL"
-    assert "DataLoader" in g.overlap_verdict(0.1, 0.1, 0.12)[1]
-
+    # Seconds per step alone, per batch of the loader alone, fed by feeder, by DataLoader:
+    # overlapped, a fed step costs the slower of the first two, not their sum.
+    assert g.overlap_verdict(0.0078, 0.004, 0.0085, 0.019)[0] == "PASS"
+    assert g.overlap_verdict(0.0078, 0.030, 0.032, None)[0] == "PASS"  # loader-bound
+    status, detail = g.overlap_verdict(0.0078, 0.004, 0.012, None)  # copy serialized
+    assert status == "FAIL" and "x1.54 the slower" in detail
+    assert "DataLoader" in g.overlap_verdict(0.1, 0.05, 0.1, 0.12)[1]
 
 def test_gpu_check_prints_skip_rows_without_a_gpu():
     """Without CUDA, scripts/gpu-check prints every row as SKIP and exits with 2."""
@@ -286,3 +291,4 @@ def test_gpu_check_sync_audit_images_and_targets(monkeypatch):
     # images_and_targets takes the sizes from the batch's host copy: no read-back.
     name = "variable size, images_and_targets"
     assert _audit(monkeypatch, [name]) == {name: 0}
+
