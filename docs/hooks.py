@@ -1,10 +1,10 @@
 """MkDocs hooks of the documentation site.
 
-* ``on_files``: serve the repository's bench/results/ files in the site. The
-  measured figures live once, in bench/results/ (text reports, CSV, plots,
-  summary JSON); adding those files to the build under ``bench-results/`` lets
-  every page link the report it quotes, with the strict build checking that the
-  file exists, instead of copying the numbers into the docs.
+* ``on_files``: serve the repository's bench/results/ files, its folders' too, in
+  the site. The measured figures live once, in bench/results/ (text reports, CSV,
+  plots, summary JSON); adding those files to the build under ``bench-results/``
+  lets every page link the report it quotes, with the strict build checking that
+  the file exists, instead of copying the numbers into the docs.
 * ``on_page_content``: the code's docstrings cross-reference in Sphinx's roles
   (``:class:`~feeder.ImageFolder```), which Markdown renders as literal text.
   Each becomes a cross-reference for mkdocs-autorefs, marked optional: a link
@@ -25,10 +25,14 @@ ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>(~?)([\w.]+
 
 
 def on_files(files: Files, config) -> Files:
-    for name in sorted(os.listdir(RESULTS)):
-        if name.endswith(KINDS):
-            files.append(File.generated(config, f"bench-results/{name}",
-                                        abs_src_path=os.path.join(RESULTS, name)))
+    for folder, dirs, names in os.walk(RESULTS):
+        dirs.sort()
+        relative = os.path.relpath(folder, RESULTS).replace(os.sep, "/")
+        prefix = "" if relative == "." else relative + "/"
+        for name in sorted(names):
+            if name.endswith(KINDS):
+                files.append(File.generated(config, f"bench-results/{prefix}{name}",
+                                            abs_src_path=os.path.join(folder, name)))
     return files
 
 
