@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the GPU acceptance run, in about ten minutes on one GPU,
+# On a CUDA machine: the GPU acceptance run, in about seven minutes on one GPU,
 # everything under one folder ($OUT when set, else bench/results/gpu/<date>/):
 #
-#   bash bench/run_gpu.sh            # tests + check (fits ten minutes on one H100/H200)
-#   bash bench/run_gpu.sh all        # also the benchmarks below (longer)
+#   bash bench/run_gpu.sh            # tests, check, overlap, interference (about 7 min on one H200)
+#   bash bench/run_gpu.sh all        # also the longer benchmarks below
 #   bash bench/run_gpu.sh tests      # pytest tests/cuda only
 #   bash bench/run_gpu.sh check      # scripts/gpu-check only (its table)
 #   bash bench/run_gpu.sh cpu        # ceiling + compare on CPU, all cores (the DataLoader targets)
 #   bash bench/run_gpu.sh cuda       # compare --device cuda --model, then overlap (profiler trace)
 #   bash bench/run_gpu.sh interference   # the training thread's CUDA step alone and fed
+#
+# The default run, measured on one H200 with 16 cores (bench/results/gpu/):
+# tests 91 s, check 64-99 s, the dataset 15 s, overlap about 40 s (its
+# profiler trace of feeder and DataLoader feeding the model step), and a short
+# interference run (2 rounds, 8 loader cores, the model step: threads, the
+# worker process, DataLoader) about 150 s.
 #
 # Every step runs under `timeout` (its budget in seconds below) and goes on
 # whatever the one before did: each writes its log (<step>.txt) and a line to
@@ -17,6 +23,12 @@
 # Environment: as bench/run_all.sh (PYTHON, FEEDER_BENCH_DATA, FEEDER_BENCH_OUT), OUT
 # (used when FEEDER_BENCH_OUT is not set), and
 # STEP_BUDGET_S to scale every budget (e.g. 2 for a slower GPU).
+#
+# On a machine without a package index, carry what its Python lacks as wheels
+# (simplejpeg, often: `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 ... simplejpeg`, then `pip install --no-index --target
+# DIR` there and PYTHONPATH=DIR). Where only a few files may come back, point
+# FEEDER_BENCH_OUT at a scratch folder and pack it (`tar czf ... -C DIR .`).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -83,13 +95,28 @@ if want check; then
   step gpu_check 360 "$PYTHON" scripts/gpu_check.py --skip-suite
 fi
 
-if [ "$part" = all ] || [ "$part" = cpu ] || [ "$part" = cuda ] || [ "$part" = interference ]; then
-  data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
-  mkdir -p "$out/cpu" "$out/cuda" "$out/interference"
-  if [ ! -d "$data/imagenet-like" ]; then  # the same dataset as bench/run_all.sh
+data="${FEEDER_BENCH_DATA:-${TMPDIR:-/tmp}/feeder-bench-data}"
+need_data() {  # the same dataset as bench/run_all.sh
+  if [ ! -d "$data/imagenet-like" ]; then
     step make_data 600 bench make-data "$data/imagenet-like" --n-classes 20 \
       --per-class 100 --seed 0
   fi
+}
+
+if [ "$part" = default ]; then
+  # The short benchmarks: where the copies run against the model's kernels,
+  # and how much each loader slows a launch-bound model step.
+  need_data
+  step overlap 240 bench overlap "$data/imagenet-like" --out "$out/cuda" \
+    --loaders feeder,dl-cv2 --workers 8 --batches 30 --warmup 10 --batch-size 64
+  step interference8 360 bench interference "$data/imagenet-like" --out "$out/interference" \
+    --device cuda --rounds 2 --batch-size 64 --loader-cores 8 --steps model \
+    --loaders alone,feeder,feeder-process,dataloader --windows 4
+fi
+
+if [ "$part" = all ] || [ "$part" = cpu ] || [ "$part" = cuda ] || [ "$part" = interference ]; then
+  mkdir -p "$out/cpu" "$out/cuda" "$out/interference"
+  need_data
   if [ "$part" = all ] || [ "$part" = cpu ]; then
     step ceiling 600 bench ceiling "$data/imagenet-like" --out "$out/cpu" \
       --limit 500 --repeats 3

@@ -1195,7 +1195,8 @@ def test_bench_interference_report_of_a_missing_file_is_one_line(hostile, tmp_pa
 
 def test_run_gpu_goes_on_after_a_failing_step_and_returns_the_worst(tmp_path):
     """bench/run_gpu.sh with a Python that claims a GPU, whose pytest fails: the
-    check still runs, each step's status and log are recorded, the exit status is 1."""
+    check and the short benchmarks still run, each step's status and log are
+    recorded, the exit status is 1."""
     fake = tmp_path / "python"
     fake.write_text(textwrap.dedent("""\
         #!/usr/bin/env bash
@@ -1207,12 +1208,14 @@ def test_run_gpu_goes_on_after_a_failing_step_and_returns_the_worst(tmp_path):
     """))
     fake.chmod(0o755)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=str(fake), OUT=str(out))
+    env = dict(os.environ, PYTHON=str(fake), OUT=str(out), FEEDER_BENCH_DATA=str(tmp_path / "data"))
     env.pop("FEEDER_BENCH_OUT", None)
     result = subprocess.run(["bash", os.path.join(ROOT, "bench", "run_gpu.sh")], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     status = (out / "status.txt").read_text().splitlines()
-    assert [line.split()[:2] for line in status] == [["cuda_tests", "FAIL"], ["gpu_check", "PASS"]]
+    assert [line.split()[:2] for line in status] == [
+        ["cuda_tests", "FAIL"], ["gpu_check", "PASS"], ["make_data", "PASS"], ["overlap", "PASS"],
+        ["interference8", "PASS"]]
     assert (out / "cuda_tests.txt").read_text().startswith("1 failed")
     assert (out / "gpu_check.txt").read_text().startswith("gpu-check table")
