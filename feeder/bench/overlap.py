@@ -39,16 +39,23 @@ log = logging.getLogger(__name__)
 COLUMNS = [
     ("loader", "loader", "{}"),
     ("setting", "setting", "{}"),
-    ("images_per_s", "img/s", "{:.0f}"),
+    ("images_per_s", "img/s profiled", "{:.0f}"),
     ("consumer_wait", "loop waited", "{:.1%}"),
     ("copies", "H2D copies", "{:d}"),
     ("copy_ms_per_batch", "copy ms/batch", "{:.3f}"),
-    ("copy_streams", "copy streams", "{}"),
+    ("copy_streams", "copy stream ids", "{}"),
     ("compute_stream", "compute stream", "{}"),
     ("on_compute_stream", "copies on compute stream", "{:d}"),
     ("overlapped", "copy time under compute", "{:.0%}"),
     ("pageable", "pageable copies", "{:d}"),
 ]
+
+# The profiler records the torch calls of every thread of the training process:
+# feeder's threads are slowed with the step, DataLoader's worker processes are not.
+PROFILED_NOTE = ("img/s profiled: taken under torch.profiler, which records the torch calls of "
+                 "every thread of the training process (feeder's threads, not DataLoader's "
+                 "workers); not a speed comparison: `feeder-bench compare --device cuda "
+                 "--model` measures that.")
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"overlap on {args.dir}: ResNet-style training step on {gpu}, batch {args.batch_size}, "
         f"{args.batches} profiled steps after {args.warmup}\nmachine: "
         f"{report.describe_machine(report.machine_info())}")))
+    print(PROFILED_NOTE)
     report.write_outputs(args.out, "overlap", rows, {"dir": args.dir, "batches": args.batches,
                                                      "warmup": args.warmup, "gpu": gpu})
     return 0
