@@ -123,14 +123,15 @@ LAYERS = [
     ("ops", ["feeder.ops"]),
     ("decode", ["feeder.decode"]),
     ("storage", ["feeder.storage"]),
-    ("sources", ["feeder.sources", "feeder.dataset_source", "feeder.shards", "feeder.pack",
-                 "feeder.synthetic"]),
+    ("sources", ["feeder.sources", "feeder.dataset_source", "feeder.shards", "feeder.synthetic"]),
     ("the epoch plan", ["feeder.order", "feeder.mixture"]),
     ("engine", ["feeder.engine"]),
     ("isolation", ["feeder.isolation"]),
     ("the Feeder", ["feeder._feeder", "feeder._keywords", "feeder._consumer", "feeder._dataset",
                     "feeder._moved", "feeder.work"]),
-    ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder.testing", "feeder"]),
+    # The tools: the core never imports them (feeder-pack, packer and command, included).
+    ("tools and the package", ["feeder.bench", "feeder.doctor", "feeder.pack", "feeder.testing",
+                               "feeder"]),
 ]
 
 
