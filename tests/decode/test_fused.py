@@ -66,7 +66,8 @@ def _smooth(h: int, w: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("shape", [(50, 45, 64, 64), (80, 70, 64, 48), (300, 280, 224, 224),
                                    (1, 1, 5, 3), (3, 7, 2, 2), (7, 1, 3, 9), (64, 64, 64, 64),
-                                   (9, 200, 31, 17)])
+                                   (9, 200, 31, 17), (301, 333, 223, 225), (40, 3, 7, 1),
+                                   (33, 517, 20, 256)])
 def test_resize_is_the_formula_and_near_cv2(shape):
     sh, sw, oh, ow = shape
     src = _smooth(sh, sw, sh * 1000 + sw)
