@@ -23,7 +23,8 @@ rm -f "$TMP"/feeder/decode/_jpeg*.so
 INC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 SUFFIX=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 gcc -shared -fPIC -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-    -fno-omit-frame-pointer -I"$INC" feeder/decode/_jpeg.c feeder/decode/_huffman.c -ljpeg -ldl \
+    -fno-omit-frame-pointer -I"$INC" feeder/decode/_jpeg.c feeder/decode/_huffman.c feeder/decode/_resize.c \
+    -ljpeg -ldl -lm \
     -o "$TMP/feeder/decode/_jpeg$SUFFIX"
 PYTHONPATH=. "$PY" bench/experiments/fuzz_jpeg.py --write-seeds "$TMP/seeds"
 LIBS="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
