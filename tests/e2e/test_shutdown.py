@@ -32,6 +32,14 @@ def blobs() -> list[bytes]:
     return distinct_jpegs(40, seed=300)
 
 
+@pytest.fixture(scope="module")
+def many_blobs() -> list[bytes]:
+    """Three times what the pool of the downstream test can hold (about 19 batches of
+    2 with its threads and queues): its sampler must come to wait for a buffer. With
+    40 samples the pool and the batch the loop holds could take the whole source."""
+    return distinct_jpegs(120, seed=301)
+
+
 make = feeder_factory(batch_size=2, transforms=[ops.CenterCrop(SIDE)], wrap=MemorySource, seed=5)
 
 
@@ -45,11 +53,11 @@ def timed_close(f) -> float:
 
 @pytest.mark.parametrize("augment_threads", [2, 0])
 @pytest.mark.parametrize("ordered", [True, False])
-def test_close_when_downstream_is_full(blobs, ordered, augment_threads):
+def test_close_when_downstream_is_full(many_blobs, ordered, augment_threads):
     """The training loop stops reading: output queue full, transfer blocked putting, the
     sampler blocked waiting for a free buffer, the pools starved."""
-    # Few reads in flight, so that the buffer pool cannot hold the whole source.
-    f = make(blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered,
+    # Few reads in flight, and a source larger than the buffer pool can hold.
+    f = make(many_blobs, queue_size=1, decode_threads=3, augment_threads=augment_threads, ordered=ordered,
              read_threads=2)
     try:
         it = iter(f)
