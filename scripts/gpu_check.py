@@ -36,16 +36,21 @@ risks on a real GPU, once, and prints one table row per check:
   to queue them), against a floor (``H2D_FLOOR_GBPS``: below it, copies are not
   from pinned memory) and against a plain copy of the same bytes from the
   feeder's page-locked memory in an otherwise idle process
-  (``H2D_SHARE``); the transfer thread's CPU milliseconds per batch.
+  (``H2D_SHARE``); the transfer thread's CPU milliseconds per batch, under
+  ``H2D_CPU_MS``. GB/s are per batch, medians.
 * ``pinned and device memory``: pinned host bytes and device bytes held by a
   pass against docs/design/memory.md's formula.
-* ``copy/compute overlap``: a small conv net's training step (bf16,
-  channels_last, batch 256 at 224, defined here: no download) fed by feeder
-  from decoded arrays (no decode: the copy is what is compared) and by
-  DataLoader(pin_memory=True) on the same arrays, against the slower of the
-  step on a resident batch and the loader alone (batches taken with no model):
-  a fed step costs no more than that, plus ``OVERLAP_SLACK``, when the copy
-  overlaps the step.
+* ``fed step against step and loader alone``: a small conv net's training
+  step (bf16, channels_last, batch 256 at 224, defined here: no download) fed
+  by feeder from decoded arrays (no decode) and by DataLoader(pin_memory=True)
+  on the same arrays, against the slower of the step on a resident batch and
+  the loader alone (batches taken with no model): a fed step may cost that
+  plus ``OVERLAP_SLACK``. It fails where the loader and the step run one after
+  the other (a copy that synchronizes the step, a training thread starved by
+  the loader's threads); a 38.5 MB copy is under a tenth of this step on a
+  PCIe 5 GPU, so the copy's own overlap with compute is shown by
+  ``feeder-bench overlap``'s profiler trace (``bench/run_gpu.sh`` runs it), not
+  by this row.
 
 Each row's verdict is a function of its figures (``*_verdict``), tested on the
 CPU in CI with recorded numbers. Without a GPU every row prints SKIP.
@@ -85,7 +90,8 @@ SUBPROCESS_S = 300
 H2D_FLOOR_GBPS = 8.0  # pinned copies on PCIe 4/5 x16 reach 20+; pageable ones stay below
 H2D_SHARE = 0.7  # an engine's copies reach this share of a plain copy from page-locked memory
 BIG_BATCH = (256, 224)  # batch size, side: 256 x 224 x 224 x 3 uint8 = 38.5 MB
-OVERLAP_SLACK = 0.15  # a fed step may cost this much more than the step on a resident batch
+OVERLAP_SLACK = 0.15  # a fed step may cost this much more than the slower of step and loader alone
+H2D_CPU_MS = 2.0  # the transfer thread's CPU per 38.5 MB batch (0.6 ms on an H200; a spin would be more)
 MEMORY_SLACK = 2 << 20  # the caching allocator's rounding: one 2 MiB block per tensor kind
 
 
@@ -190,12 +196,12 @@ def h2d_verdict(rows: dict, plain_gbps: float) -> tuple[str, str]:
     notes, failed = [], False
     for engine, (nbytes, copy_s, cpu_s, batches) in rows.items():
         gbps = nbytes / copy_s / 1e9 if copy_s > 0 else 0.0
-        failed |= gbps < max(H2D_FLOOR_GBPS, H2D_SHARE * plain_gbps)
-        notes.append(f"{engine} {gbps:.1f} GB/s, transfer CPU "
-                     f"{1e3 * cpu_s / max(batches, 1):.2f} ms per batch")
+        cpu_ms = 1e3 * cpu_s / max(batches, 1)
+        failed |= gbps < max(H2D_FLOOR_GBPS, H2D_SHARE * plain_gbps) or not cpu_ms <= H2D_CPU_MS
+        notes.append(f"{engine} {gbps:.1f} GB/s, transfer CPU {cpu_ms:.2f} ms per batch")
     return ("FAIL" if failed else "PASS"), (
         "; ".join(notes) + f" (plain copy {plain_gbps:.1f} GB/s; floor max({H2D_FLOOR_GBPS:g}, "
-        f"{H2D_SHARE:g} x plain))")
+        f"{H2D_SHARE:g} x plain); CPU <= {H2D_CPU_MS:g} ms)")
 
 
 def memory_bounds(batch_size: int, side: int, num_buffers: int, queue_size: int,
@@ -520,7 +526,7 @@ def check_no_context_before_next(args):
 
 
 @contextlib.contextmanager
-def timed_copies(spans: list, cycles: int = SPIN // 4):
+def timed_copies(spans: list, cycles: int = SPIN):
     """Time every batch's copies on the side stream with CUDA events (appended to
     ``spans`` as event pairs; read them after a synchronize). A sleep kernel queued
     ahead keeps the stream busy while the copies are queued, so the span between
@@ -545,7 +551,7 @@ def timed_copies(spans: list, cycles: int = SPIN // 4):
 
 def big_batches(isolation: str, spans: list, measure_memory: bool = False):
     """One steady-state pass of 38.5 MB uint8 batches: (bytes, copy s, transfer CPU s,
-    busy s) and, with ``measure_memory``, (pinned bytes, bound, device bytes, bound)."""
+    batches) and, with ``measure_memory``, (pinned bytes, bound, device bytes, bound)."""
     batch, side = BIG_BATCH
     source = MemorySource(batch * 4, size=64)
     f = Feeder(source, batch, [ops.RandomResizedCrop(side)], device="cuda", isolation=isolation,
@@ -557,6 +563,9 @@ def big_batches(isolation: str, spans: list, measure_memory: bool = False):
         before = f.stats().stage("transfer")
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
+        reset_host = getattr(torch.cuda, "reset_peak_host_memory_stats", None)
+        if reset_host is not None:
+            reset_host()
         spans.clear()
         nbytes = 0
         f.set_epoch(1)
@@ -565,12 +574,15 @@ def big_batches(isolation: str, spans: list, measure_memory: bool = False):
                 nbytes += x.numel() * x.element_size()
         torch.cuda.synchronize()
         after = f.stats().stage("transfer")
-        copy_s = sum(a.elapsed_time(b) for a, b in spans) / 1e3
+        # The median batch's copy time, for every batch (as the plain copy's median).
+        copy_s = (float(np.median([a.elapsed_time(b) for a, b in spans])) / 1e3 * len(spans)
+                  if spans else 0.0)
         row = (nbytes, copy_s, after.cpu_s - before.cpu_s, len(spans))
         memory = None
         if measure_memory:  # the pool's own page-locked blocks, and torch's pinned cache
             host = getattr(torch.cuda, "host_memory_stats", lambda: {})()
-            pinned = pool_of(f).pinned.locked_bytes + host.get("allocated_bytes.current", 0)
+            held = "allocated_bytes.peak" if reset_host is not None else "allocated_bytes.current"
+            pinned = pool_of(f).pinned.locked_bytes + host.get(held, 0)
             device = torch.cuda.max_memory_allocated() - base
             pinned_bound, device_bound = memory_bounds(batch, side, f.num_buffers,
                                                        f.config.queue_size, 1)
@@ -669,7 +681,8 @@ class DecodedArrays(torch.utils.data.Dataset):
 
 
 def loader_time(batches, steps: int = 20, warmup: int = 5) -> float:
-    """Seconds per batch taken from ``batches`` with no model (each batch's copy waited for)."""
+    """Seconds per batch taken from ``batches`` with no model, the device's work
+    included (synchronized before the first timed batch and after the last)."""
     it = iter(batches)
     t0 = None
     for i in range(warmup + steps):
@@ -726,7 +739,7 @@ CHECKS = [
     ("no context on GPU 0 before next()", check_no_context_before_next, False),
     ("H2D GB/s", check_h2d, True),
     ("pinned and device memory", check_memory, True),
-    ("copy/compute overlap", check_overlap, False),
+    ("fed step against step and loader alone", check_overlap, False),
 ]
 
 

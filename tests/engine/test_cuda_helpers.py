@@ -233,6 +233,8 @@ def test_gpu_check_verdicts_from_recorded_figures():
     assert g.h2d_verdict({"thread": (gb, gb / 20e9, 0.005, 10)}, 45.0)[0] == "FAIL"
     detail = g.h2d_verdict({"thread": (gb, gb / 40e9, 0.005, 10)}, 45.0)[1]
     assert "40.0 GB/s" in detail and "0.50 ms per batch" in detail and "plain copy 45.0" in detail
+    # Fast copies, but a transfer thread that burns CPU (a spinning wait).
+    assert g.h2d_verdict({"thread": (gb, gb / 40e9, 0.05, 10)}, 45.0)[0] == "FAIL"
     pinned, device = g.memory_bounds(256, 224, 4, 2, 1)
     assert pinned == 4 * (256 * 224 * 224 * 3 + 8 * 256)
     assert device == 4 * (256 * 224 * 224 * 3 + 8 * 256)
@@ -246,6 +248,7 @@ def test_gpu_check_verdicts_from_recorded_figures():
     status, detail = g.overlap_verdict(0.0078, 0.004, 0.012, None)  # copy serialized
     assert status == "FAIL" and "x1.54 the slower" in detail
     assert "DataLoader" in g.overlap_verdict(0.1, 0.05, 0.1, 0.12)[1]
+
 
 def test_gpu_check_prints_skip_rows_without_a_gpu():
     """Without CUDA, scripts/gpu-check prints every row as SKIP and exits with 2."""
@@ -291,4 +294,3 @@ def test_gpu_check_sync_audit_images_and_targets(monkeypatch):
     # images_and_targets takes the sizes from the batch's host copy: no read-back.
     name = "variable size, images_and_targets"
     assert _audit(monkeypatch, [name]) == {name: 0}
-
