@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On a CUDA machine: the GPU acceptance run, in about seven minutes on one GPU,
+# On a CUDA machine: the GPU acceptance run, in about seven minutes on one GPU
+# (the steps' budgets allow up to about half an hour),
 # everything under one folder ($OUT when set, else bench/results/gpu/<date>/):
 #
 #   bash bench/run_gpu.sh            # tests, check, overlap, interference (about 7 min on one H200)
@@ -107,11 +108,15 @@ if [ "$part" = default ]; then
   # The short benchmarks: where the copies run against the model's kernels,
   # and how much each loader slows a launch-bound model step.
   need_data
-  step overlap 240 bench overlap "$data/imagenet-like" --out "$out/cuda" \
-    --loaders feeder,dl-cv2 --workers 8 --batches 30 --warmup 10 --batch-size 64
-  step interference8 360 bench interference "$data/imagenet-like" --out "$out/interference" \
-    --device cuda --rounds 2 --batch-size 64 --loader-cores 8 --steps model \
-    --loaders alone,feeder,feeder-process,dataloader --windows 4
+  if [ ! -d "$data/imagenet-like" ]; then
+    skip overlap "no dataset"; skip interference8 "no dataset"
+  else
+    step overlap 240 bench overlap "$data/imagenet-like" --out "$out/cuda" \
+      --loaders feeder,dl-cv2 --workers 8 --batches 30 --warmup 10 --batch-size 64
+    step interference8 360 bench interference "$data/imagenet-like" --out "$out/interference" \
+      --device cuda --rounds 2 --batch-size 64 --loader-cores 8 --steps model \
+      --loaders alone,feeder,feeder-process,dataloader --windows 4
+  fi
 fi
 
 if [ "$part" = all ] || [ "$part" = cpu ] || [ "$part" = cuda ] || [ "$part" = interference ]; then
