@@ -641,25 +641,33 @@ def small_net() -> "torch.nn.Module":
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000))
 
 
-def step_time(batches, steps: int = 20, warmup: int = 5) -> float:
-    """Seconds per training step of the small net over ``batches`` ((x, y) on the GPU)."""
-    model = small_net().cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loss_fn = torch.nn.CrossEntropyLoss()
+def timed_per_batch(batches, each, steps: int = 20, warmup: int = 5) -> float:
+    """Seconds per batch of ``each(x, y)`` over ``batches``, the device's work
+    included (synchronized before the first timed batch and after the last)."""
     it = iter(batches)
     t0 = None
     for i in range(warmup + steps):
         if i == warmup:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-        x, y = next(it)
+        each(*next(it))
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def step_time(batches, steps: int = 20, warmup: int = 5) -> float:
+    """Seconds per training step of the small net over ``batches`` ((x, y) on the GPU)."""
+    model = small_net().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train(x, y):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x.to(memory_format=torch.channels_last)), y % 1000)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps
+    return timed_per_batch(batches, train, steps, warmup)
 
 
 class DecodedArrays(torch.utils.data.Dataset):
@@ -681,17 +689,8 @@ class DecodedArrays(torch.utils.data.Dataset):
 
 
 def loader_time(batches, steps: int = 20, warmup: int = 5) -> float:
-    """Seconds per batch taken from ``batches`` with no model, the device's work
-    included (synchronized before the first timed batch and after the last)."""
-    it = iter(batches)
-    t0 = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-        next(it)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps
+    """Seconds per batch taken from ``batches`` with no model."""
+    return timed_per_batch(batches, lambda x, y: None, steps, warmup)
 
 
 def check_overlap(args):

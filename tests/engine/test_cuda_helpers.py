@@ -245,7 +245,7 @@ def test_gpu_check_verdicts_from_recorded_figures():
     # overlapped, a fed step costs the slower of the first two, not their sum.
     assert g.overlap_verdict(0.0078, 0.004, 0.0085, 0.019)[0] == "PASS"
     assert g.overlap_verdict(0.0078, 0.030, 0.032, None)[0] == "PASS"  # loader-bound
-    status, detail = g.overlap_verdict(0.0078, 0.004, 0.012, None)  # copy serialized
+    status, detail = g.overlap_verdict(0.0078, 0.004, 0.012, None)  # loader and step in turn
     assert status == "FAIL" and "x1.54 the slower" in detail
     assert "DataLoader" in g.overlap_verdict(0.1, 0.05, 0.1, 0.12)[1]
 
