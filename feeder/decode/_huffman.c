@@ -128,8 +128,13 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
     if (!is_dc)
         for (int i = 0; i < (1 << HUFF_LOOK); i++) {
             int l = h->look[i] >> 8, rs = h->look[i] & 0xFF, r = rs >> 4, sz = rs & 15;
-            if (l == 0 || sz == 0 || l + sz > HUFF_LOOK)
+            if (l == 0)
                 continue;
+            if (sz == 0 || l + sz > HUFF_LOOK) {
+                /* the code alone: its value bits (if any) are read after it */
+                h->fast_ac[i] = rs * 256 + l;
+                continue;
+            }
             unsigned v = ((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1);
             int value = v < (1u << (sz - 1)) ? (int)v - (1 << sz) + 1 : (int)v;
             h->fast_ac[i] = value * 65536 + r * 256 + l + sz;
@@ -343,7 +348,7 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     for (int k = 1; k < 64; k++) {
         REFILL();
         int32_t f = ac->fast_ac[acc >> (64 - HUFF_LOOK)];
-        if (f) { /* run, size and value in one look */
+        if (f >> 16) { /* run, size and value in one look (the value is never 0) */
             int used = f & 0xFF;
             k += (f >> 8) & 15;
             acc <<= used;
@@ -353,7 +358,17 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
             continue;
         }
         int rs;
-        SYMBOL(ac, rs);
+        if (f) { /* the code in the look, its value bits after it */
+            int l = f & 0xFF;
+            acc <<= l;
+            nbits -= l;
+            rs = f >> 8;
+        } else {
+            SAVE_STATE();
+            rs = slow_symbol(e, ac);
+            acc = e->acc;
+            nbits = e->nbits;
+        }
         int r = rs >> 4;
         s = rs & 15;
         if (s) {

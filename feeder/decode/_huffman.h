@@ -53,11 +53,11 @@ typedef struct {
 } EntropyPub;
 
 #define WIDE_RING 8 /* the bit buffer's 64 bits: at most 8 bytes loaded and not read */
-#define HUFF_LOOK 9 /* bits looked up at once; longer codes take the slow path */
+#define HUFF_LOOK 10 /* bits looked up at once; longer codes take the slow path */
 #ifndef SKIP_LOOK
 /* Bits looked up at once in a skipped block (>= HUFF_LOOK): 11 and 12 were
  * no faster on the first reads of the ImageNet-like set (their tables cost
- * more to build), 9 as fast. */
+ * more to build). */
 #define SKIP_LOOK 10
 #endif
 
@@ -66,8 +66,10 @@ typedef struct {
     int32_t maxcode[18];           /* largest code of each length (-1: none); [17] a sentinel */
     int32_t valoffset[17];         /* symbol index of a code: code + valoffset[length] */
     uint8_t huffval[256];
-    /* AC tables: a code and its value bits within HUFF_LOOK bits, decoded in
-     * one look: value * 65536 + run * 256 + bits used; 0 otherwise */
+    /* AC tables, one look of HUFF_LOOK bits: a code and its value bits that
+     * fit in them, value * 65536 + run * 256 + bits used (the value is never
+     * 0); else a code that fits without its value bits, or an end of block
+     * or run of 16 zeros, symbol * 256 + code length; 0 for longer codes */
     int32_t fast_ac[1 << HUFF_LOOK];
     /* AC tables of a decode that reads to the end of the scan, for blocks
      * whose coefficients are not kept (skip_block); NULL otherwise: for each
