@@ -18,8 +18,9 @@
  *          (stride, col_offset, index recorded or None, MCUs jumped)
  *   fused(data, key, ...) -> bool: a JPEG's RandomResizedCrop + flip sample in
  *       one call, the verified-JPEG memory consulted (see JpegDecoder.fused)
- *   resize(src, dst, flip=False): _resize.c's bilinear resize (decode's into=
- *       and crop= run it on the decoded region in the same call)
+ *   resize(src, dst, flip=False, area=False): _resize.c's bilinear resize or
+ *       area shrink (decode's into=, crop= and area= run it on the decoded
+ *       region in the same call)
  *   crc32c(data, value=0) -> int: the fingerprint of feeder.decode.verified, where the
  *       CPU has the instruction (CRC32C_HARDWARE)
  *   read_file(path) -> bytes: a whole file, with the GIL released once
@@ -639,7 +640,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"data", "top", "left", "height", "width", "denom", "out",
                             "max_pixels", "compact", "verify", "own", "index", "record",
-                            "max_points", "into", "crop", "flip", NULL};
+                            "max_points", "into", "crop", "flip", "area", NULL};
     Py_buffer data, out, index = {0}, into = {0};
     Py_ssize_t region[4]; /* top, left, height, width: range-checked below, never wrapped */
     unsigned denom;
@@ -648,15 +649,16 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     int compact = 0, verify = 1, own = 1, record = 0;
     unsigned max_points = 16;
     PyObject *into_obj = Py_None, *crop_obj = Py_None;
-    int flip = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pppOpIOOp", names, &data, &region[0],
+    int flip = 0, area = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nnnnIw*O|pppOpIOOpp", names, &data, &region[0],
                                      &region[1], &region[2], &region[3], &denom, &out, &limit,
                                      &compact, &verify, &own, &index_obj, &record, &max_points,
-                                     &into_obj, &crop_obj, &flip))
+                                     &into_obj, &crop_obj, &flip, &area))
         return NULL;
     /* into, crop: resize the crop (top, left, height, width, in the region's
      * pixels) of the decoded region into `into`, an [H, W, 3] uint8 array,
-     * mirrored when flip, in the same call (see _resize.c). */
+     * mirrored when flip, in the same call (see _resize.c); with the area
+     * shrink when area (into no larger than the crop). */
     Py_ssize_t crop[4] = {0, 0, 0, 0}, into_h = 0, into_w = 0;
     if (into_obj != Py_None) {
         if (!PyTuple_Check(crop_obj)) {
@@ -685,12 +687,15 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
             || crop[0] > JPEG_MAX_DIMENSION || crop[1] > JPEG_MAX_DIMENSION
             || crop[2] > JPEG_MAX_DIMENSION || crop[3] > JPEG_MAX_DIMENSION
             || region[2] < 0 || region[3] < 0
-            || crop[0] + crop[2] > region[2] || crop[1] + crop[3] > region[3]) {
+            || crop[0] + crop[2] > region[2] || crop[1] + crop[3] > region[3]
+            || (area && (into.shape[0] < 1 || into.shape[1] < 1 || into.shape[0] > crop[2]
+                         || into.shape[1] > crop[3]))) {
             PyBuffer_Release(&data);
             PyBuffer_Release(&out);
             PyBuffer_Release(&into);
             return PyErr_Format(PyExc_ValueError, "into must be a C-contiguous [H, W, 3] uint8 "
-                                "array and crop a box inside the region");
+                                "array and crop a box inside the region (with area, no "
+                                "smaller than into)");
         }
         into_h = into.shape[0];
         into_w = into.shape[1];
@@ -709,6 +714,7 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
             PyBuffer_Release(&data);
             PyBuffer_Release(&out);
             PyBuffer_Release(&index);
+            PyBuffer_Release(&into);
             return PyErr_Format(PyExc_ValueError, "%s must be in [0, %d], got %zd", what[k],
                                 JPEG_MAX_DIMENSION, region[k]);
         }
@@ -788,8 +794,9 @@ static PyObject *jpeg_decode(PyObject *self, PyObject *args, PyObject *kwargs)
     if (job.status == 0 && into_obj != Py_None) {
         const unsigned char *from = job.out + ((size_t)crop[0] * job.stride + job.col_offset
                                                + (size_t)crop[1]) * 3;
-        resized = resize_bilinear_rgb(from, (size_t)job.stride * 3, (int)crop[2], (int)crop[3],
-                                      into.buf, (int)into_h, (int)into_w, flip);
+        resized = (area ? resize_area_rgb : resize_bilinear_rgb)(
+            from, (size_t)job.stride * 3, (int)crop[2], (int)crop[3], into.buf, (int)into_h,
+            (int)into_w, flip);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
@@ -1099,8 +1106,11 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
     }
     top -= y0;
     left -= x0;
-    if ((f->antialias && (bh > 2 * f->oh || bw > 2 * f->ow)) || top < 0 || left < 0
-        || top + bh > rh || left + bw > rw)
+    /* RandomResizedCrop's antialiased shrink (a side more than 2x): the area
+     * shrink where neither side grows, else left to the chain */
+    int area = f->antialias && (bh > 2 * f->oh || bw > 2 * f->ow);
+    if ((area && (bh < f->oh || bw < f->ow)) || top < 0 || left < 0 || top + bh > rh
+        || left + bw > rw)
         return;
     int flipped = 0;
     if (f->flip_p >= 0) {
@@ -1158,8 +1168,8 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
         return;
     }
     const unsigned char *from = buf + ((size_t)top * job->stride + job->col_offset + (size_t)left) * 3;
-    int resized = resize_bilinear_rgb(from, (size_t)job->stride * 3, (int)bh, (int)bw, f->dst,
-                                      (int)f->oh, (int)f->ow, flipped);
+    int resized = (area ? resize_area_rgb : resize_bilinear_rgb)(
+        from, (size_t)job->stride * 3, (int)bh, (int)bw, f->dst, (int)f->oh, (int)f->ow, flipped);
     free(buf);
     f->result = resized == 0 ? 0 : 1;
     if (f->result != 0) {
@@ -1759,10 +1769,10 @@ done:
  * uint8 array (rows at any stride) into a C-contiguous one. */
 static PyObject *resize(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"src", "dst", "flip", NULL};
+    static char *names[] = {"src", "dst", "flip", "area", NULL};
     PyObject *src_obj, *dst_obj;
-    int flip = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|p", names, &src_obj, &dst_obj, &flip))
+    int flip = 0, area = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|pp", names, &src_obj, &dst_obj, &flip, &area))
         return NULL;
     Py_buffer src, dst;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_STRIDED_RO | PyBUF_FORMAT) < 0)
@@ -1785,11 +1795,18 @@ static PyObject *resize(PyObject *self, PyObject *args, PyObject *kwargs)
         return PyErr_Format(PyExc_ValueError, "src must be a non-empty [h, w, 3] uint8 array with "
                             "contiguous rows, dst a C-contiguous [H, W, 3] uint8 array");
     }
+    if (area && (dst.shape[0] < 1 || dst.shape[1] < 1 || dst.shape[0] > src.shape[0]
+                 || dst.shape[1] > src.shape[1])) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "the area shrink needs a non-empty dst no larger "
+                            "than src on either side");
+    }
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = resize_bilinear_rgb(src.buf, (size_t)src.strides[0], (int)src.shape[0],
-                                 (int)src.shape[1], dst.buf, (int)dst.shape[0], (int)dst.shape[1],
-                                 flip);
+    status = (area ? resize_area_rgb : resize_bilinear_rgb)(
+        src.buf, (size_t)src.strides[0], (int)src.shape[0], (int)src.shape[1], dst.buf,
+        (int)dst.shape[0], (int)dst.shape[1], flip);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
@@ -1816,7 +1833,7 @@ static PyMethodDef methods[] = {
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, top, left, height, width, denom, out, max_pixels, compact=False, verify=True,\n"
      "       own=True, index=None, record=False, max_points=16, into=None, crop=None,\n"
-     "       flip=False) -> (stride, col_offset)\n\n"
+     "       flip=False, area=False) -> (stride, col_offset)\n\n"
      "Decode the region (in pixels of the image scaled by 1/denom) as RGB into the\n"
      "writable buffer out: row r at byte r * stride * 3, from column col_offset.\n"
      "own: feeder's Huffman decoder for sequential files (else libjpeg's). With\n"
@@ -1829,7 +1846,7 @@ static PyMethodDef methods[] = {
      "row of the region at the checkpoint before its first column. With into\n"
      "(a C-contiguous [H, W, 3] uint8 array) and crop (top, left, height, width\n"
      "in the region's pixels): then resize the crop into it as resize() does, in\n"
-     "the same call, and return as with record.\n"
+     "the same call (with area, its area shrink), and return as with record.\n"
      "Releases the GIL. Raises feeder.errors.DecodeError on any error or warning."},
     {"fused", jpeg_fused, METH_VARARGS,
      "fused(data, key, crop_stream, flip_stream, flip_p, lo, span_s, log_lo, span_r,\n"
@@ -1853,11 +1870,11 @@ static PyMethodDef methods[] = {
      "Holds the GIL throughout; the caller holds the memory's lock. Needs\n"
      "CRC32C_HARDWARE."},
     {"resize", (PyCFunction)(void (*)(void))resize, METH_VARARGS | METH_KEYWORDS,
-     "resize(src, dst, flip=False) -> None\n\n"
+     "resize(src, dst, flip=False, area=False) -> None\n\n"
      "Resize the [h, w, 3] uint8 array src (rows at any stride) into the C-contiguous\n"
-     "[H, W, 3] uint8 array dst, bilinear with the half-pixel mapping, mirrored\n"
-     "left-right when flip; the same bytes on every CPU (see _resize.c). Releases\n"
-     "the GIL."},
+     "[H, W, 3] uint8 array dst, bilinear with the half-pixel mapping (area: the\n"
+     "area shrink, dst no larger than src on either side), mirrored left-right\n"
+     "when flip; the same bytes on every CPU (see _resize.c). Releases the GIL."},
     {"crc32c", jpeg_crc32c, METH_VARARGS,
      "crc32c(data, value=0) -> int\n\n"
      "The CRC-32C (Castagnoli) of the bytes, with the CPU's instruction, going on\n"

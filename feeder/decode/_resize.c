@@ -179,3 +179,158 @@ int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uin
     free(mem);
     return 0;
 }
+
+/* The area shrink (RandomResizedCrop's antialiased resize, where a side
+ * shrinks more than 2x): output pixel j of an axis averages the input span
+ * [j * s, (j + 1) * s) (s = n_in / n_out >= 1, the last span ending at n_in),
+ * each input pixel weighed by the part of the span it covers, as cv2's
+ * INTER_AREA does. The weights are integers of AREA_BITS fractional bits:
+ * the span covered up to the end of each of its pixels, as a fraction of the
+ * span, rounded, less the same for the pixel before (so that they sum to
+ * exactly AREA_ONE, and every partial sum is within half a unit of the exact
+ * one). The arithmetic is then exact, and the same on every CPU:
+ *     V[x] = sum over rows r of wy_r * S[r][x]               (32 bits)
+ *     out  = (sum over columns c of wx_c * V[c] + 2^23) >> 24 (32 bits: at most
+ *            255 * 2^24 + 2^23)
+ * It stays within one level of cv2's float arithmetic. */
+#define AREA_BITS 12
+#define AREA_ONE (1 << AREA_BITS)
+
+/* One axis's taps: output pixel j takes count[j] inputs from first[j] with
+ * the weights at w + start[j] (at most n_in + n_out taps in all). */
+static void area_axis(int n_out, int n_in, int *first, int *count, int *start, uint16_t *w)
+{
+    double s = (double)n_in / (double)n_out;
+    int k = 0;
+    for (int j = 0; j < n_out; j++) {
+        double lo = (double)j * s, hi = (double)(j + 1) * s;
+        if (hi > (double)n_in)
+            hi = (double)n_in;
+        int i0 = (int)floor(lo), i1 = (int)ceil(hi);
+        if (i1 > n_in)
+            i1 = n_in;
+        if (i1 <= i0)
+            i1 = i0 + 1;
+        first[j] = i0;
+        count[j] = i1 - i0;
+        start[j] = k;
+        double span = hi - lo;
+        int before = 0;
+        for (int i = i0; i < i1; i++, k++) {
+            int upto = AREA_ONE;
+            if (i + 1 < i1) {
+                double end = (double)(i + 1) < hi ? (double)(i + 1) : hi;
+                upto = (int)floor((end - lo) / span * AREA_ONE + 0.5);
+                if (upto < before)
+                    upto = before;
+                if (upto > AREA_ONE)
+                    upto = AREA_ONE;
+            }
+            w[k] = (uint16_t)(upto - before);
+            before = upto;
+        }
+    }
+}
+
+/* The columns' weighted sums of one row of V (acc) into out, mirrored when
+ * flip: output pixels [from, to) in address order. */
+static void area_scalar(const uint32_t *restrict acc, const int *restrict xf,
+                        const int *restrict xc, const int *restrict xs,
+                        const uint16_t *restrict xw, int dw, uint8_t *restrict out, int flip,
+                        int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        int x = flip ? dw - 1 - k : k;
+        const uint32_t *p = acc + (size_t)xf[x] * 3;
+        const uint16_t *wx = xw + xs[x];
+        uint32_t c0 = 1u << 23, c1 = 1u << 23, c2 = 1u << 23;
+        for (int t = 0; t < xc[x]; t++, p += 3) {
+            uint32_t wt = wx[t];
+            c0 += wt * p[0];
+            c1 += wt * p[1];
+            c2 += wt * p[2];
+        }
+        uint8_t *o = out + (size_t)k * 3;
+        o[0] = (uint8_t)(c0 >> 24);
+        o[1] = (uint8_t)(c1 >> 24);
+        o[2] = (uint8_t)(c2 >> 24);
+    }
+}
+
+#ifdef HAVE_AVX2_BLEND
+/* The same sums, a pixel's three in one 128-bit step per tap (the fourth lane,
+ * the next value of acc, is discarded: acc holds one value past its row). Four
+ * bytes are stored per pixel, the fourth overwritten by the next pixel; the
+ * last pixel goes through the scalar loop. */
+__attribute__((target("avx2")))
+static int area_avx2(const uint32_t *restrict acc, const int *restrict xf, const int *restrict xc,
+                     const int *restrict xs, const uint16_t *restrict xw, int dw,
+                     uint8_t *restrict out, int flip)
+{
+    const __m128i half = _mm_set1_epi32(1 << 23);
+    int k = 0;
+    for (; k + 1 < dw; k++) {
+        int x = flip ? dw - 1 - k : k;
+        const uint32_t *p = acc + (size_t)xf[x] * 3;
+        const uint16_t *wx = xw + xs[x];
+        __m128i c = half;
+        for (int t = 0; t < xc[x]; t++, p += 3)
+            c = _mm_add_epi32(c, _mm_mullo_epi32(_mm_loadu_si128((const __m128i *)p),
+                                                 _mm_set1_epi32(wx[t])));
+        c = _mm_srli_epi32(c, 24); /* at most 255: the packs below do not saturate */
+        c = _mm_packus_epi16(_mm_packs_epi32(c, c), c);
+        uint32_t v = (uint32_t)_mm_cvtsi128_si32(c);
+        memcpy(out + (size_t)k * 3, &v, 4);
+    }
+    return k;
+}
+#endif
+
+int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
+                    int dh, int dw, int flip)
+{
+    if (dh < 1 || dw < 1 || sh < dh || sw < dw)
+        return -2;
+    size_t row = (size_t)sw * 3;
+    size_t ints = 3 * (size_t)(dw + dh);
+    size_t taps = (size_t)(sw + dw) + (size_t)(sh + dh);
+    /* acc: a row of V and one value past it (see area_avx2) */
+    size_t bytes = ints * sizeof(int) + (row + 1) * sizeof(uint32_t) + taps * sizeof(uint16_t);
+    unsigned char *mem = malloc(bytes);
+    if (mem == NULL)
+        return -1;
+    int *xf = (int *)mem, *xc = xf + dw, *xs = xc + dw;
+    int *yf = xs + dw, *yc = yf + dh, *ys = yc + dh;
+    uint32_t *acc = (uint32_t *)(ys + dh);
+    uint16_t *xw = (uint16_t *)(acc + row + 1);
+    uint16_t *yw = xw + (sw + dw);
+    acc[row] = 0;
+    area_axis(dw, sw, xf, xc, xs, xw);
+    area_axis(dh, sh, yf, yc, ys, yw);
+#ifdef HAVE_AVX2_BLEND
+    int avx2 = __builtin_cpu_supports("avx2");
+#endif
+    for (int y = 0; y < dh; y++) {
+        /* the rows' weighted sum, over whole rows (vectorised) */
+        const uint16_t *wy = yw + ys[y];
+        const uint8_t *r = src + (size_t)yf[y] * src_step;
+        uint32_t w0 = wy[0];
+        for (size_t k = 0; k < row; k++)
+            acc[k] = w0 * r[k];
+        for (int t = 1; t < yc[y]; t++) {
+            const uint8_t *rt = r + (size_t)t * src_step;
+            uint32_t wt = wy[t];
+            for (size_t k = 0; k < row; k++)
+                acc[k] += wt * rt[k];
+        }
+        uint8_t *o = dst + (size_t)y * dw * 3;
+        int done = 0;
+#ifdef HAVE_AVX2_BLEND
+        if (avx2)
+            done = area_avx2(acc, xf, xc, xs, xw, dw, o, flip);
+#endif
+        area_scalar(acc, xf, xc, xs, xw, dw, o, flip, done, dw);
+    }
+    free(mem);
+    return 0;
+}

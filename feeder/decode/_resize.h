@@ -1,4 +1,4 @@
-/* feeder's bilinear resize of uint8 RGB pixels (see _resize.c). */
+/* feeder's bilinear resize and area shrink of uint8 RGB pixels (see _resize.c). */
 #ifndef FEEDER_RESIZE_H
 #define FEEDER_RESIZE_H
 
@@ -10,5 +10,10 @@
  * flip. Returns 0, or -1 when out of memory (dst then untouched). */
 int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
                         int dh, int dw, int flip);
+
+/* The area shrink of the same (see _resize.c): dh <= sh and dw <= sw. Returns
+ * 0, -1 when out of memory, -2 when a side would grow (dst then untouched). */
+int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
+                    int dh, int dw, int flip);
 
 #endif

@@ -210,10 +210,10 @@ def decode_region(ext: Any, data: bytes | memoryview, h: int, w: int, need: tupl
     try:
         made = None
         if into is not None:
-            (box, flip), slot = into, fuse[2]  # type: ignore[index]
+            (box, flip, area), slot = into, fuse[2]  # type: ignore[index]
             made = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify, index=index,
                               record=record > 0, max_points=record or 16, into=slot, crop=box,
-                              flip=flip)[2]
+                              flip=flip, area=area)[2]
         elif index is None and not record:
             stride, offset = ext.decode(data, y0, x0, rh, rw, d, buf, max_pixels, False, verify)
         else:

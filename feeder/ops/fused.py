@@ -90,16 +90,18 @@ class FusedCrop:
         return out.shape[0], out.shape[1]
 
     def spec(self, ctx: SampleContext, shape: tuple[int, int],
-             key: int) -> tuple[tuple[int, int, int, int], bool] | None:
+             key: int) -> tuple[tuple[int, int, int, int], bool, bool] | None:
         """For the sample of ``key`` whose region, of ``shape`` (height, width),
         ``ctx`` describes (``origin``, ``scaled_size``, ``scale`` and the crop's
-        ``plan``): the box in the region to resize and whether to flip it; None
-        when the crop takes another path (an antialiased shrink)."""
-        box = self.crop.fused_box(shape, SampleRNG(key, self.crop_at), ctx)
-        if box is None:
+        ``plan``): the box in the region to resize, whether to flip it and
+        whether the resize is the antialiased shrink; None when the crop takes
+        another path (cv2's resize)."""
+        found = self.crop.fused_box(shape, SampleRNG(key, self.crop_at), ctx)
+        if found is None:
             return None
+        box, area = found
         flip = self.flip
-        return box, flip is not None and SampleRNG(key, self.flip_at).random() < flip.p
+        return box, flip is not None and SampleRNG(key, self.flip_at).random() < flip.p, area
 
 def _kept(resized: int, crop: int) -> tuple[int, int, int]:
     """Along one axis of a centre crop of a ``resized``-long image: (first resized

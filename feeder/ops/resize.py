@@ -19,35 +19,38 @@ from .base import (SampleContext, Transform, _choose, _crop_resize, _interp, _re
 # order as its Python loop (the extension's rrc_draws), or None: the Python loop. Installed by the
 # layer that loads the extension (feeder.decode.extension), which sits above this one.
 _native_draws: Any = None
-# RandomResizedCrop's bilinear resize in C (the extension's ``resize``), or None:
-# cv2.resize. The extension's region decoder runs the same code on a crop in the
-# same call as its decode (the fused path, ``FusedCrop``): a sample gets the
-# same bytes whichever path it takes.
+# RandomResizedCrop's bilinear resize and antialiased shrink in C (the
+# extension's ``resize``), or None: cv2.resize (INTER_LINEAR, INTER_AREA). The
+# extension's region decoder runs the same code on a crop in the same call as
+# its decode (the fused path, ``FusedCrop``): a sample gets the same bytes
+# whichever path it takes.
 _native_resize: Any = None
 
 
 def use_native_draws(draws: Any, resize: Any = None) -> None:
     """Draw RandomResizedCrop's tries with ``draws`` (the extension's
-    ``rrc_draws``) and resize its bilinear crops with ``resize`` (the
-    extension's); None: in Python, with cv2."""
+    ``rrc_draws``) and resize its crops (bilinear, and the antialiased shrink)
+    with ``resize`` (the extension's); None: in Python, with cv2."""
     global _native_draws, _native_resize
     _native_draws = draws
     _native_resize = resize
 
 
-def _bilinear_into(crop: np.ndarray, size: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
-    """RandomResizedCrop's bilinear resize of ``crop`` to ``size``: into ``out`` when
-    it is a slot of that size, else into a new array."""
+def _bilinear_into(crop: np.ndarray, size: tuple[int, int], out: np.ndarray | None,
+                   area: bool = False) -> np.ndarray:
+    """RandomResizedCrop's bilinear resize of ``crop`` to ``size`` (``area``: its
+    antialiased shrink, ``size`` no larger than the crop on either side): into
+    ``out`` when it is a slot of that size, else into a new array."""
     resize = _native_resize
     h, w = size
     if resize is None or crop.dtype != np.uint8 or crop.ndim != 3 or crop.shape[2] != 3:
-        return _resize_into(crop, size, cv2.INTER_LINEAR, out)
+        return _resize_into(crop, size, cv2.INTER_AREA if area else cv2.INTER_LINEAR, out)
     if crop.strides[1:] != (3, 1) or crop.strides[0] < 0:
         # (the RGB of given RGBA pixels, a flipped view): rows of packed pixels
         crop = np.ascontiguousarray(crop)
     if out is None or out.shape != (h, w, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
         out = np.empty((h, w, 3), np.uint8)
-    resize(crop, out)
+    resize(crop, out, area=area)
     return out
 
 
@@ -179,23 +182,37 @@ class RandomResizedCrop(Transform):
             top, left = _window_box(ctx, top, left, h, w, img.shape[:2], self)
         return img[top:top + h, left:left + w]
 
-    def _resize(self, crop: np.ndarray, h: int, w: int, out: np.ndarray | None) -> np.ndarray:
+    def _area(self, h: int, w: int) -> bool | None:
+        """Whether a crop of ``h`` x ``w`` takes the antialiased shrink (False: the
+        bilinear resize; None: cv2's resize, another interpolation or a shrink
+        that grows the other side)."""
         interpolation = _choose(self._interp, self.antialias, (h, w), self.output_size)
         if interpolation == cv2.INTER_LINEAR:
-            return _bilinear_into(crop, self.output_size, out)
-        return _resize_into(crop, self.output_size, interpolation, out)
+            return False
+        if interpolation == cv2.INTER_AREA and h >= self.output_size[0] and w >= self.output_size[1]:
+            return True
+        return None
+
+    def _resize(self, crop: np.ndarray, h: int, w: int, out: np.ndarray | None) -> np.ndarray:
+        area = self._area(h, w)
+        if area is not None:
+            return _bilinear_into(crop, self.output_size, out, area)
+        return _resize_into(crop, self.output_size,
+                            _choose(self._interp, self.antialias, (h, w), self.output_size), out)
 
     def fused_box(self, shape: tuple[int, int], rng: SampleRNG,
-                  ctx: SampleContext) -> tuple[int, int, int, int] | None:
+                  ctx: SampleContext) -> tuple[tuple[int, int, int, int], bool] | None:
         """For a region decode (``ctx.origin`` set) of ``shape`` (height, width): the
         box (top, left, height, width, in the region's pixels) that :meth:`apply`
-        would crop and resize with the bilinear resize, or None when it would
-        take another path (another interpolation, an antialiased shrink)."""
+        would crop and resize with the extension's resize, and whether with its
+        antialiased shrink; None when it would take cv2's (another
+        interpolation, a shrink of one side that grows the other)."""
         top, left, h, w = self._box(shape[0], shape[1], rng, ctx)
-        if _choose(self._interp, self.antialias, (h, w), self.output_size) != cv2.INTER_LINEAR:
+        area = self._area(h, w)
+        if area is None:
             return None
         top, left = _window_box(ctx, top, left, h, w, shape, self)
-        return top, left, h, w
+        return (top, left, h, w), area
 
     def apply(self, img, rng, out=None, ctx=None):
         box = self._box(img.shape[0], img.shape[1], rng, ctx)
