@@ -41,10 +41,10 @@ class Sampler(Stage):
         pass_key: ``epoch_key(seed, epoch)`` of the pass: each task then carries
             its sample's key (:func:`~feeder.sample.rng.index_keys`, a batch at
             a time); None: the decode step keys each task.
-        run: Samples per item on the outbox for a batch that has its buffer:
-            above 1, lists of that many of its tasks (the last shorter), each
-            one queue item that a thread of the first map stage takes whole
-            (one hand-off and wake-up for the run instead of one per sample).
+        run: Samples per item on the outbox: above 1, lists of that many of
+            a batch's tasks (the last shorter), each one queue item that a
+            thread of the first map stage takes whole (one hand-off and wake-up
+            for the run instead of one per sample).
     """
 
     def __init__(self, control: Control, order: Callable[[], Any], batch_size: int, pool: BufferPool,
@@ -87,7 +87,8 @@ class Sampler(Stage):
                 # Enough to keep every decode thread busy while the training loop
                 # hands its batch back (each may take a scratch array: bounded).
                 first = min(self.unbuffered, tasks.maxsize, len(indices))
-                self.put_tasks(c, [Task(batch, slot, indices[slot], keys[slot]) for slot in range(first)])
+                self.put_tasks(c, self._items([Task(batch, slot, indices[slot], keys[slot])
+                                               for slot in range(first)]))
                 c.begin_wait(Counters.WAIT_OUT)  # waiting for a free buffer: downstream is behind
                 try:
                     buf = pool.acquire(stopped, starving, owner)
@@ -95,11 +96,16 @@ class Sampler(Stage):
                     c.end_wait()
                 if batch.bind(buf, self.scratch.give):  # every dispatched sample already failed
                     self.put(c, self.collate, batch)
-            rest = [Task(batch, slot, indices[slot], keys[slot]) for slot in range(first, len(indices))]
-            run = self.run
-            self.put_tasks(c, rest if run <= 1 else [rest[a:a + run] for a in range(0, len(rest), run)])
+            self.put_tasks(c, self._items([Task(batch, slot, indices[slot], keys[slot])
+                                           for slot in range(first, len(indices))]))
             c.items += 1
         self.put(c, tasks, END)
+
+    def _items(self, batch_tasks: list) -> list:
+        """A batch's tasks as the outbox's items: runs of ``run`` of them (lists),
+        or the tasks one by one."""
+        run = self.run
+        return batch_tasks if run <= 1 else [batch_tasks[a:a + run] for a in range(0, len(batch_tasks), run)]
 
     def put_tasks(self, c: Counters, batch_tasks: list) -> None:
         """Put a batch's tasks on the outbox in one call (``Channel.put_many``):

@@ -172,20 +172,26 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         return batch if batch.finish_slot() else None
 
     # A sample in the fused read is being read and decoded (see _read_fused).
-    busy, run = (None, None) if path_label is None else ("read and decode", _run_reader(work, path_label))
+    busy, run = ((None, None) if path_label is None
+                 else ("read and decode", _run_reader(work, path_label, scratch)))
     return Step("read", read, busy=busy, run=run), Step("decode", decode), Step("augment", augment)
 
 
-def _run_reader(work: SampleWork, path_label: Any) -> Any:
-    """The read step's ``Step.run``: :func:`_read_run` on a run whose batch has
-    its buffer, once the schema knows the samples are classic pairs."""
+def _run_reader(work: SampleWork, path_label: Any, scratch: Any) -> Any:
+    """The read step's ``Step.run``: :func:`_read_run` on a run, once the schema
+    knows the samples are classic pairs, into its batch's buffer, or into
+    scratch arrays while the batch has none where nothing follows the fused
+    steps (the samples then wait there, as the augment step's would)."""
     schema = work.schema
+    whole = not work.fused.rest  # type: ignore[union-attr] - the fused steps are the chain
 
     def read_run(tasks: list[Task], at: Any) -> tuple[list[Task], int, Any]:
-        buf = tasks[0].batch.buffer if tasks else None
-        if buf is None or not schema.classic:
+        if not tasks or not schema.classic:
             return tasks, 0, None
-        return _read_run(work, tasks, buf, path_label, at)
+        buf = tasks[0].batch.buffer
+        if buf is None and not whole:
+            return tasks, 0, None
+        return _read_run(work, tasks, buf, path_label, at, scratch)
 
     return read_run
 
@@ -224,17 +230,18 @@ def _read_fused(work: SampleWork, task: Task, path_label: Any) -> bool:
 
 
 def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
-              at: Any) -> tuple[list[Task], int, Any]:
-    """The read step of a run of one batch's tasks (``Step.run``), its batch
-    holding its buffer: every FileList file of the run read and decoded into
-    its slot in one call (``SampleWork.read_run``), and where nothing follows
-    the fused steps, each such sample finished here as the decode and augment
-    steps would finish it. Returns (the tasks left for the steps, the samples
-    finished, the batch when they completed it, else None). A task left has
-    what the read step would have given it (see :func:`_read_fused`), or
+              at: Any, scratch: Any) -> tuple[list[Task], int, Any]:
+    """The read step of a run of one batch's tasks (``Step.run``): every FileList
+    file of the run read and decoded in one call (``SampleWork.read_run``) into
+    its slot of ``buf``, the batch's buffer, and where nothing follows the fused
+    steps, each such sample finished here as the decode and augment steps would
+    finish it; with ``buf`` None (the batch has no buffer yet, and nothing
+    follows the fused steps), into scratch arrays, stored in the batch as the
+    augment step stores its samples. Returns (the tasks left for the steps, the
+    samples finished, the batch when they completed it, else None). A task left
+    has what the read step would have given it (see :func:`_read_fused`), or
     nothing: then it takes its steps as ever, and meets any error there."""
     batch = tasks[0].batch
-    images = buf.images
     picked, paths, keys, outs, labels, left = [], [], [], [], [], []
     try:
         for task in tasks:
@@ -245,23 +252,31 @@ def _read_run(work: SampleWork, tasks: list[Task], buf: Any, path_label: Any,
             picked.append(task)
             paths.append(path)
             keys.append(task.key)
-            outs.append(images[task.slot])
+            outs.append(buf.images[task.slot] if buf is not None else scratch.take())
             labels.append(label)
         at.tasks = picked
         got = work.read_run(paths, keys, outs, at.at) if picked else None
     except Exception:  # noqa: BLE001 - each task then meets its error in its own steps
-        return tasks, 0, None
+        got = None
     if got is None:
+        if buf is None:
+            for out in outs:
+                scratch.give(out)
         return tasks, 0, None
     finish = not work.fused.rest  # type: ignore[union-attr] - nothing after the fused steps
     done = 0
-    for task, label, result in zip(picked, labels, got):
+    for task, label, result, out in zip(picked, labels, got, outs):
         if result is True and finish:
             slot = task.slot
-            buf.labels[slot] = label
-            buf.indices[slot] = task.index
+            if buf is None:
+                batch.store(slot, out, label, scratch.give, task.index)
+            else:
+                buf.labels[slot] = label
+                buf.indices[slot] = task.index
             done += 1
             continue
+        if buf is None:
+            scratch.give(out)
         if result is not None:  # the sample's slot (True), or its file's bytes
             task.data, task.label = (_READ_FUSED if result is True else result), label
         left.append(task)

@@ -304,3 +304,49 @@ def test_run_at_names_the_task_in_work():
     assert at.index == 4
     at.at[0] = 99  # never past the run's last
     assert at.index == 4
+
+
+def _read_step(source, scratch):
+    from feeder.engine.steps import SampleWork, steps
+    from feeder.ops.chain import Chain
+
+    work = SampleWork(Chain(CHAIN, None), files=len(source))
+    work.schema.classic = True  # as after the first sample of a pass
+    read, _, _ = steps(source, work, scratch, seed=7, epoch=0, inline=True, read_inline=True)
+    return read
+
+
+def test_a_run_whose_batch_has_no_buffer_waits_in_scratch_arrays_fused(tmp_path):
+    """A batch dispatched before the training loop has handed a buffer back: its
+    runs are still read and decoded in one call each, into scratch arrays, and
+    copied into the buffer when it is bound; the same bytes as a run into the
+    buffer itself, every scratch array given back."""
+    from feeder.engine.buffers import BatchBuffer
+    from feeder.engine.filling import FillingBatch, Scratch
+    from feeder.sample.rng import epoch_key, index_key
+    from feeder.sample.schema import Task
+
+    paths, _ = _files(tmp_path, copies=1)
+    source = FileList(paths, list(range(len(paths))))
+    n = len(paths)
+    h, w = CHAIN[0].output_size
+    results = []
+    for buffered in (True, False):
+        scratch = Scratch(h, w)
+        read = _read_step(source, scratch)
+        buf = BatchBuffer(n, h, w, None, serial=0)
+        batch = FillingBatch(0, buf if buffered else None, n)
+        keys = [index_key(epoch_key(7, 0), i) for i in range(n)]
+        tasks = [Task(batch, slot, slot, keys[slot]) for slot in range(n)]
+        left, done, complete = read.run(tasks, RunAt())
+        assert (left, done) == ([], n)
+        if buffered:
+            assert complete is batch
+        else:
+            assert complete is None and scratch.nbytes() == n * h * w * 3  # waiting in scratch
+            assert batch.bind(buf, scratch.give)  # the binding completes the batch
+            assert len(scratch._free) == n  # every array back
+        results.append((buf.images.copy(), buf.labels.copy(), buf.indices.copy()))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(results[0][1], np.arange(n))
