@@ -125,7 +125,19 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
     }
     h->maxcode[17] = INT32_MAX;
     memset(h->fast_ac, 0, sizeof h->fast_ac);
-    if (!is_dc)
+    if (is_dc) /* a code and its value bits within HUFF_LOOK bits: diff * 65536 + bits used */
+        for (int i = 0; i < (1 << HUFF_LOOK); i++) {
+            int l = h->look[i] >> 8, sz = h->look[i] & 15;
+            if (l == 0 || l + sz > HUFF_LOOK)
+                continue;
+            int diff = 0;
+            if (sz) {
+                unsigned v = ((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1);
+                diff = v < (1u << (sz - 1)) ? (int)v - (1 << sz) + 1 : (int)v;
+            }
+            h->fast_ac[i] = diff * 65536 + l + sz;
+        }
+    else
         for (int i = 0; i < (1 << HUFF_LOOK); i++) {
             int l = h->look[i] >> 8, rs = h->look[i] & 0xFF, r = rs >> 4, sz = rs & 15;
             if (l == 0)
@@ -336,11 +348,19 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     unsigned v;
     int s;
     REFILL();
-    SYMBOL(dc, s);
     int diff = 0;
-    if (s) {
-        TAKE(s, v);
-        diff = extend(v, s);
+    int32_t g = dc->fast_ac[acc >> (64 - HUFF_LOOK)];
+    if (g) { /* the code and its value bits in one look */
+        int used = g & 0xFF;
+        acc <<= used;
+        nbits -= used;
+        diff = g >> 16; /* arithmetic shift (gcc, clang) */
+    } else {
+        SYMBOL(dc, s);
+        if (s) {
+            TAKE(s, v);
+            diff = extend(v, s);
+        }
     }
     *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
     if (blk)
@@ -398,11 +418,19 @@ static inline void skip_block(Entropy *e, const HuffTable *dc, const HuffTable *
     unsigned v;
     int s;
     REFILL();
-    SYMBOL(dc, s);
     int diff = 0;
-    if (s) {
-        TAKE(s, v);
-        diff = extend(v, s);
+    int32_t g = dc->fast_ac[acc >> (64 - HUFF_LOOK)];
+    if (g) { /* the code and its value bits in one look */
+        int used = g & 0xFF;
+        acc <<= used;
+        nbits -= used;
+        diff = g >> 16; /* arithmetic shift (gcc, clang) */
+    } else {
+        SYMBOL(dc, s);
+        if (s) {
+            TAKE(s, v);
+            diff = extend(v, s);
+        }
     }
     *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
     const uint16_t *skip = ac->skip; /* in a register: the refill's stores might alias ac */

@@ -69,7 +69,9 @@ typedef struct {
     /* AC tables, one look of HUFF_LOOK bits: a code and its value bits that
      * fit in them, value * 65536 + run * 256 + bits used (the value is never
      * 0); else a code that fits without its value bits, or an end of block
-     * or run of 16 zeros, symbol * 256 + code length; 0 for longer codes */
+     * or run of 16 zeros, symbol * 256 + code length; 0 for longer codes.
+     * DC tables: a code and its value bits that fit in them, the difference
+     * they give * 65536 + bits used; 0 otherwise */
     int32_t fast_ac[1 << HUFF_LOOK];
     /* AC tables of a decode that reads to the end of the scan, for blocks
      * whose coefficients are not kept (skip_block); NULL otherwise: for each
