@@ -305,22 +305,31 @@ static int slow_symbol(Entropy *e, const HuffTable *h)
 
 /* The bit reader's state in locals for the hot loop (the compiler cannot
  * keep e->acc in a register across the coefficient stores otherwise). */
-#define LOAD_STATE() uint64_t acc = e->acc; int nbits = e->nbits
-#define SAVE_STATE() (e->acc = acc, e->nbits = nbits)
+/* ... and the read position, with the last position the fast refill may
+ * load 8 bytes from (-1: none, a marker met or the data's end near). */
+#define LOAD_STATE()                                                      \
+    uint64_t acc = e->acc;                                                \
+    int nbits = e->nbits;                                                 \
+    size_t pos = e->pos;                                                  \
+    const unsigned char *data = e->data;                                  \
+    ptrdiff_t last = e->marker == 0 && e->size >= 8 ? (ptrdiff_t)(e->size - 8) : -1
+#define SAVE_STATE() (e->acc = acc, e->nbits = nbits, e->pos = pos)
+#define RELOAD_STATE()                                                    \
+    (acc = e->acc, nbits = e->nbits, pos = e->pos,                        \
+     last = e->marker == 0 && e->size >= 8 ? (ptrdiff_t)(e->size - 8) : -1)
 #define REFILL()                                                          \
     do {                                                                  \
         if (nbits < 32) {                                                 \
             uint64_t x_;                                                  \
-            if (e->marker == 0 && e->pos + 8 <= e->size                   \
-                && (memcpy(&x_, e->data + e->pos, 8), x_ = __builtin_bswap64(x_), !has_ff(x_))) { \
+            if ((ptrdiff_t)pos <= last                                    \
+                && (memcpy(&x_, data + pos, 8), x_ = __builtin_bswap64(x_), !has_ff(x_))) { \
                 acc |= x_ >> nbits;                                       \
-                e->pos += (size_t)((63 - nbits) >> 3);                    \
+                pos += (size_t)((63 - nbits) >> 3);                       \
                 nbits |= 56;                                              \
             } else {                                                      \
                 SAVE_STATE();                                             \
                 refill_slow(e);                                           \
-                acc = e->acc;                                             \
-                nbits = e->nbits;                                         \
+                RELOAD_STATE();                                           \
             }                                                             \
         }                                                                 \
     } while (0)
