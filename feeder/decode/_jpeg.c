@@ -1107,10 +1107,12 @@ static void run_fused(Fused *f, const unsigned char *data, size_t size)
     top -= y0;
     left -= x0;
     /* RandomResizedCrop's antialiased shrink (a side more than 2x): the area
-     * shrink where neither side grows, else left to the chain */
+     * shrink where neither side grows nor shrinks more than MAX_AREA_SHRINK
+     * (feeder.ops.resize's bound), else left to the chain */
     int area = f->antialias && (bh > 2 * f->oh || bw > 2 * f->ow);
-    if ((area && (bh < f->oh || bw < f->ow)) || top < 0 || left < 0 || top + bh > rh
-        || left + bw > rw)
+    if ((area && (bh < f->oh || bw < f->ow || bh > MAX_AREA_SHRINK * f->oh
+                  || bw > MAX_AREA_SHRINK * f->ow))
+        || top < 0 || left < 0 || top + bh > rh || left + bw > rw)
         return;
     int flipped = 0;
     if (f->flip_p >= 0) {

@@ -192,7 +192,11 @@ int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uin
  *     V[x] = sum over rows r of wy_r * S[r][x]               (32 bits)
  *     out  = (sum over columns c of wx_c * V[c] + 2^23) >> 24 (32 bits: at most
  *            255 * 2^24 + 2^23)
- * It stays within one level of cv2's float arithmetic. */
+ * It stays within one level of cv2's float arithmetic for shrinks of up to
+ * MAX_AREA_SHRINK per side (each weight is within half a unit of its share,
+ * so the error is at most about (span + 2) * 255 / 8192 levels per axis:
+ * under a quarter of a level there; past it the error grows with the span,
+ * and feeder hands such shrinks to cv2). */
 #define AREA_BITS 12
 #define AREA_ONE (1 << AREA_BITS)
 

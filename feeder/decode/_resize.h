@@ -12,7 +12,12 @@ int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uin
                         int dh, int dw, int flip);
 
 /* The area shrink of the same (see _resize.c): dh <= sh and dw <= sw. Returns
- * 0, -1 when out of memory, -2 when a side would grow (dst then untouched). */
+ * 0, -1 when out of memory, -2 when a side would grow (dst then untouched).
+ * Within one level of cv2's INTER_AREA for shrinks of up to MAX_AREA_SHRINK
+ * per side: its weights' rounding adds up over longer spans (exact to its
+ * formula at any size, but up to tens of levels off the average on
+ * adversarial stripes). */
+#define MAX_AREA_SHRINK 6
 int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
                     int dh, int dw, int flip);
 

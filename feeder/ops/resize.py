@@ -25,6 +25,10 @@ _native_draws: Any = None
 # its decode (the fused path, ``FusedCrop``): a sample gets the same bytes
 # whichever path it takes.
 _native_resize: Any = None
+#: The largest shrink per side that the extension's area shrink takes (its
+#: 12-bit weights keep it within one level of cv2's INTER_AREA up to there;
+#: ``_jpeg.c``'s fused call has the same bound). Larger ones take cv2's.
+MAX_AREA_SHRINK = 6
 
 
 def use_native_draws(draws: Any, resize: Any = None) -> None:
@@ -96,10 +100,11 @@ class RandomResizedCrop(Transform):
             sample gets the same bytes whichever path it takes. Without the
             extension, cv2's INTER_LINEAR.
         antialias: Use area averaging when bilinear would shrink by more than 2x
-            (with the extension built, its own: integer weights of 1/4096, the
-            same bytes on every CPU, within one level of cv2's INTER_AREA, in
-            the same call as the region decode where neither side grows;
-            without it, cv2's INTER_AREA).
+            (with the extension built and the bilinear interpolation, its own
+            where neither side grows nor shrinks more than 6x: integer weights
+            of 1/4096, the same bytes on every CPU, within one level of cv2's
+            INTER_AREA, in the same call as the region decode; otherwise cv2's
+            INTER_AREA, as ``interpolation="area"`` always is).
     """
 
     def __init__(self, size: int | Sequence[int], scale: tuple[float, float] = (0.08, 1.0),
@@ -187,13 +192,17 @@ class RandomResizedCrop(Transform):
         return img[top:top + h, left:left + w]
 
     def _area(self, h: int, w: int) -> bool | None:
-        """Whether a crop of ``h`` x ``w`` takes the antialiased shrink (False: the
-        bilinear resize; None: cv2's resize, another interpolation or a shrink
-        that grows the other side)."""
+        """Whether a crop of ``h`` x ``w`` takes the extension's antialiased shrink
+        (False: the bilinear resize; None: cv2's resize: another interpolation,
+        a shrink that grows the other side, or one of more than
+        :data:`MAX_AREA_SHRINK` on a side)."""
+        if self._interp != cv2.INTER_LINEAR:
+            return None
         interpolation = _choose(self._interp, self.antialias, (h, w), self.output_size)
         if interpolation == cv2.INTER_LINEAR:
             return False
-        if interpolation == cv2.INTER_AREA and h >= self.output_size[0] and w >= self.output_size[1]:
+        oh, ow = self.output_size
+        if oh <= h <= MAX_AREA_SHRINK * oh and ow <= w <= MAX_AREA_SHRINK * ow:
             return True
         return None
 

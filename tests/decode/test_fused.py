@@ -123,14 +123,52 @@ def test_area_shrink_is_the_formula_and_near_cv2(shape):
         out = np.empty((oh, ow, 3), np.uint8)
         ext.resize(src, out, area=True)
         np.testing.assert_array_equal(out, _area_reference(src, oh, ow))
-        near = cv2.resize(src, (ow, oh), interpolation=cv2.INTER_AREA)
-        assert np.abs(near.astype(int) - out).max() <= 1
+        if sh <= 6 * oh and sw <= 6 * ow:  # the shrinks feeder gives it (MAX_AREA_SHRINK)
+            near = cv2.resize(src, (ow, oh), interpolation=cv2.INTER_AREA)
+            assert np.abs(near.astype(int) - out).max() <= 1
         flipped = np.empty_like(out)
         ext.resize(src, flipped, flip=True, area=True)
         np.testing.assert_array_equal(flipped, out[:, ::-1])
     flat = np.full((sh, sw, 3), 201, np.uint8)  # an average of equal values is that value
     ext.resize(flat, out, area=True)
     assert (out == 201).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 1600, 4, 267), (1600, 4, 267, 4), (1200, 1200, 201, 201)])
+def test_area_shrink_is_near_cv2_on_stripes_up_to_6x(shape):
+    """Stripes one pixel wide, the pattern that adds up its weights' rounding
+    errors most, at the largest shrink feeder gives it (about 6x a side)."""
+    sh, sw, oh, ow = shape
+    stripes = ((np.arange(sh)[:, None] + np.arange(sw)[None, :]) % 2 * 255).astype(np.uint8)
+    src = np.repeat(stripes[:, :, None], 3, axis=2)
+    out = np.empty((oh, ow, 3), np.uint8)
+    ext.resize(src, out, area=True)
+    near = cv2.resize(src, (ow, oh), interpolation=cv2.INTER_AREA)
+    assert np.abs(near.astype(int) - out).max() <= 1
+
+
+def test_random_resized_crop_takes_the_extension_shrink_only_where_it_is_near_cv2():
+    """The antialiased shrink of a bilinear RandomResizedCrop up to 6x a side is
+    the extension's; past it, and for interpolation="area" at any ratio, cv2's
+    INTER_AREA, exactly."""
+    from feeder.sample import SampleRNG
+
+    img = np.random.default_rng(5).integers(0, 256, (900, 900, 3), dtype=np.uint8)
+    for transform, ours in [(ops.RandomResizedCrop(120, scale=(0.3, 0.4)), True),   # 3.5-5.5x a side
+                            (ops.RandomResizedCrop(40, scale=(0.9, 1.0)), False),   # over 20x
+                            (ops.RandomResizedCrop(100, scale=(0.5, 0.6), interpolation="area"), False)]:
+        oh, ow = transform.output_size
+        for key in range(5):
+            top, left, h, w = transform._box(900, 900, SampleRNG(key, 0), None)
+            got = transform.apply(img, SampleRNG(key, 0))
+            crop = img[top:top + h, left:left + w]
+            if ours:
+                assert h <= 6 * oh and w <= 6 * ow
+                want = np.empty((oh, ow, 3), np.uint8)
+                ext.resize(crop, want, area=True)
+            else:
+                want = cv2.resize(crop, (ow, oh), interpolation=cv2.INTER_AREA)
+            np.testing.assert_array_equal(got, want, err_msg=repr(transform))
 
 
 def test_area_shrink_reads_rows_at_any_stride_and_refuses_to_grow():
