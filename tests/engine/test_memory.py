@@ -114,10 +114,12 @@ def test_stats_memory_matches_the_formula_terms(jpeg_blobs):
     # Batch buffers: images, labels and indices per buffer, as the page says.
     assert buffers >= 2
     assert mem.batch_buffers == buffers * (batch * side * side * 3 + 2 * 8 * batch)
-    # Scratch: whole one-sample arrays. Decode buffers: one per decode thread
-    # (the transforms run in them), each at most 1.25 x the largest image.
+    # Scratch: whole one-sample arrays. Decode buffers: at most one per decode
+    # thread, each at most 1.25 x the largest image; none at all where every
+    # sample took the fused decode, which writes into the batch or a scratch
+    # array (test_stats_memory_counts_decode_buffers sees them used).
     assert mem.scratch % (side * side * 3) == 0
-    assert 0 < mem.decode_buffers <= 2 * (120 * 150 * 3 * 5 // 4)
+    assert 0 <= mem.decode_buffers <= 2 * (120 * 150 * 3 * 5 // 4)
     # The table, sized from the source's 60 files (two tables, one page each) and
     # the indexes written, both what the kernel holds resident.
     assert verified.slots == 128
@@ -128,6 +130,18 @@ def test_stats_memory_matches_the_formula_terms(jpeg_blobs):
     assert mem.total == (mem.batch_buffers + mem.scratch + mem.decode_buffers + mem.jpeg_table
                          + mem.jpeg_indexes)
     assert "JPEG table" in str(f.stats())
+
+
+def test_stats_memory_counts_decode_buffers(jpeg_blobs):
+    """A chain the fused decode does not take (bicubic) decodes each image into
+    a decode buffer and runs the transforms on it: one per decode thread, each
+    at most 1.25 x the largest image, counted in stats().memory."""
+    with Feeder(MemorySource(jpeg_blobs), 8, [ops.RandomResizedCrop(32, interpolation="bicubic")],
+                seed=0, decode_threads=2) as f:
+        batches, err = drain(f)
+        assert err is None and len(batches) == -(-len(jpeg_blobs) // 8)
+        mem = f.stats().memory
+    assert 0 < mem.decode_buffers <= 2 * (120 * 150 * 3 * 5 // 4)
 
 
 def test_stats_memory_counts_mask_planes():
