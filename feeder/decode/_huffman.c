@@ -350,6 +350,31 @@ static int slow_symbol(Entropy *e, const HuffTable *h)
         }                                                                 \
     } while (0)
 
+/* A block's DC difference added to its prediction: the code and its value
+ * bits in one look where they fit (the DC table's fast_ac), else the code,
+ * then its value bits. */
+#define DC_PRED(dc, pred)                                                 \
+    do {                                                                  \
+        int diff_ = 0;                                                    \
+        int32_t g_ = (dc)->fast_ac[acc >> (64 - HUFF_LOOK)];              \
+        if (g_) {                                                         \
+            int used_ = g_ & 0xFF;                                        \
+            acc <<= used_;                                                \
+            nbits -= used_;                                               \
+            diff_ = g_ >> 16; /* arithmetic shift (gcc, clang) */         \
+        } else {                                                          \
+            int s_;                                                       \
+            unsigned v_;                                                  \
+            SYMBOL(dc, s_);                                               \
+            if (s_) {                                                     \
+                TAKE(s_, v_);                                             \
+                diff_ = extend(v_, s_);                                   \
+            }                                                             \
+        }                                                                 \
+        /* wraps as libjpeg's int does */                                 \
+        *(pred) = (int)((unsigned)*(pred) + (unsigned)diff_);             \
+    } while (0)
+
 static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, const HuffTable *ac,
                                 int *pred)
 {
@@ -357,21 +382,7 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     unsigned v;
     int s;
     REFILL();
-    int diff = 0;
-    int32_t g = dc->fast_ac[acc >> (64 - HUFF_LOOK)];
-    if (g) { /* the code and its value bits in one look */
-        int used = g & 0xFF;
-        acc <<= used;
-        nbits -= used;
-        diff = g >> 16; /* arithmetic shift (gcc, clang) */
-    } else {
-        SYMBOL(dc, s);
-        if (s) {
-            TAKE(s, v);
-            diff = extend(v, s);
-        }
-    }
-    *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
+    DC_PRED(dc, pred);
     if (blk)
         blk[0] = (JCOEF)*pred;
     for (int k = 1; k < 64; k++) {
@@ -427,21 +438,7 @@ static inline void skip_block(Entropy *e, const HuffTable *dc, const HuffTable *
     unsigned v;
     int s;
     REFILL();
-    int diff = 0;
-    int32_t g = dc->fast_ac[acc >> (64 - HUFF_LOOK)];
-    if (g) { /* the code and its value bits in one look */
-        int used = g & 0xFF;
-        acc <<= used;
-        nbits -= used;
-        diff = g >> 16; /* arithmetic shift (gcc, clang) */
-    } else {
-        SYMBOL(dc, s);
-        if (s) {
-            TAKE(s, v);
-            diff = extend(v, s);
-        }
-    }
-    *pred = (int)((unsigned)*pred + (unsigned)diff); /* wraps as libjpeg's int does */
+    DC_PRED(dc, pred);
     const uint16_t *skip = ac->skip; /* in a register: the refill's stores might alias ac */
     for (int k = 1; k < 64;) {
         REFILL();
