@@ -168,10 +168,12 @@ class BufferPool:
         Past two buffers, the pool grows up to ``capacity`` once the training
         loop has been busy outside ``next()`` for a moment (so finished batches
         queue up ahead of it), but not while it waits in ``next()``: then the
-        batch it holds is about to come back. It also grows when the wait has
-        lasted 20 ms and ``starving()`` says the workers have run out of work
-        while a batch is being filled (a slow sample holds up the batch the
-        loop waits for). When every buffer is a batch the loop has taken, it
+        batch it holds is about to come back. It also grows when ``starving()``
+        has said for 20 ms that the workers have run out of work while a batch
+        is being filled (a slow sample holds up the batch the loop waits for);
+        not when they run out for a moment at the end of each batch, where the
+        last samples of the batch the loop waits for are being finished and
+        its batch comes back next. When every buffer is a batch the loop has taken, it
         grows once they have stayed so for 20 ms and the reaper has no release
         in hand (up to half a second): a loop that drops each batch as it gets
         the next keeps two buffers even on a loaded machine.
@@ -179,7 +181,7 @@ class BufferPool:
         Raises:
             Closed: ``stopped()`` became true while waiting, or the pool was closed.
         """
-        since = _now()
+        starved_since: float | None = None
         stuck_since: float | None = None
         with self._cond:
             while True:
@@ -193,7 +195,11 @@ class BufferPool:
                 # holds it up): with every buffer lent, the loop is about to give
                 # one back, which the rule below waits for.
                 may_starve = starving is not None and n < self.capacity and self.count(FILLING) > 0
-                if may_starve and _now() - since >= _BUSY_S and starving():
+                if not (may_starve and starving()):
+                    starved_since = None
+                elif starved_since is None:
+                    starved_since = _now()
+                elif _now() - starved_since >= _BUSY_S:
                     return self._new(owner)
                 held = self.count(LENT)
                 stuck = held + self.count(PARKED, RETIRED)

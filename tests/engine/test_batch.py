@@ -297,3 +297,28 @@ def test_pool_grows_when_the_workers_starve_behind_a_slow_sample():
     starving.set()
     t.join(5)
     assert not t.is_alive() and pool.allocated == 3
+
+
+def test_workers_idle_for_a_moment_do_not_grow_the_pool():
+    # At the end of each batch the decode threads run out of work for a moment
+    # while the last samples of the batch the loop waits for are finished; its
+    # batch then comes back. That moment is no reason for a third buffer.
+    pool = BufferPool(8, 1, 1, 1, pin=False)
+    pool.set_consumer_waiting(True)
+    held, filling = pool.acquire(lambda: False), pool.acquire(lambda: False)
+    calls: list[int] = []
+    asked_again = threading.Event()
+
+    def starving():  # starving at the second look only (20 ms after the first)
+        calls.append(1)
+        if len(calls) >= 4:
+            asked_again.set()
+        return len(calls) == 2
+
+    t, got = _acquire_in_thread(pool, starving)
+    assert asked_again.wait(5)
+    assert t.is_alive() and pool.allocated == 2
+    pool.release(held)  # the loop's batch comes back
+    t.join(5)
+    assert not t.is_alive() and got == [held] and pool.allocated == 2
+    del filling
