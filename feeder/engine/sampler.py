@@ -37,7 +37,8 @@ class Sampler(Stage):
         collate: Where a batch goes when binding its buffer completes it (every
             sample dispatched before the binding already failed).
         unbuffered: Most samples of a batch dispatched before it has a buffer
-            (each may need a scratch array); default: the outbox's capacity.
+            (each may need a scratch array); default: the outbox's capacity
+            (in samples: its items times ``run``).
         pass_key: ``epoch_key(seed, epoch)`` of the pass: each task then carries
             its sample's key (:func:`~feeder.sample.rng.index_keys`, a batch at
             a time); None: the decode step keys each task.
@@ -56,7 +57,7 @@ class Sampler(Stage):
         self.pool, self.owner = pool, owner  # buffers are taken on the owner's behalf
         self.scratch = scratch
         self.collate = collate
-        self.unbuffered = outbox.maxsize if unbuffered is None else unbuffered
+        self.unbuffered = outbox.maxsize * max(1, run) if unbuffered is None else unbuffered
         self.pass_key = pass_key
         self.run = run
 
@@ -86,7 +87,7 @@ class Sampler(Stage):
                 batch = Batch(b, None, len(indices))
                 # Enough to keep every decode thread busy while the training loop
                 # hands its batch back (each may take a scratch array: bounded).
-                first = min(self.unbuffered, tasks.maxsize, len(indices))
+                first = min(self.unbuffered, tasks.maxsize * max(1, self.run), len(indices))
                 self.put_tasks(c, self._items([Task(batch, slot, indices[slot], keys[slot])
                                                for slot in range(first)]))
                 c.begin_wait(Counters.WAIT_OUT)  # waiting for a free buffer: downstream is behind

@@ -11,6 +11,7 @@ from tests.support import JOIN_TIMEOUT_S, MemorySource, drain
 from tests.support.jpeg import jpeg
 from feeder import Feeder, ops
 from feeder.engine import pipeline
+from feeder.engine.threads import ThreadOptions
 from feeder.synthetic import make_image
 
 CHAIN = [ops.RandomResizedCrop(24), ops.RandomHorizontalFlip()]
@@ -61,3 +62,15 @@ def test_runs_give_the_same_batches_as_single_tasks(monkeypatch, options):
         np.testing.assert_array_equal(x, x2)
     labels = np.concatenate([y for _, y in got])
     assert sorted(labels.tolist()) == sorted([i for i in range(150) if i != 37] * 2)
+
+
+@pytest.mark.parametrize("decode_threads, batch_size", [(1, 64), (2, 64), (4, 64), (3, 256), (2, 8)])
+def test_a_batch_without_its_buffer_has_a_run_for_every_decode_thread(decode_threads, batch_size):
+    # The samples dispatched before the batch has its buffer keep every decode
+    # thread busy while the loop hands its batch back: at least one run each.
+    threads = ThreadOptions(decode_threads, 0, 0)
+    run = pipeline.task_run(threads, batch_size)
+    n = pipeline.unbuffered_samples(threads, run)
+    assert n >= decode_threads * run and n >= threads.decode_queue
+    items = -(-n // run)
+    assert items >= decode_threads
