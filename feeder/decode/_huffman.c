@@ -153,6 +153,55 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
         }
 }
 
+/* The tables this thread built last, by their definition (DC or AC, the
+ * code counts and the symbols): most files of a dataset share theirs (an
+ * encoder's standard tables), and building one costs about as much as
+ * decoding a 64 px crop's blocks of it (11% of the CPU of a small-image
+ * pipeline, bench/results/cost_breakdown.txt). A table found here is the
+ * one build_table would build from the same definition, so it is copied;
+ * a table build_table refuses never gets here. Per thread (the decode runs
+ * without the GIL in several threads): no lock. */
+#define TABLE_CACHE 8
+typedef struct {
+    int filled, is_dc, count;
+    uint8_t bits[17];
+    uint8_t huffval[256];
+    HuffTable table; /* its skip is NULL: a decode builds its own */
+} CachedTable;
+#if defined(_MSC_VER)
+#define THREAD_LOCAL __declspec(thread)
+#else
+#define THREAD_LOCAL __thread
+#endif
+static THREAD_LOCAL CachedTable table_cache[TABLE_CACHE];
+static THREAD_LOCAL unsigned table_cache_next;
+
+static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
+{
+    int count = 0;
+    for (int l = 1; l <= 16; l++)
+        count += t->bits[l];
+    if (count <= 256)
+        for (int i = 0; i < TABLE_CACHE; i++) {
+            const CachedTable *c = &table_cache[i];
+            if (c->filled && c->is_dc == is_dc && c->count == count
+                && memcmp(c->bits, t->bits, sizeof c->bits) == 0
+                && memcmp(c->huffval, t->huffval, (size_t)count) == 0) {
+                memcpy(h, &c->table, sizeof *h);
+                return;
+            }
+        }
+    build_table(cinfo, t, is_dc, h); /* errors longjmp from here: nothing cached */
+    CachedTable *c = &table_cache[table_cache_next++ % TABLE_CACHE];
+    c->filled = 1;
+    c->is_dc = is_dc;
+    c->count = count;
+    memcpy(c->bits, t->bits, sizeof c->bits);
+    memcpy(c->huffval, t->huffval, (size_t)count);
+    memcpy(&c->table, h, sizeof *h);
+    c->table.skip = NULL;
+}
+
 /* The skip table of an AC table (see HuffTable.skip): for each SKIP_LOOK
  * bits, the symbols (run/size codes and their value bits) that lie wholly
  * within them, in order, up to an end of block, a code longer than
@@ -828,12 +877,12 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
         if (an < 0 || an >= NUM_HUFF_TBLS || cinfo->ac_huff_tbl_ptrs[an] == NULL)
             ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, an);
         if (!built[dn]) {
-            build_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn]);
+            cached_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn]);
             built[dn] = 1;
         }
         if (!built[NUM_HUFF_TBLS + an]) {
             HuffTable *h = &e->tables[NUM_HUFF_TBLS + an];
-            build_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h);
+            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h);
             if (to_end) {
                 /* Building one costs more than the rows a decode that stops
                  * after its crop passes without an index (or jumps over with

@@ -755,3 +755,75 @@ def test_a_feeder_never_delivers_a_file_with_fill_bytes_before_a_stuffed_zero(mo
     lib, _ = epochs()
     good_only = [[item for item in epoch if item[0] < len(good)] for epoch in lib]
     assert got == ref == good_only
+
+
+def _with_symbols_swapped(data: bytes) -> bytes:
+    """``data`` with the first two symbols of its last Huffman table swapped:
+    the same code lengths (a valid table), other symbols for two codes."""
+    b = bytearray(data)
+    at = data.rfind(b"\xff\xc4")
+    assert at > 0
+    seg_end = at + 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    p = at + 4
+    last = None
+    while p < seg_end:  # each table of the segment: class/id, 16 counts, the symbols
+        count = sum(data[p + 1:p + 17])
+        last = p + 17
+        p += 17 + count
+    b[last], b[last + 1] = b[last + 1], b[last]
+    return bytes(b)
+
+
+@needs_ext
+def test_each_file_decodes_with_its_own_huffman_tables():
+    # The decoder keeps the tables a thread built last and copies one when a
+    # file defines the same: files with the standard tables, files with their
+    # own (optimized) ones, and one whose table has the same code lengths as
+    # another's but other symbols, in turns, in one thread and in two, each
+    # gives libjpeg's own decoder's outcome.
+    files = []
+    for i in range(10):
+        params = [cv2.IMWRITE_JPEG_QUALITY, 40 + 6 * i]
+        if i % 2:
+            params += [cv2.IMWRITE_JPEG_OPTIMIZE, 1]
+        ok, buf = cv2.imencode(".jpg", _noisy(24 + 8 * i, 40 + 4 * i, i), params)
+        assert ok
+        files.append(buf.tobytes())
+    files.append(_with_symbols_swapped(files[1]))
+    files.append(_with_symbols_swapped(files[2]))
+
+    def outcome(data: bytes, own: bool):
+        H, W = _scaled(data, 1)
+        try:
+            return _decode(data, (0, 0, H, W), 1, own=own)[0]
+        except DecodeError as e:
+            return str(e)
+
+    want = [outcome(data, False) for data in files]
+    assert sum(isinstance(w, str) for w in want) < len(files) - 2  # most decode
+
+    def check(order: list[int]) -> None:
+        for i in order:
+            got = outcome(files[i], True)
+            if isinstance(want[i], str):
+                assert isinstance(got, str), i
+            else:
+                np.testing.assert_array_equal(got, want[i], err_msg=str(i))
+
+    rng = random.Random(3)
+    orders = [rng.sample(range(len(files)), len(files)) * 3 for _ in range(3)]
+    check(orders[0])
+    errors: list[BaseException] = []
+
+    def run(order: list[int]) -> None:
+        try:
+            check(order)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(o,)) for o in orders[1:]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
