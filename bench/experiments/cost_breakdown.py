@@ -38,6 +38,7 @@ print(json.dumps({"img_s": n / (time.perf_counter() - t0),
 """
 
 HUFFMAN = {"decode_one", "own_decode_mcu", "slow_symbol", "refill_slow", "build_table", "build_skip",
+           "cached_table", "cached_lookup", "skip_block", "decode_block",
            "entropy_install", "catch_up", "restore_point", "save_point", "bytes_sig",
            "give_source_back", "restart", "entropy_crop"}
 

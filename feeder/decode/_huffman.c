@@ -166,7 +166,9 @@ typedef struct {
     int filled, is_dc, count;
     uint8_t bits[17];
     uint8_t huffval[256];
-    HuffTable table; /* its skip is NULL: a decode builds its own */
+    HuffTable table; /* its skip is NULL: a decode has its own copy */
+    int has_skip;    /* skip holds the AC table's skip table (built when first asked for) */
+    uint16_t skip[1 << SKIP_LOOK];
 } CachedTable;
 #if defined(_MSC_VER)
 #define THREAD_LOCAL __declspec(thread)
@@ -176,30 +178,54 @@ typedef struct {
 static THREAD_LOCAL CachedTable table_cache[TABLE_CACHE];
 static THREAD_LOCAL unsigned table_cache_next;
 
-static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
+static void build_skip(HuffTable *h);
+
+/* This thread's table of definition t, or NULL. */
+static CachedTable *cached_lookup(const JHUFF_TBL *t, int is_dc, int count)
+{
+    for (int i = 0; i < TABLE_CACHE; i++) {
+        CachedTable *c = &table_cache[i];
+        if (c->filled && c->is_dc == is_dc && c->count == count
+            && memcmp(c->bits, t->bits, sizeof c->bits) == 0
+            && memcmp(c->huffval, t->huffval, (size_t)count) == 0)
+            return c;
+    }
+    return NULL;
+}
+
+/* h built from t, or copied from this thread's tables (then kept there);
+ * with skip (an AC table's), its skip table written there too, built once
+ * per kept table. */
+static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h,
+                         uint16_t *skip)
 {
     int count = 0;
     for (int l = 1; l <= 16; l++)
         count += t->bits[l];
-    if (count <= 256)
-        for (int i = 0; i < TABLE_CACHE; i++) {
-            const CachedTable *c = &table_cache[i];
-            if (c->filled && c->is_dc == is_dc && c->count == count
-                && memcmp(c->bits, t->bits, sizeof c->bits) == 0
-                && memcmp(c->huffval, t->huffval, (size_t)count) == 0) {
-                memcpy(h, &c->table, sizeof *h);
-                return;
-            }
+    CachedTable *c = count <= 256 ? cached_lookup(t, is_dc, count) : NULL;
+    if (c != NULL) {
+        memcpy(h, &c->table, sizeof *h);
+    } else {
+        build_table(cinfo, t, is_dc, h); /* errors longjmp from here: nothing kept */
+        c = &table_cache[table_cache_next++ % TABLE_CACHE];
+        c->filled = 1;
+        c->has_skip = 0;
+        c->is_dc = is_dc;
+        c->count = count;
+        memcpy(c->bits, t->bits, sizeof c->bits);
+        memcpy(c->huffval, t->huffval, (size_t)count);
+        memcpy(&c->table, h, sizeof *h);
+        c->table.skip = NULL;
+    }
+    if (skip != NULL) {
+        if (!c->has_skip) {
+            c->table.skip = c->skip;
+            build_skip(&c->table);
+            c->table.skip = NULL;
+            c->has_skip = 1;
         }
-    build_table(cinfo, t, is_dc, h); /* errors longjmp from here: nothing cached */
-    CachedTable *c = &table_cache[table_cache_next++ % TABLE_CACHE];
-    c->filled = 1;
-    c->is_dc = is_dc;
-    c->count = count;
-    memcpy(c->bits, t->bits, sizeof c->bits);
-    memcpy(c->huffval, t->huffval, (size_t)count);
-    memcpy(&c->table, h, sizeof *h);
-    c->table.skip = NULL;
+        memcpy(skip, c->skip, sizeof c->skip);
+    }
 }
 
 /* The skip table of an AC table (see HuffTable.skip): for each SKIP_LOOK
@@ -432,8 +458,7 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     int s;
     REFILL();
     DC_PRED(dc, pred);
-    if (blk)
-        blk[0] = (JCOEF)*pred;
+    blk[0] = (JCOEF)*pred;
     for (int k = 1; k < 64; k++) {
         REFILL();
         int32_t f = ac->fast_ac[acc >> (64 - HUFF_LOOK)];
@@ -442,8 +467,7 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
             k += (f >> 8) & 15;
             acc <<= used;
             nbits -= used;
-            if (blk)
-                blk[natural_order[k]] = (JCOEF)(f >> 16); /* arithmetic shift (gcc, clang) */
+            blk[natural_order[k]] = (JCOEF)(f >> 16); /* arithmetic shift (gcc, clang) */
             continue;
         }
         int rs;
@@ -463,8 +487,7 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
         if (s) {
             k += r;
             TAKE(s, v);
-            if (blk)
-                blk[natural_order[k]] = (JCOEF)extend(v, s);
+            blk[natural_order[k]] = (JCOEF)extend(v, s);
         } else {
             if (r != 15)
                 break;
@@ -645,9 +668,9 @@ static void decode_one(Entropy *e, JBLOCKROW *blocks)
             restart(e);
         e->restarts_to_go--;
     }
-    if (blocks != NULL || !e->skip_tables)
+    if (blocks != NULL)
         for (int b = 0; b < cinfo->blocks_in_MCU; b++)
-            decode_block(e, blocks ? blocks[b][0] : NULL, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
+            decode_block(e, blocks[b][0], e->dc[b], e->ac[b], &e->pred[e->member[b]]);
     else
         for (int b = 0; b < cinfo->blocks_in_MCU; b++)
             skip_block(e, e->dc[b], e->ac[b], &e->pred[e->member[b]]);
@@ -849,8 +872,7 @@ size_t entropy_index(const Entropy *e, unsigned char *out, size_t cap)
 }
 
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
-                     const unsigned char *index, size_t index_len, int record, unsigned max_points,
-                     int to_end)
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points)
 {
     memset(e, 0, sizeof *e);
     e->cinfo = cinfo;
@@ -877,27 +899,26 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
         if (an < 0 || an >= NUM_HUFF_TBLS || cinfo->ac_huff_tbl_ptrs[an] == NULL)
             ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, an);
         if (!built[dn]) {
-            cached_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn]);
+            cached_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn], NULL);
             built[dn] = 1;
         }
         if (!built[NUM_HUFF_TBLS + an]) {
+            /* Skipped MCUs (the rows above a crop without an index, the
+             * columns from a checkpoint to the crop's first, and in a read
+             * to the end every MCU outside the crop) take the skip table:
+             * built once per table a thread keeps, copied for each decode. */
             HuffTable *h = &e->tables[NUM_HUFF_TBLS + an];
-            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h);
-            if (to_end) {
-                /* Building one costs more than the rows a decode that stops
-                 * after its crop passes without an index (or jumps over with
-                 * one) would save: only a read to the end gets them. */
-                h->skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
-                                                                 sizeof(uint16_t) << SKIP_LOOK);
-                build_skip(h);
-            }
+            h->skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
+                                                             sizeof(uint16_t) << SKIP_LOOK);
+            uint16_t *skip = h->skip;
+            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h, skip);
+            h->skip = skip;
             built[NUM_HUFF_TBLS + an] = 1;
         }
         e->member[b] = ci;
         e->dc[b] = &e->tables[dn];
         e->ac[b] = &e->tables[NUM_HUFF_TBLS + an];
     }
-    e->skip_tables = to_end;
     if (index != NULL && parse_index(e, index, index_len, e->pos)) {
         e->have_index = 1;
         e->record = record && e->recorded < e->npoints; /* go on recording past its last point */

@@ -133,7 +133,6 @@ typedef struct {
      * jump over them. */
     int skip_cols;
     unsigned col_lo, col_hi;
-    int skip_tables; /* the AC tables have skip tables: skip_block decodes skipped MCUs */
 } Entropy;
 
 /* The layout of libjpeg's entropy decoder struct in the library this process
@@ -150,12 +149,12 @@ int entropy_supported(j_decompress_ptr cinfo);
  * `index` (may be NULL) is an index that entropy_index wrote for these bytes;
  * one that does not fit this file is not used. `record`: keep a checkpoint
  * every few rows (room for `max_points`, unless an index was given), going on
- * from the given index's last. `to_end`: the decode reads every MCU of the
- * scan (most without keeping their coefficients: skip tables are built for
- * them). Errors longjmp through libjpeg. */
+ * from the given index's last. Every AC table gets its skip table: a
+ * skipped MCU (rows above a crop, columns beside it, a read on to the end of
+ * the scan) is read without keeping its coefficients (skip_block). Errors
+ * longjmp through libjpeg. */
 void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *data, size_t size,
-                     const unsigned char *index, size_t index_len, int record, unsigned max_points,
-                     int to_end);
+                     const unsigned char *index, size_t index_len, int record, unsigned max_points);
 
 /* The decode needs only the MCU columns first..last of each row (libjpeg's
  * cropped output, jpeg_crop_scanline): with an index, the others are decoded

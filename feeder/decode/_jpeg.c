@@ -521,7 +521,7 @@ static void run_decode(Job *job)
          * none. A decode that stops after the region records the rows it
          * passed, going on from the index it was given. */
         entropy_install(&cinfo, entropy, job->data, job->size, job->verify ? NULL : job->index,
-                        job->index_len, job->record, job->max_points, job->verify);
+                        job->index_len, job->record, job->max_points);
     }
     {
         /* libjpeg-turbo's partial decode assumes the usual chroma layouts: on
