@@ -82,6 +82,23 @@ def test_resize_is_the_formula_and_near_cv2(shape):
     np.testing.assert_array_equal(flipped, out[:, ::-1])
 
 
+@pytest.mark.parametrize("kind", ["zeros", "full", "checker", "noise"])
+def test_resize_of_extreme_values_is_the_formula(kind):
+    # The vector blend makes the values signed around 32768 and adds that back:
+    # exact at both ends of the range, and for neighbours that differ most.
+    sh, sw, oh, ow = 97, 131, 61, 83
+    rng = np.random.default_rng(7)
+    src = {"zeros": np.zeros((sh, sw, 3), np.uint8),
+           "full": np.full((sh, sw, 3), 255, np.uint8),
+           "checker": ((np.indices((sh, sw)).sum(0) % 2) * 255).astype(np.uint8)[..., None].repeat(3, 2),
+           "noise": rng.integers(0, 256, (sh, sw, 3), dtype=np.uint8)}[kind]
+    for flip in (False, True):
+        out = np.empty((oh, ow, 3), np.uint8)
+        ext.resize(np.ascontiguousarray(src), out, flip=flip)
+        want = _reference(src, oh, ow)
+        np.testing.assert_array_equal(out, want[:, ::-1] if flip else want)
+
+
 def _area_axis(n_out: int, n_in: int) -> np.ndarray:
     """The area shrink's weights along one axis, [n_out, n_in]: output pixel j
     covers [j * s, (j + 1) * s) (s = n_in / n_out, the last ending at n_in);
