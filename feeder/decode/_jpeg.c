@@ -537,8 +537,18 @@ static void run_decode(Job *job)
                  "(libjpeg-turbo's partial decode does not handle them): decode the whole image");
     }
     {
-        JDIMENSION x0 = job->left > PAD ? job->left - PAD : 0;
-        JDIMENSION x1 = job->left + job->width + PAD;
+        /* PAD only where chroma is upsampled: with every component at the
+         * same sampling, each pixel's colour is its own blocks' (no
+         * neighbour read), and the columns PAD adds would only be decoded
+         * for nothing (an MCU column on a side for half the crops of a
+         * 4:4:4 file). */
+        JDIMENSION pad = 0;
+        for (int c = 0; c < cinfo.num_components; c++)
+            if (cinfo.comp_info[c].h_samp_factor != cinfo.max_h_samp_factor
+                || cinfo.comp_info[c].v_samp_factor != cinfo.max_v_samp_factor)
+                pad = PAD;
+        JDIMENSION x0 = job->left > pad ? job->left - pad : 0;
+        JDIMENSION x1 = job->left + job->width + pad;
         if (x1 > cinfo.output_width) x1 = cinfo.output_width;
         JDIMENSION xoff = x0, cw = x1 - x0;
         int cropped = xoff != 0 || cw != cinfo.output_width;

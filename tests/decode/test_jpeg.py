@@ -679,3 +679,26 @@ def test_feeder_jpeg_verify_decides_what_a_crop_of_a_damaged_file_gets():
     assert labels_unverified == [0, 1]  # its centre lies above the cut: delivered
     with pytest.raises(ValueError, match="jpeg_verify"):
         Feeder(Source(), 2, chain, jpeg_verify="no")
+
+
+@needs_ext
+@pytest.mark.parametrize("kind, mcu, widened", [("4:4:4", 8, False), ("gray", 8, False),
+                                                ("4:2:0", 16, True), ("4:2:2", 16, True)])
+def test_a_region_is_widened_only_where_chroma_is_upsampled(kind, mcu, widened):
+    # The region is decoded from the iMCU column holding its first column. With
+    # chroma upsampled, the upsampler reads past a crop's edge, so the decode
+    # starts PAD pixels further left (bit-identical columns); with every
+    # component at the same sampling nothing is read past it, and the column
+    # left of the crop's would be decoded for nothing.
+    data = jpeg(make_image(64, 96, seed=5), kind, 90)
+    left = mcu + 1  # one pixel past an iMCU column's start
+    out = np.zeros(64 * 96 * 3, np.uint8)
+    stride, offset = ext.decode(data, 8, left, 40, 50, 1, out, 1 << 30, False, True)
+    assert offset == (left if widened else 1)  # where the wanted columns start in the decoded row
+    full = simplejpeg.decode_jpeg(data, colorspace="GRAY" if kind == "gray" else "RGB")
+    got = out[:40 * stride * 3].reshape(40, stride, 3)[:, offset:offset + 50]
+    want = full[8:48, left:left + 50]
+    if kind == "gray":
+        np.testing.assert_array_equal(got[..., 0], want[..., 0])
+    else:
+        np.testing.assert_array_equal(got, want)
