@@ -113,13 +113,13 @@ def task_run(threads: ThreadOptions, batch_size: int) -> int:
     return max(1, min(8, batch_size // (4 * max(1, threads.decode_threads))))
 
 
-def unbuffered_samples(threads: ThreadOptions, run: int) -> int:
+def unbuffered_samples(threads: ThreadOptions, batch_size: int) -> int:
     """Most samples of a batch dispatched before it has a buffer (``Sampler``'s
     ``unbuffered``, each one scratch array): the decode queue's capacity, and
-    at least one run for each decode thread, so that every thread has work
-    while the loop hands its batch back (one run alone keeps one thread busy
-    and leaves the others idle at each batch's end)."""
-    return max(threads.decode_queue, int(threads.decode_threads) * run)
+    at least one run (:func:`task_run`) for each decode thread, so that every
+    thread has work while the loop hands its batch back (one run alone keeps
+    one thread busy and leaves the others idle at each batch's end)."""
+    return max(threads.decode_queue, int(threads.decode_threads) * task_run(threads, batch_size))
 
 
 def stage_threads(threads: ThreadOptions) -> dict[str, int]:
@@ -309,11 +309,10 @@ class Pass(PassBase):
         self.gate: Gate | None = next((g for g in self.gates if g.stage == "decode"),
                                       self.gates[0] if self.gates else None)
         self.tuning = Tuning(self.gates) if self.gates else None
-        run = task_run(threads, order_options.batch_size)
         self.stages: tuple[Stage, ...] = (
             Sampler(self, order, order_options.batch_size, pool, self, scratch, inboxes[0],
-                    self.ready, unbuffered=unbuffered_samples(threads, run),
-                    pass_key=epoch_key(seed, epoch), run=run),
+                    self.ready, unbuffered=unbuffered_samples(threads, order_options.batch_size),
+                    pass_key=epoch_key(seed, epoch), run=task_run(threads, order_options.batch_size)),
             *maps,
             tail(self, collator, pool, self.ready, self.output) if tail is not None else
             Transfer.for_pass(cfg.output, padding, self, collator, pool, self.ready, self.output,

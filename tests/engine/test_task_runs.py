@@ -70,7 +70,7 @@ def test_a_batch_without_its_buffer_has_a_run_for_every_decode_thread(decode_thr
     # thread busy while the loop hands its batch back: at least one run each.
     threads = ThreadOptions(decode_threads, 0, 0)
     run = pipeline.task_run(threads, batch_size)
-    n = pipeline.unbuffered_samples(threads, run)
+    n = pipeline.unbuffered_samples(threads, batch_size)
     assert n >= decode_threads * run and n >= threads.decode_queue
     items = -(-n // run)
     assert items >= decode_threads
