@@ -94,6 +94,12 @@ static unsigned bytes_sig(const unsigned char *data, size_t size, size_t p)
     return (h ^ (h >> 16)) & 0xFFFF;
 }
 
+/* A value of s bits (1 <= s <= 16) as JPEG codes it: the lower half negative. */
+static inline int extend(unsigned v, int s)
+{
+    return v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v;
+}
+
 static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
 {
     int count = 0;
@@ -130,11 +136,7 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
             int l = h->look[i] >> 8, sz = h->look[i] & 15;
             if (l == 0 || l + sz > HUFF_LOOK)
                 continue;
-            int diff = 0;
-            if (sz) {
-                unsigned v = ((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1);
-                diff = v < (1u << (sz - 1)) ? (int)v - (1 << sz) + 1 : (int)v;
-            }
+            int diff = sz ? extend(((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1), sz) : 0;
             h->fast_ac[i] = diff * 65536 + l + sz;
         }
     else
@@ -147,8 +149,7 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
                 h->fast_ac[i] = rs * 256 + l;
                 continue;
             }
-            unsigned v = ((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1);
-            int value = v < (1u << (sz - 1)) ? (int)v - (1 << sz) + 1 : (int)v;
+            int value = extend(((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1), sz);
             h->fast_ac[i] = value * 65536 + r * 256 + l + sz;
         }
 }
@@ -194,8 +195,8 @@ static CachedTable *cached_lookup(const JHUFF_TBL *t, int is_dc, int count)
 }
 
 /* h built from t, or copied from this thread's tables (then kept there);
- * with skip (an AC table's), its skip table written there too, built once
- * per kept table. */
+ * with skip (an AC table's, 1 << SKIP_LOOK entries), its skip table written
+ * there (built once per kept table) and h->skip set to it. */
 static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h,
                          uint16_t *skip)
 {
@@ -225,6 +226,7 @@ static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, 
             c->has_skip = 1;
         }
         memcpy(skip, c->skip, sizeof c->skip);
+        h->skip = skip;
     }
 }
 
@@ -354,11 +356,6 @@ static inline unsigned take(Entropy *e, int n) /* 1 <= n <= 16 */
     e->acc <<= n;
     e->nbits -= n;
     return v;
-}
-
-static inline int extend(unsigned v, int s)
-{
-    return v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v;
 }
 
 static int slow_symbol(Entropy *e, const HuffTable *h)
@@ -907,12 +904,9 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
              * columns from a checkpoint to the crop's first, and in a read
              * to the end every MCU outside the crop) take the skip table:
              * built once per table a thread keeps, copied for each decode. */
-            HuffTable *h = &e->tables[NUM_HUFF_TBLS + an];
-            h->skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
-                                                             sizeof(uint16_t) << SKIP_LOOK);
-            uint16_t *skip = h->skip;
-            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, h, skip);
-            h->skip = skip;
+            uint16_t *skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
+                                                                    sizeof(uint16_t) << SKIP_LOOK);
+            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, &e->tables[NUM_HUFF_TBLS + an], skip);
             built[NUM_HUFF_TBLS + an] = 1;
         }
         e->member[b] = ci;
