@@ -159,16 +159,22 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
  * encoder's standard tables), and building one costs about as much as
  * decoding a 64 px crop's blocks of it (11% of the CPU of a small-image
  * pipeline, bench/results/cost_breakdown.txt). A table found here is the
- * one build_table would build from the same definition, so it is copied;
- * a table build_table refuses never gets here. Per thread (the decode runs
- * without the GIL in several threads): no lock. */
+ * one build_table would build from the same definition, and a decode reads
+ * it where it is kept (copying its 6.5 KB, and clearing a decoder that held
+ * eight of them, cost about 1% of a 224 px region decode); a table
+ * build_table refuses never gets here. Per thread (the decode runs without
+ * the GIL in several threads): no lock; a decode runs to its end (or its
+ * error) before the thread starts another, so the tables it reads stay put
+ * as long as its own install does not replace them (see cached_table). */
 #define TABLE_CACHE 8
+/* An install takes at most this many tables (DC and AC of each number) and
+ * keeps them all: the slots it has taken are never the ones it replaces. */
+_Static_assert(TABLE_CACHE >= 2 * NUM_HUFF_TBLS, "an install must find a slot it has not taken");
 typedef struct {
     int filled, is_dc, count;
     uint8_t bits[17];
     uint8_t huffval[256];
-    HuffTable table; /* its skip is NULL: a decode has its own copy */
-    int has_skip;    /* skip holds the AC table's skip table (built when first asked for) */
+    HuffTable table; /* an AC table's skip points at skip */
     uint16_t skip[1 << SKIP_LOOK];
 } CachedTable;
 #if defined(_MSC_VER)
@@ -194,40 +200,39 @@ static CachedTable *cached_lookup(const JHUFF_TBL *t, int is_dc, int count)
     return NULL;
 }
 
-/* h built from t, or copied from this thread's tables (then kept there);
- * with skip (an AC table's, 1 << SKIP_LOOK entries), its skip table written
- * there (built once per kept table) and h->skip set to it. */
-static void cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h,
-                         uint16_t *skip)
+/* This thread's table of definition t, built on the first ask and kept
+ * there (an AC table with its skip table): the decode reads it in place.
+ * `pinned` marks the slots the install in progress has taken (a bit per
+ * slot): a table it builds never replaces one of those, which the same
+ * decode reads (the install asks for at most 2 * NUM_HUFF_TBLS tables, so a
+ * free slot is always left). */
+static const HuffTable *cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc,
+                                     unsigned *pinned)
 {
     int count = 0;
     for (int l = 1; l <= 16; l++)
         count += t->bits[l];
     CachedTable *c = count <= 256 ? cached_lookup(t, is_dc, count) : NULL;
-    if (c != NULL) {
-        memcpy(h, &c->table, sizeof *h);
-    } else {
-        build_table(cinfo, t, is_dc, h); /* errors longjmp from here: nothing kept */
-        c = &table_cache[table_cache_next++ % TABLE_CACHE];
-        c->filled = 1;
-        c->has_skip = 0;
+    if (c == NULL) {
+        unsigned slot = table_cache_next++ % TABLE_CACHE;
+        while (*pinned & (1u << slot)) /* at most 2 * NUM_HUFF_TBLS (TABLE_CACHE) taken */
+            slot = table_cache_next++ % TABLE_CACHE;
+        c = &table_cache[slot];
+        c->filled = 0; /* until built: an error longjmps out of build_table */
+        build_table(cinfo, t, is_dc, &c->table);
+        c->table.skip = NULL;
+        if (!is_dc) {
+            c->table.skip = c->skip;
+            build_skip(&c->table);
+        }
         c->is_dc = is_dc;
         c->count = count;
         memcpy(c->bits, t->bits, sizeof c->bits);
         memcpy(c->huffval, t->huffval, (size_t)count);
-        memcpy(&c->table, h, sizeof *h);
-        c->table.skip = NULL;
+        c->filled = 1;
     }
-    if (skip != NULL) {
-        if (!c->has_skip) {
-            c->table.skip = c->skip;
-            build_skip(&c->table);
-            c->table.skip = NULL;
-            c->has_skip = 1;
-        }
-        memcpy(skip, c->skip, sizeof c->skip);
-        h->skip = skip;
-    }
+    *pinned |= 1u << (unsigned)(c - table_cache);
+    return &c->table;
 }
 
 /* The skip table of an AC table (see HuffTable.skip): for each SKIP_LOOK
@@ -884,7 +889,8 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
     e->rows = cinfo->MCU_rows_in_scan;
     e->total = (uint64_t)e->per_row * e->rows;
     e->restarts_to_go = cinfo->restart_interval;
-    int built[2 * NUM_HUFF_TBLS] = {0};
+    const HuffTable *tables[2 * NUM_HUFF_TBLS] = {NULL};
+    unsigned pinned = 0;
     for (int b = 0; b < cinfo->blocks_in_MCU; b++) {
         int ci = cinfo->MCU_membership[b];
         if (ci < 0 || ci >= e->ncomp)
@@ -895,23 +901,13 @@ void entropy_install(j_decompress_ptr cinfo, Entropy *e, const unsigned char *da
             ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, dn);
         if (an < 0 || an >= NUM_HUFF_TBLS || cinfo->ac_huff_tbl_ptrs[an] == NULL)
             ERREXIT1(cinfo, JERR_NO_HUFF_TABLE, an);
-        if (!built[dn]) {
-            cached_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &e->tables[dn], NULL);
-            built[dn] = 1;
-        }
-        if (!built[NUM_HUFF_TBLS + an]) {
-            /* Skipped MCUs (the rows above a crop without an index, the
-             * columns from a checkpoint to the crop's first, and in a read
-             * to the end every MCU outside the crop) take the skip table:
-             * built once per table a thread keeps, copied for each decode. */
-            uint16_t *skip = (uint16_t *)(*cinfo->mem->alloc_small)((j_common_ptr)cinfo, JPOOL_IMAGE,
-                                                                    sizeof(uint16_t) << SKIP_LOOK);
-            cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, &e->tables[NUM_HUFF_TBLS + an], skip);
-            built[NUM_HUFF_TBLS + an] = 1;
-        }
+        if (tables[dn] == NULL)
+            tables[dn] = cached_table(cinfo, cinfo->dc_huff_tbl_ptrs[dn], 1, &pinned);
+        if (tables[NUM_HUFF_TBLS + an] == NULL)
+            tables[NUM_HUFF_TBLS + an] = cached_table(cinfo, cinfo->ac_huff_tbl_ptrs[an], 0, &pinned);
         e->member[b] = ci;
-        e->dc[b] = &e->tables[dn];
-        e->ac[b] = &e->tables[NUM_HUFF_TBLS + an];
+        e->dc[b] = tables[dn];
+        e->ac[b] = tables[NUM_HUFF_TBLS + an];
     }
     if (index != NULL && parse_index(e, index, index_len, e->pos)) {
         e->have_index = 1;

@@ -73,8 +73,8 @@ typedef struct {
      * DC tables: a code and its value bits that fit in them, the difference
      * they give * 65536 + bits used; 0 otherwise */
     int32_t fast_ac[1 << HUFF_LOOK];
-    /* AC tables of a decode that reads to the end of the scan, for blocks
-     * whose coefficients are not kept (skip_block); NULL otherwise: for each
+    /* AC tables, for blocks whose coefficients are not kept (skip_block);
+     * NULL in DC tables: for each
      * SKIP_LOOK bits, the codes and value bits that lie wholly within them,
      * several in one look: EOB << 15 | zig-zag positions advanced << 8 |
      * bits used; 0 when not even the first fits */
@@ -115,7 +115,6 @@ typedef struct {
     int ncomp;
     const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
     int member[D_MAX_BLOCKS_IN_MCU];
-    HuffTable tables[2 * NUM_HUFF_TBLS];
     /* the index: checkpoints on a grid of MCU positions, row-major: rows 0,
      * rstride, 2*rstride, ... and in each of them columns 0, cstride,
      * 2*cstride, ... (ncols of them), all but the scan's first MCU: npoints in

@@ -757,6 +757,60 @@ def test_a_feeder_never_delivers_a_file_with_fill_bytes_before_a_stuffed_zero(mo
     assert got == ref == good_only
 
 
+def _with_ac_symbols_swapped(data: bytes, a: int, b: int) -> bytes:
+    """``data`` with symbols ``a`` and ``b`` swapped in its last Huffman table (an
+    AC table: libjpeg writes the chroma AC table last): another table, which
+    decodes the file as before when neither symbol occurs in it."""
+    out = bytearray(data)
+    at = data.rfind(b"\xff\xc4")
+    assert at > 0 and data[at + 4] >> 4 == 1  # an AC table
+    symbols = at + 4 + 17
+    i, j = data.index(bytes([a]), symbols), data.index(bytes([b]), symbols)
+    out[i], out[j] = b, a
+    return bytes(out)
+
+
+@needs_ext
+def test_a_decode_keeps_the_tables_it_reads_when_it_builds_another():
+    # Each thread keeps 8 tables and a decode reads them where they are kept:
+    # a table built for a file must not take the place of one that the same
+    # file reads. In a fresh thread, a file with the standard tables (4 kept),
+    # files with their own (optimized) tables, then a file with three of the
+    # standard tables and a fourth of its own (the chroma AC table with two
+    # symbols swapped, two that its data never uses): with every number of
+    # files between, the next slot to fill lands on one of the three tables
+    # the last file reads at some point.
+    ok, std = cv2.imencode(".jpg", _noisy(48, 64, 1), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    assert ok
+    std = std.tobytes()
+    other = _with_ac_symbols_swapped(std, 0xF9, 0xFA)  # 16-bit codes of values of 9 and 10 bits
+    optimized = []
+    for i in range(4):
+        ok, buf = cv2.imencode(".jpg", _noisy(40, 56, 10 + i),
+                               [cv2.IMWRITE_JPEG_QUALITY, 50 + 10 * i, cv2.IMWRITE_JPEG_OPTIMIZE, 1])
+        assert ok
+        optimized.append(buf.tobytes())
+    H, W = _scaled(other, 1)
+    want = _decode(other, (0, 0, H, W), 1, own=False)[0]
+    np.testing.assert_array_equal(want, _decode(std, (0, 0, H, W), 1, own=False)[0])
+    errors: list[BaseException] = []
+
+    def run(between: list[bytes]) -> None:
+        try:
+            for data in [std, *between]:
+                h, w = _scaled(data, 1)
+                _decode(data, (0, 0, h, w), 1, own=True)
+            np.testing.assert_array_equal(_decode(other, (0, 0, H, W), 1, own=True)[0], want)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    for n in range(len(optimized) + 1):
+        t = threading.Thread(target=run, args=(optimized[:n],))  # a thread of its own: no tables yet
+        t.start()
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive() and not errors, (n, errors)
+
+
 def _with_symbols_swapped(data: bytes) -> bytes:
     """``data`` with the first two symbols of its last Huffman table swapped:
     the same code lengths (a valid table), other symbols for two codes."""
