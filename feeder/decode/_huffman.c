@@ -100,6 +100,46 @@ static inline int extend(unsigned v, int s)
     return v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v;
 }
 
+/* An AC table's pair entries (HuffTable.pair), from its look table. For each
+ * PAIR_LOOK bits: a run/size code and its value bits that lie wholly within
+ * them (a nonzero coefficient), and, where the next symbol lies wholly within
+ * the rest of them too, that one: a second coefficient or the end of the
+ * block. A code is known from its first l bits whatever follows (no code is
+ * a prefix of another), so the look table read with the bits past those
+ * known set to zero gives it when l of them are known. 0 where the first
+ * symbol is not a coefficient that fits (decode_block reads it from fast_ac
+ * or the slow path); h->pair holds zeros. */
+static void build_pairs(HuffTable *h)
+{
+    for (unsigned i = 0; i < (1u << PAIR_LOOK); i++) {
+        unsigned look = h->look[i >> (PAIR_LOOK - HUFF_LOOK)];
+        int l1 = look >> 8, rs1 = look & 0xFF, r1 = rs1 >> 4, s1 = rs1 & 15;
+        if (l1 == 0 || s1 == 0 || l1 + s1 > PAIR_LOOK)
+            continue;
+        int used1 = l1 + s1;
+        int v1 = extend((i >> (PAIR_LOOK - used1)) & ((1u << s1) - 1), s1);
+        /* without a second symbol: the first's bits, a zero written one
+         * position on (see decode_block), no step */
+        int used = used1, at2 = 1, step2 = 0, eob = 0, v2 = 0;
+        unsigned rest = (i << used1) & ((1u << PAIR_LOOK) - 1);
+        unsigned look2 = h->look[rest >> (PAIR_LOOK - HUFF_LOOK)];
+        int l2 = look2 >> 8, rs2 = look2 & 0xFF, r2 = rs2 >> 4, s2 = rs2 & 15;
+        if (l2 != 0 && l2 + s2 <= PAIR_LOOK - used1) {
+            if (rs2 == 0) {
+                used = used1 + l2;
+                eob = 1;
+            } else if (s2 != 0) { /* a run of 16 zeros (0xF0) stays for the next look */
+                v2 = extend((rest >> (PAIR_LOOK - l2 - s2)) & ((1u << s2) - 1), s2);
+                used = used1 + l2 + s2;
+                at2 = step2 = 1 + r2;
+            }
+        }
+        h->pair[i] = (uint64_t)used | (uint64_t)r1 << 8 | (uint64_t)at2 << 12 | (uint64_t)step2 << 18
+                     | (eob ? PAIR_EOB : 0) | (uint64_t)used1 << 24
+                     | (uint64_t)(uint16_t)v1 << 32 | (uint64_t)(uint16_t)v2 << 48;
+    }
+}
+
 static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, HuffTable *h)
 {
     int count = 0;
@@ -152,6 +192,9 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
             int value = extend(((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1), sz);
             h->fast_ac[i] = value * 65536 + r * 256 + l + sz;
         }
+    memset(h->pair, 0, sizeof h->pair);
+    if (!is_dc)
+        build_pairs(h);
 }
 
 /* The tables this thread built last, by their definition (DC or AC, the
@@ -463,6 +506,29 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     blk[0] = (JCOEF)*pred;
     for (int k = 1; k < 64; k++) {
         REFILL();
+        uint64_t p = ac->pair[acc >> (64 - PAIR_LOOK)];
+        if (p) { /* a coefficient, and the next symbol where it fits in the same look */
+            k += PAIR_RUN(p);
+            blk[natural_order[k]] = PAIR_VALUE1(p);
+            if (__builtin_expect(k >= 63, 0)) { /* the block is full: no second symbol */
+                int used1 = PAIR_USED1(p);
+                acc <<= used1;
+                nbits -= used1;
+                continue;
+            }
+            int used = PAIR_USED(p);
+            acc <<= used;
+            nbits -= used;
+            /* Written whether or not there is a second coefficient (no branch
+             * to mispredict): without one, a zero one position on, where the
+             * block (zeros from libjpeg) has had nothing written yet; the
+             * positions only grow, and k + 1 <= 63 here. */
+            blk[natural_order[k + PAIR_AT2(p)]] = PAIR_VALUE2(p);
+            if (p & PAIR_EOB)
+                break;
+            k += PAIR_STEP2(p);
+            continue;
+        }
         int32_t f = ac->fast_ac[acc >> (64 - HUFF_LOOK)];
         if (f >> 16) { /* run, size and value in one look (the value is never 0) */
             int used = f & 0xFF;

@@ -54,6 +54,12 @@ typedef struct {
 
 #define WIDE_RING 8 /* the bit buffer's 64 bits: at most 8 bytes loaded and not read */
 #define HUFF_LOOK 10 /* bits looked up at once; longer codes take the slow path */
+/* Bits of an AC table's pair entries (>= HUFF_LOOK): 11 and 12 were slower
+ * than 10 on whole decodes of the ImageNet-like set (tables of 16 and 32 KB
+ * against 8 KB). */
+#ifndef PAIR_LOOK
+#define PAIR_LOOK 10
+#endif
 #ifndef SKIP_LOOK
 /* Bits looked up at once in a skipped block (>= HUFF_LOOK): 11 and 12 were
  * no faster on the first reads of the ImageNet-like set (their tables cost
@@ -73,6 +79,12 @@ typedef struct {
      * DC tables: a code and its value bits that fit in them, the difference
      * they give * 65536 + bits used; 0 otherwise */
     int32_t fast_ac[1 << HUFF_LOOK];
+    /* AC tables, for blocks whose coefficients are kept (decode_block): for
+     * each PAIR_LOOK bits, a coefficient (its code and value bits) and the
+     * next symbol where it fits in the same bits (see build_pairs and the
+     * PAIR_ fields); 0 where the first symbol is not a coefficient that fits.
+     * Zeros in DC tables */
+    uint64_t pair[1 << PAIR_LOOK];
     /* AC tables, for blocks whose coefficients are not kept (skip_block);
      * NULL in DC tables: for each
      * SKIP_LOOK bits, the codes and value bits that lie wholly within them,
@@ -80,6 +92,16 @@ typedef struct {
      * bits used; 0 when not even the first fits */
     uint16_t *skip;
 } HuffTable;
+
+/* An entry of HuffTable.pair. */
+#define PAIR_USED(p) ((int)(p) & 0xFF)          /* bits read: both symbols' (the first's without a second) */
+#define PAIR_RUN(p) ((int)((p) >> 8) & 15)      /* zeros before the first coefficient */
+#define PAIR_AT2(p) ((int)((p) >> 12) & 31)     /* the second's position past the first: 1 + its run (1 without one) */
+#define PAIR_STEP2(p) ((int)((p) >> 18) & 31)   /* positions past the first to go on from: 1 + its run (0 without one) */
+#define PAIR_EOB ((uint64_t)1 << 23)            /* the second symbol is the end of the block */
+#define PAIR_USED1(p) ((int)((p) >> 24) & 0xFF) /* bits of the first symbol alone */
+#define PAIR_VALUE1(p) ((JCOEF)(int16_t)((p) >> 32))
+#define PAIR_VALUE2(p) ((JCOEF)(int16_t)((p) >> 48)) /* 0 without a second coefficient */
 
 /* Where the entropy decoder stands at the start of an MCU row. */
 typedef struct {
