@@ -157,6 +157,10 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
     int k = 0;
     for (int l = 1; l <= 16; l++) {
         int n = t->bits[l];
+        /* codes past all-ones: libjpeg refuses the table too (checked before
+         * they are written: the look table holds codes of l bits only) */
+        if (code + n > (1 << l))
+            ERREXIT(cinfo, JERR_BAD_HUFF_TABLE);
         h->valoffset[l] = k - code;
         for (int i = 0; i < n; i++, k++, code++)
             if (l <= HUFF_LOOK) {
@@ -165,8 +169,6 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
                     h->look[(code << shift) | j] = (uint16_t)((l << 8) | t->huffval[k]);
             }
         h->maxcode[l] = n ? code - 1 : -1;
-        if (code > (1 << l)) /* codes past all-ones: libjpeg refuses the table too */
-            ERREXIT(cinfo, JERR_BAD_HUFF_TABLE);
         code <<= 1;
     }
     h->maxcode[17] = INT32_MAX;
