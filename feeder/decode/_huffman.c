@@ -260,8 +260,11 @@ static const HuffTable *cached_table(j_decompress_ptr cinfo, const JHUFF_TBL *t,
     CachedTable *c = count <= 256 ? cached_lookup(t, is_dc, count) : NULL;
     if (c == NULL) {
         unsigned slot = table_cache_next++ % TABLE_CACHE;
-        while (*pinned & (1u << slot)) /* at most 2 * NUM_HUFF_TBLS (TABLE_CACHE) taken */
+        for (int tried = 1; *pinned & (1u << slot); tried++) {
+            if (tried == TABLE_CACHE) /* every slot taken: more tables than an install asks for */
+                ERREXIT(cinfo, JERR_NOT_COMPILED);
             slot = table_cache_next++ % TABLE_CACHE;
+        }
         c = &table_cache[slot];
         c->filled = 0; /* until built: an error longjmps out of build_table */
         build_table(cinfo, t, is_dc, &c->table);

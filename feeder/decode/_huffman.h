@@ -60,6 +60,8 @@ typedef struct {
 #ifndef PAIR_LOOK
 #define PAIR_LOOK 10
 #endif
+/* A pair entry's lookup reads PAIR_LOOK bits of the at least 32 a refill leaves */
+_Static_assert(PAIR_LOOK >= HUFF_LOOK && PAIR_LOOK <= 16, "PAIR_LOOK: from HUFF_LOOK to 16 bits");
 #ifndef SKIP_LOOK
 /* Bits looked up at once in a skipped block (>= HUFF_LOOK): 11 and 12 were
  * no faster on the first reads of the ImageNet-like set (their tables cost
@@ -94,12 +96,12 @@ typedef struct {
 } HuffTable;
 
 /* An entry of HuffTable.pair. */
-#define PAIR_USED(p) ((int)(p) & 0xFF)          /* bits read: both symbols' (the first's without a second) */
-#define PAIR_RUN(p) ((int)((p) >> 8) & 15)      /* zeros before the first coefficient */
-#define PAIR_AT2(p) ((int)((p) >> 12) & 31)     /* the second's position past the first: 1 + its run (1 without one) */
-#define PAIR_STEP2(p) ((int)((p) >> 18) & 31)   /* positions past the first to go on from: 1 + its run (0 without one) */
-#define PAIR_EOB ((uint64_t)1 << 23)            /* the second symbol is the end of the block */
-#define PAIR_USED1(p) ((int)((p) >> 24) & 0xFF) /* bits of the first symbol alone */
+#define PAIR_USED(p) ((int)((p) & 0xFF))          /* bits read: both symbols' (the first's without a second) */
+#define PAIR_RUN(p) ((int)(((p) >> 8) & 15))      /* zeros before the first coefficient */
+#define PAIR_AT2(p) ((int)(((p) >> 12) & 31))     /* the second's position past the first: 1 + its run (1 without one) */
+#define PAIR_STEP2(p) ((int)(((p) >> 18) & 31))   /* positions past the first to go on from: 1 + its run (0 without one) */
+#define PAIR_EOB ((uint64_t)1 << 23)              /* the second symbol is the end of the block */
+#define PAIR_USED1(p) ((int)(((p) >> 24) & 0xFF)) /* bits of the first symbol alone */
 #define PAIR_VALUE1(p) ((JCOEF)(int16_t)((p) >> 32))
 #define PAIR_VALUE2(p) ((JCOEF)(int16_t)((p) >> 48)) /* 0 without a second coefficient */
 
