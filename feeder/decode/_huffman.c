@@ -521,6 +521,11 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
                 nbits -= used1;
                 continue;
             }
+            /* Both symbols' bits at once: the next refill may come a symbol
+             * later than a one-symbol loop's. Where the bytes are loaded
+             * matters only to a decode that stops before the scan's end
+             * (jpeg_verify=False): damage in the few bytes past its last
+             * code is seen or not as the reader had loaded ahead. */
             int used = PAIR_USED(p);
             acc <<= used;
             nbits -= used;
@@ -644,8 +649,8 @@ static void give_source_back(Entropy *e)
 {
     j_decompress_ptr cinfo = e->cinfo;
     int left = (e->nbits - e->pad) / 8;
-    if (left > 0 && e->marker > 0)
-        WARNMS2(cinfo, JWRN_EXTRANEOUS_DATA, left, e->marker);
+    if (left > 0 && e->marker > 0) /* counted in the file's bytes, as libjpeg counts them */
+        WARNMS2(cinfo, JWRN_EXTRANEOUS_DATA, (int)(e->pos - back_over(e, e->pos, left)), e->marker);
     struct jpeg_source_mgr *src = cinfo->src;
     size_t at = e->marker > 0 ? e->marker_end
               : e->marker < 0 ? e->size : back_over(e, e->pos, left);

@@ -402,6 +402,22 @@ def test_every_junk_byte_before_the_end_marker_is_reported(junk):
 
 
 @needs_ext
+@pytest.mark.parametrize("junk", [b"\x5a", b"\x5a\xff\x00", b"\x12\xff\x00\x34\x56", bytes(9) + b"\xff\x00",
+                                  bytes(30)])
+def test_junk_before_the_end_marker_is_counted_in_file_bytes(junk):
+    """The count in the message is the junk's length in the file, a stuffed
+    zero (FF 00) counting two, whether the reader had loaded as far as the
+    marker (a few bytes: the own decoder counts what it loaded) or not (libjpeg's
+    marker reader counts what follows): the same message however far a decode
+    had read ahead."""
+    for seed in range(10):
+        data = jpeg(_noisy(40, 56, 200 + seed), "4:2:0", 90)
+        bad = data[:-2] + junk + data[-2:]
+        for verify in (True, False):
+            with pytest.raises(DecodeError, match=f"Corrupt JPEG data: {len(junk)} extraneous bytes before marker 0xd9"):
+                _decode(bad, (0, 0, 40, 56), 1, verify=verify)
+
+@needs_ext
 def test_junk_before_a_restart_marker_is_reported():
     data = jpeg(_noisy(64, 64, 16), "restart", 90, rst=2)
     at = data.index(b"\xff\xd0")
