@@ -101,31 +101,40 @@ static inline int extend(unsigned v, int s)
 }
 
 /* An AC table's pair entries (HuffTable.pair), from its look table. For each
- * PAIR_LOOK bits: a run/size code and its value bits that lie wholly within
- * them (a nonzero coefficient), and, where the next symbol lies wholly within
- * the rest of them too, that one: a second coefficient or the end of the
- * block. A code is known from its first l bits whatever follows (no code is
- * a prefix of another), so the look table read with the bits past those
- * known set to zero gives it when l of them are known. 0 where the first
- * symbol is not a coefficient that fits (decode_block reads it from fast_ac
- * or the slow path); h->pair holds zeros. */
+ * PAIR_LOOK bits: the first symbol whose code and value bits lie wholly
+ * within them, and, where the next symbol lies wholly within the rest of
+ * them too and the first is not an end of block, that one too. A symbol is
+ * written as decode_block writes a coefficient: a nonzero coefficient; an
+ * end of block (every (r, 0) symbol but ZRL ends a block, as in libjpeg) as
+ * a zero at the next position, and the block ends; a run of 16 zeros (ZRL)
+ * as a zero 15 positions on, where the block has nothing written yet. A
+ * second symbol is a coefficient or an end of block (a ZRL waits for the
+ * next lookup). A code is known from its first l bits whatever follows (no
+ * code is a prefix of another), so the look table read with the bits past
+ * those known set to zero gives it when l of them are known. 0 where the
+ * first symbol does not fit (decode_block reads it from fast_ac or the slow
+ * path); h->pair holds zeros. */
 static void build_pairs(HuffTable *h)
 {
     for (unsigned i = 0; i < (1u << PAIR_LOOK); i++) {
         unsigned look = h->look[i >> (PAIR_LOOK - HUFF_LOOK)];
         int l1 = look >> 8, rs1 = look & 0xFF, r1 = rs1 >> 4, s1 = rs1 & 15;
-        if (l1 == 0 || s1 == 0 || l1 + s1 > PAIR_LOOK)
+        if (l1 == 0 || l1 + s1 > PAIR_LOOK)
             continue;
         int used1 = l1 + s1;
-        int v1 = extend((i >> (PAIR_LOOK - used1)) & ((1u << s1) - 1), s1);
+        int v1 = s1 ? extend((i >> (PAIR_LOOK - used1)) & ((1u << s1) - 1), s1) : 0;
         /* without a second symbol: the first's bits, a zero written one
          * position on (see decode_block), no step */
         int used = used1, at2 = 1, step2 = 0, eob = 0, v2 = 0;
+        if (s1 == 0 && r1 != 15) { /* the end of the block: a zero at the next position */
+            h->pair[i] = (uint64_t)used1 | (uint64_t)1 << 12 | PAIR_EOB | (uint64_t)used1 << 24;
+            continue;
+        }
         unsigned rest = (i << used1) & ((1u << PAIR_LOOK) - 1);
         unsigned look2 = h->look[rest >> (PAIR_LOOK - HUFF_LOOK)];
         int l2 = look2 >> 8, rs2 = look2 & 0xFF, r2 = rs2 >> 4, s2 = rs2 & 15;
         if (l2 != 0 && l2 + s2 <= PAIR_LOOK - used1) {
-            if (rs2 == 0) {
+            if (s2 == 0 && r2 != 15) { /* the end of the block */
                 used = used1 + l2;
                 eob = 1;
             } else if (s2 != 0) { /* a run of 16 zeros (0xF0) stays for the next look */
@@ -512,10 +521,10 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
     for (int k = 1; k < 64; k++) {
         REFILL();
         uint64_t p = ac->pair[acc >> (64 - PAIR_LOOK)];
-        if (p) { /* a coefficient, and the next symbol where it fits in the same look */
+        if (p) { /* a symbol, and the next where it fits in the same look (build_pairs) */
             k += PAIR_RUN(p);
             blk[natural_order[k]] = PAIR_VALUE1(p);
-            if (__builtin_expect(k >= 63, 0)) { /* the block is full: no second symbol */
+            if (__builtin_expect(k >= 63, 0)) { /* the block is full: the loop ends here */
                 int used1 = PAIR_USED1(p);
                 acc <<= used1;
                 nbits -= used1;

@@ -82,10 +82,10 @@ typedef struct {
      * they give * 65536 + bits used; 0 otherwise */
     int32_t fast_ac[1 << HUFF_LOOK];
     /* AC tables, for blocks whose coefficients are kept (decode_block): for
-     * each PAIR_LOOK bits, a coefficient (its code and value bits) and the
-     * next symbol where it fits in the same bits (see build_pairs and the
-     * PAIR_ fields); 0 where the first symbol is not a coefficient that fits.
-     * Zeros in DC tables */
+     * each PAIR_LOOK bits, a symbol (a coefficient, an end of block, a run of
+     * 16 zeros: its code and value bits) and the next where it fits in the
+     * same bits (see build_pairs and the PAIR_ fields); 0 where the first
+     * does not fit. Zeros in DC tables */
     uint64_t pair[1 << PAIR_LOOK];
     /* AC tables, for blocks whose coefficients are not kept (skip_block);
      * NULL in DC tables: for each
@@ -97,12 +97,12 @@ typedef struct {
 
 /* An entry of HuffTable.pair. */
 #define PAIR_USED(p) ((int)((p) & 0xFF))          /* bits read: both symbols' (the first's without a second) */
-#define PAIR_RUN(p) ((int)(((p) >> 8) & 15))      /* zeros before the first coefficient */
+#define PAIR_RUN(p) ((int)(((p) >> 8) & 15))      /* zeros before the first symbol's value */
 #define PAIR_AT2(p) ((int)(((p) >> 12) & 31))     /* the second's position past the first: 1 + its run (1 without one) */
 #define PAIR_STEP2(p) ((int)(((p) >> 18) & 31))   /* positions past the first to go on from: 1 + its run (0 without one) */
 #define PAIR_EOB ((uint64_t)1 << 23)              /* the second symbol is the end of the block */
 #define PAIR_USED1(p) ((int)(((p) >> 24) & 0xFF)) /* bits of the first symbol alone */
-#define PAIR_VALUE1(p) ((JCOEF)(int16_t)((p) >> 32))
+#define PAIR_VALUE1(p) ((JCOEF)(int16_t)((p) >> 32)) /* 0 for an end of block or a run of 16 zeros */
 #define PAIR_VALUE2(p) ((JCOEF)(int16_t)((p) >> 48)) /* 0 without a second coefficient */
 
 /* Where the entropy decoder stands at the start of an MCU row. */

@@ -827,6 +827,45 @@ def test_a_decode_keeps_the_tables_it_reads_when_it_builds_another():
         assert not t.is_alive() and not errors, (n, errors)
 
 
+def _with_eob_as(data: bytes, symbol: int) -> bytes:
+    """``data`` with the end-of-block symbol (0x00) of every AC table written as
+    ``symbol``, a run/size of size 0 that is not ZRL: JPEG decoders (libjpeg)
+    end a block on every such symbol, so the file decodes as before."""
+    out = bytearray(data)
+    at = data.find(b"\xff\xc4")
+    while at >= 0:
+        end = at + 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        p = at + 4
+        while p < end:  # each table of the segment: class/id, 16 counts, the symbols
+            count = sum(data[p + 1:p + 17])
+            if data[p] >> 4 == 1:  # an AC table
+                symbols = data[p + 17:p + 17 + count]
+                assert 0 in symbols
+                out[p + 17 + symbols.index(0)] = symbol
+            p += 17 + count
+        at = data.find(b"\xff\xc4", end)
+    return bytes(out)
+
+
+@needs_ext
+@pytest.mark.parametrize("symbol", [0x10, 0x50, 0xE0])
+def test_every_size_0_symbol_but_zrl_ends_a_block(symbol):
+    # A symbol of size 0 ends a block unless it is a run of 16 zeros (0xF0):
+    # the own decoder's tables read the first symbol of a look and the one
+    # after it, and an end of block in either place must end the block as
+    # libjpeg ends it. Smooth files at quality 75 (many blocks end right after
+    # their DC: the end of block is the first symbol of a look) and noisy ones
+    # at 95 (runs of 16 zeros occur too), whole and a middle region.
+    for seed in range(6):
+        img = make_image(48, 64, seed=300 + seed) if seed % 2 else _noisy(48, 64, 300 + seed)
+        data = jpeg(img, ["4:2:0", "4:4:4", "gray"][seed % 3], 75 if seed % 2 else 95)
+        other = _with_eob_as(data, symbol)
+        assert other != data
+        for box in [(0, 0, 48, 64), (13, 21, 20, 30)]:
+            want = _decode(data, box, 1, own=False)[0]
+            np.testing.assert_array_equal(_decode(other, box, 1, own=False)[0], want)
+            np.testing.assert_array_equal(_decode(other, box, 1, own=True)[0], want)
+
 def _with_symbols_swapped(data: bytes) -> bytes:
     """``data`` with the first two symbols of its last Huffman table swapped:
     the same code lengths (a valid table), other symbols for two codes."""
