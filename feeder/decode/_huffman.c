@@ -112,8 +112,8 @@ static inline int extend(unsigned v, int s)
  * next lookup). A code is known from its first l bits whatever follows (no
  * code is a prefix of another), so the look table read with the bits past
  * those known set to zero gives it when l of them are known. 0 where the
- * first symbol does not fit (decode_block reads it from fast_ac or the slow
- * path); h->pair holds zeros. */
+ * first symbol does not fit (decode_block reads its code from the look
+ * table or the slow path, then its value bits); h->pair holds zeros. */
 static void build_pairs(HuffTable *h)
 {
     for (unsigned i = 0; i < (1u << PAIR_LOOK); i++) {
@@ -181,27 +181,14 @@ static void build_table(j_decompress_ptr cinfo, const JHUFF_TBL *t, int is_dc, H
         code <<= 1;
     }
     h->maxcode[17] = INT32_MAX;
-    memset(h->fast_ac, 0, sizeof h->fast_ac);
+    memset(h->fast_dc, 0, sizeof h->fast_dc);
     if (is_dc) /* a code and its value bits within HUFF_LOOK bits: diff * 65536 + bits used */
         for (int i = 0; i < (1 << HUFF_LOOK); i++) {
             int l = h->look[i] >> 8, sz = h->look[i] & 15;
             if (l == 0 || l + sz > HUFF_LOOK)
                 continue;
             int diff = sz ? extend(((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1), sz) : 0;
-            h->fast_ac[i] = diff * 65536 + l + sz;
-        }
-    else
-        for (int i = 0; i < (1 << HUFF_LOOK); i++) {
-            int l = h->look[i] >> 8, rs = h->look[i] & 0xFF, r = rs >> 4, sz = rs & 15;
-            if (l == 0)
-                continue;
-            if (sz == 0 || l + sz > HUFF_LOOK) {
-                /* the code alone: its value bits (if any) are read after it */
-                h->fast_ac[i] = rs * 256 + l;
-                continue;
-            }
-            int value = extend(((unsigned)i >> (HUFF_LOOK - l - sz)) & ((1u << sz) - 1), sz);
-            h->fast_ac[i] = value * 65536 + r * 256 + l + sz;
+            h->fast_dc[i] = diff * 65536 + l + sz;
         }
     memset(h->pair, 0, sizeof h->pair);
     if (!is_dc)
@@ -485,12 +472,12 @@ static int slow_symbol(Entropy *e, const HuffTable *h)
     } while (0)
 
 /* A block's DC difference added to its prediction: the code and its value
- * bits in one look where they fit (the DC table's fast_ac), else the code,
+ * bits in one look where they fit (the DC table's fast_dc), else the code,
  * then its value bits. */
 #define DC_PRED(dc, pred)                                                 \
     do {                                                                  \
         int diff_ = 0;                                                    \
-        int32_t g_ = (dc)->fast_ac[acc >> (64 - HUFF_LOOK)];              \
+        int32_t g_ = (dc)->fast_dc[acc >> (64 - HUFF_LOOK)];              \
         if (g_) {                                                         \
             int used_ = g_ & 0xFF;                                        \
             acc <<= used_;                                                \
@@ -548,27 +535,10 @@ static inline void decode_block(Entropy *e, JCOEF *blk, const HuffTable *dc, con
             k += PAIR_STEP2(p);
             continue;
         }
-        int32_t f = ac->fast_ac[acc >> (64 - HUFF_LOOK)];
-        if (f >> 16) { /* run, size and value in one look (the value is never 0) */
-            int used = f & 0xFF;
-            k += (f >> 8) & 15;
-            acc <<= used;
-            nbits -= used;
-            blk[natural_order[k]] = (JCOEF)(f >> 16); /* arithmetic shift (gcc, clang) */
-            continue;
-        }
+        /* A code whose value bits do not fit in the look, or a longer code:
+         * the code, then its value bits. */
         int rs;
-        if (f) { /* the code in the look, its value bits after it */
-            int l = f & 0xFF;
-            acc <<= l;
-            nbits -= l;
-            rs = f >> 8;
-        } else {
-            SAVE_STATE();
-            rs = slow_symbol(e, ac);
-            acc = e->acc;
-            nbits = e->nbits;
-        }
+        SYMBOL(ac, rs);
         int r = rs >> 4;
         s = rs & 15;
         if (s) {

@@ -74,13 +74,10 @@ typedef struct {
     int32_t maxcode[18];           /* largest code of each length (-1: none); [17] a sentinel */
     int32_t valoffset[17];         /* symbol index of a code: code + valoffset[length] */
     uint8_t huffval[256];
-    /* AC tables, one look of HUFF_LOOK bits: a code and its value bits that
-     * fit in them, value * 65536 + run * 256 + bits used (the value is never
-     * 0); else a code that fits without its value bits, or an end of block
-     * or run of 16 zeros, symbol * 256 + code length; 0 for longer codes.
-     * DC tables: a code and its value bits that fit in them, the difference
-     * they give * 65536 + bits used; 0 otherwise */
-    int32_t fast_ac[1 << HUFF_LOOK];
+    /* DC tables, one look of HUFF_LOOK bits: a code and its value bits that
+     * fit in them, the difference they give * 65536 + bits used; 0 otherwise.
+     * Zeros in AC tables (their pair entries do this) */
+    int32_t fast_dc[1 << HUFF_LOOK];
     /* AC tables, for blocks whose coefficients are kept (decode_block): for
      * each PAIR_LOOK bits, a symbol (a coefficient, an end of block, a run of
      * 16 zeros: its code and value bits) and the next where it fits in the
