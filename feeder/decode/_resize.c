@@ -20,7 +20,7 @@
  *     out = (a0 * V[x0] + a1 * V[x0 + 1] + 2^15) >> 16,
  *     V = b0 * S[y0] + b1 * S[y0 + 1],
  * which never exceeds 255 (the weights of each axis sum to 256).
- * The horizontal blend takes two output pixels per AVX2 step where the CPU
+ * The horizontal blend takes four output pixels per AVX2 step where the CPU
  * has AVX2 (the same integer arithmetic, so the same bytes), else one at a time.
  */
 /* The loops below are written for the compiler to vectorise, which GCC does at -O3. */
@@ -76,16 +76,15 @@ static void blend_rows(const uint8_t *restrict r0, const uint8_t *restrict r1, u
  * blend_columns). */
 #define ROW_PAD 8
 
-/* The scalar blend of output pixels [from, to) (in address order; the
- * mirrored one reads its source from the other end). */
-static void blend_scalar(const uint16_t *restrict row, const int *restrict xo,
-                         const uint16_t *restrict xw, int dw, uint8_t *restrict out, int flip,
-                         int from, int to)
+/* The scalar blend of output pixels [from, to): off[k] is output pixel k's
+ * first input value (3 * its left neighbour's column, flip applied), w[k]
+ * its neighbours' weights (a0 | a1 << 16). */
+static void blend_scalar(const uint16_t *restrict row, const int *restrict off,
+                         const uint32_t *restrict w, uint8_t *restrict out, int from, int to)
 {
     for (int k = from; k < to; k++) {
-        int x = flip ? dw - 1 - k : k;
-        const uint16_t *p = row + xo[x];
-        uint32_t a1 = xw[x], a0 = 256 - a1;
+        const uint16_t *p = row + off[k];
+        uint32_t a0 = w[k] & 0xFFFF, a1 = w[k] >> 16;
         uint8_t *o = out + (size_t)k * 3;
         o[0] = (uint8_t)((p[0] * a0 + p[3] * a1 + 32768u) >> 16);
         o[1] = (uint8_t)((p[1] * a0 + p[4] * a1 + 32768u) >> 16);
@@ -96,85 +95,103 @@ static void blend_scalar(const uint16_t *restrict row, const int *restrict xo,
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_AVX2_BLEND 1
 #include <immintrin.h>
-/* The same arithmetic with AVX2, two output pixels per step, one in each
- * 128-bit lane: a pixel's two neighbours' six values times (a0, a0, a0, a1,
- * a1, a1) as 32-bit products (the low and high halves of 16-bit products,
- * interleaved), the right neighbour's three moved onto the left's, the same
- * rounding. Four bytes are stored per pixel, the fourth overwritten by the
- * next pixel; the last pixel goes through the scalar loop. */
+/* The same arithmetic with AVX2, four output pixels per step, one in each
+ * 128-bit half of two registers. A pixel's eight loaded values (its two
+ * neighbours' six, two more) are made signed around 32768 (x ^ 0x8000 is
+ * x - 32768 as an int16) and paired by channel, (R0, R1, G0, G1, B0, B1, 0,
+ * 0), so that one multiply-add of 16-bit pairs gives each channel's
+ *     a0 * V0 + a1 * V1 - 32768 * 256          (a0 + a1 = 256)
+ * in 32 bits, exactly; adding 2^23 back with the rounding's 2^15 and
+ * shifting by 16 is the scalar loop's result. The four pixels' twelve bytes
+ * are stored with a 16-byte store: the last four bytes land on the next two
+ * pixels, written after (so the loop stops two pixels before the row's end,
+ * and the scalar loop does the rest). */
 __attribute__((target("avx2")))
-static int blend_avx2(const uint16_t *restrict row, const int *restrict xo,
-                      const uint16_t *restrict xw, int dw, uint8_t *restrict out, int flip)
+static int blend_avx2(const uint16_t *restrict row, const int *restrict off,
+                      const uint32_t *restrict w, int dw, uint8_t *restrict out)
 {
-    const __m256i half = _mm256_set1_epi32(32768), zero = _mm256_setzero_si256();
-    const __m256i left = _mm256_set_epi16(0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1);
-    const __m256i right = _mm256_set_epi16(0, 0, -1, -1, -1, 0, 0, 0, 0, 0, -1, -1, -1, 0, 0, 0);
+    const __m256i bias = _mm256_set1_epi16((short)0x8000);
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1,
+                                           0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
+    const __m256i back = _mm256_set1_epi32((1 << 23) + (1 << 15));
+    const __m256i even = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m256i odd = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+    const __m128i squeeze = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
     int k = 0;
-    for (; k + 2 < dw; k += 2) {  /* the last pixel is left to the scalar loop */
-        int x0 = flip ? dw - 1 - k : k, x1 = flip ? x0 - 1 : x0 + 1;
-        __m256i v = _mm256_inserti128_si256(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + xo[x0]))),
-            _mm_loadu_si128((const __m128i *)(row + xo[x1])), 1);
-        __m256i a1 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)xw[x0])),
-                                             _mm_set1_epi16((short)xw[x1]), 1);
-        __m256i a0 = _mm256_sub_epi16(_mm256_set1_epi16(256), a1);
-        __m256i w = _mm256_or_si256(_mm256_and_si256(a0, left), _mm256_and_si256(a1, right));
-        __m256i lo = _mm256_mullo_epi16(v, w), hi = _mm256_mulhi_epu16(v, w);
-        __m256i first = _mm256_unpacklo_epi16(lo, hi);  /* p0 a0, p1 a0, p2 a0, p3 a1 */
-        __m256i second = _mm256_unpackhi_epi16(lo, hi); /* p4 a1, p5 a1, 0, 0 */
-        __m256i moved = _mm256_or_si256(_mm256_bsrli_epi128(first, 12), _mm256_bslli_epi128(second, 4));
-        __m256i sum = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(first, moved), half), 16);
-        sum = _mm256_packus_epi16(_mm256_packs_epi32(sum, zero), zero);
-        uint32_t a = (uint32_t)_mm256_extract_epi32(sum, 0), b = (uint32_t)_mm256_extract_epi32(sum, 4);
-        uint8_t *o = out + (size_t)k * 3;
-        memcpy(o, &a, 4);
-        memcpy(o + 3, &b, 4);  /* k + 1 < dw - 1: its fourth byte is the next pixel's */
+    for (; k + 6 <= dw; k += 4) {
+        /* a: pixels k and k + 2; b: k + 1 and k + 3 */
+        __m256i a = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + off[k]))),
+            _mm_loadu_si128((const __m128i *)(row + off[k + 2])), 1);
+        __m256i b = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row + off[k + 1]))),
+            _mm_loadu_si128((const __m128i *)(row + off[k + 3])), 1);
+        __m256i ws = _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + k)));
+        a = _mm256_madd_epi16(_mm256_shuffle_epi8(_mm256_xor_si256(a, bias), pairs),
+                              _mm256_permutevar8x32_epi32(ws, even));
+        b = _mm256_madd_epi16(_mm256_shuffle_epi8(_mm256_xor_si256(b, bias), pairs),
+                              _mm256_permutevar8x32_epi32(ws, odd));
+        a = _mm256_srli_epi32(_mm256_add_epi32(a, back), 16); /* at most 255 */
+        b = _mm256_srli_epi32(_mm256_add_epi32(b, back), 16);
+        /* 16-bit values: pixels k, k + 1 in the low half, k + 2, k + 3 in the high */
+        __m256i v = _mm256_packs_epi32(a, b);
+        v = _mm256_packus_epi16(v, v);
+        __m128i px = _mm_unpacklo_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storeu_si128((__m128i *)(out + (size_t)k * 3), _mm_shuffle_epi8(px, squeeze));
     }
     return k;
 }
 #endif
 
-/* The horizontal blend of one row into out, mirrored when flip. xo: each output
- * pixel's first input value (3 * its left neighbour's column); the row holds
- * ROW_PAD values past its last pixel, so that the right neighbour is always
- * readable (its weight is 0 at the last column), and so is the vector load,
- * which reads 8 values from a pixel's first. Every path gives the same bytes. */
-static void blend_columns(const uint16_t *restrict row, const int *restrict xo,
-                          const uint16_t *restrict xw, int dw, uint8_t *restrict out, int flip)
+/* The horizontal blend of one row into out. The row holds ROW_PAD values past
+ * its last pixel, so that the right neighbour is always readable (its weight
+ * is 0 at the last column), and so is the vector load, which reads 8 values
+ * from a pixel's first. Every path gives the same bytes. */
+static void blend_columns(const uint16_t *restrict row, const int *restrict off,
+                          const uint32_t *restrict w, int dw, uint8_t *restrict out)
 {
     int done = 0;
 #ifdef HAVE_AVX2_BLEND
     if (__builtin_cpu_supports("avx2"))  /* a read of the CPU's recorded features */
-        done = blend_avx2(row, xo, xw, dw, out, flip);
+        done = blend_avx2(row, off, w, dw, out);
 #endif
-    blend_scalar(row, xo, xw, dw, out, flip, done, dw);
+    blend_scalar(row, off, w, out, done, dw);
 }
 
 int resize_bilinear_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t *dst,
                         int dh, int dw, int flip)
 {
     size_t row = (size_t)sw * 3;
-    /* One allocation: the axes' tables, then the vertical blend of a row (and
-     * ROW_PAD values past it); the ints first, so every table is aligned. */
-    size_t bytes = (size_t)(dw + dh) * (sizeof(int) + sizeof(uint16_t)) + (row + ROW_PAD) * sizeof(uint16_t);
+    /* One allocation: the axes' tables, each output column's first value and
+     * weights in output order (flip applied), then the vertical blend of a
+     * row (and ROW_PAD values past it); the 32-bit ones first, so every
+     * table is aligned. */
+    size_t bytes = (size_t)(dw + dh) * (sizeof(int) + sizeof(uint16_t))
+                   + (size_t)dw * (sizeof(int) + sizeof(uint32_t))
+                   + (row + ROW_PAD) * sizeof(uint16_t);
     unsigned char *mem = malloc(bytes);
     if (mem == NULL)
         return -1;
     int *xi = (int *)mem;
     int *yi = xi + dw;
-    uint16_t *xw = (uint16_t *)(yi + dh);
+    int *off = yi + dh;
+    uint32_t *w = (uint32_t *)(off + dw);
+    uint16_t *xw = (uint16_t *)(w + dw);
     uint16_t *yw = xw + dw;
     uint16_t *blend = yw + dh;
     memset(blend + row, 0, ROW_PAD * sizeof(uint16_t));
     axis(dw, sw, xi, xw);
     axis(dh, sh, yi, yw);
-    for (int x = 0; x < dw; x++)
-        xi[x] *= 3;
+    for (int k = 0; k < dw; k++) {
+        int x = flip ? dw - 1 - k : k;
+        off[k] = xi[x] * 3;
+        w[k] = (uint32_t)(256 - xw[x]) | (uint32_t)xw[x] << 16;
+    }
     for (int y = 0; y < dh; y++) {
         const uint8_t *r0 = src + (size_t)yi[y] * src_step;
         /* yw > 0 only where yi < sh - 1: the next row exists. */
         blend_rows(r0, yw[y] ? r0 + src_step : r0, yw[y], blend, row);
-        blend_columns(blend, xi, xw, dw, dst + (size_t)y * dw * 3, flip);
+        blend_columns(blend, off, w, dw, dst + (size_t)y * dw * 3);
     }
     free(mem);
     return 0;
