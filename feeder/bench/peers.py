@@ -15,6 +15,10 @@ size and crop side, shuffled, the last batch kept, uint8 output:
 * ``SPDL``: SPDL's thread pipeline (:class:`SpdlLoader`): indices, feeder's
   per-sample work in ``concurrency`` = the cores, batches collated in a last
   stage.
+* ``bare work``: no loader (:mod:`feeder.bench.bare`): one process per core
+  making the per-sample call the DataLoader and SPDL rows make, with nothing
+  around it, every file read once first. No loader built on that call can
+  pass its steady rate on these cores; it has no first-epoch rate.
 
 A library that is not installed is left out, with a line saying how to
 install it. Each run reports when each epoch's last batch came: the *first
@@ -48,7 +52,7 @@ from .report import median
 MIB = 2**20
 
 #: Every row kind, in the order of the table.
-LOADERS = ("feeder", "dataloader", "dali", "spdl")
+LOADERS = ("feeder", "dataloader", "dali", "spdl", "bare")
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,9 @@ def specs(args: argparse.Namespace) -> tuple[list[tuple[str, dict[str, Any]]], l
     for kind in args.loaders:
         if kind == "feeder":
             rows.append(("feeder", {**base, "kind": "feeder", "name": "feeder"}))
+        elif kind == "bare":
+            rows.append((f"bare work ({available_cores()} processes, no loader)",
+                         {**base, "kind": "bare", "name": "bare work"}))
         elif kind == "dataloader":
             for w in args.workers_grid:
                 label = f"DataLoader (num_workers={w})"
@@ -360,6 +367,8 @@ def _setting(spec: dict[str, Any], cores: int) -> str:
         return f"num_workers={spec['workers']}, feeder's work"
     if kind == "dali":
         return f"CPU pipeline, num_threads={cores}"
+    if kind == "bare":
+        return "feeder's work, nothing around it"
     return f"threads, concurrency={cores}, feeder's work"
 
 
@@ -393,7 +402,8 @@ def run(args: argparse.Namespace) -> int:
             if res.ok:
                 rates = epoch_rates(res)
                 steady = rates["steady"]
-                report.progress(f"  {label}: first epoch {rates['first']:.0f} img/s, steady "
+                first = "- (every file read)" if spec["kind"] == "bare" else f"{rates['first']:.0f} img/s"
+                report.progress(f"  {label}: first epoch {first}, steady "
                                 + ("-" if steady is None else f"{steady:.0f}") + " img/s")
             else:
                 report.progress(f"  {label}: FAILED ({_one_line(res.error)})")
@@ -402,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
 
     def ratios(label: str, key: str) -> list[float]:
         vals = []
+        if key == "first" and dict(rows)[label]["kind"] == "bare":
+            return vals  # its first epoch reads every file in every process: no loader's rate
         for got in rounds:
             a, f = epoch_rates(got[label])[key], epoch_rates(got["feeder"])[key]
             if a is not None and f:
@@ -435,6 +447,8 @@ def run(args: argparse.Namespace) -> int:
             "first_rounds": [x["first"] for x in rates], "steady_rounds": [x["steady"] for x in rates],
             "best": "",
         })
+        if spec["kind"] == "bare":  # its first epoch reads every file in every process
+            table[-1].update(first_images_per_s=None, first_ratio=None, first_rounds=[])
     if not any(r.ok for r in (got["feeder"] for got in rounds)):
         raise RuntimeError(f"peers: feeder failed in every round ({_one_line(rounds[-1]['feeder'].error)})")
     dl = [row for row in table if row["kind"] == "dl-cv2" and row["runs"]]

@@ -65,6 +65,10 @@ def _run_loader(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kind"] in PEER_KINDS:
         loader: Any = peer_loader(spec["kind"], spec["root"], int(spec["batch_size"]), size=size,
                                   seed=int(spec.get("seed", 0)), limit=limit)
+    elif spec["kind"] == "bare":
+        from .bare import BareLoader
+
+        loader = BareLoader(spec["root"], size, seed=int(spec.get("seed", 0)), limit=limit)
     else:
         loader = Loader(spec["kind"], spec["root"], int(spec["batch_size"]),
                         workers=int(spec.get("workers", 0)),
