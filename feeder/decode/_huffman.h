@@ -137,11 +137,11 @@ typedef struct {
     const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
     int member[D_MAX_BLOCKS_IN_MCU];
     /* the index: checkpoints on a grid of MCU positions, row-major: rows 0,
-     * rstride, 2*rstride, ... and in each of them columns 0, cstride,
-     * 2*cstride, ... (ncols of them), all but the scan's first MCU: npoints in
-     * all, the first `recorded` known */
+     * rstride, 2*rstride, ... and in each of them ncols columns (grid_col:
+     * 0 first, closer together on the left), all but the scan's first MCU:
+     * npoints in all, the first `recorded` known */
     Checkpoint *points;
-    unsigned npoints, rstride, cstride, ncols;
+    unsigned npoints, rstride, ncols;
     uint64_t next_mcu; /* where the next point to record lies */
     int have_index; /* points were given: jump to them */
     int record;     /* fill in points as the decode passes them */

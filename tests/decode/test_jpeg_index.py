@@ -157,6 +157,35 @@ def test_a_grid_index_jumps_over_the_columns_beside_the_crop(kind):
     assert np.array_equal(got, ref) and jumped > 0
 
 
+@needs_ext
+def test_a_row_s_points_are_closer_together_on_the_left_where_crops_start():
+    """A grid row's points lie at j + (columns - points) * j^2 / points^2: with 4
+    points on a row of 31 MCUs, at columns 0, 2, 8 and 18 (a crop's first column
+    is small far more often than large). A crop's rows are entered at the last
+    point at or before its first column, so of crops with the same rows and
+    last column, one starting in column 2-7 is entered 2 MCUs on in each row,
+    one starting in column 8 8 MCUs on, and the MCUs before are jumped over."""
+    data = jpeg(_noisy(480, 496, 13), "4:2:0", 90)  # 30 MCU rows of 31 MCUs (16x16 px)
+    # 4 points a row: 30 * 4 - 1 = 119 fit in 150, 30 * 8 - 1 = 239 do not.
+    _, (_, _, index, _) = _decode(data, (0, 0, 480, 496), 1, record=True, max_points=150)
+    assert index is not None
+
+    def jumped(left: int) -> int:
+        # The region is widened by 4 px a side for the chroma upsampling, then
+        # to whole MCUs: first column (left - 4) // 16, last (166 + 4) / 16 -> 10.
+        box = (200, left, 100, 166 - left)
+        ref, _ = _decode(data, box, 1, own=False)
+        got, (_, _, _, n) = _decode(data, box, 1, verify=False, index=index)
+        assert np.array_equal(got, ref), left
+        return n
+
+    at0, at2, at5, at8, at9 = (jumped(left) for left in (10, 40, 90, 140, 150))
+    rows = (at2 - at0) // 2
+    assert rows >= 100 // 16 and at2 - at0 == 2 * rows  # every row of the crop entered at column 2
+    assert at5 == at2  # column 5: still entered at 2
+    assert at8 == at9 == at0 + 8 * rows  # columns 8 and 9: entered at 8
+
+
 _ACROSS_RELEASES = r"""
 import sys
 import numpy as np
