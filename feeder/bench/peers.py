@@ -412,8 +412,6 @@ def run(args: argparse.Namespace) -> int:
 
     def ratios(label: str, key: str) -> list[float]:
         vals = []
-        if key == "first" and dict(rows)[label]["kind"] == "bare":
-            return vals  # its first epoch reads every file in every process: no loader's rate
         for got in rounds:
             a, f = epoch_rates(got[label])[key], epoch_rates(got["feeder"])[key]
             if a is not None and f:
@@ -447,8 +445,9 @@ def run(args: argparse.Namespace) -> int:
             "first_rounds": [x["first"] for x in rates], "steady_rounds": [x["steady"] for x in rates],
             "best": "",
         })
-        if spec["kind"] == "bare":  # its first epoch reads every file in every process
-            table[-1].update(first_images_per_s=None, first_ratio=None, first_rounds=[])
+        if spec["kind"] == "bare":  # its first epoch reads every file in every process: no loader's rate
+            table[-1].update(first_images_per_s=None, first_ratio=None, first_rounds=[],
+                             first_ratio_rounds=[])
     if not any(r.ok for r in (got["feeder"] for got in rounds)):
         raise RuntimeError(f"peers: feeder failed in every round ({_one_line(rounds[-1]['feeder'].error)})")
     dl = [row for row in table if row["kind"] == "dl-cv2" and row["runs"]]

@@ -1021,6 +1021,10 @@ def test_peers_with_the_peers_absent(tiny_small, tmp_path, monkeypatch, capsys):
     feeder, loader, bare = rows
     # The bare row's first epoch reads every file in every process: no first-epoch rate or ratio.
     assert bare["first_images_per_s"] == bare["first_ratio"] == "", bare
+    doc_rows = json.load(open(os.path.join(out, "peers_small.json")))["rows"]
+    (bare_doc,) = [r for r in doc_rows if r["kind"] == "bare"]
+    assert bare_doc["first_rounds"] == bare_doc["first_ratio_rounds"] == [], bare_doc
+    assert len(bare_doc["steady_ratio_rounds"]) == 1, bare_doc
     assert float(feeder["first_ratio"]) == float(feeder["steady_ratio"]) == 1.0
     assert loader["best"] == "*"
     doc = json.load(open(os.path.join(out, "peers_small.json")))
