@@ -23,7 +23,6 @@ pass it.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 
 from ..engine.threads import available_cores
+from .ceiling import next_result
 
 _TIMEOUT_S = 900.0  # one epoch of one process, on a loaded machine
 CHUNK = 16  # indices a process takes at a time
@@ -114,17 +114,7 @@ class BareLoader:
             c.put(epoch)
         deadline = time.monotonic() + _TIMEOUT_S
         for _ in self._procs:
-            while True:
-                try:
-                    share, error, count, pixel = self._results.get(timeout=0.5)
-                    break
-                except queue.Empty:
-                    dead = [p for p in self._procs if p.exitcode not in (None, 0)]
-                    if dead:
-                        raise RuntimeError(f"bare: process {dead[0].name} died "
-                                           f"(exit code {dead[0].exitcode})") from None
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"bare: no result in {_TIMEOUT_S:.0f} s") from None
+            share, error, count, pixel = next_result(self._results, self._procs, deadline, "bare", _TIMEOUT_S)
             if error is not None:
                 raise RuntimeError(f"bare: process bare-{share} failed: {error}")
             if count:

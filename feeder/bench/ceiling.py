@@ -211,6 +211,23 @@ def _parallel_worker(root: str, shard: int, shards: int, limit: int, full_decode
         results.put((shard, f"{type(exc).__name__}: {exc}", None, 0.0, 0.0))
 
 
+def next_result(results: Any, procs: list[Any], deadline: float, what: str, timeout_s: float) -> Any:
+    """The next item of the queue ``results``, which ``procs`` fill, polled: a
+    ``RuntimeError`` naming one of ``procs`` that died (a nonzero exit code),
+    a ``TimeoutError`` once ``time.monotonic()`` passes ``deadline`` (set
+    ``timeout_s`` after the wait began); ``what`` begins the messages."""
+    while True:
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"{what}: process {dead[0].name} died "
+                                   f"(exit code {dead[0].exitcode})") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: no result in {timeout_s:.0f} s") from None
+
+
 def measure_parallel(root: str, processes: int | None = None, limit: int = 500, full_decode: bool = False,
                      seed: int = 0, timeout_s: float = 900.0) -> ParallelCeiling:
     """Run :func:`measure` in ``processes`` processes at once, on disjoint shares of the images.
@@ -242,17 +259,8 @@ def measure_parallel(root: str, processes: int | None = None, limit: int = 500, 
     deadline = time.monotonic() + timeout_s
     try:
         while len(got) < n:
-            try:
-                shard, error, c, t0, t1 = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p for k, p in enumerate(procs) if k not in got and p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"parallel ceiling: process {dead[0].name} died "
-                                       f"(exit code {dead[0].exitcode})") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"parallel ceiling: {n - len(got)} of {n} processes "
-                                       f"gave no result in {timeout_s:.0f} s") from None
-                continue
+            waiting = [p for k, p in enumerate(procs) if k not in got]
+            shard, error, c, t0, t1 = next_result(results, waiting, deadline, "parallel ceiling", timeout_s)
             if error is not None:
                 raise RuntimeError(f"parallel ceiling: process ceiling-{shard} failed: {error}")
             got[shard] = (c, t0, t1)

@@ -63,3 +63,19 @@ def test_a_failing_sample_is_an_error_naming_the_process(tmp_path):
     finally:
         loader.close()
     assert not any(p.is_alive() for p in loader._procs)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 30)
+def test_a_process_that_dies_is_an_error_naming_it_not_a_hang(tmp_path):
+    root = _folder(str(tmp_path / "data"), 8)
+    loader = BareLoader(root, 32, processes=2)
+    try:
+        victim = loader._procs[1]
+        victim.kill()
+        victim.join(timeout=30)
+        assert victim.exitcode not in (None, 0)
+        with pytest.raises(RuntimeError, match=r"bare: process bare-1 died \(exit code -9\)"):
+            list(loader.epoch(0))
+    finally:
+        loader.close()
+    assert not any(p.is_alive() for p in loader._procs)
