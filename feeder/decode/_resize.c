@@ -58,7 +58,17 @@ static void axis(int n_out, int n_in, int *index, uint16_t *weight)
     }
 }
 
+/* Functions the compiler vectorises twice, for AVX2 and for the baseline
+ * (chosen once, by the loader, from the CPU's features): the same integer
+ * arithmetic either way, so the same bytes. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__ELF__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
 /* The vertical blend of one row: vectorised (the loops below are written for it). */
+VECTOR_CLONES
 static void blend_rows(const uint8_t *restrict r0, const uint8_t *restrict r1, unsigned b1,
                        uint16_t *restrict out, size_t n)
 {
@@ -253,6 +263,23 @@ static void area_axis(int n_out, int n_in, int *first, int *count, int *start, u
     }
 }
 
+/* The rows' weighted sum, over whole rows (vectorised): acc = sum over the
+ * count rows from r of wy[t] * row t. */
+VECTOR_CLONES
+static void area_rows(const uint8_t *restrict r, size_t step, const uint16_t *restrict wy, int count,
+                      uint32_t *restrict acc, size_t n)
+{
+    uint32_t w0 = wy[0];
+    for (size_t k = 0; k < n; k++)
+        acc[k] = w0 * r[k];
+    for (int t = 1; t < count; t++) {
+        const uint8_t *restrict rt = r + (size_t)t * step;
+        uint32_t wt = wy[t];
+        for (size_t k = 0; k < n; k++)
+            acc[k] += wt * rt[k];
+    }
+}
+
 /* The columns' weighted sums of one row of V (acc) into out, mirrored when
  * flip: output pixels [from, to) in address order. */
 static void area_scalar(const uint32_t *restrict acc, const int *restrict xf,
@@ -332,18 +359,7 @@ int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t
     int avx2 = __builtin_cpu_supports("avx2");
 #endif
     for (int y = 0; y < dh; y++) {
-        /* the rows' weighted sum, over whole rows (vectorised) */
-        const uint16_t *wy = yw + ys[y];
-        const uint8_t *r = src + (size_t)yf[y] * src_step;
-        uint32_t w0 = wy[0];
-        for (size_t k = 0; k < row; k++)
-            acc[k] = w0 * r[k];
-        for (int t = 1; t < yc[y]; t++) {
-            const uint8_t *rt = r + (size_t)t * src_step;
-            uint32_t wt = wy[t];
-            for (size_t k = 0; k < row; k++)
-                acc[k] += wt * rt[k];
-        }
+        area_rows(src + (size_t)yf[y] * src_step, src_step, yw + ys[y], yc[y], acc, row);
         uint8_t *o = dst + (size_t)y * dw * 3;
         int done = 0;
 #ifdef HAVE_AVX2_BLEND
