@@ -306,31 +306,62 @@ static void area_scalar(const uint32_t *restrict acc, const int *restrict xf,
 }
 
 #ifdef HAVE_AVX2_BLEND
-/* The same sums, a pixel's three in one 128-bit step per tap (the fourth lane,
- * the next value of acc, is discarded: acc holds one value past its row). Four
- * bytes are stored per pixel, the fourth overwritten by the next pixel; the
- * last pixel goes through the scalar loop. */
+/* The same sums with AVX2, two output pixels per step, one in each 128-bit
+ * half: a pixel's three values and the next (discarded) times a tap's weight
+ * per multiply. Every pixel takes the same number of taps (`taps`, the most
+ * any takes; the rest weigh 0 and read zeros or values past the pixel's span,
+ * which add nothing), so the loop's branches repeat and the CPU predicts them
+ * (pixels taking 2 or 3 taps in no pattern mispredicted about half the time).
+ * off[k] and w[k * taps ...] are output pixel k's first value and weights, the
+ * flip applied. Four bytes are stored per pixel, the fourth overwritten by the
+ * next pixel; the last pixel goes through the scalar loop. */
 __attribute__((target("avx2")))
-static int area_avx2(const uint32_t *restrict acc, const int *restrict xf, const int *restrict xc,
-                     const int *restrict xs, const uint16_t *restrict xw, int dw,
-                     uint8_t *restrict out, int flip)
+static int area_avx2(const uint32_t *restrict acc, const int *restrict off, const uint32_t *restrict w,
+                     int taps, int dw, uint8_t *restrict out)
 {
-    const __m128i half = _mm_set1_epi32(1 << 23);
+    const __m256i half = _mm256_set1_epi32(1 << 23);
     int k = 0;
-    for (; k + 1 < dw; k++) {
-        int x = flip ? dw - 1 - k : k;
-        const uint32_t *p = acc + (size_t)xf[x] * 3;
-        const uint16_t *wx = xw + xs[x];
-        __m128i c = half;
-        for (int t = 0; t < xc[x]; t++, p += 3)
-            c = _mm_add_epi32(c, _mm_mullo_epi32(_mm_loadu_si128((const __m128i *)p),
-                                                 _mm_set1_epi32(wx[t])));
-        c = _mm_srli_epi32(c, 24); /* at most 255: the packs below do not saturate */
-        c = _mm_packus_epi16(_mm_packs_epi32(c, c), c);
-        uint32_t v = (uint32_t)_mm_cvtsi128_si32(c);
-        memcpy(out + (size_t)k * 3, &v, 4);
+    for (; k + 2 < dw; k += 2) {
+        const uint32_t *p0 = acc + off[k], *p1 = acc + off[k + 1];
+        const uint32_t *w0 = w + (size_t)k * taps, *w1 = w0 + taps;
+        __m256i c = half;
+        for (int t = 0; t < taps; t++) {
+            __m256i v = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 3 * t))),
+                _mm_loadu_si128((const __m128i *)(p1 + 3 * t)), 1);
+            __m256i wt = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi32((int)w0[t])),
+                                                 _mm_set1_epi32((int)w1[t]), 1);
+            c = _mm256_add_epi32(c, _mm256_mullo_epi32(v, wt));
+        }
+        c = _mm256_srli_epi32(c, 24); /* at most 255: the packs below do not saturate */
+        c = _mm256_packus_epi16(_mm256_packs_epi32(c, c), c);
+        uint32_t v0 = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(c));
+        uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(c, 1));
+        memcpy(out + (size_t)k * 3, &v0, 4);
+        memcpy(out + (size_t)k * 3 + 3, &v1, 4);
     }
     return k;
+}
+#endif
+
+#ifdef HAVE_AVX2_BLEND
+/* area_avx2's tables from area_axis's: each output pixel's first value and
+ * its weights, `most` of them (the most any pixel takes, returned; zeros past
+ * its own), in output order (flip applied). */
+static int area_columns(const int *xf, const int *xc, const int *xs, const uint16_t *xw, int dw,
+                        int flip, int *off, uint32_t *w)
+{
+    int most = 0;
+    for (int x = 0; x < dw; x++)
+        most = xc[x] > most ? xc[x] : most;
+    memset(w, 0, (size_t)dw * (size_t)most * sizeof(uint32_t));
+    for (int k = 0; k < dw; k++) {
+        int x = flip ? dw - 1 - k : k;
+        off[k] = xf[x] * 3;
+        for (int t = 0; t < xc[x]; t++)
+            w[(size_t)k * most + t] = xw[xs[x] + t];
+    }
+    return most;
 }
 #endif
 
@@ -342,21 +373,43 @@ int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t
     size_t row = (size_t)sw * 3;
     size_t ints = 3 * (size_t)(dw + dh);
     size_t taps = (size_t)(sw + dw) + (size_t)(sh + dh);
-    /* acc: a row of V and one value past it (see area_avx2) */
-    size_t bytes = ints * sizeof(int) + (row + 1) * sizeof(uint32_t) + taps * sizeof(uint16_t);
+    /* At most the taps an output column takes: its span of s = sw / dw
+     * pixels touches at most floor(s) + 2 of them (dw * every_tap <= sw + 2 * dw). */
+    size_t every_tap = (size_t)(sw / dw) + 2;
+    /* acc: a row of V, then zeros, so that every column's every_tap taps
+     * (and the vector load's one value more) are readable (see area_avx2) */
+    size_t pad = 3 * every_tap + 1;
+    size_t bytes = ints * sizeof(int) + (row + pad) * sizeof(uint32_t) + taps * sizeof(uint16_t);
+#ifdef HAVE_AVX2_BLEND
+    int avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) /* each output column's first value and weights, flip applied */
+        bytes += (size_t)dw * sizeof(int) + (size_t)dw * every_tap * sizeof(uint32_t);
+#endif
     unsigned char *mem = malloc(bytes);
     if (mem == NULL)
         return -1;
     int *xf = (int *)mem, *xc = xf + dw, *xs = xc + dw;
     int *yf = xs + dw, *yc = yf + dh, *ys = yc + dh;
     uint32_t *acc = (uint32_t *)(ys + dh);
-    uint16_t *xw = (uint16_t *)(acc + row + 1);
+    uint32_t *after = acc + row + pad; /* the 32-bit tables first, so every table is aligned */
+#ifdef HAVE_AVX2_BLEND
+    int *off = NULL;
+    uint32_t *w = NULL;
+    int most = 0;
+    if (avx2) {
+        off = (int *)after;
+        w = (uint32_t *)(off + dw);
+        after = w + (size_t)dw * every_tap;
+    }
+#endif
+    uint16_t *xw = (uint16_t *)after;
     uint16_t *yw = xw + (sw + dw);
-    acc[row] = 0;
+    memset(acc + row, 0, pad * sizeof(uint32_t));
     area_axis(dw, sw, xf, xc, xs, xw);
     area_axis(dh, sh, yf, yc, ys, yw);
 #ifdef HAVE_AVX2_BLEND
-    int avx2 = __builtin_cpu_supports("avx2");
+    if (avx2)
+        most = area_columns(xf, xc, xs, xw, dw, flip, off, w);
 #endif
     for (int y = 0; y < dh; y++) {
         area_rows(src + (size_t)yf[y] * src_step, src_step, yw + ys[y], yc[y], acc, row);
@@ -364,7 +417,7 @@ int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t
         int done = 0;
 #ifdef HAVE_AVX2_BLEND
         if (avx2)
-            done = area_avx2(acc, xf, xc, xs, xw, dw, o, flip);
+            done = area_avx2(acc, off, w, most, dw, o);
 #endif
         area_scalar(acc, xf, xc, xs, xw, dw, o, flip, done, dw);
     }
