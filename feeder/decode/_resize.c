@@ -347,13 +347,16 @@ static int area_avx2(const uint32_t *restrict acc, const int *restrict off, cons
 #ifdef HAVE_AVX2_BLEND
 /* area_avx2's tables from area_axis's: each output pixel's first value and
  * its weights, `most` of them (the most any pixel takes, returned; zeros past
- * its own), in output order (flip applied). */
+ * its own), in output order (flip applied). 0 (no tables) if a pixel takes
+ * more than `room` taps, which area_axis never gives (see every_tap). */
 static int area_columns(const int *xf, const int *xc, const int *xs, const uint16_t *xw, int dw,
-                        int flip, int *off, uint32_t *w)
+                        int flip, int *off, uint32_t *w, int room)
 {
     int most = 0;
     for (int x = 0; x < dw; x++)
         most = xc[x] > most ? xc[x] : most;
+    if (most > room)
+        return 0;
     memset(w, 0, (size_t)dw * (size_t)most * sizeof(uint32_t));
     for (int k = 0; k < dw; k++) {
         int x = flip ? dw - 1 - k : k;
@@ -409,7 +412,8 @@ int resize_area_rgb(const uint8_t *src, size_t src_step, int sh, int sw, uint8_t
     area_axis(dh, sh, yf, yc, ys, yw);
 #ifdef HAVE_AVX2_BLEND
     if (avx2)
-        most = area_columns(xf, xc, xs, xw, dw, flip, off, w);
+        most = area_columns(xf, xc, xs, xw, dw, flip, off, w, (int)every_tap);
+    avx2 = avx2 && most > 0;
 #endif
     for (int y = 0; y < dh; y++) {
         area_rows(src + (size_t)yf[y] * src_step, src_step, yw + ys[y], yc[y], acc, row);
