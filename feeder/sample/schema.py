@@ -34,6 +34,12 @@ class Schema:
         #: True once pairs with int labels are known to be the samples: the read
         #: step then takes them without any of the checks above.
         self.classic = False
+        #: Samples that agreed with the schema, counted up to 2: while it is 1,
+        #: only the sample that fixed the schema has its fields.
+        self.support = 0
+        #: For each other set of fields samples disagreeing with the schema had,
+        #: how many had it (kept while support is 1; see :meth:`_disagreed`).
+        self._others: dict[tuple, list[int]] = {}
 
     def state(self) -> tuple:
         """What the first samples fixed, to be :meth:`adopt`-ed by another process's
@@ -66,9 +72,47 @@ class Schema:
             missing = sorted(set(self.keys) - set(keys))
             extra = sorted(set(keys) - set(self.keys))
             name = (missing or extra)[0]
+            self._disagreed(index, keys, fields)
             raise FieldError(name, f"is {'missing from' if missing else 'extra in'} sample {index}: "
-                                   f"it has the fields {sorted(keys)}, sample {self.first_sample} had "
-                                   f"{sorted(self.keys)}; every sample must have the same fields")
+                                   f"it has the fields {sorted(keys)}, sample {self.first_sample} (the "
+                                   f"first read) had {sorted(self.keys)}; every sample must have the "
+                                   f"same fields")
+        self._check_fields(index, keys, fields)
+        if self.support < 2:
+            with self._lock:
+                self.support += 1
+
+    #: Samples read after the first that must agree with one another, and not
+    #: with it, before the first is taken for the malformed one (see _disagreed).
+    OUTVOTED = 3
+
+    def _disagreed(self, index: int, keys: tuple[str, ...] | None, fields: dict[str, Any]) -> None:
+        """Note that sample ``index`` disagrees with the schema; raise a
+        :class:`SourceError` (never skipped) once :attr:`OUTVOTED` samples have
+        agreed with one another and not with the first sample, which no other
+        sample has agreed with: that one sample is then far likelier the malformed
+        one, and skipping every sample unlike it (``on_error="skip"``) would
+        throw the good ones away."""
+        if self.support != 1:
+            return
+        kind = (frozenset(keys or ()), tuple(sorted((n, spec_of(n, v)) for n, v in fields.items())))
+        with self._lock:
+            seen = self._others.setdefault(kind, [])
+            seen.append(index)
+            if len(seen) < self.OUTVOTED or self.support != 1:
+                return
+        raise SourceError(
+            f"sample {self.first_sample}, the first sample read, fixed the batches' fields "
+            f"({self._described()}), and no sample read since has agreed with it, while samples "
+            f"{', '.join(map(str, seen))} agree with one another ({_described(keys, fields)}): "
+            f"sample {self.first_sample} is probably malformed. Every sample must have the same "
+            f"fields, shapes and dtypes; fix or remove that sample (not skipped: skipping every "
+            f"sample unlike it would drop the good ones)")
+
+    def _described(self) -> str:
+        return ", ".join(f"{n}: {spec.describe()}" for n, spec in sorted(self.specs.items()))
+
+    def _check_fields(self, index: int, keys: tuple[str, ...] | None, fields: dict[str, Any]) -> None:
         specs = self.specs
         for name, value in fields.items():
             spec = spec_of(name, value)
@@ -86,9 +130,14 @@ class Schema:
                     hint = (f" (it has as many entries as the sample has boxes: a field of one "
                             f"entry per box is named 'box_{name}', or, from a DatasetSource, listed "
                             f"in per_box=[...], and is then filtered with the boxes)")
+                self._disagreed(index, keys, fields)
                 raise FieldError(name, f"of sample {index} is {spec.describe()}{_shown(value)}, but "
                                        f"sample {self.first[name]} gave {known.describe()}; every "
                                        f"sample's {name!r} must have one shape and dtype{hint}")
+
+
+def _described(keys: tuple[str, ...] | None, fields: dict[str, Any]) -> str:
+    return ", ".join(f"{n}: {spec_of(n, v).describe()}" for n, v in sorted(fields.items()))
 
 
 def _shown(value: Any) -> str:

@@ -23,13 +23,13 @@ import pytest
 import simplejpeg
 
 import feeder.decode as decode_mod
-from tests.support import drain, encode_png
+from tests.support import collect, collected, drain, encode_png
 from tests.support.faults import (SIDE, assert_exactly_once, batch_sizes, delivered_hashes, distinct_jpegs,
                             expected_sizes, feeder_factory, gray_jpeg, jpeg_with_size, pil_jpeg, cmyk_jpeg, cmyk_to_rgb_reference,
                             progressive_jpeg, raw_png,
                             png16, png_with_size, ppm_header, random_bytes, reference_hash,
                             smooth_rgb, tiff_header)
-from feeder import DecodeError, Feeder, FeederError, FileList, ImageFolder, SampleError, ops
+from feeder import DecodeError, Feeder, FeederError, FileList, ImageFolder, SampleError, SourceError, ops
 from feeder.decode import DEFAULT_MAX_PIXELS, decode_image
 
 N_GOOD = 14
@@ -567,3 +567,49 @@ def test_batch_larger_than_dataset(tmp_path, good_blobs, good_hashes, batch_size
     assert batch_sizes(batches) == expected_sizes(good, batch_size, drop_last)
     if batches:
         assert_exactly_once(delivered_hashes(batches), good_hashes)
+
+
+class _ExtraField:
+    """Dict samples with a float field 'extra', but for sample ``odd``."""
+
+    def __init__(self, odd: int, n: int = 12) -> None:
+        self.odd, self.n = odd, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, i: int) -> dict:
+        sample = {"image": np.full((4, 4, 3), i, np.uint8), "label": i}
+        if i != self.odd:
+            sample["extra"] = np.float32(i)
+        return sample
+
+
+def _labels(batch: dict) -> list[int]:
+    return batch["label"].tolist()
+
+
+def _first_read(n: int = 12) -> list[int]:
+    with Feeder(_ExtraField(-1, n), 4, image_size=(4, 4), shuffle=True, seed=0, decode_threads=1) as f:
+        return [label for labels in collected(f, timeout=60, keep=_labels) for label in labels]
+
+
+def test_skip_does_not_drop_every_good_sample_when_the_first_read_is_the_odd_one():
+    """Under skip, an odd sample read first would fix the fields, and every good
+    sample after it would be skipped: an error naming it comes instead."""
+    order = _first_read()
+    with Feeder(_ExtraField(order[0]), 4, image_size=(4, 4), shuffle=True, seed=0, decode_threads=1,
+                on_error="skip") as f:
+        got, err = collect(f, timeout=60, keep=_labels)
+    assert isinstance(err, SampleError) and isinstance(err.__cause__, SourceError), err
+    assert f"sample {order[0]} is probably malformed" in str(err)
+
+
+def test_skip_skips_an_odd_sample_read_after_the_first():
+    order = _first_read()
+    odd = order[1]
+    with Feeder(_ExtraField(odd), 4, image_size=(4, 4), shuffle=True, seed=0, decode_threads=1,
+                on_error="skip") as f:
+        got = [label for labels in collected(f, timeout=60, keep=_labels) for label in labels]
+        assert f.stats().skipped == 1
+    assert sorted(got) == sorted(set(range(12)) - {odd})

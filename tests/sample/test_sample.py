@@ -167,3 +167,37 @@ def test_schema_checks_from_many_threads_agree_on_one_spec():
     assert failures == []
     assert schema.specs == {"v": Spec(NUMERIC, np.dtype(np.float64), (2,))}
     assert schema.is_dict is True and set(schema.keys) == {"image", "v"}
+
+
+def test_a_first_sample_that_later_samples_outvote_is_an_error_never_skipped():
+    # The first sample read fixes the fields; when it is the malformed one, every
+    # good sample disagrees with it. Skipping them all would deliver the bad one
+    # alone: once three samples agree with one another and none with it, the
+    # schema refuses with an error (a SourceError, never skipped) naming it.
+    schema = Schema()
+    check(schema, 8, {"image": b"x", "label": 8})
+    for k, index in enumerate((1, 5)):
+        with pytest.raises(FieldError, match=f"'extra' is extra in sample {index}"):
+            check(schema, index, {"image": b"x", "label": index, "extra": 1.5})
+    with pytest.raises(SourceError) as info:
+        check(schema, 10, {"image": b"x", "label": 10, "extra": 2.5})
+    text = str(info.value)
+    assert "sample 8, the first sample read" in text and "samples 1, 5, 10 agree" in text
+    assert "sample 8 is probably malformed" in text
+
+
+def test_an_odd_sample_after_the_first_is_only_a_field_error_however_many_follow():
+    schema = Schema()
+    check(schema, 0, {"image": b"x", "vec": [1.0, 2.0]})
+    check(schema, 1, {"image": b"x", "vec": [3.0, 4.0]})  # a second sample agrees: settled
+    for index in range(2, 8):  # a run of odd samples: each its own FieldError (skippable)
+        with pytest.raises(FieldError, match=f"'vec' of sample {index} is float64 of shape \\(3,\\)"):
+            check(schema, index, {"image": b"x", "vec": [1.0, 2.0, 3.0]})
+
+
+def test_odd_samples_that_disagree_among_themselves_outvote_nothing():
+    schema = Schema()
+    check(schema, 0, {"image": b"x", "vec": [1.0, 2.0]})
+    for index, n in ((1, 1), (2, 3), (3, 4), (4, 5)):  # four others, no two alike
+        with pytest.raises(FieldError):
+            check(schema, index, {"image": b"x", "vec": [0.5] * n})
