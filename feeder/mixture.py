@@ -192,6 +192,14 @@ def _check_sources(sources: Any) -> tuple[Any, ...]:
         if not (hasattr(s, "__len__") and callable(getattr(s, "read", None))):
             raise TypeError(f"Mixture: sources[{k}] ({_kind(s)}) is not a source: a source has "
                             f"__len__ and read(index)")
+        if callable(getattr(s, "epoch_order", None)) or getattr(s, "index_count", None) is not None:
+            # Its samples are not [0, len(s)) in one pass per epoch: drawn as a
+            # plain source, its own order and weights would be ignored and the
+            # indices past len(s) never read.
+            raise TypeError(f"Mixture: sources[{k}] ({_kind(s)}) orders its own epochs (it has "
+                            f"epoch_order or index_count, as a Mixture has), which a mixture "
+                            f"cannot draw from: list its sources in this mixture instead, each "
+                            f"with its weight times the inner mixture's")
     return tuple(sources)
 
 

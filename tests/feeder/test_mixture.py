@@ -98,6 +98,14 @@ def test_bad_options_fail_at_construction():
         Mixture([Length(5), Length(7)], [1, 1e-6], names=["curated", "web"])
 
 
+def test_a_mixture_of_mixtures_is_refused_at_construction():
+    """An inner mixture drawn as a plain source would lose its weights and never
+    have its indices past len() read."""
+    inner = Mixture([Length(3), Length(100)], [0.5, 0.5], samples_per_epoch=10)
+    with pytest.raises(TypeError, match=r"sources\[0\] \(Mixture\) orders its own epochs"):
+        Mixture([inner, Length(10)])
+
+
 def test_weights_are_normalised_and_default_to_the_lengths():
     mix = Mixture([Length(30), Length(10)], [3, 1])
     assert mix.weights == (0.75, 0.25) and len(mix) == 40 and mix.counts == (30, 10)
