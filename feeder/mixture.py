@@ -101,6 +101,13 @@ class Mixture:
     def __len__(self) -> int:
         return self.samples_per_epoch
 
+    def order_settings(self) -> tuple:
+        """What :meth:`epoch_order` depends on besides (seed, epoch, shuffle): the
+        sources' lengths, in order, and their positions per epoch (from the
+        weights). A feeder saves it in its resume state and refuses a state of a
+        mixture built otherwise."""
+        return ("Mixture", self.lengths, self.counts)
+
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {len_} x {w:.3g}" for n, len_, w
                           in zip(self.names, self.lengths, self.weights))

@@ -159,7 +159,10 @@ class Cursor:
                 "exif_orientation": self.decode.exif_orientation,
                 # Which samples fail (and, under on_error="skip", which batches come).
                 "max_pixels": self.decode.max_pixels,
-                "transforms": describe_transforms(self.chain.transforms)}
+                "transforms": describe_transforms(self.chain.transforms),
+                # A source that orders its own epochs (feeder.Mixture): what its
+                # order is a function of, besides (seed, epoch).
+                "source_order": _source_order(self.source)}
 
     def _finished(self, handled: Handled, order: Callable[[], Order]) -> bool:
         """Whether a pass that has handled ``handled`` of ``order()`` has no batch left."""
@@ -400,3 +403,11 @@ class Cursor:
                                  f"order ({n} samples in {state['batches']} batches): the "
                                  f"state is damaged or from other settings")
         return Handled(handled.position, handled.after, levels), skipped_list
+
+
+def _source_order(source: Any) -> Any:
+    """What the epoch order of a source that orders its own epochs depends on
+    besides (seed, epoch), from its ``order_settings()`` (a Mixture's sources'
+    lengths and positions per epoch); None for any other source."""
+    settings = getattr(source, "order_settings", None)
+    return settings() if callable(settings) else None

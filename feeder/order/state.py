@@ -240,7 +240,7 @@ SAVED_WHEN_SET: dict[str, Any] = {"shuffle_window": 8192, "shuffle_shards": None
                                   "group_by_aspect_ratio": None,
                                   "max_pixels": DEFAULT_MAX_PIXELS}
 # Facts an earlier version did not record at all: a state without one is not checked on it.
-UNRECORDED_BEFORE = ("shard_layout",)
+UNRECORDED_BEFORE = ("shard_layout", "source_order")
 
 
 def layout_digest(layout: Any) -> str | None:

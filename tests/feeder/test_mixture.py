@@ -306,6 +306,21 @@ def test_resume_delivers_exactly_the_rest():
     assert [y.tolist() for _, y in first] + rest == reference
 
 
+@pytest.mark.parametrize("weights, sizes, what", [([0.6, 0.4], (6, 20), r"\(16, 10\)"),
+                                                  ([0.4, 0.6], (7, 20), r"\(7, 20\)"),
+                                                  ([0.6, 0.4], (20, 6), r"\(20, 6\)")])
+def test_resume_refuses_the_state_of_a_mixture_built_otherwise(weights, sizes, what):
+    """Other weights, another source length or the sources in another order give
+    another epoch order: resuming on it would repeat and lose samples."""
+    with feeder_over(Mixture(sources(6, 20), [0.4, 0.6], samples_per_epoch=26)) as f:
+        _, err = collect(f, limit=2)
+        assert err is None
+        state = f.state_dict()
+    with feeder_over(Mixture(sources(*sizes), weights, samples_per_epoch=26)) as f:
+        with pytest.raises(ValueError, match=f"cannot resume: source_order differs .*{what}"):
+            f.load_state_dict(state)
+
+
 @pytest.mark.parametrize("start_method", ["spawn"])
 def test_the_isolated_engine_delivers_the_same_batches(start_method):
     mix = Mixture(sources(6, 10), [1, 1])
