@@ -109,7 +109,7 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
         data, fields, is_dict = parse_sample(source.read(i), source, i)
     except (SourceError, FieldError) as exc:
         raise PackError(f"{where}: {exc}") from exc
-    data = bytes(data)
+    data = _encoded(data, where)
     ext = image_ext(data)
     if ext is None:
         raise PackError(f"{where}: field 'image' is not an image feeder reads (first bytes "
@@ -131,6 +131,30 @@ def sample_members(source: Any, i: int, max_side: int | None = None,
     for name, value in fields.items():
         members.append(_field_member(name, value, resized, where))
     return members, status
+
+
+def _encoded(data: Any, where: str) -> bytes:
+    """The image's bytes as a file holds them: encoded bytes as given; an image the
+    source gave decoded (an array from ``sample.pixels``) as a lossless PNG of the
+    RGB pixels a feeder makes of it (gray widened, alpha dropped), so that the
+    shards give back the very pixels the source gave."""
+    import numpy as np  # noqa: PLC0415
+
+    if not isinstance(data, np.ndarray):
+        return bytes(data)
+    import cv2  # noqa: PLC0415
+
+    from ..decode.image import rgb_of_pixels  # noqa: PLC0415
+
+    try:
+        rgb = rgb_of_pixels(data)
+    except Exception as exc:  # noqa: BLE001 - named with the sample
+        raise PackError(f"{where}: field 'image': {exc}") from exc
+    ok, out = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    if not ok:
+        raise PackError(f"{where}: field 'image': OpenCV could not encode its {rgb.shape} pixels "
+                        f"as PNG")
+    return out.tobytes()
 
 
 def _label_member(label: Any, where: str) -> list[tuple[str, bytes]]:

@@ -393,3 +393,43 @@ def test_pack_hostile_arguments_end_in_one_line(hostile, tmp_path, argv, status,
 
     r = run_cli("feeder.pack", ["-q", *argv], hostile, tmp_path)
     assert_one_line_error(r, "feeder-pack", names, hostile, status)
+
+
+def test_decoded_images_are_packed_as_png_of_the_pixels_a_feeder_delivers(tmp_path):
+    """Arrays, tensors and PIL images (gray, RGB, RGBA, CHW) come back from the
+    shards as the very pixels a feeder over the source delivers."""
+    import torch
+    from PIL import Image
+
+    from feeder import Feeder
+
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (16, 20, 3), np.uint8), rng.integers(0, 256, (9, 7), np.uint8),
+              rng.integers(0, 256, (5, 6, 4), np.uint8),
+              torch.from_numpy(rng.integers(0, 256, (3, 8, 9), np.uint8)),
+              Image.fromarray(rng.integers(0, 256, (10, 11, 3), np.uint8))]
+
+    class Decoded:
+        def __len__(self):
+            return len(images)
+
+        def read(self, i):
+            return images[i], i
+
+    def delivered(source):
+        with Feeder(source, 1, image_size=None, max_image_size=(16, 20), shuffle=False) as f:
+            out = {}
+            for batch in run_in_thread(lambda: [(b["image"].clone(), b["size"].clone(), b["label"].clone())
+                                                for b in f]):
+                x, size, y = batch
+                h, w = size[0].tolist()
+                out[int(y[0])] = x[0, :, :h, :w].numpy().copy()
+            return out
+
+    result = pack(Decoded(), str(tmp_path))
+    assert result.samples == len(images)
+    want = delivered(Decoded())
+    got = delivered(TarShards(result.shards))
+    assert sorted(got) == list(range(len(images)))
+    for i in range(len(images)):
+        np.testing.assert_array_equal(got[i], want[i])
