@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from .. import Feeder, ImageFolder, TarShards, ops
-from ..errors import SampleError, UserCodeError, call_user
+from ..errors import FieldError, SampleError, SourceError, UserCodeError, call_user
 from ..sources import describe
 from ..ops.chain import Chain
 from ..engine.config import Config
 from ..engine.threads import reads_may_block
 from ..decode.status import jpeg_decoder
-from ..sample import pixels
+from ..sample import parse_sample, pixels
 from ..engine.read import nbytes
 from ..sample.rng import sample_key
 from ..engine.threads import available_cores
@@ -347,8 +347,13 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     timeline.start("storage")
 
     def read(index: int) -> Any:
-        return call_user(f"DATA {m.data}: reading sample {index} ({describe(source, index)})",
-                         source.read, index)
+        what = f"DATA {m.data}: reading sample {index} ({describe(source, index)})"
+        sample = call_user(what, source.read, index)
+        try:  # what the feeder checks of a sample, named as it names it
+            parse_sample(sample, source, index)
+        except (SourceError, FieldError) as exc:
+            raise UserCodeError(f"{what}: {exc}") from exc
+        return sample
 
     first: list[float] = []
     kept: list[Any] = []

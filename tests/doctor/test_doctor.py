@@ -715,6 +715,8 @@ DOCTOR_HOSTILE = [
     (["tests.support.cli:raising_source"], 1, ["DATA tests.support.cli:raising_source raised RuntimeError"]),
     (["tests.support.cli:BrokenReads", "--batch-size", "2"], 1,
      ["DATA tests.support.cli:BrokenReads: reading sample", "disk gone"]),
+    (["tests.support.cli:NoneAtTwo", "--batch-size", "2", "--seconds", "1", "--step-ms", "5"], 1,
+     ["DATA tests.support.cli:NoneAtTwo: reading sample 2 (NoneAtTwo[2])", "returned None"]),
     (["{photos}", "--model", "no_such_module:step"], 2, ["no_such_module"]),
     (["{photos}", "--device", "bogus"], 2, ["--device 'bogus'"]),
     (["{photos}", "--batch-size", "2", "--out", "{afile}"], 2, ["--out '{afile}'"]),

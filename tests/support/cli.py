@@ -46,6 +46,18 @@ class BrokenReads:
         raise OSError(f"disk gone at {index}")
 
 
+class NoneAtTwo:
+    """A source whose sample 2 is None (not a sample), the others small pairs."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def read(self, index: int):
+        import numpy as np  # noqa: PLC0415
+
+        return None if index == 2 else (np.zeros((8, 8, 3), np.uint8), index)
+
+
 def closed_port() -> int:
     """A port on 127.0.0.1 nothing listens on (bound, then closed)."""
     with socket.socket() as s:
