@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sources import ImageFolder
-from ..storage.packinput import read_input, read_list, regular_files
+from ..storage.packinput import read_input, read_list_lines, regular_files
 from ..storage.packout import ShardWriter, complete_shards, sha256, write_atomic
 from ..storage.packsample import PackError, image_ext, name_sample, sample_members, shrink
 
@@ -201,8 +201,12 @@ class _Samples:
             folder = ImageFolder(source)
             paths, labels, self.classes = folder.paths, folder.labels, folder.classes
         elif os.path.isfile(source):
-            paths, labels = read_list(source)
+            paths, labels, numbers = read_list_lines(source)
             self.classes = None
+            for path, no in zip(paths, numbers):
+                if not os.path.lexists(path):
+                    raise PackError(f"{source}:{no}: lists {path!r}, which does not exist (read as a "
+                                    f"file list: one 'path [label]' per line)")
         else:
             raise PackError(f"{source!r} is neither an ImageFolder directory nor a file list")
         self.paths, self.labels, self.skipped = regular_files(list(paths), list(labels))

@@ -16,12 +16,29 @@ from .packsample import PackError
 logger = logging.getLogger("feeder.pack")
 
 
+NEWLINE = b"\n"
+
+
 def read_list(path: str) -> tuple[list[str], list[int]]:
     """A file list: one ``path [label]`` per line (``#`` starts a comment)."""
+    paths, labels, _ = read_list_lines(path)
+    return paths, labels
+
+
+def read_list_lines(path: str) -> tuple[list[str], list[int], list[int]]:
+    """:func:`read_list`, with each entry's line number."""
     base = os.path.dirname(os.path.abspath(path))
-    paths, labels = [], []
+    paths, labels, numbers = [], [], []
     with open(path, encoding="utf-8") as f:
-        for no, line in enumerate(f, start=1):
+        try:
+            lines = f.read().splitlines()
+        except UnicodeDecodeError as exc:
+            where = ""
+            if isinstance(exc.object, bytes):
+                where = f"line {exc.object[:exc.start].count(NEWLINE) + 1}: "
+            raise PackError(f"{path}: {where}not UTF-8 text ({exc.reason} at byte {exc.start}); a "
+                            f"file list is one 'path [label]' per line") from None
+        for no, line in enumerate(lines, start=1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -35,9 +52,10 @@ def read_list(path: str) -> tuple[list[str], list[int]]:
                 raise PackError(f"{path}:{no}: label {label} is negative")
             paths.append(name if os.path.isabs(name) else os.path.join(base, name))
             labels.append(label)
+            numbers.append(no)
     if not paths:
         raise PackError(f"{path}: the file list has no entry")
-    return paths, labels
+    return paths, labels, numbers
 
 
 def file_kind(mode: int) -> str:

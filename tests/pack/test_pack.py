@@ -383,7 +383,9 @@ PACK_HOSTILE = [
     (["tests.support.cli:BrokenReads", "{out}"], 2, ["sample 0", "disk gone"]),
     (["{empty}", "{out}"], 2, ["{empty}"]),
     (["{noimage}", "{out}"], 2, ["{noimage}"]),
-    (["{list}", "{out}"], 2, ["gone.jpg"]),
+    (["{list}", "{out}"], 2, ["{list}:1: lists", "gone.jpg", "which does not exist"]),
+    (["{afile}", "{out}"], 2, ["{afile}:1: lists", "read as a file list"]),
+    (["{latin1}", "{out}"], 2, ["{latin1}: line 2: not UTF-8 text"]),
 ]
 
 

@@ -83,7 +83,8 @@ def hostile_files(root) -> dict[str, str]:
     os.makedirs(root / "noimage" / "a")
     (root / "afile").write_text("x\n")
     (root / "list.txt").write_text("gone.jpg 0\n")
-    return {"photos": str(photos), "notimg": str(root / "notimg"), "empty": str(root / "empty"),
+    (root / "latin1.txt").write_bytes(b"ok.jpg 0\ncaf\xe9.jpg 1\n")
+    return {"latin1": str(root / "latin1.txt"), "photos": str(photos), "notimg": str(root / "notimg"), "empty": str(root / "empty"),
             "noimage": str(root / "noimage"), "afile": str(root / "afile"),
             "missing": str(root / "missing"), "list": str(root / "list.txt"),
             "port": str(closed_port())}
