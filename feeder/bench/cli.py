@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import logging
 import math
 import os
@@ -226,8 +227,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.command == "make-data":
         if os.path.exists(root) and not os.path.isdir(root):
             bad(f"DIR {root!r} is a file, not a folder")
-    elif root is not None and not getattr(args, "report", None) and not os.path.isdir(root):
-        bad(f"DIR {root!r} is not a folder" + ("" if os.path.exists(root) else " (it does not exist)"))
+    elif root is not None and not getattr(args, "report", None):
+        if not os.path.isdir(root):
+            bad(f"DIR {root!r} is not a folder" + ("" if os.path.exists(root) else " (it does not exist)"))
+        _check_folder(bad, "DIR", root)
     size = getattr(args, "shard_size", None)
     if isinstance(size, str):  # feeder-pack's shard size, as text ("64MB")
         from ..storage.sizes import parse_size
@@ -240,8 +243,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if isinstance(shards, str) and not os.path.exists(shards):
         bad(f"--shards {shards!r} does not exist (shards made by feeder-pack)")
     large = getattr(args, "large", None)
-    if isinstance(large, str) and not os.path.isdir(large):
-        bad(f"--large {large!r} is not a folder")
+    if isinstance(large, str):
+        if not os.path.isdir(large):
+            bad(f"--large {large!r} is not a folder")
+        _check_folder(bad, "--large", large)
+    rank, world_size = getattr(args, "rank", None), getattr(args, "world_size", None)
+    if isinstance(rank, int) and isinstance(world_size, int) and not 0 <= rank < world_size:
+        bad(f"--rank {rank} must be below --world-size {world_size}")
     device = getattr(args, "device", None)
     if device is not None:
         import torch
@@ -263,6 +271,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             os.makedirs(out, exist_ok=True)
         except OSError as exc:  # a file on the way, no permission: before any measurement
             bad(f"--out {out!r}: cannot make the folder: {exc.strerror or exc}")
+
+
+def _check_folder(bad: Callable[[str], None], what: str, root: str) -> None:
+    """Refuse a folder that is no ImageFolder of images before any run starts (each
+    run would fail on it, one after the other, and leave an empty table)."""
+    from .. import ImageFolder
+
+    try:
+        ImageFolder(root)
+    except (OSError, ValueError) as exc:
+        bad(f"{what} {root!r}: {str(exc).replace('pass allow_empty=True to accept them', 'remove them')}")
 
 
 def main(argv: list[str] | None = None) -> int:

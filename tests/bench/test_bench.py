@@ -1127,6 +1127,13 @@ BENCH_HOSTILE = [
     (["peers", "{photos}", "--out", "{out}", "--limit", "0"], 2, ["--limit"]),
     (["peers", "{notimg}", "--out", "{out}", "--loaders", "feeder", "--repeats", "1"], 1,
      ["feeder failed in every round"]),
+    # A folder that holds no ImageFolder: refused before any run (each run would fail in turn).
+    (["compare", "{empty}", "--out", "{out}"], 2, ["DIR '{empty}'", "no class folders"]),
+    (["interference", "{empty}", "--out", "{out}"], 2, ["DIR '{empty}'", "no class folders"]),
+    (["scaled-decode", "{noimage}", "--out", "{out}"], 2, ["DIR '{noimage}'", "no image in class"]),
+    (["region-decode", "{photos}", "--large", "{empty}", "--out", "{out}"], 2, ["--large '{empty}'"]),
+    (["scale", "--out", "{out}", "--rank", "3", "--world-size", "2"], 2,
+     ["--rank 3 must be below --world-size 2"]),
 ]
 
 
