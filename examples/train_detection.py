@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 
 import numpy as np
@@ -27,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from feeder import Feeder, ops
+from feeder.errors import error_line
 from feeder.synthetic import make_detection_set
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -124,6 +126,8 @@ def main() -> None:
     p.add_argument("--images", type=int, default=128, help="images to generate when --data is not given")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
+    if args.epochs < 1:
+        p.error(f"--epochs must be at least 1, got {args.epochs}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     root = args.data
@@ -188,4 +192,9 @@ def decode_targets(box: torch.Tensor, cell: int, size: int) -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a bad argument or dataset: one line naming it, not a traceback
+        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 
 import torch
 from torch import nn
 
 from feeder import Feeder, ImageFolder, ops
+from feeder.errors import error_line
 from feeder.synthetic import make_image_folder
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -43,6 +45,8 @@ def main() -> None:
     p.add_argument("--augment-threads", default="auto")
     p.add_argument("--images", type=int, default=640, help="images to generate when --data is not given")
     args = p.parse_args()
+    if args.epochs < 1:
+        p.error(f"--epochs must be at least 1, got {args.epochs}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     root = args.data
@@ -86,4 +90,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a bad argument or dataset: one line naming it, not a traceback
+        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")

@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
+
+import pytest
+
 from tests.support import REPO_DIR
 
 ROOT = REPO_DIR
@@ -37,3 +41,26 @@ def test_scripts_wanting_other_extras_share_one_installation(tmp_path):
     _env_sh(str(venv), "bench")  # an extra not yet there: installed with the others
     installs = log.read_text().splitlines()
     assert len(installs) == 2 and installs[1].endswith(f"-e {ROOT}[bench,docs,test]"), installs
+
+
+def _example(name: str, argv: list[str], cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", ["train_loop.py", "train_segmentation.py", "train_detection.py"])
+@pytest.mark.parametrize("argv, says", [(["--epochs", "0"], "--epochs must be at least 1"),
+                                        (["--batch-size", "0"], "batch_size must be a positive int")])
+def test_the_examples_end_bad_arguments_in_one_line(tmp_path, name, argv, says):
+    """The main job's scripts: a bad argument is one line naming it, no traceback."""
+    r = _example(name, [*argv, "--images", "20"] if "epochs" not in argv else argv, tmp_path)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr, r.stderr
+    assert says in r.stderr.strip().splitlines()[-1], r.stderr
+
+
+def test_the_training_loop_names_a_missing_data_folder(tmp_path):
+    r = _example("train_loop.py", ["--data", str(tmp_path / "nowhere")], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"train_loop.py: error: ImageFolder: {str(tmp_path / 'nowhere')!r} is not a directory"
