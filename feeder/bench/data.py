@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         make_image_folder(args.dir, classes=args.n_classes, per_class=args.per_class, seed=args.seed,
                           large=args.large, size_range=(64, 96) if small else (300, 600))
     s = dataset_summary(args.dir)
+    if not s["files"]:
+        raise ValueError(f"make-data: {args.dir!r} is not empty but holds no JPEG in class folders: "
+                         f"choose an empty or new folder, or --force to write the dataset there")
     print(f"{args.dir}: {s['files']} JPEGs in {s['classes']} classes, {s['bytes'] / 2**20:.1f} MiB "
           f"(mean {s['mean_kib']:.0f} KiB)")
     return 0

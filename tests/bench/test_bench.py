@@ -1115,6 +1115,7 @@ BENCH_HOSTILE = [
     (["make-data", "{afile}"], 2, ["DIR '{afile}'"]),
     (["make-data", "{out}", "--n-classes", "0"], 2, ["--n-classes"]),
     (["make-data", "{out}", "--seed", "-1"], 2, ["--seed"]),
+    (["make-data", "{noimage}"], 1, ["{noimage}", "holds no JPEG", "--force"]),
     (["shards", "{photos}", "--out", "{out}", "--shards", "{missing}"], 2, ["--shards '{missing}'"]),
     (["shards", "{photos}", "--out", "{out}", "--shard-size", "-1"], 2, ["--shard-size", "'-1'"]),
     (["remote", "{photos}", "--out", "{out}", "--shard-size", "lots"], 2, ["--shard-size", "'lots'"]),
