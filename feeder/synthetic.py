@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-__all__ = ["CLASS_COLORS", "make_detection_sample", "make_detection_set", "make_image",
+__all__ = ["CLASS_COLORS", "make_detection_sample", "make_detection_set", "make_guide_data", "make_image",
            "make_image_folder", "make_segmentation_sample", "make_segmentation_set"]
 
 #: The colour of each object class (class 0 is the background), RGB.
@@ -248,3 +248,40 @@ def make_detection_set(root: str | os.PathLike, count: int = 200,
     with open(os.path.join(root, "annotations.json"), "w") as f:
         json.dump(records, f)
     return records
+
+
+def make_guide_data(base: str | os.PathLike = ".") -> None:
+    """The small data the guides' snippets read, under ``base``: ``data/train`` (an
+    ImageFolder, 2 classes x 128 images: one batch of 256), ``data/val`` (2 x 27),
+    ``data/seg`` (32 image + mask pairs) and ``data/det`` (16 images with
+    ``annotations.json``). The shards guide's ``feeder-pack`` command then makes
+    ``shards/``. Also ``python -m feeder.synthetic [BASE]``."""
+    base = os.fspath(base)
+    make_image_folder(os.path.join(base, "data", "train"), classes=2, per_class=128,
+                      size_range=(24, 40), seed=5)
+    make_image_folder(os.path.join(base, "data", "val"), classes=2, per_class=27,
+                      size_range=(24, 40), seed=6)
+    make_segmentation_set(os.path.join(base, "data", "seg"), count=32, size_range=(48, 80), seed=7)
+    make_detection_set(os.path.join(base, "data", "det"), count=16, size_range=(48, 80), seed=8)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    import argparse  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(prog="python -m feeder.synthetic",
+                                     description="write the small data the guides' snippets read "
+                                                 "(data/train, data/val, data/seg, data/det) under BASE")
+    parser.add_argument("base", nargs="?", default=".", help="the folder to write data/ in (default: .)")
+    args = parser.parse_args(argv)
+    try:
+        make_guide_data(args.base)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"python -m feeder.synthetic: error: {exc}\n")
+        return 2
+    print(f"wrote {os.path.join(args.base, 'data')}: train (2 x 128), val (2 x 27), seg (32), det (16)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

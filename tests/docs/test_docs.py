@@ -127,15 +127,11 @@ def test_blocks_are_found():
 
 def data_tree(base: str) -> None:
     """The files the blocks read, small enough for a block to run in a second or two."""
-    from feeder.synthetic import make_detection_set, make_image_folder, make_segmentation_set
-
-    # 2 classes x 128 images: one full batch of 256 with drop_last=True.
-    make_image_folder(os.path.join(base, "data", "train"), classes=2, per_class=128,
-                      size_range=(24, 40), seed=5)
-    make_image_folder(os.path.join(base, "data", "val"), classes=2, per_class=27,
-                      size_range=(24, 40), seed=6)
-    make_segmentation_set(os.path.join(base, "data", "seg"), count=32, size_range=(48, 80), seed=7)
-    make_detection_set(os.path.join(base, "data", "det"), count=16, size_range=(48, 80), seed=8)
+    # What the guides tell a user to run (2 classes x 128 images: one full batch of
+    # 256 with drop_last=True), through its command line.
+    proc = subprocess.run([sys.executable, "-m", "feeder.synthetic", base], capture_output=True,
+                          text=True, timeout=JOIN_TIMEOUT_S * 2, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
     # The shards guide's own command makes shards/ (so that command is tested too).
     text = open(os.path.join(ROOT, "docs", "guides", "shards.md"), encoding="utf-8").read()
     command = next(line for body in re.findall(r"```bash\n(.*?)```", text, re.S)
