@@ -338,9 +338,12 @@ class _Numbers:
         self.spreads: dict[str, list[float]] = {}
 
     def add(self, name: str, value: float | None, rounds: list[float] | None = None) -> None:
+        """``value``, or where it was measured in rounds their median (the figure the
+        report prints, with the lowest and highest in brackets)."""
         self.numbers[name] = _r(value)
         s = spread(rounds)
         if s is not None:
+            self.numbers[name] = _r(s.median)
             self.spreads[name] = [_r(s.lo), _r(s.hi)]
 
     def verdict(self, bottleneck: str, fixes: list[str], why: str, **more: Any) -> Verdict:

@@ -61,6 +61,15 @@ def with_model(step_ms, **changes) -> Measurements:
                     **changes)
 
 
+def test_the_verdict_gives_a_figure_measured_in_rounds_as_their_median():
+    """The report prints the rounds' median with their range; the verdict's number
+    must be that median too, not the whole run's rate beside the same range."""
+    rounds = [11606, 10130, 10236, 10894, 9767]
+    v = decide(recorded(loader_rate=10526, loader_rate_rounds=rounds))
+    assert v.numbers["loader alone img/s"] == 10236
+    assert v.spreads["loader alone img/s"] == [9767, 11606]
+
+
 def test_verdict_decode():
     v = decide(recorded())
     assert v.bottleneck == "decode"
