@@ -476,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
         print(text)
         return 0
     if args.large is None:
-        raise SystemExit("region-decode: --large LARGE is required (an ImageFolder of large photos)")
+        raise ValueError("region-decode needs --large LARGE (an ImageFolder of large photos)")
     cores = available_cores()
     if extension.jpeg is None:
         raise SystemExit(f"region-decode: the region decoder is not in use ({extension.missing})")

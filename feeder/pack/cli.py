@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "lines, or module:name of a feeder source (or of a function returning "
                         "one), whose dict samples keep all their fields")
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the shards go")
-    p.add_argument("--shard-size", default="64MB", type=parse_size,
+    p.add_argument("--shard-size", default="64MB", type=_size,
                    help="most bytes per shard (default 64MB; k/M/G = 1000s, KiB/MiB/GiB = 1024s)")
     p.add_argument("--name", default="train", help="shard name prefix (default train)")
     p.add_argument("--max-side", type=int, default=None,
@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true",
                    help="on an error, show the full traceback instead of one line")
     return p
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _size(text: str) -> int:
+    """--shard-size: parse_size's error as argparse's one line (the function's name otherwise)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # what the pack was asked, or its input, cannot work; anything else is a failure
         return 2 if isinstance(exc, (PackError, OSError, ValueError)) else 1
     out = sys.stdout
-    out.write(f"{result.samples} samples in {len(result.shards)} shards in {args.out_dir}"
+    out.write(f"{_count(result.samples, 'sample')} in {_count(len(result.shards), 'shard')} in {args.out_dir}"
               + (f" ({result.resumed} shards kept from an earlier run)" if result.resumed else "")
               + "\n")
     if args.max_side:

@@ -471,7 +471,7 @@ def test_cli_packs_a_source_named_module_colon_name(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["shard_fields_cli_source:Det", str(tmp_path / "out"), "-q", "--max-side", "30"]) == 0
-    assert "5 samples in 1 shards" in capsys.readouterr().out
+    assert "5 samples in 1 shard in" in capsys.readouterr().out
     shards = TarShards(str(tmp_path / "out" / "train.json"))
     assert len(shards) == 5 and shards.read(0)["boxes"].dtype == np.float32
     assert main(["shard_fields_cli_source:Nope", str(tmp_path / "o2"), "-q"]) == 2
