@@ -44,8 +44,10 @@ ROUND_BATCHES = 5
 
 # -- what the command line names -------------------------------------------------------
 
-def load_object(spec: str, what: str) -> Any:
+def load_object(spec: str, what: str, words: str = "") -> Any:
     """``module:name`` -> the object (a source, a transform list, a step function).
+    ``words``: the argument's other values, for the message when ``spec`` is no
+    ``module:name`` (``"train or eval"``).
 
     Raises:
         ValueError: the module cannot be found or has no such name.
@@ -53,7 +55,7 @@ def load_object(spec: str, what: str) -> Any:
     """
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ValueError(f"{what}: expected MODULE:NAME, got {spec!r}")
+        raise ValueError(f"{what}: expected {words + ' or ' if words else ''}MODULE:NAME, got {spec!r}")
     try:
         obj = importlib.import_module(module)
     except ImportError as exc:
@@ -116,7 +118,7 @@ def open_transforms(spec: str) -> list[Any]:
     if spec == "eval":
         return [ops.Resize(256), ops.CenterCrop(224)]
     what = f"--transforms {spec}"
-    obj = load_object(spec, what)
+    obj = load_object(spec, what, "train, eval")
     if callable(obj) and not isinstance(obj, (list, tuple)):
         obj = call_user(what, obj)
     if not isinstance(obj, (list, tuple)) or not all(callable(t) for t in obj):
@@ -154,7 +156,7 @@ def open_model(spec: str | None, step_ms: float | None, device: str) -> tuple[Ca
 
         return ModelStep(device), "feeder's built-in ResNet-style step"
     what = f"--model {spec}"
-    fn = load_object(spec, what)
+    fn = load_object(spec, what, "builtin")
     if not callable(fn):
         raise ValueError(f"{what} is {_short(fn)}, not callable")
 

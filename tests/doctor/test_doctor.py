@@ -734,6 +734,8 @@ DOCTOR_HOSTILE = [
     (["{notimg}", "--batch-size", "2", "--seconds", "1"], 1, ["{notimg}/a/", "not a decodable image"]),
     (["{empty}"], 2, ["{empty}"]),
     (["{photos}", "--seconds", "-1"], 2, ["--seconds"]),
+    (["{photos}", "--transforms", "bogus"], 2, ["--transforms bogus: expected train, eval or MODULE:NAME"]),
+    (["{photos}", "--model", "foo"], 2, ["--model foo: expected builtin or MODULE:NAME"]),
 ]
 
 
