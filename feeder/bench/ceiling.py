@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from .. import ImageFolder
+from ..errors import error_line
 from ..sample.rng import sample_key
 from ..engine.threads import available_cores
 from . import report
@@ -127,7 +128,10 @@ def measure(root: str, limit: int = 500, full_decode: bool = False, seed: int = 
         # first, as most of a training run's are (jpeg_verify reads each file
         # to its end the first time only; see feeder.decode.verified).
         for i in indices:
-            work(source.read(i)[0], sample_key(seed, 0, i), out)
+            try:
+                work(source.read(i)[0], sample_key(seed, 0, i), out)
+            except Exception as exc:  # a file the work cannot take: named, as a feeder names it
+                raise ValueError(f"{source.paths[i]}: {error_line(exc)}") from exc
         if ready is not None:
             ready()
         read_s = decode_s = transform_s = 0.0

@@ -1116,6 +1116,8 @@ BENCH_HOSTILE = [
     (["make-data", "{out}", "--n-classes", "0"], 2, ["--n-classes"]),
     (["make-data", "{out}", "--seed", "-1"], 2, ["--seed"]),
     (["make-data", "{noimage}"], 1, ["{noimage}", "holds no JPEG", "--force"]),
+    (["ceiling", "{notimg}", "--out", "{out}", "--repeats", "1", "--limit", "4", "--processes", "1"], 1,
+     ["{notimg}/a/", "not a decodable image"]),
     (["shards", "{photos}", "--out", "{out}", "--shards", "{missing}"], 2, ["--shards '{missing}'"]),
     (["shards", "{photos}", "--out", "{out}", "--shard-size", "-1"], 2, ["--shard-size", "'-1'"]),
     (["remote", "{photos}", "--out", "{out}", "--shard-size", "lots"], 2, ["--shard-size", "'lots'"]),
