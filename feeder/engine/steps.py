@@ -119,12 +119,16 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
         if path_label is not None and (task.data is not None  # read with its run (_read_run)
                                        or (schema.classic and task.key is not None
                                            and _read_fused(work, task, path_label))):
+            if schema.support < 2:  # a classic pair: it agrees with the first (see Schema.support)
+                schema.support = 2
             return task
         sample = read_source(task.index)
         # The classic pair takes no further work once the schema has seen one.
         if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
                 and type(sample[1]) is int and low <= sample[1] < high):
             task.data, task.label = sample
+            if schema.support < 2:
+                schema.support = 2
             return task
         return read_sample(source, work, task, sample)
 

@@ -35,7 +35,8 @@ class Schema:
         #: step then takes them without any of the checks above.
         self.classic = False
         #: Samples that agreed with the schema, counted up to 2: while it is 1,
-        #: only the sample that fixed the schema has its fields.
+        #: only the sample that fixed the schema has its fields. (The read step
+        #: sets it to 2 for a classic pair, which skips :meth:`check`.)
         self.support = 0
         #: For each other set of fields samples disagreeing with the schema had,
         #: how many had it (kept while support is 1; see :meth:`_disagreed`).
@@ -83,8 +84,11 @@ class Schema:
                 self.support += 1
 
     #: Samples read after the first that must agree with one another, and not
-    #: with it, before the first is taken for the malformed one (see _disagreed).
-    OUTVOTED = 3
+    #: with it, before the first is taken for the malformed one (see _disagreed):
+    #: enough that a good first sample followed by as many bad ones in a row
+    #: (a source with a share p of samples malformed alike: p^8) is all but
+    #: impossible, few enough to stop early.
+    OUTVOTED = 8
 
     def _disagreed(self, index: int, keys: tuple[str, ...] | None, fields: dict[str, Any]) -> None:
         """Note that sample ``index`` disagrees with the schema; raise a
@@ -101,6 +105,7 @@ class Schema:
             seen.append(index)
             if len(seen) < self.OUTVOTED or self.support != 1:
                 return
+            seen = list(seen)
         raise SourceError(
             f"sample {self.first_sample}, the first sample read, fixed the batches' fields "
             f"({self._described()}), and no sample read since has agreed with it, while samples "

@@ -613,3 +613,31 @@ def test_skip_skips_an_odd_sample_read_after_the_first():
         got = [label for labels in collected(f, timeout=60, keep=_labels) for label in labels]
         assert f.stats().skipped == 1
     assert sorted(got) == sorted(set(range(12)) - {odd})
+
+
+class _PairsWithOddLabels:
+    """(bytes, int) pairs, but for a few samples whose label is a float."""
+
+    def __init__(self, odd: set[int], n: int = 24) -> None:
+        rng = np.random.default_rng(0)
+        self.blobs = [simplejpeg.encode_jpeg(rng.integers(0, 256, (8, 8, 3), np.uint8), colorspace="RGB")
+                      for _ in range(n)]
+        self.odd = odd
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def read(self, i: int):
+        return self.blobs[i], (0.5 if i in self.odd else i)
+
+
+def test_skip_skips_many_odd_labels_among_classic_pairs():
+    """Pairs with an int label skip the schema's check once it has seen one: they
+    agree with the first sample all the same, and odd samples among them, however
+    many, are only skipped."""
+    odd = {3, 5, 7, 9, 11, 13, 15, 17, 19, 21}
+    with Feeder(_PairsWithOddLabels(odd), 2, [ops.CenterCrop(8)], shuffle=False, decode_threads=1,
+                on_error="skip") as f:
+        got = [label for labels in collected(f, timeout=60, keep=lambda b: b[1].tolist()) for label in labels]
+        assert f.stats().skipped == len(odd)
+    assert sorted(got) == sorted(set(range(24)) - odd)

@@ -172,18 +172,20 @@ def test_schema_checks_from_many_threads_agree_on_one_spec():
 def test_a_first_sample_that_later_samples_outvote_is_an_error_never_skipped():
     # The first sample read fixes the fields; when it is the malformed one, every
     # good sample disagrees with it. Skipping them all would deliver the bad one
-    # alone: once three samples agree with one another and none with it, the
+    # alone: once OUTVOTED samples agree with one another and none with it, the
     # schema refuses with an error (a SourceError, never skipped) naming it.
     schema = Schema()
-    check(schema, 8, {"image": b"x", "label": 8})
-    for k, index in enumerate((1, 5)):
+    check(schema, 100, {"image": b"x", "label": 100})
+    later = list(range(Schema.OUTVOTED))
+    for index in later[:-1]:
         with pytest.raises(FieldError, match=f"'extra' is extra in sample {index}"):
             check(schema, index, {"image": b"x", "label": index, "extra": 1.5})
     with pytest.raises(SourceError) as info:
-        check(schema, 10, {"image": b"x", "label": 10, "extra": 2.5})
+        check(schema, later[-1], {"image": b"x", "label": later[-1], "extra": 2.5})
     text = str(info.value)
-    assert "sample 8, the first sample read" in text and "samples 1, 5, 10 agree" in text
-    assert "sample 8 is probably malformed" in text
+    assert "sample 100, the first sample read" in text
+    assert f"samples {', '.join(map(str, later))} agree" in text
+    assert "sample 100 is probably malformed" in text
 
 
 def test_an_odd_sample_after_the_first_is_only_a_field_error_however_many_follow():
