@@ -43,6 +43,11 @@ class RemoteShard:
         sha256: The shard's hash from the shard list, hex (None: not given).
     """
 
+    #: Its index comes from the server unchecked against the shard (a local
+    #: shard's is checked when it is loaded): each read also takes the tar header
+    #: before the sample's first member, in the same request, and checks it
+    #: (feeder.storage.tarread.MemberReader.read).
+    check_headers = True
     remote = True
 
     def __init__(self, url: str, store: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .fields import field_of, json_value, make_plan, npy_array
 from .tar import ShardFormatError, ShardIndex
+from .tarscan import BLOCK, header_disagrees
 
 # A sample's members are read with one call (one request, remotely) when the
 # gaps between them (tar headers, fields not asked for) add at most this much.
@@ -112,11 +113,27 @@ class MemberReader:
                                       f"reads (TarShards({opt}=...))")
         lo = min(offs)
         hi = max(o + n for o, n in zip(offs, sizes))
+        # A shard whose index was not checked against it (a remote one: see
+        # RemoteShard.check_headers) has the tar header before the sample's first
+        # member read with it, in the same request, and checked.
+        head = BLOCK if getattr(shard, "check_headers", False) and lo >= BLOCK else 0
         if hi - lo <= sum(sizes) + SPAN_SLACK:
-            blob = shard.pread(hi - lo, lo)
+            blob = shard.pread(hi - lo + head, lo - head)
+            header, blob = blob[:head], blob[head:]
             pieces = [blob[o - lo:o - lo + n] for o, n in zip(offs, sizes)]
         else:
-            pieces = [shard.pread(n, o) for o, n in zip(offs, sizes)]
+            first = offs.index(lo)
+            pieces = [shard.pread(n + head, o - head) if k == first else shard.pread(n, o)
+                      for k, (o, n) in enumerate(zip(offs, sizes))]
+            header, pieces[first] = pieces[first][:head], pieces[first][head:]
+        if head:
+            m = members[offs.index(lo)]
+            why = header_disagrees(header, ix.names[m], int(all_sizes[m]), lo)
+            if why is not None:
+                raise ShardFormatError(
+                    f"{shard.name}:{ix.keys[j]}: {why}: the shard's index does not describe it (the "
+                    f"index of another shard, or the shard re-packed after its index was written): "
+                    f"write its index again (feeder-pack)")
         for m, o, n, piece in zip(members, offs, sizes, pieces):
             if len(piece) != n:
                 raise ShardFormatError(

@@ -27,12 +27,13 @@ _FILE_TYPES = (b"0", b"\0", b"7")
 CHECKED_MEMBERS = 8
 
 
-def index_mismatch(index: ShardIndex, size: int, pread: Callable[[int, int], bytes]) -> str | None:
+def index_mismatch(index: ShardIndex, size: int, pread: Callable[[int, int], bytes],
+                   members: int = CHECKED_MEMBERS) -> str | None:
     """Why an index file does not describe the shard of ``size`` bytes that ``pread``
     reads (None: it does, as far as a few of its headers tell).
 
     Its members must end within the shard, and of the tar headers before up to
-    :data:`CHECKED_MEMBERS` of them, none may give another size or name than the
+    ``members`` of them (at least 2: the first and the last), none may give another size or name than the
     index does, and one at least must agree: an index written for another
     version of the shard points at other bytes. A header that is not one at all
     is damage the index reads past (a shard is read by its index, not its
@@ -42,27 +43,40 @@ def index_mismatch(index: ShardIndex, size: int, pread: Callable[[int, int], byt
     if index.shard_size is not None and index.shard_size != size:
         return f"it was made from a shard of {index.shard_size} bytes, the shard holds {size}"
     n = len(index.offsets)
-    picks = sorted({round(k * (n - 1) / (CHECKED_MEMBERS - 1)) for k in range(CHECKED_MEMBERS)}) if n else []
+    members = max(2, members)
+    picks = sorted({round(k * (n - 1) / (members - 1)) for k in range(members)}) if n else []
     agree = 0
     for m in picks:
         offset, length, name = int(index.offsets[m]), int(index.sizes[m]), index.names[m]
         block = pread(BLOCK, offset - BLOCK) if offset >= BLOCK else b""
         if len(block) < BLOCK or not _valid_header(block):
             continue
-        stored = _octal(block[124:136])
-        stored_name = block[:100].rstrip(b"\0").decode("utf-8", "surrogateescape")
-        # Past 8 GiB a pax record holds the size, and the header's field may not;
-        # a long name is in a record before the header, which holds its start.
-        if stored != length and length < 8 ** 11:
-            return (f"the tar header before member {name!r} (data at byte {offset}) gives "
-                    f"{stored} bytes, the index {length}")
-        if block[345:346] == b"\0" and not (stored_name == name or (len(stored_name) >= 99
-                                                                     and name.startswith(stored_name))):
-            return (f"the tar header before member {name!r} (data at byte {offset}) names "
-                    f"{stored_name!r}")
+        why = header_disagrees(block, name, length, offset)
+        if why is not None:
+            return why
         agree += 1
     if picks and not agree:
         return f"none of the {len(picks)} members checked has its tar header before it"
+    return None
+
+
+def header_disagrees(block: bytes, name: str, length: int, offset: int) -> str | None:
+    """Why the tar header ``block`` (the 512 bytes before a member's data at
+    ``offset``) does not describe the member an index names ``name`` of ``length``
+    bytes (None: it does): not a header at all, another size, another name."""
+    if len(block) < BLOCK or not _valid_header(block):
+        return f"the {BLOCK} bytes before member {name!r} (data at byte {offset}) are no tar header"
+    stored = _octal(block[124:136])
+    stored_name = block[:100].rstrip(b"\0").decode("utf-8", "surrogateescape")
+    # Past 8 GiB a pax record holds the size, and the header's field may not;
+    # a long name is in a record before the header, which holds its start.
+    if stored != length and length < 8 ** 11:
+        return (f"the tar header before member {name!r} (data at byte {offset}) gives "
+                f"{stored} bytes, the index {length}")
+    if block[345:346] == b"\0" and not (stored_name == name or (len(stored_name) >= 99
+                                                                 and name.startswith(stored_name))):
+        return (f"the tar header before member {name!r} (data at byte {offset}) names "
+                f"{stored_name!r}")
     return None
 
 

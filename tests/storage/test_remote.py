@@ -247,3 +247,40 @@ def test_remote_source_pickles(packed, server, tmp_path):
             server.reset_counts()
             assert copy.read(5) == TarShards(out).read(5)
             assert server.count() == 1  # the indices came along: one range request
+
+
+def test_an_index_that_is_another_shards_fails_its_samples_by_name(packed, file_server, tmp_path):
+    """A remote index is not checked against its shard when it is loaded (that
+    would take reads of every shard): each read takes the tar header before the
+    sample's first member in the same request. Two shards' indexes swapped: the
+    samples whose offsets land elsewhere fail, naming the shard, the sample and
+    the index; none is delivered with another sample's bytes or label."""
+    import shutil
+
+    out, n = packed
+    copy = tmp_path / "served"
+    shutil.copytree(out, copy)
+    a, b = copy / "train-000000.idx", copy / "train-000001.idx"
+    text_a, text_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(text_b)
+    b.write_bytes(text_a)
+    local = TarShards(out)
+    with file_server(str(copy)) as srv, remote(srv, n, tmp_path, cache_dir=False) as src:
+        ranges = src.shard_ranges()
+        swapped = range(ranges[0][0], ranges[1][1])
+        delivered = {}
+        for i in swapped:
+            try:
+                delivered[i] = src.read(i)
+            except Exception as exc:  # noqa: BLE001 - the failure the test looks for
+                assert "the shard's index does not describe it" in str(exc), exc
+                assert "/train-00000" in str(exc) and ":" in str(exc)
+        # What a read gives is a whole sample, its own label with its own bytes.
+        everything = [local.read(k) for k in range(len(local))]
+        assert all(got in everything for got in delivered.values())
+        assert len(delivered) < len(swapped)
+        # Every sample of the shards not touched is read as it is.
+        ranges = src.shard_ranges()
+        for s in range(2, n):
+            for i in range(*ranges[s]):
+                assert src.read(i) == local.read(i)
