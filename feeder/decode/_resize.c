@@ -60,8 +60,9 @@ static void axis(int n_out, int n_in, int *index, uint16_t *weight)
 
 /* Functions the compiler vectorises twice, for AVX2 and for the baseline
  * (chosen once, by the loader, from the CPU's features): the same integer
- * arithmetic either way, so the same bytes. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__ELF__)
+ * arithmetic either way, so the same bytes. Where the loader can choose
+ * (an ifunc: glibc on x86-64; not musl, not macOS), else the baseline only. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__)
 #define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VECTOR_CLONES
@@ -314,7 +315,7 @@ static void area_scalar(const uint32_t *restrict acc, const int *restrict xf,
  * (pixels taking 2 or 3 taps in no pattern mispredicted about half the time).
  * off[k] and w[k * taps ...] are output pixel k's first value and weights, the
  * flip applied. Four bytes are stored per pixel, the fourth overwritten by the
- * next pixel; the last pixel goes through the scalar loop. */
+ * next pixel; the last one or two pixels go through the scalar loop. */
 __attribute__((target("avx2")))
 static int area_avx2(const uint32_t *restrict acc, const int *restrict off, const uint32_t *restrict w,
                      int taps, int dw, uint8_t *restrict out)
