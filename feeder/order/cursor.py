@@ -145,7 +145,7 @@ class Cursor:
         batches, and with which pixels: every one is saved and checked on load."""
         c, sizes = self.options, self.sizes
         rank, world_size = self.ranks.shard()
-        return {"source_length": len(self.source), "shard_layout": self.layout_digest,
+        settings = {"source_length": len(self.source), "shard_layout": self.layout_digest,
                 "seed": self.ranks.seed, "batch_size": c.batch_size, "shuffle": c.shuffle,
                 "shuffle_window": c.shuffle_window, "shuffle_shards": c.shuffle_shards,
                 "drop_last": c.drop_last, "ordered": c.ordered,
@@ -159,10 +159,14 @@ class Cursor:
                 "exif_orientation": self.decode.exif_orientation,
                 # Which samples fail (and, under on_error="skip", which batches come).
                 "max_pixels": self.decode.max_pixels,
-                "transforms": describe_transforms(self.chain.transforms),
-                # A source that orders its own epochs (feeder.Mixture): what its
-                # order is a function of, besides (seed, epoch).
-                "source_order": _source_order(self.source)}
+                "transforms": describe_transforms(self.chain.transforms)}
+        # A source that orders its own epochs (feeder.Mixture): what its order is a
+        # function of, besides (seed, epoch). Saved only then, so that a state of
+        # any other source still loads in a release that does not know the name.
+        order = _source_order(self.source)
+        if order is not None:
+            settings["source_order"] = order
+        return settings
 
     def _finished(self, handled: Handled, order: Callable[[], Order]) -> bool:
         """Whether a pass that has handled ``handled`` of ``order()`` has no batch left."""

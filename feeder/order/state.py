@@ -127,10 +127,13 @@ def check_settings(saved: Any, current: dict[str, Any]) -> None:
     """
     if not isinstance(saved, dict):
         raise ValueError(f"state['settings'] must be a dict, got {type(saved).__name__}")
-    unknown = sorted(str(name) for name in saved if name not in current)
+    unknown = sorted(str(name) for name in saved if name not in current and name not in SAVED_IF_ANY)
     if unknown:
         raise ValueError(f"state['settings'] holds {unknown[0]!r}, which this feeder does not "
                          f"know: the state is from another version or damaged")
+    for name in SAVED_IF_ANY:
+        if name in saved and name not in current and saved[name] is not None:
+            raise ValueError(f"cannot resume: {name} differs (saved {saved[name]!r}, this feeder None)")
     for name, value in current.items():
         if name in saved:
             was = saved[name]
@@ -241,6 +244,8 @@ SAVED_WHEN_SET: dict[str, Any] = {"shuffle_window": 8192, "shuffle_shards": None
                                   "max_pixels": DEFAULT_MAX_PIXELS}
 # Facts an earlier version did not record at all: a state without one is not checked on it.
 UNRECORDED_BEFORE = ("shard_layout", "source_order")
+# Facts saved only where there is one (None otherwise: the name is left out).
+SAVED_IF_ANY = ("source_order",)
 
 
 def layout_digest(layout: Any) -> str | None:
