@@ -178,6 +178,24 @@ def image_data(sample: Any) -> Any:
     return arr if arr is not None else bytes(data)
 
 
+def sample_bytes(m: Measurements, source: Any, index: int, sample: Any) -> int:
+    """The size of ``sample``'s image (:func:`image_data`); a sample it cannot take
+    (a read that returned no sample) is checked as a feeder checks it, and named.
+
+    Raises:
+        UserCodeError: not a sample (the message names DATA and the sample).
+    """
+    try:
+        return nbytes(image_data(sample))
+    except Exception:
+        try:  # what the feeder checks of a sample, named as it names it
+            parse_sample(sample, source, index)
+        except (SourceError, FieldError) as exc:
+            raise UserCodeError(f"DATA {m.data}: reading sample {index} ({describe(source, index)}): "
+                                f"{exc}") from exc
+        raise
+
+
 def _median_ms(values: list[float]) -> float | None:
     return 1e3 * statistics.median(values) if values else None
 
@@ -349,13 +367,8 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
     timeline.start("storage")
 
     def read(index: int) -> Any:
-        what = f"DATA {m.data}: reading sample {index} ({describe(source, index)})"
-        sample = call_user(what, source.read, index)
-        try:  # what the feeder checks of a sample, named as it names it
-            parse_sample(sample, source, index)
-        except (SourceError, FieldError) as exc:
-            raise UserCodeError(f"{what}: {exc}") from exc
-        return sample
+        return call_user(f"DATA {m.data}: reading sample {index} ({describe(source, index)})",
+                         source.read, index)
 
     first: list[float] = []
     kept: list[Any] = []
@@ -366,7 +379,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
         t = _now()
         sample = read(indices[pos])
         first.append(_now() - t)
-        size += nbytes(image_data(sample))
+        size += sample_bytes(m, source, indices[pos], sample)
         if len(kept) < 64:
             kept.append((indices[pos], describe(source, indices[pos]), sample))
         pos += 1
@@ -398,7 +411,7 @@ def storage(m: Measurements, source: Any, indices: list[int], budget_s: float,
                 if k >= len(rest):
                     return
                 state["next"] += 1
-            b = nbytes(image_data(read(rest[k])))
+            b = sample_bytes(m, source, rest[k], read(rest[k]))
             with lock:
                 state["done"] += 1
                 state["bytes"] += b
