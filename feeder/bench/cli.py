@@ -243,6 +243,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if isinstance(shards, str) and not os.path.exists(shards):
         bad(f"--shards {shards!r} does not exist (shards made by feeder-pack)")
     large = getattr(args, "large", None)
+    if args.command == "region-decode" and large is None and not getattr(args, "report", None):
+        bad("region-decode needs --large LARGE (an ImageFolder of large photos)")
     if isinstance(large, str):
         if not os.path.isdir(large):
             bad(f"--large {large!r} is not a folder")

@@ -31,7 +31,7 @@ def read_list_lines(path: str) -> tuple[list[str], list[int], list[int]]:
     paths, labels, numbers = [], [], []
     with open(path, encoding="utf-8") as f:
         try:
-            lines = f.read().splitlines()
+            lines = f.read().split("\n")  # not splitlines: a path may hold \x0c, \x85...
         except UnicodeDecodeError as exc:
             where = ""
             if isinstance(exc.object, bytes):

@@ -63,4 +63,5 @@ def test_the_examples_end_bad_arguments_in_one_line(tmp_path, name, argv, says):
 def test_the_training_loop_names_a_missing_data_folder(tmp_path):
     r = _example("train_loop.py", ["--data", str(tmp_path / "nowhere")], tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == f"train_loop.py: error: ImageFolder: {str(tmp_path / 'nowhere')!r} is not a directory"
+    missing = str(tmp_path / "nowhere")
+    assert r.stderr.strip() == f"train_loop.py: error: ImageFolder: {missing!r} is not a directory"

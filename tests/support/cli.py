@@ -84,7 +84,8 @@ def hostile_files(root) -> dict[str, str]:
     (root / "afile").write_text("x\n")
     (root / "list.txt").write_text("gone.jpg 0\n")
     (root / "latin1.txt").write_bytes(b"ok.jpg 0\ncaf\xe9.jpg 1\n")
-    return {"latin1": str(root / "latin1.txt"), "photos": str(photos), "notimg": str(root / "notimg"), "empty": str(root / "empty"),
+    return {"latin1": str(root / "latin1.txt"),
+            "photos": str(photos), "notimg": str(root / "notimg"), "empty": str(root / "empty"),
             "noimage": str(root / "noimage"), "afile": str(root / "afile"),
             "missing": str(root / "missing"), "list": str(root / "list.txt"),
             "port": str(closed_port())}
