@@ -15,6 +15,7 @@ work: the label goes straight into the batch's int64 labels.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -109,28 +110,12 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     read step (no read stage); with both, a FileList's file is read in the
     call that decodes it (:func:`_read_fused`).
     """
-    read_source, schema, (low, high) = source.read, work.schema, _INT64
     pass_key = epoch_key(seed, epoch)  # each sample's key is then one mix away
     variable = work.variable
     fused = inline and work.fused is not None  # path_label: see _read_fused
     path_label = _path_label(source) if fused and read_inline else None
 
-    def read(task: Task) -> Task:
-        if path_label is not None and (task.data is not None  # read with its run (_read_run)
-                                       or (schema.classic and task.key is not None
-                                           and _read_fused(work, task, path_label))):
-            if schema.support < 2:  # a classic pair: it agrees with the first (see Schema.support)
-                schema.support = 2
-            return task
-        sample = read_source(task.index)
-        # The classic pair takes no further work once the schema has seen one.
-        if (schema.classic and type(sample) is tuple and len(sample) == 2 and type(sample[0]) is bytes
-                and type(sample[1]) is int and low <= sample[1] < high):
-            task.data, task.label = sample
-            if schema.support < 2:
-                schema.support = 2
-            return task
-        return read_sample(source, work, task, sample)
+    read = _read_step(source, work, path_label)
 
     def decode(task: Task) -> Task:
         key = task.key
@@ -179,6 +164,28 @@ def steps(source: Any, work: SampleWork, scratch: Any, seed: int,
     busy, run = ((None, None) if path_label is None
                  else ("read and decode", _run_reader(work, path_label, scratch)))
     return Step("read", read, busy=busy, run=run), Step("decode", decode), Step("augment", augment)
+
+
+def _read_step(source: Any, work: SampleWork, path_label: Any) -> Callable[[Task], Task]:
+    """The read step of :func:`steps`: a classic pair (bytes and an int label, once
+    the schema has seen one) takes no further work; anything else is checked
+    (:func:`read_sample`)."""
+    read_source, schema, (low, high) = source.read, work.schema, _INT64
+
+    def read(task: Task) -> Task:
+        if path_label is None or not (task.data is not None  # read with its run (_read_run)
+                                      or (schema.classic and task.key is not None
+                                          and _read_fused(work, task, path_label))):
+            sample = read_source(task.index)
+            if not (schema.classic and type(sample) is tuple and len(sample) == 2
+                    and type(sample[0]) is bytes and type(sample[1]) is int and low <= sample[1] < high):
+                return read_sample(source, work, task, sample)
+            task.data, task.label = sample
+        if schema.support < 2:  # a classic pair: it agrees with the first (see Schema.support)
+            schema.support = 2
+        return task
+
+    return read
 
 
 def _run_reader(work: SampleWork, path_label: Any, scratch: Any) -> Any:
