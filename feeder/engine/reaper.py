@@ -168,10 +168,22 @@ atexit.register(_stop_at_exit)
 
 def _after_fork_in_child() -> None:
     # The reaper thread does not exist in the child: the next feeder call starts one.
-    global _thread, _start_lock, busy
+    # The queue is a new one too, holding what was queued: the parent's reaper may
+    # have been waiting in get(), and a queue's wait state is not the child's (a
+    # call put there was seen only at the next put, so a batch the loop dropped
+    # never came back to the pool, and a new pass waited for it forever).
+    global _thread, _start_lock, busy, _calls, _in_hand
     _thread = None
     _start_lock = threading.Lock()
     busy = threading.Lock()
+    _in_hand = False
+    inherited, fresh = _calls, queue.SimpleQueue()
+    while True:
+        try:
+            fresh.put(inherited.get_nowait())
+        except queue.Empty:
+            break
+    _calls = fresh
 
 
 if hasattr(os, "register_at_fork"):

@@ -210,6 +210,42 @@ def test_forked_child_gets_an_error_from_an_inherited_pass_and_can_start_fresh(b
         f.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_during_a_folder_pass_runs_a_fresh_pass_to_its_end(tmp_path):
+    """A FileList pass (the fused read path) forked while it runs: the child's
+    fresh pass ends. The parent's reaper thread waits on its queue at the fork;
+    the child's queue is a new one, so that the batch the parent's loop dropped
+    comes back to the child's pool (it waited for it forever)."""
+    from feeder import ImageFolder
+    from feeder.synthetic import make_image_folder
+
+    make_image_folder(tmp_path / "train", classes=2, per_class=128, size_range=(24, 40), seed=5)
+    script = textwrap.dedent(f"""
+        import os, sys, threading
+        from feeder import Feeder, ImageFolder, ops
+        f = Feeder(ImageFolder({str(tmp_path / "train")!r}), batch_size=8,
+                   transforms=[ops.RandomResizedCrop(64)])
+        it = iter(f)
+        next(it)
+        pid = os.fork()
+        if pid == 0:
+            box = []
+            t = threading.Thread(target=lambda: box.append(sum(1 for _ in f)), daemon=True)
+            t.start()
+            t.join(8)  # 32 tiny batches: a stall (15 s), not a slow machine, if longer
+            print("child", box[0] if box else "hung", flush=True)
+            os._exit(0 if box else 1)
+        sum(1 for _ in it)
+        _, status = os.waitpid(pid, 0)
+        f.close()
+        sys.exit(os.WEXITSTATUS(status))
+    """)
+    for _ in range(3):  # the stall came in 5 runs of 6
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=JOIN_TIMEOUT_S, env={**os.environ, "PYTHONPATH": REPO_DIR})
+        assert r.returncode == 0 and "child 32" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
 # -- 4. a read that never returns -----------------------------------------------------
 
 def test_timeout_names_the_stuck_sample(blobs):
