@@ -350,6 +350,13 @@ class ProcessEngine(EngineBase):
 
     def _started(self, pass_: IsolatedPass, seed: int, epoch: int, rank: int, world_size: int,
                  done: Any) -> None:
+        # The worker may have died after _admit: the receiver sets dead, then fails
+        # the passes it finds. This pass is among them unless dead was set first,
+        # which this sees (else next() would wait for a batch that never comes).
+        dead = self.dead
+        if dead is not None:
+            pass_.fail(dead)
+            return
         self.send(msg.Start(pass_.pass_id, seed, epoch, rank, world_size, done))
 
     def _closing(self) -> None:

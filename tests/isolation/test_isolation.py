@@ -468,6 +468,42 @@ def test_killed_worker_leaves_no_shared_memory_segment(when):
     assert not _worker_segments(pid)
 
 
+def test_a_worker_that_dies_while_a_pass_starts_fails_that_pass(monkeypatch):
+    """The worker dies after the new pass's check of it and before the pass is
+    listed: the receiver fails the passes it finds, not this one, so the start
+    sees the death itself; next() raises instead of waiting for ever."""
+    from feeder.isolation import engine as iso
+
+    f = make(MemorySource(BLOBS), isolation="process", shuffle=False)
+    try:
+        assert sum(1 for _ in f) > 0
+        engine = f._engine
+        original = iso.ProcessEngine._new_pass
+
+        def new_pass_after_the_death(self, *args, **kw):
+            os.kill(self.process.pid, signal.SIGKILL)
+            assert wait_until(lambda: self.dead is not None, JOIN_TIMEOUT_S), "the death was not seen"
+            return original(self, *args, **kw)
+
+        monkeypatch.setattr(iso.ProcessEngine, "_new_pass", new_pass_after_the_death)
+        box: dict = {}
+
+        def first():
+            try:
+                box["batch"] = next(iter(f))
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                box["error"] = exc
+
+        t = threading.Thread(target=first, daemon=True)
+        t.start()
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive(), "next() waited for a pass whose worker had died"
+        assert isinstance(box.get("error"), FeederError) and "SIGKILL" in str(box["error"])
+        assert engine.dead is not None
+    finally:
+        f.close()
+
+
 def test_unclosed_feeder_is_collected_and_its_worker_exits():
     f = make(MemorySource(BLOBS), isolation="process")
     it = iter(f)
