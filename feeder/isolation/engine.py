@@ -33,9 +33,8 @@ from .start import start_worker
 
 log = logging.getLogger(__name__)
 
-# How long the training process waits for the worker to answer a stats request
-# (seconds); a busy worker answers in milliseconds (its control thread does no
-# pipeline work), a dead one never.
+# How long the training process waits for the worker to answer a stats request (s);
+# a busy worker answers in milliseconds (its control thread does no pipeline work).
 _QUERY_S = 0.5
 # close() must return within about a second, whatever the worker is doing: it
 # waits this long for the worker to exit on its own (it does within milliseconds
@@ -350,13 +349,9 @@ class ProcessEngine(EngineBase):
 
     def _started(self, pass_: IsolatedPass, seed: int, epoch: int, rank: int, world_size: int,
                  done: Any) -> None:
-        # The worker may have died after _admit: the receiver sets dead, then fails
-        # the passes it finds. This pass is among them unless dead was set first,
-        # which this sees (else next() would wait for a batch that never comes).
-        dead = self.dead
+        dead = self.dead  # died since _admit: the receiver's failing may have missed this pass
         if dead is not None:
-            pass_.fail(dead)
-            return
+            return pass_.fail(dead)
         self.send(msg.Start(pass_.pass_id, seed, epoch, rank, world_size, done))
 
     def _closing(self) -> None:
@@ -393,16 +388,14 @@ class ProcessEngine(EngineBase):
         if conn is not None:
             with self._send_lock:
                 conn.close()
-        # No copy may read registered memory once it is unregistered: the transfer
-        # threads wait for each copy's event before a buffer goes back, and were
-        # joined by close(); a collected feeder's are given a moment here. A
-        # transfer thread still running (or stuck) may have copies in flight: the
-        # side streams are drained first and take no new copy after
-        # (test_side_stream_drained_before_unregister; gpu-check "teardown while
-        # the side stream is busy"). If the drain cannot start, the shared arrays
-        # stay registered, and mapped (the ledger and the mirrors keep them), for
-        # the life of the process
-        # (test_isolated_close_that_times_out_keeps_the_mirrors_registered).
+        # No copy may read registered memory once it is unregistered: the transfer threads
+        # wait for each copy's event before a buffer goes back, and were joined by close();
+        # a collected feeder's are given a moment here. A transfer thread still running (or
+        # stuck) may have copies in flight: the side streams are drained first and take no
+        # new copy after (test_side_stream_drained_before_unregister; gpu-check "teardown
+        # while the side stream is busy"). If the drain cannot start, the shared arrays stay
+        # registered, and mapped (the ledger and the mirrors keep them), for the life of the
+        # process (test_isolated_close_that_times_out_keeps_the_mirrors_registered).
         side = self.side
         if self.pinned.locked_bytes:
             deadline = time.monotonic() + 0.2
