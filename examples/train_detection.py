@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 
 import numpy as np
@@ -28,7 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from feeder import Feeder, ops
-from feeder.errors import error_line
+from feeder.errors import run_script
 from feeder.synthetic import make_detection_set
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -192,9 +191,4 @@ def decode_targets(box: torch.Tensor, cell: int, size: int) -> torch.Tensor:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # a bad argument or dataset: one line naming it, not a traceback
-        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")
+    run_script(main)  # a bad argument or dataset: one line naming it, not a traceback

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 
 import torch
 from torch import nn
 
 from feeder import Feeder, ImageFolder, ops
-from feeder.errors import error_line
+from feeder.errors import run_script
 from feeder.synthetic import make_image_folder
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -90,9 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # a bad argument or dataset: one line naming it, not a traceback
-        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")
+    run_script(main)  # a bad argument or dataset: one line naming it, not a traceback

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 
 import torch
@@ -24,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from feeder import Feeder, ops
-from feeder.errors import error_line
+from feeder.errors import run_script
 from feeder.synthetic import make_segmentation_set
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -152,9 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # a bad argument or dataset: one line naming it, not a traceback
-        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")
+    run_script(main)  # a bad argument or dataset: one line naming it, not a traceback

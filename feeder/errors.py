@@ -12,6 +12,8 @@ odd bytes as ``\\xNN`` (see :func:`safe_text`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def safe_text(text: str) -> str:
     """``text`` in a form that always encodes as UTF-8 (for messages and logs).
@@ -179,6 +181,22 @@ def error_line(exc: BaseException) -> str:
     if not (own or isinstance(exc, OSError)) or not text:
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return safe_text("; ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """Run a script's ``main()``: a bad argument or input ends the process in one
+    line, ``SCRIPT: error: ...`` (:func:`error_line`, exit status 1), and Ctrl-C
+    with status 130, instead of a traceback (``if __name__ == "__main__":
+    run_script(main)``)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - said in one line, as feeder's commands do
+        sys.exit(f"{os.path.basename(sys.argv[0])}: error: {error_line(exc)}")
 
 
 def name_tuple(value: object, what: str) -> tuple[str, ...]:
