@@ -47,11 +47,31 @@ def field_of(ext: str, label: str | None = "cls") -> tuple[str, str]:
     return ext, "bytes"
 
 
+#: The deepest nesting of a JSON field's arrays and objects.
+MAX_JSON_DEPTH = 200
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
 def json_value(raw: bytes) -> Any:
-    """A JSON field's value. Nesting deeper than the interpreter's recursion limit
-    raises RecursionError (CPython's parser guards its recursion), which the
-    caller reports as a bad field, naming it."""
+    """A JSON field's value. Nesting deeper than :data:`MAX_JSON_DEPTH` raises
+    RecursionError before the parser runs, which the caller reports as a bad
+    field, naming it: the parser would recurse to the interpreter's limit, where
+    any finalizer the garbage collector runs meanwhile (in any of feeder's
+    threads) fails for want of stack."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        depth = _json_depth(raw)
+        if depth > MAX_JSON_DEPTH:
+            raise RecursionError(f"nested {depth} levels deep, more than the {MAX_JSON_DEPTH} a "
+                                 f"field may be")
     return json.loads(raw)
+
+
+def _json_depth(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings left out)."""
+    codes = np.frombuffer(_JSON_STRING.sub(b"", raw), np.uint8)
+    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
+             - np.isin(codes, (ord("]"), ord("}"))))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 # numpy's own bound on a .npy header (its max_header_size).

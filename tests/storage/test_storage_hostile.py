@@ -607,6 +607,21 @@ def test_npy_and_json_bombs_name_the_field(tmp_path, jpeg_blobs):
     assert err.value.field == "meta" and src.read(1)["meta"] == {}
 
 
+def test_a_json_field_nested_too_deep_is_refused_before_the_parser_recurses():
+    """The parser would recurse to the interpreter's limit, where a finalizer the
+    garbage collector runs meanwhile fails for want of stack: the depth is
+    measured first (brackets inside strings do not count)."""
+    from feeder.storage.fields import MAX_JSON_DEPTH, json_value
+
+    deepest = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+    assert json_value(deepest) is not None
+    with pytest.raises(RecursionError, match=f"nested {MAX_JSON_DEPTH + 1} levels deep"):
+        json_value(b"[" + deepest + b"]")
+    text = "[" * 5000 + '\\"{' * 10
+    assert json_value(json.dumps({"caption": text}).encode()) == {"caption": text}
+    assert json_value(json.dumps([[1, [2]]] * 500).encode())[0] == [1, [2]]
+
+
 def test_hostile_members_are_counted_skips_in_a_feeder(tmp_path, jpeg_blobs):
     members = []
     for k in range(6):
